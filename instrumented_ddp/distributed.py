@@ -1,0 +1,64 @@
+"""Process-group setup that works the same under torchrun, on several nodes, and as one process.
+
+A single ``python train.py`` still gets a (one-rank) process group, so the strategies, the
+checksum and the telemetry run one code path whatever the world size.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class DistributedContext:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    backend: str
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def resolve_device(choice: str, local_rank: int) -> torch.device:
+    """``auto`` means this rank's GPU when CUDA is there, else the CPU."""
+    if choice not in {"auto", "cpu", "cuda"}:
+        raise ValueError(f"--device must be auto, cpu or cuda, not {choice!r}")
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda was asked for but CUDA is not available on this machine")
+    if choice == "cpu" or not torch.cuda.is_available():
+        return torch.device("cpu")
+    return torch.device("cuda", local_rank % torch.cuda.device_count())
+
+
+def launched_by_torchrun() -> bool:
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def init_distributed(device_choice: str = "auto", timeout_s: float = 300.0) -> DistributedContext:
+    """Join the process group torchrun describes in the environment, or make a one-rank group."""
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = resolve_device(device_choice, local_rank)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    timeout = timedelta(seconds=timeout_s)
+    if launched_by_torchrun():
+        dist.init_process_group(backend, timeout=timeout)
+    else:
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+    return DistributedContext(dist.get_rank(), dist.get_world_size(), local_rank, device, backend)
+
+
+def shutdown_distributed() -> None:
+    """Leave together: a rank that tears gloo down while a peer still talks to it can abort."""
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()

@@ -1,0 +1,72 @@
+"""The model under training: a scaled-down SmolLM2 by default, any Hugging Face checkpoint on request.
+
+The default is built from a config, not downloaded, so a fresh machine trains at once; its
+architecture is SmolLM2's (Llama with grouped-query attention, SiLU MLP, RMSNorm, rotary
+embeddings) so the gradients, tensor count and bucket layout behave like the real thing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import nn
+from transformers import (
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    LlamaConfig,
+    LlamaForSequenceClassification,
+    PreTrainedTokenizerBase,
+)
+
+
+class ModelUnavailableError(RuntimeError):
+    """A checkpoint that is neither on disk nor downloadable; the message is one line."""
+
+
+def tiny_smollm2_config(vocab_size: int, num_labels: int, pad_token_id: int = 0) -> LlamaConfig:
+    """SmolLM2-360M's shape (GQA, SiLU, RMSNorm, RoPE θ=1e5) shrunk to ~3 M parameters."""
+    return LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=192,
+        intermediate_size=512,
+        num_hidden_layers=6,
+        num_attention_heads=3,
+        num_key_value_heads=1,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-5,
+        rope_theta=100000.0,
+        hidden_act="silu",
+        tie_word_embeddings=True,
+        num_labels=num_labels,
+        pad_token_id=pad_token_id,
+    )
+
+
+def build_tiny_model(vocab_size: int, num_labels: int, pad_token_id: int = 0) -> nn.Module:
+    return LlamaForSequenceClassification(tiny_smollm2_config(vocab_size, num_labels, pad_token_id))
+
+
+@dataclass
+class PretrainedBundle:
+    model: nn.Module
+    tokenizer: PreTrainedTokenizerBase
+
+
+def load_pretrained(name_or_path: str, num_labels: int) -> PretrainedBundle:
+    """``from_pretrained`` for a local path or a hub name (cached or downloadable)."""
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+        model = AutoModelForSequenceClassification.from_pretrained(name_or_path, num_labels=num_labels)
+    except (OSError, ValueError) as error:
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise ModelUnavailableError(
+            f"cannot load model {name_or_path!r}: {reason} (use --model tiny to train the built-in model)"
+        ) from None
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
+    model.config.pad_token_id = tokenizer.pad_token_id
+    return PretrainedBundle(model, tokenizer)
+
+
+def parameter_count(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())

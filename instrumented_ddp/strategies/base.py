@@ -1,0 +1,128 @@
+"""What every data-parallel strategy shares.
+
+A strategy wraps a model so that the training loop can stay the same for all six: it calls the
+wrapper like the model, runs ``backward`` and then ``finish_gradient_sync()`` after every backward,
+and uses ``no_sync()`` for the micro-steps of an accumulation that should not communicate. What a
+strategy changes is only *when* and *how* gradients are averaged; everything else lives here so the
+subclasses read as the seed blog's diff between one approach and the next.
+
+Communication goes through ``_all_reduce`` and parameters/buffers through ``_broadcast_state``:
+they are the single places where a collective is issued and completed, which is where the timing
+layer hooks in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, ClassVar
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+
+class DataParallelStrategy(nn.Module):
+    """Base of the six strategies: broadcast at wrap time, ``no_sync``, ``unwrap``."""
+
+    name: ClassVar[str]
+    #: True when the strategy averages after every micro-step even while accumulating (the seed
+    #: blog's baseline); False when the loop may skip communication with ``no_sync``.
+    syncs_every_micro_step: ClassVar[bool] = False
+
+    def __init__(
+        self,
+        module: nn.Module,
+        *,
+        bucket_mb: float = 25.0,
+        process_group: dist.ProcessGroup | None = None,
+    ) -> None:
+        super().__init__()
+        if not dist.is_initialized():
+            raise RuntimeError("instrumented_ddp.wrap needs an initialized torch.distributed process group")
+        self.module = module
+        self.bucket_mb = float(bucket_mb)
+        self.process_group = process_group
+        self.world_size = dist.get_world_size(process_group)
+        self._sync_enabled = True
+        self._attached = False
+        self._broadcast_state()
+        self._attach()
+        self._attached = True
+
+    # -- what the training loop calls ------------------------------------------------------------
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.module(*args, **kwargs)
+
+    @contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Accumulate gradients locally; the next backward outside the context communicates."""
+        previous = self._sync_enabled
+        self._sync_enabled = False
+        try:
+            yield
+        finally:
+            self._sync_enabled = previous
+
+    def finish_gradient_sync(self) -> None:
+        """Called after every backward: make averaged gradients ready for the optimizer.
+
+        Strategies that overlap communication with backward only wait here; the others do all
+        their communication here. Inside ``no_sync`` it does nothing.
+        """
+
+    def unwrap(self) -> nn.Module:
+        """Remove every hook this strategy installed and hand back the bare model."""
+        if self._attached:
+            self._detach()
+            self._attached = False
+        return self.module
+
+    # -- what subclasses specialise -------------------------------------------------------------
+    def _attach(self) -> None:
+        """Install hooks; called once at wrap time."""
+
+    def _detach(self) -> None:
+        """Undo ``_attach`` so that a backward communicates nothing."""
+
+    # -- shared machinery ------------------------------------------------------------------------
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        """Parameters in ``module.parameters()`` order: the order every rank agrees on."""
+        return [p for p in self.module.parameters() if p.requires_grad]
+
+    @torch.no_grad()
+    def _broadcast_state(self) -> None:
+        """Start every rank from rank 0's parameters and buffers, one flat broadcast per dtype."""
+        tensors = [t for t in [*self.module.parameters(), *self.module.buffers()]]
+        by_kind: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
+        for tensor in tensors:
+            by_kind.setdefault((tensor.device, tensor.dtype), []).append(tensor)
+        source = dist.get_global_rank(self.process_group, 0) if self.process_group else 0
+        for group in by_kind.values():
+            flat = _flatten_dense_tensors([t.data for t in group])
+            self._collective("broadcast", flat, tag="state", async_op=False, src=source)
+            for tensor, synced in zip(group, _unflatten_dense_tensors(flat, group)):
+                tensor.data.copy_(synced)
+
+    def _all_reduce(self, tensor: torch.Tensor, *, tag: str, async_op: bool) -> dist.Work | None:
+        """Sum ``tensor`` across ranks in place; the caller divides by the world size."""
+        return self._collective("all_reduce", tensor, tag=tag, async_op=async_op)
+
+    def _collective(
+        self, kind: str, tensor: torch.Tensor, *, tag: str, async_op: bool, src: int = 0
+    ) -> dist.Work | None:
+        """The one place a collective is issued (and, when synchronous, completed)."""
+        if kind == "all_reduce":
+            return dist.all_reduce(tensor, group=self.process_group, async_op=async_op)
+        return dist.broadcast(tensor, src=src, group=self.process_group, async_op=async_op)
+
+    @staticmethod
+    def _gradient_or_zeros(parameter: nn.Parameter) -> torch.Tensor:
+        """A parameter that got no gradient this step still joins the collective, as zeros.
+
+        Every rank must issue the same collectives in the same order, whatever its data did.
+        """
+        if parameter.grad is None:
+            parameter.grad = torch.zeros_like(parameter)
+        return parameter.grad

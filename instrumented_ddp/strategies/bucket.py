@@ -1,0 +1,143 @@
+"""``bucket``: async all-reduce over size-capped flat buckets, fixed at construction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+
+from .base import DataParallelStrategy
+
+
+@dataclass
+class GradientBucket:
+    """Parameters whose gradients live as views in one flat buffer and travel in one all-reduce."""
+
+    index: int
+    parameters: list[nn.Parameter]
+    buffer: torch.Tensor
+    views: list[torch.Tensor]
+    ready: set[int] = field(default_factory=set)
+    work: dist.Work | None = None
+    launched: bool = False
+
+    @property
+    def nbytes(self) -> int:
+        return self.buffer.numel() * self.buffer.element_size()
+
+
+def plan_buckets(parameters: list[nn.Parameter], cap_bytes: int) -> list[list[nn.Parameter]]:
+    """Reverse parameter order (roughly the order backward produces gradients), as PyTorch's
+    Reducer does, split where a bucket would pass ``cap_bytes`` or change device or dtype.
+
+    The plan depends only on the model, so every rank builds the same buckets and launches them
+    in the same order whatever order its hooks fire in — the seed blog's version built buckets
+    in hook-firing order and could pair mismatched gradients across ranks.
+    """
+    plan: list[list[nn.Parameter]] = []
+    current: list[nn.Parameter] = []
+    current_bytes = 0
+    for parameter in reversed(parameters):
+        size = parameter.numel() * parameter.element_size()
+        compatible = not current or (
+            current[0].device == parameter.device and current[0].dtype == parameter.dtype
+        )
+        if current and (not compatible or current_bytes + size > cap_bytes):
+            plan.append(current)
+            current, current_bytes = [], 0
+        current.append(parameter)
+        current_bytes += size
+    if current:
+        plan.append(current)
+    return plan
+
+
+class BucketedAsyncHook(DataParallelStrategy):
+    """A bucket launches as soon as all its gradients are ready and every earlier bucket has
+    launched; ``finish_gradient_sync`` launches the rest (a gradient no rank produced is zeros),
+    waits, and averages. Gradients are views into the bucket buffers, so there is no copy per
+    step while the optimizer zeroes gradients in place (``zero_grad(set_to_none=False)``); a
+    gradient that was set to ``None`` is copied into its view once, when it is ready again.
+    """
+
+    name: ClassVar[str] = "bucket"
+
+    def _attach(self) -> None:
+        cap_bytes = max(1, int(self.bucket_mb * 1024 * 1024))
+        self.buckets: list[GradientBucket] = []
+        self._location: dict[int, tuple[GradientBucket, int]] = {}
+        for index, members in enumerate(plan_buckets(self.trainable_parameters(), cap_bytes)):
+            buffer = torch.zeros(
+                sum(p.numel() for p in members), dtype=members[0].dtype, device=members[0].device
+            )
+            views, offset = [], 0
+            for position, parameter in enumerate(members):
+                view = buffer[offset : offset + parameter.numel()].view_as(parameter)
+                offset += parameter.numel()
+                if parameter.grad is not None:
+                    view.copy_(parameter.grad)
+                    parameter.grad = view
+                views.append(view)
+            bucket = GradientBucket(index, members, buffer, views)
+            for position, parameter in enumerate(members):
+                self._location[id(parameter)] = (bucket, position)
+            self.buckets.append(bucket)
+        self._next_to_launch = 0
+        self._handles: list[RemovableHandle] = [
+            p.register_post_accumulate_grad_hook(self._on_gradient_ready) for p in self.trainable_parameters()
+        ]
+
+    def _detach(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+    def _on_gradient_ready(self, parameter: torch.Tensor) -> None:
+        if not self._sync_enabled:
+            return
+        bucket, position = self._location[id(parameter)]
+        self._place_gradient_in_view(bucket, position)
+        bucket.ready.add(position)
+        self._launch_ready_buckets()
+
+    def _place_gradient_in_view(self, bucket: GradientBucket, position: int) -> None:
+        parameter, view = bucket.parameters[position], bucket.views[position]
+        if parameter.grad is None:
+            view.zero_()
+        elif parameter.grad.data_ptr() != view.data_ptr():
+            view.copy_(parameter.grad)
+        else:
+            return
+        parameter.grad = view
+
+    def _launch_ready_buckets(self) -> None:
+        while self._next_to_launch < len(self.buckets):
+            bucket = self.buckets[self._next_to_launch]
+            if len(bucket.ready) < len(bucket.parameters):
+                return
+            self._launch(bucket)
+
+    def _launch(self, bucket: GradientBucket) -> None:
+        bucket.work = self._all_reduce(bucket.buffer, tag=f"b{bucket.index}", async_op=True)
+        bucket.launched = True
+        self._next_to_launch += 1
+
+    def finish_gradient_sync(self) -> None:
+        if not self._sync_enabled:
+            return
+        for bucket in self.buckets[self._next_to_launch :]:
+            for position in range(len(bucket.parameters)):
+                if position not in bucket.ready:
+                    self._place_gradient_in_view(bucket, position)
+            self._launch(bucket)
+        for bucket in self.buckets:
+            if bucket.work is not None:
+                bucket.work.wait()
+            bucket.buffer.div_(self.world_size)
+            bucket.ready.clear()
+            bucket.work, bucket.launched = None, False
+        self._next_to_launch = 0

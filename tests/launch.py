@@ -1,0 +1,75 @@
+"""Start a group of ranks the way torchrun does (RANK, WORLD_SIZE, MASTER_* in the environment),
+on a free loopback port, and always clean up."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def rank_environment(rank: int, world_size: int, port: int) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_WORLD_SIZE=str(world_size),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        OMP_NUM_THREADS="1",
+        PYTHONFAULTHANDLER="1",
+        PYTHONPATH=os.pathsep.join([str(REPO_ROOT), str(REPO_ROOT / "tests"), env.get("PYTHONPATH", "")]),
+    )
+    return env
+
+
+def run_ranks(
+    script: Path, args: list[str], world_size: int = 2, timeout_s: float = 240.0
+) -> list[subprocess.CompletedProcess[str]]:
+    """Run ``script`` on ``world_size`` ranks; kill every rank if one fails or time runs out."""
+    port = free_port()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), *args],
+            env=rank_environment(rank, world_size, port),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        for rank in range(world_size)
+    ]
+    deadline = time.monotonic() + timeout_s
+    try:
+        while any(p.poll() is None for p in procs):
+            if time.monotonic() > deadline or any(p.poll() not in (None, 0) for p in procs):
+                break
+            time.sleep(0.05)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+    results = []
+    for rank, proc in enumerate(procs):
+        out, err = proc.communicate()
+        results.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+    return results
+
+
+def describe_failure(results: list[subprocess.CompletedProcess[str]]) -> str:
+    return "\n".join(
+        f"--- rank {rank} exit {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}" for rank, r in enumerate(results)
+    )

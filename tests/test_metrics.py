@@ -1,0 +1,405 @@
+"""Figures on hand-computed timelines.
+
+Timelines are written in milliseconds (``ms()`` converts to the seconds the
+model uses) so that each expected value can be checked with pencil and paper
+from the comment next to it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import pytest
+
+from ddpwatch.intervals import clip, intersect, merge, subtract, total_length, union
+from ddpwatch.metrics import (
+    Desync,
+    algbw_gbps,
+    bus_factor,
+    busbw_gbps,
+    cross_rank_waits,
+    find_desync,
+    segment_figures,
+    step_figures,
+    straggler,
+)
+
+approx = pytest.approx
+
+
+def ms(x: float) -> float:
+    return x / 1000.0
+
+
+@dataclass(frozen=True)
+class Span:
+    kind: str
+    start: float
+    end: float
+    blocking: bool = False
+    nbytes: int = 0
+
+
+@dataclass(frozen=True)
+class Record:
+    rank: int
+    step: int
+    start: float
+    end: float
+    spans: tuple[Span, ...] = field(default_factory=tuple)
+    samples: int = 0
+    tokens: int = 0
+
+
+def span(kind: str, a: float, b: float, blocking: bool = False, nbytes: int = 0) -> Span:
+    """A span given in ms."""
+    return Span(kind, ms(a), ms(b), blocking, nbytes)
+
+
+def record(a: float, b: float, *spans: Span, rank: int = 0, step: int = 0,
+           samples: int = 0, tokens: int = 0) -> Record:
+    """A step window given in ms."""
+    return Record(rank, step, ms(a), ms(b), tuple(spans), samples, tokens)
+
+
+def pcts(f) -> tuple[float, float, float, float, float]:
+    return (f.compute_pct, f.non_compute_pct, f.idle_pct, f.overlap_pct, f.comm_overhead_pct)
+
+
+# --- interval helpers ------------------------------------------------------------------
+
+
+def test_merge_joins_overlapping_nested_and_touching_and_sorts():
+    # [5,6) nested in [4,8); [0,2) overlaps [1,3); [3,4) touches both neighbours
+    assert merge([(4, 8), (1, 3), (5, 6), (0, 2), (3, 4)]) == [(0, 8)]
+    assert merge([(2, 3), (0, 1)]) == [(0, 1), (2, 3)]
+
+
+def test_merge_drops_zero_length_reversed_and_non_finite_intervals():
+    assert merge([(1, 1), (3, 2), (math.nan, 1), (0, math.inf), (5, 6)]) == [(5, 6)]
+    assert merge([]) == []
+
+
+def test_total_length_counts_concurrent_time_once():
+    # [0,4) ∪ [2,6) = [0,6) -> 6, not 4 + 4
+    assert total_length([(0, 4), (2, 6)]) == approx(6)
+    assert total_length([(3, 1)]) == 0.0
+    assert total_length([]) == 0.0
+
+
+def test_intersect_of_interleaved_lists():
+    # [0,5)∩[3,4) = [3,4); [0,5)∩[4.5,7) = [4.5,5); [6,10)∩[4.5,7) = [6,7); [6,10)∩[9,12) = [9,10)
+    got = intersect([(0, 5), (6, 10)], [(3, 4), (4.5, 7), (9, 12)])
+    assert got == [(3, 4), (4.5, 5), (6, 7), (9, 10)]
+    assert intersect([(0, 1)], [(1, 2)]) == []  # touching shares no time
+    assert intersect([], [(0, 1)]) == []
+
+
+def test_subtract_splits_trims_and_removes():
+    # [0,10) minus [2,3) and [5,7) -> [0,2) [3,5) [7,10); [12,14) fully covered by [11,15)
+    got = subtract([(0, 10), (12, 14)], [(2, 3), (5, 7), (11, 15)])
+    assert got == [(0, 2), (3, 5), (7, 10)]
+    assert subtract([(0, 4)], [(-1, 1), (3, 9)]) == [(1, 3)]  # trimmed at both ends
+    assert subtract([(0, 4)], []) == [(0, 4)]
+    assert subtract([], [(0, 4)]) == []
+
+
+def test_clip_to_window_and_invalid_window():
+    assert clip([(-5, 2), (3, 4), (8, 20), (30, 40)], 0, 10) == [(0, 2), (3, 4), (8, 10)]
+    assert clip([(0, 5)], 5, 5) == []  # empty window
+    assert clip([(0, 5)], 4, 1) == []  # reversed window
+    assert clip([(0, 5)], -math.inf, math.inf) == [(0, 5)]
+    assert union([(0, 1)], [(1, 2)], [(5, 6)]) == [(0, 2), (5, 6)]
+
+
+# --- one step ---------------------------------------------------------------------------
+
+
+def test_nested_sync_all_reduce_inside_backward_is_not_compute():
+    # window [0,10); fwd [0,3) bwd [3,8) with a blocking all_reduce [5,7) inside; opt [8,9)
+    # C = [0,5) ∪ [7,9) = 7; M = [5,7) = 2; M∪C = [0,9) = 9 -> 70 / 20 / 10
+    # C∩M = ∅ -> overlap 0; comm overhead 2/10 = 20
+    f = step_figures(record(0, 10,
+                            span("forward", 0, 3), span("backward", 3, 8),
+                            span("all_reduce", 5, 7, blocking=True), span("optimizer", 8, 9)))
+    assert pcts(f) == approx((70, 20, 10, 0, 20))
+    assert f.all_reduce_calls == 1
+    assert f.all_reduce_ms == approx(2)
+    assert f.step_ms == approx(10)
+
+
+def test_blocking_wait_and_broadcast_are_subtracted_but_non_blocking_comm_is_not():
+    # bwd [0,10); blocking wait [1,2) and blocking broadcast [3,4) cut it; a non-blocking
+    # all_reduce [6,8) does not. C = 10 - 2 = 8; M = [3,4) ∪ [6,8) = 3
+    # M∪C = [0,1) ∪ [2,10) = 9: the wait is not communication, so it counts as idle
+    # -> compute 80, exposed 10 (the broadcast), idle 10; C∩M = [6,8) = 2 -> overlap 2/3
+    f = step_figures(record(0, 10, span("backward", 0, 10), span("wait", 1, 2, blocking=True),
+                            span("broadcast", 3, 4, blocking=True), span("all_reduce", 6, 8)))
+    assert pcts(f) == approx((80, 10, 10, 100 * 2 / 3, 30))
+
+
+def test_overlapping_async_all_reduce_buckets_give_hand_computed_overlap():
+    # window [0,10); fwd [0,2) bwd [2,8); async buckets [5,7) and [6,9) (non-blocking);
+    # main thread blocks in wait [8,9); opt [9,10)
+    # C = [0,8) ∪ [9,10) = 9; M = [5,9) = 4 (merged); C∩M = [5,8) = 3 -> overlap 75
+    # M∪C = [0,10) -> compute 90, exposed 10, idle 0; overhead 40
+    # all_reduce_ms is unmerged: 2 + 3 = 5
+    f = step_figures(record(0, 10,
+                            span("forward", 0, 2), span("backward", 2, 8),
+                            span("all_reduce", 5, 7), span("all_reduce", 6, 9),
+                            span("wait", 8, 9, blocking=True), span("optimizer", 9, 10)))
+    assert pcts(f) == approx((90, 10, 0, 75, 40))
+    assert f.all_reduce_calls == 2
+    assert f.all_reduce_ms == approx(5)
+
+
+def test_disjoint_simple_ddp_has_zero_overlap_and_exposed_comm_equals_comm():
+    # fwd [0,3) bwd [3,6) blocking all_reduce [6,8) opt [8,9) in [0,10); data [9,10) is idle
+    # C = 7, M = 2 disjoint -> exposed 20 == overhead 20, idle 10, overlap 0
+    f = step_figures(record(0, 10,
+                            span("forward", 0, 3), span("backward", 3, 6),
+                            span("all_reduce", 6, 8, blocking=True), span("optimizer", 8, 9),
+                            span("data", 9, 10, blocking=True)))
+    assert pcts(f) == approx((70, 20, 10, 0, 20))
+    assert f.non_compute_pct == approx(f.comm_overhead_pct)
+
+
+def test_empty_step_is_all_idle_with_no_comm():
+    f = step_figures(record(0, 5), world_size=4)
+    assert pcts(f) == approx((0, 0, 100, 0, 0))
+    assert (f.all_reduce_calls, f.all_reduce_ms, f.step_ms) == (0, 0.0, approx(5))
+    assert f.algbw_gbps == () and f.busbw_gbps is None
+
+
+def test_compute_only_step_has_zero_overlap_not_nan():
+    f = step_figures(record(0, 4, span("forward", 0, 1), span("backward", 1, 3)))
+    assert pcts(f) == approx((75, 0, 25, 0, 0))
+
+
+def test_zero_length_or_reversed_window_gives_zeros_not_division_error():
+    for a, b in [(5, 5), (5, 1), (0, math.nan)]:
+        f = step_figures(record(a, b, span("forward", 0, 3), span("all_reduce", 1, 2)))
+        assert pcts(f) == (0.0, 0.0, 0.0, 0.0, 0.0)
+        assert f.step_ms == 0.0
+
+
+@pytest.mark.parametrize("spans", [
+    (span("forward", 0, 3), span("backward", 3, 8), span("all_reduce", 5, 7, blocking=True)),
+    (span("backward", 1, 6), span("all_reduce", 4, 9), span("all_reduce", 2, 12)),
+    (span("all_reduce", 0, 3, blocking=True), span("wait", 2, 4, blocking=True)),
+    (span("optimizer", -3, 30),),
+    (),
+])
+def test_three_percentages_sum_to_100(spans):
+    f = step_figures(record(0, 10, *spans))
+    assert f.compute_pct + f.non_compute_pct + f.idle_pct == approx(100)
+
+
+def test_spans_outside_the_window_are_clipped():
+    # window [10,20); fwd [5,12) -> [10,12); bwd [12,18); async all_reduce [17,25) -> [17,20)
+    # a forward at [30,40) is ignored. C = [10,18) = 8; M = [17,20) = 3; C∩M = [17,18) = 1
+    # M∪C = [10,20) -> 80 / 20 / 0, overlap 1/3, overhead 30; all_reduce_ms raw = 8
+    f = step_figures(record(10, 20,
+                            span("forward", 5, 12), span("backward", 12, 18),
+                            span("all_reduce", 17, 25), span("forward", 30, 40)))
+    assert pcts(f) == approx((80, 20, 0, 100 / 3, 30))
+    assert f.all_reduce_ms == approx(8)
+
+
+# --- bandwidth ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("nbytes, time_us, n, algbw, busbw", [
+    # rows of a published all_reduce_perf run on 16 H100s (out-of-place columns)
+    (134217728, 1652.2, 16, 81.24, 152.32),
+    (1073741824, 6759.0, 16, 158.86, 297.86),
+    (8589934592, 47535, 16, 180.71, 338.82),
+])
+def test_busbw_matches_nccl_tests_numbers(nbytes, time_us, n, algbw, busbw):
+    # nccl-tests prints 2 decimals and the time to 0.1 us, hence abs=0.01
+    assert algbw_gbps(nbytes, time_us * 1e-6) == approx(algbw, abs=0.01)
+    assert busbw_gbps(nbytes, time_us * 1e-6, n) == approx(busbw, abs=0.01)
+
+
+def test_bus_factor_definitions_and_degenerate_inputs():
+    assert bus_factor("all_reduce", 8) == approx(1.75)  # 2*7/8
+    assert bus_factor("all_reduce", 2) == approx(1.0)
+    assert bus_factor("all_reduce", 1) == 0.0  # one rank moves nothing over a bus
+    assert bus_factor("broadcast", 8) == 1.0
+    assert bus_factor("all_reduce", 0) is None
+    assert algbw_gbps(0, 1.0) is None and algbw_gbps(100, 0.0) is None
+
+
+def test_step_busbw_is_median_over_collectives():
+    # 4 MB in 2 ms -> 2 GB/s; 4 MB in 1 ms -> 4; 4 MB in 4 ms -> 1; median algbw = 2
+    # n = 4 -> factor 2*3/4 = 1.5 -> busbw 3
+    f = step_figures(record(0, 10, span("all_reduce", 0, 2, nbytes=4_000_000),
+                            span("all_reduce", 2, 3, nbytes=4_000_000),
+                            span("all_reduce", 3, 7, nbytes=4_000_000),
+                            span("all_reduce", 7, 8, nbytes=0)), world_size=4)
+    assert f.algbw_gbps == approx((2, 4, 1))  # the zero-byte call measures nothing
+    assert f.busbw_gbps == approx(3)
+
+
+# --- across ranks ---------------------------------------------------------------------------
+
+
+def test_cross_rank_wait_splits_duration_into_transfer_and_wait_and_names_straggler():
+    # i-th all_reduce durations (ms): rank0 [5,2], rank1 [1,4], rank2 [3,3]
+    # transfer = min -> [1,2]; waits: rank0 4+0 = 4, rank1 0+2 = 2, rank2 2+1 = 3
+    # rank1 waited least -> it is the one the others wait for
+    recs = {
+        0: record(0, 20, span("all_reduce", 0, 5), span("all_reduce", 10, 12), rank=0),
+        # listed out of order: calls are matched by start time
+        1: record(0, 20, span("all_reduce", 10, 14), span("all_reduce", 4, 5), rank=1),
+        2: record(0, 20, span("all_reduce", 2, 5), span("all_reduce", 9, 12), rank=2),
+    }
+    waits = cross_rank_waits(recs)
+    assert waits == approx({0: 4, 1: 2, 2: 3})
+    assert straggler(waits) == 1
+
+
+def test_single_rank_or_balanced_ranks_have_no_straggler():
+    assert cross_rank_waits({3: record(0, 5, span("all_reduce", 0, 5), rank=3)}) == {3: 0.0}
+    assert cross_rank_waits({}) == {}
+    assert straggler({0: 0.0, 1: 0.0}) is None
+    assert straggler({0: 1.0, 1: 1.2}, tolerance_ms=0.5) is None
+    assert straggler({0: 1.0}) is None
+
+
+def test_desync_reports_step_and_counts_per_rank():
+    recs = {
+        1: record(0, 9, span("all_reduce", 0, 1), span("all_reduce", 1, 2),
+                  span("all_reduce", 2, 3), rank=1, step=7),
+        0: record(0, 9, span("all_reduce", 0, 1), span("all_reduce", 1, 2), rank=0, step=7),
+    }
+    assert find_desync(recs) == Desync(step=7, calls_per_rank={0: 2, 1: 3})
+    # waits are only matched over the common prefix of 2 calls (equal durations -> 0)
+    assert cross_rank_waits(recs) == approx({0: 0, 1: 0})
+
+
+def test_equal_call_counts_or_no_records_is_not_a_desync():
+    recs = {r: record(0, 9, span("all_reduce", 0, 1), span("broadcast", 1, 2), rank=r)
+            for r in range(3)}
+    assert find_desync(recs) is None
+    assert find_desync({}) is None
+
+
+# --- a segment --------------------------------------------------------------------------------
+
+
+def two_rank_segment() -> list[Record]:
+    """4 steps x 2 ranks, each record a 10 MB all_reduce and 8 samples / 1024 tokens.
+
+    rank0, window L: fwd [0, L/2), blocking all_reduce [L/2, 3L/4)
+        -> compute 50, exposed 25, idle 25, overlap 0, overhead 25; all_reduce L/4
+    rank1, window L: fwd [0, 3L/4), async all_reduce [L/2, L)
+        -> compute 75, exposed 25, idle 0, overlap 50, overhead 50; all_reduce L/2
+    """
+    recs = []
+    lengths = {0: [10, 20, 30, 40], 1: [5, 20, 30, 30]}
+    starts = [0, 100, 200, 300]
+    for rank, ls in lengths.items():
+        for step, (t, L) in enumerate(zip(starts, ls)):
+            if rank == 0:
+                spans = (span("forward", t, t + L / 2),
+                         span("all_reduce", t + L / 2, t + 3 * L / 4, True, 10_000_000))
+            else:
+                spans = (span("forward", t, t + 3 * L / 4),
+                         span("all_reduce", t + L / 2, t + L, False, 10_000_000))
+            recs.append(record(t, t + L, *spans, rank=rank, step=step, samples=8, tokens=1024))
+    return recs
+
+
+def test_segment_means_percentiles_throughput_and_waits():
+    s = segment_figures(two_rank_segment(), world_size=2)
+    # percentages: mean of rank0 (50,25,25,0,25) and rank1 (75,25,0,50,50)
+    assert pcts(s) == approx((62.5, 25, 12.5, 25, 37.5))
+    assert s.steps == 4
+    assert s.all_reduce_calls == approx(1.0)
+    assert s.all_reduce_calls_total == 8
+    # all_reduce ms: rank0 2.5+5+7.5+10 = 25, rank1 2.5+10+15+15 = 42.5 -> 67.5 / 8
+    assert s.all_reduce_ms == approx(8.4375)
+    # step wall = max over ranks = [10,20,30,40]; p50 = 25; p95 at index 2.85 -> 30 + .85*10
+    assert (s.step_ms_p50, s.step_ms_p95) == approx((25, 38.5))
+    # 2 ranks * 4 steps * 8 samples = 64 over 100 ms of wall time
+    assert s.samples_per_s == approx(640)
+    assert s.tokens_per_s == approx(81920)
+    # algbw = 10 MB / t: rank0 4, 2, 1.333, 1; rank1 4, 1, .667, .667
+    # median of 8 = (1 + 1.333) / 2; n = 2 -> bus factor 1
+    assert s.busbw_gbps == approx((1 + 4 / 3) / 2)
+    # waits per step: rank1 waits 0, 5, 7.5, 5 = 17.5 ms; rank0 never -> mean 17.5 / 8
+    assert s.waited_for_others_ms == approx(2.1875)
+    assert s.straggler_rank == 0
+    assert s.desyncs == ()
+
+
+def test_segment_per_rank_figures():
+    s = segment_figures(two_rank_segment(), world_size=2)
+    r0, r1 = s.per_rank[0], s.per_rank[1]
+    assert sorted(s.per_rank) == [0, 1]
+    assert pcts(r0) == approx((50, 25, 25, 0, 25))
+    assert pcts(r1) == approx((75, 25, 0, 50, 50))
+    assert (r0.all_reduce_calls, r0.all_reduce_calls_total) == (approx(1.0), 4)
+    assert (r0.all_reduce_ms, r1.all_reduce_ms) == approx((6.25, 10.625))
+    # rank1 windows [5,20,30,30]: p50 25, p95 at index 2.85 between 30 and 30 -> 30
+    assert (r0.step_ms_p50, r0.step_ms_p95) == approx((25, 38.5))
+    assert (r1.step_ms_p50, r1.step_ms_p95) == approx((25, 30))
+    # 32 samples over each rank's own 100 ms / 85 ms
+    assert (r0.samples_per_s, r1.samples_per_s) == approx((320, 32 / 0.085))
+    # rank0 algbw [1, 1.333, 2, 4] -> median 1.667; rank1 [.667, .667, 1, 4] -> .833
+    assert (r0.busbw_gbps, r1.busbw_gbps) == approx((5 / 3, 5 / 6))
+    assert (r0.waited_for_others_ms, r1.waited_for_others_ms) == approx((0, 4.375))
+
+
+def test_segment_as_dict_keys():
+    d = segment_figures(two_rank_segment(), world_size=2).as_dict()
+    required = {"compute_pct", "non_compute_pct", "idle_pct", "overlap_pct", "comm_overhead_pct",
+                "all_reduce_calls", "all_reduce_ms", "step_ms_p50", "step_ms_p95",
+                "samples_per_s", "tokens_per_s", "busbw_gbps", "waited_for_others_ms", "per_rank"}
+    assert required <= d.keys()
+    assert required - {"per_rank"} <= d["per_rank"][1].keys()
+    assert d["per_rank"][1]["compute_pct"] == approx(75)
+    assert d["desyncs"] == []
+
+
+def test_segment_collects_desyncs_and_replaces_repeated_records():
+    recs = [
+        record(0, 10, span("all_reduce", 0, 1), rank=0, step=0),
+        record(0, 10, span("all_reduce", 0, 1), rank=1, step=0),
+        record(10, 20, span("all_reduce", 10, 11), rank=0, step=1),
+        record(10, 20, rank=1, step=1),
+        # a re-sent step 0 of rank 1 replaces the first one: now 2 calls vs rank0's 1
+        record(0, 10, span("all_reduce", 0, 1), span("all_reduce", 2, 3), rank=1, step=0),
+    ]
+    s = segment_figures(recs, world_size=2)
+    assert s.desyncs == (Desync(0, {0: 1, 1: 2}), Desync(1, {0: 1, 1: 0}))
+    assert s.all_reduce_calls_total == 4  # 1 + 2 + 1 + 0
+    assert s.as_dict()["desyncs"][1] == {"step": 1, "calls_per_rank": {0: 1, 1: 0}}
+
+
+def test_segment_overlap_mean_skips_steps_without_comm_and_zero_windows_skip_percentages():
+    # step0: bwd [0,4) with async all_reduce [2,4) -> overlap 100; step1: compute only;
+    # step2: zero-length window. Overlap mean over step0 only = 100.
+    # compute means over steps 0,1 only: (100 + 50) / 2 = 75
+    recs = [
+        record(0, 4, span("backward", 0, 4), span("all_reduce", 2, 4), step=0),
+        record(10, 14, span("forward", 10, 12), step=1),
+        record(20, 20, step=2),
+    ]
+    s = segment_figures(recs, world_size=1)
+    assert s.overlap_pct == approx(100)
+    assert s.compute_pct == approx(75)
+    assert s.steps == 3
+    assert s.busbw_gbps is None  # no bytes recorded
+
+
+def test_empty_segment_is_zeros_and_none():
+    s = segment_figures([], world_size=4)
+    assert pcts(s) == (0.0, 0.0, 0.0, 0.0, 0.0)
+    assert (s.steps, s.all_reduce_calls, s.all_reduce_ms) == (0, 0.0, 0.0)
+    assert (s.step_ms_p50, s.step_ms_p95, s.samples_per_s, s.tokens_per_s) == (0.0, 0.0, 0.0, 0.0)
+    assert s.busbw_gbps is None and s.straggler_rank is None
+    assert s.per_rank == {} and s.desyncs == ()
+    assert all(not (isinstance(v, float) and math.isnan(v)) for v in s.as_dict().values())

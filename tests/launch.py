@@ -73,3 +73,19 @@ def describe_failure(results: list[subprocess.CompletedProcess[str]]) -> str:
     return "\n".join(
         f"--- rank {rank} exit {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}" for rank, r in enumerate(results)
     )
+
+
+def run_torchrun(args: list[str], nproc: int = 2, timeout_s: float = 300.0, cwd: Path = REPO_ROOT) -> subprocess.CompletedProcess[str]:
+    """``torchrun --standalone`` (a free rendezvous port of its own); the whole group is killed on timeout."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONFAULTHANDLER="1")
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *args]
+    proc = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    return subprocess.CompletedProcess(command, proc.returncode, out, err)

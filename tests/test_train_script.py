@@ -1,0 +1,72 @@
+"""``train.py`` end to end: every strategy under torchrun, accuracy, and wrong input."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import instrumented_ddp
+from instrumented_ddp.replicas import ranks_that_differ, state_digest
+from launch import REPO_ROOT, run_torchrun
+
+TRAIN = str(REPO_ROOT / "train.py")
+
+
+@pytest.mark.parametrize("strategy", instrumented_ddp.STRATEGY_NAMES)
+def test_every_strategy_trains_under_torchrun_with_identical_replicas(strategy: str, tmp_path: Path) -> None:
+    final = tmp_path / "final.pt"
+    result = run_torchrun([TRAIN, "--strategy", strategy, "--steps", "4", "--batch-size", "8",
+                           "--log-every", "2", "--save-final", str(final)])
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    assert "parameters identical on all 2 rank(s)" in result.stdout
+    assert "step 4/4" in result.stdout
+    assert torch.load(final)["score.weight"].shape == (5, 192)
+
+
+def test_a_short_run_learns_the_builtin_reviews_above_chance() -> None:
+    result = run_torchrun([TRAIN, "--strategy", "bucket", "--bucket-mb", "2", "--steps", "120", "--log-every", "40"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    accuracy = float(result.stdout.split("eval accuracy ")[1].split()[0])
+    assert accuracy > 0.3, result.stdout
+
+
+def run_train(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, TRAIN, *args], capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--strategy", "zero3"], "invalid choice: 'zero3'"),
+        (["--batch-size", "10", "--grad-accum", "3"], "does not divide by world size 1 x grad-accum 3"),
+        (["--steps", "0"], "--steps must be at least 1"),
+        (["--bucket-mb", "-1"], "--bucket-mb must be positive"),
+        (["--device", "tpu"], "invalid choice: 'tpu'"),
+    ],
+)
+def test_wrong_flags_fail_with_one_line_error(args: list[str], message: str) -> None:
+    result = run_train(*args)
+    assert result.returncode == 2
+    assert message in result.stderr.strip().splitlines()[-1]
+
+
+def test_unknown_model_fails_with_one_line_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    result = run_train("--model", "no-such-org/no-such-model", "--steps", "1")
+    assert result.returncode == 2
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("train.py: error: cannot load model 'no-such-org/no-such-model'")
+
+
+def test_digests_name_the_ranks_that_differ() -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    same = state_digest(model)
+    with torch.no_grad():
+        model.weight[0, 0] += 1e-7
+    assert ranks_that_differ([same, same, state_digest(model), same]) == [2]
+    assert ranks_that_differ([same, same]) == []

@@ -1,0 +1,166 @@
+"""
+Train a small transformer with one of six data-parallel strategies, watched by ddpwatch.
+
+    python train.py                                           # one process, CPU or one GPU
+    torchrun --nproc_per_node=2 train.py --strategy async     # two ranks on this machine
+    torchrun --nproc_per_node=4 train.py --strategy bucket --bucket-mb 5 --grad-accum 2
+    # two nodes: run on each, with its --node_rank
+    torchrun --nnodes=2 --node_rank=0 --nproc_per_node=8 --rdzv_backend=c10d \
+        --rdzv_endpoint=HOST:29500 train.py --strategy ddp
+
+The default model is SmolLM2's architecture shrunk to ~3 M parameters and the default data a
+generated Yelp-style review set, so a fresh machine trains at once; --model and --dataset take
+real Hugging Face names. Every run ends by checking that all ranks hold identical parameters.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+from contextlib import nullcontext
+from typing import Iterator
+
+import torch
+
+import instrumented_ddp
+from instrumented_ddp.distributed import DistributedContext, init_distributed, shutdown_distributed
+from instrumented_ddp.replicas import gather_digests, ranks_that_differ
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--strategy", default="async", choices=instrumented_ddp.STRATEGY_NAMES)
+    parser.add_argument("--steps", type=int, default=200, help="optimizer steps")
+    parser.add_argument("--batch-size", type=int, default=16, help="global batch per optimizer step")
+    parser.add_argument("--grad-accum", type=int, default=None, help="micro-steps per optimizer step (default 2 for ga, else 1)")
+    parser.add_argument("--bucket-mb", type=float, default=25.0, help="bucket cap for bucket and ddp")
+    parser.add_argument("--lr", type=float, default=5e-4)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    parser.add_argument("--model", default="tiny", help="'tiny', or a Hugging Face name or local path")
+    parser.add_argument("--dataset", default="builtin", help="'builtin', 'yelp_review_full', or a local path")
+    parser.add_argument("--max-length", type=int, default=64, help="tokens per example")
+    parser.add_argument("--log-every", type=int, default=10)
+    parser.add_argument("--save-final", default=None, help="rank 0 writes the final state_dict here")
+    args = parser.parse_args(argv)
+    if args.grad_accum is None:
+        args.grad_accum = 2 if args.strategy == "ga" else 1
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    for flag in ("steps", "batch_size", "grad_accum", "max_length", "log_every"):
+        if getattr(args, flag) < 1:
+            parser.error(f"--{flag.replace('_', '-')} must be at least 1")
+    if args.bucket_mb <= 0:
+        parser.error("--bucket-mb must be positive")
+    if args.batch_size % (world_size * args.grad_accum):
+        parser.error(
+            f"--batch-size {args.batch_size} does not divide by world size {world_size} x grad-accum {args.grad_accum}"
+        )
+    return args
+
+
+def load_model_and_data(args: argparse.Namespace, context: DistributedContext):
+    """Tokenizer, model and loaders; every rank builds the same ones (the data is deterministic)."""
+    import datasets
+
+    from instrumented_ddp import data, models
+
+    datasets.disable_progress_bars()
+    reviews = data.load_reviews(args.dataset, seed=args.seed)
+    torch.manual_seed(args.seed)
+    if args.model == "tiny":
+        tokenizer = data.build_tokenizer(reviews["train"]["text"])
+        model = models.build_tiny_model(len(tokenizer), data.NUM_LABELS, tokenizer.pad_token_id)
+    else:
+        bundle = models.load_pretrained(args.model, data.NUM_LABELS)
+        model, tokenizer = bundle.model, bundle.tokenizer
+    tokenized = data.tokenize_reviews(reviews, tokenizer, args.max_length)
+    micro_batch = args.batch_size // (context.world_size * args.grad_accum)
+    train_loader, eval_loader, sampler = data.make_loaders(tokenized, micro_batch, context.rank, context.world_size, args.seed)
+    return model.to(context.device), train_loader, eval_loader, sampler
+
+
+def endless(loader, sampler) -> Iterator[dict[str, torch.Tensor]]:
+    """Batches forever, reshuffling each epoch the same way on every rank."""
+    epoch = 0
+    while True:
+        sampler.set_epoch(epoch)
+        yield from loader
+        epoch += 1
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, loader, device: torch.device) -> float:
+    model.eval()
+    counts = torch.zeros(2, dtype=torch.float64, device=device)
+    for batch in loader:
+        batch = {k: v.to(device) for k, v in batch.items()}
+        predictions = model(**batch).logits.argmax(dim=-1)
+        counts += torch.tensor([(predictions == batch["labels"]).sum().item(), len(predictions)], device=device)
+    torch.distributed.all_reduce(counts)
+    model.train()
+    return (counts[0] / counts[1]).item()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    context = init_distributed(args.device)
+    say = print if context.is_main else (lambda *a, **k: None)
+    try:
+        model, train_loader, eval_loader, sampler = load_model_and_data(args, context)
+    except RuntimeError as error:  # DataUnavailableError, ModelUnavailableError: one line each
+        print(f"train.py: error: {error}", file=sys.stderr)
+        shutdown_distributed()
+        return 2
+    model = instrumented_ddp.wrap(model, args.strategy, bucket_mb=args.bucket_mb)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    batches = endless(train_loader, sampler)
+    say(
+        f"{args.strategy}: {context.world_size} rank(s) on {context.device.type} ({context.backend}), "
+        f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters, global batch {args.batch_size} "
+        f"in {args.grad_accum} micro-step(s)"
+    )
+
+    started = last_log = time.perf_counter()
+    for step in range(1, args.steps + 1):
+        for micro in range(args.grad_accum):
+            batch = {k: v.to(context.device) for k, v in next(batches).items()}
+            skip_sync = micro < args.grad_accum - 1 and not model.syncs_every_micro_step
+            with model.no_sync() if skip_sync else nullcontext():
+                loss = model(**batch).loss / args.grad_accum
+                loss.backward()
+                model.finish_gradient_sync()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=False)  # keeps bucket gradient views in place
+
+        if step % args.log_every == 0 or step == args.steps:
+            global_loss = loss.detach() * args.grad_accum
+            torch.distributed.all_reduce(global_loss)
+            now = time.perf_counter()
+            rate = args.log_every * args.batch_size / (now - last_log) if step % args.log_every == 0 else 0.0
+            eta = (now - started) / step * (args.steps - step)
+            say(
+                f"step {step}/{args.steps} | loss {global_loss.item() / context.world_size:.4f} | "
+                f"{rate:.1f} samples/s | ETA {eta:.0f}s"
+            )
+            last_log = now
+
+    accuracy = evaluate(model.module, eval_loader, context.device)
+    say(f"eval accuracy {accuracy:.3f} (chance 0.200)")
+    bare = instrumented_ddp.unwrap(model)
+    differing = ranks_that_differ(gather_digests(bare))
+    if differing:
+        say(f"train.py: error: parameters differ from rank 0 on rank(s) {', '.join(map(str, differing))}")
+    elif context.is_main:
+        say(f"parameters identical on all {context.world_size} rank(s)")
+    if args.save_final and context.is_main:
+        torch.save(bare.state_dict(), args.save_final)
+        say(f"saved final state_dict to {args.save_final}")
+    shutdown_distributed()
+    return 1 if differing else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

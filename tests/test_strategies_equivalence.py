@@ -15,6 +15,8 @@ STEPS, GLOBAL_BATCH = 3, 8
 RUNS = [
     "simple:1:25", "ga:1:25", "hook:1:25", "async:1:25", "bucket:1:25", "ddp:1:25",
     "simple:2:25", "ga:2:25", "async:2:25", "bucket:2:0.01", "ddp:2:0.01", "bucket:1:0.002",
+    # timed: the strategies' collectives go through the timeline (ddp through its comm hook)
+    "simple:1:25:timed", "hook:1:25:timed", "bucket:2:0.01:timed", "ddp:1:0.01:timed", "ddp:2:0.01:timed",
 ]
 
 

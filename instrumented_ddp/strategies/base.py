@@ -22,6 +22,8 @@ import torch.distributed as dist
 from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
+from ..timeline import NULL_TIMELINE, NullTimeline, StepTimeline
+
 
 class DataParallelStrategy(nn.Module):
     """Base of the six strategies: broadcast at wrap time, ``no_sync``, ``unwrap``."""
@@ -30,6 +32,8 @@ class DataParallelStrategy(nn.Module):
     #: True when the strategy averages after every micro-step even while accumulating (the seed
     #: blog's baseline); False when the loop may skip communication with ``no_sync``.
     syncs_every_micro_step: ClassVar[bool] = False
+    #: True for the strategies whose behaviour depends on ``bucket_mb``.
+    uses_bucket_mb: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -37,8 +41,10 @@ class DataParallelStrategy(nn.Module):
         *,
         bucket_mb: float = 25.0,
         process_group: dist.ProcessGroup | None = None,
+        timeline: StepTimeline | NullTimeline = NULL_TIMELINE,
     ) -> None:
         super().__init__()
+        self.timeline = timeline
         if not dist.is_initialized():
             raise RuntimeError("instrumented_ddp.wrap needs an initialized torch.distributed process group")
         self.module = module
@@ -53,7 +59,18 @@ class DataParallelStrategy(nn.Module):
 
     # -- what the training loop calls ------------------------------------------------------------
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        return self.module(*args, **kwargs)
+        with self.timeline.phase("forward"):
+            return self.module(*args, **kwargs)
+
+    @property
+    def excluded_from_statistics(self) -> bool:
+        """True while the current step is not representative of the strategy (warm-up)."""
+        return False
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        """The settings that change what this strategy does (they name a segment)."""
+        return {"bucket_mb": self.bucket_mb} if self.uses_bucket_mb else {}
 
     @contextmanager
     def no_sync(self) -> Iterator[None]:
@@ -112,10 +129,34 @@ class DataParallelStrategy(nn.Module):
     def _collective(
         self, kind: str, tensor: torch.Tensor, *, tag: str, async_op: bool, src: int = 0
     ) -> dist.Work | None:
-        """The one place a collective is issued (and, when synchronous, completed)."""
+        """The one place a collective is issued and timed.
+
+        A timed collective on a GPU is always issued with ``async_op=True`` (a synchronous NCCL
+        call returns no work to time) and then waited when the caller asked for a synchronous one.
+        """
+        nbytes = tensor.numel() * tensor.element_size()
+        span = self.timeline.open_collective(kind, nbytes, tag, str(tensor.dtype).removeprefix("torch."), not async_op)
+        issue_async = async_op or (span is not None and tensor.is_cuda)
         if kind == "all_reduce":
-            return dist.all_reduce(tensor, group=self.process_group, async_op=async_op)
-        return dist.broadcast(tensor, src=src, group=self.process_group, async_op=async_op)
+            work = dist.all_reduce(tensor, group=self.process_group, async_op=issue_async)
+        else:
+            work = dist.broadcast(tensor, src=src, group=self.process_group, async_op=issue_async)
+        if async_op:
+            self.timeline.close_collective(span, work)
+            return work
+        if issue_async:  # synchronous on the GPU stream, timed through the work
+            self.timeline.close_collective(span, work)
+            work.wait()
+        else:
+            self.timeline.close_collective(span, None)
+        return None
+
+    def _wait_all(self, works: list[dist.Work | None]) -> None:
+        """Block until outstanding collectives finish; that blocked time is a ``wait`` span."""
+        with self.timeline.phase("wait", blocking=True):
+            for work in works:
+                if work is not None:
+                    work.wait()
 
     @staticmethod
     def _gradient_or_zeros(parameter: nn.Parameter) -> torch.Tensor:

@@ -65,6 +65,13 @@ class BucketedAsyncHook(DataParallelStrategy):
     """
 
     name: ClassVar[str] = "bucket"
+    uses_bucket_mb: ClassVar[bool] = True
+
+    @property
+    def bucket_layout(self) -> list[list[int]]:
+        """Parameter indices (``module.parameters()`` order) of each bucket, in launch order."""
+        index_of = {id(p): i for i, p in enumerate(self.module.parameters())}
+        return [[index_of[id(p)] for p in bucket.parameters] for bucket in self.buckets]
 
     def _attach(self) -> None:
         cap_bytes = max(1, int(self.bucket_mb * 1024 * 1024))
@@ -134,9 +141,8 @@ class BucketedAsyncHook(DataParallelStrategy):
                 if position not in bucket.ready:
                     self._place_gradient_in_view(bucket, position)
             self._launch(bucket)
+        self._wait_all([bucket.work for bucket in self.buckets])
         for bucket in self.buckets:
-            if bucket.work is not None:
-                bucket.work.wait()
             bucket.buffer.div_(self.world_size)
             bucket.ready.clear()
             bucket.work, bucket.launched = None, False

@@ -56,9 +56,8 @@ class PerParameterHook(DataParallelStrategy):
         for index, parameter in enumerate(self._parameters_in_order):
             if index not in self._reduced:
                 self._reduce(parameter)
-        for parameter, work in self._pending:
-            if work is not None:
-                work.wait()
+        self._wait_all([work for _, work in self._pending])
+        for parameter, _ in self._pending:
             parameter.grad.div_(self.world_size)
         self._pending.clear()
         self._reduced.clear()

@@ -15,6 +15,7 @@ from transformers import LlamaConfig, LlamaForSequenceClassification
 
 import instrumented_ddp
 from instrumented_ddp.distributed import init_distributed, shutdown_distributed
+from instrumented_ddp.timeline import StepTimeline
 
 VOCAB, LABELS, SEQ = 97, 5, 12
 
@@ -49,11 +50,13 @@ def rank_slice(batch: dict, rank: int, world_size: int) -> dict:
     return {k: v[rank * rows : (rank + 1) * rows] for k, v in batch.items()}
 
 
-def train(model: nn.Module, steps: list[list[dict]], rank: int, world_size: int) -> None:
+def train(model: nn.Module, steps: list[list[dict]], rank: int, world_size: int, timeline: StepTimeline | None = None) -> None:
     """The training loop every strategy shares (as in train.py)."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     wrapped = isinstance(model, instrumented_ddp.DataParallelStrategy)
-    for micro_batches in steps:
+    for number, micro_batches in enumerate(steps, start=1):
+        if timeline is not None:
+            timeline.begin_step(number, model.name, model.settings)
         for index, batch in enumerate(micro_batches):
             last = index == len(micro_batches) - 1
             skip = wrapped and not last and not model.syncs_every_micro_step
@@ -64,23 +67,27 @@ def train(model: nn.Module, steps: list[list[dict]], rank: int, world_size: int)
                     model.finish_gradient_sync()
         optimizer.step()
         optimizer.zero_grad(set_to_none=False)
+        if timeline is not None:
+            timeline.end_step(samples=0, tokens=0)
+            assert len(timeline.completed_reports()) <= 1
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--runs", nargs="+", required=True, help="strategy:grad_accum:bucket_mb")
+    parser.add_argument("--runs", nargs="+", required=True, help="strategy:grad_accum:bucket_mb[:timed]")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--global-batch", type=int, default=8)
     args = parser.parse_args()
     context = init_distributed("cpu")
     results = {}
     for run in args.runs:
-        strategy, grad_accum, bucket_mb = run.split(":")
+        strategy, grad_accum, bucket_mb, *timed = run.split(":")
+        timeline = StepTimeline(context.rank) if timed else None
         model = make_model(seed=1234 + context.rank)  # ranks start different: wrap must broadcast
-        model = instrumented_ddp.wrap(model, strategy, bucket_mb=float(bucket_mb))
+        model = instrumented_ddp.wrap(model, strategy, bucket_mb=float(bucket_mb), **({"timeline": timeline} if timed else {}))
         steps = global_micro_batches(7, args.steps, int(grad_accum), args.global_batch)
-        train(model, steps, context.rank, context.world_size)
+        train(model, steps, context.rank, context.world_size, timeline)
         bare = instrumented_ddp.unwrap(model)
         results[run] = {k: v.detach().clone() for k, v in bare.state_dict().items()}
     torch.save(results, args.out.with_suffix(f".rank{context.rank}.pt"))

@@ -1,0 +1,251 @@
+"""Files a recorded session leaves behind: summary.json/.md/.csv and a Chrome trace.
+
+Every number comes from ``Session.segment_figures`` (that is, from ``metrics``), so an export
+can never disagree with what the dashboard showed. ``summary()`` returns exactly what
+``json.loads`` of summary.json gives back (string keys, lists, no NaN), so ``summary_markdown``
+and ``summary_csv`` work the same on a live session and on a file read back by
+``ddpwatch summary``.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ddpwatch.session import Session
+
+__all__ = ["chrome_trace", "clock_offsets", "summary", "summary_csv", "summary_markdown", "write_exports"]
+
+COLUMNS = ("Segment", "Steps", "Compute%", "Non_Compute%", "Idle%", "Overlap%", "Comm_overhead%",
+           "all_reduce_calls", "all_reduce_ms", "step ms p50", "step ms p95", "samples/s", "busbw GB/s")
+_FIGURE_KEYS = ("compute_pct", "non_compute_pct", "idle_pct", "overlap_pct", "comm_overhead_pct")
+_LANES = {"forward": "compute", "backward": "compute", "optimizer": "compute", "all_reduce": "communication",
+          "broadcast": "communication", "wait": "wait", "data": "data"}
+_LANE_TIDS = {"step": 0, "compute": 100, "communication": 200, "wait": 300, "data": 400}  # +k: k-th sub-lane
+
+
+def _jsonable(value: Any) -> Any:
+    """What a strict JSON round trip would give: str keys, lists, and None for NaN/inf."""
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, (bool, str)) or value is None:
+        return value
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, (float, np.floating)):
+        return float(value) if math.isfinite(value) else None
+    return str(value)
+
+
+# --- summary ---------------------------------------------------------------------------------
+
+
+def summary(session: Session) -> dict[str, Any]:
+    """The whole session in one JSON-ready dict: who ran, each segment's figures, what was lost."""
+    ranks = []
+    for rank, state in sorted(session.ranks.items()):
+        h = state.hello
+        ranks.append({"rank": rank, "host": h.host if h else None, "device": h.device if h else None,
+                      "backend": h.backend if h else None, "node_rank": h.node_rank if h else None,
+                      "pid": h.pid if h else None})
+    segments = []
+    for seg in session.segments:
+        reports = session.segment_reports(seg, include_excluded=True)
+        excluded = sorted({r.step for r in reports if r.excluded})
+        segments.append({"index": seg.index, "label": seg.label, "strategy": seg.strategy,
+                         "settings": seg.settings, "world_size": session.world_size,
+                         "first_step": seg.first_step, "last_step": seg.last_step,
+                         "excluded_steps": excluded, **session.segment_figures(seg).as_dict()})
+    telemetry = {"rejected": dict(session.rejected),
+                 "lost_messages": {r: s.lost_messages for r, s in sorted(session.ranks.items())},
+                 "sender_dropped": {r: s.sender_dropped for r, s in sorted(session.ranks.items())}}
+    return _jsonable({"session": session.session_id, "world_size": session.world_size, "ranks": ranks,
+                      "segments": segments, "telemetry": telemetry})
+
+
+def _calls_per_rank(seg: dict[str, Any]) -> float:
+    """The blog counted calls per rank over its profiled steps; the total over ranks would double it."""
+    world = seg.get("world_size") or 1
+    return (seg.get("all_reduce_calls_total") or 0) / world
+
+
+def _row(seg: dict[str, Any], digits: int | None) -> list[Any]:
+    """One segment's cells, in COLUMNS order; rounded to ``digits`` when given (None: raw numbers)."""
+    def num(value: Any) -> Any:
+        if value is None:
+            return "n/a" if digits is not None else ""
+        return f"{value:.{digits}f}" if digits is not None else round(float(value), 6)
+    calls = _calls_per_rank(seg)
+    return [seg.get("label") or seg.get("strategy", ""), f"{seg['first_step']}-{seg['last_step']}",
+            *(num(seg.get(k)) for k in _FIGURE_KEYS),
+            f"{calls:.1f}" if digits is not None else calls,
+            num(seg.get("all_reduce_ms")), num(seg.get("step_ms_p50")), num(seg.get("step_ms_p95")),
+            num(seg.get("samples_per_s")), num(seg.get("busbw_gbps"))]
+
+
+def summary_markdown(summary: dict[str, Any]) -> str:
+    """The seed blog's comparison table, one row per segment, so results read side by side with it."""
+    lines = [f"# ddpwatch session {summary.get('session') or '(unnamed)'} ({summary.get('world_size', 0)} ranks)", "",
+             "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    for seg in summary.get("segments", []):
+        lines.append("| " + " | ".join(str(c) for c in _row(seg, 2)) + " |")
+    lines += ["", "Comm_overhead% is merged wall-clock communication time over the step window; the seed blog "
+              "summed raw kernel durations instead, so concurrent collectives counted twice there.",
+              "all_reduce_calls is per rank, summed over the segment's counted steps; the other figures are "
+              "per rank per step (mean); step ms is each step's slowest rank.",
+              "Steps marked excluded (native DDP's first iteration, before buckets are rebuilt) are left out."]
+    for seg in summary.get("segments", []):
+        if seg.get("excluded_steps"):
+            lines.append(f"- segment {seg['index']}: excluded steps {', '.join(map(str, seg['excluded_steps']))}")
+        for d in seg.get("desyncs", []):
+            calls = ", ".join(f"rank {r}: {n}" for r, n in d["calls_per_rank"].items())
+            lines.append(f"- DESYNC in segment {seg['index']} at step {d['step']}: all_reduce calls differ ({calls})")
+    return "\n".join(lines) + "\n"
+
+
+def summary_csv(summary: dict[str, Any]) -> str:
+    """The same rows as the markdown table, unrounded, with strategy and settings for spreadsheets."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(["index", "strategy", "settings", *COLUMNS])
+    for seg in summary.get("segments", []):
+        writer.writerow([seg["index"], seg["strategy"], json.dumps(seg.get("settings", {}), sort_keys=True),
+                         *_row(seg, None)])
+    return out.getvalue()
+
+
+# --- Chrome trace ----------------------------------------------------------------------------
+
+
+def clock_offsets(session: Session) -> dict[int, float]:
+    """Seconds to add to each rank's clock to land on the reference rank's (rank 0's) clock.
+
+    Hosts' clocks differ, but an all-reduce cannot complete on any rank before every rank joined,
+    so all ranks leave a step's last all-reduce together: its end is a shared instant. The median
+    over steps shrugs off a step whose callback fired late. Without all-reduces, step starts are
+    the best common event left.
+    """
+    ranks = sorted({r for reps in session.reports.values() for r in reps} | set(session.ranks))
+    if not ranks:
+        return {}
+    ref = 0 if 0 in ranks else ranks[0]
+
+    def last_ar(report: Any) -> float | None:
+        ends = [s.end for s in report.spans if s.kind == "all_reduce"]
+        return max(ends) if ends else None
+
+    offsets = {ref: 0.0}
+    for rank in ranks:
+        if rank == ref:
+            continue
+        common = [reps for reps in session.reports.values() if ref in reps and rank in reps]
+        by_ar = [(last_ar(reps[ref]), last_ar(reps[rank])) for reps in common]
+        deltas = [a - b for a, b in by_ar if a is not None and b is not None]
+        if not deltas:
+            deltas = [reps[ref].start - reps[rank].start for reps in common]
+        offsets[rank] = float(np.median(deltas)) if deltas else 0.0
+    return offsets
+
+
+def chrome_trace(session: Session) -> dict[str, Any]:
+    """Chrome trace events (open in Perfetto / chrome://tracing): a process per rank, a thread per lane.
+
+    Perfetto needs events on one thread to nest properly, and async collectives overlap each
+    other (and could overlap a neighbour's compute), so every lane is split greedily into
+    sub-lanes where no two events overlap. pid is rank + 1 because some viewers hide pid 0.
+    """
+    offsets = clock_offsets(session)
+    starts = [rep.start + offsets.get(rank, 0.0) for reps in session.reports.values() for rank, rep in reps.items()]
+    origin = min(starts) if starts else 0.0
+
+    def us(t: float, rank: int) -> float:
+        return round((t + offsets.get(rank, 0.0) - origin) * 1e6, 3)
+
+    events: list[dict[str, Any]] = []
+    lanes: dict[int, dict[str, list[float]]] = {}  # rank -> lane -> last end (µs) per sub-lane
+
+    def place(rank: int, lane: str, name: str, t0: float, t1: float, args: dict[str, Any]) -> None:
+        if not (math.isfinite(t0) and math.isfinite(t1)):
+            return
+        ts, end = us(t0, rank), us(t1, rank)
+        end = max(end, ts)
+        subs = lanes.setdefault(rank, {}).setdefault(lane, [])
+        k = next((i for i, last in enumerate(subs) if last <= ts), len(subs))
+        subs[k:k + 1] = [end]
+        events.append({"name": name, "cat": lane, "ph": "X", "pid": rank + 1, "tid": _LANE_TIDS[lane] + k,
+                       "ts": ts, "dur": round(end - ts, 3), "args": args})
+
+    for step in sorted(session.reports):
+        for rank, rep in sorted(session.reports[step].items()):
+            place(rank, "step", f"step {step}", rep.start, rep.end,
+                  {"step": step, "strategy": rep.strategy, "excluded": rep.excluded, "samples": rep.samples})
+            for span in sorted(rep.spans, key=lambda s: (s.start, -s.end)):
+                lane = _LANES.get(span.kind, "data")
+                args: dict[str, Any] = {"step": step, "blocking": span.blocking}
+                if lane == "communication":
+                    args.update(bytes=span.nbytes, dtype=span.dtype, tag=span.tag)
+                place(rank, lane, span.kind, span.start, span.end, args)
+
+    for rank in sorted(set(lanes) | set(session.ranks)):
+        state = session.ranks.get(rank)
+        host = state.hello.host if state and state.hello else "?"
+        events.append({"name": "process_name", "ph": "M", "pid": rank + 1, "args": {"name": f"rank {rank} ({host})"}})
+        events.append({"name": "process_sort_index", "ph": "M", "pid": rank + 1, "args": {"sort_index": rank}})
+        for lane, subs in lanes.get(rank, {}).items():
+            for k in range(len(subs)):
+                tid = _LANE_TIDS[lane] + k
+                label = lane if k == 0 else f"{lane} {k + 1}"
+                events.append({"name": "thread_name", "ph": "M", "pid": rank + 1, "tid": tid, "args": {"name": label}})
+                events.append({"name": "thread_sort_index", "ph": "M", "pid": rank + 1, "tid": tid,
+                               "args": {"sort_index": tid}})
+        for sample in list(state.devices) if state else []:
+            readings = {k: float(v) for k, v in sample.readings.items()
+                        if isinstance(v, (int, float)) and math.isfinite(v)}
+            if readings and math.isfinite(sample.time):
+                events.append({"name": f"device ({sample.kind})", "ph": "C", "pid": rank + 1,
+                               "ts": us(sample.time, rank), "args": readings})
+    return {"traceEvents": events, "displayTimeUnit": "ms",
+            "otherData": {"session": session.session_id,
+                          "clock_offsets_s": {str(r): o for r, o in sorted(offsets.items())}}}
+
+
+# --- writing ---------------------------------------------------------------------------------
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """Temp file in the same directory + fsync + rename: a crash leaves the old file or the new, never half."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_exports(session: Session, out_dir: Path) -> dict[str, Path]:
+    """Write the four export files into ``out_dir`` (created if needed); returns name -> path."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    data = summary(session)
+    texts = {"summary.json": json.dumps(data, indent=2, allow_nan=False) + "\n",
+             "summary.md": summary_markdown(data), "summary.csv": summary_csv(data),
+             "trace.json": json.dumps(chrome_trace(session), allow_nan=False, separators=(",", ":"))}
+    paths = {}
+    for name, text in texts.items():
+        _write_atomic(out_dir / name, text)
+        paths[name] = out_dir / name
+    return paths

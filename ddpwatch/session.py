@@ -1,0 +1,158 @@
+"""What the receiver knows about one training session, fed message by message.
+
+The dashboard, the headless recorder and replay all fold the same messages into this state and
+ask ``metrics`` for figures, so the live screen and the exported summary cannot disagree.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, defaultdict, deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from ddpwatch import metrics
+from instrumented_ddp.protocol import (
+    Ack,
+    DeviceSample,
+    Envelope,
+    Goodbye,
+    Heartbeat,
+    Hello,
+    StepReport,
+    SwitchCommand,
+)
+
+LOST_AFTER_S = 3.0
+
+
+@dataclass
+class Segment:
+    """A run of consecutive steps under one strategy and settings."""
+
+    index: int
+    strategy: str
+    settings: dict[str, Any]
+    first_step: int
+    last_step: int
+
+    @property
+    def label(self) -> str:
+        shown = ", ".join(f"{k}={v}" for k, v in sorted(self.settings.items()) if k in ("bucket_mb", "grad_accum"))
+        return f"{self.strategy} ({shown})" if shown else self.strategy
+
+
+@dataclass
+class RankState:
+    hello: Hello | None = None
+    last_seen: float = 0.0
+    last_seq: int = -1
+    lost_messages: int = 0  # sequence gaps seen by the receiver
+    sender_dropped: int = 0  # what the rank's own queue discarded
+    last_step: int = 0
+    goodbye: Goodbye | None = None
+    devices: deque[DeviceSample] = field(default_factory=lambda: deque(maxlen=600))
+
+
+class Session:
+    """State of one session: hellos, step reports grouped into segments, device samples."""
+
+    def __init__(self) -> None:
+        self.ranks: dict[int, RankState] = defaultdict(RankState)
+        self.reports: dict[int, dict[int, StepReport]] = defaultdict(dict)  # step -> rank -> report
+        self.segments: list[Segment] = []
+        self.acks: list[Ack] = []
+        self.rejected: Counter[str] = Counter()
+        self.messages = 0
+        self.session_id = ""
+
+    # -- feeding ---------------------------------------------------------------------------------
+    def ingest(self, envelope: Envelope, received_at: float | None = None) -> None:
+        now = time.monotonic() if received_at is None else received_at
+        message = envelope.message
+        self.messages += 1
+        if isinstance(message, SwitchCommand):
+            return
+        rank = self.ranks[envelope.rank]
+        if envelope.seq > rank.last_seq + 1 and rank.last_seq >= 0:
+            rank.lost_messages += envelope.seq - rank.last_seq - 1
+        rank.last_seq = max(rank.last_seq, envelope.seq)
+        rank.sender_dropped = max(rank.sender_dropped, envelope.dropped)
+        rank.last_seen = now
+        if isinstance(message, Hello):
+            rank.hello = message
+            self.session_id = message.session
+        elif isinstance(message, StepReport):
+            self._add_report(message)
+            rank.last_step = max(rank.last_step, message.step)
+        elif isinstance(message, DeviceSample):
+            rank.devices.append(message)
+        elif isinstance(message, Heartbeat):
+            rank.last_step = max(rank.last_step, message.step)
+        elif isinstance(message, Ack):
+            self.acks.append(message)
+        elif isinstance(message, Goodbye):
+            rank.goodbye = message
+
+    def reject(self, category: str) -> None:
+        self.rejected[category] += 1
+
+    def _add_report(self, report: StepReport) -> None:
+        self.reports[report.step][report.rank] = report
+        for segment in self.segments:
+            if segment.first_step <= report.step <= segment.last_step:
+                if segment.strategy == report.strategy and segment.settings == report.settings:
+                    return
+        self._place_in_segment(report)
+
+    def _place_in_segment(self, report: StepReport) -> None:
+        """Extend the neighbouring segment with the same settings, or start a new one."""
+        for segment in self.segments:
+            same = segment.strategy == report.strategy and segment.settings == report.settings
+            if same and report.step in (segment.last_step + 1, segment.first_step - 1):
+                segment.first_step = min(segment.first_step, report.step)
+                segment.last_step = max(segment.last_step, report.step)
+                return
+        segment = Segment(0, report.strategy, dict(report.settings), report.step, report.step)
+        self.segments.append(segment)
+        self.segments.sort(key=lambda s: s.first_step)
+        for index, seg in enumerate(self.segments):
+            seg.index = index
+
+    # -- reading -----------------------------------------------------------------------------------
+    @property
+    def world_size(self) -> int:
+        sizes = [r.hello.world_size for r in self.ranks.values() if r.hello]
+        return max(sizes) if sizes else len(self.ranks)
+
+    @property
+    def finished(self) -> bool:
+        """Every rank of the world said goodbye."""
+        ranks = [self.ranks.get(r) for r in range(self.world_size)]
+        return bool(ranks) and all(r is not None and r.goodbye is not None for r in ranks)
+
+    def status(self, rank: int, now: float | None = None) -> str:
+        state = self.ranks[rank]
+        if state.goodbye is not None:
+            return "finished"
+        now = time.monotonic() if now is None else now
+        return "lost" if now - state.last_seen > LOST_AFTER_S else "live"
+
+    def segment_reports(self, segment: Segment, include_excluded: bool = False) -> list[StepReport]:
+        return [
+            report
+            for step in range(segment.first_step, segment.last_step + 1)
+            for report in self.reports.get(step, {}).values()
+            if include_excluded or not report.excluded
+        ]
+
+    def segment_figures(self, segment: Segment) -> metrics.SegmentFigures:
+        return metrics.segment_figures(self.segment_reports(segment), self.world_size)
+
+    def latest_complete_step(self) -> int | None:
+        """The newest step every live rank has reported."""
+        expected = self.world_size
+        for step in sorted(self.reports, reverse=True):
+            if len(self.reports[step]) >= expected:
+                return step
+        return None

@@ -1,0 +1,270 @@
+"""The wire schema between training ranks and ddpwatch: the one module both sides import.
+
+Standard library and msgpack only, so the dashboard never imports torch. Every message is a
+msgpack map ``{"v": version, "type": ..., "rank": r, "seq": n, "dropped": d, "body": {...}}``;
+``seq`` counts per rank so the receiver knows what was lost on the way, and ``dropped`` is how
+many messages the sender itself discarded (full queue) so far. ``decode`` never trusts its
+input: anything malformed raises ``ProtocolError`` with a category the receiver counts.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from typing import Any, ClassVar, NamedTuple
+
+import msgpack
+
+PROTOCOL_VERSION = 1
+DEFAULT_MAX_MESSAGE_BYTES = 8 * 1024 * 1024
+DEFAULT_ADDRESS = "tcp://127.0.0.1:5555"
+
+COMPUTE_KINDS = ("forward", "backward", "optimizer")
+COMM_KINDS = ("all_reduce", "broadcast")
+SPAN_KINDS = (*COMPUTE_KINDS, *COMM_KINDS, "wait", "data")
+
+
+class ProtocolError(ValueError):
+    """A message that cannot be accepted; ``category`` names the kind of rejection."""
+
+    def __init__(self, category: str, detail: str) -> None:
+        super().__init__(f"{category}: {detail}")
+        self.category = category
+        self.detail = detail
+
+
+class Span(NamedTuple):
+    """One interval on a rank's clock (seconds). ``blocking``: the main thread sat in it."""
+
+    kind: str
+    start: float
+    end: float
+    blocking: bool = False
+    nbytes: int = 0
+    tag: str = ""
+    dtype: str = ""
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.start
+
+
+@dataclass(frozen=True)
+class Hello:
+    """Who a rank is and what it trains: sent first and repeated, so a late dashboard catches up."""
+
+    TYPE: ClassVar[str] = "hello"
+    rank: int
+    world_size: int
+    session: str
+    host: str
+    pid: int
+    device: str
+    backend: str
+    strategy: str
+    settings: dict[str, Any]
+    model_parameters: int
+    parameter_layout: list[tuple[str, int, str]] = field(default_factory=list)
+    bucket_layout: list[list[int]] = field(default_factory=list)
+    total_steps: int = 0
+    global_batch: int = 0
+    node_rank: int = 0
+    local_rank: int = 0
+
+
+@dataclass(frozen=True)
+class StepReport:
+    """Everything one rank did in one optimizer step. ``excluded``: left out of the statistics
+    (native DDP's first iteration, which reduces one bucket before buckets are rebuilt)."""
+
+    TYPE: ClassVar[str] = "step"
+    rank: int
+    step: int
+    strategy: str
+    settings: dict[str, Any]
+    start: float
+    end: float
+    spans: list[Span]
+    samples: int
+    tokens: int
+    loss: float | None = None
+    excluded: bool = False
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    TYPE: ClassVar[str] = "heartbeat"
+    rank: int
+    time: float
+    step: int
+
+
+@dataclass(frozen=True)
+class DeviceSample:
+    """Readings of a rank's device; a reading the device cannot give is absent, never zero."""
+
+    TYPE: ClassVar[str] = "device"
+    rank: int
+    time: float
+    kind: str  # "gpu" (NVML) or "cpu" (psutil)
+    readings: dict[str, float]
+
+
+@dataclass(frozen=True)
+class SwitchCommand:
+    """Ask every rank to move to another strategy at the next optimizer-step boundary."""
+
+    TYPE: ClassVar[str] = "switch"
+    command_id: str
+    strategy: str
+    bucket_mb: float | None = None
+    grad_accum: int | None = None
+
+
+@dataclass(frozen=True)
+class Ack:
+    """A rank's acknowledgement of a control command, with the step where it took effect."""
+
+    TYPE: ClassVar[str] = "ack"
+    rank: int
+    command_id: str
+    applied: bool
+    step: int
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class Goodbye:
+    TYPE: ClassVar[str] = "goodbye"
+    rank: int
+    steps: int
+    reason: str = "finished"
+
+
+Message = Hello | StepReport | Heartbeat | DeviceSample | SwitchCommand | Ack | Goodbye
+MESSAGE_TYPES: dict[str, type] = {cls.TYPE: cls for cls in (Hello, StepReport, Heartbeat, DeviceSample, SwitchCommand, Ack, Goodbye)}
+
+
+@dataclass(frozen=True)
+class Envelope:
+    message: Message
+    rank: int
+    seq: int
+    dropped: int
+
+
+def encode(message: Message, seq: int = 0, dropped: int = 0) -> bytes:
+    body = asdict(message)
+    if isinstance(message, StepReport):
+        body["spans"] = [list(span) for span in message.spans]
+    rank = getattr(message, "rank", -1)
+    return msgpack.packb(
+        {"v": PROTOCOL_VERSION, "type": message.TYPE, "rank": rank, "seq": seq, "dropped": dropped, "body": body},
+        use_bin_type=True,
+    )
+
+
+def decode(data: bytes, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Envelope:
+    """Parse and validate one message; raise ``ProtocolError`` for anything else."""
+    if len(data) > max_bytes:
+        raise ProtocolError("oversized", f"{len(data)} bytes is over the {max_bytes}-byte cap")
+    try:
+        raw = msgpack.unpackb(data, raw=False, strict_map_key=True)
+    except msgpack.ExtraData:
+        raise ProtocolError("garbage", "trailing bytes after the message") from None
+    except (ValueError, msgpack.UnpackException) as error:
+        category = "truncated" if "incomplete" in str(error).lower() or isinstance(error, msgpack.OutOfData) else "garbage"
+        raise ProtocolError(category, f"not msgpack ({type(error).__name__})") from None
+    except Exception as error:  # msgpack raises assorted types on hostile input
+        raise ProtocolError("garbage", f"not msgpack ({type(error).__name__})") from None
+    if not isinstance(raw, dict):
+        raise ProtocolError("garbage", "message is not a map")
+    if raw.get("v") != PROTOCOL_VERSION:
+        raise ProtocolError("wrong_version", f"version {raw.get('v')!r}, expected {PROTOCOL_VERSION}")
+    cls = MESSAGE_TYPES.get(raw.get("type"))  # type: ignore[arg-type]
+    if cls is None:
+        raise ProtocolError("invalid", f"unknown message type {raw.get('type')!r}")
+    body = raw.get("body")
+    if not isinstance(body, dict):
+        raise ProtocolError("invalid", "body is not a map")
+    message = _build(cls, body)
+    seq, dropped, rank = raw.get("seq"), raw.get("dropped"), raw.get("rank")
+    if not all(_is_int(v) and v >= -1 for v in (seq, dropped, rank)):
+        raise ProtocolError("invalid", "seq, dropped and rank must be non-negative integers")
+    return Envelope(message, rank, seq, dropped)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)) and math.isfinite(value)
+
+
+_CHECKS: dict[type, Any] = {int: _is_int, float: _is_number, str: lambda v: isinstance(v, str), bool: lambda v: isinstance(v, bool)}
+
+
+def _build(cls: type, body: dict[str, Any]) -> Message:
+    values: dict[str, Any] = {}
+    for spec in fields(cls):
+        if spec.name not in body:
+            if spec.default is not MISSING or spec.default_factory is not MISSING:
+                continue
+            raise ProtocolError("invalid", f"{cls.TYPE}: missing field {spec.name!r}")
+        values[spec.name] = body[spec.name]
+    for name, value in values.items():
+        _check_field(cls, name, value)
+    if cls is StepReport:
+        values["spans"] = [_span(item) for item in values["spans"]]
+        if values["end"] < values["start"]:
+            raise ProtocolError("invalid", "step ends before it starts")
+        if values["step"] < 0 or values["samples"] < 0 or values["tokens"] < 0:
+            raise ProtocolError("invalid", "negative step, samples or tokens")
+    if "rank" in values and values["rank"] < 0:
+        raise ProtocolError("invalid", "negative rank")
+    try:
+        return cls(**values)
+    except TypeError as error:
+        raise ProtocolError("invalid", str(error)) from None
+
+
+_FIELD_TYPES: dict[str, Any] = {
+    "rank": int, "world_size": int, "pid": int, "model_parameters": int, "total_steps": int, "global_batch": int,
+    "node_rank": int, "local_rank": int, "step": int, "samples": int, "tokens": int, "steps": int,
+    "grad_accum": (int, type(None)), "session": str, "host": str, "device": str, "backend": str, "strategy": str,
+    "command_id": str, "reason": str, "detail": str, "kind": str, "start": float, "end": float, "time": float,
+    "loss": (float, type(None)), "bucket_mb": (float, type(None)), "excluded": bool, "applied": bool,
+    "settings": dict, "readings": dict, "spans": list, "parameter_layout": list, "bucket_layout": list,
+}
+
+
+def _check_field(cls: type, name: str, value: Any) -> None:
+    expected = _FIELD_TYPES.get(name)
+    options = expected if isinstance(expected, tuple) else (expected,)
+    for option in options:
+        if option is type(None) and value is None:
+            return
+        if option in _CHECKS and _CHECKS[option](value):
+            return
+        if option in (dict, list) and isinstance(value, option):
+            return
+    if name == "loss" and isinstance(value, float):  # a NaN loss is real news, not a bad message
+        return
+    raise ProtocolError("invalid", f"{cls.TYPE}.{name} has a bad value {value!r:.40}")
+
+
+def _span(item: Any) -> Span:
+    if not isinstance(item, (list, tuple)) or not 3 <= len(item) <= 7:
+        raise ProtocolError("invalid", "a span is a list of 3 to 7 items")
+    kind, start, end, *rest = item
+    if kind not in SPAN_KINDS:
+        raise ProtocolError("invalid", f"unknown span kind {kind!r:.30}")
+    if not (_is_number(start) and _is_number(end)) or end < start:
+        raise ProtocolError("invalid", f"{kind} span has bad times")
+    span = Span(kind, float(start), float(end), *rest)
+    if not isinstance(span.blocking, bool) or not _is_int(span.nbytes) or span.nbytes < 0:
+        raise ProtocolError("invalid", f"{kind} span has bad flags or bytes")
+    if not isinstance(span.tag, str) or not isinstance(span.dtype, str):
+        raise ProtocolError("invalid", f"{kind} span has a bad tag or dtype")
+    return span

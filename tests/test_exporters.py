@@ -1,0 +1,234 @@
+"""Exports of a hand-made two-rank session whose figures can be checked with pencil and paper.
+
+Timeline of one step on rank 0, in ms from the step start (window 0-100):
+
+* "simple" (steps 0-2): forward 0-30, backward 30-80 holding two blocking all-reduces 50-60 and
+  70-80, optimizer 85-95.  Compute 70, comm 20 -> 70% / 20% / 10% idle, no overlap.
+* "bucket" (steps 3-5, step 3 excluded): forward 0-30, backward 30-80, async all-reduces 50-65
+  and 60-85 (overlapping each other), wait 80-85, optimizer 85-95.
+
+Rank 1 does the same on a clock 100 s ahead, except that its step and forward start 5 ms
+earlier: aligning by step starts would then be 5 ms off, aligning by the last all-reduce is exact.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from ddpwatch import exporters
+from ddpwatch.session import Session
+from instrumented_ddp.protocol import DeviceSample, Envelope, Hello, Span, StepReport
+
+SETTINGS = {"simple": {"grad_accum": 1}, "bucket": {"grad_accum": 1, "bucket_mb": 25.0}}
+HOSTS = {0: "host-a", 1: "host-b"}
+CLOCK = {0: 1000.0, 1: 1100.0}  # rank 1's clock is 100 s ahead
+US = 1e-6
+
+
+def ms(x: float) -> float:
+    return x / 1000.0
+
+
+def step_spans(strategy: str, t0: float, early: float) -> list[Span]:
+    if strategy == "simple":
+        comm = [Span("all_reduce", t0 + ms(50), t0 + ms(60), True, 1_000_000, "p0", "float32"),
+                Span("all_reduce", t0 + ms(70), t0 + ms(80), True, 1_000_000, "p1", "float32")]
+    else:
+        comm = [Span("all_reduce", t0 + ms(50), t0 + ms(65), False, 4_000_000, "b0", "float32"),
+                Span("all_reduce", t0 + ms(60), t0 + ms(85), False, 4_000_000, "b1", "float32"),
+                Span("wait", t0 + ms(80), t0 + ms(85), True)]
+    return [Span("forward", t0 - early, t0 + ms(30)), Span("backward", t0 + ms(30), t0 + ms(80)),
+            *comm, Span("optimizer", t0 + ms(85), t0 + ms(95))]
+
+
+def make_session(desync: bool = False) -> Session:
+    session = Session()
+    seq: dict[int, int] = defaultdict(int)
+
+    def send(rank: int, message, skip: int = 0, dropped: int = 0) -> None:
+        seq[rank] += skip
+        session.ingest(Envelope(message, rank, seq[rank], dropped), received_at=0.0)
+        seq[rank] += 1
+
+    for rank in (0, 1):
+        send(rank, Hello(rank=rank, world_size=2, session="sess-1", host=HOSTS[rank], pid=4000 + rank,
+                         device="cpu", backend="gloo", strategy="simple", settings=SETTINGS["simple"],
+                         model_parameters=10, global_batch=8, node_rank=rank))
+    for step in range(6):
+        strategy = "simple" if step < 3 else "bucket"
+        for rank in (0, 1):
+            early = ms(5) if rank == 1 else 0.0
+            t0 = CLOCK[rank] + 0.2 * step
+            spans = step_spans(strategy, t0, early)
+            if desync and rank == 1 and step == 1:
+                spans = [s for s in spans if s.tag != "p1"]
+            report = StepReport(rank=rank, step=step, strategy=strategy, settings=SETTINGS[strategy],
+                                start=t0 - early, end=t0 + ms(100), spans=spans, samples=4, tokens=512,
+                                loss=1.0, excluded=step == 3)
+            send(rank, report, skip=2 if (rank == 1 and step == 2) else 0, dropped=3 if rank == 0 else 0)
+    send(0, DeviceSample(rank=0, time=CLOCK[0] + 0.05, kind="cpu", readings={"cpu_pct": 50.0, "rss_mb": 300.0}))
+    session.reject("garbage")
+    return session
+
+
+@pytest.fixture(scope="module")
+def session() -> Session:
+    return make_session()
+
+
+@pytest.fixture(scope="module")
+def data(session: Session) -> dict:
+    return exporters.summary(session)
+
+
+# --- summary.json ------------------------------------------------------------------------------
+
+
+def test_summary_is_strict_json_and_round_trips(data: dict) -> None:
+    assert json.loads(json.dumps(data, allow_nan=False)) == data
+    assert data["session"] == "sess-1" and data["world_size"] == 2
+    assert [r["host"] for r in data["ranks"]] == ["host-a", "host-b"]
+    assert data["ranks"][1] == {"rank": 1, "host": "host-b", "device": "cpu", "backend": "gloo",
+                                "node_rank": 1, "pid": 4001}
+
+
+def test_summary_segments_and_figures(data: dict) -> None:
+    simple, bucket = data["segments"]
+    for key in ("index", "strategy", "settings", "world_size", "first_step", "last_step", "excluded_steps",
+                "compute_pct", "non_compute_pct", "idle_pct", "overlap_pct", "comm_overhead_pct",
+                "all_reduce_calls", "all_reduce_ms", "step_ms_p50", "step_ms_p95", "samples_per_s", "per_rank"):
+        assert key in simple and key in bucket, key
+    assert (simple["strategy"], simple["first_step"], simple["last_step"]) == ("simple", 0, 2)
+    assert (bucket["strategy"], bucket["first_step"], bucket["last_step"]) == ("bucket", 3, 5)
+    assert bucket["settings"] == {"grad_accum": 1, "bucket_mb": 25.0}
+    assert simple["excluded_steps"] == [] and bucket["excluded_steps"] == [3]
+    assert simple["all_reduce_calls_total"] == 12 and bucket["all_reduce_calls_total"] == 8  # step 3 left out
+    rank0 = simple["per_rank"]["0"]
+    assert rank0["compute_pct"] == pytest.approx(70.0)
+    assert rank0["non_compute_pct"] == pytest.approx(20.0)
+    assert rank0["all_reduce_ms"] == pytest.approx(20.0)
+    assert bucket["per_rank"]["0"]["overlap_pct"] == pytest.approx(100 * 30 / 35)  # 50-80 of 50-85
+    assert simple["compute_pct"] == pytest.approx((70.0 + 100 * 75 / 105) / 2)
+
+
+def test_summary_telemetry(data: dict) -> None:
+    tele = data["telemetry"]
+    assert tele["rejected"] == {"garbage": 1}
+    assert tele["lost_messages"] == {"0": 0, "1": 2}
+    assert tele["sender_dropped"] == {"0": 3, "1": 0}
+
+
+# --- summary.md / summary.csv ------------------------------------------------------------------
+
+
+def test_markdown_table(data: dict) -> None:
+    text = exporters.summary_markdown(data)
+    lines = text.splitlines()
+    assert lines[0].startswith("# ")
+    header = ("| Segment | Steps | Compute% | Non_Compute% | Idle% | Overlap% | Comm_overhead% | all_reduce_calls "
+              "| all_reduce_ms | step ms p50 | step ms p95 | samples/s | busbw GB/s |")
+    assert header in lines
+    rows = [line for line in lines[lines.index(header) + 2:] if line.startswith("| ")]
+    assert len(rows) == 2
+    cells = [c.strip() for c in rows[0].strip("|").split("|")]
+    assert cells[:3] == ["simple (grad_accum=1)", "0-2", "70.71"]
+    assert cells[7] == "6.0"  # 2 calls x 3 steps per rank
+    assert [c.strip() for c in rows[1].strip("|").split("|")][7] == "4.0"
+    assert "Comm_overhead%" in text.split(header)[1] and "excluded" in text
+    assert "DESYNC" not in text
+
+
+def test_markdown_reports_desync() -> None:
+    text = exporters.summary_markdown(exporters.summary(make_session(desync=True)))
+    assert "DESYNC in segment 0 at step 1" in text and "rank 1: 1" in text
+
+
+def test_csv_rows(data: dict) -> None:
+    rows = list(csv.DictReader(io.StringIO(exporters.summary_csv(data))))
+    assert len(rows) == 2
+    assert [r["strategy"] for r in rows] == ["simple", "bucket"]
+    assert json.loads(rows[1]["settings"]) == {"grad_accum": 1, "bucket_mb": 25.0}
+    assert float(rows[0]["all_reduce_calls"]) == 6.0
+    assert float(rows[0]["Compute%"]) == pytest.approx((70.0 + 100 * 75 / 105) / 2, abs=1e-4)
+
+
+# --- trace.json --------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def trace(session: Session) -> dict:
+    return json.loads(json.dumps(exporters.chrome_trace(session), allow_nan=False))
+
+
+def test_trace_processes_and_events(trace: dict) -> None:
+    events = trace["traceEvents"]
+    names = {e["pid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
+    assert sorted(names.values()) == ["rank 0 (host-a)", "rank 1 (host-b)"]
+    complete = [e for e in events if e["ph"] == "X"]
+    assert len(complete) == 2 * (3 * 5 + 3 * 6) + 12  # spans + one step event per rank and step
+    assert all(e["dur"] >= 0 and "ts" in e and "step" in e["args"] for e in complete)
+    threads = {(e["pid"], e["tid"]) for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert {(e["pid"], e["tid"]) for e in complete} <= threads
+    comm = [e for e in complete if e["name"] == "all_reduce"]
+    assert comm[0]["args"]["bytes"] in (1_000_000, 4_000_000) and comm[0]["args"]["dtype"] == "float32"
+    assert any(e["ph"] == "C" for e in events)
+
+
+def test_trace_aligns_ranks_on_last_all_reduce(trace: dict) -> None:
+    pid = {e["args"]["name"][:6]: e["pid"] for e in trace["traceEvents"] if e.get("name") == "process_name"}
+    last: dict[tuple[int, int], float] = {}
+    starts: dict[tuple[int, int], float] = {}
+    for e in trace["traceEvents"]:
+        if e["ph"] == "X" and e["name"] == "all_reduce":
+            key = (e["pid"], e["args"]["step"])
+            last[key] = max(last.get(key, float("-inf")), e["ts"] + e["dur"])
+        if e["ph"] == "X" and e["name"].startswith("step "):
+            starts[(e["pid"], e["args"]["step"])] = e["ts"]
+    for step in range(6):
+        assert last[(pid["rank 1"], step)] == pytest.approx(last[(pid["rank 0"], step)], abs=1.0)  # 1 µs
+        assert starts[(pid["rank 0"], step)] - starts[(pid["rank 1"], step)] == pytest.approx(5000, abs=1.0)
+    assert min(e["ts"] for e in trace["traceEvents"] if e["ph"] == "X") == pytest.approx(0.0)
+
+
+def test_trace_lanes_never_overlap(trace: dict) -> None:
+    lanes: dict[tuple[int, int], list[tuple[float, float]]] = defaultdict(list)
+    for e in trace["traceEvents"]:
+        if e["ph"] == "X":
+            lanes[(e["pid"], e["tid"])].append((e["ts"], e["ts"] + e["dur"]))
+    for spans in lanes.values():
+        spans.sort()
+        assert all(a[1] <= b[0] + 1e-6 for a, b in zip(spans, spans[1:]))
+    bucket_ars = [e for e in trace["traceEvents"]
+                  if e["ph"] == "X" and e["name"] == "all_reduce" and e["args"]["step"] == 4 and e["pid"] == 1]
+    assert len(bucket_ars) == 2 and bucket_ars[0]["tid"] != bucket_ars[1]["tid"]
+
+
+def test_clock_offsets_fall_back_to_step_starts() -> None:
+    session = Session()
+    for rank in (0, 1):
+        t0 = CLOCK[rank]
+        session.ingest(Envelope(StepReport(rank=rank, step=0, strategy="none", settings={}, start=t0,
+                                           end=t0 + 0.1, spans=[Span("forward", t0, t0 + 0.05)], samples=1,
+                                           tokens=1), rank, 0, 0), received_at=0.0)
+    assert exporters.clock_offsets(session) == {0: 0.0, 1: pytest.approx(-100.0)}
+
+
+# --- writing -----------------------------------------------------------------------------------
+
+
+def test_write_exports(session: Session, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    paths = exporters.write_exports(session, out)
+    assert sorted(paths) == ["summary.csv", "summary.json", "summary.md", "trace.json"]
+    assert sorted(p.name for p in out.iterdir()) == sorted(paths)  # no temp files left behind
+    assert json.loads(paths["summary.json"].read_text()) == exporters.summary(session)
+    assert "traceEvents" in json.loads(paths["trace.json"].read_text())
+    assert paths["summary.md"].read_text() == exporters.summary_markdown(exporters.summary(session))
+    exporters.write_exports(session, out)  # overwriting works and still leaves no temp files
+    assert len(list(out.iterdir())) == 4

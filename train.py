@@ -27,7 +27,9 @@ import torch
 
 import instrumented_ddp
 from instrumented_ddp.distributed import DistributedContext, init_distributed, shutdown_distributed
+from instrumented_ddp.protocol import DEFAULT_ADDRESS
 from instrumented_ddp.replicas import gather_digests, ranks_that_differ
+from instrumented_ddp.watch import Watch, parameter_layout
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -45,6 +47,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-length", type=int, default=64, help="tokens per example")
     parser.add_argument("--log-every", type=int, default=10)
     parser.add_argument("--save-final", default=None, help="rank 0 writes the final state_dict here")
+    parser.add_argument("--watch", default=DEFAULT_ADDRESS, metavar="ADDRESS", help="where ddpwatch listens")
+    parser.add_argument("--no-watch", action="store_true", help="no timing, no telemetry")
+    parser.add_argument("--profile", default=None, metavar="DIR", help="torch.profiler traces of steps 4-8 (TensorBoard/HTA format)")
     args = parser.parse_args(argv)
     if args.grad_accum is None:
         args.grad_accum = 2 if args.strategy == "ga" else 1
@@ -104,6 +109,20 @@ def evaluate(model: torch.nn.Module, loader, device: torch.device) -> float:
     return (counts[0] / counts[1]).item()
 
 
+def start_profiler(directory: str, context: DistributedContext) -> torch.profiler.profile:
+    """PyTorch's own profiler over steps 4-8, one trace per rank, to hold ddpwatch's figures against."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if context.device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    profiler = torch.profiler.profile(
+        activities=activities,
+        schedule=torch.profiler.schedule(wait=2, warmup=1, active=5, repeat=1),
+        on_trace_ready=torch.profiler.tensorboard_trace_handler(directory, worker_name=f"rank{context.rank}"),
+    )
+    profiler.start()
+    return profiler
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     context = init_distributed(args.device)
@@ -114,38 +133,57 @@ def main(argv: list[str] | None = None) -> int:
         print(f"train.py: error: {error}", file=sys.stderr)
         shutdown_distributed()
         return 2
-    model = instrumented_ddp.wrap(model, args.strategy, bucket_mb=args.bucket_mb)
+    watch = Watch.disabled() if args.no_watch else Watch.start(args.watch, context, {
+        "strategy": args.strategy, "settings": {"grad_accum": args.grad_accum, "bucket_mb": args.bucket_mb},
+        "model_parameters": sum(p.numel() for p in model.parameters()), "parameter_layout": parameter_layout(model),
+        "total_steps": args.steps, "global_batch": args.batch_size,
+    })
+    timeline = watch.timeline
+    model = instrumented_ddp.wrap(model, args.strategy, bucket_mb=args.bucket_mb, timeline=timeline)
+    watch.update_hello(bucket_layout=getattr(model, "bucket_layout", []))
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     batches = endless(train_loader, sampler)
+    profiler = start_profiler(args.profile, context) if args.profile else None
     say(
         f"{args.strategy}: {context.world_size} rank(s) on {context.device.type} ({context.backend}), "
         f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters, global batch {args.batch_size} "
-        f"in {args.grad_accum} micro-step(s)"
+        f"in {args.grad_accum} micro-step(s); " + ("not watched" if args.no_watch else f"streaming to {args.watch}")
     )
 
     started = last_log = time.perf_counter()
     for step in range(1, args.steps + 1):
+        timeline.begin_step(step, model.name, {**model.settings, "grad_accum": args.grad_accum})
+        samples = tokens = 0
         for micro in range(args.grad_accum):
-            batch = {k: v.to(context.device) for k, v in next(batches).items()}
+            with timeline.phase("data"):
+                batch = next(batches)
+                samples, tokens = samples + len(batch["labels"]), tokens + int(batch["attention_mask"].sum())
+                batch = {k: v.to(context.device, non_blocking=True) for k, v in batch.items()}
             skip_sync = micro < args.grad_accum - 1 and not model.syncs_every_micro_step
             with model.no_sync() if skip_sync else nullcontext():
-                loss = model(**batch).loss / args.grad_accum
-                loss.backward()
+                loss = model(**batch).loss / args.grad_accum  # forward: timed by the wrapper
+                with timeline.phase("backward"):
+                    loss.backward()
                 model.finish_gradient_sync()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=False)  # keeps bucket gradient views in place
+        with timeline.phase("optimizer"):
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=False)  # keeps bucket gradient views in place
+        timeline.end_step(samples, tokens, loss.detach() * args.grad_accum, excluded=model.excluded_from_statistics)
+        watch.step_done()
+        if profiler is not None:
+            profiler.step()
 
-        if step % args.log_every == 0 or step == args.steps:
-            global_loss = loss.detach() * args.grad_accum
-            torch.distributed.all_reduce(global_loss)
+        if context.is_main and (step % args.log_every == 0 or step == args.steps):
             now = time.perf_counter()
             rate = args.log_every * args.batch_size / (now - last_log) if step % args.log_every == 0 else 0.0
             eta = (now - started) / step * (args.steps - step)
-            say(
-                f"step {step}/{args.steps} | loss {global_loss.item() / context.world_size:.4f} | "
-                f"{rate:.1f} samples/s | ETA {eta:.0f}s"
-            )
+            dropped = f" | telemetry dropped {watch.dropped}" if watch.dropped else ""
+            say(f"step {step}/{args.steps} | loss {loss.item() * args.grad_accum:.4f} (rank 0) | "
+                f"{rate:.1f} samples/s | ETA {eta:.0f}s{dropped}")
             last_log = now
+    if profiler is not None:
+        profiler.stop()
+    watch.close()
 
     accuracy = evaluate(model.module, eval_loader, context.device)
     say(f"eval accuracy {accuracy:.3f} (chance 0.200)")

@@ -1,14 +1,29 @@
-"""The ``ddpwatch`` command."""
+"""The ``ddpwatch`` command: every subcommand parses here and runs elsewhere."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+from pathlib import Path
+
+from instrumented_ddp.protocol import DEFAULT_ADDRESS, DEFAULT_MAX_MESSAGE_BYTES
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ddpwatch", description="Watch PyTorch data-parallel training, rank by rank.")
-    parser.add_subparsers(dest="command", metavar="COMMAND")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    record = commands.add_parser("record", help="record a session headless and write its summary when it ends")
+    record.add_argument("--listen", default=DEFAULT_ADDRESS, help=f"address to listen on (default {DEFAULT_ADDRESS})")
+    record.add_argument("--out", type=Path, required=True, help="directory for the session file and exports")
+    record.add_argument("--until-steps", type=int, help="stop once every rank reported this step")
+    record.add_argument("--until-seconds", type=float, help="stop after this long")
+    record.add_argument("--idle-exit", type=float, default=15.0, help="stop when every rank is silent this long")
+    record.add_argument("--max-message-bytes", type=int, default=DEFAULT_MAX_MESSAGE_BYTES)
+
+    summary = commands.add_parser("summary", help="print the comparison table of a recorded session")
+    summary.add_argument("session", type=Path, help="a session directory (or its session file)")
     return parser
 
 
@@ -18,8 +33,41 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 0
+    try:
+        return COMMANDS[args.command](args)
+    except (OSError, ValueError) as error:
+        print(f"ddpwatch {args.command}: error: {error}", file=sys.stderr)
+        return 2
+
+
+def run_record(args: argparse.Namespace) -> int:
+    from .recorder import StopRule, record
+
+    for flag in ("until_steps", "until_seconds"):
+        value = getattr(args, flag)
+        if value is not None and value <= 0:
+            raise ValueError(f"--{flag.replace('_', '-')} must be positive")
+    record(args.listen, args.out, StopRule(args.until_steps, args.until_seconds, args.idle_exit), args.max_message_bytes)
     return 0
 
+
+def run_summary(args: argparse.Namespace) -> int:
+    from .exporters import summary, summary_markdown
+    from .recorder import load_session
+    from .session_file import session_file_in
+
+    path: Path = args.session
+    if (path / "summary.json").is_file():
+        data = json.loads((path / "summary.json").read_text())
+    elif session_file_in(path).is_file():
+        data = summary(load_session(session_file_in(path)))
+    else:
+        raise ValueError(f"{path} holds no summary.json and no session file")
+    print(summary_markdown(data))
+    return 0
+
+
+COMMANDS = {"record": run_record, "summary": run_summary}
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -106,7 +106,7 @@ class DeviceSample:
     TYPE: ClassVar[str] = "device"
     rank: int
     time: float
-    kind: str  # "gpu" (NVML) or "cpu" (psutil)
+    kind: str  # "gpu" (NVML) or "cpu" (psutil); time is on the rank's span clock (perf_counter)
     readings: dict[str, float]
 
 

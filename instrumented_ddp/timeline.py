@@ -111,7 +111,7 @@ class _PendingStep:
         self.spans = spans
         self.end: Stamp = None
         self.samples = self.tokens = 0
-        self.loss: float | None = None
+        self.loss: Any = None
         self.excluded = False
 
 
@@ -153,7 +153,9 @@ class StepTimeline:
         else:
             self.clock.on_completion(work, span.complete)
 
-    def end_step(self, samples: int, tokens: int, loss: float | None = None, excluded: bool = False) -> None:
+    def end_step(self, samples: int, tokens: int, loss: Any = None, excluded: bool = False) -> None:
+        """``loss`` may be a device tensor: it is read only once the step's marks resolved,
+        when reading it no longer waits for the device."""
         step = self._current
         if step is None:
             return
@@ -166,6 +168,10 @@ class StepTimeline:
         return self._current.spans if self._current is not None else self._outside_step
 
     # -- reading ---------------------------------------------------------------------------------
+    def has_pending(self) -> bool:
+        with self._lock:
+            return bool(self._pending)
+
     def completed_reports(self) -> list[StepReport]:
         """Reports of finished steps whose every mark has resolved, oldest first."""
         ready: list[StepReport] = []
@@ -194,14 +200,27 @@ class StepTimeline:
                 span_start = span_end - pending.duration
             spans.append(Span(pending.kind, span_start, max(span_start, span_end), pending.blocking, pending.nbytes, pending.tag, pending.dtype))
         first = min([start, *(s.start for s in spans)])
+        loss = None if step.loss is None else float(step.loss)
         return StepReport(
             rank=self.rank, step=step.step, strategy=step.strategy, settings=step.settings, start=first,
-            end=max(end, first), spans=spans, samples=step.samples, tokens=step.tokens, loss=step.loss, excluded=step.excluded,
+            end=max(end, first), spans=spans, samples=step.samples, tokens=step.tokens, loss=loss, excluded=step.excluded,
         )
 
 
 class NullTimeline:
     """What strategies talk to when nobody watches: the same calls, doing nothing."""
+
+    def begin_step(self, step: int, strategy: str, settings: dict[str, Any]) -> None:
+        pass
+
+    def end_step(self, samples: int, tokens: int, loss: Any = None, excluded: bool = False) -> None:
+        pass
+
+    def completed_reports(self) -> list[StepReport]:
+        return []
+
+    def has_pending(self) -> bool:
+        return False
 
     def phase(self, kind: str, blocking: bool = False) -> nullcontext[None]:
         return nullcontext()

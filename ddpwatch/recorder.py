@@ -1,0 +1,85 @@
+"""``ddpwatch record``: receive a session headless, log it to disk, write the exports at the end."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+
+from instrumented_ddp.protocol import DEFAULT_MAX_MESSAGE_BYTES
+
+from .exporters import write_exports
+from .receiver import TelemetryReceiver, ingest
+from .session import Session
+from .session_file import SESSION_FILE_NAME, SessionWriter, read_session_file
+
+
+@dataclass
+class StopRule:
+    """When a recording ends: every rank said goodbye, or a limit was reached."""
+
+    until_steps: int | None = None
+    until_seconds: float | None = None
+    idle_exit_s: float = 15.0  # every rank silent this long after the session began
+
+    def reached(self, session: Session, started: float, last_message: float) -> str | None:
+        now = time.monotonic()
+        if session.finished:
+            return "every rank said goodbye"
+        if self.until_steps is not None and session.latest_complete_step() is not None:
+            if session.latest_complete_step() >= self.until_steps:
+                return f"step {self.until_steps} reached"
+        if self.until_seconds is not None and now - started >= self.until_seconds:
+            return f"{self.until_seconds:g} s elapsed"
+        if session.messages and now - last_message >= self.idle_exit_s:
+            return f"no message for {self.idle_exit_s:g} s"
+        return None
+
+
+def record(
+    listen: str,
+    out_dir: Path,
+    rule: StopRule,
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    log=lambda line: print(line, file=sys.stderr, flush=True),
+) -> Session:
+    session = Session()
+    receiver = TelemetryReceiver(listen, max_message_bytes)
+    writer = SessionWriter(out_dir / SESSION_FILE_NAME)
+    stop_requested: list[str] = []
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        stop_requested.append(signal.Signals(signum).name)
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    log(f"ddpwatch record: listening on {listen}, writing {out_dir}")
+    started = last_message = time.monotonic()
+    reason = None
+    try:
+        while reason is None:
+            batch = receiver.receive(timeout_ms=200)
+            if batch:
+                last_message = time.monotonic()
+                ingest(session, batch, writer, max_message_bytes=max_message_bytes)
+            writer.flush_if_due()
+            reason = stop_requested[0] if stop_requested else rule.reached(session, started, last_message)
+    finally:
+        writer.close()
+        receiver.close()
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    paths = write_exports(session, out_dir)
+    log(f"ddpwatch record: stopped ({reason}); {session.messages} messages, "
+        f"{sum(session.rejected.values())} rejected; wrote {', '.join(p.name for p in paths.values())}")
+    return session
+
+
+def load_session(path: Path, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Session:
+    """Rebuild a session from its file, exactly as the receiver folded it."""
+    session = Session()
+    for received_at, data in read_session_file(path):
+        ingest(session, [data], max_message_bytes=max_message_bytes)
+    return session

@@ -26,7 +26,7 @@ from typing import Iterator
 import torch
 
 import instrumented_ddp
-from instrumented_ddp.distributed import DistributedContext, init_distributed, shutdown_distributed
+from instrumented_ddp.distributed import DistributedContext, exit_process, init_distributed, shutdown_distributed
 from instrumented_ddp.protocol import DEFAULT_ADDRESS
 from instrumented_ddp.replicas import gather_digests, ranks_that_differ
 from instrumented_ddp.watch import Watch, parameter_layout
@@ -201,4 +201,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())  # see exit_process: skips a gloo teardown race at interpreter exit

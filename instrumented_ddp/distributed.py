@@ -7,6 +7,7 @@ checksum and the telemetry run one code path whatever the world size.
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -62,3 +63,17 @@ def shutdown_distributed() -> None:
     if dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
+
+
+def exit_process(code: int) -> None:
+    """End a training process without interpreter shutdown, after flushing its output.
+
+    A gloo worker thread can still be destroying the last step's collective work objects after
+    ``destroy_process_group`` (the barrier holds weak references to them); those destructors take
+    the GIL, and a thread that takes it during ``Py_FinalizeEx`` is forced to exit inside a
+    ``noexcept`` destructor: ``terminate called without an active exception``, SIGABRT, a
+    failed run that had finished. Seen about 1 run in 7 with one core; 0 in 30 with this exit.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

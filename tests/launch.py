@@ -89,3 +89,35 @@ def run_torchrun(args: list[str], nproc: int = 2, timeout_s: float = 300.0, cwd:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     return subprocess.CompletedProcess(command, proc.returncode, out, err)
+
+
+class Recorder:
+    """``ddpwatch record`` in a subprocess on a free port, stopped and reaped on exit."""
+
+    def __init__(self, out_dir: Path, *extra: str) -> None:
+        self.address = f"tcp://127.0.0.1:{free_port()}"
+        self.out_dir = out_dir
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "ddpwatch.cli", "record", "--listen", self.address, "--out", str(out_dir), *extra],
+            cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        )
+        line = self.proc.stderr.readline()  # "listening on ..." once bound
+        assert "listening" in line, line + self.proc.stderr.read()
+
+    def wait(self, timeout_s: float = 60.0) -> str:
+        try:
+            _, err = self.proc.communicate(timeout=timeout_s)
+        finally:
+            self.kill()
+        return err
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, sig)
+
+    def __enter__(self) -> "Recorder":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.kill()
+        self.proc.communicate()

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 import instrumented_ddp
-from instrumented_ddp.distributed import init_distributed, shutdown_distributed
+from instrumented_ddp.distributed import exit_process, init_distributed, shutdown_distributed
 
 
 class TwoBranches(nn.Module):
@@ -68,3 +68,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    exit_process(0)

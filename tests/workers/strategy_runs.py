@@ -5,7 +5,6 @@ one-process reference (the whole global batch)."""
 from __future__ import annotations
 
 import argparse
-import sys
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -14,7 +13,7 @@ from torch import nn
 from transformers import LlamaConfig, LlamaForSequenceClassification
 
 import instrumented_ddp
-from instrumented_ddp.distributed import init_distributed, shutdown_distributed
+from instrumented_ddp.distributed import exit_process, init_distributed, shutdown_distributed
 from instrumented_ddp.timeline import StepTimeline
 
 VOCAB, LABELS, SEQ = 97, 5, 12
@@ -95,4 +94,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
+    exit_process(0)

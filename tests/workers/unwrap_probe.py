@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 import instrumented_ddp
-from instrumented_ddp.distributed import init_distributed, shutdown_distributed
+from instrumented_ddp.distributed import exit_process, init_distributed, shutdown_distributed
 from workers.strategy_runs import global_micro_batches, make_model, rank_slice, train
 
 
@@ -33,3 +33,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    exit_process(0)

@@ -1,0 +1,195 @@
+"""How many messages and span events per second the ``ddpwatch record`` path sustains.
+
+Why: every rank pushes a StepReport per optimizer step, so the receiver's cost grows with
+ranks x steps/s x spans per step; this tells how large a run one recorder can follow.
+
+How: ``--senders`` spawned processes simulate ``--ranks`` ranks (one PUSH socket each) and send
+a realistic stream per rank: a Hello, one StepReport per step, a Heartbeat every 10 steps, a
+DeviceSample every 2 steps and a Goodbye. Sends BLOCK, so nothing is dropped and the figures are
+what the receiver keeps up with. The main process runs the recorder's own loop --
+``TelemetryReceiver.receive`` -> ``ingest(session, batch, writer)`` into a session file -- until
+every rank said goodbye, timed from the first batch to the last.
+
+Reading the result: messages/s and events/s (spans) are the receiver's sustained rate on this
+machine while sharing the CPU with the senders, so they are a lower bound. A training run needs
+ranks x steps/s x (spans+1) events/s. lost, rejected and sender drops must be 0 (exit 1 if not).
+Peak RSS is the receiver's, which holds every report in memory; it includes the imports (torch
+comes with ``instrumented_ddp``), shown as "before".
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import resource
+import shutil
+import socket
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import zmq  # noqa: E402
+
+from ddpwatch.receiver import TelemetryReceiver, ingest  # noqa: E402
+from ddpwatch.session import Session  # noqa: E402
+from ddpwatch.session_file import SESSION_FILE_NAME, SessionWriter  # noqa: E402
+from instrumented_ddp.protocol import DeviceSample, Goodbye, Heartbeat, Hello, Message, Span, StepReport, encode  # noqa: E402
+
+STEP_S = 0.1  # simulated step length on the rank's clock
+IDLE_ABORT_S = 15.0
+SETTINGS = {"bucket_mb": 25.0, "grad_accum": 1}
+LAYOUT = [("embed.weight", 3_145_728, "float32")] + [
+    (f"layers.{i}.{name}", numel, "float32")
+    for i in range(7)
+    for name, numel in (("ln1.weight", 768), ("ln1.bias", 768), ("attn.qkv.weight", 1_769_472), ("attn.out.weight", 589_824),
+                        ("ln2.weight", 768), ("ln2.bias", 768), ("mlp.fc.weight", 2_359_296), ("mlp.proj.weight", 2_359_296))
+]  # 57 entries, a small GPT
+
+
+def messages_per_rank(steps: int) -> int:
+    return 1 + steps + len(range(0, steps, 10)) + len(range(0, steps, 2)) + 1
+
+
+def step_report(rank: int, step: int, spans_per_step: int) -> StepReport:
+    t = 1000.0 + step * STEP_S + rank * 1e-4
+    spans = [Span("data", t, t + 0.002, True), Span("forward", t + 0.002, t + 0.032, True),
+             Span("backward", t + 0.032, t + 0.082, True)]
+    comms = max(0, spans_per_step - 5)
+    for i in range(comms):  # buckets reduced while backward runs, the last ones after it
+        start = t + 0.035 + i * 0.05 / max(comms, 1)
+        spans.append(Span("all_reduce", start, start + 0.004, False, 4 * 1_048_576 + i * 4096, f"b{i}", "float32"))
+    spans += [Span("wait", t + 0.082, t + 0.088, True), Span("optimizer", t + 0.088, t + 0.095, True)]
+    return StepReport(rank, step, "bucket", SETTINGS, t, t + STEP_S * 0.96, spans[:spans_per_step], 32, 32 * 512, 3.2 - step * 1e-3)
+
+
+def rank_stream(rank: int, world: int, steps: int, spans_per_step: int):
+    """The messages one rank sends, in order, one item per step (a list each)."""
+    buckets = [list(range(i, min(i + 8, len(LAYOUT)))) for i in range(0, len(LAYOUT), 8)]
+    yield [Hello(rank, world, "bench", "localhost", 10_000 + rank, f"cuda:{rank % 8}", "nccl", "bucket", SETTINGS,
+                 sum(n for _, n, _ in LAYOUT), LAYOUT, buckets, steps, 32 * world, rank // 8, rank % 8)]
+    for step in range(steps):
+        batch: list[Message] = [step_report(rank, step, spans_per_step)]
+        t = 1000.0 + (step + 1) * STEP_S
+        if step % 10 == 0:
+            batch.append(Heartbeat(rank, t, step))
+        if step % 2 == 0:
+            batch.append(DeviceSample(rank, t, "gpu", {"gpu_util_pct": 87.0, "mem_used_bytes": 6.1e10, "power_w": 512.0}))
+        yield batch
+    yield [Goodbye(rank, steps)]
+
+
+def sender(address: str, ranks: list[int], world: int, steps: int, spans_per_step: int, start: mp.Barrier) -> None:
+    context = zmq.Context()
+    sockets = []
+    for _ in ranks:
+        push = context.socket(zmq.PUSH)
+        push.connect(address)
+        sockets.append(push)
+    streams = [rank_stream(rank, world, steps, spans_per_step) for rank in ranks]
+    seqs = [0] * len(ranks)
+    start.wait()
+    for _ in range(steps + 2):  # the ranks advance together, step by step
+        for i, stream in enumerate(streams):
+            for message in next(stream):
+                sockets[i].send(encode(message, seqs[i], 0))  # blocking: waits at the high-water mark
+                seqs[i] += 1
+    for push in sockets:
+        push.close(linger=-1)  # wait until everything queued is delivered
+    context.term()
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def rss_now_mib() -> float:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * resource.getpagesize() / 2**20
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ranks", type=int, default=32)
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--spans-per-step", type=int, default=64)
+    parser.add_argument("--senders", type=int, default=2)
+    parser.add_argument("--out-dir", type=Path, default=None, help="keep the session file here")
+    args = parser.parse_args()
+    out_dir = args.out_dir or Path(tempfile.mkdtemp(prefix="ddpwatch-bench-"))
+    address = f"tcp://127.0.0.1:{free_port()}"
+    receiver = TelemetryReceiver(address)
+    writer = SessionWriter(out_dir / SESSION_FILE_NAME)
+    session = Session()
+    ctx = mp.get_context("spawn")
+    start = ctx.Barrier(args.senders + 1)
+    workers = [ctx.Process(target=sender, args=(address, list(range(i, args.ranks, args.senders)), args.ranks,
+                                                args.steps, args.spans_per_step, start), daemon=True)
+               for i in range(args.senders)]
+    first = last = busy = 0.0
+    aborted = ""
+    try:
+        for worker in workers:
+            worker.start()
+        start.wait(timeout=120)
+        rss_before = rss_now_mib()
+        last_message = time.monotonic()
+        busy, cpu = 0.0, time.process_time()
+        while not session.finished:  # the recorder's loop (ddpwatch/recorder.py)
+            batch = receiver.receive(timeout_ms=200)
+            if batch:
+                first = first or time.perf_counter()
+                last_message = time.monotonic()
+                ingest(session, batch, writer)
+                last = time.perf_counter()
+                busy += time.process_time() - cpu
+            cpu = time.process_time()
+            writer.flush_if_due()
+            if time.monotonic() - last_message > IDLE_ABORT_S:
+                aborted = f"no message for {IDLE_ABORT_S:g} s"
+                break
+    finally:
+        writer.close()
+        receiver.close()
+        for worker in workers:
+            worker.join(timeout=10)
+            if worker.is_alive():
+                worker.terminate()
+                worker.join()
+    seconds = max(last - first, 1e-9)
+    received = writer.records
+    events = sum(len(r.spans) for by_rank in session.reports.values() for r in by_rank.values())
+    rejected = sum(session.rejected.values())
+    lost = sum(r.lost_messages for r in session.ranks.values())
+    drops = sum(r.sender_dropped for r in session.ranks.values())
+    expected = args.ranks * messages_per_rank(args.steps)
+    file_mib = (out_dir / SESSION_FILE_NAME).stat().st_size / 2**20
+    peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"""ddpwatch ingest benchmark (receive -> ingest -> SessionWriter)
+  ranks             {args.ranks} ({args.senders} sender processes)
+  steps             {args.steps} ({args.spans_per_step} spans per step)
+  messages          {received:,} of {expected:,} expected
+  events (spans)    {events:,}
+  seconds           {seconds:.3f}
+  messages/s        {received / seconds:,.0f}
+  events/s          {events / seconds:,.0f}
+  receiver CPU      {100 * busy / seconds:.0f}% of the wall time (near 100%: the receiver is the limit)
+  rejected          {rejected}
+  lost              {lost}
+  sender drops      {drops}
+  peak RSS          {peak_mib:.1f} MiB (before: {rss_before:.1f} MiB)
+  session file      {file_mib:.1f} MiB{f' in {out_dir}' if args.out_dir else ''}""")
+    if args.out_dir is None:
+        shutil.rmtree(out_dir, ignore_errors=True)
+    failed = aborted or lost or rejected or drops or received != expected or any(w.exitcode != 0 for w in workers)
+    if failed:
+        print(f"FAILED: {aborted or 'messages lost, rejected or missing, or a sender failed'}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,386 @@
+"""The wire schema: every message survives encode/decode, and ``decode`` trusts nothing.
+
+Every rejection carries the category the receiver counts, and nothing but ``ProtocolError``
+ever leaves ``decode`` whatever bytes arrive.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import MISSING, fields, replace
+from typing import Any
+
+import msgpack
+import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from instrumented_ddp.protocol import (
+    MESSAGE_TYPES,
+    PROTOCOL_VERSION,
+    SPAN_KINDS,
+    Ack,
+    DeviceSample,
+    Envelope,
+    Goodbye,
+    Heartbeat,
+    Hello,
+    ProtocolError,
+    Span,
+    StepReport,
+    SwitchCommand,
+    decode,
+    encode,
+)
+
+HELLO = Hello(
+    rank=1, world_size=2, session="abc123", host="node-7", pid=4242, device="cpu", backend="gloo",
+    strategy="bucket", settings={"bucket_mb": 25.0, "grad_accum": 2}, model_parameters=4_900_000,
+    parameter_layout=[["embed.weight", 1024, "float32"], ["head.bias", 8, "float32"]],
+    bucket_layout=[[0, 1], [2]], total_steps=50, global_batch=16, node_rank=0, local_rank=1,
+)
+STEP = StepReport(
+    rank=1, step=7, strategy="async", settings={"grad_accum": 1}, start=10.0, end=10.5,
+    spans=[
+        Span("data", 10.0, 10.01),
+        Span("forward", 10.01, 10.1),
+        Span("backward", 10.1, 10.3),
+        Span("all_reduce", 10.15, 10.35, False, 4096, "p3", "float32"),
+        Span("wait", 10.3, 10.35, True),
+        Span("optimizer", 10.35, 10.5),
+    ],
+    samples=8, tokens=1024, loss=2.75, excluded=True,
+)
+MESSAGES: list[Any] = [
+    HELLO,
+    STEP,
+    Heartbeat(rank=0, time=1_700_000_000.5, step=3),
+    DeviceSample(rank=0, time=12.5, kind="gpu", readings={"gpu_util_pct": 87.0, "mem_used_bytes": 2.0e9}),
+    SwitchCommand(command_id="cmd-1", strategy="bucket", bucket_mb=12.5, grad_accum=4),
+    SwitchCommand(command_id="cmd-2", strategy="ddp"),
+    Ack(rank=1, command_id="cmd-1", applied=True, step=12, detail="from step 12"),
+    Goodbye(rank=1, steps=50, reason="interrupted"),
+]
+
+
+def _raw(message: Any, **envelope: Any) -> dict[str, Any]:
+    """The map a message travels as, ready to be tampered with."""
+    raw = msgpack.unpackb(encode(message), raw=False)
+    raw.update(envelope)
+    return raw
+
+
+def _pack(raw: Any) -> bytes:
+    return msgpack.packb(raw, use_bin_type=True)
+
+
+def _with_body(message: Any, **changes: Any) -> bytes:
+    raw = _raw(message)
+    raw["body"].update(changes)
+    return _pack(raw)
+
+
+def _category(data: bytes, **kwargs: Any) -> str:
+    with pytest.raises(ProtocolError) as caught:
+        decode(data, **kwargs)
+    return caught.value.category
+
+
+# -- round trips ---------------------------------------------------------------------------------
+
+
+def test_every_message_type_has_a_round_trip_case() -> None:
+    assert {type(m).TYPE for m in MESSAGES} == set(MESSAGE_TYPES)
+
+
+@pytest.mark.parametrize("message", MESSAGES, ids=lambda m: f"{type(m).TYPE}")
+def test_message_round_trips_through_encode_and_decode(message: Any) -> None:
+    envelope = decode(encode(message, seq=41, dropped=3))
+    assert isinstance(envelope, Envelope)
+    assert envelope.message == message
+    assert type(envelope.message) is type(message)
+    assert (envelope.seq, envelope.dropped) == (41, 3)
+    assert envelope.rank == getattr(message, "rank", -1)
+
+
+def test_step_report_spans_come_back_as_span_tuples() -> None:
+    spans = decode(encode(STEP)).message.spans
+    assert all(isinstance(span, Span) for span in spans)
+    assert spans[3].nbytes == 4096 and spans[3].tag == "p3" and spans[4].blocking is True
+
+
+def test_short_span_lists_take_the_defaults() -> None:
+    data = _with_body(STEP, spans=[["forward", 1.0, 2.0]])
+    (span,) = decode(data).message.spans
+    assert span == Span("forward", 1.0, 2.0, False, 0, "", "")
+
+
+def test_missing_optional_fields_take_their_defaults() -> None:
+    raw = _raw(HELLO)
+    for name in ("parameter_layout", "bucket_layout", "total_steps", "global_batch", "node_rank", "local_rank"):
+        del raw["body"][name]
+    hello = decode(_pack(raw)).message
+    assert hello.parameter_layout == [] and hello.total_steps == 0 and hello.local_rank == 0
+
+
+def test_nan_loss_is_accepted() -> None:
+    report = decode(_with_body(STEP, loss=float("nan"))).message
+    assert isinstance(report, StepReport) and math.isnan(report.loss)
+
+
+def test_missing_loss_is_accepted_as_none() -> None:
+    assert decode(_with_body(STEP, loss=None)).message.loss is None
+
+
+@pytest.mark.xfail(strict=True, reason="decode hands back parameter_layout rows as lists, not the declared tuples")
+def test_hello_parameter_layout_rows_come_back_as_tuples() -> None:
+    hello = replace(HELLO, parameter_layout=[("embed.weight", 1024, "float32")])
+    assert decode(encode(hello)).message == hello
+
+
+# -- rejections ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("data", [b"\xc1", b"\xc1\xc1\xc1garbage", b"\xc1\x00"], ids=["c1", "c1-run", "c1-nul"])
+def test_garbage_bytes_are_rejected_as_garbage(data: bytes) -> None:
+    assert _category(data) == "garbage"
+
+
+@pytest.mark.parametrize("message", [STEP, HELLO], ids=lambda m: m.TYPE)
+def test_every_truncation_past_the_first_bytes_is_rejected_as_truncated(message: Any) -> None:
+    data = encode(message, seq=5)
+    assert {_category(data[:cut]) for cut in range(16, len(data))} == {"truncated"}
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="msgpack caps container lengths at len(buffer): a prefix shorter than the top map's entry "
+    "count fails with 'exceeds max_map_len', which decode files under 'garbage'",
+)
+def test_truncation_within_the_first_bytes_is_rejected_as_truncated() -> None:
+    data = encode(STEP, seq=5)
+    assert {_category(data[:cut]) for cut in range(1, 16)} == {"truncated"}
+
+
+def test_empty_input_is_rejected_as_truncated() -> None:
+    assert _category(b"") == "truncated"
+
+
+def test_trailing_bytes_are_rejected_as_garbage() -> None:
+    assert _category(encode(STEP) + b"\x00") == "garbage"
+    assert _category(encode(STEP) + encode(STEP)) == "garbage"
+
+
+@pytest.mark.parametrize("value", [[1, 2, 3], "hello", 7, None, 1.5], ids=repr)
+def test_a_message_that_is_not_a_map_is_rejected_as_garbage(value: Any) -> None:
+    assert _category(_pack(value)) == "garbage"
+
+
+@pytest.mark.parametrize("version", [PROTOCOL_VERSION + 1, 0, "1", None])
+def test_wrong_version_is_rejected(version: Any) -> None:
+    assert _category(_pack(_raw(STEP, v=version))) == "wrong_version"
+
+
+def test_missing_version_is_rejected_as_wrong_version() -> None:
+    raw = _raw(STEP)
+    del raw["v"]
+    assert _category(_pack(raw)) == "wrong_version"
+
+
+@pytest.mark.parametrize("kind", ["stepp", "", None, 3])
+def test_unknown_message_type_is_rejected_as_invalid(kind: Any) -> None:
+    assert _category(_pack(_raw(STEP, type=kind))) == "invalid"
+
+
+@pytest.mark.xfail(strict=True, reason="decode looks an unhashable 'type' up in a dict and leaks TypeError")
+@pytest.mark.parametrize("kind", [[], {"a": 1}], ids=["list", "map"])
+def test_unhashable_message_type_is_rejected_as_invalid(kind: Any) -> None:
+    assert _category(_pack(_raw(STEP, type=kind))) == "invalid"
+
+
+def test_body_that_is_not_a_map_is_rejected_as_invalid() -> None:
+    assert _category(_pack(_raw(STEP, body=[1, 2]))) == "invalid"
+
+
+@pytest.mark.parametrize("message", MESSAGES, ids=lambda m: type(m).TYPE)
+def test_missing_required_field_is_rejected_as_invalid(message: Any) -> None:
+    cls = type(message)
+    required = [f for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING]
+    assert required
+    for spec in required:
+        raw = _raw(message)
+        del raw["body"][spec.name]
+        assert _category(_pack(raw)) == "invalid", spec.name
+
+
+@pytest.mark.parametrize(
+    ("message", "field", "value"),
+    [
+        (STEP, "rank", "0"),
+        (STEP, "rank", True),
+        (STEP, "rank", 1.0),
+        (STEP, "step", None),
+        (STEP, "start", "10.0"),
+        (STEP, "start", True),
+        (STEP, "spans", {"forward": [1, 2]}),
+        (STEP, "settings", [1]),
+        (STEP, "excluded", 1),
+        (STEP, "loss", "nan"),
+        (STEP, "samples", 2.0),
+        (HELLO, "world_size", "2"),
+        (HELLO, "session", 5),
+        (HELLO, "parameter_layout", {}),
+        (Heartbeat(0, 1.0, 1), "time", None),
+        (DeviceSample(0, 1.0, "cpu", {}), "readings", [1.0]),
+        (SwitchCommand("c", "ddp"), "bucket_mb", "25"),
+        (SwitchCommand("c", "ddp"), "grad_accum", 2.5),
+        (Ack(0, "c", True, 1), "applied", "yes"),
+        (Goodbye(0, 3), "reason", 0),
+    ],
+    ids=lambda v: repr(v)[:20] if not hasattr(v, "TYPE") else v.TYPE,
+)
+def test_wrong_field_type_is_rejected_as_invalid(message: Any, field: str, value: Any) -> None:
+    assert _category(_with_body(message, **{field: value})) == "invalid"
+
+
+@pytest.mark.parametrize("message", [STEP, HELLO, Heartbeat(0, 1.0, 1), Ack(0, "c", True, 1), Goodbye(0, 1)], ids=lambda m: m.TYPE)
+def test_negative_rank_in_the_body_is_rejected_as_invalid(message: Any) -> None:
+    assert _category(_with_body(message, rank=-1)) == "invalid"
+
+
+@pytest.mark.parametrize("field", ["rank", "seq", "dropped"])
+def test_negative_envelope_counters_are_rejected_as_invalid(field: str) -> None:
+    assert _category(_pack(_raw(STEP, **{field: -2}))) == "invalid"
+
+
+@pytest.mark.parametrize("field", ["step", "samples", "tokens"])
+def test_negative_step_counts_are_rejected_as_invalid(field: str) -> None:
+    assert _category(_with_body(STEP, **{field: -1})) == "invalid"
+
+
+def test_step_that_ends_before_it_starts_is_rejected_as_invalid() -> None:
+    assert _category(_with_body(STEP, start=5.0, end=4.999)) == "invalid"
+
+
+def test_span_that_ends_before_it_starts_is_rejected_as_invalid() -> None:
+    assert _category(_with_body(STEP, spans=[["forward", 2.0, 1.0]])) == "invalid"
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")], ids=["nan", "inf", "-inf"])
+@pytest.mark.parametrize("where", ["step.start", "step.end", "span.start", "span.end", "heartbeat.time", "device.time"])
+def test_non_finite_times_are_rejected_as_invalid(where: str, bad: float) -> None:
+    if where == "step.start":
+        data = _with_body(STEP, start=bad)
+    elif where == "step.end":
+        data = _with_body(STEP, end=bad)
+    elif where == "span.start":
+        data = _with_body(STEP, spans=[["forward", bad, 11.0]])
+    elif where == "span.end":
+        data = _with_body(STEP, spans=[["forward", 10.0, bad]])
+    elif where == "heartbeat.time":
+        data = _with_body(Heartbeat(0, 1.0, 1), time=bad)
+    else:
+        data = _with_body(DeviceSample(0, 1.0, "cpu", {}), time=bad)
+    assert _category(data) == "invalid"
+
+
+@pytest.mark.parametrize("kind", ["compute", "ALL_REDUCE", "", 3, None])
+def test_unknown_span_kind_is_rejected_as_invalid(kind: Any) -> None:
+    assert _category(_with_body(STEP, spans=[[kind, 1.0, 2.0]])) == "invalid"
+
+
+@pytest.mark.parametrize(
+    "span",
+    [
+        ["forward", 1.0],  # too short
+        ["forward", 1.0, 2.0, False, 0, "", "", "extra"],  # too long
+        "forward",
+        ["all_reduce", 1.0, 2.0, "yes"],  # blocking not a bool
+        ["all_reduce", 1.0, 2.0, True, -8],  # negative bytes
+        ["all_reduce", 1.0, 2.0, True, 8.0],  # bytes not an integer
+        ["all_reduce", 1.0, 2.0, True, 8, 3],  # tag not a string
+        ["all_reduce", 1.0, 2.0, True, 8, "p0", None],  # dtype not a string
+    ],
+    ids=repr,
+)
+def test_malformed_span_is_rejected_as_invalid(span: Any) -> None:
+    assert _category(_with_body(STEP, spans=[span])) == "invalid"
+
+
+def test_message_over_the_cap_is_rejected_as_oversized() -> None:
+    data = encode(STEP)
+    assert decode(data, max_bytes=len(data)).message == STEP  # exactly at the cap is fine
+    assert _category(data, max_bytes=len(data) - 1) == "oversized"
+
+
+def test_oversized_is_decided_before_parsing() -> None:
+    assert _category(b"\xc1" * 100, max_bytes=10) == "oversized"
+
+
+# -- nothing but ProtocolError, whatever arrives -----------------------------------------------------
+
+_SCALARS = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**63), max_value=2**64 - 1)
+    | st.floats()
+    | st.text(max_size=8)
+    | st.binary(max_size=8)
+)
+_VALUES = st.recursive(
+    _SCALARS, lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=6), inner, max_size=4), max_leaves=15
+)
+
+
+def _body_like(cls: type) -> st.SearchStrategy[dict[str, Any]]:
+    names = list(cls.__dataclass_fields__)
+    span = st.lists(st.sampled_from(SPAN_KINDS) | _VALUES, max_size=1).flatmap(
+        lambda head: st.lists(_VALUES | st.floats(), max_size=7).map(lambda tail: head + tail)
+    )
+    return st.dictionaries(st.sampled_from(names), _VALUES | st.lists(span, max_size=3), max_size=len(names))
+
+
+def _envelopes(type_values: st.SearchStrategy[Any]) -> st.SearchStrategy[dict[str, Any]]:
+    """Envelope-shaped maps get past the first checks, so the deeper validation is exercised too."""
+    return st.fixed_dictionaries(
+        {
+            "v": st.just(PROTOCOL_VERSION) | _VALUES,
+            "type": st.sampled_from(sorted(MESSAGE_TYPES)) | type_values,
+            "rank": st.integers(-2, 3) | _VALUES,
+            "seq": st.integers(-2, 3) | _VALUES,
+            "dropped": st.integers(-2, 3) | _VALUES,
+            "body": st.sampled_from(list(MESSAGE_TYPES.values())).flatmap(_body_like) | _VALUES,
+        }
+    )
+
+
+def _decode_or_reject(data: bytes) -> None:
+    try:
+        result = decode(data)
+    except ProtocolError as error:
+        assert isinstance(error.category, str) and error.category
+    else:
+        assert isinstance(result, Envelope)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.binary(max_size=256) | st.sampled_from([encode(m) for m in MESSAGES]).flatmap(
+    lambda good: st.tuples(st.integers(0, len(good)), st.binary(max_size=4)).map(lambda cut: good[: cut[0]] + cut[1])
+))
+def test_decode_of_arbitrary_bytes_returns_an_envelope_or_raises_protocol_error(data: bytes) -> None:
+    _decode_or_reject(data)
+
+
+@pytest.mark.xfail(strict=True, reason="an unhashable 'type' value makes decode raise TypeError, not ProtocolError")
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_VALUES | _envelopes(_VALUES))
+@example({"v": PROTOCOL_VERSION, "type": [], "rank": 0, "seq": 0, "dropped": 0, "body": {}})
+def test_decode_of_arbitrary_packed_structures_returns_an_envelope_or_raises_protocol_error(value: Any) -> None:
+    _decode_or_reject(_pack(value))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_VALUES | _envelopes(_SCALARS))
+def test_decode_of_packed_structures_with_a_scalar_type_returns_an_envelope_or_raises_protocol_error(value: Any) -> None:
+    # The same property minus the known unhashable-'type' leak, so everything behind it stays covered.
+    _decode_or_reject(_pack(value))

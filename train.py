@@ -82,8 +82,8 @@ def load_model_and_data(args: argparse.Namespace, context: DistributedContext):
         bundle = models.load_pretrained(args.model, data.NUM_LABELS)
         model, tokenizer = bundle.model, bundle.tokenizer
     tokenized = data.tokenize_reviews(reviews, tokenizer, args.max_length)
-    micro_batch = args.batch_size // (context.world_size * args.grad_accum)
-    train_loader, eval_loader, sampler = data.make_loaders(tokenized, micro_batch, context.rank, context.world_size, args.seed)
+    rank_batch = args.batch_size // context.world_size  # split into --grad-accum micro-batches per step
+    train_loader, eval_loader, sampler = data.make_loaders(tokenized, rank_batch, context.rank, context.world_size, args.seed)
     return model.to(context.device), train_loader, eval_loader, sampler
 
 
@@ -107,6 +107,28 @@ def evaluate(model: torch.nn.Module, loader, device: torch.device) -> float:
     torch.distributed.all_reduce(counts)
     model.train()
     return (counts[0] / counts[1]).item()
+
+
+def switch_strategy(model, command, args: argparse.Namespace, context: DistributedContext, watch: Watch):
+    """Re-wrap the model at this optimizer-step boundary; every rank runs this with the same command."""
+    grad_accum = command.grad_accum or (2 if command.strategy == "ga" and args.grad_accum == 1 else args.grad_accum)
+    bucket_mb = command.bucket_mb or args.bucket_mb
+    problem = (
+        f"unknown strategy {command.strategy!r}" if command.strategy not in instrumented_ddp.STRATEGY_NAMES
+        else f"batch size {args.batch_size} does not divide by {context.world_size} x {grad_accum}"
+        if grad_accum < 1 or args.batch_size % (context.world_size * grad_accum)
+        else "bucket size must be positive" if bucket_mb <= 0 else ""
+    )
+    if problem:
+        watch.acknowledge(command, False, watch.steps + 1, problem)
+        return model, f"switch to {command.strategy} refused: {problem}"
+    bare = instrumented_ddp.unwrap(model)  # every earlier step already finished its communication
+    model = instrumented_ddp.wrap(bare, command.strategy, bucket_mb=bucket_mb, timeline=watch.timeline)
+    args.strategy, args.bucket_mb, args.grad_accum = command.strategy, bucket_mb, grad_accum
+    watch.update_hello(strategy=command.strategy, settings={"grad_accum": grad_accum, "bucket_mb": bucket_mb},
+                       bucket_layout=getattr(model, "bucket_layout", []))
+    watch.acknowledge(command, True, watch.steps + 1)
+    return model, f"switched to {command.strategy} (bucket_mb={bucket_mb:g}, grad_accum={grad_accum})"
 
 
 def start_profiler(directory: str, context: DistributedContext) -> torch.profiler.profile:
@@ -152,13 +174,17 @@ def main(argv: list[str] | None = None) -> int:
 
     started = last_log = time.perf_counter()
     for step in range(1, args.steps + 1):
+        command = watch.agree_on_command()  # a switch asked for from ddpwatch, the same on every rank
+        if command is not None:
+            model, detail = switch_strategy(model, command, args, context, watch)
+            say(f"step {step}: {detail}")
         timeline.begin_step(step, model.name, {**model.settings, "grad_accum": args.grad_accum})
-        samples = tokens = 0
+        with timeline.phase("data"):
+            rank_batch = next(batches)
+            samples, tokens = len(rank_batch["labels"]), int(rank_batch["attention_mask"].sum())
+            rank_batch = {k: v.to(context.device, non_blocking=True) for k, v in rank_batch.items()}
         for micro in range(args.grad_accum):
-            with timeline.phase("data"):
-                batch = next(batches)
-                samples, tokens = samples + len(batch["labels"]), tokens + int(batch["attention_mask"].sum())
-                batch = {k: v.to(context.device, non_blocking=True) for k, v in batch.items()}
+            batch = {k: v.chunk(args.grad_accum)[micro] for k, v in rank_batch.items()}
             skip_sync = micro < args.grad_accum - 1 and not model.syncs_every_micro_step
             with model.no_sync() if skip_sync else nullcontext():
                 loss = model(**batch).loss / args.grad_accum  # forward: timed by the wrapper

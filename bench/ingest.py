@@ -1,20 +1,17 @@
 """How many messages and span events per second the ``ddpwatch record`` path sustains.
 
-Why: every rank pushes a StepReport per optimizer step, so the receiver's cost grows with
-ranks x steps/s x spans per step; this tells how large a run one recorder can follow.
+Each rank sends a StepReport per step, so the receiver's load is ranks x steps/s x spans; this
+says how large a run one recorder can follow. ``--senders`` spawned processes simulate the ranks,
+one DEALER socket each as real ranks: Hello, a StepReport per step, a Heartbeat every 10 steps, a
+DeviceSample every 2, Goodbye. They are encoded before the start and sent BLOCKING, so nothing
+is dropped and the pace is what the receiver keeps up with. The main process runs the loop of
+``ddpwatch/recorder.py`` (receive -> ingest -> SessionWriter, switch relay) until every rank said
+goodbye, timed from the first batch to the last.
 
-How: ``--senders`` spawned processes simulate ``--ranks`` ranks (one PUSH socket each) and send
-a realistic stream per rank: a Hello, one StepReport per step, a Heartbeat every 10 steps, a
-DeviceSample every 2 steps and a Goodbye. Sends BLOCK, so nothing is dropped and the figures are
-what the receiver keeps up with. The main process runs the recorder's own loop --
-``TelemetryReceiver.receive`` -> ``ingest(session, batch, writer)`` into a session file -- until
-every rank said goodbye, timed from the first batch to the last.
-
-Reading the result: messages/s and events/s (spans) are the receiver's sustained rate on this
-machine while sharing the CPU with the senders, so they are a lower bound. A training run needs
-ranks x steps/s x (spans+1) events/s. lost, rejected and sender drops must be 0 (exit 1 if not).
-Peak RSS is the receiver's, which holds every report in memory; it includes the imports (torch
-comes with ``instrumented_ddp``), shown as "before".
+Reading it: messages/s and events/s are sustained while sharing the CPU with the senders (a lower
+bound); receiver CPU near 100% means the receiver set the pace. A run needs ranks x steps/s x
+(spans + 1) events/s. lost, rejected, sender drops must be 0 (else exit 1). Peak RSS holds every
+report in memory plus the imports ("before"; torch comes with them).
 """
 
 from __future__ import annotations
@@ -27,16 +24,19 @@ import socket
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from multiprocessing.synchronize import Barrier
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import zmq  # noqa: E402
-
+from ddpwatch.control import SwitchRelay  # noqa: E402
 from ddpwatch.receiver import TelemetryReceiver, ingest  # noqa: E402
 from ddpwatch.session import Session  # noqa: E402
 from ddpwatch.session_file import SESSION_FILE_NAME, SessionWriter  # noqa: E402
 from instrumented_ddp.protocol import DeviceSample, Goodbye, Heartbeat, Hello, Message, Span, StepReport, encode  # noqa: E402
+from instrumented_ddp.telemetry import routing_id  # noqa: E402
 
 STEP_S = 0.1  # simulated step length on the rank's clock
 IDLE_ABORT_S = 15.0
@@ -47,10 +47,6 @@ LAYOUT = [("embed.weight", 3_145_728, "float32")] + [
     for name, numel in (("ln1.weight", 768), ("ln1.bias", 768), ("attn.qkv.weight", 1_769_472), ("attn.out.weight", 589_824),
                         ("ln2.weight", 768), ("ln2.bias", 768), ("mlp.fc.weight", 2_359_296), ("mlp.proj.weight", 2_359_296))
 ]  # 57 entries, a small GPT
-
-
-def messages_per_rank(steps: int) -> int:
-    return 1 + steps + len(range(0, steps, 10)) + len(range(0, steps, 2)) + 1
 
 
 def step_report(rank: int, step: int, spans_per_step: int) -> StepReport:
@@ -65,8 +61,8 @@ def step_report(rank: int, step: int, spans_per_step: int) -> StepReport:
     return StepReport(rank, step, "bucket", SETTINGS, t, t + STEP_S * 0.96, spans[:spans_per_step], 32, 32 * 512, 3.2 - step * 1e-3)
 
 
-def rank_stream(rank: int, world: int, steps: int, spans_per_step: int):
-    """The messages one rank sends, in order, one item per step (a list each)."""
+def rank_stream(rank: int, world: int, steps: int, spans_per_step: int) -> Iterator[list[Message]]:
+    """What one rank sends, as one list of messages per step (Hello first, Goodbye last)."""
     buckets = [list(range(i, min(i + 8, len(LAYOUT)))) for i in range(0, len(LAYOUT), 8)]
     yield [Hello(rank, world, "bench", "localhost", 10_000 + rank, f"cuda:{rank % 8}", "nccl", "bucket", SETTINGS,
                  sum(n for _, n, _ in LAYOUT), LAYOUT, buckets, steps, 32 * world, rank // 8, rank % 8)]
@@ -81,23 +77,26 @@ def rank_stream(rank: int, world: int, steps: int, spans_per_step: int):
     yield [Goodbye(rank, steps)]
 
 
-def sender(address: str, ranks: list[int], world: int, steps: int, spans_per_step: int, start: mp.Barrier) -> None:
+def sender(address: str, ranks: list[int], world: int, steps: int, spans_per_step: int, start: Barrier) -> None:
     context = zmq.Context()
-    sockets = []
-    for _ in ranks:
-        push = context.socket(zmq.PUSH)
-        push.connect(address)
-        sockets.append(push)
-    streams = [rank_stream(rank, world, steps, spans_per_step) for rank in ranks]
-    seqs = [0] * len(ranks)
+    sockets = [context.socket(zmq.DEALER) for _ in ranks]
+    for rank, dealer in zip(ranks, sockets):
+        dealer.setsockopt(zmq.ROUTING_ID, routing_id("bench", rank))
+        dealer.connect(address)
+    encoded: list[list[list[bytes]]] = []  # per rank, per step (see the module docstring)
+    for rank in ranks:
+        seq, per_step = 0, []
+        for batch in rank_stream(rank, world, steps, spans_per_step):
+            per_step.append([encode(message, seq + i, 0) for i, message in enumerate(batch)])
+            seq += len(batch)
+        encoded.append(per_step)
     start.wait()
-    for _ in range(steps + 2):  # the ranks advance together, step by step
-        for i, stream in enumerate(streams):
-            for message in next(stream):
-                sockets[i].send(encode(message, seqs[i], 0))  # blocking: waits at the high-water mark
-                seqs[i] += 1
-    for push in sockets:
-        push.close(linger=-1)  # wait until everything queued is delivered
+    for step in range(steps + 2):  # the ranks advance together, step by step
+        for dealer, per_step in zip(sockets, encoded):
+            for data in per_step[step]:
+                dealer.send(data)  # blocking: waits at the high-water mark, never drops
+    for dealer in sockets:
+        dealer.close(linger=-1)  # wait until everything queued is delivered
     context.term()
 
 
@@ -105,11 +104,6 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
-
-
-def rss_now_mib() -> float:
-    with open("/proc/self/statm") as statm:
-        return int(statm.read().split()[1]) * resource.getpagesize() / 2**20
 
 
 def main() -> int:
@@ -120,34 +114,36 @@ def main() -> int:
     parser.add_argument("--senders", type=int, default=2)
     parser.add_argument("--out-dir", type=Path, default=None, help="keep the session file here")
     args = parser.parse_args()
-    out_dir = args.out_dir or Path(tempfile.mkdtemp(prefix="ddpwatch-bench-"))
     address = f"tcp://127.0.0.1:{free_port()}"
     receiver = TelemetryReceiver(address)
+    out_dir = args.out_dir or Path(tempfile.mkdtemp(prefix="ddpwatch-bench-"))
     writer = SessionWriter(out_dir / SESSION_FILE_NAME)
     session = Session()
+    relay = SwitchRelay(receiver.send)
     ctx = mp.get_context("spawn")
     start = ctx.Barrier(args.senders + 1)
     workers = [ctx.Process(target=sender, args=(address, list(range(i, args.ranks, args.senders)), args.ranks,
                                                 args.steps, args.spans_per_step, start), daemon=True)
                for i in range(args.senders)]
-    first = last = busy = 0.0
+    first = last = cpu_first = cpu_last = 0.0
     aborted = ""
     try:
         for worker in workers:
             worker.start()
         start.wait(timeout=120)
-        rss_before = rss_now_mib()
+        rss_before = int(Path("/proc/self/statm").read_text().split()[1]) * resource.getpagesize() / 2**20
         last_message = time.monotonic()
-        busy, cpu = 0.0, time.process_time()
         while not session.finished:  # the recorder's loop (ddpwatch/recorder.py)
             batch = receiver.receive(timeout_ms=200)
             if batch:
-                first = first or time.perf_counter()
+                if not first:
+                    first, cpu_first = time.perf_counter(), time.process_time()
                 last_message = time.monotonic()
-                ingest(session, batch, writer)
-                last = time.perf_counter()
-                busy += time.process_time() - cpu
-            cpu = time.process_time()
+                for peer, data in batch:
+                    for envelope in ingest(session, [data], writer):
+                        relay.note(peer, envelope)
+                last, cpu_last = time.perf_counter(), time.process_time()
+            relay.tick()
             writer.flush_if_due()
             if time.monotonic() - last_message > IDLE_ABORT_S:
                 aborted = f"no message for {IDLE_ABORT_S:g} s"
@@ -157,38 +153,37 @@ def main() -> int:
         receiver.close()
         for worker in workers:
             worker.join(timeout=10)
-            if worker.is_alive():
-                worker.terminate()
-                worker.join()
+            worker.terminate()  # only if it hangs
+            worker.join()
+        file_mib = (out_dir / SESSION_FILE_NAME).stat().st_size / 2**20
+        if args.out_dir is None:
+            shutil.rmtree(out_dir, ignore_errors=True)
     seconds = max(last - first, 1e-9)
     received = writer.records
     events = sum(len(r.spans) for by_rank in session.reports.values() for r in by_rank.values())
     rejected = sum(session.rejected.values())
     lost = sum(r.lost_messages for r in session.ranks.values())
     drops = sum(r.sender_dropped for r in session.ranks.values())
-    expected = args.ranks * messages_per_rank(args.steps)
-    file_mib = (out_dir / SESSION_FILE_NAME).stat().st_size / 2**20
+    expected = args.ranks * (2 + args.steps + len(range(0, args.steps, 10)) + len(range(0, args.steps, 2)))
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"""ddpwatch ingest benchmark (receive -> ingest -> SessionWriter)
-  ranks             {args.ranks} ({args.senders} sender processes)
+  ranks             {args.ranks} (simulated by {args.senders} sender processes)
   steps             {args.steps} ({args.spans_per_step} spans per step)
   messages          {received:,} of {expected:,} expected
   events (spans)    {events:,}
   seconds           {seconds:.3f}
   messages/s        {received / seconds:,.0f}
   events/s          {events / seconds:,.0f}
-  receiver CPU      {100 * busy / seconds:.0f}% of the wall time (near 100%: the receiver is the limit)
+  receiver CPU      {100 * (cpu_last - cpu_first) / seconds:.0f}% of one core (near 100%: the receiver is the limit)
   rejected          {rejected}
   lost              {lost}
   sender drops      {drops}
   peak RSS          {peak_mib:.1f} MiB (before: {rss_before:.1f} MiB)
   session file      {file_mib:.1f} MiB{f' in {out_dir}' if args.out_dir else ''}""")
-    if args.out_dir is None:
-        shutil.rmtree(out_dir, ignore_errors=True)
-    failed = aborted or lost or rejected or drops or received != expected or any(w.exitcode != 0 for w in workers)
-    if failed:
+    if aborted or lost or rejected or drops or received != expected or any(w.exitcode != 0 for w in workers):
         print(f"FAILED: {aborted or 'messages lost, rejected or missing, or a sender failed'}", file=sys.stderr)
-    return 1 if failed else 0
+        return 1
+    return 0
 
 
 if __name__ == "__main__":

@@ -22,6 +22,13 @@ def build_parser() -> argparse.ArgumentParser:
     record.add_argument("--idle-exit", type=float, default=15.0, help="stop when every rank is silent this long")
     record.add_argument("--max-message-bytes", type=int, default=DEFAULT_MAX_MESSAGE_BYTES)
 
+    switch = commands.add_parser("switch", help="ask a running session to switch strategy (through the dashboard or recorder)")
+    switch.add_argument("strategy", help="simple, ga, hook, async, bucket or ddp")
+    switch.add_argument("--bucket-mb", type=float)
+    switch.add_argument("--grad-accum", type=int)
+    switch.add_argument("--listen", default=DEFAULT_ADDRESS, help="the address the dashboard or recorder listens on")
+    switch.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the acknowledgement")
+
     summary = commands.add_parser("summary", help="print the comparison table of a recorded session")
     summary.add_argument("session", type=Path, help="a session directory (or its session file)")
     return parser
@@ -35,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         return COMMANDS[args.command](args)
-    except (OSError, ValueError) as error:
+    except (OSError, ValueError, TimeoutError) as error:
         print(f"ddpwatch {args.command}: error: {error}", file=sys.stderr)
         return 2
 
@@ -67,7 +74,18 @@ def run_summary(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"record": run_record, "summary": run_summary}
+def run_switch(args: argparse.Namespace) -> int:
+    from .switch_client import request_switch
+
+    ack = request_switch(args.listen, args.strategy, args.bucket_mb, args.grad_accum, args.timeout)
+    if not ack.applied:
+        print(f"ddpwatch switch: error: not applied: {ack.detail}", file=sys.stderr)
+        return 1
+    print(f"switched to {args.strategy} at step {ack.step}" + (f" ({ack.detail})" if ack.detail else ""))
+    return 0
+
+
+COMMANDS = {"record": run_record, "summary": run_summary, "switch": run_switch}
 
 if __name__ == "__main__":
     sys.exit(main())

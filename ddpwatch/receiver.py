@@ -7,24 +7,26 @@ else on the network can talk to it.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import zmq
 
-from instrumented_ddp.protocol import DEFAULT_MAX_MESSAGE_BYTES, ProtocolError, decode
+from instrumented_ddp.protocol import DEFAULT_MAX_MESSAGE_BYTES, Envelope, ProtocolError, decode
 
 from .session import Session
 from .session_file import SessionWriter
 
 
 class TelemetryReceiver:
-    """A PULL socket bound at ``address``; every rank's PUSH connects to it."""
+    """A ROUTER socket bound at ``address``; every rank's DEALER (and ``ddpwatch switch``) connects
+    to it. Messages come with the sender's routing id, so commands can go back to rank 0 and
+    acknowledgements back to whoever asked. Used from one thread only."""
 
     def __init__(self, address: str, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> None:
         self.address = address
         self.max_message_bytes = max_message_bytes
         self._context = zmq.Context()
-        self._socket = self._context.socket(zmq.PULL)
+        self._socket = self._context.socket(zmq.ROUTER)
         self._socket.setsockopt(zmq.LINGER, 0)
         self._socket.setsockopt(zmq.RCVHWM, 100_000)
         # Messages over the cap are cut by ZeroMQ itself, before they take memory.
@@ -35,17 +37,29 @@ class TelemetryReceiver:
             self._context.destroy(linger=0)
             raise OSError(f"cannot listen on {address}: {error}") from None
 
-    def receive(self, timeout_ms: int, limit: int = 10_000) -> list[bytes]:
-        """Whatever arrived within ``timeout_ms`` (up to ``limit`` messages)."""
+    def receive(self, timeout_ms: int, limit: int = 10_000) -> list[tuple[bytes, bytes]]:
+        """(sender id, message) for whatever arrived within ``timeout_ms`` (up to ``limit``)."""
         if not self._socket.poll(timeout_ms):
             return []
-        batch: list[bytes] = []
+        batch: list[tuple[bytes, bytes]] = []
         while len(batch) < limit:
             try:
-                batch.append(self._socket.recv(zmq.NOBLOCK))
+                frames = self._socket.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 break
+            if len(frames) == 2:
+                batch.append((frames[0], frames[1]))
+            else:  # a raw peer that did not frame its message as a DEALER does
+                batch.append((frames[0], b"".join(frames[1:])))
         return batch
+
+    def send(self, peer: bytes, data: bytes) -> bool:
+        """To one peer; False when it is gone or its queue is full (never blocks)."""
+        try:
+            self._socket.send_multipart([peer, data], zmq.NOBLOCK)
+            return True
+        except zmq.ZMQError:
+            return False
 
     def close(self) -> None:
         self._context.destroy(linger=0)
@@ -53,13 +67,14 @@ class TelemetryReceiver:
 
 def ingest(
     session: Session,
-    raw_messages: list[bytes],
+    raw_messages: Iterable[bytes],
     writer: SessionWriter | None = None,
     on_reject: Callable[[str], None] | None = None,
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
-) -> None:
-    """Log every message as it came, then fold the valid ones into ``session``."""
+) -> list[Envelope]:
+    """Log every message as it came, then fold the valid ones into ``session`` (and return them)."""
     now = time.time()
+    accepted: list[Envelope] = []
     for data in raw_messages:
         if writer is not None:
             writer.append(data, now)
@@ -71,3 +86,5 @@ def ingest(
                 on_reject(str(error))
             continue
         session.ingest(envelope)
+        accepted.append(envelope)
+    return accepted

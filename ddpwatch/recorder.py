@@ -11,6 +11,7 @@ from types import FrameType
 
 from instrumented_ddp.protocol import DEFAULT_MAX_MESSAGE_BYTES
 
+from .control import SwitchRelay
 from .exporters import write_exports
 from .receiver import TelemetryReceiver, ingest
 from .session import Session
@@ -48,6 +49,7 @@ def record(
 ) -> Session:
     session = Session()
     receiver = TelemetryReceiver(listen, max_message_bytes)
+    relay = SwitchRelay(receiver.send)
     writer = SessionWriter(out_dir / SESSION_FILE_NAME)
     stop_requested: list[str] = []
 
@@ -63,7 +65,10 @@ def record(
             batch = receiver.receive(timeout_ms=200)
             if batch:
                 last_message = time.monotonic()
-                ingest(session, batch, writer, max_message_bytes=max_message_bytes)
+                for peer, data in batch:
+                    for envelope in ingest(session, [data], writer, max_message_bytes=max_message_bytes):
+                        relay.note(peer, envelope)
+            relay.tick()
             writer.flush_if_due()
             reason = stop_requested[0] if stop_requested else rule.reached(session, started, last_message)
     finally:

@@ -19,6 +19,7 @@ PROTOCOL_VERSION = 1
 DEFAULT_MAX_MESSAGE_BYTES = 8 * 1024 * 1024
 DEFAULT_ADDRESS = "tcp://127.0.0.1:5555"
 
+STRATEGY_NAMES = ("simple", "ga", "hook", "async", "bucket", "ddp")  # what users type; instrumented_ddp agrees
 COMPUTE_KINDS = ("forward", "backward", "optimizer")
 COMM_KINDS = ("all_reduce", "broadcast")
 SPAN_KINDS = (*COMPUTE_KINDS, *COMM_KINDS, "wait", "data")

@@ -1,10 +1,14 @@
 """Stream a rank's telemetry to ddpwatch without ever slowing or stopping training.
 
 The training thread only puts messages into a bounded queue (``put_nowait``); a daemon thread
-owns the ZeroMQ socket (sockets are not thread-safe), encodes and sends with ``NOBLOCK``. A PUSH
+owns the ZeroMQ socket (sockets are not thread-safe), encodes and sends with ``NOBLOCK``. A DEALER
 socket with ``IMMEDIATE`` queues nothing while no dashboard is connected, a high-water mark bounds
 what it queues when one is slow, and ``LINGER=0`` lets the process exit with messages unsent.
 Whatever is discarded, at either place, is counted and reported in every later message.
+
+The same socket carries control the other way: the dashboard's ROUTER addresses a rank by its
+routing id, and the sender thread hands any command it receives to ``commands``, which the
+training loop reads at an optimizer-step boundary.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from collections.abc import Callable
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from .protocol import Goodbye, Heartbeat, Hello, Message, encode
+from .protocol import Goodbye, Heartbeat, Hello, Message, ProtocolError, SwitchCommand, decode, encode
 
 HEARTBEAT_EVERY_S = 1.0
 HELLO_EVERY_S = 2.0  # a dashboard started late learns who the ranks are within this
@@ -42,7 +46,10 @@ class TelemetryPublisher:
         self._queue: queue.Queue[Message | None] = queue.Queue(maxsize=queue_size)
         self._current_step = current_step
         self._context = zmq.Context()
-        self._socket = self._context.socket(zmq.PUSH)
+        self.commands: queue.Queue[SwitchCommand] = queue.Queue(maxsize=64)
+        self.rejected_commands = 0
+        self._socket = self._context.socket(zmq.DEALER)
+        self._socket.setsockopt(zmq.ROUTING_ID, routing_id(hello.session, hello.rank))
         self._socket.setsockopt(zmq.LINGER, 0)
         self._socket.setsockopt(zmq.IMMEDIATE, 1)
         self._socket.setsockopt(zmq.SNDHWM, high_water_mark)
@@ -84,13 +91,27 @@ class TelemetryPublisher:
             if now >= next_heartbeat:
                 self._send(Heartbeat(self.hello.rank, time.time(), self._current_step()))
                 next_heartbeat = now + HEARTBEAT_EVERY_S
+            self._receive_commands()
             try:
-                message = self._queue.get(timeout=max(0.0, min(next_heartbeat, next_hello, now + 0.1) - now))
+                message = self._queue.get(timeout=max(0.0, min(next_heartbeat, next_hello, now + 0.05) - now))
             except queue.Empty:
                 continue
             if message is None:
                 return
             self._send(message)
+
+    def _receive_commands(self) -> None:
+        while self._socket.poll(0, zmq.POLLIN):
+            try:
+                message = decode(self._socket.recv(zmq.NOBLOCK)).message
+            except (ProtocolError, zmq.ZMQError):
+                self.rejected_commands += 1
+                continue
+            if isinstance(message, SwitchCommand):
+                try:
+                    self.commands.put_nowait(message)
+                except queue.Full:
+                    self.rejected_commands += 1
 
     def _dashboard_connected(self) -> bool:
         connected = False
@@ -109,3 +130,8 @@ class TelemetryPublisher:
             self.dropped += 1
         except zmq.ZMQError:  # the context is going away at exit
             self.dropped += 1
+
+
+def routing_id(session: str, rank: int) -> bytes:
+    """How the dashboard's ROUTER tells ranks apart (and finds rank 0 to send it commands)."""
+    return f"rank-{rank}-{session}".encode()

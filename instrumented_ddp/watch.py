@@ -18,7 +18,7 @@ from torch import nn
 
 from .device_sampler import DeviceSampler, make_reader
 from .distributed import DistributedContext
-from .protocol import Hello, StepReport
+from .protocol import Ack, Hello, StepReport, SwitchCommand
 from .telemetry import TelemetryPublisher
 from .timeline import NULL_TIMELINE, CudaEventClock, HostClock, NullTimeline, StepTimeline
 
@@ -43,6 +43,8 @@ class Watch:
         self.publisher = publisher
         self.sampler = sampler
         self.steps = 0
+        self._applied: set[str] = set()  # command ids already applied: a resend is only re-acknowledged
+        self._device: torch.device = torch.device("cpu")
 
     @classmethod
     def disabled(cls) -> Watch:
@@ -58,6 +60,7 @@ class Watch:
             node_rank=int(os.environ.get("GROUP_RANK", "0")), local_rank=context.local_rank, **hello_fields,
         )
         watch = cls(timeline)
+        watch._device = context.device
         watch.publisher = TelemetryPublisher(address, hello, current_step=lambda: watch.steps)
         reader = make_reader(context.device.type, context.device.index)
         watch.sampler = DeviceSampler(context.rank, reader, watch.publisher.publish).start()
@@ -69,6 +72,38 @@ class Watch:
             from dataclasses import replace
 
             self.publisher.hello = replace(self.publisher.hello, **changes)
+
+    def agree_on_command(self) -> SwitchCommand | None:
+        """The switch command every rank applies now, or None: a small collective every rank runs
+        at the same optimizer-step boundary (never inside an accumulation).
+
+        Only rank 0 hears the dashboard; it broadcasts whether a command came (4 bytes, ~0.5 ms on
+        gloo) and, only then, the command itself. Unwatched runs skip it on every rank alike.
+        """
+        if self.publisher is None:
+            return None
+        command = self._next_new_command() if dist.get_rank() == 0 else None
+        flag = torch.tensor([0 if command is None else 1], dtype=torch.int32, device=self._device)
+        dist.broadcast(flag, src=0)
+        if not flag.item():
+            return None
+        box = [command]
+        dist.broadcast_object_list(box, src=0, device=self._device)
+        self._applied.add(box[0].command_id)
+        return box[0]
+
+    def _next_new_command(self) -> SwitchCommand | None:
+        assert self.publisher is not None
+        while not self.publisher.commands.empty():
+            command = self.publisher.commands.get_nowait()
+            if command.command_id not in self._applied:
+                return command
+            self.publisher.publish(Ack(0, command.command_id, True, self.steps, "already applied"))
+        return None
+
+    def acknowledge(self, command: SwitchCommand, applied: bool, step: int, detail: str = "") -> None:
+        if self.publisher is not None:
+            self.publisher.publish(Ack(self.publisher.hello.rank, command.command_id, applied, step, detail))
 
     def step_done(self) -> list[StepReport]:
         """Send the reports whose timings have resolved; returns them (for tests and logging)."""

@@ -1,0 +1,75 @@
+"""Switch commands on their way to a run: relayed to rank 0, resent until acknowledged.
+
+The dashboard and ``ddpwatch record`` both relay: a command from the UI or from
+``ddpwatch switch`` goes to rank 0 (found by its routing id), is resent every second until rank
+0 acknowledges it, and the acknowledgement goes back to whoever asked.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from instrumented_ddp.protocol import Ack, Envelope, SwitchCommand, encode
+
+RESEND_EVERY_S = 1.0
+GIVE_UP_AFTER_S = 60.0
+
+
+def new_command(strategy: str, bucket_mb: float | None = None, grad_accum: int | None = None) -> SwitchCommand:
+    return SwitchCommand(uuid.uuid4().hex[:12], strategy, bucket_mb, grad_accum)
+
+
+@dataclass
+class PendingSwitch:
+    command: SwitchCommand
+    requester: bytes | None
+    first_sent: float
+    last_sent: float = 0.0
+    sends: int = 0
+
+
+class SwitchRelay:
+    """Owned by the thread that owns the receiving socket; ``send(peer, data)`` never blocks."""
+
+    def __init__(self, send: Callable[[bytes, bytes], bool]) -> None:
+        self._send = send
+        self.rank0: bytes | None = None
+        self.pending: dict[str, PendingSwitch] = {}
+        self.acks: list[Ack] = []
+
+    def note(self, peer: bytes, envelope: Envelope) -> None:
+        """Learn rank 0's address from its traffic; pick up requests and acknowledgements."""
+        message = envelope.message
+        if isinstance(message, SwitchCommand):
+            self.request(message, requester=peer)
+            return
+        if envelope.rank == 0:
+            self.rank0 = peer
+        if isinstance(message, Ack):
+            self.acks.append(message)
+            pending = self.pending.get(message.command_id)
+            if pending is not None and message.rank == 0:
+                del self.pending[message.command_id]
+                if pending.requester is not None:
+                    self._send(pending.requester, encode(message))
+
+    def request(self, command: SwitchCommand, requester: bytes | None = None) -> None:
+        self.pending[command.command_id] = PendingSwitch(command, requester, time.monotonic())
+        self.tick()
+
+    def tick(self, now: float | None = None) -> None:
+        """Send what is due; give up on a command nobody acknowledged for a minute."""
+        now = time.monotonic() if now is None else now
+        for command_id, pending in list(self.pending.items()):
+            if now - pending.first_sent > GIVE_UP_AFTER_S:
+                del self.pending[command_id]
+                if pending.requester is not None:
+                    failure = Ack(0, command_id, False, 0, "no rank 0 acknowledged the command within a minute")
+                    self._send(pending.requester, encode(failure))
+                continue
+            if self.rank0 is not None and now - pending.last_sent >= RESEND_EVERY_S:
+                if self._send(self.rank0, encode(pending.command)):
+                    pending.last_sent, pending.sends = now, pending.sends + 1

@@ -1,0 +1,45 @@
+"""``ddpwatch switch``: one request to the dashboard or recorder, one acknowledgement back."""
+
+from __future__ import annotations
+
+import time
+
+import zmq
+
+from instrumented_ddp.protocol import STRATEGY_NAMES, Ack, ProtocolError, decode, encode
+
+from .control import new_command
+
+
+def validate_switch(strategy: str, bucket_mb: float | None, grad_accum: int | None) -> None:
+    if strategy not in STRATEGY_NAMES:
+        raise ValueError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGY_NAMES)}")
+    if bucket_mb is not None and not bucket_mb > 0:
+        raise ValueError("--bucket-mb must be positive")
+    if grad_accum is not None and grad_accum < 1:
+        raise ValueError("--grad-accum must be at least 1")
+
+
+def request_switch(address: str, strategy: str, bucket_mb: float | None, grad_accum: int | None, timeout_s: float) -> Ack:
+    """Send the command and wait for rank 0's acknowledgement (the relay resends it meanwhile)."""
+    validate_switch(strategy, bucket_mb, grad_accum)
+    command = new_command(strategy, bucket_mb, grad_accum)
+    context = zmq.Context()
+    socket = context.socket(zmq.DEALER)
+    socket.setsockopt(zmq.LINGER, 0)
+    try:
+        socket.connect(address)
+        socket.send(encode(command))  # queued until connected; the socket stays open until the reply
+        deadline = time.monotonic() + timeout_s
+        while (left := deadline - time.monotonic()) > 0:
+            if not socket.poll(int(left * 1000)):
+                break
+            try:
+                reply = decode(socket.recv()).message
+            except ProtocolError:
+                continue
+            if isinstance(reply, Ack) and reply.command_id == command.command_id:
+                return reply
+        raise TimeoutError(f"no acknowledgement from {address} within {timeout_s:g} s (is ddpwatch or ddpwatch record listening there, and training running?)")
+    finally:
+        context.destroy(linger=0)

@@ -1,0 +1,242 @@
+"""Telemetry end to end on loopback: the publisher never blocks and counts what it drops, the
+receiver gets hello, reports and goodbye in order, and ingest logs every raw message."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from ddpwatch.receiver import TelemetryReceiver, ingest
+from ddpwatch.session import Session
+from ddpwatch.session_file import SESSION_FILE_NAME, SessionWriter, read_session_file
+from instrumented_ddp import telemetry
+from instrumented_ddp.protocol import Envelope, Goodbye, Heartbeat, Hello, Span, StepReport, decode, encode
+from instrumented_ddp.telemetry import TelemetryPublisher
+
+HELLO = Hello(
+    rank=0, world_size=1, session="s-1", host="localhost", pid=1, device="cpu", backend="gloo",
+    strategy="hook", settings={}, model_parameters=10,
+)
+
+
+def _report(step: int, rank: int = 0) -> StepReport:
+    return StepReport(
+        rank=rank, step=step, strategy="hook", settings={}, start=float(step), end=step + 0.5,
+        spans=[Span("forward", float(step), step + 0.1), Span("all_reduce", step + 0.2, step + 0.3, True, 16, "p0", "float32")],
+        samples=4, tokens=32, loss=1.0 / step,
+    )
+
+
+def _free_address() -> str:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"tcp://127.0.0.1:{sock.getsockname()[1]}"
+
+
+def _wait_for(condition: Callable[[], bool], seconds: float = 10.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.005)
+    return condition()
+
+
+@pytest.mark.timeout(60)
+def test_publishing_with_nobody_listening_never_blocks_and_counts_the_drops() -> None:
+    publisher = TelemetryPublisher(_free_address(), HELLO)
+    try:
+        for step in range(20_000):
+            publisher.publish(Heartbeat(0, float(step), step))
+    finally:
+        publisher.close(steps=0)
+    assert publisher.dropped >= 20_000  # every message is accounted for: nothing could be sent
+    assert publisher.sent == 0
+
+
+@pytest.mark.timeout(60)
+def test_close_returns_when_the_sender_queue_is_full() -> None:
+    publisher = TelemetryPublisher(_free_address(), HELLO, queue_size=4)
+    for step in range(100):
+        publisher.publish(Heartbeat(0, float(step), step))
+    publisher.close(steps=0, timeout_s=0.2)
+    assert publisher.dropped > 0
+
+
+class Collector:
+    """Decodes what a receiver gets, in arrival order."""
+
+    def __init__(self, receiver: TelemetryReceiver) -> None:
+        self.receiver = receiver
+        self.envelopes: list[Envelope] = []
+        self.peers: set[bytes] = set()
+
+    def until(self, condition: Callable[[list[Envelope]], bool], seconds: float = 10.0) -> bool:
+        deadline = time.monotonic() + seconds
+        while not condition(self.envelopes) and time.monotonic() < deadline:
+            for peer, data in self.receiver.receive(50):
+                self.peers.add(peer)
+                self.envelopes.append(decode(data))
+        return condition(self.envelopes)
+
+
+@pytest.fixture
+def quiet_publisher(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No periodic hello or heartbeat during the test: any hello must come from the connection."""
+    monkeypatch.setattr(telemetry, "HELLO_EVERY_S", 3600.0)
+    monkeypatch.setattr(telemetry, "HEARTBEAT_EVERY_S", 3600.0)
+
+
+@pytest.mark.timeout(60)
+def test_receiver_gets_hello_on_connection_reports_in_order_and_goodbye(quiet_publisher: None) -> None:
+    address = _free_address()
+    publisher = TelemetryPublisher(address, HELLO)
+    receiver: TelemetryReceiver | None = None
+    closed = False
+    try:
+        # The first hello and heartbeat go out while nobody listens: both dropped.
+        assert _wait_for(lambda: publisher.dropped >= 2)
+        receiver = TelemetryReceiver(address)
+        collector = Collector(receiver)
+        assert collector.until(lambda got: any(isinstance(e.message, Hello) for e in got))
+        assert collector.envelopes[0].message == HELLO
+
+        for step in range(1, 6):
+            publisher.publish(_report(step))
+        assert collector.until(lambda got: sum(isinstance(e.message, StepReport) for e in got) >= 5)
+        publisher.close(steps=5)
+        closed = True
+        assert collector.until(lambda got: any(isinstance(e.message, Goodbye) for e in got))
+    finally:
+        if not closed:
+            publisher.close(steps=0, timeout_s=0.2)
+        if receiver is not None:
+            receiver.close()
+
+    envelopes = collector.envelopes
+    steps = [e.message for e in envelopes if isinstance(e.message, StepReport)]
+    assert steps == [_report(step) for step in range(1, 6)]
+    assert envelopes[-1].message == Goodbye(0, 5, "finished")
+    seqs = [e.seq for e in envelopes]
+    assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))  # consecutive: nothing lost on the way
+    assert seqs[0] >= 2  # the two dropped messages used up their numbers
+    assert all(e.rank == 0 for e in envelopes)
+    assert collector.peers == {telemetry.routing_id(HELLO.session, HELLO.rank)}
+    assert all(e.dropped == publisher.dropped == 2 for e in envelopes)  # the drops are reported, not silent
+
+
+def test_receiver_on_a_busy_address_raises_oserror() -> None:
+    address = _free_address()
+    first = TelemetryReceiver(address)
+    try:
+        with pytest.raises(OSError, match="cannot listen"):
+            TelemetryReceiver(address)
+    finally:
+        first.close()
+
+
+def test_receive_returns_nothing_when_nothing_arrives() -> None:
+    receiver = TelemetryReceiver(_free_address())
+    try:
+        assert receiver.receive(10) == []
+    finally:
+        receiver.close()
+
+
+# -- ingest and the session file -------------------------------------------------------------------
+
+
+@pytest.fixture
+def writer(tmp_path: Path) -> Iterator[SessionWriter]:
+    writer = SessionWriter(tmp_path / "run" / SESSION_FILE_NAME)
+    try:
+        yield writer
+    finally:
+        if not writer._file.closed:
+            writer.close()
+
+
+def _mixed_messages() -> list[bytes]:
+    return [
+        encode(HELLO, seq=0),
+        encode(_report(1), seq=1),
+        b"\xc1not msgpack",
+        encode(_report(2), seq=2)[:-3],
+        encode(_report(3), seq=3),
+        b"\x93\x01\x02\x03",  # a list, not a map
+        encode(Goodbye(0, 3), seq=4),
+    ]
+
+
+def test_ingest_folds_valid_messages_and_counts_rejections_by_category(writer: SessionWriter) -> None:
+    session = Session()
+    rejections: list[str] = []
+    raw = _mixed_messages()
+    accepted = ingest(session, raw, writer=writer, on_reject=rejections.append)
+
+    assert [e.message for e in accepted] == [HELLO, _report(1), _report(3), Goodbye(0, 3)]
+
+    assert session.rejected == Counter({"garbage": 2, "truncated": 1})
+    assert len(rejections) == 3 and all(isinstance(r, str) and r for r in rejections)
+    assert session.messages == 4
+    assert session.ranks[0].hello == HELLO
+    assert session.reports[1][0] == _report(1) and session.reports[3][0] == _report(3)
+    assert 2 not in session.reports
+    assert session.ranks[0].lost_messages == 1  # seq 2 never made it in
+    assert session.finished
+    assert writer.records == len(raw)  # every raw message logged, rejected ones included
+
+
+def test_ingest_rejects_oversized_messages_by_the_receiver_cap(writer: SessionWriter) -> None:
+    session = Session()
+    data = encode(_report(1))
+    ingest(session, [data], writer=writer, max_message_bytes=len(data) - 1)
+    assert session.rejected == Counter({"oversized": 1})
+    assert session.reports == {}
+
+
+def test_session_file_returns_every_raw_message_in_arrival_order(writer: SessionWriter) -> None:
+    raw = _mixed_messages()
+    before = time.time()
+    ingest(Session(), raw, writer=writer)
+    ingest(Session(), [encode(_report(9))], writer=writer)
+    writer.close()
+    records = list(read_session_file(writer.path))
+    assert [data for _, data in records] == [*raw, encode(_report(9))]
+    times = [received for received, _ in records]
+    assert times == sorted(times) and all(t >= before - 1 for t in times)
+
+
+@pytest.mark.parametrize("cut", [3, 12, 20], ids=["inside-header", "header-only", "inside-body"])
+def test_session_file_stops_cleanly_at_a_cut_short_last_record(writer: SessionWriter, cut: int) -> None:
+    raw = _mixed_messages()
+    for data in raw:
+        writer.append(data, 1.0)
+    writer.append(encode(_report(4)), 2.0)
+    writer.close()
+    whole = writer.path.read_bytes()
+    last_record = 12 + len(encode(_report(4)))
+    writer.path.write_bytes(whole[: len(whole) - last_record + cut])  # a crash mid-write
+
+    assert [data for _, data in read_session_file(writer.path)] == raw
+
+
+def test_session_writer_appends_to_an_existing_file(tmp_path: Path) -> None:
+    path = tmp_path / SESSION_FILE_NAME
+    for payload in (b"first", b"second"):
+        session_writer = SessionWriter(path)
+        session_writer.append(payload, 1.0)
+        session_writer.close()
+    assert [data for _, data in read_session_file(path)] == [b"first", b"second"]
+
+
+def test_empty_session_file_reads_as_no_records(tmp_path: Path) -> None:
+    path = tmp_path / SESSION_FILE_NAME
+    path.write_bytes(b"")
+    assert list(read_session_file(path)) == []
+

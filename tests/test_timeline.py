@@ -1,0 +1,417 @@
+"""A rank's timeline: spans land in the right step, asynchronous work ends when it completes,
+and a step report waits until every mark of its step has resolved."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+import instrumented_ddp
+from instrumented_ddp import timeline as timeline_module
+from instrumented_ddp.protocol import COMM_KINDS, Span, StepReport
+from instrumented_ddp.timeline import CudaEventClock, HostClock, StepTimeline
+
+
+class FakeHostTime:
+    """Stands in for the ``time`` module inside ``instrumented_ddp.timeline``: the test sets the clock."""
+
+    def __init__(self, now: float = 0.0) -> None:
+        self.now = now
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def host_time(monkeypatch: pytest.MonkeyPatch) -> FakeHostTime:
+    fake = FakeHostTime()
+    monkeypatch.setattr(timeline_module, "time", fake)
+    return fake
+
+
+class FakeFuture:
+    """Keeps the callbacks so the test decides when the collective completes."""
+
+    def __init__(self) -> None:
+        self.callbacks: list[Callable[[Any], Any]] = []
+
+    def add_done_callback(self, callback: Callable[[Any], Any]) -> None:
+        self.callbacks.append(callback)
+
+    def then(self, callback: Callable[[Any], Any]) -> FakeFuture:
+        self.callbacks.append(callback)
+        return FakeFuture()
+
+    def fire(self) -> None:
+        for callback in self.callbacks:
+            callback(self)
+
+
+class FakeWork:
+    def __init__(self, duration_ms: float | None = None) -> None:
+        self.future = FakeFuture()
+        self.duration_ms = duration_ms
+
+    def get_future(self) -> FakeFuture:
+        return self.future
+
+    def _get_duration(self) -> float:
+        if self.duration_ms is None:
+            raise RuntimeError("TORCH_NCCL_ENABLE_TIMING is not set")
+        return self.duration_ms
+
+
+def _only_report(timeline: StepTimeline) -> StepReport:
+    reports = timeline.completed_reports()
+    assert len(reports) == 1, reports
+    return reports[0]
+
+
+def _kinds(report: StepReport, kind: str) -> list[Span]:
+    return [span for span in report.spans if span.kind == kind]
+
+
+def _inside(inner: Span, outer: Span) -> bool:
+    return outer.start <= inner.start and inner.end <= outer.end
+
+
+# -- HostClock -----------------------------------------------------------------------------------
+
+
+def test_synchronous_collective_is_a_blocking_span_ending_at_close(host_time: FakeHostTime) -> None:
+    timeline = StepTimeline(rank=3, clock=HostClock())
+    host_time.now = 1.0
+    timeline.begin_step(5, "hook", {})
+    host_time.now = 2.0
+    span = timeline.open_collective("all_reduce", 40, "p0", "float32", blocking=True)
+    host_time.now = 3.0
+    timeline.close_collective(span, None)
+    host_time.now = 4.0
+    timeline.end_step(samples=8, tokens=64)
+
+    report = _only_report(timeline)
+    assert report.spans == [Span("all_reduce", 2.0, 3.0, True, 40, "p0", "float32")]
+    assert (report.rank, report.step, report.start, report.end) == (3, 5, 1.0, 4.0)
+
+
+def test_asynchronous_collective_holds_its_step_until_the_callback_fires(host_time: FakeHostTime) -> None:
+    timeline = StepTimeline(rank=0, clock=HostClock())
+    host_time.now = 1.0
+    timeline.begin_step(1, "async", {})
+    host_time.now = 2.0
+    span = timeline.open_collective("all_reduce", 400, "p1", "float32", blocking=False)
+    work = FakeWork()
+    host_time.now = 2.5
+    timeline.close_collective(span, work)
+    host_time.now = 4.0
+    timeline.end_step(samples=1, tokens=1)
+
+    assert timeline.completed_reports() == []
+    assert timeline.has_pending()
+    host_time.now = 7.0
+    work.future.fire()
+
+    report = _only_report(timeline)
+    assert report.spans == [Span("all_reduce", 2.0, 7.0, False, 400, "p1", "float32")]
+    assert not timeline.has_pending()
+
+
+def test_asynchronous_collective_end_with_the_real_host_clock_is_the_callback_time() -> None:
+    timeline = StepTimeline(rank=0)
+    timeline.begin_step(1, "async", {})
+    span = timeline.open_collective("all_reduce", 4, "p0", "float32", blocking=False)
+    work = FakeWork()
+    timeline.close_collective(span, work)
+    timeline.end_step(samples=1, tokens=1)
+    before_fire = time.perf_counter()
+    work.future.fire()
+    (collective,) = _only_report(timeline).spans
+    assert collective.start < before_fire <= collective.end
+
+
+def test_phases_nest_with_their_collectives(host_time: FakeHostTime) -> None:
+    timeline = StepTimeline(rank=0, clock=HostClock())
+    timeline.begin_step(1, "hook", {})
+    host_time.now = 1.0
+    with timeline.phase("backward"):
+        host_time.now = 2.0
+        span = timeline.open_collective("all_reduce", 4, "p0", "float32", blocking=True)
+        host_time.now = 3.0
+        timeline.close_collective(span, None)
+        with timeline.phase("wait", blocking=True):
+            host_time.now = 4.0
+        host_time.now = 5.0
+    host_time.now = 6.0
+    timeline.end_step(samples=1, tokens=1)
+
+    report = _only_report(timeline)
+    (backward,) = _kinds(report, "backward")
+    (all_reduce,) = _kinds(report, "all_reduce")
+    (wait,) = _kinds(report, "wait")
+    assert (backward.start, backward.end, backward.blocking) == (1.0, 5.0, False)
+    assert (wait.start, wait.end, wait.blocking) == (3.0, 4.0, True)
+    assert _inside(all_reduce, backward) and _inside(wait, backward)
+
+
+def test_phase_is_recorded_even_when_its_body_raises(host_time: FakeHostTime) -> None:
+    timeline = StepTimeline(rank=0, clock=HostClock())
+    timeline.begin_step(1, "simple", {})
+    with pytest.raises(RuntimeError), timeline.phase("forward"):
+        host_time.now = 1.0
+        raise RuntimeError("out of memory")
+    timeline.end_step(samples=1, tokens=1)
+    assert [span.kind for span in _only_report(timeline).spans] == ["forward"]
+
+
+def test_spans_before_begin_step_join_the_next_step_and_widen_its_window(host_time: FakeHostTime) -> None:
+    timeline = StepTimeline(rank=0, clock=HostClock())
+    host_time.now = 0.5
+    span = timeline.open_collective("broadcast", 1024, "state", "float32", blocking=True)
+    host_time.now = 0.75
+    timeline.close_collective(span, None)
+    host_time.now = 2.0
+    timeline.begin_step(1, "ddp", {})
+    host_time.now = 3.0
+    timeline.end_step(samples=1, tokens=1)
+    host_time.now = 4.0
+    timeline.begin_step(2, "ddp", {})
+    host_time.now = 5.0
+    timeline.end_step(samples=1, tokens=1)
+
+    first, second = timeline.completed_reports()
+    assert first.spans == [Span("broadcast", 0.5, 0.75, True, 1024, "state", "float32")]
+    assert (first.start, first.end) == (0.5, 3.0)
+    assert second.spans == [] and (second.start, second.end) == (4.0, 5.0)
+
+
+def test_excluded_loss_samples_and_settings_reach_the_report(host_time: FakeHostTime) -> None:
+    timeline = StepTimeline(rank=1, clock=HostClock())
+    settings = {"bucket_mb": 25.0}
+    timeline.begin_step(9, "ddp", settings)
+    settings["bucket_mb"] = 1.0  # the report keeps the settings of its own step
+    timeline.end_step(samples=16, tokens=2048, loss=torch.tensor(2.5), excluded=True)
+
+    report = _only_report(timeline)
+    assert report.excluded is True
+    assert type(report.loss) is float and report.loss == 2.5
+    assert (report.samples, report.tokens, report.strategy, report.settings) == (16, 2048, "ddp", {"bucket_mb": 25.0})
+
+
+def test_step_without_loss_reports_none(host_time: FakeHostTime) -> None:
+    timeline = StepTimeline(rank=0, clock=HostClock())
+    timeline.begin_step(1, "simple", {})
+    timeline.end_step(samples=1, tokens=1)
+    report = _only_report(timeline)
+    assert report.loss is None and report.excluded is False
+
+
+def test_reports_come_out_oldest_first_and_a_held_step_holds_the_later_ones(host_time: FakeHostTime) -> None:
+    timeline = StepTimeline(rank=0, clock=HostClock())
+    works = []
+    for step in (1, 2, 3):
+        host_time.now = float(step)
+        timeline.begin_step(step, "async", {})
+        span = timeline.open_collective("all_reduce", 4, "p0", "float32", blocking=False)
+        work = FakeWork()
+        timeline.close_collective(span, work)
+        works.append(work)
+        host_time.now = step + 0.5
+        timeline.end_step(samples=1, tokens=1)
+
+    works[2].future.fire()
+    works[1].future.fire()
+    assert timeline.completed_reports() == []  # step 1 still in flight
+    works[0].future.fire()
+    assert [report.step for report in timeline.completed_reports()] == [1, 2, 3]
+    assert timeline.completed_reports() == []
+
+
+def test_end_step_without_begin_step_reports_nothing(host_time: FakeHostTime) -> None:
+    timeline = StepTimeline(rank=0, clock=HostClock())
+    timeline.end_step(samples=1, tokens=1)
+    assert timeline.completed_reports() == [] and not timeline.has_pending()
+
+
+# -- CudaEventClock with a fake torch ----------------------------------------------------------------
+
+
+class FakeGpu:
+    """A GPU clock in milliseconds; events recorded after ``completed_ms`` have not happened yet."""
+
+    def __init__(self) -> None:
+        self.now_ms = 0.0
+        self.completed_ms = float("inf")
+        self.events: list[FakeEvent] = []
+
+
+class FakeEvent:
+    def __init__(self, gpu: FakeGpu, enable_timing: bool = False) -> None:
+        assert enable_timing, "events must be created with enable_timing=True"
+        self.gpu = gpu
+        self.at_ms: float | None = None
+
+    def record(self) -> None:
+        self.at_ms = self.gpu.now_ms
+        self.gpu.events.append(self)
+
+    def query(self) -> bool:
+        assert self.at_ms is not None
+        return self.at_ms <= self.gpu.completed_ms
+
+    def elapsed_time(self, other: FakeEvent) -> float:
+        assert self.query() and other.query(), "elapsed_time on an event that has not completed"
+        return other.at_ms - self.at_ms
+
+
+@pytest.fixture
+def gpu() -> FakeGpu:
+    return FakeGpu()
+
+
+@pytest.fixture
+def cuda_timeline(gpu: FakeGpu, host_time: FakeHostTime) -> StepTimeline:
+    fake_torch = SimpleNamespace(cuda=SimpleNamespace(Event=lambda enable_timing=False: FakeEvent(gpu, enable_timing)))
+    return StepTimeline(rank=0, clock=CudaEventClock(fake_torch))
+
+
+def test_cuda_step_stays_pending_until_its_events_complete(cuda_timeline: StepTimeline, gpu: FakeGpu, host_time: FakeHostTime) -> None:
+    host_time.now = 100.0
+    gpu.now_ms = 0.0
+    cuda_timeline.begin_step(1, "bucket", {})
+    gpu.now_ms = 5.0
+    with cuda_timeline.phase("forward"):
+        host_time.now = 100.001  # the host runs ahead; only the GPU times count
+        gpu.now_ms = 30.0
+    gpu.now_ms = 42.0
+    cuda_timeline.end_step(samples=1, tokens=1)
+
+    gpu.completed_ms = 30.0  # the step's end event has not run yet
+    assert cuda_timeline.completed_reports() == []
+    assert cuda_timeline.has_pending()
+    gpu.completed_ms = 42.0
+
+    report = _only_report(cuda_timeline)
+    (forward,) = report.spans
+    assert forward.start == pytest.approx(100.005) and forward.end == pytest.approx(100.030)
+    assert report.start == pytest.approx(100.0) and report.end == pytest.approx(100.042)
+
+
+def test_cuda_collective_starts_at_its_end_minus_the_nccl_duration(cuda_timeline: StepTimeline, gpu: FakeGpu, host_time: FakeHostTime) -> None:
+    host_time.now = 50.0
+    cuda_timeline.begin_step(1, "bucket", {})
+    gpu.now_ms = 1.0
+    span = cuda_timeline.open_collective("all_reduce", 1 << 20, "b0", "float32", blocking=False)
+    work = FakeWork(duration_ms=2.0)
+    cuda_timeline.close_collective(span, work)
+    gpu.now_ms = 8.0
+    cuda_timeline.end_step(samples=1, tokens=1)
+    assert cuda_timeline.completed_reports() == []  # no completion yet
+
+    gpu.now_ms = 10.0  # the event recorded in the future's callback runs after NCCL finished
+    work.future.fire()
+    (collective,) = _only_report(cuda_timeline).spans
+    assert collective.end == pytest.approx(50.010)
+    assert collective.start == pytest.approx(50.008)  # not the issue time (50.001): queueing excluded
+    assert (collective.blocking, collective.nbytes, collective.tag) == (False, 1 << 20, "b0")
+
+
+def test_cuda_collective_without_nccl_timing_starts_at_issue(cuda_timeline: StepTimeline, gpu: FakeGpu, host_time: FakeHostTime) -> None:
+    host_time.now = 50.0
+    cuda_timeline.begin_step(1, "bucket", {})
+    gpu.now_ms = 1.0
+    span = cuda_timeline.open_collective("all_reduce", 64, "b0", "float32", blocking=False)
+    work = FakeWork(duration_ms=None)  # _get_duration raises
+    cuda_timeline.close_collective(span, work)
+    gpu.now_ms = 10.0
+    work.future.fire()
+    gpu.now_ms = 12.0
+    cuda_timeline.end_step(samples=1, tokens=1)
+
+    (collective,) = _only_report(cuda_timeline).spans
+    assert collective.start == pytest.approx(50.001) and collective.end == pytest.approx(50.010)
+
+
+def test_cuda_collective_whose_completion_event_is_still_running_holds_the_step(cuda_timeline: StepTimeline, gpu: FakeGpu, host_time: FakeHostTime) -> None:
+    cuda_timeline.begin_step(1, "bucket", {})
+    span = cuda_timeline.open_collective("all_reduce", 64, "b0", "float32", blocking=False)
+    work = FakeWork(duration_ms=1.0)
+    cuda_timeline.close_collective(span, work)
+    gpu.now_ms = 5.0
+    cuda_timeline.end_step(samples=1, tokens=1)
+    gpu.now_ms = 9.0
+    work.future.fire()
+    gpu.completed_ms = 6.0
+    assert cuda_timeline.completed_reports() == []
+    gpu.completed_ms = 9.0
+    (collective,) = _only_report(cuda_timeline).spans
+    assert collective.end == pytest.approx(0.009) and collective.start == pytest.approx(0.008)
+
+
+# -- a real strategy on a one-rank gloo group ---------------------------------------------------------
+
+
+@pytest.fixture
+def one_rank_group() -> Iterator[None]:
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def _run_one_step(strategy: str) -> tuple[StepReport, int]:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    trainable = sum(1 for p in model.parameters() if p.requires_grad)
+    timeline = StepTimeline(0)
+    wrapped = instrumented_ddp.wrap(model, strategy, timeline=timeline)
+    try:
+        timeline.begin_step(1, wrapped.name, wrapped.settings)
+        loss = wrapped(torch.randn(5, 4)).pow(2).mean()
+        with timeline.phase("backward"):
+            loss.backward()
+        wrapped.finish_gradient_sync()
+        timeline.end_step(samples=5, tokens=0, loss=loss.detach())
+        reports: list[StepReport] = []
+        deadline = time.monotonic() + 10.0
+        while not reports and time.monotonic() < deadline:  # gloo's callbacks fire on its own threads
+            reports = timeline.completed_reports()
+            time.sleep(0.001)
+        assert len(reports) == 1
+        return reports[0], trainable
+    finally:
+        instrumented_ddp.unwrap(wrapped)
+
+
+def test_hook_strategy_reports_one_blocking_all_reduce_per_parameter_inside_backward(one_rank_group: None) -> None:
+    report, trainable = _run_one_step("hook")
+    (backward,) = _kinds(report, "backward")
+    all_reduces = _kinds(report, "all_reduce")
+    assert len(all_reduces) == trainable
+    assert sorted(span.tag for span in all_reduces) == sorted(f"p{i}" for i in range(trainable))
+    assert all(span.blocking for span in all_reduces)
+    assert all(_inside(span, backward) for span in all_reduces)
+    assert {span.dtype for span in all_reduces} == {"float32"} and all(span.nbytes > 0 for span in all_reduces)
+    # The wrap-time broadcast happened before the step and is reported with it.
+    assert [span.tag for span in _kinds(report, "broadcast")] == ["state"]
+    assert report.loss is not None and report.start <= min(span.start for span in report.spans)
+
+
+def test_async_strategy_reports_non_blocking_all_reduces_and_a_blocking_wait(one_rank_group: None) -> None:
+    report, trainable = _run_one_step("async")
+    (backward,) = _kinds(report, "backward")
+    all_reduces = _kinds(report, "all_reduce")
+    assert len(all_reduces) == trainable
+    assert not any(span.blocking for span in all_reduces)
+    assert all(backward.start <= span.start <= backward.end for span in all_reduces)  # issued during backward
+    waits = _kinds(report, "wait")
+    assert len(waits) == 1 and waits[0].blocking
+    assert waits[0].start >= backward.end
+    assert all(span.kind in {"forward", "backward", "wait", *COMM_KINDS} for span in report.spans)

@@ -54,6 +54,7 @@ class NvmlReader:
         self._nvml = nvml
         nvml.nvmlInit()
         self._handle = nvml.nvmlDeviceGetHandleByIndex(device_index)
+        self._nvlink_last: dict[int, tuple[float, float]] = {}  # field -> (KiB so far, when)
 
     def read(self) -> dict[str, float]:
         nvml, handle = self._nvml, self._handle
@@ -77,10 +78,17 @@ class NvmlReader:
         return readings
 
     def _nvlink_throughput(self, field_id: int) -> float:
+        """NVML's NVLink throughput fields are running KiB totals: the rate is their difference
+        over time, so the first read has no rate yet (absent)."""
         (value,) = self._nvml.nvmlDeviceGetFieldValues(self._handle, [field_id])
         if value.nvmlReturn != self._nvml.NVML_SUCCESS:
             raise self._nvml.NVMLError(value.nvmlReturn)
-        return float(value.value.ullVal) * 1024.0  # KiB/s
+        total_kib, now = float(value.value.ullVal), time.monotonic()
+        previous = self._nvlink_last.get(field_id)
+        self._nvlink_last[field_id] = (total_kib, now)
+        if previous is None or now <= previous[1]:
+            raise self._nvml.NVMLError(self._nvml.NVML_ERROR_NOT_SUPPORTED)
+        return (total_kib - previous[0]) * 1024.0 / (now - previous[1])
 
 
 def make_reader(device_type: str, device_index: int | None) -> CpuReader | NvmlReader:

@@ -174,15 +174,18 @@ def decode(data: bytes, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Envelope:
     except msgpack.ExtraData:
         raise ProtocolError("garbage", "trailing bytes after the message") from None
     except (ValueError, msgpack.UnpackException) as error:
-        category = "truncated" if "incomplete" in str(error).lower() or isinstance(error, msgpack.OutOfData) else "garbage"
+        # msgpack caps a container's declared length at the buffer's: a short prefix says "exceeds".
+        text = str(error).lower()
+        category = "truncated" if "incomplete" in text or "exceeds max_" in text or isinstance(error, msgpack.OutOfData) else "garbage"
         raise ProtocolError(category, f"not msgpack ({type(error).__name__})") from None
     except Exception as error:  # msgpack raises assorted types on hostile input
         raise ProtocolError("garbage", f"not msgpack ({type(error).__name__})") from None
     if not isinstance(raw, dict):
         raise ProtocolError("garbage", "message is not a map")
-    if raw.get("v") != PROTOCOL_VERSION:
+    if not _is_int(raw.get("v")) or raw.get("v") != PROTOCOL_VERSION:
         raise ProtocolError("wrong_version", f"version {raw.get('v')!r}, expected {PROTOCOL_VERSION}")
-    cls = MESSAGE_TYPES.get(raw.get("type"))  # type: ignore[arg-type]
+    kind = raw.get("type")
+    cls = MESSAGE_TYPES.get(kind) if isinstance(kind, str) else None
     if cls is None:
         raise ProtocolError("invalid", f"unknown message type {raw.get('type')!r}")
     body = raw.get("body")
@@ -222,6 +225,8 @@ def _build(cls: type, body: dict[str, Any]) -> Message:
             raise ProtocolError("invalid", "step ends before it starts")
         if values["step"] < 0 or values["samples"] < 0 or values["tokens"] < 0:
             raise ProtocolError("invalid", "negative step, samples or tokens")
+    if cls is Hello:
+        values["parameter_layout"] = [_layout_row(row) for row in values.get("parameter_layout", [])]
     if "rank" in values and values["rank"] < 0:
         raise ProtocolError("invalid", "negative rank")
     try:
@@ -253,6 +258,12 @@ def _check_field(cls: type, name: str, value: Any) -> None:
     if name == "loss" and isinstance(value, float):  # a NaN loss is real news, not a bad message
         return
     raise ProtocolError("invalid", f"{cls.TYPE}.{name} has a bad value {value!r:.40}")
+
+
+def _layout_row(row: Any) -> tuple[str, int, str]:
+    if not (isinstance(row, (list, tuple)) and len(row) == 3 and isinstance(row[0], str) and _is_int(row[1]) and isinstance(row[2], str)):
+        raise ProtocolError("invalid", "a parameter layout row is [name, numel, dtype]")
+    return (row[0], row[1], row[2])
 
 
 def _span(item: Any) -> Span:

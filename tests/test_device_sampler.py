@@ -99,11 +99,6 @@ def test_everything_supported_gives_every_reading_in_its_unit() -> None:
     assert readings["nvlink_tx_bytes_per_s"] >= 0 and readings["nvlink_rx_bytes_per_s"] >= 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX/RX are cumulative KiB counters; NvmlReader reports "
-    "the running total x 1024 as a per-second rate instead of differencing successive reads",
-)
 def test_idle_nvlink_counter_reads_as_no_throughput() -> None:
     nvml = FakeNvml()
     reader = NvmlReader(0, nvml=nvml)

@@ -75,7 +75,8 @@ class NativeDDP(DataParallelStrategy):
         object.__delattr__(self, "ddp")
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        return self.ddp(*args, **kwargs)
+        with self.timeline.phase("forward"):
+            return self.ddp(*args, **kwargs)
 
     @contextmanager
     def no_sync(self) -> Iterator[None]:

@@ -9,6 +9,7 @@ Reports wait in ``pending`` until every mark of their step has resolved.
 
 from __future__ import annotations
 
+import heapq
 import threading
 import time
 from collections import deque
@@ -32,8 +33,13 @@ class HostClock:
     """CPU/gloo: ``perf_counter`` now; a collective's end from its future's completion callback.
 
     The callback runs on a gloo thread (or at once, if the work already finished): it only
-    stamps the time, which is thread-safe under the GIL.
+    stamps the time, which is thread-safe under the GIL. Gloo has no per-work start time, and a
+    collective issued while gloo's worker threads are busy waits in its queue: see
+    ``StepTimeline._start_when_a_worker_was_free``.
     """
+
+    #: ProcessGroupGloo's worker threads (its default): collectives run this many at a time, FIFO.
+    worker_threads = 2
 
     def begin_step(self) -> None:
         pass
@@ -49,6 +55,7 @@ class HostClock:
 
 
 class CudaEventClock:
+    worker_threads = None  # NCCL reports each collective's own duration
     """GPU: CUDA events on the current stream, converted to the host clock against a reference
     event recorded at each step's start. A collective's end is an event recorded inside
     ``work.get_future().then(...)``, whose stream has already waited for NCCL; its start is the
@@ -199,12 +206,30 @@ class StepTimeline:
             if pending.duration is not None:
                 span_start = span_end - pending.duration
             spans.append(Span(pending.kind, span_start, max(span_start, span_end), pending.blocking, pending.nbytes, pending.tag, pending.dtype))
+        workers = getattr(self.clock, "worker_threads", None)
+        if workers:
+            spans = self._start_when_a_worker_was_free(spans, workers)
         first = min([start, *(s.start for s in spans)])
         loss = None if step.loss is None else float(step.loss)
         return StepReport(
             rank=self.rank, step=step.step, strategy=step.strategy, settings=step.settings, start=first,
             end=max(end, first), spans=spans, samples=step.samples, tokens=step.tokens, loss=loss, excluded=step.excluded,
         )
+
+
+    @staticmethod
+    def _start_when_a_worker_was_free(spans: list[Span], workers: int) -> list[Span]:
+        """A collective starts when it is issued or when one of gloo's FIFO workers frees up,
+        whichever is later: replaying the queue over the completion stamps gives that time, so
+        the span measures the transfer, not the queueing behind earlier buckets."""
+        free_at = [float("-inf")] * workers
+        adjusted = list(spans)
+        for index in sorted((i for i, s in enumerate(spans) if s.kind in ("all_reduce", "broadcast")), key=lambda i: spans[i].start):
+            span = spans[index]
+            start = min(max(span.start, heapq.heappop(free_at)), span.end)
+            heapq.heappush(free_at, span.end)
+            adjusted[index] = span._replace(start=start)
+        return adjusted
 
 
 class NullTimeline:

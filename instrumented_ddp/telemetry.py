@@ -40,8 +40,10 @@ class TelemetryPublisher:
     ) -> None:
         self.address = address
         self.hello = hello
-        self.dropped = 0
+        self.dropped = 0  # discarded while a dashboard was (or had been) connected: reported
+        self.unsent_before_connect = 0  # nobody was listening yet: not a loss anyone saw
         self.sent = 0
+        self._ever_connected = False
         self._seq = 0
         self._queue: queue.Queue[Message | None] = queue.Queue(maxsize=queue_size)
         self._current_step = current_step
@@ -118,6 +120,7 @@ class TelemetryPublisher:
         while self._monitor.poll(0):
             event = recv_monitor_message(self._monitor)
             connected = connected or event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED
+        self._ever_connected = self._ever_connected or connected
         return connected
 
     def _send(self, message: Message) -> None:
@@ -127,7 +130,10 @@ class TelemetryPublisher:
             self._socket.send(data, zmq.NOBLOCK)
             self.sent += 1
         except zmq.Again:
-            self.dropped += 1
+            if self._ever_connected:
+                self.dropped += 1
+            else:
+                self.unsent_before_connect += 1
         except zmq.ZMQError:  # the context is going away at exit
             self.dropped += 1
 

@@ -11,8 +11,21 @@ from instrumented_ddp.protocol import DEFAULT_ADDRESS, DEFAULT_MAX_MESSAGE_BYTES
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ddpwatch", description="Watch PyTorch data-parallel training, rank by rank.")
+    parser = argparse.ArgumentParser(
+        prog="ddpwatch", description="Watch PyTorch data-parallel training, rank by rank. With no COMMAND: the live dashboard.")
+    parser.add_argument("--listen", default=DEFAULT_ADDRESS, help=f"address to listen on (default {DEFAULT_ADDRESS})")
+    parser.add_argument("--out", type=Path, help="session directory (default ddpwatch-sessions/<time>)")
+    parser.add_argument("--max-message-bytes", type=int, default=DEFAULT_MAX_MESSAGE_BYTES)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    replay = commands.add_parser("replay", help="play a recorded session through the dashboard")
+    replay.add_argument("session", type=Path, help="a session directory (or its session file)")
+    replay.add_argument("--speed", type=float, default=1.0, help="times the recorded pace (0: as fast as possible)")
+
+    demo = commands.add_parser("demo", help="the dashboard plus a 2-process CPU training run it starts itself")
+    demo.add_argument("--steps", type=int, default=2000)
+    demo.add_argument("--nproc", type=int, default=2)
+    demo.add_argument("--strategy", default="simple")
 
     record = commands.add_parser("record", help="record a session headless and write its summary when it ends")
     record.add_argument("--listen", default=DEFAULT_ADDRESS, help=f"address to listen on (default {DEFAULT_ADDRESS})")
@@ -37,14 +50,63 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command is None:
-        parser.print_help()
-        return 0
     try:
-        return COMMANDS[args.command](args)
+        return COMMANDS[args.command or "dashboard"](args)
     except (OSError, ValueError, TimeoutError) as error:
-        print(f"ddpwatch {args.command}: error: {error}", file=sys.stderr)
+        print(f"ddpwatch{' ' + args.command if args.command else ''}: error: {error}", file=sys.stderr)
         return 2
+
+
+def default_session_dir() -> Path:
+    import time
+
+    return Path("ddpwatch-sessions") / time.strftime("%Y%m%d-%H%M%S")
+
+
+def run_dashboard(args: argparse.Namespace) -> int:
+    from .dashboard.app import DashboardApp
+    from .dashboard.feeds import LiveFeed
+    from .session_file import SESSION_FILE_NAME
+
+    out_dir = args.out or default_session_dir()
+    feed = LiveFeed(args.listen, out_dir / SESSION_FILE_NAME, args.max_message_bytes)
+    DashboardApp(feed, out_dir).run()
+    print(f"session recorded in {out_dir}")
+    return 0
+
+
+def run_replay(args: argparse.Namespace) -> int:
+    from .dashboard.app import DashboardApp
+    from .dashboard.feeds import ReplayFeed
+    from .session_file import session_file_in
+
+    path = session_file_in(args.session)
+    if not path.is_file():
+        raise ValueError(f"{args.session} holds no session file")
+    if args.speed < 0:
+        raise ValueError("--speed must be 0 (as fast as possible) or positive")
+    DashboardApp(ReplayFeed(path, args.speed), args.out, export_on_exit=args.out is not None).run()
+    return 0
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    from .dashboard.app import DashboardApp
+    from .dashboard.feeds import LiveFeed
+    from .demo import free_loopback_address, start_training, stop_training
+    from .session_file import SESSION_FILE_NAME
+
+    if args.steps < 1 or args.nproc < 1:
+        raise ValueError("--steps and --nproc must be at least 1")
+    out_dir = args.out or default_session_dir()
+    address = free_loopback_address()
+    feed = LiveFeed(address, out_dir / SESSION_FILE_NAME)
+    training = start_training(address, out_dir / "train.log", args.nproc, args.steps, args.strategy)
+    try:
+        DashboardApp(feed, out_dir).run()
+    finally:
+        stop_training(training)
+    print(f"session recorded in {out_dir} (training output in {out_dir / 'train.log'})")
+    return 0
 
 
 def run_record(args: argparse.Namespace) -> int:
@@ -85,7 +147,8 @@ def run_switch(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"record": run_record, "summary": run_summary, "switch": run_switch}
+COMMANDS = {"dashboard": run_dashboard, "record": run_record, "summary": run_summary, "switch": run_switch,
+            "replay": run_replay, "demo": run_demo}
 
 if __name__ == "__main__":
     sys.exit(main())

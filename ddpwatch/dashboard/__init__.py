@@ -1,0 +1,1 @@
+"""The Textual dashboard: feeds → session → snapshot → widgets."""

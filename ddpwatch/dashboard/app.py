@@ -1,0 +1,209 @@
+"""``ddpwatch``: the live dashboard (also ``replay`` and ``demo``).
+
+A feed thread queues messages; a frame timer (10 fps) folds them into the session, builds one
+snapshot and hands each widget its part. Widgets post messages up (a selected rank); keys and
+the picker turn into switch commands the feed relays to rank 0 until acknowledged.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from pathlib import Path
+
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, VerticalScroll
+from textual.widgets import Footer, TabbedContent, TabPane
+
+from instrumented_ddp.protocol import STRATEGY_NAMES, Ack, Envelope
+
+from ..control import new_command
+from ..exporters import write_exports
+from ..session import Session
+from .feeds import Feed, ReplayFeed
+from .screens.help_screen import HelpScreen
+from .screens.strategy_picker import StrategyPicker, SwitchChoice
+from .snapshot import Snapshot, SnapshotBuilder
+from .widgets.header_bar import HeaderBar
+from .widgets.ranks_table import RanksTable
+from .widgets.segments_table import SegmentsTable
+from .widgets.sparkline_panel import DevicePanel, TrendsPanel
+from .widgets.timeline_view import TimelineView
+from .widgets.warnings_panel import WarningsPanel
+
+FRAME_INTERVAL_S = 0.1
+NOTICE_S = 10.0
+
+
+class DashboardApp(App[None]):
+    CSS_PATH = "dashboard.tcss"
+    TITLE = "ddpwatch"
+    BINDINGS = [
+        Binding("question_mark", "help", "help"),
+        Binding("q", "quit", "quit"),
+        Binding("space", "toggle_pause", "pause", priority=True),
+        Binding("left", "step(-1)", "prev step", priority=True),
+        Binding("right", "step(1)", "next step", priority=True),
+        Binding("end", "follow", "latest"),
+        Binding("s", "pick_strategy", "switch"),
+        *(Binding(str(i + 1), f"switch_to('{name}')", name, show=False) for i, name in enumerate(STRATEGY_NAMES)),
+        Binding("plus", "bucket(2.0)", "bucket×2", show=False),
+        Binding("minus", "bucket(0.5)", "bucket÷2", show=False),
+        Binding("right_square_bracket", "accum(1)", "accum+1", show=False),
+        Binding("left_square_bracket", "accum(-1)", "accum-1", show=False),
+        Binding("e", "export", "export"),
+        Binding("greater_than_sign", "speed(2.0)", "faster", show=False),
+        Binding("less_than_sign", "speed(0.5)", "slower", show=False),
+    ]
+
+    def __init__(self, feed: Feed, out_dir: Path | None = None, frame_interval_s: float = FRAME_INTERVAL_S,
+                 export_on_exit: bool = True) -> None:
+        super().__init__()
+        self.feed = feed
+        self.out_dir = out_dir
+        self.frame_interval_s = frame_interval_s
+        self.export_on_exit = export_on_exit
+        self.session = Session()
+        self.builder = SnapshotBuilder(self.session)
+        self.selected_step: int | None = None  # None: follow the latest step
+        self.selected_rank: int | None = None
+        self.snapshot: Snapshot | None = None
+        self.pending_switches: dict[str, str] = {}
+        self.notices: deque[tuple[float, str]] = deque(maxlen=6)
+        self.frames = 0
+        self.frame_seconds = 0.0
+
+    def compose(self) -> ComposeResult:
+        yield HeaderBar(id="header")
+        with VerticalScroll(id="timeline-box"):
+            yield TimelineView(id="timeline")
+        with Horizontal(id="middle"):
+            yield RanksTable(id="ranks")
+            with TabbedContent(id="side"):
+                with TabPane("Devices", id="devices-tab"):
+                    yield DevicePanel(id="devices")
+                with TabPane("Loss & step time", id="trends-tab"):
+                    yield TrendsPanel(id="trends")
+        yield SegmentsTable(id="segments")
+        yield WarningsPanel(id="warnings")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.feed.start()
+        self.set_interval(self.frame_interval_s, self.refresh_frame)
+
+    def on_unmount(self) -> None:
+        self.feed.stop()
+        if self.export_on_exit and self.out_dir is not None and self.session.reports:
+            write_exports(self.session, self.out_dir)
+
+    # -- the frame ---------------------------------------------------------------------------------
+    def refresh_frame(self) -> None:
+        started = time.perf_counter()
+        for item in self.feed.drain():
+            if isinstance(item, Envelope):
+                self.session.ingest(item)
+                if isinstance(item.message, Ack):
+                    self._acknowledged(item.message)
+            else:
+                self.session.reject(item.category)
+        self.snapshot = snapshot = self.builder.build(self.selected_step)
+        self.query_one(HeaderBar).show(snapshot.header, self.feed.description)
+        self.query_one(TimelineView).show(snapshot.timeline, self.selected_rank)
+        self.query_one(RanksTable).show(snapshot.ranks)
+        self.query_one(DevicePanel).show(snapshot.devices)
+        self.query_one(TrendsPanel).show(snapshot.loss, snapshot.step_ms)
+        self.query_one(SegmentsTable).show(snapshot.segments)
+        now = time.monotonic()
+        notices = tuple(text for at, text in self.notices if now - at < NOTICE_S)
+        self.query_one(WarningsPanel).show(snapshot.warnings, notices)
+        self.frames += 1
+        self.frame_seconds += time.perf_counter() - started
+
+    def notify_user(self, text: str) -> None:
+        self.notices.append((time.monotonic(), text))
+
+    def _acknowledged(self, ack: Ack) -> None:
+        strategy = self.pending_switches.pop(ack.command_id, None) if ack.rank == 0 else None
+        if strategy is None:
+            return
+        if ack.applied:
+            self.notify_user(f"every rank switched to {strategy} at step {ack.step}")
+        else:
+            self.notify_user(f"switch to {strategy} refused: {ack.detail}")
+
+    # -- actions -----------------------------------------------------------------------------------
+    def on_ranks_table_rank_selected(self, message: RanksTable.RankSelected) -> None:
+        self.selected_rank = None if self.selected_rank == message.rank else message.rank
+
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen())
+
+    def action_toggle_pause(self) -> None:
+        if self.selected_step is None:
+            self.selected_step = self.session.latest_complete_step()
+        else:
+            self.selected_step = None
+
+    def action_follow(self) -> None:
+        self.selected_step = None
+
+    def action_step(self, delta: int) -> None:
+        steps = sorted(self.session.reports)
+        if not steps:
+            return
+        current = self.selected_step if self.selected_step is not None else self.session.latest_complete_step() or steps[-1]
+        index = min(max(steps.index(current) + delta if current in steps else len(steps) - 1, 0), len(steps) - 1)
+        self.selected_step = steps[index]
+
+    def current_settings(self) -> tuple[str, float | None, int | None]:
+        hello = self.session.ranks[0].hello if 0 in self.session.ranks else None
+        if hello is None:
+            return "", None, None
+        return hello.strategy, hello.settings.get("bucket_mb"), hello.settings.get("grad_accum")
+
+    def request_switch(self, strategy: str, bucket_mb: float | None = None, grad_accum: int | None = None) -> None:
+        if not self.feed.can_switch:
+            self.notify_user("this is a replay: switching needs a live run")
+            return
+        command = new_command(strategy, bucket_mb, grad_accum)
+        self.pending_switches[command.command_id] = strategy
+        self.feed.request_switch(command)
+        settings = ", ".join(f"{k}={v:g}" for k, v in (("bucket_mb", bucket_mb), ("grad_accum", grad_accum)) if v is not None)
+        self.notify_user(f"asked every rank to switch to {strategy}{f' ({settings})' if settings else ''}; waiting for rank 0")
+
+    def action_switch_to(self, strategy: str) -> None:
+        self.request_switch(strategy)
+
+    def action_pick_strategy(self) -> None:
+        strategy, bucket_mb, grad_accum = self.current_settings()
+
+        def chosen(choice: SwitchChoice | None) -> None:
+            if choice is not None:
+                self.request_switch(choice.strategy, choice.bucket_mb, choice.grad_accum)
+
+        self.push_screen(StrategyPicker(strategy, bucket_mb, grad_accum), chosen)
+
+    def action_bucket(self, factor: float) -> None:
+        strategy, bucket_mb, _ = self.current_settings()
+        if strategy:
+            self.request_switch(strategy, bucket_mb=max((bucket_mb or 25.0) * factor, 0.001))
+
+    def action_accum(self, delta: int) -> None:
+        strategy, _, grad_accum = self.current_settings()
+        if strategy and (grad_accum or 1) + delta >= 1:
+            self.request_switch(strategy, grad_accum=(grad_accum or 1) + delta)
+
+    def action_speed(self, factor: float) -> None:
+        if isinstance(self.feed, ReplayFeed):
+            self.feed.speed = min(max(self.feed.speed * factor, 0.125), 64.0)
+            self.notify_user(f"replay speed ×{self.feed.speed:g}")
+
+    def action_export(self) -> None:
+        if self.out_dir is None:
+            self.notify_user("no output directory: start ddpwatch with --out DIR to export")
+            return
+        paths = write_exports(self.session, self.out_dir)
+        screenshot = self.save_screenshot("dashboard.svg", str(self.out_dir))
+        self.notify_user(f"exported {', '.join(p.name for p in paths.values())} and {Path(screenshot).name} to {self.out_dir}")

@@ -1,0 +1,136 @@
+"""Where the dashboard's messages come from: a live socket, a recorded session, or a fixed list.
+
+A feed runs off the UI thread and only queues what it got; the app drains the queue on its
+frame timer, so a flood of messages costs one drain per frame, never one redraw per message.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections import deque
+from pathlib import Path
+
+from instrumented_ddp.protocol import DEFAULT_MAX_MESSAGE_BYTES, Envelope, ProtocolError, SwitchCommand, decode
+
+from ..control import SwitchRelay
+from ..receiver import TelemetryReceiver
+from ..session_file import SessionWriter, read_session_file
+
+Item = Envelope | ProtocolError
+
+
+class Feed:
+    """Queues decoded envelopes (or the errors of rejected messages) for the app to drain."""
+
+    can_switch = False
+
+    def __init__(self) -> None:
+        self._items: deque[Item] = deque()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.description = ""
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name=f"ddpwatch-{type(self).__name__}", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(2.0)
+
+    def drain(self) -> list[Item]:
+        items = []
+        while self._items:
+            items.append(self._items.popleft())
+        return items
+
+    def request_switch(self, command: SwitchCommand) -> None:
+        raise RuntimeError("this feed cannot switch strategies")
+
+    def _decode(self, data: bytes, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Item:
+        try:
+            return decode(data, max_bytes)
+        except ProtocolError as error:
+            return error
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+
+class LiveFeed(Feed):
+    """Listens where ranks send; records every message to the session file; relays switches."""
+
+    can_switch = True
+
+    def __init__(self, address: str, session_file: Path, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> None:
+        super().__init__()
+        self.receiver = TelemetryReceiver(address, max_message_bytes)  # binds now: errors reach the caller
+        self.session_file = session_file
+        self.max_message_bytes = max_message_bytes
+        self._outbox: queue.Queue[SwitchCommand] = queue.Queue()
+        self.relay = SwitchRelay(self.receiver.send)
+        self.description = f"listening on {address} · recording {session_file}"
+
+    def request_switch(self, command: SwitchCommand) -> None:
+        self._outbox.put(command)
+
+    def _run(self) -> None:
+        writer = SessionWriter(self.session_file)
+        try:
+            while not self._stop.is_set():
+                for peer, data in self.receiver.receive(timeout_ms=50):
+                    writer.append(data, time.time())
+                    item = self._decode(data, self.max_message_bytes)
+                    if isinstance(item, Envelope):
+                        self.relay.note(peer, item)
+                        if isinstance(item.message, SwitchCommand):
+                            continue  # a request from `ddpwatch switch`: relayed, not shown
+                    self._items.append(item)
+                while not self._outbox.empty():
+                    self.relay.request(self._outbox.get_nowait())
+                self.relay.tick()
+                writer.flush_if_due()
+        finally:
+            writer.close()
+            self.receiver.close()
+
+
+class ReplayFeed(Feed):
+    """Plays a session file back at its recorded pace times ``speed`` (0 = as fast as possible)."""
+
+    def __init__(self, path: Path, speed: float = 1.0) -> None:
+        super().__init__()
+        self.path = path
+        self.speed = speed
+        self.finished = False
+        self.description = f"replaying {path}"
+
+    def _run(self) -> None:
+        previous: float | None = None
+        for received_at, data in read_session_file(self.path):
+            if self._stop.is_set():
+                return
+            if previous is not None and self.speed > 0:
+                delay = (received_at - previous) / self.speed
+                while delay > 0 and not self._stop.is_set():  # re-read speed while waiting
+                    time.sleep(min(delay, 0.05))
+                    delay -= 0.05
+            previous = received_at
+            self._items.append(self._decode(data))
+        self.finished = True
+
+
+class StaticFeed(Feed):
+    """A fixed list of messages, delivered at once (tests, snapshots)."""
+
+    def __init__(self, messages: list[bytes]) -> None:
+        super().__init__()
+        self._messages = messages
+        self.description = "fixed data"
+
+    def _run(self) -> None:
+        for data in self._messages:
+            self._items.append(self._decode(data))

@@ -1,0 +1,293 @@
+"""What the dashboard shows, computed from a ``Session`` without any UI.
+
+The app folds messages into the session and, ten times a second, asks ``SnapshotBuilder`` for a
+``Snapshot``; widgets only draw it. Segment figures of finished segments are cached and the
+running one is recomputed at most once a second, so a long run does not slow the frame rate.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ddpwatch import metrics
+from ddpwatch.session import Segment, Session
+from instrumented_ddp.protocol import COMM_KINDS, COMPUTE_KINDS, StepReport
+
+SEGMENT_REFRESH_S = 1.0
+STRAGGLER_SHARE = 0.10  # the others waited over this share of the step for one rank
+TREND_POINTS = 120
+
+
+@dataclass(frozen=True)
+class Bar:
+    """One interval on the shared axis, seconds from the step's origin."""
+
+    kind: str
+    start: float
+    end: float
+    label: str = ""
+
+
+@dataclass(frozen=True)
+class RankLanes:
+    rank: int
+    compute: tuple[Bar, ...]
+    communication: tuple[Bar, ...]
+    exposed: tuple[tuple[float, float], ...]  # communication not hidden behind compute
+
+
+@dataclass(frozen=True)
+class TimelineData:
+    step: int
+    strategy: str
+    span_s: float
+    ranks: tuple[RankLanes, ...]
+
+
+@dataclass(frozen=True)
+class HeaderData:
+    session: str
+    world_size: int
+    strategy: str
+    settings: str
+    step: int
+    total_steps: int
+    eta_s: float | None
+    samples_per_s: float
+    following: bool  # the latest step, or a step the user chose
+
+
+@dataclass(frozen=True)
+class RankRow:
+    rank: int
+    host: str
+    device: str
+    status: str
+    step: int
+    step_ms: float | None
+    compute_pct: float | None
+    non_compute_pct: float | None
+    overlap_pct: float | None
+    waited_ms: float | None
+    utilization: str
+    memory: str
+    dropped: int
+
+
+@dataclass(frozen=True)
+class DeviceSeries:
+    rank: int
+    label: str  # says what was measured: "GPU util %" (NVML) or "CPU % (no GPU)"
+    values: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class SegmentRow:
+    label: str
+    steps: str
+    compute_pct: float
+    non_compute_pct: float
+    idle_pct: float
+    overlap_pct: float
+    comm_overhead_pct: float
+    all_reduce_calls: float
+    all_reduce_ms: float
+    step_ms_p50: float
+    samples_per_s: float
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    header: HeaderData
+    timeline: TimelineData | None
+    ranks: tuple[RankRow, ...]
+    devices: tuple[DeviceSeries, ...]
+    loss: tuple[float, ...]
+    step_ms: tuple[float, ...]
+    segments: tuple[SegmentRow, ...]
+    warnings: tuple[str, ...]
+
+
+@dataclass
+class SnapshotBuilder:
+    """Turns the session into a snapshot; keeps the caches that make that cheap."""
+
+    session: Session
+    _segment_rows: dict[int, tuple[float, SegmentRow]] = field(default_factory=dict)
+
+    def build(self, selected_step: int | None = None, now: float | None = None) -> Snapshot:
+        now = time.monotonic() if now is None else now
+        session = self.session
+        latest = session.latest_complete_step()
+        step = selected_step if selected_step in session.reports else latest
+        reports = session.reports.get(step, {}) if step is not None else {}
+        waits = metrics.cross_rank_waits(reports) if reports else {}
+        return Snapshot(
+            header=self._header(step, selected_step is None or selected_step == latest),
+            timeline=timeline_of(step, reports) if reports else None,
+            ranks=tuple(self._rank_row(rank, reports.get(rank), waits.get(rank), now) for rank in sorted(session.ranks)),
+            devices=tuple(self._device_series(rank) for rank in sorted(session.ranks)),
+            loss=self._trend(lambda r: r.loss),
+            step_ms=self._trend(lambda r: 1000 * (r.end - r.start)),
+            segments=tuple(self._segment_row(segment, now) for segment in session.segments),
+            warnings=tuple(self._warnings(step, reports, waits, now)),
+        )
+
+    # -- parts -------------------------------------------------------------------------------------
+    def _header(self, step: int | None, following: bool) -> HeaderData:
+        session = self.session
+        hello = next((s.hello for _, s in sorted(session.ranks.items()) if s.hello), None)
+        current = session.segments[-1] if session.segments else None
+        strategy = current.strategy if current else (hello.strategy if hello else "—")
+        settings = current.label.removeprefix(strategy).strip(" ()") if current else ""
+        rate, step_s = self._recent_rate()
+        total = hello.total_steps if hello else 0
+        done = max((s.last_step for s in session.ranks.values()), default=0)
+        eta = (total - done) * step_s if step_s and total else None
+        return HeaderData(session.session_id or "waiting for a run…", session.world_size, strategy, settings,
+                          step or 0, total, eta, rate, following)
+
+    def _recent_rate(self, window: int = 20) -> tuple[float, float | None]:
+        """Global samples/s and seconds per step over the last ``window`` complete steps."""
+        steps = [s for s in sorted(self.session.reports)[-window:] if len(self.session.reports[s]) >= self.session.world_size]
+        if len(steps) < 2:
+            return 0.0, None
+        walls = [max(r.end - r.start for r in self.session.reports[s].values()) for s in steps]
+        samples = sum(r.samples for s in steps for r in self.session.reports[s].values())
+        wall = sum(walls)
+        return (samples / wall if wall > 0 else 0.0), wall / len(walls)
+
+    def _rank_row(self, rank: int, report: StepReport | None, waited_s: float | None, now: float) -> RankRow:
+        state = self.session.ranks[rank]
+        hello = state.hello
+        figures = metrics.step_figures(report, self.session.world_size) if report is not None else None
+        sample = state.devices[-1] if state.devices else None
+        utilization, memory = describe_device(sample.readings if sample else {}, sample.kind if sample else "")
+        return RankRow(
+            rank=rank, host=hello.host if hello else "?", device=hello.device if hello else "?",
+            status=self.session.status(rank, now), step=state.last_step,
+            step_ms=figures.step_ms if figures else None, compute_pct=figures.compute_pct if figures else None,
+            non_compute_pct=figures.non_compute_pct if figures else None, overlap_pct=figures.overlap_pct if figures else None,
+            waited_ms=waited_s, utilization=utilization, memory=memory,
+            dropped=state.sender_dropped + state.lost_messages,
+        )
+
+    def _device_series(self, rank: int) -> DeviceSeries:
+        samples = list(self.session.ranks[rank].devices)[-TREND_POINTS:]
+        gpu = bool(samples) and samples[-1].kind == "gpu"
+        key = "gpu_util_pct" if gpu else "process_cpu_pct"
+        values = tuple(s.readings[key] for s in samples if key in s.readings)
+        return DeviceSeries(rank, "GPU util %" if gpu else "CPU % (no GPU)", values)
+
+    def _trend(self, value: Any) -> tuple[float, ...]:
+        """Mean over ranks of ``value(report)`` for the latest steps."""
+        points = []
+        for step in sorted(self.session.reports)[-TREND_POINTS:]:
+            values = [v for r in self.session.reports[step].values() if (v := value(r)) is not None and v == v]
+            if values:
+                points.append(sum(values) / len(values))
+        return tuple(points)
+
+    def _segment_row(self, segment: Segment, now: float) -> SegmentRow:
+        closed = segment is not self.session.segments[-1]
+        cached = self._segment_rows.get(segment.index)
+        if cached and cached[1].steps == f"{segment.first_step}-{segment.last_step}" and (closed or now - cached[0] < SEGMENT_REFRESH_S):
+            return cached[1]
+        f = self.session.segment_figures(segment)
+        row = SegmentRow(segment.label, f"{segment.first_step}-{segment.last_step}", f.compute_pct, f.non_compute_pct,
+                         f.idle_pct, f.overlap_pct, f.comm_overhead_pct, f.all_reduce_calls, f.all_reduce_ms,
+                         f.step_ms_p50, f.samples_per_s)
+        self._segment_rows[segment.index] = (now, row)
+        return row
+
+    def _warnings(self, step: int | None, reports: dict[int, StepReport], waits: dict[int, float], now: float) -> list[str]:
+        session, lines = self.session, []
+        desync = metrics.find_desync(reports) if reports else None
+        if desync is not None:
+            counts = ", ".join(f"rank {r}: {c}" for r, c in sorted(desync.calls_per_rank.items()))
+            lines.append(f"DESYNC at step {desync.step}: the ranks issued different all-reduce counts ({counts})")
+        for rank in sorted(session.ranks):
+            if session.status(rank, now) == "lost":
+                silent = now - session.ranks[rank].last_seen
+                lines.append(f"rank {rank} lost: nothing heard from it for {silent:.1f} s")
+        straggler = self._straggler(step)
+        if straggler:
+            lines.append(straggler)
+        dropped = {r: s.sender_dropped for r, s in session.ranks.items() if s.sender_dropped}
+        lost = {r: s.lost_messages for r, s in session.ranks.items() if s.lost_messages}
+        if dropped or lost:
+            parts = [f"rank {r} discarded {n}" for r, n in sorted(dropped.items())]
+            parts += [f"{n} from rank {r} lost in transit" for r, n in sorted(lost.items())]
+            lines.append("telemetry dropped: " + ", ".join(parts) + " (training was not slowed)")
+        rejected = sum(session.rejected.values())
+        if rejected:
+            kinds = ", ".join(f"{n} {k}" for k, n in sorted(session.rejected.items()))
+            lines.append(f"rejected {rejected} malformed message(s): {kinds}")
+        return lines
+
+
+    def _straggler_window(self, step: int | None, window: int = 10) -> list[int]:
+        steps = [s for s in sorted(self.session.reports) if step is None or s <= step]
+        return [s for s in steps[-window:] if len(self.session.reports[s]) >= self.session.world_size > 1]
+
+    def _straggler(self, step: int | None) -> str | None:
+        """Over the last ten steps, one rank the others kept waiting for (a single step is noise)."""
+        steps = self._straggler_window(step)
+        if not steps:
+            return None
+        totals: dict[int, float] = {}
+        wall_ms = 0.0
+        for s in steps:
+            reports = self.session.reports[s]
+            wall_ms += 1000 * max(r.end - r.start for r in reports.values())
+            for rank, waited in metrics.cross_rank_waits(reports).items():
+                totals[rank] = totals.get(rank, 0.0) + waited
+        slow = metrics.straggler(totals)
+        others = [w for r, w in totals.items() if r != slow]
+        if slow is None or not others or min(others) <= STRAGGLER_SHARE * wall_ms:
+            return None
+        return (f"rank {slow} is a straggler: over steps {steps[0]}-{steps[-1]} the others waited "
+                f"{min(others) / len(steps):.1f} ms a step for it ({100 * min(others) / wall_ms:.0f}% of step time)")
+
+
+def timeline_of(step: int, reports: dict[int, StepReport]) -> TimelineData:
+    """All ranks of one step on one axis, aligned at the end of each rank's last all-reduce
+    (every rank leaves it together); ranks without one are aligned at their step start."""
+    anchors = {rank: max((s.end for s in r.spans if s.kind == "all_reduce"), default=None) for rank, r in reports.items()}
+    reference_rank = min(reports)
+    reference = anchors[reference_rank]
+    shift: dict[int, float] = {}
+    for rank, report in reports.items():
+        if reference is not None and anchors[rank] is not None:
+            shift[rank] = reference - anchors[rank]
+        else:
+            shift[rank] = reports[reference_rank].start - report.start
+    origin = min(r.start + shift[rank] for rank, r in reports.items())
+    end = max(r.end + shift[rank] for rank, r in reports.items())
+    lanes = []
+    for rank in sorted(reports):
+        report, offset = reports[rank], shift[rank] - origin
+        compute = tuple(Bar(s.kind, s.start + offset, s.end + offset) for s in report.spans if s.kind in COMPUTE_KINDS)
+        comm = tuple(Bar(s.kind, s.start + offset, s.end + offset, s.tag) for s in report.spans
+                     if s.kind in COMM_KINDS or s.kind == "wait")
+        busy = metrics.subtract(metrics.merge([(b.start, b.end) for b in compute]),
+                                metrics.merge([(s.start + offset, s.end + offset) for s in report.spans if s.blocking]))
+        exposed = metrics.subtract(metrics.merge([(b.start, b.end) for b in comm if b.kind in COMM_KINDS]), busy)
+        lanes.append(RankLanes(rank, compute, comm, tuple(exposed)))
+    return TimelineData(step, next(iter(reports.values())).strategy, max(end - origin, 1e-9), tuple(lanes))
+
+
+def describe_device(readings: dict[str, float], kind: str) -> tuple[str, str]:
+    """(utilization, memory) as the ranks table shows them; what was not measured is '—'."""
+    if kind == "gpu":
+        util = f"GPU {readings['gpu_util_pct']:.0f}%" if "gpu_util_pct" in readings else "GPU —"
+        if "mem_used_bytes" in readings and "mem_total_bytes" in readings:
+            return util, f"{readings['mem_used_bytes'] / 2**30:.1f}/{readings['mem_total_bytes'] / 2**30:.0f} GiB"
+        return util, "—"
+    if not readings:
+        return "—", "—"
+    util = f"CPU {readings['process_cpu_pct']:.0f}%" if "process_cpu_pct" in readings else "CPU —"
+    memory = f"RSS {readings['rss_bytes'] / 2**20:.0f} MiB" if "rss_bytes" in readings else "—"
+    return util, memory

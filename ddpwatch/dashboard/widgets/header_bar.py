@@ -1,0 +1,33 @@
+"""Session, world size, strategy and settings, progress with ETA, global throughput."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.containers import Horizontal
+from textual.widgets import ProgressBar, Static
+
+from ..snapshot import HeaderData
+
+
+def format_eta(seconds: float | None) -> str:
+    if seconds is None:
+        return "ETA —"
+    minutes, secs = divmod(int(round(seconds)), 60)
+    return f"ETA {minutes}:{secs:02d}"
+
+
+class HeaderBar(Horizontal):
+    def compose(self) -> ComposeResult:
+        yield Static(id="header-text")
+        yield ProgressBar(show_eta=False, id="header-progress")
+
+    def show(self, data: HeaderData, source: str) -> None:
+        mode = "live" if data.following else "paused"
+        settings = f" ({data.settings})" if data.settings else ""
+        text = (
+            f"[b]ddpwatch[/b] {data.session} · {data.world_size} rank(s) · [b]{data.strategy}[/b]{settings} · "
+            f"step {data.step}/{data.total_steps or '?'} · {format_eta(data.eta_s)} · "
+            f"{data.samples_per_s:.1f} samples/s\n[i]{mode}[/i] · [dim]{source}[/dim]"
+        )
+        self.query_one("#header-text", Static).update(text)
+        self.query_one("#header-progress", ProgressBar).update(total=data.total_steps or None, progress=data.step)

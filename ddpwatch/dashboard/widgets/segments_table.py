@@ -1,0 +1,29 @@
+"""The seed blog's comparison table, one row per segment, filling in live."""
+
+from __future__ import annotations
+
+from textual.widgets import DataTable
+
+from ..snapshot import SegmentRow
+
+COLUMNS = ("segment", "steps", "Compute%", "Non_Compute%", "Idle%", "Overlap%", "Comm_overhead%",
+           "all_reduce/step", "all_reduce_ms", "step ms p50", "samples/s")
+
+
+class SegmentsTable(DataTable):
+    def on_mount(self) -> None:
+        self.cursor_type = "row"
+        self.add_columns(*COLUMNS)
+
+    def show(self, rows: tuple[SegmentRow, ...]) -> None:
+        cells = [[r.label, r.steps, *(f"{v:.2f}" for v in (r.compute_pct, r.non_compute_pct, r.idle_pct, r.overlap_pct,
+                  r.comm_overhead_pct)), f"{r.all_reduce_calls:.1f}", f"{r.all_reduce_ms:.1f}", f"{r.step_ms_p50:.1f}",
+                  f"{r.samples_per_s:.1f}"] for r in rows]
+        if self.row_count != len(cells):
+            self.clear()
+            for index, row in enumerate(cells):
+                self.add_row(*row, key=str(index))
+            return
+        for index, row in enumerate(cells):
+            for column, cell in zip(self.columns, row):
+                self.update_cell(str(index), column, cell)

@@ -1,0 +1,49 @@
+"""Labelled sparklines: device utilization per rank, and loss and step time over steps."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.containers import VerticalScroll
+from textual.widgets import Label, Sparkline
+
+from ..snapshot import DeviceSeries
+
+
+class SparklineRow(VerticalScroll):
+    """A label with the latest value over a sparkline."""
+
+    DEFAULT_CSS = "SparklineRow { height: 3; }"
+
+    def compose(self) -> ComposeResult:
+        yield Label()
+        yield Sparkline([])
+
+    def show(self, label: str, values: tuple[float, ...], unit: str = "") -> None:
+        latest = f"{values[-1]:.3g}{unit}" if values else "—"
+        low_high = f" (min {min(values):.3g}, max {max(values):.3g})" if values else ""
+        self.query_one(Label).update(f"{label}: [b]{latest}[/b]{low_high}")
+        self.query_one(Sparkline).data = list(values) or [0.0]
+
+
+class DevicePanel(VerticalScroll):
+    """One sparkline per rank: GPU utilization through NVML, or CPU% where there is no GPU."""
+
+    def show(self, series: tuple[DeviceSeries, ...]) -> None:
+        rows = list(self.query(SparklineRow))
+        if len(rows) != len(series):
+            self.remove_children()
+            rows = [SparklineRow() for _ in series]
+            self.mount_all(rows)
+            return  # filled on the next frame, once mounted
+        for row, item in zip(rows, series):
+            row.show(f"rank {item.rank} {item.label}", item.values, "%")
+
+
+class TrendsPanel(VerticalScroll):
+    def compose(self) -> ComposeResult:
+        yield SparklineRow(id="loss-trend")
+        yield SparklineRow(id="step-trend")
+
+    def show(self, loss: tuple[float, ...], step_ms: tuple[float, ...]) -> None:
+        self.query_one("#loss-trend", SparklineRow).show("loss (mean over ranks)", loss)
+        self.query_one("#step-trend", SparklineRow).show("step time", step_ms, " ms")

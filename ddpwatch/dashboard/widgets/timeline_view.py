@@ -1,0 +1,129 @@
+"""Per-rank compute and communication lanes of one step on a shared time axis."""
+
+from __future__ import annotations
+
+from rich.segment import Segment
+from rich.style import Style
+from textual.strip import Strip
+from textual.widget import Widget
+
+from ..snapshot import Bar, RankLanes, TimelineData
+
+LABEL_WIDTH = 11
+STYLES = {
+    "forward": Style(color="rgb(90,140,255)"),
+    "backward": Style(color="rgb(80,200,120)"),
+    "optimizer": Style(color="rgb(200,110,230)"),
+    "hidden": Style(color="rgb(80,200,210)"),
+    "hidden_alt": Style(color="rgb(40,130,150)"),
+    "exposed": Style(color="rgb(255,80,80)", bold=True),
+    "wait": Style(color="rgb(240,200,60)"),
+    "axis": Style(color="rgb(140,140,140)"),
+    "label": Style(color="rgb(200,200,200)"),
+    "selected": Style(color="rgb(255,255,255)", bold=True),
+}
+COMPUTE_PRECEDENCE = ("backward", "forward", "optimizer")
+LEGEND = [("█", "forward", "forward"), ("█", "backward", "backward"), ("█", "optimizer", "optimizer"),
+          ("▆", "hidden", "all-reduce hidden by compute"), ("▆", "exposed", "exposed all-reduce"), ("▁", "wait", "wait")]
+
+
+def _covering(bars: tuple[Bar, ...], start: float, end: float) -> list[tuple[int, Bar]]:
+    return [(i, b) for i, b in enumerate(bars) if b.start < end and b.end > start]
+
+
+class TimelineView(Widget):
+    """Draws one ``Strip`` per line: an axis, then two lanes per rank, then the legend."""
+
+    DEFAULT_CSS = "TimelineView { height: auto; }"
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.data: TimelineData | None = None
+        self.selected_rank: int | None = None
+
+    def show(self, data: TimelineData | None, selected_rank: int | None = None) -> None:
+        changed = data is not self.data or selected_rank != self.selected_rank
+        rows_changed = (data is None) != (self.data is None) or (data and self.data and len(data.ranks) != len(self.data.ranks))
+        self.data, self.selected_rank = data, selected_rank
+        if rows_changed:
+            self.refresh(layout=True)
+        elif changed:
+            self.refresh()
+
+    def get_content_height(self, container, viewport, width: int) -> int:  # noqa: ANN001
+        return 3 + 2 * (len(self.data.ranks) if self.data else 1)
+
+    def render_line(self, y: int) -> Strip:
+        width = self.size.width
+        if self.data is None:
+            return Strip([Segment("waiting for the first complete step…" if y == 0 else "", STYLES["axis"])]).crop(0, width)
+        lanes = 2 * len(self.data.ranks)
+        if y == 0:
+            return self._axis(width)
+        if 1 <= y <= lanes:
+            rank = self.data.ranks[(y - 1) // 2]
+            return self._lane(rank, compute=(y - 1) % 2 == 0, width=width)
+        if y == lanes + 1:
+            return self._legend(width)
+        return Strip.blank(width)
+
+    # -- lines -------------------------------------------------------------------------------------
+    def _columns(self, width: int) -> int:
+        return max(1, width - LABEL_WIDTH - 1)
+
+    def _axis(self, width: int) -> Strip:
+        assert self.data is not None
+        span_ms = 1000 * self.data.span_s
+        columns = self._columns(width)
+        title = f"step {self.data.step} · {self.data.strategy}"
+        ticks = [" "] * columns
+        for fraction in (0.0, 0.25, 0.5, 0.75):
+            text = f"|{span_ms * fraction:.0f}ms"
+            at = int(fraction * columns)
+            for i, ch in enumerate(text):
+                if at + i < columns:
+                    ticks[at + i] = ch
+        end = f"{span_ms:.0f}ms|"
+        for i, ch in enumerate(end):
+            ticks[columns - len(end) + i] = ch
+        return Strip([Segment(title[:LABEL_WIDTH].ljust(LABEL_WIDTH + 1), STYLES["label"]),
+                      Segment("".join(ticks), STYLES["axis"])]).crop(0, width)
+
+    def _lane(self, rank: RankLanes, compute: bool, width: int) -> Strip:
+        assert self.data is not None
+        columns = self._columns(width)
+        step = self.data.span_s / columns
+        label = f"r{rank.rank} compute" if compute else "   comm"
+        label_style = STYLES["selected"] if rank.rank == self.selected_rank else STYLES["label"]
+        segments = [Segment(label.ljust(LABEL_WIDTH) + "│", label_style)]
+        for column in range(columns):
+            start, end = column * step, (column + 1) * step
+            char, style = self._compute_cell(rank, start, end) if compute else self._comm_cell(rank, start, end)
+            segments.append(Segment(char, style))
+        return Strip(segments).simplify().crop(0, width)
+
+    @staticmethod
+    def _compute_cell(rank: RankLanes, start: float, end: float) -> tuple[str, Style]:
+        kinds = {b.kind for _, b in _covering(rank.compute, start, end)}
+        for kind in COMPUTE_PRECEDENCE:
+            if kind in kinds:
+                return "█", STYLES[kind]
+        return " ", STYLES["axis"]
+
+    @staticmethod
+    def _comm_cell(rank: RankLanes, start: float, end: float) -> tuple[str, Style]:
+        covering = _covering(rank.communication, start, end)
+        collectives = [(i, b) for i, b in covering if b.kind != "wait"]
+        if any(s < end and e > start for s, e in rank.exposed):
+            return "▆", STYLES["exposed"]
+        if collectives:  # alternate shades so neighbouring collectives read as separate bars
+            return "▆", STYLES["hidden" if collectives[0][0] % 2 == 0 else "hidden_alt"]
+        if covering:
+            return "▁", STYLES["wait"]
+        return " ", STYLES["axis"]
+
+    def _legend(self, width: int) -> Strip:
+        segments = [Segment(" " * (LABEL_WIDTH + 1))]
+        for char, style, text in LEGEND:
+            segments += [Segment(char, STYLES[style]), Segment(f" {text}  ", STYLES["axis"])]
+        return Strip(segments).crop(0, width)

@@ -1,0 +1,40 @@
+"""``ddpwatch demo``: the dashboard plus a 2-process CPU training run it starts and stops itself."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+TRAIN_SCRIPT = Path(__file__).resolve().parents[1] / "train.py"
+
+
+def free_loopback_address() -> str:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"tcp://127.0.0.1:{sock.getsockname()[1]}"
+
+
+def start_training(address: str, log_path: Path, nproc: int, steps: int, strategy: str) -> subprocess.Popen[bytes]:
+    """torchrun in its own process group (so quitting the dashboard stops every rank), output to a log."""
+    if not TRAIN_SCRIPT.is_file():
+        raise FileNotFoundError(f"{TRAIN_SCRIPT} not found: run the demo from a clone (pip install -e .)")
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+               str(TRAIN_SCRIPT), "--strategy", strategy, "--steps", str(steps), "--watch", address]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    with open(log_path, "wb") as log:
+        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+
+def stop_training(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()

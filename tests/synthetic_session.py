@@ -1,0 +1,53 @@
+"""A small, fixed two-rank session as raw wire messages, for dashboard and export tests."""
+
+from __future__ import annotations
+
+from instrumented_ddp.protocol import DeviceSample, Goodbye, Hello, Span, StepReport, encode
+
+LAYOUT = [(f"layer{i}.weight", 1000, "float32") for i in range(4)]
+
+
+def hello(rank: int, strategy: str = "simple") -> Hello:
+    return Hello(rank=rank, world_size=2, session="fixed-session", host="node-a", pid=100 + rank, device="cpu",
+                 backend="gloo", strategy=strategy, settings={"grad_accum": 1, "bucket_mb": 25.0},
+                 model_parameters=4000, parameter_layout=LAYOUT, total_steps=10, global_batch=8)
+
+
+def step_report(rank: int, step: int, strategy: str) -> StepReport:
+    """simple: four blocking all-reduces after backward; bucket: two async ones inside backward."""
+    t0 = 100.0 + step * 0.2 + rank * 0.003  # rank 1's clock a little off
+    spans = [Span("data", t0, t0 + 0.005), Span("forward", t0 + 0.005, t0 + 0.045)]
+    if strategy == "simple":
+        spans.append(Span("backward", t0 + 0.045, t0 + 0.125))
+        spans += [Span("all_reduce", t0 + 0.125 + 0.01 * i, t0 + 0.134 + 0.01 * i, True, 4000, f"p{i}", "float32") for i in range(4)]
+        end_comm = t0 + 0.165
+    else:
+        spans.append(Span("backward", t0 + 0.045, t0 + 0.135))
+        spans += [Span("all_reduce", t0 + 0.08, t0 + 0.11, False, 8000, "b0", "float32"),
+                  Span("all_reduce", t0 + 0.115, t0 + 0.15, False, 8000, "b1", "float32"),
+                  Span("wait", t0 + 0.135, t0 + 0.15, True)]
+        end_comm = t0 + 0.15
+    spans.append(Span("optimizer", end_comm, end_comm + 0.02))
+    return StepReport(rank=rank, step=step, strategy=strategy, settings={"grad_accum": 1} if strategy == "simple" else {"bucket_mb": 1.0, "grad_accum": 1},
+                      start=t0, end=end_comm + 0.02, spans=spans, samples=4, tokens=256, loss=2.0 - 0.1 * step)
+
+
+def session_messages(steps: int = 10, goodbye: bool = True) -> list[bytes]:
+    messages: list[bytes] = []
+    seq = {0: 0, 1: 0}
+
+    def add(rank: int, message) -> None:  # noqa: ANN001
+        messages.append(encode(message, seq[rank], 0))
+        seq[rank] += 1
+
+    for rank in (0, 1):
+        add(rank, hello(rank))
+    for step in range(1, steps + 1):
+        strategy = "simple" if step <= steps // 2 else "bucket"
+        for rank in (0, 1):
+            add(rank, step_report(rank, step, strategy))
+            add(rank, DeviceSample(rank, 100.0 + step * 0.2, "cpu", {"process_cpu_pct": 40.0 + 5 * step + rank, "host_cpu_pct": 70.0, "rss_bytes": 5e8}))
+    if goodbye:
+        for rank in (0, 1):
+            add(rank, Goodbye(rank, steps))
+    return messages

@@ -1,0 +1,111 @@
+"""The dashboard driven through Textual's pilot: what the widgets hold, keys, and switching."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+import zmq
+
+from ddpwatch.dashboard.app import DashboardApp
+from ddpwatch.dashboard.feeds import LiveFeed, StaticFeed
+from ddpwatch.dashboard.screens.help_screen import HelpScreen
+from ddpwatch.dashboard.widgets.ranks_table import RanksTable
+from ddpwatch.dashboard.widgets.segments_table import SegmentsTable
+from ddpwatch.dashboard.widgets.timeline_view import TimelineView
+from instrumented_ddp.protocol import Ack, Hello, SwitchCommand, decode, encode
+from instrumented_ddp.telemetry import routing_id
+from synthetic_session import hello, session_messages
+
+
+def free_address() -> str:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"tcp://127.0.0.1:{sock.getsockname()[1]}"
+
+
+async def test_widgets_hold_the_fed_session() -> None:
+    app = DashboardApp(StaticFeed(session_messages()), export_on_exit=False)
+    async with app.run_test(size=(160, 50)) as pilot:
+        await pilot.pause(0.4)
+        assert app.query_one(RanksTable).row_count == 2
+        assert app.query_one(SegmentsTable).row_count == 2  # simple, then bucket
+        timeline = app.query_one(TimelineView).data
+        assert timeline is not None and timeline.step == 10 and len(timeline.ranks) == 2
+        assert timeline.strategy == "bucket"
+        segments = app.snapshot.segments
+        assert [s.label.split()[0] for s in segments] == ["simple", "bucket"]
+        assert segments[0].overlap_pct == 0.0 and segments[1].overlap_pct > 0
+        assert segments[0].all_reduce_calls == 4 and segments[1].all_reduce_calls == 2
+        assert {row.status for row in app.snapshot.ranks} == {"finished"}
+
+
+async def test_arrow_keys_walk_back_through_steps_and_end_follows_again() -> None:
+    app = DashboardApp(StaticFeed(session_messages()), export_on_exit=False)
+    async with app.run_test(size=(160, 50)) as pilot:
+        await pilot.pause(0.3)
+        await pilot.press("left", "left")
+        await pilot.pause(0.2)
+        assert app.query_one(TimelineView).data.step == 8
+        assert app.snapshot.header.following is False
+        await pilot.press("end")
+        await pilot.pause(0.2)
+        assert app.query_one(TimelineView).data.step == 10
+
+
+async def test_help_screen_lists_the_keys() -> None:
+    app = DashboardApp(StaticFeed(session_messages()), export_on_exit=False)
+    async with app.run_test(size=(160, 50)) as pilot:
+        await pilot.press("question_mark")
+        await pilot.pause(0.1)
+        assert isinstance(app.screen, HelpScreen)
+        await pilot.press("escape")
+        assert not isinstance(app.screen, HelpScreen)
+
+
+async def test_malformed_messages_are_counted_and_shown() -> None:
+    app = DashboardApp(StaticFeed([b"\xc1garbage", *session_messages(steps=4)]), export_on_exit=False)
+    async with app.run_test(size=(160, 50)) as pilot:
+        await pilot.pause(0.3)
+        assert app.session.rejected["garbage"] == 1
+        assert any("rejected 1 malformed" in w for w in app.snapshot.warnings)
+
+
+@pytest.mark.timeout(60)
+async def test_key_press_sends_the_switch_to_rank_0_and_reports_its_ack(tmp_path) -> None:  # noqa: ANN001
+    address = free_address()
+    feed = LiveFeed(address, tmp_path / "session.ddpwatch")
+    context = zmq.Context()
+    rank0 = context.socket(zmq.DEALER)
+    rank0.setsockopt(zmq.ROUTING_ID, routing_id("fixed-session", 0))
+    rank0.setsockopt(zmq.LINGER, 0)
+    rank0.connect(address)
+    app = DashboardApp(feed, tmp_path, export_on_exit=False)
+    try:
+        async with app.run_test(size=(160, 50)) as pilot:
+            rank0.send(encode(hello(0)))
+            await pilot.pause(0.5)
+            await pilot.press("5")  # bucket
+            command = None
+            deadline = time.monotonic() + 10
+            while command is None and time.monotonic() < deadline:
+                if rank0.poll(100):
+                    command = decode(rank0.recv()).message
+                await pilot.pause(0.05)
+            assert isinstance(command, SwitchCommand) and command.strategy == "bucket"
+            rank0.send(encode(Ack(0, command.command_id, True, 7), seq=1))
+            await pilot.pause(0.5)
+            assert any("switched to bucket at step 7" in text for _, text in app.notices)
+            assert not app.pending_switches
+    finally:
+        context.destroy(linger=0)
+    assert (tmp_path / "session.ddpwatch").stat().st_size > 0  # the live session was recorded
+
+
+def test_dashboard_main_screen_snapshot(snap_compare) -> None:  # noqa: ANN001
+    async def settle(pilot) -> None:  # noqa: ANN001
+        await pilot.pause(0.5)
+
+    app = DashboardApp(StaticFeed(session_messages()), export_on_exit=False)
+    assert snap_compare(app, terminal_size=(160, 48), run_before=settle)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rich.markup import escape
 from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.screen import ModalScreen
@@ -27,7 +28,7 @@ class HelpScreen(ModalScreen[None]):
     BINDINGS = [("escape,question_mark,q", "dismiss", "close")]
 
     def compose(self) -> ComposeResult:
-        rows = "\n".join(f"[b]{key:>8}[/b]  {what}" for key, what in KEYS)
+        rows = "\n".join(f"[b]{escape(key):>8}[/b]  {what}" for key, what in KEYS)
         with Vertical(id="help-box"):
             yield Static("[b]ddpwatch keys[/b]\n\n" + rows + "\n\n[dim]escape to close[/dim]")
 

@@ -85,6 +85,9 @@ def ingest(
             if on_reject is not None:
                 on_reject(str(error))
             continue
-        session.ingest(envelope)
-        accepted.append(envelope)
+        problem = session.ingest(envelope)
+        if problem is None:
+            accepted.append(envelope)
+        elif on_reject is not None:
+            on_reject(problem)
     return accepted

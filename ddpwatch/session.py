@@ -24,6 +24,7 @@ from instrumented_ddp.protocol import (
 )
 
 LOST_AFTER_S = 3.0
+STEP_REORDER_SLACK = 2  # the receiver may see a rank's reports a little out of order (never more)
 
 
 @dataclass
@@ -67,12 +68,19 @@ class Session:
         self.session_id = ""
 
     # -- feeding ---------------------------------------------------------------------------------
-    def ingest(self, envelope: Envelope, received_at: float | None = None) -> None:
+    def ingest(self, envelope: Envelope, received_at: float | None = None) -> str | None:
+        """Fold one decoded message in; returns the rejection category of a well-formed message
+        whose values cannot be true here (and counts it), else None."""
         now = time.monotonic() if received_at is None else received_at
         message = envelope.message
-        self.messages += 1
         if isinstance(message, SwitchCommand):
-            return
+            self.messages += 1
+            return None
+        problem = self._impossible(envelope)
+        if problem is not None:
+            self.reject(problem)
+            return problem
+        self.messages += 1
         rank = self.ranks[envelope.rank]
         if envelope.seq > rank.last_seq + 1 and rank.last_seq >= 0:
             rank.lost_messages += envelope.seq - rank.last_seq - 1
@@ -96,6 +104,27 @@ class Session:
 
     def reject(self, category: str) -> None:
         self.rejected[category] += 1
+
+    def _impossible(self, envelope: Envelope) -> str | None:
+        """Valid on the wire, impossible in this session: a rank outside the world, a message whose
+        body names another rank than its envelope, a step report older than the rank's last."""
+        message = envelope.message
+        world = self._declared_world_size()
+        if world and envelope.rank >= world and not isinstance(message, Hello):
+            return "unknown_rank"
+        if getattr(message, "rank", envelope.rank) != envelope.rank:
+            return "rank_mismatch"
+        if isinstance(message, Hello) and not 0 <= message.rank < message.world_size:
+            return "unknown_rank"
+        if isinstance(message, StepReport) and envelope.rank in self.ranks:
+            if message.step in self.reports and envelope.rank in self.reports[message.step]:
+                return "step_repeated"
+            if message.step < self.ranks[envelope.rank].last_step - STEP_REORDER_SLACK:
+                return "step_backwards"
+        return None
+
+    def _declared_world_size(self) -> int:
+        return max((r.hello.world_size for r in self.ranks.values() if r.hello), default=0)
 
     def _add_report(self, report: StepReport) -> None:
         self.reports[report.step][report.rank] = report
@@ -122,8 +151,7 @@ class Session:
     # -- reading -----------------------------------------------------------------------------------
     @property
     def world_size(self) -> int:
-        sizes = [r.hello.world_size for r in self.ranks.values() if r.hello]
-        return max(sizes) if sizes else len(self.ranks)
+        return self._declared_world_size() or len(self.ranks)
 
     @property
     def finished(self) -> bool:

@@ -109,3 +109,23 @@ def test_dashboard_main_screen_snapshot(snap_compare) -> None:  # noqa: ANN001
 
     app = DashboardApp(StaticFeed(session_messages()), export_on_exit=False)
     assert snap_compare(app, terminal_size=(160, 48), run_before=settle)
+
+
+def test_impossible_values_are_rejected_by_kind_and_the_valid_stream_is_kept() -> None:
+    from dataclasses import replace
+
+    from ddpwatch.receiver import ingest
+    from ddpwatch.session import Session
+    from synthetic_session import step_report
+
+    session = Session()
+    valid = session_messages(steps=4, goodbye=False)
+    hostile = [
+        encode(step_report(0, 2, "simple"), seq=99),  # rank 0 reports step 2 a second time
+        encode(replace(step_report(0, 1, "simple"), rank=7), seq=1),  # rank 7 of a 2-rank world
+        encode(step_report(1, 0, "simple"), seq=98),  # rank 1 goes back from step 4 to step 0
+    ]
+    accepted = ingest(session, valid + hostile)
+    assert session.rejected == {"step_repeated": 1, "unknown_rank": 1, "step_backwards": 1}
+    assert sorted(session.reports) == [1, 2, 3, 4] and all(len(r) == 2 for r in session.reports.values())
+    assert len(accepted) == len(valid)

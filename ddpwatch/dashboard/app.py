@@ -75,18 +75,23 @@ class DashboardApp(App[None]):
         self.frame_seconds = 0.0
 
     def compose(self) -> ComposeResult:
-        yield HeaderBar(id="header")
+        # Kept as attributes: the frame timer draws into them even while a modal screen is on top.
+        self.header_bar, self.timeline_view = HeaderBar(id="header"), TimelineView(id="timeline")
+        self.ranks_table, self.segments_table = RanksTable(id="ranks"), SegmentsTable(id="segments")
+        self.device_panel, self.trends_panel = DevicePanel(id="devices"), TrendsPanel(id="trends")
+        self.warnings_panel = WarningsPanel(id="warnings")
+        yield self.header_bar
         with VerticalScroll(id="timeline-box"):
-            yield TimelineView(id="timeline")
+            yield self.timeline_view
         with Horizontal(id="middle"):
-            yield RanksTable(id="ranks")
+            yield self.ranks_table
             with TabbedContent(id="side"):
                 with TabPane("Devices", id="devices-tab"):
-                    yield DevicePanel(id="devices")
+                    yield self.device_panel
                 with TabPane("Loss & step time", id="trends-tab"):
-                    yield TrendsPanel(id="trends")
-        yield SegmentsTable(id="segments")
-        yield WarningsPanel(id="warnings")
+                    yield self.trends_panel
+        yield self.segments_table
+        yield self.warnings_panel
         yield Footer()
 
     def on_mount(self) -> None:
@@ -103,21 +108,20 @@ class DashboardApp(App[None]):
         started = time.perf_counter()
         for item in self.feed.drain():
             if isinstance(item, Envelope):
-                self.session.ingest(item)
-                if isinstance(item.message, Ack):
+                if self.session.ingest(item) is None and isinstance(item.message, Ack):
                     self._acknowledged(item.message)
             else:
                 self.session.reject(item.category)
         self.snapshot = snapshot = self.builder.build(self.selected_step)
-        self.query_one(HeaderBar).show(snapshot.header, self.feed.description)
-        self.query_one(TimelineView).show(snapshot.timeline, self.selected_rank)
-        self.query_one(RanksTable).show(snapshot.ranks)
-        self.query_one(DevicePanel).show(snapshot.devices)
-        self.query_one(TrendsPanel).show(snapshot.loss, snapshot.step_ms)
-        self.query_one(SegmentsTable).show(snapshot.segments)
+        self.header_bar.show(snapshot.header, self.feed.description)
+        self.timeline_view.show(snapshot.timeline, self.selected_rank)
+        self.ranks_table.show(snapshot.ranks)
+        self.device_panel.show(snapshot.devices)
+        self.trends_panel.show(snapshot.loss, snapshot.step_ms)
+        self.segments_table.show(snapshot.segments)
         now = time.monotonic()
         notices = tuple(text for at, text in self.notices if now - at < NOTICE_S)
-        self.query_one(WarningsPanel).show(snapshot.warnings, notices)
+        self.warnings_panel.show(snapshot.warnings, notices)
         self.frames += 1
         self.frame_seconds += time.perf_counter() - started
 

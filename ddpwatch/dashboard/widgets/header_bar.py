@@ -18,8 +18,10 @@ def format_eta(seconds: float | None) -> str:
 
 class HeaderBar(Horizontal):
     def compose(self) -> ComposeResult:
-        yield Static(id="header-text")
-        yield ProgressBar(show_eta=False, id="header-progress")
+        self._text = Static(id="header-text")
+        self._progress = ProgressBar(show_eta=False, id="header-progress")
+        yield self._text
+        yield self._progress
 
     def show(self, data: HeaderData, source: str) -> None:
         mode = "live" if data.following else "paused"
@@ -29,5 +31,5 @@ class HeaderBar(Horizontal):
             f"step {data.step}/{data.total_steps or '?'} · {format_eta(data.eta_s)} · "
             f"{data.samples_per_s:.1f} samples/s\n[i]{mode}[/i] · [dim]{source}[/dim]"
         )
-        self.query_one("#header-text", Static).update(text)
-        self.query_one("#header-progress", ProgressBar).update(total=data.total_steps or None, progress=data.step)
+        self._text.update(text)
+        self._progress.update(total=data.total_steps or None, progress=data.step)

@@ -15,14 +15,17 @@ class SparklineRow(VerticalScroll):
     DEFAULT_CSS = "SparklineRow { height: 3; }"
 
     def compose(self) -> ComposeResult:
-        yield Label()
-        yield Sparkline([])
+        self._label, self._sparkline = Label(), Sparkline([])
+        yield self._label
+        yield self._sparkline
 
     def show(self, label: str, values: tuple[float, ...], unit: str = "") -> None:
+        if not self.is_mounted:
+            return
         latest = f"{values[-1]:.3g}{unit}" if values else "—"
         low_high = f" (min {min(values):.3g}, max {max(values):.3g})" if values else ""
-        self.query_one(Label).update(f"{label}: [b]{latest}[/b]{low_high}")
-        self.query_one(Sparkline).data = list(values) or [0.0]
+        self._label.update(f"{label}: [b]{latest}[/b]{low_high}")
+        self._sparkline.data = list(values) or [0.0]
 
 
 class DevicePanel(VerticalScroll):
@@ -41,9 +44,10 @@ class DevicePanel(VerticalScroll):
 
 class TrendsPanel(VerticalScroll):
     def compose(self) -> ComposeResult:
-        yield SparklineRow(id="loss-trend")
-        yield SparklineRow(id="step-trend")
+        self._loss, self._step = SparklineRow(id="loss-trend"), SparklineRow(id="step-trend")
+        yield self._loss
+        yield self._step
 
     def show(self, loss: tuple[float, ...], step_ms: tuple[float, ...]) -> None:
-        self.query_one("#loss-trend", SparklineRow).show("loss (mean over ranks)", loss)
-        self.query_one("#step-trend", SparklineRow).show("step time", step_ms, " ms")
+        self._loss.show("loss (mean over ranks)", loss)
+        self._step.show("step time", step_ms, " ms")

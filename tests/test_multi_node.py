@@ -1,0 +1,54 @@
+"""Two torchrun "nodes" on one machine (c10d rendezvous on loopback) streaming to one recorder."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ddpwatch.recorder import load_session
+from ddpwatch.switch_client import request_switch
+from launch import REPO_ROOT, Recorder, free_port
+
+
+@pytest.mark.timeout(300)
+def test_two_nodes_appear_with_their_node_and_a_switch_reaches_both(tmp_path: Path) -> None:
+    endpoint = f"127.0.0.1:{free_port()}"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    nodes: list[subprocess.Popen[bytes]] = []
+    with Recorder(tmp_path / "session", "--idle-exit", "30") as recorder:
+        try:
+            for node in (0, 1):
+                log = open(tmp_path / f"node{node}.log", "wb")
+                nodes.append(subprocess.Popen(
+                    [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node_rank={node}", "--nproc_per_node=1",
+                     "--rdzv_backend=c10d", f"--rdzv_endpoint={endpoint}", "--rdzv_id=ddpwatch-test",
+                     str(REPO_ROOT / "train.py"), "--strategy", "simple", "--steps", "120", "--batch-size", "8",
+                     "--log-every", "10", "--watch", recorder.address],
+                    cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+            deadline = time.monotonic() + 120
+            while "step 10/120" not in "".join(p.read_text() for p in tmp_path.glob("node*.log")):
+                assert time.monotonic() < deadline and all(n.poll() is None for n in nodes)
+                time.sleep(0.2)
+            ack = request_switch(recorder.address, "bucket", 1.0, None, timeout_s=60)
+            assert ack.applied
+            for node in nodes:
+                assert node.wait(240) == 0, "".join(p.read_text()[-2000:] for p in tmp_path.glob("node*.log"))
+        finally:
+            for node in nodes:
+                if node.poll() is None:
+                    os.killpg(node.pid, signal.SIGKILL)
+                node.wait()
+        recorder.wait()
+    session = load_session(tmp_path / "session" / "session.ddpwatch")
+    assert {state.hello.node_rank for state in session.ranks.values()} == {0, 1}
+    after = [r for step, ranks in session.reports.items() if step >= ack.step for r in ranks.values()]
+    assert {r.rank for r in after} == {0, 1} and {r.strategy for r in after} == {"bucket"}
+    strategies = [s["strategy"] for s in json.loads((tmp_path / "session" / "summary.json").read_text())["segments"]]
+    assert strategies == ["simple", "bucket"]

@@ -7,15 +7,15 @@ from instrumented_ddp.protocol import DeviceSample, Goodbye, Hello, Span, StepRe
 LAYOUT = [(f"layer{i}.weight", 1000, "float32") for i in range(4)]
 
 
-def hello(rank: int, strategy: str = "simple") -> Hello:
-    return Hello(rank=rank, world_size=2, session="fixed-session", host="node-a", pid=100 + rank, device="cpu",
+def hello(rank: int, strategy: str = "simple", world_size: int = 2) -> Hello:
+    return Hello(rank=rank, world_size=world_size, session="fixed-session", host="node-a", pid=100 + rank, device="cpu",
                  backend="gloo", strategy=strategy, settings={"grad_accum": 1, "bucket_mb": 25.0},
                  model_parameters=4000, parameter_layout=LAYOUT, total_steps=10, global_batch=8)
 
 
 def step_report(rank: int, step: int, strategy: str) -> StepReport:
     """simple: four blocking all-reduces after backward; bucket: two async ones inside backward."""
-    t0 = 100.0 + step * 0.2 + rank * 0.003  # rank 1's clock a little off
+    t0 = 100.0 + step * 0.2 + (rank % 7) * 0.003  # the ranks' clocks a little off
     spans = [Span("data", t0, t0 + 0.005), Span("forward", t0 + 0.005, t0 + 0.045)]
     if strategy == "simple":
         spans.append(Span("backward", t0 + 0.045, t0 + 0.125))
@@ -32,22 +32,23 @@ def step_report(rank: int, step: int, strategy: str) -> StepReport:
                       start=t0, end=end_comm + 0.02, spans=spans, samples=4, tokens=256, loss=2.0 - 0.1 * step)
 
 
-def session_messages(steps: int = 10, goodbye: bool = True) -> list[bytes]:
+def session_messages(steps: int = 10, goodbye: bool = True, world_size: int = 2) -> list[bytes]:
     messages: list[bytes] = []
-    seq = {0: 0, 1: 0}
+    ranks = range(world_size)
+    seq = dict.fromkeys(ranks, 0)
 
     def add(rank: int, message) -> None:  # noqa: ANN001
         messages.append(encode(message, seq[rank], 0))
         seq[rank] += 1
 
-    for rank in (0, 1):
-        add(rank, hello(rank))
+    for rank in ranks:
+        add(rank, hello(rank, world_size=world_size))
     for step in range(1, steps + 1):
         strategy = "simple" if step <= steps // 2 else "bucket"
-        for rank in (0, 1):
+        for rank in ranks:
             add(rank, step_report(rank, step, strategy))
             add(rank, DeviceSample(rank, 100.0 + step * 0.2, "cpu", {"process_cpu_pct": 40.0 + 5 * step + rank, "host_cpu_pct": 70.0, "rss_bytes": 5e8}))
     if goodbye:
-        for rank in (0, 1):
+        for rank in ranks:
             add(rank, Goodbye(rank, steps))
     return messages

@@ -129,3 +129,15 @@ def test_impossible_values_are_rejected_by_kind_and_the_valid_stream_is_kept() -
     assert session.rejected == {"step_repeated": 1, "unknown_rank": 1, "step_backwards": 1}
     assert sorted(session.reports) == [1, 2, 3, 4] and all(len(r) == 2 for r in session.reports.values())
     assert len(accepted) == len(valid)
+
+
+async def test_sixty_four_ranks_fit_the_timeline_and_the_ranks_table_scrolls() -> None:
+    app = DashboardApp(StaticFeed(session_messages(steps=20, world_size=64)), export_on_exit=False)
+    async with app.run_test(size=(160, 50)) as pilot:
+        await pilot.pause(1.0)
+        assert app.ranks_table.row_count == 64
+        assert len(app.timeline_view.data.ranks) == 64
+        timeline_box = app.query_one("#timeline-box")
+        assert timeline_box.size.height < 50 and timeline_box.max_scroll_y > 0  # it scrolls, the rest stays visible
+        assert app.ranks_table.max_scroll_y > 0
+        assert app.frames > 0

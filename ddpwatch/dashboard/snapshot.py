@@ -116,6 +116,8 @@ class SnapshotBuilder:
 
     session: Session
     _segment_rows: dict[int, tuple[float, SegmentRow]] = field(default_factory=dict)
+    _per_step: dict[str, Any] = field(default_factory=dict)  # parts that change only with new steps
+    _per_step_key: tuple[Any, ...] = ()
 
     def build(self, selected_step: int | None = None, now: float | None = None) -> Snapshot:
         now = time.monotonic() if now is None else now
@@ -124,13 +126,27 @@ class SnapshotBuilder:
         step = selected_step if selected_step in session.reports else latest
         reports = session.reports.get(step, {}) if step is not None else {}
         waits = metrics.cross_rank_waits(reports) if reports else {}
+        key = (step, len(session.reports), sum(len(r) for r in session.reports.values()))
+        if key != self._per_step_key:
+            self._per_step_key = key
+            self._per_step = {
+                "loss": self._trend(lambda r: r.loss),
+                "step_ms": self._trend(lambda r: 1000 * (r.end - r.start)),
+                "straggler": self._straggler(step),
+                "timeline": timeline_of(step, reports) if reports else None,
+                "figures": {rank: metrics.step_figures(report, session.world_size) for rank, report in reports.items()},
+            }
+        device_key = tuple(len(state.devices) and state.devices[-1].time for state in session.ranks.values())
+        if device_key != self._per_step.get("device_key"):
+            self._per_step["device_key"] = device_key
+            self._per_step["devices"] = tuple(self._device_series(rank) for rank in sorted(session.ranks))
         return Snapshot(
             header=self._header(step, selected_step is None or selected_step == latest),
-            timeline=timeline_of(step, reports) if reports else None,
-            ranks=tuple(self._rank_row(rank, reports.get(rank), waits.get(rank), now) for rank in sorted(session.ranks)),
-            devices=tuple(self._device_series(rank) for rank in sorted(session.ranks)),
-            loss=self._trend(lambda r: r.loss),
-            step_ms=self._trend(lambda r: 1000 * (r.end - r.start)),
+            timeline=self._per_step["timeline"],
+            ranks=tuple(self._rank_row(rank, self._per_step["figures"].get(rank), waits.get(rank), now) for rank in sorted(session.ranks)),
+            devices=self._per_step["devices"],
+            loss=self._per_step["loss"],
+            step_ms=self._per_step["step_ms"],
             segments=tuple(self._segment_row(segment, now) for segment in session.segments),
             warnings=tuple(self._warnings(step, reports, waits, now)),
         )
@@ -159,10 +175,9 @@ class SnapshotBuilder:
         wall = sum(walls)
         return (samples / wall if wall > 0 else 0.0), wall / len(walls)
 
-    def _rank_row(self, rank: int, report: StepReport | None, waited_s: float | None, now: float) -> RankRow:
+    def _rank_row(self, rank: int, figures: metrics.StepFigures | None, waited_s: float | None, now: float) -> RankRow:
         state = self.session.ranks[rank]
         hello = state.hello
-        figures = metrics.step_figures(report, self.session.world_size) if report is not None else None
         sample = state.devices[-1] if state.devices else None
         utilization, memory = describe_device(sample.readings if sample else {}, sample.kind if sample else "")
         return RankRow(
@@ -212,7 +227,7 @@ class SnapshotBuilder:
             if session.status(rank, now) == "lost":
                 silent = now - session.ranks[rank].last_seen
                 lines.append(f"rank {rank} lost: nothing heard from it for {silent:.1f} s")
-        straggler = self._straggler(step)
+        straggler = self._per_step["straggler"]
         if straggler:
             lines.append(straggler)
         dropped = {r: s.sender_dropped for r, s in session.ranks.items() if s.sender_dropped}

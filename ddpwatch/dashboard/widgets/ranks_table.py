@@ -26,17 +26,22 @@ class RanksTable(DataTable):
         self.cursor_type = "row"
         self.zebra_stripes = True
         self.add_columns(*COLUMNS)
+        self._shown: dict[int, list[str]] = {}
 
     def show(self, rows: tuple[RankRow, ...]) -> None:
-        wanted = [str(r.rank) for r in rows]
-        if [str(k.value) for k in self.rows] != wanted:
+        """Only cells that changed are updated: with 64 ranks a full refresh costs a frame."""
+        if list(self._shown) != [r.rank for r in rows]:
             self.clear()
-            for row in rows:
-                self.add_row(*self._cells(row), key=str(row.rank))
+            self._shown = {row.rank: self._cells(row) for row in rows}
+            for rank, cells in self._shown.items():
+                self.add_row(*cells, key=str(rank))
             return
         for row in rows:
-            for column, cell in zip(self.columns, self._cells(row)):
-                self.update_cell(str(row.rank), column, cell)
+            cells, shown = self._cells(row), self._shown[row.rank]
+            for index, (column, cell) in enumerate(zip(self.columns, cells)):
+                if cell != shown[index]:
+                    self.update_cell(str(row.rank), column, cell)
+            self._shown[row.rank] = cells
 
     @staticmethod
     def _cells(row: RankRow) -> list[str]:

@@ -14,16 +14,21 @@ class SegmentsTable(DataTable):
     def on_mount(self) -> None:
         self.cursor_type = "row"
         self.add_columns(*COLUMNS)
+        self._shown: list[list[str]] = []
 
     def show(self, rows: tuple[SegmentRow, ...]) -> None:
         cells = [[r.label, r.steps, *(f"{v:.2f}" for v in (r.compute_pct, r.non_compute_pct, r.idle_pct, r.overlap_pct,
                   r.comm_overhead_pct)), f"{r.all_reduce_calls:.1f}", f"{r.all_reduce_ms:.1f}", f"{r.step_ms_p50:.1f}",
                   f"{r.samples_per_s:.1f}"] for r in rows]
-        if self.row_count != len(cells):
+        if cells == self._shown:
+            return
+        if len(self._shown) != len(cells):
             self.clear()
             for index, row in enumerate(cells):
                 self.add_row(*row, key=str(index))
-            return
-        for index, row in enumerate(cells):
-            for column, cell in zip(self.columns, row):
-                self.update_cell(str(index), column, cell)
+        else:
+            for index, (row, shown) in enumerate(zip(cells, self._shown)):
+                for column, cell, old in zip(self.columns, row, shown):
+                    if cell != old:
+                        self.update_cell(str(index), column, cell)
+        self._shown = cells

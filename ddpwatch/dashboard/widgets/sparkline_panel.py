@@ -20,8 +20,9 @@ class SparklineRow(VerticalScroll):
         yield self._sparkline
 
     def show(self, label: str, values: tuple[float, ...], unit: str = "") -> None:
-        if not self.is_mounted:
+        if not self.is_mounted or (label, values) == getattr(self, "_shown", None):
             return
+        self._shown = (label, values)
         latest = f"{values[-1]:.3g}{unit}" if values else "—"
         low_high = f" (min {min(values):.3g}, max {max(values):.3g})" if values else ""
         self._label.update(f"{label}: [b]{latest}[/b]{low_high}")
@@ -32,11 +33,11 @@ class DevicePanel(VerticalScroll):
     """One sparkline per rank: GPU utilization through NVML, or CPU% where there is no GPU."""
 
     def show(self, series: tuple[DeviceSeries, ...]) -> None:
-        rows = list(self.query(SparklineRow))
+        rows: list[SparklineRow] = getattr(self, "_rows", [])
         if len(rows) != len(series):
             self.remove_children()
-            rows = [SparklineRow() for _ in series]
-            self.mount_all(rows)
+            self._rows = [SparklineRow() for _ in series]
+            self.mount_all(self._rows)
             return  # filled on the next frame, once mounted
         for row, item in zip(rows, series):
             row.show(f"rank {item.rank} {item.label}", item.values, "%")

@@ -23,7 +23,7 @@ from instrumented_ddp.protocol import (
     SwitchCommand,
 )
 
-LOST_AFTER_S = 3.0
+LOST_AFTER_S = 2.5  # heartbeats come every second: a killed rank shows as lost within 3 s
 STEP_REORDER_SLACK = 2  # the receiver may see a rank's reports a little out of order (never more)
 
 

@@ -1,0 +1,68 @@
+"""Watching never hurts training: a rank killed mid-run is seen as lost, and nothing recorded is lost."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ddpwatch.dashboard.feeds import LiveFeed
+from ddpwatch.exporters import write_exports
+from ddpwatch.session import Session
+from ddpwatch.session_file import read_session_file
+from instrumented_ddp.protocol import Envelope
+from launch import REPO_ROOT, free_port
+
+
+@pytest.mark.timeout(300)
+def test_a_killed_rank_is_marked_lost_within_three_seconds_and_the_session_keeps_everything(tmp_path: Path) -> None:
+    address = f"tcp://127.0.0.1:{free_port()}"
+    feed = LiveFeed(address, tmp_path / "session.ddpwatch")
+    feed.start()
+    session = Session()
+    env = dict(os.environ, OMP_NUM_THREADS="1", TORCHELASTIC_MAX_RESTARTS="0")
+    training = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(REPO_ROOT / "train.py"),
+         "--strategy", "async", "--steps", "500", "--batch-size", "8", "--watch", address],
+        cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    accepted = 0
+    try:
+        def pump() -> None:
+            nonlocal accepted
+            for item in feed.drain():
+                if isinstance(item, Envelope) and session.ingest(item) is None:
+                    accepted += 1
+
+        deadline = time.monotonic() + 120
+        while not (session.reports and max(session.reports) >= 5 and all(s.hello for s in session.ranks.values())
+                   and len(session.ranks) == 2):
+            assert time.monotonic() < deadline and training.poll() is None
+            pump()
+            time.sleep(0.05)
+        victim = session.ranks[1].hello.pid
+        os.kill(victim, signal.SIGKILL)
+        killed_at = time.monotonic()
+        while session.status(1) != "lost":
+            pump()
+            assert time.monotonic() - killed_at < 3.0, "rank 1 not marked lost within 3 s"
+            time.sleep(0.05)
+        seen_lost_after = time.monotonic() - killed_at
+        training.wait(120)  # torchrun tears the rest of the group down; it must not hang
+    finally:
+        if training.poll() is None:
+            os.killpg(training.pid, signal.SIGKILL)
+        training.wait()
+        feed.stop()
+    pump()
+    assert seen_lost_after <= 3.0
+    print(f"rank 1 marked lost {seen_lost_after:.2f} s after kill -9")
+    recorded = list(read_session_file(tmp_path / "session.ddpwatch"))
+    assert len(recorded) == accepted + sum(session.rejected.values())  # every message that arrived is on disk
+    paths = write_exports(session, tmp_path)
+    assert all(path.stat().st_size > 0 for path in paths.values())
+    assert all(0 in ranks for step, ranks in session.reports.items())  # rank 0 kept reporting until the end

@@ -27,7 +27,7 @@ import torch
 
 import instrumented_ddp
 from instrumented_ddp.distributed import DistributedContext, exit_process, init_distributed, shutdown_distributed
-from instrumented_ddp.protocol import DEFAULT_ADDRESS
+from instrumented_ddp.protocol import DEFAULT_ADDRESS, is_loopback, load_client_keys
 from instrumented_ddp.replicas import gather_digests, ranks_that_differ
 from instrumented_ddp.watch import Watch, parameter_layout
 
@@ -48,6 +48,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--log-every", type=int, default=10)
     parser.add_argument("--save-final", default=None, help="rank 0 writes the final state_dict here")
     parser.add_argument("--watch", default=DEFAULT_ADDRESS, metavar="ADDRESS", help="where ddpwatch listens")
+    parser.add_argument("--watch-key", default=None, metavar="FILE", help="CURVE client keys (client.json) of a dashboard beyond loopback")
     parser.add_argument("--no-watch", action="store_true", help="no timing, no telemetry")
     parser.add_argument("--profile", default=None, metavar="DIR", help="torch.profiler traces of steps 4-8 (TensorBoard/HTA format)")
     args = parser.parse_args(argv)
@@ -59,6 +60,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             parser.error(f"--{flag.replace('_', '-')} must be at least 1")
     if args.bucket_mb <= 0:
         parser.error("--bucket-mb must be positive")
+    args.watch_keys = None
+    if args.watch_key and not args.no_watch:
+        try:
+            args.watch_keys = load_client_keys(args.watch_key)
+        except ValueError as error:
+            parser.error(str(error))
+    elif not args.no_watch and not is_loopback(args.watch):
+        parser.error(f"--watch {args.watch} is not loopback: pass --watch-key FILE (the dashboard's client.json)")
     if args.batch_size % (world_size * args.grad_accum):
         parser.error(
             f"--batch-size {args.batch_size} does not divide by world size {world_size} x grad-accum {args.grad_accum}"
@@ -159,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         "strategy": args.strategy, "settings": {"grad_accum": args.grad_accum, "bucket_mb": args.bucket_mb},
         "model_parameters": sum(p.numel() for p in model.parameters()), "parameter_layout": parameter_layout(model),
         "total_steps": args.steps, "global_batch": args.batch_size,
-    })
+    }, keys=args.watch_keys)
     timeline = watch.timeline
     model = instrumented_ddp.wrap(model, args.strategy, bucket_mb=args.bucket_mb, timeline=timeline)
     watch.update_hello(bucket_layout=getattr(model, "bucket_layout", []))

@@ -16,6 +16,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--listen", default=DEFAULT_ADDRESS, help=f"address to listen on (default {DEFAULT_ADDRESS})")
     parser.add_argument("--out", type=Path, help="session directory (default ddpwatch-sessions/<time>)")
     parser.add_argument("--max-message-bytes", type=int, default=DEFAULT_MAX_MESSAGE_BYTES)
+    parser.add_argument("--keys", type=Path, help="CURVE key directory (made if missing); needed beyond loopback")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     replay = commands.add_parser("replay", help="play a recorded session through the dashboard")
@@ -34,6 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     record.add_argument("--until-seconds", type=float, help="stop after this long")
     record.add_argument("--idle-exit", type=float, default=15.0, help="stop when every rank is silent this long")
     record.add_argument("--max-message-bytes", type=int, default=DEFAULT_MAX_MESSAGE_BYTES)
+    record.add_argument("--keys", type=Path, help="CURVE key directory (made if missing); needed beyond loopback")
 
     switch = commands.add_parser("switch", help="ask a running session to switch strategy (through the dashboard or recorder)")
     switch.add_argument("strategy", help="simple, ga, hook, async, bucket or ddp")
@@ -41,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     switch.add_argument("--grad-accum", type=int)
     switch.add_argument("--listen", default=DEFAULT_ADDRESS, help="the address the dashboard or recorder listens on")
     switch.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the acknowledgement")
+    switch.add_argument("--key", help="CURVE client keys (client.json) of a dashboard beyond loopback")
 
     summary = commands.add_parser("summary", help="print the comparison table of a recorded session")
     summary.add_argument("session", type=Path, help="a session directory (or its session file)")
@@ -63,13 +66,24 @@ def default_session_dir() -> Path:
     return Path("ddpwatch-sessions") / time.strftime("%Y%m%d-%H%M%S")
 
 
+def server_keys(args: argparse.Namespace):  # noqa: ANN201 - ServerKeys | None, imported lazily
+    """The CURVE keys to listen with (made on first use), telling the user where the client file is."""
+    if args.keys is None:
+        return None
+    from .auth import ensure_keys
+
+    keys, client_file = ensure_keys(args.keys)
+    print(f"ddpwatch: CURVE on; give the training nodes {client_file} (train.py --watch-key {client_file})", file=sys.stderr)
+    return keys
+
+
 def run_dashboard(args: argparse.Namespace) -> int:
     from .dashboard.app import DashboardApp
     from .dashboard.feeds import LiveFeed
     from .session_file import SESSION_FILE_NAME
 
     out_dir = args.out or default_session_dir()
-    feed = LiveFeed(args.listen, out_dir / SESSION_FILE_NAME, args.max_message_bytes)
+    feed = LiveFeed(args.listen, out_dir / SESSION_FILE_NAME, args.max_message_bytes, server_keys(args))
     DashboardApp(feed, out_dir).run()
     print(f"session recorded in {out_dir}")
     return 0
@@ -116,7 +130,8 @@ def run_record(args: argparse.Namespace) -> int:
         value = getattr(args, flag)
         if value is not None and value <= 0:
             raise ValueError(f"--{flag.replace('_', '-')} must be positive")
-    record(args.listen, args.out, StopRule(args.until_steps, args.until_seconds, args.idle_exit), args.max_message_bytes)
+    record(args.listen, args.out, StopRule(args.until_steps, args.until_seconds, args.idle_exit), args.max_message_bytes,
+           keys=server_keys(args))
     return 0
 
 
@@ -139,7 +154,10 @@ def run_summary(args: argparse.Namespace) -> int:
 def run_switch(args: argparse.Namespace) -> int:
     from .switch_client import request_switch
 
-    ack = request_switch(args.listen, args.strategy, args.bucket_mb, args.grad_accum, args.timeout)
+    from instrumented_ddp.protocol import load_client_keys
+
+    keys = load_client_keys(args.key) if args.key else None
+    ack = request_switch(args.listen, args.strategy, args.bucket_mb, args.grad_accum, args.timeout, keys)
     if not ack.applied:
         print(f"ddpwatch switch: error: not applied: {ack.detail}", file=sys.stderr)
         return 1

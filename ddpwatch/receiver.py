@@ -10,9 +10,11 @@ import time
 from collections.abc import Callable, Iterable
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
-from instrumented_ddp.protocol import DEFAULT_MAX_MESSAGE_BYTES, Envelope, ProtocolError, decode
+from instrumented_ddp.protocol import DEFAULT_MAX_MESSAGE_BYTES, Envelope, ProtocolError, decode, is_loopback
 
+from .auth import ServerKeys, secure_server
 from .session import Session
 from .session_file import SessionWriter
 
@@ -22,11 +24,18 @@ class TelemetryReceiver:
     to it. Messages come with the sender's routing id, so commands can go back to rank 0 and
     acknowledgements back to whoever asked. Used from one thread only."""
 
-    def __init__(self, address: str, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> None:
+    def __init__(self, address: str, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+                 keys: ServerKeys | None = None) -> None:
+        if keys is None and not is_loopback(address):
+            raise OSError(f"listening on {address} (not loopback) needs authentication: pass --keys DIR (ZeroMQ CURVE)")
         self.address = address
         self.max_message_bytes = max_message_bytes
+        self.unauthenticated = 0  # handshakes refused: senders or controllers without the key
         self._context = zmq.Context()
         self._socket = self._context.socket(zmq.ROUTER)
+        self._authenticator = secure_server(self._context, self._socket, keys) if keys else None
+        self._monitor = self._socket.get_monitor_socket(
+            zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
         self._socket.setsockopt(zmq.LINGER, 0)
         self._socket.setsockopt(zmq.RCVHWM, 100_000)
         # Messages over the cap are cut by ZeroMQ itself, before they take memory.
@@ -34,8 +43,17 @@ class TelemetryReceiver:
         try:
             self._socket.bind(address)
         except zmq.ZMQError as error:
-            self._context.destroy(linger=0)
+            self.close()
             raise OSError(f"cannot listen on {address}: {error}") from None
+
+    def take_refused_handshakes(self) -> int:
+        """Handshakes refused since the last call (each a peer without the CURVE key)."""
+        refused = 0
+        while self._monitor.poll(0):
+            recv_monitor_message(self._monitor)
+            refused += 1
+        self.unauthenticated += refused
+        return refused
 
     def receive(self, timeout_ms: int, limit: int = 10_000) -> list[tuple[bytes, bytes]]:
         """(sender id, message) for whatever arrived within ``timeout_ms`` (up to ``limit``)."""
@@ -62,6 +80,8 @@ class TelemetryReceiver:
             return False
 
     def close(self) -> None:
+        if self._authenticator is not None:
+            self._authenticator.stop()
         self._context.destroy(linger=0)
 
 

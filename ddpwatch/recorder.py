@@ -11,6 +11,7 @@ from types import FrameType
 
 from instrumented_ddp.protocol import DEFAULT_MAX_MESSAGE_BYTES
 
+from .auth import ServerKeys
 from .control import SwitchRelay
 from .exporters import write_exports
 from .receiver import TelemetryReceiver, ingest
@@ -46,9 +47,10 @@ def record(
     rule: StopRule,
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     log=lambda line: print(line, file=sys.stderr, flush=True),
+    keys: ServerKeys | None = None,
 ) -> Session:
     session = Session()
-    receiver = TelemetryReceiver(listen, max_message_bytes)
+    receiver = TelemetryReceiver(listen, max_message_bytes, keys)
     relay = SwitchRelay(receiver.send)
     writer = SessionWriter(out_dir / SESSION_FILE_NAME)
     stop_requested: list[str] = []
@@ -68,6 +70,8 @@ def record(
                 for peer, data in batch:
                     for envelope in ingest(session, [data], writer, max_message_bytes=max_message_bytes):
                         relay.note(peer, envelope)
+            for _ in range(receiver.take_refused_handshakes()):
+                session.reject("unauthenticated")
             relay.tick()
             writer.flush_if_due()
             reason = stop_requested[0] if stop_requested else rule.reached(session, started, last_message)

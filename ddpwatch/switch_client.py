@@ -6,7 +6,7 @@ import time
 
 import zmq
 
-from instrumented_ddp.protocol import STRATEGY_NAMES, Ack, ProtocolError, decode, encode
+from instrumented_ddp.protocol import STRATEGY_NAMES, Ack, ClientKeys, ProtocolError, decode, encode
 
 from .control import new_command
 
@@ -20,13 +20,16 @@ def validate_switch(strategy: str, bucket_mb: float | None, grad_accum: int | No
         raise ValueError("--grad-accum must be at least 1")
 
 
-def request_switch(address: str, strategy: str, bucket_mb: float | None, grad_accum: int | None, timeout_s: float) -> Ack:
+def request_switch(address: str, strategy: str, bucket_mb: float | None, grad_accum: int | None, timeout_s: float,
+                   keys: ClientKeys | None = None) -> Ack:
     """Send the command and wait for rank 0's acknowledgement (the relay resends it meanwhile)."""
     validate_switch(strategy, bucket_mb, grad_accum)
     command = new_command(strategy, bucket_mb, grad_accum)
     context = zmq.Context()
     socket = context.socket(zmq.DEALER)
     socket.setsockopt(zmq.LINGER, 0)
+    for name, value in keys.socket_options() if keys else []:
+        setattr(socket, name, value)
     try:
         socket.connect(address)
         socket.send(encode(command))  # queued until connected; the socket stays open until the reply

@@ -9,6 +9,7 @@ input: anything malformed raises ``ProtocolError`` with a category the receiver 
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any, ClassVar, NamedTuple
@@ -280,3 +281,41 @@ def _span(item: Any) -> Span:
     if not isinstance(span.tag, str) or not isinstance(span.dtype, str):
         raise ProtocolError("invalid", f"{kind} span has a bad tag or dtype")
     return span
+
+
+# -- who may talk: ZeroMQ CURVE keys, shared as files ---------------------------------------------
+
+
+@dataclass(frozen=True)
+class ClientKeys:
+    """What a rank (or ``ddpwatch switch``) needs to talk to a dashboard that authenticates:
+    the dashboard's public key and the client key pair it accepts. Z85 text, as ZeroMQ uses."""
+
+    server_public: str
+    client_public: str
+    client_secret: str
+
+    def socket_options(self) -> list[tuple[str, bytes]]:
+        """(pyzmq socket attribute, value) pairs that make a socket this CURVE client."""
+        return [("curve_serverkey", self.server_public.encode()), ("curve_publickey", self.client_public.encode()),
+                ("curve_secretkey", self.client_secret.encode())]
+
+
+def load_client_keys(path: str) -> ClientKeys:
+    """Read a client key file written by ``ddpwatch --keys``; a one-line error if it is unusable."""
+    try:
+        with open(path, encoding="utf-8") as file:
+            data = json.load(file)
+        return ClientKeys(data["server_public"], data["client_public"], data["client_secret"])
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise ValueError(f"cannot read CURVE client keys from {path}: {error}") from None
+
+
+def is_loopback(address: str) -> bool:
+    """Addresses nobody else on the network can reach: loopback TCP, IPC, in-process."""
+    if address.startswith(("ipc://", "inproc://")):
+        return True
+    if not address.startswith("tcp://"):
+        return False
+    host = address[len("tcp://"):].rsplit(":", 1)[0].strip("[]")
+    return host in ("localhost", "::1") or host.startswith("127.")

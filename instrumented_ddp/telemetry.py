@@ -21,7 +21,7 @@ from collections.abc import Callable
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from .protocol import Goodbye, Heartbeat, Hello, Message, ProtocolError, SwitchCommand, decode, encode
+from .protocol import ClientKeys, Goodbye, Heartbeat, Hello, Message, ProtocolError, SwitchCommand, decode, encode
 
 HEARTBEAT_EVERY_S = 1.0
 HELLO_EVERY_S = 2.0  # a dashboard started late learns who the ranks are within this
@@ -37,6 +37,7 @@ class TelemetryPublisher:
         queue_size: int = 2048,
         high_water_mark: int = 1000,
         current_step: Callable[[], int] = lambda: 0,
+        keys: ClientKeys | None = None,
     ) -> None:
         self.address = address
         self.hello = hello
@@ -55,6 +56,8 @@ class TelemetryPublisher:
         self._socket.setsockopt(zmq.LINGER, 0)
         self._socket.setsockopt(zmq.IMMEDIATE, 1)
         self._socket.setsockopt(zmq.SNDHWM, high_water_mark)
+        for name, value in keys.socket_options() if keys else []:  # CURVE: a dashboard beyond loopback
+            setattr(self._socket, name, value)
         # A (re)connected dashboard gets the hello at once instead of at the next repeat.
         self._monitor = self._socket.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
         self._socket.connect(address)

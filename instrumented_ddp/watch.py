@@ -18,7 +18,7 @@ from torch import nn
 
 from .device_sampler import DeviceSampler, make_reader
 from .distributed import DistributedContext
-from .protocol import Ack, Hello, StepReport, SwitchCommand
+from .protocol import Ack, ClientKeys, Hello, StepReport, SwitchCommand
 from .telemetry import TelemetryPublisher
 from .timeline import NULL_TIMELINE, CudaEventClock, HostClock, NullTimeline, StepTimeline
 
@@ -51,7 +51,8 @@ class Watch:
         return cls(NULL_TIMELINE)
 
     @classmethod
-    def start(cls, address: str, context: DistributedContext, hello_fields: dict[str, Any]) -> Watch:
+    def start(cls, address: str, context: DistributedContext, hello_fields: dict[str, Any],
+              keys: ClientKeys | None = None) -> Watch:
         clock = CudaEventClock(torch) if context.device.type == "cuda" else HostClock()
         timeline = StepTimeline(context.rank, clock)
         hello = Hello(
@@ -61,7 +62,7 @@ class Watch:
         )
         watch = cls(timeline)
         watch._device = context.device
-        watch.publisher = TelemetryPublisher(address, hello, current_step=lambda: watch.steps)
+        watch.publisher = TelemetryPublisher(address, hello, current_step=lambda: watch.steps, keys=keys)
         reader = make_reader(context.device.type, context.device.index)
         watch.sampler = DeviceSampler(context.rank, reader, watch.publisher.publish).start()
         return watch

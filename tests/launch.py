@@ -94,14 +94,17 @@ def run_torchrun(args: list[str], nproc: int = 2, timeout_s: float = 300.0, cwd:
 class Recorder:
     """``ddpwatch record`` in a subprocess on a free port, stopped and reaped on exit."""
 
-    def __init__(self, out_dir: Path, *extra: str) -> None:
-        self.address = f"tcp://127.0.0.1:{free_port()}"
+    def __init__(self, out_dir: Path, *extra: str, bind_host: str = "127.0.0.1") -> None:
+        port = free_port()
+        self.address = f"tcp://127.0.0.1:{port}"  # where senders connect: always loopback here
         self.out_dir = out_dir
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "ddpwatch.cli", "record", "--listen", self.address, "--out", str(out_dir), *extra],
+            [sys.executable, "-m", "ddpwatch.cli", "record", "--listen", f"tcp://{bind_host}:{port}", "--out", str(out_dir), *extra],
             cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
         )
-        line = self.proc.stderr.readline()  # "listening on ..." once bound
+        line = self.proc.stderr.readline()  # "listening on ..." once bound (after a CURVE notice, if any)
+        if "CURVE on" in line:
+            line = self.proc.stderr.readline()
         assert "listening" in line, line + self.proc.stderr.read()
 
     def wait(self, timeout_s: float = 60.0) -> str:

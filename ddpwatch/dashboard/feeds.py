@@ -14,6 +14,7 @@ from pathlib import Path
 
 from instrumented_ddp.protocol import DEFAULT_MAX_MESSAGE_BYTES, Envelope, ProtocolError, SwitchCommand, decode
 
+from ..auth import ServerKeys
 from ..control import SwitchRelay
 from ..receiver import TelemetryReceiver
 from ..session_file import SessionWriter, read_session_file
@@ -65,14 +66,15 @@ class LiveFeed(Feed):
 
     can_switch = True
 
-    def __init__(self, address: str, session_file: Path, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> None:
+    def __init__(self, address: str, session_file: Path, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+                 keys: ServerKeys | None = None) -> None:
         super().__init__()
-        self.receiver = TelemetryReceiver(address, max_message_bytes)  # binds now: errors reach the caller
+        self.receiver = TelemetryReceiver(address, max_message_bytes, keys)  # binds now: errors reach the caller
         self.session_file = session_file
         self.max_message_bytes = max_message_bytes
         self._outbox: queue.Queue[SwitchCommand] = queue.Queue()
         self.relay = SwitchRelay(self.receiver.send)
-        self.description = f"listening on {address} · recording {session_file}"
+        self.description = f"listening on {address}{' (CURVE)' if keys else ''} · recording {session_file}"
 
     def request_switch(self, command: SwitchCommand) -> None:
         self._outbox.put(command)
@@ -89,6 +91,8 @@ class LiveFeed(Feed):
                         if isinstance(item.message, SwitchCommand):
                             continue  # a request from `ddpwatch switch`: relayed, not shown
                     self._items.append(item)
+                for _ in range(self.receiver.take_refused_handshakes()):
+                    self._items.append(ProtocolError("unauthenticated", "a peer without the CURVE key was refused"))
                 while not self._outbox.empty():
                     self.relay.request(self._outbox.get_nowait())
                 self.relay.tick()

@@ -1,0 +1,76 @@
+"""Who may talk to a run: loopback by default; beyond it, only holders of the CURVE client key."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import zmq
+
+from ddpwatch.auth import ensure_keys
+from ddpwatch.receiver import TelemetryReceiver
+from ddpwatch.switch_client import request_switch
+from instrumented_ddp.protocol import Hello, encode, load_client_keys
+from launch import REPO_ROOT, Recorder, free_port
+
+
+def test_listening_beyond_loopback_without_keys_is_refused() -> None:
+    with pytest.raises(OSError, match="needs authentication"):
+        TelemetryReceiver(f"tcp://0.0.0.0:{free_port()}")
+
+
+def test_train_refuses_a_remote_dashboard_without_a_key() -> None:
+    result = subprocess.run([sys.executable, str(REPO_ROOT / "train.py"), "--watch", "tcp://192.0.2.1:5555"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert "is not loopback: pass --watch-key FILE" in result.stderr.strip().splitlines()[-1]
+
+
+def test_keys_are_made_once_and_readable_only_by_their_user(tmp_path: Path) -> None:
+    keys, client_file = ensure_keys(tmp_path / "keys")
+    again, _ = ensure_keys(tmp_path / "keys")
+    assert keys == again
+    for name in ("server.json", "client.json"):
+        assert stat.S_IMODE((tmp_path / "keys" / name).stat().st_mode) == 0o600
+    assert "server_secret" not in json.loads(client_file.read_text())
+    assert load_client_keys(str(client_file)).client_public == keys.client_public
+
+
+@pytest.mark.timeout(300)
+def test_rogue_sender_and_controller_are_rejected_while_the_real_run_goes_on(tmp_path: Path) -> None:
+    _, client_file = ensure_keys(tmp_path / "keys")
+    _, rogue_client_file = ensure_keys(tmp_path / "rogue-keys")  # a key pair the dashboard never made
+    with Recorder(tmp_path / "session", "--keys", str(tmp_path / "keys"), "--idle-exit", "30", bind_host="0.0.0.0") as recorder:
+        training = subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(REPO_ROOT / "train.py"),
+             "--strategy", "simple", "--steps", "80", "--batch-size", "8", "--log-every", "10",
+             "--watch", recorder.address, "--watch-key", str(client_file)],
+            cwd=REPO_ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        context = zmq.Context()
+        try:
+            rogue = context.socket(zmq.DEALER)  # no keys at all
+            rogue.setsockopt(zmq.LINGER, 0)
+            rogue.connect(recorder.address)
+            rogue.send(encode(Hello(0, 2, "spoofed", "evil", 1, "cpu", "gloo", "simple", {}, 1)), zmq.NOBLOCK)
+            with pytest.raises(TimeoutError):
+                request_switch(recorder.address, "ddp", None, None, timeout_s=4, keys=load_client_keys(str(rogue_client_file)))
+            time.sleep(3)  # let the real run get going before the real switch
+            ack = request_switch(recorder.address, "bucket", 1.0, None, timeout_s=60, keys=load_client_keys(str(client_file)))
+            assert ack.applied
+            output, _ = training.communicate(timeout=240)
+            assert training.returncode == 0, output.decode()[-3000:]
+        finally:
+            context.destroy(linger=0)
+            if training.poll() is None:
+                training.kill()
+        recorder.wait()
+    summary = json.loads((tmp_path / "session" / "summary.json").read_text())
+    assert summary["session"] != "spoofed"
+    assert [s["strategy"] for s in summary["segments"]] == ["simple", "bucket"]  # the rogue's ddp never happened
+    assert summary["telemetry"]["rejected"].get("unauthenticated", 0) >= 2

@@ -27,7 +27,7 @@ import torch
 
 import instrumented_ddp
 from instrumented_ddp.distributed import DistributedContext, exit_process, init_distributed, shutdown_distributed
-from instrumented_ddp.protocol import DEFAULT_ADDRESS, is_loopback, load_client_keys
+from instrumented_ddp.protocol import DEFAULT_ADDRESS, address_problem, is_loopback, load_client_keys
 from instrumented_ddp.replicas import gather_digests, ranks_that_differ
 from instrumented_ddp.watch import Watch, parameter_layout
 
@@ -61,6 +61,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.bucket_mb <= 0:
         parser.error("--bucket-mb must be positive")
     args.watch_keys = None
+    if not args.no_watch and (problem := address_problem(args.watch)):
+        parser.error(f"--watch: {problem}")
     if args.watch_key and not args.no_watch:
         try:
             args.watch_keys = load_client_keys(args.watch_key)

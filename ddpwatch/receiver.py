@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from instrumented_ddp.protocol import DEFAULT_MAX_MESSAGE_BYTES, Envelope, ProtocolError, decode, is_loopback
+from instrumented_ddp.protocol import DEFAULT_MAX_MESSAGE_BYTES, Envelope, ProtocolError, address_problem, decode, is_loopback
 
 from .auth import ServerKeys, secure_server
 from .session import Session
@@ -26,6 +26,8 @@ class TelemetryReceiver:
 
     def __init__(self, address: str, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
                  keys: ServerKeys | None = None) -> None:
+        if (problem := address_problem(address)) is not None:
+            raise OSError(f"cannot listen on {address}: {problem}")
         if keys is None and not is_loopback(address):
             raise OSError(f"listening on {address} (not loopback) needs authentication: pass --keys DIR (ZeroMQ CURVE)")
         self.address = address

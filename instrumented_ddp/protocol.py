@@ -311,6 +311,16 @@ def load_client_keys(path: str) -> ClientKeys:
         raise ValueError(f"cannot read CURVE client keys from {path}: {error}") from None
 
 
+def address_problem(address: str) -> str | None:
+    """Why ``address`` is not a ZeroMQ endpoint we can use, or None."""
+    if address.startswith(("ipc://", "inproc://")):
+        return None
+    if not address.startswith("tcp://") or ":" not in address[len("tcp://"):]:
+        return f"{address!r} is not an address like tcp://127.0.0.1:5555"
+    port = address.rsplit(":", 1)[1]
+    return None if port == "*" or (port.isdigit() and 0 < int(port) < 65536) else f"{address!r} has no valid port"
+
+
 def is_loopback(address: str) -> bool:
     """Addresses nobody else on the network can reach: loopback TCP, IPC, in-process."""
     if address.startswith(("ipc://", "inproc://")):

@@ -1,0 +1,94 @@
+"""Bad input never takes the receiver down: floods, garbage, wrong flags everywhere."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import zmq
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ddpwatch.dashboard.feeds import LiveFeed
+from ddpwatch.metrics import step_figures
+from ddpwatch.session import Session
+from instrumented_ddp.protocol import Envelope, Span, StepReport
+from launch import REPO_ROOT, free_port
+from synthetic_session import session_messages
+
+
+@pytest.mark.timeout(120)
+def test_a_flood_of_garbage_from_one_sender_leaves_the_valid_stream_intact(tmp_path: Path) -> None:
+    address = f"tcp://127.0.0.1:{free_port()}"
+    feed = LiveFeed(address, tmp_path / "session.ddpwatch", max_message_bytes=4096)
+    feed.start()
+    context = zmq.Context()
+    try:
+        flooder, honest = context.socket(zmq.DEALER), context.socket(zmq.DEALER)
+        for socket in (flooder, honest):
+            socket.setsockopt(zmq.LINGER, 0)
+            socket.connect(address)
+        valid = session_messages(steps=30)
+        honest_stream = iter(valid)
+        for index in range(20_000):  # garbage, truncated and oversized, interleaved with the real stream
+            flooder.send([b"\x00garbage", valid[5][:7], b"x" * 5000][index % 3])
+            if index % 400 == 0:
+                honest.send(next(honest_stream))
+        for data in honest_stream:
+            honest.send(data)
+        session, deadline = Session(), time.monotonic() + 30
+        while sum(len(r) for r in session.reports.values()) < 60 and time.monotonic() < deadline:
+            for item in feed.drain():
+                if isinstance(item, Envelope):
+                    session.ingest(item)
+                else:
+                    session.reject(item.category)
+            time.sleep(0.05)
+    finally:
+        feed.stop()
+        context.destroy(linger=0)
+    assert sorted(session.reports) == list(range(1, 31)) and all(len(r) == 2 for r in session.reports.values())
+    assert session.rejected["garbage"] > 0 and session.rejected["truncated"] > 0
+    assert session.rejected["garbage"] + session.rejected["truncated"] + session.rejected["oversized"] <= 20_000
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["switch", "zero3"], "unknown strategy 'zero3'"),
+        (["switch", "bucket", "--bucket-mb", "-1"], "--bucket-mb must be positive"),
+        (["summary", "/no/such/session"], "holds no summary.json and no session file"),
+        (["replay", "/no/such/session"], "holds no session file"),
+        (["record", "--out", "/tmp/x", "--until-steps", "0"], "--until-steps must be positive"),
+        (["record", "--out", "/tmp/x", "--listen", "tcp://0.0.0.0:5599"], "needs authentication"),
+        (["record", "--out", "/tmp/x", "--listen", "not-an-address"], "cannot listen on not-an-address"),
+        (["demo", "--steps", "0"], "--steps and --nproc must be at least 1"),
+    ],
+)
+def test_wrong_cli_input_gets_a_one_line_error_and_a_non_zero_exit(args: list[str], message: str) -> None:
+    result = subprocess.run([sys.executable, "-m", "ddpwatch.cli", *args], capture_output=True, text=True, cwd=REPO_ROOT, timeout=60)
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], result.stderr
+
+
+finite = st.floats(min_value=-1e6, max_value=1e6, allow_nan=False)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    window=st.tuples(finite, finite),
+    spans=st.lists(st.tuples(st.sampled_from(["forward", "backward", "optimizer", "all_reduce", "broadcast", "wait", "data"]),
+                             finite, finite, st.booleans()), max_size=12),
+)
+def test_step_figures_stay_in_range_and_add_up_for_any_timeline(window: tuple[float, float], spans: list) -> None:
+    start, end = sorted(window)
+    record = StepReport(0, 1, "simple", {}, start, end, [Span(k, *sorted((a, b)), blocking) for k, a, b, blocking in spans], 1, 1)
+    figures = step_figures(record, world_size=2)
+    parts = (figures.compute_pct, figures.non_compute_pct, figures.idle_pct)
+    assert all(0.0 <= p <= 100.0 + 1e-9 for p in (*parts, figures.overlap_pct, figures.comm_overhead_pct))
+    if end > start:
+        assert sum(parts) == pytest.approx(100.0, abs=1e-6)

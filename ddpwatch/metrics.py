@@ -22,10 +22,11 @@ Conventions, chosen so that no caller ever sees NaN or a ZeroDivisionError:
 
 from __future__ import annotations
 
+import copy
 import math
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Protocol
 
 import numpy as np
@@ -34,7 +35,7 @@ from ddpwatch.intervals import Interval, clip, intersect, merge, subtract, total
 
 __all__ = [
     "BLOCKING_KINDS", "COMM_KINDS", "COMPUTE_KINDS", "Desync", "Figures", "Interval",
-    "SegmentFigures", "SpanLike", "StepFigures", "StepRecordLike", "algbw_gbps", "bus_factor",
+    "SegmentAccumulator", "SegmentFigures", "SpanLike", "StepFigures", "StepRecordLike", "algbw_gbps", "bus_factor",
     "busbw_gbps", "clip", "cross_rank_waits", "find_desync", "intersect", "merge",
     "segment_figures", "step_figures", "straggler", "subtract", "total_length", "union",
 ]
@@ -278,75 +279,137 @@ class SegmentFigures(Figures):
         return out
 
 
-_EMPTY = Figures(steps=0, compute_pct=0.0, non_compute_pct=0.0, idle_pct=0.0, overlap_pct=0.0,
-                 comm_overhead_pct=0.0, all_reduce_calls=0.0, all_reduce_calls_total=0,
-                 all_reduce_ms=0.0, step_ms_p50=0.0, step_ms_p95=0.0, samples_per_s=0.0,
-                 tokens_per_s=0.0, busbw_gbps=None, waited_for_others_ms=0.0)
+RESERVOIR = 4096  # step times and bandwidths kept per segment for percentiles: memory stays bounded
 
 
-def _aggregate(items: Sequence[tuple[StepFigures, float]], world_size: int) -> Figures:
-    """Zero-length windows are left out of the percentage means: they carry no time."""
-    if not items:
-        return _EMPTY
-    figs = [f for f, _ in items]
-    timed = [f for f in figs if f.step_ms > 0]
-    talking = [f for f in timed if f.comm_overhead_pct > 0]
-    walls: dict[int, float] = {}
-    for f in figs:
-        walls[f.step] = max(walls.get(f.step, 0.0), f.step_ms)
-    wall_s = sum(walls.values()) / 1000.0
-    alg = [a for f in figs for a in f.algbw_gbps]
-    factor = bus_factor("all_reduce", world_size)
-    return Figures(
-        steps=len(walls),
-        compute_pct=_mean([f.compute_pct for f in timed]),
-        non_compute_pct=_mean([f.non_compute_pct for f in timed]),
-        idle_pct=_mean([f.idle_pct for f in timed]),
-        overlap_pct=_mean([f.overlap_pct for f in talking]),
-        comm_overhead_pct=_mean([f.comm_overhead_pct for f in timed]),
-        all_reduce_calls=_mean([float(f.all_reduce_calls) for f in figs]),
-        all_reduce_calls_total=sum(f.all_reduce_calls for f in figs),
-        all_reduce_ms=_mean([f.all_reduce_ms for f in figs]),
-        step_ms_p50=float(np.percentile(list(walls.values()), 50)),
-        step_ms_p95=float(np.percentile(list(walls.values()), 95)),
-        samples_per_s=sum(f.samples for f in figs) / wall_s if wall_s > 0 else 0.0,
-        tokens_per_s=sum(f.tokens for f in figs) / wall_s if wall_s > 0 else 0.0,
-        busbw_gbps=float(np.median(alg)) * factor if alg and factor is not None else None,
-        waited_for_others_ms=_mean([w for _, w in items]),
-    )
+@dataclass
+class _Running:
+    """Running sums that make one ``Figures``: O(1) memory per step except two bounded windows."""
+
+    steps: int = 0
+    timed: int = 0
+    compute: float = 0.0
+    non_compute: float = 0.0
+    idle: float = 0.0
+    comm_overhead: float = 0.0
+    talking: int = 0
+    overlap: float = 0.0
+    records: int = 0
+    calls_total: int = 0
+    all_reduce_ms: float = 0.0
+    waited_ms: float = 0.0
+    samples: int = 0
+    tokens: int = 0
+    wall_s: float = 0.0
+    walls_ms: deque = field(default_factory=lambda: deque(maxlen=RESERVOIR))
+    algbw: deque = field(default_factory=lambda: deque(maxlen=RESERVOIR))
+
+    def add_record(self, f: StepFigures, waited_ms: float) -> None:
+        """Zero-length windows are left out of the percentage means: they carry no time."""
+        self.records += 1
+        if f.step_ms > 0:
+            self.timed += 1
+            self.compute += f.compute_pct
+            self.non_compute += f.non_compute_pct
+            self.idle += f.idle_pct
+            self.comm_overhead += f.comm_overhead_pct
+            if f.comm_overhead_pct > 0:
+                self.talking += 1
+                self.overlap += f.overlap_pct
+        self.calls_total += f.all_reduce_calls
+        self.all_reduce_ms += f.all_reduce_ms
+        self.waited_ms += waited_ms
+        self.samples += f.samples
+        self.tokens += f.tokens
+        self.algbw.extend(f.algbw_gbps)
+
+    def add_step_wall(self, wall_ms: float) -> None:
+        self.steps += 1
+        self.wall_s += wall_ms / 1000.0
+        self.walls_ms.append(wall_ms)
+
+    def figures(self, world_size: int) -> Figures:
+        def mean(total: float, n: int) -> float:
+            return total / n if n else 0.0
+
+        walls = list(self.walls_ms)
+        factor = bus_factor("all_reduce", world_size)
+        return Figures(
+            steps=self.steps,
+            compute_pct=mean(self.compute, self.timed),
+            non_compute_pct=mean(self.non_compute, self.timed),
+            idle_pct=mean(self.idle, self.timed),
+            overlap_pct=mean(self.overlap, self.talking),
+            comm_overhead_pct=mean(self.comm_overhead, self.timed),
+            all_reduce_calls=mean(float(self.calls_total), self.records),
+            all_reduce_calls_total=self.calls_total,
+            all_reduce_ms=mean(self.all_reduce_ms, self.records),
+            step_ms_p50=float(np.percentile(walls, 50)) if walls else 0.0,
+            step_ms_p95=float(np.percentile(walls, 95)) if walls else 0.0,
+            samples_per_s=self.samples / self.wall_s if self.wall_s > 0 else 0.0,
+            tokens_per_s=self.tokens / self.wall_s if self.wall_s > 0 else 0.0,
+            busbw_gbps=float(np.median(list(self.algbw))) * factor if self.algbw and factor is not None else None,
+            waited_for_others_ms=mean(self.waited_ms, self.records),
+        )
 
 
-def segment_figures(records: Iterable[StepRecordLike], world_size: int) -> SegmentFigures:
-    """Aggregate a run of steps; a repeated (rank, step) record replaces the earlier one.
+class SegmentAccumulator:
+    """Folds a segment's steps in one at a time, so a live dashboard can forget old steps.
 
-    An empty segment gives zeros, ``busbw_gbps=None``, ``per_rank={}``, no straggler.
+    Means, totals and throughput are exact over every step folded in; step-time percentiles and
+    the median bandwidth are over the last ``RESERVOIR`` steps and collectives.
     """
+
+    def __init__(self, world_size: int) -> None:
+        self.world_size = world_size
+        self.overall = _Running()
+        self.per_rank: dict[int, _Running] = defaultdict(_Running)
+        self.wait_totals: dict[int, float] = defaultdict(float)
+        self.desyncs: list[Desync] = []
+
+    def add_step(self, records_of_one_step: Mapping[int, StepRecordLike]) -> None:
+        if not records_of_one_step:
+            return
+        waits = cross_rank_waits(records_of_one_step)
+        desync = find_desync(records_of_one_step)
+        if desync is not None and len(self.desyncs) < 100:
+            self.desyncs.append(desync)
+        walls = []
+        for rank, rec in sorted(records_of_one_step.items()):
+            f = step_figures(rec, self.world_size)
+            self.overall.add_record(f, waits[rank])
+            self.per_rank[rank].add_record(f, waits[rank])
+            self.per_rank[rank].add_step_wall(f.step_ms)
+            self.wait_totals[rank] += waits[rank]
+            walls.append(f.step_ms)
+        self.overall.add_step_wall(max(walls))
+
+    def copy(self) -> SegmentAccumulator:
+        return copy.deepcopy(self)
+
+    def figures(self) -> SegmentFigures:
+        """An empty segment gives zeros, ``busbw_gbps=None``, ``per_rank={}``, no straggler."""
+        overall = self.overall.figures(self.world_size)
+        return SegmentFigures(
+            **{f.name: getattr(overall, f.name) for f in fields(Figures)},
+            world_size=self.world_size,
+            per_rank={rank: running.figures(self.world_size) for rank, running in sorted(self.per_rank.items())},
+            straggler_rank=straggler(self.wait_totals),
+            desyncs=tuple(self.desyncs),
+        )
+
+
+def segment_figures(records: Iterable[StepRecordLike], world_size: int,
+                    folded: SegmentAccumulator | None = None) -> SegmentFigures:
+    """Aggregate a run of steps (on top of the steps already ``folded``, if any); a repeated
+    (rank, step) record replaces the earlier one."""
     latest: dict[tuple[int, int], StepRecordLike] = {}
     for rec in records:
         latest[(rec.step, rec.rank)] = rec
     by_step: dict[int, dict[int, StepRecordLike]] = defaultdict(dict)
     for (step, rank), rec in sorted(latest.items(), key=lambda kv: kv[0]):
         by_step[step][rank] = rec
-
-    items: list[tuple[StepFigures, float]] = []
-    desyncs: list[Desync] = []
-    wait_totals: dict[int, float] = defaultdict(float)
-    for step, ranks in by_step.items():
-        waits = cross_rank_waits(ranks)
-        desync = find_desync(ranks)
-        if desync is not None:
-            desyncs.append(desync)
-        for rank, rec in ranks.items():
-            items.append((step_figures(rec, world_size), waits[rank]))
-            wait_totals[rank] += waits[rank]
-
-    overall = _aggregate(items, world_size)
-    per_rank = {rank: _aggregate([it for it in items if it[0].rank == rank], world_size)
-                for rank in sorted(wait_totals)}
-    return SegmentFigures(
-        **{f.name: getattr(overall, f.name) for f in fields(Figures)},
-        world_size=world_size,
-        per_rank=per_rank,
-        straggler_rank=straggler(wait_totals),
-        desyncs=tuple(desyncs),
-    )
+    accumulator = folded.copy() if folded is not None else SegmentAccumulator(world_size)
+    for step in sorted(by_step):
+        accumulator.add_step(by_step[step])
+    return accumulator.figures()

@@ -36,6 +36,8 @@ class Segment:
     settings: dict[str, Any]
     first_step: int
     last_step: int
+    #: steps the session no longer keeps, already folded into running figures
+    folded: metrics.SegmentAccumulator | None = field(default=None, compare=False, repr=False)
 
     @property
     def label(self) -> str:
@@ -56,9 +58,16 @@ class RankState:
 
 
 class Session:
-    """State of one session: hellos, step reports grouped into segments, device samples."""
+    """State of one session: hellos, step reports grouped into segments, device samples.
 
-    def __init__(self) -> None:
+    With ``keep_steps`` (the dashboard) only that many recent steps' reports stay in memory;
+    older ones are folded into their segment's running figures, so a long run keeps a bounded
+    footprint while its segment table stays exact. Without it (the recorder) every report is
+    kept for the exports.
+    """
+
+    def __init__(self, keep_steps: int | None = None) -> None:
+        self.keep_steps = keep_steps
         self.ranks: dict[int, RankState] = defaultdict(RankState)
         self.reports: dict[int, dict[int, StepReport]] = defaultdict(dict)  # step -> rank -> report
         self.segments: list[Segment] = []
@@ -128,11 +137,29 @@ class Session:
 
     def _add_report(self, report: StepReport) -> None:
         self.reports[report.step][report.rank] = report
+        self._place_report(report)
+        if self.keep_steps is not None and len(self.reports) > self.keep_steps:
+            self._fold_oldest_steps()
+
+    def _place_report(self, report: StepReport) -> None:
         for segment in self.segments:
             if segment.first_step <= report.step <= segment.last_step:
                 if segment.strategy == report.strategy and segment.settings == report.settings:
                     return
         self._place_in_segment(report)
+
+    def _fold_oldest_steps(self) -> None:
+        assert self.keep_steps is not None
+        for step in sorted(self.reports)[: len(self.reports) - self.keep_steps]:
+            reports = {rank: r for rank, r in self.reports.pop(step).items() if not r.excluded}
+            segment = self.segment_of(step)
+            if segment is not None and reports:
+                if segment.folded is None:
+                    segment.folded = metrics.SegmentAccumulator(self.world_size)
+                segment.folded.add_step(reports)
+
+    def segment_of(self, step: int) -> Segment | None:
+        return next((s for s in self.segments if s.first_step <= step <= s.last_step), None)
 
     def _place_in_segment(self, report: StepReport) -> None:
         """Extend the neighbouring segment with the same settings, or start a new one."""
@@ -175,7 +202,7 @@ class Session:
         ]
 
     def segment_figures(self, segment: Segment) -> metrics.SegmentFigures:
-        return metrics.segment_figures(self.segment_reports(segment), self.world_size)
+        return metrics.segment_figures(self.segment_reports(segment), self.world_size, segment.folded)
 
     def latest_complete_step(self) -> int | None:
         """The newest step every live rank has reported."""

@@ -141,3 +141,18 @@ async def test_sixty_four_ranks_fit_the_timeline_and_the_ranks_table_scrolls() -
         assert timeline_box.size.height < 50 and timeline_box.max_scroll_y > 0  # it scrolls, the rest stays visible
         assert app.ranks_table.max_scroll_y > 0
         assert app.frames > 0
+
+
+def test_a_bounded_session_keeps_recent_steps_and_exact_segment_figures() -> None:
+    from ddpwatch.receiver import ingest
+    from ddpwatch.session import Session
+
+    messages = session_messages(steps=60)
+    everything, bounded = Session(), Session(keep_steps=7)
+    ingest(everything, messages)
+    ingest(bounded, messages)
+    assert len(bounded.reports) == 7 and sorted(bounded.reports)[0] == 54
+    for full, kept in zip(everything.segments, bounded.segments):
+        a, b = everything.segment_figures(full).as_dict(), bounded.segment_figures(kept).as_dict()
+        for key in ("compute_pct", "non_compute_pct", "overlap_pct", "all_reduce_calls_total", "samples_per_s", "step_ms_p50"):
+            assert a[key] == pytest.approx(b[key]), key

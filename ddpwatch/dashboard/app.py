@@ -34,6 +34,7 @@ from .widgets.warnings_panel import WarningsPanel
 
 FRAME_INTERVAL_S = 0.1
 NOTICE_S = 10.0
+KEEP_STEPS = 500  # steps whose reports stay in memory; older ones live on in the segment figures
 
 
 class DashboardApp(App[None]):
@@ -64,7 +65,7 @@ class DashboardApp(App[None]):
         self.out_dir = out_dir
         self.frame_interval_s = frame_interval_s
         self.export_on_exit = export_on_exit
-        self.session = Session()
+        self.session = Session(keep_steps=KEEP_STEPS)
         self.builder = SnapshotBuilder(self.session)
         self.selected_step: int | None = None  # None: follow the latest step
         self.selected_rank: int | None = None

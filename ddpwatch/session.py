@@ -6,6 +6,7 @@ ask ``metrics`` for figures, so the live screen and the exported summary cannot 
 
 from __future__ import annotations
 
+import bisect
 import time
 from collections import Counter, defaultdict, deque
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ from instrumented_ddp.protocol import (
     SwitchCommand,
 )
 
+FOLD_LAG = 20  # a step still missing a rank this far behind the newest is folded as it is
 LOST_AFTER_S = 2.5  # heartbeats come every second: a killed rank shows as lost within 3 s
 STEP_REORDER_SLACK = 2  # the receiver may see a rank's reports a little out of order (never more)
 
@@ -60,14 +62,17 @@ class RankState:
 class Session:
     """State of one session: hellos, step reports grouped into segments, device samples.
 
-    With ``keep_steps`` (the dashboard) only that many recent steps' reports stay in memory;
-    older ones are folded into their segment's running figures, so a long run keeps a bounded
-    footprint while its segment table stays exact. Without it (the recorder) every report is
-    kept for the exports.
+    A step is folded into its segment's running figures as soon as every rank has reported it
+    (or once it is ``FOLD_LAG`` steps behind the newest, for a rank that died), so segment figures
+    cost O(ranks), not O(steps). With ``keep_steps`` (the dashboard) only that many recent steps'
+    reports stay in memory, for the timeline and trends; without it (the recorder) every report
+    is kept for the exports.
     """
 
     def __init__(self, keep_steps: int | None = None) -> None:
         self.keep_steps = keep_steps
+        self._folded_steps: set[int] = set()
+        self._unfolded: list[int] = []  # steps with reports not yet folded, oldest first
         self.ranks: dict[int, RankState] = defaultdict(RankState)
         self.reports: dict[int, dict[int, StepReport]] = defaultdict(dict)  # step -> rank -> report
         self.segments: list[Segment] = []
@@ -126,7 +131,7 @@ class Session:
         if isinstance(message, Hello) and not 0 <= message.rank < message.world_size:
             return "unknown_rank"
         if isinstance(message, StepReport) and envelope.rank in self.ranks:
-            if message.step in self.reports and envelope.rank in self.reports[message.step]:
+            if message.step in self._folded_steps or envelope.rank in self.reports.get(message.step, {}):
                 return "step_repeated"
             if message.step < self.ranks[envelope.rank].last_step - STEP_REORDER_SLACK:
                 return "step_backwards"
@@ -136,10 +141,16 @@ class Session:
         return max((r.hello.world_size for r in self.ranks.values() if r.hello), default=0)
 
     def _add_report(self, report: StepReport) -> None:
+        if report.step not in self.reports:
+            bisect.insort(self._unfolded, report.step)
         self.reports[report.step][report.rank] = report
         self._place_report(report)
-        if self.keep_steps is not None and len(self.reports) > self.keep_steps:
-            self._fold_oldest_steps()
+        self._fold_finished_steps(report.step)
+        if self.keep_steps is not None:
+            while len(self.reports) > self.keep_steps:
+                oldest = min(self.reports)
+                self._fold(oldest)
+                del self.reports[oldest]
 
     def _place_report(self, report: StepReport) -> None:
         for segment in self.segments:
@@ -148,15 +159,28 @@ class Session:
                     return
         self._place_in_segment(report)
 
-    def _fold_oldest_steps(self) -> None:
-        assert self.keep_steps is not None
-        for step in sorted(self.reports)[: len(self.reports) - self.keep_steps]:
-            reports = {rank: r for rank, r in self.reports.pop(step).items() if not r.excluded}
-            segment = self.segment_of(step)
-            if segment is not None and reports:
-                if segment.folded is None:
-                    segment.folded = metrics.SegmentAccumulator(self.world_size)
-                segment.folded.add_step(reports)
+    def _fold_finished_steps(self, newest: int) -> None:
+        world = self._declared_world_size() or 10**9  # before any hello, only age folds a step
+        while self._unfolded:
+            step = self._unfolded[0]
+            if len(self.reports.get(step, {})) < world and step > newest - FOLD_LAG:
+                return
+            self._fold(step)
+
+    def _fold(self, step: int) -> None:
+        if step in self._folded_steps:
+            return
+        if self._unfolded and self._unfolded[0] == step:
+            self._unfolded.pop(0)
+        elif step in self._unfolded:
+            self._unfolded.remove(step)
+        self._folded_steps.add(step)
+        reports = {rank: r for rank, r in self.reports.get(step, {}).items() if not r.excluded}
+        segment = self.segment_of(step)
+        if segment is not None and reports:
+            if segment.folded is None:
+                segment.folded = metrics.SegmentAccumulator(self.world_size)
+            segment.folded.add_step(reports)
 
     def segment_of(self, step: int) -> Segment | None:
         return next((s for s in self.segments if s.first_step <= step <= s.last_step), None)
@@ -202,7 +226,12 @@ class Session:
         ]
 
     def segment_figures(self, segment: Segment) -> metrics.SegmentFigures:
-        return metrics.segment_figures(self.segment_reports(segment), self.world_size, segment.folded)
+        """Folded steps plus the few still waiting for a rank."""
+        pending = [r for step in self._unfolded if segment.first_step <= step <= segment.last_step
+                   for r in self.reports.get(step, {}).values() if not r.excluded]
+        if segment.folded is not None and not pending:
+            return segment.folded.figures()
+        return metrics.segment_figures(pending, self.world_size, segment.folded)
 
     def latest_complete_step(self) -> int | None:
         """The newest step every live rank has reported."""

@@ -34,7 +34,7 @@ from .widgets.warnings_panel import WarningsPanel
 
 FRAME_INTERVAL_S = 0.1
 NOTICE_S = 10.0
-KEEP_STEPS = 500  # steps whose reports stay in memory; older ones live on in the segment figures
+KEEP_STEPS = 120  # steps whose reports stay in memory (timeline, trends); older ones live on in the segment figures
 
 
 class DashboardApp(App[None]):

@@ -118,6 +118,19 @@ class SnapshotBuilder:
     _segment_rows: dict[int, tuple[float, SegmentRow]] = field(default_factory=dict)
     _per_step: dict[str, Any] = field(default_factory=dict)  # parts that change only with new steps
     _per_step_key: tuple[Any, ...] = ()
+    _waits: dict[int, tuple[int, dict[int, float]]] = field(default_factory=dict)  # step -> (ranks seen, waits)
+
+    def waits_of(self, step: int | None) -> dict[int, float]:
+        """Cross-rank waits of a step, computed once per set of reports (the straggler check
+        looks at the last ten steps every frame)."""
+        reports = self.session.reports.get(step, {}) if step is not None else {}
+        cached = self._waits.get(step)  # type: ignore[arg-type]
+        if cached is None or cached[0] != len(reports):
+            cached = (len(reports), metrics.cross_rank_waits(reports) if reports else {})
+            self._waits[step] = cached  # type: ignore[index]
+            for old in [s for s in self._waits if s not in self.session.reports]:
+                del self._waits[old]
+        return cached[1]
 
     def build(self, selected_step: int | None = None, now: float | None = None) -> Snapshot:
         now = time.monotonic() if now is None else now
@@ -125,7 +138,7 @@ class SnapshotBuilder:
         latest = session.latest_complete_step()
         step = selected_step if selected_step in session.reports else latest
         reports = session.reports.get(step, {}) if step is not None else {}
-        waits = metrics.cross_rank_waits(reports) if reports else {}
+        waits = self.waits_of(step)
         key = (step, len(session.reports), sum(len(r) for r in session.reports.values()))
         if key != self._per_step_key:
             self._per_step_key = key
@@ -257,7 +270,7 @@ class SnapshotBuilder:
         for s in steps:
             reports = self.session.reports[s]
             wall_ms += 1000 * max(r.end - r.start for r in reports.values())
-            for rank, waited in metrics.cross_rank_waits(reports).items():
+            for rank, waited in self.waits_of(s).items():
                 totals[rank] = totals.get(rank, 0.0) + waited
         slow = metrics.straggler(totals)
         others = [w for r, w in totals.items() if r != slow]

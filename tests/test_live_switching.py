@@ -98,3 +98,35 @@ def test_dashboard_started_late_and_restarted_picks_the_run_up(tmp_path: Path) -
         assert training.wait(300) == 0, (tmp_path / "train.log").read_text()[-3000:]
     finally:
         stop(training)
+
+
+@pytest.mark.timeout(300)
+def test_switches_racing_the_end_of_training_apply_on_every_rank_or_none(tmp_path: Path) -> None:
+    """Commands keep coming until the run is over: each lands on the same step on every rank, or
+    on none (the run ended first and nobody acknowledges it); the run still finishes cleanly."""
+    from ddpwatch.recorder import load_session
+
+    with Recorder(tmp_path / "session", "--idle-exit", "30") as recorder:
+        training = start_torchrun(["--strategy", "simple", "--steps", "40", "--batch-size", "8", "--log-every", "10",
+                                   "--watch", recorder.address], tmp_path / "train.log")
+        applied = []
+        try:
+            wait_for_line(tmp_path / "train.log", "step 10/40", training)
+            cycle = ["async", "bucket", "hook", "ddp", "ga", "simple"]
+            index = 0
+            while training.poll() is None:
+                try:
+                    ack = request_switch(recorder.address, cycle[index % len(cycle)], 1.0, 1, timeout_s=3)
+                    applied.append(ack.step)
+                except TimeoutError:
+                    pass  # the run ended before rank 0 could take it: applied nowhere
+                index += 1
+            assert training.wait(60) == 0, (tmp_path / "train.log").read_text()[-3000:]
+        finally:
+            stop(training)
+        recorder.wait()
+    assert "parameters identical on all 2 rank(s)" in (tmp_path / "train.log").read_text()
+    session = load_session(tmp_path / "session" / "session.ddpwatch")
+    for step, ranks in session.reports.items():
+        assert len({(r.strategy, tuple(sorted(r.settings.items()))) for r in ranks.values()}) == 1, step
+    assert applied and all(step in session.reports for step in applied)

@@ -62,6 +62,7 @@ class HeaderData:
 @dataclass(frozen=True)
 class RankRow:
     rank: int
+    node: int | None
     host: str
     device: str
     status: str
@@ -194,7 +195,7 @@ class SnapshotBuilder:
         sample = state.devices[-1] if state.devices else None
         utilization, memory = describe_device(sample.readings if sample else {}, sample.kind if sample else "")
         return RankRow(
-            rank=rank, host=hello.host if hello else "?", device=hello.device if hello else "?",
+            rank=rank, node=hello.node_rank if hello else None, host=hello.host if hello else "?", device=hello.device if hello else "?",
             status=self.session.status(rank, now), step=state.last_step,
             step_ms=figures.step_ms if figures else None, compute_pct=figures.compute_pct if figures else None,
             non_compute_pct=figures.non_compute_pct if figures else None, overlap_pct=figures.overlap_pct if figures else None,

@@ -7,7 +7,7 @@ from textual.widgets import DataTable
 
 from ..snapshot import RankRow
 
-COLUMNS = ("rank", "host", "device", "status", "step", "step ms", "Compute%", "Non_Compute%", "Overlap%",
+COLUMNS = ("rank", "node", "host", "device", "status", "step", "step ms", "Compute%", "Non_Compute%", "Overlap%",
            "waited ms", "utilization", "memory", "dropped")
 STATUS_STYLE = {"live": "green", "finished": "blue", "lost": "bold red"}
 
@@ -46,7 +46,7 @@ class RanksTable(DataTable):
     @staticmethod
     def _cells(row: RankRow) -> list[str]:
         status = f"[{STATUS_STYLE.get(row.status, '')}]{row.status}[/]"
-        return [str(row.rank), row.host, row.device, status, str(row.step), _num(row.step_ms),
+        return [str(row.rank), "?" if row.node is None else str(row.node), row.host, row.device, status, str(row.step), _num(row.step_ms),
                 _num(row.compute_pct), _num(row.non_compute_pct), _num(row.overlap_pct), _num(row.waited_ms),
                 row.utilization, row.memory, str(row.dropped)]
 

@@ -16,7 +16,6 @@ real Hugging Face names. Every run ends by checking that all ranks hold identica
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 import time

@@ -88,10 +88,6 @@ def _pct(part: float, whole: float) -> float:
     return 100.0 * part / whole if whole > 0 else 0.0
 
 
-def _mean(values: Sequence[float]) -> float:
-    return float(sum(values) / len(values)) if values else 0.0
-
-
 def _all_reduces(record: StepRecordLike) -> list[SpanLike]:
     """In issue order, which is what lines the i-th call up across ranks."""
     return sorted((s for s in record.spans if s.kind == "all_reduce"), key=lambda s: s.start)

@@ -3,21 +3,27 @@
     model = instrumented_ddp.wrap(model, strategy="bucket", bucket_mb=25)
     ...
     model = instrumented_ddp.unwrap(model)   # the bare model again, no hooks left
+
+The strategies (and torch) load on first use, so ``ddpwatch`` can import
+``instrumented_ddp.protocol`` without importing torch.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from torch import nn
+from .protocol import STRATEGY_NAMES
 
-from .strategies import STRATEGIES, DataParallelStrategy
+if TYPE_CHECKING:
+    from torch import nn
 
-STRATEGY_NAMES: tuple[str, ...] = tuple(STRATEGIES)
+    from .strategies import DataParallelStrategy
 
 
 def wrap(model: nn.Module, strategy: str, **settings: Any) -> DataParallelStrategy:
     """Wrap ``model`` in the named strategy; a collective every rank must call together."""
+    from .strategies import STRATEGIES
+
     try:
         cls = STRATEGIES[strategy]
     except KeyError:
@@ -27,7 +33,17 @@ def wrap(model: nn.Module, strategy: str, **settings: Any) -> DataParallelStrate
 
 def unwrap(model: nn.Module) -> nn.Module:
     """The bare model, with every hook of its strategy removed (a bare model is returned as is)."""
+    from .strategies import DataParallelStrategy
+
     return model.unwrap() if isinstance(model, DataParallelStrategy) else model
+
+
+def __getattr__(name: str) -> Any:
+    if name == "DataParallelStrategy":
+        from .strategies import DataParallelStrategy
+
+        return DataParallelStrategy
+    raise AttributeError(f"module 'instrumented_ddp' has no attribute {name!r}")
 
 
 __all__ = ["STRATEGY_NAMES", "DataParallelStrategy", "unwrap", "wrap"]

@@ -14,7 +14,7 @@ from ddpwatch.dashboard.screens.help_screen import HelpScreen
 from ddpwatch.dashboard.widgets.ranks_table import RanksTable
 from ddpwatch.dashboard.widgets.segments_table import SegmentsTable
 from ddpwatch.dashboard.widgets.timeline_view import TimelineView
-from instrumented_ddp.protocol import Ack, Hello, SwitchCommand, decode, encode
+from instrumented_ddp.protocol import Ack, SwitchCommand, decode, encode
 from instrumented_ddp.telemetry import routing_id
 from synthetic_session import hello, session_messages
 

@@ -66,3 +66,30 @@ def test_a_killed_rank_is_marked_lost_within_three_seconds_and_the_session_keeps
     paths = write_exports(session, tmp_path)
     assert all(path.stat().st_size > 0 for path in paths.values())
     assert all(0 in ranks for step, ranks in session.reports.items())  # rank 0 kept reporting until the end
+
+
+@pytest.mark.timeout(300)
+def test_training_finishes_normally_when_the_recorder_is_killed_mid_run(tmp_path: Path) -> None:
+    from launch import Recorder, run_torchrun
+
+    with Recorder(tmp_path / "session") as recorder:
+        import threading
+
+        def kill_after_first_messages() -> None:
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                file = tmp_path / "session" / "session.ddpwatch"
+                if file.exists() and file.stat().st_size > 20_000:
+                    break
+                time.sleep(0.1)
+            recorder.kill(signal.SIGKILL)
+
+        killer = threading.Thread(target=kill_after_first_messages)
+        killer.start()
+        result = run_torchrun([str(REPO_ROOT / "train.py"), "--strategy", "bucket", "--steps", "60", "--batch-size", "8",
+                               "--log-every", "20", "--watch", recorder.address])
+        killer.join()
+    assert recorder.proc.returncode == -signal.SIGKILL
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "parameters identical on all 2 rank(s)" in result.stdout
+    assert list(read_session_file(tmp_path / "session" / "session.ddpwatch"))  # what it had flushed survives

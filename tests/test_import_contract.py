@@ -1,0 +1,31 @@
+"""The headless and UI side never loads torch; the training side never loads the UI."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import instrumented_ddp
+from instrumented_ddp.strategies import STRATEGIES
+from launch import REPO_ROOT
+
+
+def modules_loaded_by(statement: str) -> set[str]:
+    code = f"import sys; {statement}; print(' '.join(sorted(sys.modules)))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO_ROOT, check=True)
+    return set(result.stdout.split())
+
+
+def test_ddpwatch_never_imports_torch() -> None:
+    loaded = modules_loaded_by("import ddpwatch.cli, ddpwatch.dashboard.app, ddpwatch.recorder, ddpwatch.exporters, ddpwatch.switch_client")
+    assert "torch" not in loaded
+    assert not {m for m in loaded if m.startswith("instrumented_ddp.") and m != "instrumented_ddp.protocol"}
+
+
+def test_training_side_never_imports_the_ui() -> None:
+    loaded = modules_loaded_by("import instrumented_ddp.watch, instrumented_ddp.strategies, instrumented_ddp.data")
+    assert not {m for m in loaded if m.split(".")[0] in ("textual", "ddpwatch")}
+
+
+def test_both_sides_agree_on_the_strategy_names() -> None:
+    assert tuple(STRATEGIES) == instrumented_ddp.STRATEGY_NAMES

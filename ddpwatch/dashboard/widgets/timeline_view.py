@@ -7,7 +7,7 @@ from rich.style import Style
 from textual.strip import Strip
 from textual.widget import Widget
 
-from ..snapshot import Bar, RankLanes, TimelineData
+from ..snapshot import RankLanes, TimelineData
 
 LABEL_WIDTH = 11
 STYLES = {
@@ -25,10 +25,6 @@ STYLES = {
 COMPUTE_PRECEDENCE = ("backward", "forward", "optimizer")
 LEGEND = [("█", "forward", "forward"), ("█", "backward", "backward"), ("█", "optimizer", "optimizer"),
           ("▆", "hidden", "all-reduce hidden by compute"), ("▆", "exposed", "exposed all-reduce"), ("▁", "wait", "wait")]
-
-
-def _covering(bars: tuple[Bar, ...], start: float, end: float) -> list[tuple[int, Bar]]:
-    return [(i, b) for i, b in enumerate(bars) if b.start < end and b.end > start]
 
 
 class TimelineView(Widget):
@@ -92,35 +88,48 @@ class TimelineView(Widget):
     def _lane(self, rank: RankLanes, compute: bool, width: int) -> Strip:
         assert self.data is not None
         columns = self._columns(width)
-        step = self.data.span_s / columns
         label = f"r{rank.rank} compute" if compute else "   comm"
         label_style = STYLES["selected"] if rank.rank == self.selected_rank else STYLES["label"]
+        cells = self._paint_compute(rank, columns) if compute else self._paint_comm(rank, columns)
         segments = [Segment(label.ljust(LABEL_WIDTH) + "│", label_style)]
-        for column in range(columns):
-            start, end = column * step, (column + 1) * step
-            char, style = self._compute_cell(rank, start, end) if compute else self._comm_cell(rank, start, end)
-            segments.append(Segment(char, style))
+        segments += [Segment(char, style) for char, style in cells]
         return Strip(segments).simplify().crop(0, width)
 
-    @staticmethod
-    def _compute_cell(rank: RankLanes, start: float, end: float) -> tuple[str, Style]:
-        kinds = {b.kind for _, b in _covering(rank.compute, start, end)}
-        for kind in COMPUTE_PRECEDENCE:
-            if kind in kinds:
-                return "█", STYLES[kind]
-        return " ", STYLES["axis"]
+    def _column_range(self, start: float, end: float, columns: int) -> range:
+        """The columns an interval touches (every interval gets at least one)."""
+        assert self.data is not None
+        scale = columns / self.data.span_s
+        first = min(max(int(start * scale), 0), columns - 1)
+        last = min(max(int(end * scale - 1e-9), first), columns - 1)
+        return range(first, last + 1)
 
-    @staticmethod
-    def _comm_cell(rank: RankLanes, start: float, end: float) -> tuple[str, Style]:
-        covering = _covering(rank.communication, start, end)
-        collectives = [(i, b) for i, b in covering if b.kind != "wait"]
-        if any(s < end and e > start for s, e in rank.exposed):
-            return "▆", STYLES["exposed"]
-        if collectives:  # alternate shades so neighbouring collectives read as separate bars
-            return "▆", STYLES["hidden" if collectives[0][0] % 2 == 0 else "hidden_alt"]
-        if covering:
-            return "▁", STYLES["wait"]
-        return " ", STYLES["axis"]
+    def _paint_compute(self, rank: RankLanes, columns: int) -> list[tuple[str, Style]]:
+        """Paint bars in reverse precedence so backward shows over forward over optimizer."""
+        cells: list[tuple[str, Style]] = [(" ", STYLES["axis"])] * columns
+        for kind in reversed(COMPUTE_PRECEDENCE):
+            for bar in rank.compute:
+                if bar.kind == kind:
+                    for column in self._column_range(bar.start, bar.end, columns):
+                        cells[column] = ("█", STYLES[kind])
+        return cells
+
+    def _paint_comm(self, rank: RankLanes, columns: int) -> list[tuple[str, Style]]:
+        """Wait under collectives (alternating shades, so neighbours read as separate bars) under
+        exposed communication in red: O(bars + columns) per lane."""
+        cells: list[tuple[str, Style]] = [(" ", STYLES["axis"])] * columns
+        for bar in rank.communication:
+            if bar.kind == "wait":
+                for column in self._column_range(bar.start, bar.end, columns):
+                    cells[column] = ("▁", STYLES["wait"])
+        collectives = [bar for bar in rank.communication if bar.kind != "wait"]
+        for index, bar in enumerate(collectives):
+            style = STYLES["hidden" if index % 2 == 0 else "hidden_alt"]
+            for column in self._column_range(bar.start, bar.end, columns):
+                cells[column] = ("▆", style)
+        for start, end in rank.exposed:
+            for column in self._column_range(start, end, columns):
+                cells[column] = ("▆", STYLES["exposed"])
+        return cells
 
     def _legend(self, width: int) -> Strip:
         segments = [Segment(" " * (LABEL_WIDTH + 1))]

@@ -137,8 +137,8 @@ class TelemetryPublisher:
                 self.dropped += 1
             else:
                 self.unsent_before_connect += 1
-        except zmq.ZMQError:  # the context is going away at exit
-            self.dropped += 1
+        except Exception:  # the context going away at exit, or a message that would not encode:
+            self.dropped += 1  # counted, and the sender thread lives on
 
 
 def routing_id(session: str, rank: int) -> bytes:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -70,8 +71,6 @@ class Watch:
     def update_hello(self, **changes: Any) -> None:
         """After a strategy switch the layout a late dashboard learns must be the new one."""
         if self.publisher is not None:
-            from dataclasses import replace
-
             self.publisher.hello = replace(self.publisher.hello, **changes)
 
     def agree_on_command(self) -> SwitchCommand | None:

@@ -9,9 +9,20 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def wait_for(condition: Callable[[], bool], seconds: float = 10.0) -> bool:
+    """Poll ``condition`` until it holds or ``seconds`` pass; its last answer."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.005)
+    return condition()
 
 
 def free_port() -> int:

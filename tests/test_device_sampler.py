@@ -13,6 +13,7 @@ import pytest
 
 from instrumented_ddp.device_sampler import CpuReader, DeviceSampler, NvmlReader, make_reader
 from instrumented_ddp.protocol import DeviceSample, decode, encode
+from launch import wait_for
 
 GPU_KEYS = {"gpu_util_pct", "mem_util_pct", "mem_used_bytes", "mem_total_bytes"}
 POWER_PCIE_KEYS = {"power_w", "pcie_tx_bytes_per_s", "pcie_rx_bytes_per_s"}
@@ -152,15 +153,6 @@ class ListReader:
         return {"process_cpu_pct": float(self.calls)}
 
 
-def _wait_for(condition: Any, seconds: float = 5.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.005)
-    return condition()
-
-
 def test_sampler_publishes_device_samples_and_stops() -> None:
     published: list[DeviceSample] = []
     lock = threading.Lock()
@@ -171,10 +163,10 @@ def test_sampler_publishes_device_samples_and_stops() -> None:
 
     sampler = DeviceSampler(rank=2, reader=CpuReader(), publish=publish, every_s=0.01).start()
     try:
-        assert _wait_for(lambda: len(published) >= 3)
+        assert wait_for(lambda: len(published) >= 3, seconds=5.0)
     finally:
         sampler.stop()
-    assert _wait_for(lambda: not sampler._thread.is_alive(), seconds=1.0)
+    assert wait_for(lambda: not sampler._thread.is_alive(), seconds=1.0)
     with lock:
         count = len(published)
         samples = list(published)
@@ -191,7 +183,7 @@ def test_sampler_survives_a_reader_that_raises() -> None:
     reader = ListReader(fail_first=2)
     sampler = DeviceSampler(rank=0, reader=reader, publish=published.append, every_s=0.01).start()
     try:
-        assert _wait_for(lambda: len(published) >= 2)
+        assert wait_for(lambda: len(published) >= 2, seconds=5.0)
     finally:
         sampler.stop()
     assert published[0].readings == {"process_cpu_pct": 3.0}

@@ -17,6 +17,7 @@ from ddpwatch.session_file import SESSION_FILE_NAME, SessionWriter, read_session
 from instrumented_ddp import telemetry
 from instrumented_ddp.protocol import Envelope, Goodbye, Heartbeat, Hello, Span, StepReport, decode, encode
 from instrumented_ddp.telemetry import TelemetryPublisher
+from launch import wait_for
 
 HELLO = Hello(
     rank=0, world_size=1, session="s-1", host="localhost", pid=1, device="cpu", backend="gloo",
@@ -36,15 +37,6 @@ def _free_address() -> str:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return f"tcp://127.0.0.1:{sock.getsockname()[1]}"
-
-
-def _wait_for(condition: Callable[[], bool], seconds: float = 10.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.005)
-    return condition()
 
 
 @pytest.mark.timeout(60)
@@ -101,7 +93,7 @@ def test_receiver_gets_hello_on_connection_reports_in_order_and_goodbye(quiet_pu
     closed = False
     try:
         # The first hello and heartbeat go out while nobody listens: unsent, not a reported loss.
-        assert _wait_for(lambda: publisher.unsent_before_connect >= 2)
+        assert wait_for(lambda: publisher.unsent_before_connect >= 2)
         receiver = TelemetryReceiver(address)
         collector = Collector(receiver)
         assert collector.until(lambda got: any(isinstance(e.message, Hello) for e in got))

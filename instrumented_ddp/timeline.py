@@ -148,6 +148,15 @@ class StepTimeline:
             span.complete(self.clock.stamp())
             self._spans().append(span)
 
+    def stamp(self) -> Stamp:
+        return self.clock.stamp()
+
+    def add_span(self, kind: str, start: Stamp, end: Stamp, blocking: bool) -> None:
+        """A span whose ends were stamped elsewhere (e.g. in a gradient hook)."""
+        span = _PendingSpan(kind, start, blocking)
+        span.complete(end)
+        self._spans().append(span)
+
     def open_collective(self, kind: str, nbytes: int, tag: str, dtype: str, blocking: bool) -> _PendingSpan:
         span = _PendingSpan(kind, self.clock.stamp(), blocking, nbytes, tag, dtype)
         self._spans().append(span)

@@ -79,6 +79,12 @@ def test_native_ddp_first_iteration_is_excluded_and_buckets_counted(tmp_path: Pa
     later = {c[0] for step, c in counts.items() if step > 1}
     assert len(later) == 1 and later.pop() > 1
     assert summary["segments"][0]["excluded_steps"] == [1]
+    # DDP waits for its last buckets inside backward: that time is a blocking wait, not compute
+    for step, ranks in session.reports.items():
+        for report in ranks.values():
+            backward = next(s for s in report.spans if s.kind == "backward")
+            waits = [s for s in report.spans if s.kind == "wait" and s.blocking]
+            assert waits and all(backward.start <= w.start <= w.end <= backward.end + 0.01 for w in waits), step
 
 
 def assert_async_collectives_complete_during_backward(session: Session) -> None:

@@ -23,7 +23,9 @@ class NativeDDP(DataParallelStrategy):
     and the state dict keeps the bare model's keys under ``module.``.
 
     When timed, each bucket goes through a communication hook that does what DDP's default
-    all-reduce hook does (divide, async all-reduce) through ``_collective``. DDP's first
+    all-reduce hook does (divide, async all-reduce) through ``_collective``. DDP waits for its
+    last buckets inside ``backward()`` itself: the time from the last gradient's arrival to the
+    end of backward is recorded as a blocking ``wait`` (blocked is not busy). DDP's first
     iteration reduces one bucket holding every gradient, before it rebuilds buckets in
     gradient-ready order: that step is marked excluded from the statistics.
     """
@@ -49,8 +51,16 @@ class NativeDDP(DataParallelStrategy):
             find_unused_parameters=self._find_unused_parameters,
         )
         object.__setattr__(self, "ddp", ddp)  # not a submodule: see the class docstring
+        self._last_gradient_at: Any = None
+        self._gradient_hooks: list[Any] = []
         if self.timeline is not NULL_TIMELINE:
             ddp.register_comm_hook(state=None, hook=self._timed_all_reduce_hook())
+            self._gradient_hooks = [p.register_post_accumulate_grad_hook(self._note_gradient)
+                                    for p in self.trainable_parameters()]
+
+    def _note_gradient(self, _parameter: Any) -> None:
+        if self._sync_enabled:
+            self._last_gradient_at = self.timeline.stamp()
 
     def _timed_all_reduce_hook(self) -> Callable[..., torch.futures.Future]:
         """DDP checks a hook's annotations against real types, which postponed (string)
@@ -64,14 +74,21 @@ class NativeDDP(DataParallelStrategy):
         return timed_all_reduce
 
     def finish_gradient_sync(self) -> None:
-        if self._sync_enabled:
-            self._synced_backwards += 1
+        """Called right after backward returned: DDP's in-backward wait ends about now."""
+        if not self._sync_enabled:
+            return
+        self._synced_backwards += 1
+        if self._last_gradient_at is not None:
+            self.timeline.add_span("wait", self._last_gradient_at, self.timeline.stamp(), blocking=True)
+            self._last_gradient_at = None
 
     @property
     def excluded_from_statistics(self) -> bool:
         return self._synced_backwards <= 1
 
     def _detach(self) -> None:
+        for handle in self._gradient_hooks:
+            handle.remove()
         object.__delattr__(self, "ddp")
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:

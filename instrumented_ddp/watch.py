@@ -72,6 +72,7 @@ class Watch:
         """After a strategy switch the layout a late dashboard learns must be the new one."""
         if self.publisher is not None:
             self.publisher.hello = replace(self.publisher.hello, **changes)
+            self.publisher.publish(self.publisher.hello)  # now, not at the next periodic repeat
 
     def agree_on_command(self) -> SwitchCommand | None:
         """The switch command every rank applies now, or None: a small collective every rank runs

@@ -363,7 +363,9 @@ class SegmentAccumulator:
         self.wait_totals: dict[int, float] = defaultdict(float)
         self.desyncs: list[Desync] = []
 
-    def add_step(self, records_of_one_step: Mapping[int, StepRecordLike]) -> None:
+    def add_step(self, records_of_one_step: Mapping[int, StepRecordLike],
+                 figures: Mapping[int, StepFigures] | None = None) -> None:
+        """``figures``: each rank's ``step_figures`` when the caller already has them."""
         if not records_of_one_step:
             return
         waits = cross_rank_waits(records_of_one_step)
@@ -372,7 +374,7 @@ class SegmentAccumulator:
             self.desyncs.append(desync)
         walls = []
         for rank, rec in sorted(records_of_one_step.items()):
-            f = step_figures(rec, self.world_size)
+            f = figures[rank] if figures is not None and rank in figures else step_figures(rec, self.world_size)
             self.overall.add_record(f, waits[rank])
             self.per_rank[rank].add_record(f, waits[rank])
             self.per_rank[rank].add_step_wall(f.step_ms)

@@ -72,6 +72,7 @@ class Session:
     def __init__(self, keep_steps: int | None = None) -> None:
         self.keep_steps = keep_steps
         self._folded_steps: set[int] = set()
+        self._figures: dict[int, dict[int, metrics.StepFigures]] = {}  # step -> rank -> figures (kept steps)
         self._unfolded: list[int] = []  # steps with reports not yet folded, oldest first
         self.ranks: dict[int, RankState] = defaultdict(RankState)
         self.reports: dict[int, dict[int, StepReport]] = defaultdict(dict)  # step -> rank -> report
@@ -151,6 +152,7 @@ class Session:
                 oldest = min(self.reports)
                 self._fold(oldest)
                 del self.reports[oldest]
+                self._figures.pop(oldest, None)
 
     def _place_report(self, report: StepReport) -> None:
         for segment in self.segments:
@@ -180,7 +182,16 @@ class Session:
         if segment is not None and reports:
             if segment.folded is None:
                 segment.folded = metrics.SegmentAccumulator(self.world_size)
-            segment.folded.add_step(reports)
+            segment.folded.add_step(reports, self.step_figures(step))
+
+    def step_figures(self, step: int) -> dict[int, metrics.StepFigures]:
+        """Each rank's figures for a kept step, computed once per report (the fold, the ranks
+        table and the exports all ask)."""
+        known = self._figures.setdefault(step, {})
+        for rank, report in self.reports.get(step, {}).items():
+            if rank not in known:
+                known[rank] = metrics.step_figures(report, self.world_size)
+        return known
 
     def segment_of(self, step: int) -> Segment | None:
         return next((s for s in self.segments if s.first_step <= step <= s.last_step), None)
@@ -225,10 +236,11 @@ class Session:
             if include_excluded or not report.excluded
         ]
 
-    def segment_figures(self, segment: Segment) -> metrics.SegmentFigures:
-        """Folded steps plus the few still waiting for a rank."""
+    def segment_figures(self, segment: Segment, include_pending: bool = True) -> metrics.SegmentFigures:
+        """Folded steps plus the few still waiting for a rank; the live dashboard leaves those out
+        (``include_pending=False``): at 64 ranks there is always one, and adding it costs a copy."""
         pending = [r for step in self._unfolded if segment.first_step <= step <= segment.last_step
-                   for r in self.reports.get(step, {}).values() if not r.excluded]
+                   for r in self.reports.get(step, {}).values() if not r.excluded] if include_pending else []
         if segment.folded is not None and not pending:
             return segment.folded.figures()
         return metrics.segment_figures(pending, self.world_size, segment.folded)

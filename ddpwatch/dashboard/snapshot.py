@@ -148,7 +148,7 @@ class SnapshotBuilder:
                 "step_ms": self._trend(lambda r: 1000 * (r.end - r.start)),
                 "straggler": self._straggler(step),
                 "timeline": timeline_of(step, reports) if reports else None,
-                "figures": {rank: metrics.step_figures(report, session.world_size) for rank, report in reports.items()},
+                "figures": session.step_figures(step) if step is not None else {},
             }
         device_key = tuple(len(state.devices) and state.devices[-1].time for state in session.ranks.values())
         if device_key != self._per_step.get("device_key"):
@@ -224,7 +224,7 @@ class SnapshotBuilder:
         cached = self._segment_rows.get(segment.index)
         if cached and cached[1].steps == f"{segment.first_step}-{segment.last_step}" and (closed or now - cached[0] < SEGMENT_REFRESH_S):
             return cached[1]
-        f = self.session.segment_figures(segment)
+        f = self.session.segment_figures(segment, include_pending=False)
         row = SegmentRow(segment.label, f"{segment.first_step}-{segment.last_step}", f.compute_pct, f.non_compute_pct,
                          f.idle_pct, f.overlap_pct, f.comm_overhead_pct, f.all_reduce_calls, f.all_reduce_ms,
                          f.step_ms_p50, f.samples_per_s)

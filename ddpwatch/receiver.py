@@ -87,6 +87,17 @@ class TelemetryReceiver:
         self._context.destroy(linger=0)
 
 
+def log_and_decode(data: bytes, writer: SessionWriter | None = None,
+                   max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Envelope | ProtocolError:
+    """Append the raw message to the session file (rejected ones too), then decode it."""
+    if writer is not None:
+        writer.append(data, time.time())
+    try:
+        return decode(data, max_message_bytes)
+    except ProtocolError as error:
+        return error
+
+
 def ingest(
     session: Session,
     raw_messages: Iterable[bytes],
@@ -95,17 +106,13 @@ def ingest(
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
 ) -> list[Envelope]:
     """Log every message as it came, then fold the valid ones into ``session`` (and return them)."""
-    now = time.time()
     accepted: list[Envelope] = []
     for data in raw_messages:
-        if writer is not None:
-            writer.append(data, now)
-        try:
-            envelope = decode(data, max_message_bytes)
-        except ProtocolError as error:
-            session.reject(error.category)
+        envelope = log_and_decode(data, writer, max_message_bytes)
+        if isinstance(envelope, ProtocolError):
+            session.reject(envelope.category)
             if on_reject is not None:
-                on_reject(str(error))
+                on_reject(str(envelope))
             continue
         problem = session.ingest(envelope)
         if problem is None:

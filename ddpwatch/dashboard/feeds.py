@@ -12,11 +12,11 @@ import time
 from collections import deque
 from pathlib import Path
 
-from instrumented_ddp.protocol import DEFAULT_MAX_MESSAGE_BYTES, Envelope, ProtocolError, SwitchCommand, decode
+from instrumented_ddp.protocol import DEFAULT_MAX_MESSAGE_BYTES, Envelope, ProtocolError, SwitchCommand
 
 from ..auth import ServerKeys
 from ..control import SwitchRelay
-from ..receiver import TelemetryReceiver
+from ..receiver import TelemetryReceiver, log_and_decode
 from ..session_file import SessionWriter, read_session_file
 
 Item = Envelope | ProtocolError
@@ -51,12 +51,6 @@ class Feed:
     def request_switch(self, command: SwitchCommand) -> None:
         raise RuntimeError("this feed cannot switch strategies")
 
-    def _decode(self, data: bytes, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Item:
-        try:
-            return decode(data, max_bytes)
-        except ProtocolError as error:
-            return error
-
     def _run(self) -> None:
         raise NotImplementedError
 
@@ -84,8 +78,7 @@ class LiveFeed(Feed):
         try:
             while not self._stop.is_set():
                 for peer, data in self.receiver.receive(timeout_ms=50):
-                    writer.append(data, time.time())
-                    item = self._decode(data, self.max_message_bytes)
+                    item = log_and_decode(data, writer, self.max_message_bytes)
                     if isinstance(item, Envelope):
                         self.relay.note(peer, item)
                         if isinstance(item.message, SwitchCommand):
@@ -123,7 +116,7 @@ class ReplayFeed(Feed):
                     time.sleep(min(delay, 0.05))
                     delay -= 0.05
             previous = received_at
-            self._items.append(self._decode(data))
+            self._items.append(log_and_decode(data))
         self.finished = True
 
 
@@ -137,4 +130,4 @@ class StaticFeed(Feed):
 
     def _run(self) -> None:
         for data in self._messages:
-            self._items.append(self._decode(data))
+            self._items.append(log_and_decode(data))

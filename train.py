@@ -69,11 +69,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             parser.error(str(error))
     elif not args.no_watch and not is_loopback(args.watch):
         parser.error(f"--watch {args.watch} is not loopback: pass --watch-key FILE (the dashboard's client.json)")
-    if args.batch_size % (world_size * args.grad_accum):
-        parser.error(
-            f"--batch-size {args.batch_size} does not divide by world size {world_size} x grad-accum {args.grad_accum}"
-        )
+    if problem := accumulation_problem(args.batch_size, world_size, args.grad_accum):
+        parser.error(f"--{problem}")
     return args
+
+
+def accumulation_problem(batch_size: int, world_size: int, grad_accum: int) -> str | None:
+    """Each rank splits its share of the global batch into ``grad_accum`` equal micro-batches."""
+    if grad_accum < 1 or batch_size % (world_size * grad_accum):
+        return f"batch-size {batch_size} does not divide by world size {world_size} x grad-accum {grad_accum}"
+    return None
 
 
 def load_model_and_data(args: argparse.Namespace, context: DistributedContext):
@@ -125,9 +130,8 @@ def switch_strategy(model, command, args: argparse.Namespace, context: Distribut
     bucket_mb = command.bucket_mb or args.bucket_mb
     problem = (
         f"unknown strategy {command.strategy!r}" if command.strategy not in instrumented_ddp.STRATEGY_NAMES
-        else f"batch size {args.batch_size} does not divide by {context.world_size} x {grad_accum}"
-        if grad_accum < 1 or args.batch_size % (context.world_size * grad_accum)
-        else "bucket size must be positive" if bucket_mb <= 0 else ""
+        else accumulation_problem(args.batch_size, context.world_size, grad_accum)
+        or ("bucket size must be positive" if bucket_mb <= 0 else "")
     )
     if problem:
         watch.acknowledge(command, False, watch.steps + 1, problem)

@@ -72,7 +72,8 @@ class Session:
     def __init__(self, keep_steps: int | None = None) -> None:
         self.keep_steps = keep_steps
         self._folded_steps: set[int] = set()
-        self._figures: dict[int, dict[int, metrics.StepFigures]] = {}  # step -> rank -> figures (kept steps)
+        self._figures: dict[int, dict[int, metrics.StepFigures]] = {}
+        self._declared_world = 0  # step -> rank -> figures (kept steps)
         self._unfolded: list[int] = []  # steps with reports not yet folded, oldest first
         self.ranks: dict[int, RankState] = defaultdict(RankState)
         self.reports: dict[int, dict[int, StepReport]] = defaultdict(dict)  # step -> rank -> report
@@ -105,6 +106,7 @@ class Session:
         if isinstance(message, Hello):
             rank.hello = message
             self.session_id = message.session
+            self._declared_world = max((r.hello.world_size for r in self.ranks.values() if r.hello), default=0)
         elif isinstance(message, StepReport):
             self._add_report(message)
             rank.last_step = max(rank.last_step, message.step)
@@ -139,7 +141,9 @@ class Session:
         return None
 
     def _declared_world_size(self) -> int:
-        return max((r.hello.world_size for r in self.ranks.values() if r.hello), default=0)
+        """The world the hellos declare (0 before any): kept up to date on each hello, since every
+        message asks for it."""
+        return self._declared_world
 
     def _add_report(self, report: StepReport) -> None:
         if report.step not in self.reports:

@@ -109,6 +109,9 @@ class Watch:
     def step_done(self) -> list[StepReport]:
         """Send the reports whose timings have resolved; returns them (for tests and logging)."""
         self.steps += 1
+        return self._publish_completed()
+
+    def _publish_completed(self) -> list[StepReport]:
         reports = self.timeline.completed_reports()
         if self.publisher is not None:
             for report in reports:
@@ -121,8 +124,7 @@ class Watch:
         if self.publisher is not None:
             deadline = time.monotonic() + 1.0  # the last step's completion callbacks may still be due
             while self.timeline.has_pending() and time.monotonic() < deadline:
-                for report in self.timeline.completed_reports():
-                    self.publisher.publish(report)
+                self._publish_completed()
                 time.sleep(0.005)
             self.publisher.close(self.steps, reason)
 

@@ -29,6 +29,7 @@ from ingest import rank_stream  # noqa: E402  (the same realistic per-rank strea
 
 from ddpwatch.dashboard.app import DashboardApp  # noqa: E402
 from ddpwatch.dashboard.feeds import LiveFeed  # noqa: E402
+from ddpwatch.demo import free_loopback_address  # noqa: E402
 from instrumented_ddp.protocol import encode  # noqa: E402
 from instrumented_ddp.telemetry import routing_id  # noqa: E402
 
@@ -62,9 +63,7 @@ def rss_mib() -> float:
 
 
 async def watch(args: argparse.Namespace, directory: Path) -> None:
-    with __import__("socket").socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        address = f"tcp://127.0.0.1:{probe.getsockname()[1]}"
+    address = free_loopback_address()
     app = DashboardApp(LiveFeed(address, directory / "session.ddpwatch"), export_on_exit=False)
     steps = int(args.seconds / args.step_s)
     groups = [list(range(args.ranks))[i :: args.senders] for i in range(args.senders)]

@@ -92,6 +92,8 @@ async def watch(args: argparse.Namespace, directory: Path) -> None:
         print(f"  steps kept in memory {len(session.reports)} (spans {spans:,}); session file "
               f"{(directory / 'session.ddpwatch').stat().st_size / 2**20:.1f} MiB")
         print("  RSS over the run     " + ", ".join(f"{t:.0f}s {rss:.0f} MiB" for t, rss, _, _ in samples))
+        windows = zip([(0.0, 0.0, 0, 0.0), *samples], samples)
+        print("  frames/s, 5 s windows " + ", ".join(f"{(f1 - f0) / (t1 - t0):.1f}" for (t0, _, f0, _), (t1, _, f1, _) in windows))
 
 
 def main() -> None:

@@ -385,20 +385,26 @@ class SegmentAccumulator:
     def copy(self) -> SegmentAccumulator:
         return copy.deepcopy(self)
 
-    def figures(self) -> SegmentFigures:
-        """An empty segment gives zeros, ``busbw_gbps=None``, ``per_rank={}``, no straggler."""
+    @property
+    def records(self) -> int:
+        return self.overall.records
+
+    def figures(self, per_rank: bool = True) -> SegmentFigures:
+        """An empty segment gives zeros, ``busbw_gbps=None``, ``per_rank={}``, no straggler.
+        ``per_rank=False`` skips the per-rank figures (a percentile pass per rank)."""
         overall = self.overall.figures(self.world_size)
         return SegmentFigures(
             **{f.name: getattr(overall, f.name) for f in fields(Figures)},
             world_size=self.world_size,
-            per_rank={rank: running.figures(self.world_size) for rank, running in sorted(self.per_rank.items())},
+            per_rank={rank: running.figures(self.world_size) for rank, running in sorted(self.per_rank.items())}
+            if per_rank else {},
             straggler_rank=straggler(self.wait_totals),
             desyncs=tuple(self.desyncs),
         )
 
 
 def segment_figures(records: Iterable[StepRecordLike], world_size: int,
-                    folded: SegmentAccumulator | None = None) -> SegmentFigures:
+                    folded: SegmentAccumulator | None = None, per_rank: bool = True) -> SegmentFigures:
     """Aggregate a run of steps (on top of the steps already ``folded``, if any); a repeated
     (rank, step) record replaces the earlier one."""
     latest: dict[tuple[int, int], StepRecordLike] = {}
@@ -410,4 +416,4 @@ def segment_figures(records: Iterable[StepRecordLike], world_size: int,
     accumulator = folded.copy() if folded is not None else SegmentAccumulator(world_size)
     for step in sorted(by_step):
         accumulator.add_step(by_step[step])
-    return accumulator.figures()
+    return accumulator.figures(per_rank)

@@ -9,8 +9,9 @@ from __future__ import annotations
 import bisect
 import time
 from collections import Counter, defaultdict, deque
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, overload
 
 from ddpwatch import metrics
 from instrumented_ddp.protocol import (
@@ -20,6 +21,7 @@ from instrumented_ddp.protocol import (
     Goodbye,
     Heartbeat,
     Hello,
+    Span,
     StepReport,
     SwitchCommand,
 )
@@ -27,6 +29,41 @@ from instrumented_ddp.protocol import (
 FOLD_LAG = 20  # a step still missing a rank this far behind the newest is folded as it is
 LOST_AFTER_S = 2.5  # heartbeats come every second: a killed rank shows as lost within 3 s
 STEP_REORDER_SLACK = 2  # the receiver may see a rank's reports a little out of order (never more)
+
+
+class PackedSpans(Sequence[Span]):
+    """A kept report's spans as plain tuples, handed out as ``Span`` on reading.
+
+    Python's cycle collector can stop tracking a plain tuple of numbers and strings, but never a
+    named tuple. At 64 ranks a dashboard keeps ~500k spans: tracked, every full collection scanned
+    them all (100-240 ms, two frames dropped each second); plain, they cost it nothing.
+    """
+
+    __slots__ = ("_rows",)
+
+    def __init__(self, spans: Iterable[Span]) -> None:
+        self._rows = tuple(tuple(span) for span in spans)
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    @overload
+    def __getitem__(self, index: int) -> Span: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[Span]: ...
+    def __getitem__(self, index: int | slice) -> Span | list[Span]:
+        if isinstance(index, slice):
+            return [Span._make(row) for row in self._rows[index]]
+        return Span._make(self._rows[index])
+
+    def __iter__(self) -> Iterator[Span]:
+        return map(Span._make, self._rows)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sequence) and list(self) == list(other)
+
+    def __repr__(self) -> str:
+        return f"PackedSpans({list(self)!r})"
 
 
 @dataclass
@@ -40,6 +77,11 @@ class Segment:
     last_step: int
     #: steps the session no longer keeps, already folded into running figures
     folded: metrics.SegmentAccumulator | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def folded_records(self) -> int:
+        """(rank, step) reports folded so far: the segment's figures change only when this does."""
+        return self.folded.records if self.folded is not None else 0
 
     @property
     def label(self) -> str:
@@ -146,6 +188,9 @@ class Session:
         return self._declared_world
 
     def _add_report(self, report: StepReport) -> None:
+        # Figured while the spans are still Span objects: packed, each reading makes them again.
+        self._figures.setdefault(report.step, {})[report.rank] = metrics.step_figures(report, self.world_size)
+        report = replace(report, spans=PackedSpans(report.spans))
         if report.step not in self.reports:
             bisect.insort(self._unfolded, report.step)
         self.reports[report.step][report.rank] = report
@@ -240,14 +285,16 @@ class Session:
             if include_excluded or not report.excluded
         ]
 
-    def segment_figures(self, segment: Segment, include_pending: bool = True) -> metrics.SegmentFigures:
+    def segment_figures(self, segment: Segment, include_pending: bool = True,
+                        per_rank: bool = True) -> metrics.SegmentFigures:
         """Folded steps plus the few still waiting for a rank; the live dashboard leaves those out
-        (``include_pending=False``): at 64 ranks there is always one, and adding it costs a copy."""
+        (``include_pending=False``): at 64 ranks there is always one, and adding it costs a copy.
+        ``per_rank=False`` leaves ``per_rank`` empty, for a caller that shows only the totals."""
         pending = [r for step in self._unfolded if segment.first_step <= step <= segment.last_step
                    for r in self.reports.get(step, {}).values() if not r.excluded] if include_pending else []
         if segment.folded is not None and not pending:
-            return segment.folded.figures()
-        return metrics.segment_figures(pending, self.world_size, segment.folded)
+            return segment.folded.figures(per_rank)
+        return metrics.segment_figures(pending, self.world_size, segment.folded, per_rank)
 
     def latest_complete_step(self) -> int | None:
         """The newest step every live rank has reported."""

@@ -143,6 +143,25 @@ async def test_sixty_four_ranks_fit_the_timeline_and_the_ranks_table_scrolls() -
         assert app.frames > 0
 
 
+async def test_a_click_or_enter_on_a_rank_row_highlights_that_rank_and_the_cursor_scrolls() -> None:
+    app = DashboardApp(StaticFeed(session_messages(steps=6, world_size=64)), export_on_exit=False)
+    async with app.run_test(size=(160, 50)) as pilot:
+        await pilot.pause(0.5)
+        table = app.ranks_table
+        await pilot.click(RanksTable, offset=(2, 3))  # below the border: the header, rank 0, rank 1
+        await pilot.pause(0.1)
+        assert app.selected_rank == 1 and table.cursor_row == 1
+        await pilot.click(RanksTable, offset=(2, 3))
+        await pilot.pause(0.1)
+        assert app.selected_rank is None  # a second click on the same rank clears the highlight
+        table.focus()
+        await pilot.press(*["down"] * 40, "enter")
+        await pilot.pause(0.1)
+        assert table.cursor_row == 41 and app.selected_rank == 41
+        visible_rows = table.size.height - 1
+        assert table.scroll_y <= 41 < table.scroll_y + visible_rows  # the cursor never leaves the view
+
+
 def test_a_bounded_session_keeps_recent_steps_and_exact_segment_figures() -> None:
     from ddpwatch.receiver import ingest
     from ddpwatch.session import Session

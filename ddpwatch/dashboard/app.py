@@ -7,6 +7,7 @@ the picker turn into switch commands the feed relays to rank 0 until acknowledge
 
 from __future__ import annotations
 
+import gc
 import time
 from collections import deque
 from pathlib import Path
@@ -35,6 +36,12 @@ from .widgets.warnings_panel import WarningsPanel
 FRAME_INTERVAL_S = 0.1
 NOTICE_S = 10.0
 KEEP_STEPS = 120  # steps whose reports stay in memory (timeline, trends); older ones live on in the segment figures
+# Python's cycle collector scans every tracked object in a full pass: here ~500 ns each. With the
+# default threshold (10 younger passes) a full pass came more than once a second at 64 ranks and
+# took 40-240 ms, dropping frames. Objects made before the first frame (imports, widgets) are
+# frozen out of it; 100 younger passes make a full pass about every 6 s. Textual's strips form
+# reference cycles, so waiting much longer lets their garbage pile up (1.4 MiB/s at 1000).
+FULL_COLLECTION_AFTER = 100
 
 
 class DashboardApp(App[None]):
@@ -96,10 +103,16 @@ class DashboardApp(App[None]):
         yield Footer()
 
     def on_mount(self) -> None:
+        self._gc_thresholds = gc.get_threshold()
+        gc.collect()
+        gc.freeze()
+        gc.set_threshold(*self._gc_thresholds[:2], FULL_COLLECTION_AFTER)
         self.feed.start()
         self.set_interval(self.frame_interval_s, self.refresh_frame)
 
     def on_unmount(self) -> None:
+        gc.unfreeze()
+        gc.set_threshold(*self._gc_thresholds)
         self.feed.stop()
         if self.export_on_exit and self.out_dir is not None and self.session.reports:
             write_exports(self.session, self.out_dir)

@@ -8,8 +8,8 @@ running one is recomputed at most once a second, so a long run does not slow the
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, NamedTuple
 
 from ddpwatch import metrics
 from ddpwatch.session import Segment, Session
@@ -20,9 +20,9 @@ STRAGGLER_SHARE = 0.10  # the others waited over this share of the step for one 
 TREND_POINTS = 120
 
 
-@dataclass(frozen=True)
-class Bar:
-    """One interval on the shared axis, seconds from the step's origin."""
+class Bar(NamedTuple):
+    """One interval on the shared axis, seconds from the step's origin (a tuple: a frame at 64
+    ranks makes thousands)."""
 
     kind: str
     start: float
@@ -111,15 +111,41 @@ class Snapshot:
     warnings: tuple[str, ...]
 
 
+@dataclass(frozen=True)
+class StepSummary:
+    """What the trends and the header need from one step, so a frame reads 120 of these
+    rather than 120 steps x 64 ranks of reports."""
+
+    ranks: int  # reports it was computed from
+    loss: float | None  # mean over ranks that reported one (NaN left out)
+    step_ms: float  # mean over ranks
+    wall_s: float  # the slowest rank's window: the step took that long for everyone
+    samples: int
+
+
+def summarize(reports: dict[int, StepReport]) -> StepSummary:
+    losses = [r.loss for r in reports.values() if r.loss is not None and r.loss == r.loss]
+    windows = [r.end - r.start for r in reports.values()]
+    return StepSummary(len(reports), sum(losses) / len(losses) if losses else None,
+                       1000 * sum(windows) / len(windows), max(windows), sum(r.samples for r in reports.values()))
+
+
 @dataclass
 class SnapshotBuilder:
-    """Turns the session into a snapshot; keeps the caches that make that cheap."""
+    """Turns the session into a snapshot; keeps the caches that make that cheap.
+
+    Each cache is keyed by a step and the number of reports it had, so a frame recomputes only
+    what a new report changed: at 64 ranks a report arrives between almost every two frames.
+    """
 
     session: Session
-    _segment_rows: dict[int, tuple[float, SegmentRow]] = field(default_factory=dict)
-    _per_step: dict[str, Any] = field(default_factory=dict)  # parts that change only with new steps
-    _per_step_key: tuple[Any, ...] = ()
+    _segment_rows: dict[int, tuple[float, tuple[Any, ...], SegmentRow]] = field(default_factory=dict)
+    _summaries: dict[int, StepSummary] = field(default_factory=dict)
     _waits: dict[int, tuple[int, dict[int, float]]] = field(default_factory=dict)  # step -> (ranks seen, waits)
+    _shown_step: tuple[Any, ...] = ()  # (step, reports) the timeline and desync below were made from
+    _timeline: TimelineData | None = None
+    _desync: metrics.Desync | None = None
+    _devices: dict[int, tuple[float, DeviceSeries]] = field(default_factory=dict)  # rank -> (newest sample, series)
 
     def waits_of(self, step: int | None) -> dict[int, float]:
         """Cross-rank waits of a step, computed once per set of reports (the straggler check
@@ -133,6 +159,20 @@ class SnapshotBuilder:
                 del self._waits[old]
         return cached[1]
 
+    def summaries(self, steps: list[int]) -> list[StepSummary]:
+        """Of the given kept steps, in order; forgets steps the session no longer keeps."""
+        out = []
+        for step in steps:
+            reports = self.session.reports[step]
+            cached = self._summaries.get(step)
+            if cached is None or cached.ranks != len(reports):
+                cached = self._summaries[step] = summarize(reports)
+            out.append(cached)
+        if len(self._summaries) > len(self.session.reports):
+            for old in [s for s in self._summaries if s not in self.session.reports]:
+                del self._summaries[old]
+        return out
+
     def build(self, selected_step: int | None = None, now: float | None = None) -> Snapshot:
         now = time.monotonic() if now is None else now
         session = self.session
@@ -140,54 +180,45 @@ class SnapshotBuilder:
         step = selected_step if selected_step in session.reports else latest
         reports = session.reports.get(step, {}) if step is not None else {}
         waits = self.waits_of(step)
-        key = (step, len(session.reports), sum(len(r) for r in session.reports.values()))
-        if key != self._per_step_key:
-            self._per_step_key = key
-            self._per_step = {
-                "loss": self._trend(lambda r: r.loss),
-                "step_ms": self._trend(lambda r: 1000 * (r.end - r.start)),
-                "straggler": self._straggler(step),
-                "timeline": timeline_of(step, reports) if reports else None,
-                "figures": session.step_figures(step) if step is not None else {},
-            }
-        device_key = tuple(len(state.devices) and state.devices[-1].time for state in session.ranks.values())
-        if device_key != self._per_step.get("device_key"):
-            self._per_step["device_key"] = device_key
-            self._per_step["devices"] = tuple(self._device_series(rank) for rank in sorted(session.ranks))
+        if (step, len(reports)) != self._shown_step:
+            self._shown_step = (step, len(reports))
+            self._timeline = timeline_of(step, reports) if step is not None and reports else None
+            self._desync = metrics.find_desync(reports) if reports else None
+        figures = session.step_figures(step) if step is not None else {}
+        kept = sorted(session.reports)[-TREND_POINTS:]
+        trend = self.summaries(kept)
         return Snapshot(
-            header=self._header(step, selected_step is None or selected_step == latest),
-            timeline=self._per_step["timeline"],
-            ranks=tuple(self._rank_row(rank, self._per_step["figures"].get(rank), waits.get(rank), now) for rank in sorted(session.ranks)),
-            devices=self._per_step["devices"],
-            loss=self._per_step["loss"],
-            step_ms=self._per_step["step_ms"],
+            header=self._header(step, selected_step is None or selected_step == latest, kept, trend),
+            timeline=self._timeline,
+            ranks=tuple(self._rank_row(rank, figures.get(rank), waits.get(rank), now) for rank in sorted(session.ranks)),
+            devices=tuple(self._device_series(rank) for rank in sorted(session.ranks)),
+            loss=tuple(s.loss for s in trend if s.loss is not None),
+            step_ms=tuple(s.step_ms for s in trend),
             segments=tuple(self._segment_row(segment, now) for segment in session.segments),
-            warnings=tuple(self._warnings(step, reports, waits, now)),
+            warnings=tuple(self._warnings(step, now)),
         )
 
     # -- parts -------------------------------------------------------------------------------------
-    def _header(self, step: int | None, following: bool) -> HeaderData:
+    def _header(self, step: int | None, following: bool, kept: list[int], trend: list[StepSummary]) -> HeaderData:
         session = self.session
         hello = next((s.hello for _, s in sorted(session.ranks.items()) if s.hello), None)
         current = session.segments[-1] if session.segments else None
         strategy = current.strategy if current else (hello.strategy if hello else "—")
         settings = current.label.removeprefix(strategy).strip(" ()") if current else ""
-        rate, step_s = self._recent_rate()
+        rate, step_s = self._recent_rate(trend)
         total = hello.total_steps if hello else 0
         done = max((s.last_step for s in session.ranks.values()), default=0)
         eta = (total - done) * step_s if step_s and total else None
         return HeaderData(session.session_id or "waiting for a run…", session.world_size, strategy, settings,
                           step or 0, total, eta, rate, following)
 
-    def _recent_rate(self, window: int = 20) -> tuple[float, float | None]:
+    def _recent_rate(self, trend: list[StepSummary], window: int = 20) -> tuple[float, float | None]:
         """Global samples/s and seconds per step over the last ``window`` complete steps."""
-        steps = [s for s in sorted(self.session.reports)[-window:] if len(self.session.reports[s]) >= self.session.world_size]
-        if len(steps) < 2:
+        complete = [s for s in trend[-window:] if s.ranks >= self.session.world_size]
+        if len(complete) < 2:
             return 0.0, None
-        walls = [max(r.end - r.start for r in self.session.reports[s].values()) for s in steps]
-        samples = sum(r.samples for s in steps for r in self.session.reports[s].values())
-        wall = sum(walls)
-        return (samples / wall if wall > 0 else 0.0), wall / len(walls)
+        wall = sum(s.wall_s for s in complete)
+        return (sum(s.samples for s in complete) / wall if wall > 0 else 0.0), wall / len(complete)
 
     def _rank_row(self, rank: int, figures: metrics.StepFigures | None, waited_s: float | None, now: float) -> RankRow:
         state = self.session.ranks[rank]
@@ -204,36 +235,42 @@ class SnapshotBuilder:
         )
 
     def _device_series(self, rank: int) -> DeviceSeries:
-        samples = list(self.session.ranks[rank].devices)[-TREND_POINTS:]
+        """Rebuilt only when the rank sent a new sample."""
+        devices = self.session.ranks[rank].devices
+        newest = devices[-1].time if devices else -1.0
+        cached = self._devices.get(rank)
+        if cached is not None and cached[0] == newest:
+            return cached[1]
+        samples = list(devices)[-TREND_POINTS:]
         gpu = bool(samples) and samples[-1].kind == "gpu"
         key = "gpu_util_pct" if gpu else "process_cpu_pct"
         values = tuple(s.readings[key] for s in samples if key in s.readings)
-        return DeviceSeries(rank, "GPU util %" if gpu else "CPU % (no GPU)", values)
-
-    def _trend(self, value: Any) -> tuple[float, ...]:
-        """Mean over ranks of ``value(report)`` for the latest steps."""
-        points = []
-        for step in sorted(self.session.reports)[-TREND_POINTS:]:
-            values = [v for r in self.session.reports[step].values() if (v := value(r)) is not None and v == v]
-            if values:
-                points.append(sum(values) / len(values))
-        return tuple(points)
+        series = DeviceSeries(rank, "GPU util %" if gpu else "CPU % (no GPU)", values)
+        self._devices[rank] = (newest, series)
+        return series
 
     def _segment_row(self, segment: Segment, now: float) -> SegmentRow:
-        closed = segment is not self.session.segments[-1]
+        """Figures of the running segment are recomputed at most once a second (its step range
+        every frame); a closed segment's only when a late step is folded into it."""
+        steps = f"{segment.first_step}-{segment.last_step}"
+        running = segment is self.session.segments[-1]
+        key = (segment.label, segment.first_step, segment.folded_records)
         cached = self._segment_rows.get(segment.index)
-        if cached and cached[1].steps == f"{segment.first_step}-{segment.last_step}" and (closed or now - cached[0] < SEGMENT_REFRESH_S):
-            return cached[1]
-        f = self.session.segment_figures(segment, include_pending=False)
-        row = SegmentRow(segment.label, f"{segment.first_step}-{segment.last_step}", f.compute_pct, f.non_compute_pct,
+        if cached is not None:
+            made_at, made_for, row = cached
+            same_segment = made_for[:2] == key[:2]
+            if made_for == key or (running and same_segment and now - made_at < SEGMENT_REFRESH_S):
+                return row if row.steps == steps else replace(row, steps=steps)
+        f = self.session.segment_figures(segment, include_pending=False, per_rank=False)
+        row = SegmentRow(segment.label, steps, f.compute_pct, f.non_compute_pct,
                          f.idle_pct, f.overlap_pct, f.comm_overhead_pct, f.all_reduce_calls, f.all_reduce_ms,
                          f.step_ms_p50, f.samples_per_s)
-        self._segment_rows[segment.index] = (now, row)
+        self._segment_rows[segment.index] = (now, key, row)
         return row
 
-    def _warnings(self, step: int | None, reports: dict[int, StepReport], waits: dict[int, float], now: float) -> list[str]:
+    def _warnings(self, step: int | None, now: float) -> list[str]:
         session, lines = self.session, []
-        desync = metrics.find_desync(reports) if reports else None
+        desync = self._desync
         if desync is not None:
             counts = ", ".join(f"rank {r}: {c}" for r, c in sorted(desync.calls_per_rank.items()))
             lines.append(f"DESYNC at step {desync.step}: the ranks issued different all-reduce counts ({counts})")
@@ -241,7 +278,7 @@ class SnapshotBuilder:
             if session.status(rank, now) == "lost":
                 silent = now - session.ranks[rank].last_seen
                 lines.append(f"rank {rank} lost: nothing heard from it for {silent:.1f} s")
-        straggler = self._per_step["straggler"]
+        straggler = self._straggler(step)
         if straggler:
             lines.append(straggler)
         dropped = {r: s.sender_dropped for r, s in session.ranks.items() if s.sender_dropped}
@@ -295,17 +332,30 @@ def timeline_of(step: int, reports: dict[int, StepReport]) -> TimelineData:
             shift[rank] = reports[reference_rank].start - report.start
     origin = min(r.start + shift[rank] for rank, r in reports.items())
     end = max(r.end + shift[rank] for rank, r in reports.items())
-    lanes = []
-    for rank in sorted(reports):
-        report, offset = reports[rank], shift[rank] - origin
-        compute = tuple(Bar(s.kind, s.start + offset, s.end + offset) for s in report.spans if s.kind in COMPUTE_KINDS)
-        comm = tuple(Bar(s.kind, s.start + offset, s.end + offset, s.tag) for s in report.spans
-                     if s.kind in COMM_KINDS or s.kind == "wait")
-        busy = metrics.subtract(metrics.merge([(b.start, b.end) for b in compute]),
-                                metrics.merge([(s.start + offset, s.end + offset) for s in report.spans if s.blocking]))
-        exposed = metrics.subtract(metrics.merge([(b.start, b.end) for b in comm if b.kind in COMM_KINDS]), busy)
-        lanes.append(RankLanes(rank, compute, comm, tuple(exposed)))
+    lanes = [_lanes(rank, reports[rank], shift[rank] - origin) for rank in sorted(reports)]
     return TimelineData(step, next(iter(reports.values())).strategy, max(end - origin, 1e-9), tuple(lanes))
+
+
+def _lanes(rank: int, report: StepReport, offset: float) -> RankLanes:
+    """One pass over the rank's spans: a frame at 64 ranks walks a few thousand of them."""
+    compute: list[Bar] = []
+    comm: list[Bar] = []
+    collectives: list[tuple[float, float]] = []
+    blocked: list[tuple[float, float]] = []
+    for s in report.spans:
+        start, end = s.start + offset, s.end + offset
+        if s.kind in COMPUTE_KINDS:
+            compute.append(Bar(s.kind, start, end))
+        elif s.kind in COMM_KINDS:
+            comm.append(Bar(s.kind, start, end, s.tag))
+            collectives.append((start, end))
+        elif s.kind == "wait":
+            comm.append(Bar(s.kind, start, end, s.tag))
+        if s.blocking:
+            blocked.append((start, end))
+    busy = metrics.subtract([(b.start, b.end) for b in compute], blocked)
+    exposed = metrics.subtract(collectives, busy)
+    return RankLanes(rank, tuple(compute), tuple(comm), tuple(exposed))
 
 
 def describe_device(readings: dict[str, float], kind: str) -> tuple[str, str]:

@@ -31,5 +31,7 @@ class HeaderBar(Horizontal):
             f"step {data.step}/{data.total_steps or '?'} · {format_eta(data.eta_s)} · "
             f"{data.samples_per_s:.1f} samples/s\n[i]{mode}[/i] · [dim]{source}[/dim]"
         )
-        self._text.update(text)
-        self._progress.update(total=data.total_steps or None, progress=data.step)
+        if text != getattr(self, "_shown", None):  # fixed size (see dashboard.tcss): no layout pass
+            self._shown = text
+            self._text.update(text, layout=False)
+            self._progress.update(total=data.total_steps or None, progress=data.step)

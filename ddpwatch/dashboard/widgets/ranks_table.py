@@ -1,55 +1,154 @@
-"""One row per rank; selecting a row highlights that rank in the timeline."""
+"""One row per rank; selecting a row highlights that rank in the timeline.
+
+Drawn line by line (Textual's line API) rather than with a ``DataTable``: a DataTable renders
+every visible cell through Rich again whenever any one cell changes, and at 64 ranks some cell
+changes every frame, which alone cost the dashboard a third of its frame rate. Here a row is
+one ``Strip``, rebuilt only when its own text changes.
+"""
 
 from __future__ import annotations
 
+from rich.segment import Segment
+from rich.style import Style
+from textual.binding import Binding
+from textual.events import Click
+from textual.geometry import Size
 from textual.message import Message
-from textual.widgets import DataTable
+from textual.reactive import reactive
+from textual.scroll_view import ScrollView
+from textual.strip import Strip
 
 from ..snapshot import RankRow
 
 COLUMNS = ("rank", "node", "host", "device", "status", "step", "step ms", "Compute%", "Non_Compute%", "Overlap%",
            "waited ms", "utilization", "memory", "dropped")
-STATUS_STYLE = {"live": "green", "finished": "blue", "lost": "bold red"}
+STATUS_COLUMN = COLUMNS.index("status")
+STATUS_STYLE = {"live": Style(color="green"), "finished": Style(color="blue"), "lost": Style(color="red", bold=True)}
+NUMERIC = frozenset(range(COLUMNS.index("step"), COLUMNS.index("waited ms") + 1)) | {COLUMNS.index("dropped")}
+GAP = 2
 
 
 def _num(value: float | None, digits: int = 1) -> str:
     return "—" if value is None else f"{value:.{digits}f}"
 
 
-class RanksTable(DataTable):
+def row_cells(row: RankRow) -> tuple[str, ...]:
+    return (str(row.rank), "?" if row.node is None else str(row.node), row.host, row.device, row.status,
+            str(row.step), _num(row.step_ms), _num(row.compute_pct), _num(row.non_compute_pct),
+            _num(row.overlap_pct), _num(row.waited_ms), row.utilization, row.memory, str(row.dropped))
+
+
+class RanksTable(ScrollView, can_focus=True):
+    """A header line that stays put, then one line per rank; arrows move the cursor, Enter or a
+    click selects the rank under it."""
+
+    COMPONENT_CLASSES = {"ranks-table--header", "ranks-table--cursor", "ranks-table--even"}
+    DEFAULT_CSS = """
+    RanksTable { height: auto; background: $surface; }
+    RanksTable > .ranks-table--header { text-style: bold; background: $panel; }
+    RanksTable > .ranks-table--cursor { background: $block-cursor-blurred-background; }
+    RanksTable:focus > .ranks-table--cursor { background: $block-cursor-background; color: $block-cursor-foreground; }
+    RanksTable > .ranks-table--even { background: $surface-darken-1 40%; }
+    """
+    BINDINGS = [
+        Binding("up", "cursor(-1)", "up", show=False),
+        Binding("down", "cursor(1)", "down", show=False),
+        Binding("pageup", "cursor(-10)", "page up", show=False),
+        Binding("pagedown", "cursor(10)", "page down", show=False),
+        Binding("enter", "select", "select rank", show=False),
+    ]
+
+    cursor_row: reactive[int] = reactive(0)
+
     class RankSelected(Message):
         def __init__(self, rank: int) -> None:
             super().__init__()
             self.rank = rank
 
-    def on_mount(self) -> None:
-        self.cursor_type = "row"
-        self.zebra_stripes = True
-        self.add_columns(*COLUMNS)
-        self._shown: dict[int, list[str]] = {}
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.rows: list[tuple[str, ...]] = []
+        self.ranks: list[int] = []
+        self.widths = [len(name) for name in COLUMNS]
+        self._strips: dict[int, tuple[tuple[object, ...], Strip]] = {}  # row index -> (what it shows, line)
+
+    @property
+    def row_count(self) -> int:
+        return len(self.rows)
 
     def show(self, rows: tuple[RankRow, ...]) -> None:
-        """Only cells that changed are updated: with 64 ranks a full refresh costs a frame."""
-        if list(self._shown) != [r.rank for r in rows]:
-            self.clear()
-            self._shown = {row.rank: self._cells(row) for row in rows}
-            for rank, cells in self._shown.items():
-                self.add_row(*cells, key=str(rank))
+        cells = [row_cells(row) for row in rows]
+        if cells == self.rows:
             return
-        for row in rows:
-            cells, shown = self._cells(row), self._shown[row.rank]
-            for index, (column, cell) in enumerate(zip(self.columns, cells)):
-                if cell != shown[index]:
-                    self.update_cell(str(row.rank), column, cell)
-            self._shown[row.rank] = cells
+        self.rows, self.ranks = cells, [row.rank for row in rows]
+        widths = [max([len(name)] + [len(c[i]) for c in cells]) for i, name in enumerate(COLUMNS)]
+        if widths != self.widths or self.virtual_size.height != len(cells) + 1:
+            self.widths = widths
+            self.virtual_size = Size(sum(widths) + GAP * (len(widths) - 1), len(cells) + 1)
+        self.cursor_row = min(self.cursor_row, max(len(cells) - 1, 0))
+        self.refresh()
 
-    @staticmethod
-    def _cells(row: RankRow) -> list[str]:
-        status = f"[{STATUS_STYLE.get(row.status, '')}]{row.status}[/]"
-        return [str(row.rank), "?" if row.node is None else str(row.node), row.host, row.device, status, str(row.step), _num(row.step_ms),
-                _num(row.compute_pct), _num(row.non_compute_pct), _num(row.overlap_pct), _num(row.waited_ms),
-                row.utilization, row.memory, str(row.dropped)]
+    # -- drawing -----------------------------------------------------------------------------------
+    def render_line(self, y: int) -> Strip:
+        scroll_x, scroll_y = self.scroll_offset
+        if y == 0:
+            strip = self._line(COLUMNS, self.get_component_rich_style("ranks-table--header"), header=True)
+        else:
+            index = scroll_y + y - 1
+            if index >= len(self.rows):
+                return Strip.blank(self.size.width, self.rich_style)
+            strip = self._row_strip(index)
+        return strip.crop_extend(scroll_x, scroll_x + self.size.width, self.rich_style)
 
-    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
-        event.stop()
-        self.post_message(self.RankSelected(int(event.row_key.value)))
+    def _row_strip(self, index: int) -> Strip:
+        base = self.rich_style
+        if index == self.cursor_row:
+            base += self.get_component_rich_style("ranks-table--cursor")
+        elif index % 2 == 0:
+            base += self.get_component_rich_style("ranks-table--even")
+        key = (self.rows[index], tuple(self.widths), base)
+        cached = self._strips.get(index)
+        if cached is None or cached[0] != key:
+            cached = self._strips[index] = (key, self._line(self.rows[index], base))
+        return cached[1]
+
+    def _line(self, cells: tuple[str, ...], style: Style, header: bool = False) -> Strip:
+        segments = []
+        for column, (text, width) in enumerate(zip(cells, self.widths)):
+            padded = text.rjust(width) if column in NUMERIC else text.ljust(width)
+            cell_style = style + STATUS_STYLE[text] if column == STATUS_COLUMN and not header and text in STATUS_STYLE else style
+            segments.append(Segment(padded, cell_style))
+            segments.append(Segment(" " * GAP, style))
+        return Strip(segments[:-1])
+
+    # -- cursor and selection ----------------------------------------------------------------------
+    def watch_cursor_row(self, old: int, new: int) -> None:
+        visible = max(self.size.height - 1, 1)
+        if new < self.scroll_y:
+            self.scroll_to(y=new, animate=False)
+        elif new >= self.scroll_y + visible:
+            self.scroll_to(y=new - visible + 1, animate=False)
+        self.refresh()
+
+    def action_cursor(self, delta: int) -> None:
+        if self.rows:
+            self.cursor_row = min(max(self.cursor_row + delta, 0), len(self.rows) - 1)
+
+    def action_select(self) -> None:
+        if self.rows:
+            self.post_message(self.RankSelected(self.ranks[self.cursor_row]))
+
+    def on_click(self, event: Click) -> None:
+        offset = event.get_content_offset(self)
+        if offset is None or offset.y < 1:
+            return
+        index = int(self.scroll_y) + offset.y - 1
+        if 0 <= index < len(self.rows):
+            self.cursor_row = index
+            self.post_message(self.RankSelected(self.ranks[index]))
+
+    def on_focus(self) -> None:
+        self.refresh()  # the cursor's colour says whether the keys go here
+
+    def on_blur(self) -> None:
+        self.refresh()

@@ -12,7 +12,7 @@ from ..snapshot import DeviceSeries
 class SparklineRow(VerticalScroll):
     """A label with the latest value over a sparkline."""
 
-    DEFAULT_CSS = "SparklineRow { height: 3; }"
+    DEFAULT_CSS = "SparklineRow { height: 3; } SparklineRow > Label { width: 1fr; height: 1; }"
 
     def compose(self) -> ComposeResult:
         self._label, self._sparkline = Label(), Sparkline([])
@@ -25,7 +25,7 @@ class SparklineRow(VerticalScroll):
         self._shown = (label, values)
         latest = f"{values[-1]:.3g}{unit}" if values else "—"
         low_high = f" (min {min(values):.3g}, max {max(values):.3g})" if values else ""
-        self._label.update(f"{label}: [b]{latest}[/b]{low_high}")
+        self._label.update(f"{label}: [b]{latest}[/b]{low_high}", layout=False)  # one line, full width
         self._sparkline.data = list(values) or [0.0]
 
 

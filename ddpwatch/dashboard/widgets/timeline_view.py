@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from itertools import groupby
+
 from rich.segment import Segment
 from rich.style import Style
 from textual.strip import Strip
@@ -92,8 +94,8 @@ class TimelineView(Widget):
         label_style = STYLES["selected"] if rank.rank == self.selected_rank else STYLES["label"]
         cells = self._paint_compute(rank, columns) if compute else self._paint_comm(rank, columns)
         segments = [Segment(label.ljust(LABEL_WIDTH) + "│", label_style)]
-        segments += [Segment(char, style) for char, style in cells]
-        return Strip(segments).simplify().crop(0, width)
+        segments += [Segment(char * len(list(run)), style) for (char, style), run in groupby(cells)]
+        return Strip(segments).crop(0, width)
 
     def _column_range(self, start: float, end: float, columns: int) -> range:
         """The columns an interval touches (every interval gets at least one)."""

@@ -93,3 +93,72 @@ def test_training_finishes_normally_when_the_recorder_is_killed_mid_run(tmp_path
     assert result.returncode == 0, result.stderr[-3000:]
     assert "parameters identical on all 2 rank(s)" in result.stdout
     assert list(read_session_file(tmp_path / "session" / "session.ddpwatch"))  # what it had flushed survives
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("order", ["kill_then_switch", "switch_then_kill", "kill_at_first_ack"])
+def test_a_switch_sent_as_a_rank_dies_lands_on_every_rank_or_none_and_nothing_hangs(tmp_path: Path, order: str) -> None:
+    """Three ranks, so two survive: a rank on another strategy than its peers would deadlock or
+    average the wrong gradients. The agreement is a broadcast every rank joins, so a dead peer
+    must make it fail everywhere rather than reach some ranks only."""
+    from ddpwatch.control import new_command
+
+    address = f"tcp://127.0.0.1:{free_port()}"
+    feed = LiveFeed(address, tmp_path / "session.ddpwatch")
+    feed.start()
+    session = Session()
+    env = dict(os.environ, OMP_NUM_THREADS="1", TORCHELASTIC_MAX_RESTARTS="0")
+    training = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=3", str(REPO_ROOT / "train.py"),
+         "--strategy", "simple", "--steps", "500", "--batch-size", "12", "--watch", address],
+        cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+    def pump() -> None:
+        for item in feed.drain():
+            if isinstance(item, Envelope):
+                session.ingest(item)
+
+    try:
+        deadline = time.monotonic() + 120
+        while not (len(session.ranks) == 3 and all(s.hello for s in session.ranks.values())
+                   and session.reports and max(session.reports) >= 5):
+            assert time.monotonic() < deadline and training.poll() is None
+            pump()
+            time.sleep(0.05)
+        command = new_command("bucket")
+        victim = session.ranks[1].hello.pid
+        if order == "switch_then_kill":
+            feed.request_switch(command)
+            time.sleep(0.05)  # the relay thread sends it within one 50 ms poll
+            os.kill(victim, signal.SIGKILL)
+        elif order == "kill_at_first_ack":  # mid-switch: one rank has re-wrapped its model, others may not have
+            feed.request_switch(command)
+            while not any(ack.command_id == command.command_id for ack in session.acks):
+                assert time.monotonic() < deadline and training.poll() is None
+                pump()
+                time.sleep(0.001)
+            os.kill(victim, signal.SIGKILL)
+        else:
+            os.kill(victim, signal.SIGKILL)
+            feed.request_switch(command)
+        killed_at = time.monotonic()
+        training.wait(120)  # well inside the 300 s process-group timeout: a dead peer fails the broadcast at once
+        ended_after = time.monotonic() - killed_at
+    finally:
+        if training.poll() is None:
+            os.killpg(training.pid, signal.SIGKILL)
+        training.wait()
+        time.sleep(0.3)
+        pump()
+        feed.stop()
+    pump()
+    assert training.returncode != 0  # a rank died: torchrun reports the run failed
+    applied = {ack.rank: ack.step for ack in session.acks if ack.command_id == command.command_id and ack.applied}
+    for step, reports in session.reports.items():
+        assert len({r.strategy for r in reports.values()}) == 1, f"step {step}: ranks on different strategies"
+        for rank, report in reports.items():
+            if any(step >= at for at in applied.values()):
+                assert report.strategy == "bucket", f"rank {rank} ran step {step} on {report.strategy} after a rank switched"
+    switched = {rank for reports in session.reports.values() for rank, r in reports.items() if r.strategy == "bucket"}
+    outcome = f"switched on ranks {sorted(set(applied) | switched)}" if applied or switched else "switched nowhere"
+    print(f"{order}: {outcome}; torchrun ended {ended_after:.1f} s after the kill")

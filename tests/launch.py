@@ -135,3 +135,61 @@ class Recorder:
     def __exit__(self, *exc: object) -> None:
         self.kill()
         self.proc.communicate()
+
+
+class DashboardProcess:
+    """The real ``ddpwatch`` dashboard in a subprocess on a pseudo-terminal (Textual needs one),
+    its screen output drained so it never blocks; stopped and reaped on exit."""
+
+    def __init__(self, address: str, out_dir: Path, columns: int = 160, rows: int = 50) -> None:
+        import fcntl
+        import pty
+        import struct
+        import termios
+        import threading
+
+        master, slave = pty.openpty()
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, columns, 0, 0))
+        self.out_dir = out_dir
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "ddpwatch.cli", "--listen", address, "--out", str(out_dir)],
+            cwd=REPO_ROOT, stdin=slave, stdout=slave, stderr=slave, start_new_session=True,
+            env=dict(os.environ, TERM="xterm-256color", COLUMNS=str(columns), LINES=str(rows)),
+        )
+        os.close(slave)
+        self._master = master
+        self.screen_bytes = 0
+        self._drain = threading.Thread(target=self._read_screen, daemon=True)
+        self._drain.start()
+
+    def _read_screen(self) -> None:
+        while True:
+            try:
+                chunk = os.read(self._master, 65536)
+            except OSError:  # the terminal closed: the dashboard is gone
+                return
+            if not chunk:
+                return
+            self.screen_bytes += len(chunk)
+
+    def press(self, keys: str) -> None:
+        os.write(self._master, keys.encode())
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, sig)
+
+    def wait(self, timeout_s: float = 30.0) -> int:
+        try:
+            return self.proc.wait(timeout_s)
+        finally:
+            self.kill()
+            self.proc.wait()
+
+    def __enter__(self) -> "DashboardProcess":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.kill()
+        self.proc.wait()
+        os.close(self._master)

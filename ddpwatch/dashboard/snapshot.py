@@ -185,10 +185,9 @@ class SnapshotBuilder:
             self._timeline = timeline_of(step, reports) if step is not None and reports else None
             self._desync = metrics.find_desync(reports) if reports else None
         figures = session.step_figures(step) if step is not None else {}
-        kept = sorted(session.reports)[-TREND_POINTS:]
-        trend = self.summaries(kept)
+        trend = self.summaries(sorted(session.reports)[-TREND_POINTS:])
         return Snapshot(
-            header=self._header(step, selected_step is None or selected_step == latest, kept, trend),
+            header=self._header(step, selected_step is None or selected_step == latest, trend),
             timeline=self._timeline,
             ranks=tuple(self._rank_row(rank, figures.get(rank), waits.get(rank), now) for rank in sorted(session.ranks)),
             devices=tuple(self._device_series(rank) for rank in sorted(session.ranks)),
@@ -199,7 +198,7 @@ class SnapshotBuilder:
         )
 
     # -- parts -------------------------------------------------------------------------------------
-    def _header(self, step: int | None, following: bool, kept: list[int], trend: list[StepSummary]) -> HeaderData:
+    def _header(self, step: int | None, following: bool, trend: list[StepSummary]) -> HeaderData:
         session = self.session
         hello = next((s.hello for _, s in sorted(session.ranks.items()) if s.hello), None)
         current = session.segments[-1] if session.segments else None

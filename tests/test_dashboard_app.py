@@ -140,6 +140,8 @@ async def test_sixty_four_ranks_fit_the_timeline_and_the_ranks_table_scrolls() -
         timeline_box = app.query_one("#timeline-box")
         assert timeline_box.size.height < 50 and timeline_box.max_scroll_y > 0  # it scrolls, the rest stays visible
         assert app.ranks_table.max_scroll_y > 0
+        assert len(app.device_panel.series) == 64 and app.device_panel.max_scroll_y > 0
+        assert [s.label for s in app.trends_panel.series] == ["loss (mean over ranks)", "step time"]
         assert app.frames > 0
 
 

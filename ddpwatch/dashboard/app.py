@@ -29,7 +29,7 @@ from .snapshot import Snapshot, SnapshotBuilder
 from .widgets.header_bar import HeaderBar
 from .widgets.ranks_table import RanksTable
 from .widgets.segments_table import SegmentsTable
-from .widgets.sparkline_panel import DevicePanel, TrendsPanel
+from .widgets.sparkline_list import Series, SparklineList
 from .widgets.timeline_view import TimelineView
 from .widgets.warnings_panel import WarningsPanel
 
@@ -86,7 +86,7 @@ class DashboardApp(App[None]):
         # Kept as attributes: the frame timer draws into them even while a modal screen is on top.
         self.header_bar, self.timeline_view = HeaderBar(id="header"), TimelineView(id="timeline")
         self.ranks_table, self.segments_table = RanksTable(id="ranks"), SegmentsTable(id="segments")
-        self.device_panel, self.trends_panel = DevicePanel(id="devices"), TrendsPanel(id="trends")
+        self.device_panel, self.trends_panel = SparklineList(id="devices"), SparklineList(id="trends")
         self.warnings_panel = WarningsPanel(id="warnings")
         yield self.header_bar
         with VerticalScroll(id="timeline-box"):
@@ -130,8 +130,8 @@ class DashboardApp(App[None]):
         self.header_bar.show(snapshot.header, self.feed.description)
         self.timeline_view.show(snapshot.timeline, self.selected_rank)
         self.ranks_table.show(snapshot.ranks)
-        self.device_panel.show(snapshot.devices)
-        self.trends_panel.show(snapshot.loss, snapshot.step_ms)
+        self.device_panel.show(tuple(Series(f"rank {d.rank} {d.label}", d.values, "%") for d in snapshot.devices))
+        self.trends_panel.show((Series("loss (mean over ranks)", snapshot.loss), Series("step time", snapshot.step_ms, " ms")))
         self.segments_table.show(snapshot.segments)
         now = time.monotonic()
         notices = tuple(text for at, text in self.notices if now - at < NOTICE_S)

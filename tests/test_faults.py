@@ -19,50 +19,78 @@ from instrumented_ddp.protocol import Envelope, decode
 from launch import REPO_ROOT, free_port
 
 
+def start_torchrun(address: str, nproc: int, args: list[str], log: Path | None = None) -> subprocess.Popen[bytes]:
+    """``train.py`` under torchrun streaming to ``address``; a dead rank fails the run (no restart)."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", TORCHELASTIC_MAX_RESTARTS="0")
+    out = open(log, "wb") if log is not None else subprocess.DEVNULL  # the child holds its own copy
+    try:
+        return subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+             str(REPO_ROOT / "train.py"), *args, "--watch", address],
+            cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    finally:
+        if log is not None:
+            out.close()
+
+
+class WatchedRun:
+    """A torchrun group streaming to the dashboard's own feed, folded into a session as it comes;
+    on exit the group is killed if still there and the feed stopped."""
+
+    def __init__(self, tmp_path: Path, nproc: int, args: list[str]) -> None:
+        address = f"tcp://127.0.0.1:{free_port()}"
+        self.nproc = nproc
+        self.feed = LiveFeed(address, tmp_path / "session.ddpwatch")
+        self.feed.start()
+        self.session = Session()
+        self.accepted = 0
+        self.training = start_torchrun(address, nproc, args)
+
+    def pump(self) -> None:
+        for item in self.feed.drain():
+            if isinstance(item, Envelope) and self.session.ingest(item) is None:
+                self.accepted += 1
+
+    def wait_until_streaming(self, steps: int = 5, seconds: float = 120) -> None:
+        """Every rank said hello and the run reached ``steps``."""
+        deadline = time.monotonic() + seconds
+        session = self.session
+        while not (len(session.ranks) == self.nproc and all(s.hello for s in session.ranks.values())
+                   and session.reports and max(session.reports) >= steps):
+            assert time.monotonic() < deadline and self.training.poll() is None
+            self.pump()
+            time.sleep(0.05)
+
+    def __enter__(self) -> WatchedRun:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.training.poll() is None:
+            os.killpg(self.training.pid, signal.SIGKILL)
+        self.training.wait()
+        time.sleep(0.3)  # what the ranks sent last is still on its way
+        self.pump()
+        self.feed.stop()
+        self.pump()
+
+
 @pytest.mark.timeout(300)
 def test_a_killed_rank_is_marked_lost_within_three_seconds_and_the_session_keeps_everything(tmp_path: Path) -> None:
-    address = f"tcp://127.0.0.1:{free_port()}"
-    feed = LiveFeed(address, tmp_path / "session.ddpwatch")
-    feed.start()
-    session = Session()
-    env = dict(os.environ, OMP_NUM_THREADS="1", TORCHELASTIC_MAX_RESTARTS="0")
-    training = subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(REPO_ROOT / "train.py"),
-         "--strategy", "async", "--steps", "500", "--batch-size", "8", "--watch", address],
-        cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    accepted = 0
-    try:
-        def pump() -> None:
-            nonlocal accepted
-            for item in feed.drain():
-                if isinstance(item, Envelope) and session.ingest(item) is None:
-                    accepted += 1
-
-        deadline = time.monotonic() + 120
-        while not (session.reports and max(session.reports) >= 5 and all(s.hello for s in session.ranks.values())
-                   and len(session.ranks) == 2):
-            assert time.monotonic() < deadline and training.poll() is None
-            pump()
-            time.sleep(0.05)
-        victim = session.ranks[1].hello.pid
-        os.kill(victim, signal.SIGKILL)
+    with WatchedRun(tmp_path, 2, ["--strategy", "async", "--steps", "500", "--batch-size", "8"]) as run:
+        run.wait_until_streaming()
+        session = run.session
+        os.kill(session.ranks[1].hello.pid, signal.SIGKILL)
         killed_at = time.monotonic()
         while session.status(1) != "lost":
-            pump()
+            run.pump()
             assert time.monotonic() - killed_at < 3.0, "rank 1 not marked lost within 3 s"
             time.sleep(0.05)
         seen_lost_after = time.monotonic() - killed_at
-        training.wait(120)  # torchrun tears the rest of the group down; it must not hang
-    finally:
-        if training.poll() is None:
-            os.killpg(training.pid, signal.SIGKILL)
-        training.wait()
-        feed.stop()
-    pump()
+        run.training.wait(120)  # torchrun tears the rest of the group down; it must not hang
     assert seen_lost_after <= 3.0
     print(f"rank 1 marked lost {seen_lost_after:.2f} s after kill -9")
     recorded = list(read_session_file(tmp_path / "session.ddpwatch"))
-    assert len(recorded) == accepted + sum(session.rejected.values())  # every message that arrived is on disk
+    assert len(recorded) == run.accepted + sum(session.rejected.values())  # every message that arrived is on disk
     paths = write_exports(session, tmp_path)
     assert all(path.stat().st_size > 0 for path in paths.values())
     assert all(0 in ranks for step, ranks in session.reports.items())  # rank 0 kept reporting until the end
@@ -103,28 +131,9 @@ def test_a_switch_sent_as_a_rank_dies_lands_on_every_rank_or_none_and_nothing_ha
     must make it fail everywhere rather than reach some ranks only."""
     from ddpwatch.control import new_command
 
-    address = f"tcp://127.0.0.1:{free_port()}"
-    feed = LiveFeed(address, tmp_path / "session.ddpwatch")
-    feed.start()
-    session = Session()
-    env = dict(os.environ, OMP_NUM_THREADS="1", TORCHELASTIC_MAX_RESTARTS="0")
-    training = subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=3", str(REPO_ROOT / "train.py"),
-         "--strategy", "simple", "--steps", "500", "--batch-size", "12", "--watch", address],
-        cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-
-    def pump() -> None:
-        for item in feed.drain():
-            if isinstance(item, Envelope):
-                session.ingest(item)
-
-    try:
-        deadline = time.monotonic() + 120
-        while not (len(session.ranks) == 3 and all(s.hello for s in session.ranks.values())
-                   and session.reports and max(session.reports) >= 5):
-            assert time.monotonic() < deadline and training.poll() is None
-            pump()
-            time.sleep(0.05)
+    with WatchedRun(tmp_path, 3, ["--strategy", "simple", "--steps", "500", "--batch-size", "12"]) as run:
+        run.wait_until_streaming()
+        session, feed = run.session, run.feed
         command = new_command("bucket")
         victim = session.ranks[1].hello.pid
         if order == "switch_then_kill":
@@ -133,25 +142,19 @@ def test_a_switch_sent_as_a_rank_dies_lands_on_every_rank_or_none_and_nothing_ha
             os.kill(victim, signal.SIGKILL)
         elif order == "kill_at_first_ack":  # mid-switch: one rank has re-wrapped its model, others may not have
             feed.request_switch(command)
+            deadline = time.monotonic() + 60
             while not any(ack.command_id == command.command_id for ack in session.acks):
-                assert time.monotonic() < deadline and training.poll() is None
-                pump()
+                assert time.monotonic() < deadline and run.training.poll() is None
+                run.pump()
                 time.sleep(0.001)
             os.kill(victim, signal.SIGKILL)
         else:
             os.kill(victim, signal.SIGKILL)
             feed.request_switch(command)
         killed_at = time.monotonic()
-        training.wait(120)  # well inside the 300 s process-group timeout: a dead peer fails the broadcast at once
+        run.training.wait(120)  # well inside the 300 s process-group timeout: a dead peer fails the broadcast at once
         ended_after = time.monotonic() - killed_at
-    finally:
-        if training.poll() is None:
-            os.killpg(training.pid, signal.SIGKILL)
-        training.wait()
-        time.sleep(0.3)
-        pump()
-        feed.stop()
-    pump()
+    training = run.training
     assert training.returncode != 0  # a rank died: torchrun reports the run failed
     applied = {ack.rank: ack.step for ack in session.acks if ack.command_id == command.command_id and ack.applied}
     for step, reports in session.reports.items():
@@ -173,12 +176,8 @@ def test_the_dashboard_killed_and_restarted_mid_run_never_pauses_training_and_co
 
     address = f"tcp://127.0.0.1:{free_port()}"
     first_file, second_file = tmp_path / "first" / "session.ddpwatch", tmp_path / "second" / "session.ddpwatch"
-    env = dict(os.environ, OMP_NUM_THREADS="1", TORCHELASTIC_MAX_RESTARTS="0")
-    with open(tmp_path / "train.log", "wb") as log:
-        training = subprocess.Popen(
-            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(REPO_ROOT / "train.py"),
-             "--strategy", "async", "--steps", "150", "--batch-size", "8", "--log-every", "50", "--watch", address],
-            cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    training = start_torchrun(address, 2, ["--strategy", "async", "--steps", "150", "--batch-size", "8",
+                                           "--log-every", "50"], tmp_path / "train.log")
     try:
         with DashboardProcess(address, tmp_path / "first") as first:
             deadline = time.monotonic() + 120

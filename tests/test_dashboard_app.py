@@ -177,3 +177,26 @@ def test_a_bounded_session_keeps_recent_steps_and_exact_segment_figures() -> Non
         a, b = everything.segment_figures(full).as_dict(), bounded.segment_figures(kept).as_dict()
         for key in ("compute_pct", "non_compute_pct", "overlap_pct", "all_reduce_calls_total", "samples_per_s", "step_ms_p50"):
             assert a[key] == pytest.approx(b[key]), key
+
+
+async def test_the_segments_table_widens_a_column_when_a_running_segment_grows() -> None:
+    from textual.app import App
+
+    from ddpwatch.dashboard.snapshot import SegmentRow
+
+    def row(steps: str) -> SegmentRow:
+        return SegmentRow("async", steps, 80.0, 15.0, 5.0, 70.0, 50.0, 57.0, 300.0, 280.0, 50.0)
+
+    class OneTable(App[None]):
+        def compose(self):  # noqa: ANN202
+            yield SegmentsTable()
+
+    app = OneTable()
+    async with app.run_test() as pilot:
+        table = app.query_one(SegmentsTable)
+        table.show((row("69-69"),))
+        await pilot.pause()
+        table.show((row("69-148"),))  # the running segment reached step 148
+        await pilot.pause()
+        steps_column = list(table.columns.values())[1]
+        assert steps_column.content_width >= len("69-148")

@@ -29,6 +29,6 @@ class SegmentsTable(DataTable):
         else:
             for index, (row, shown) in enumerate(zip(cells, self._shown)):
                 for column, cell, old in zip(self.columns, row, shown):
-                    if cell != old:
-                        self.update_cell(str(index), column, cell)
+                    if cell != old:  # a longer step range or figure widens its column
+                        self.update_cell(str(index), column, cell, update_width=True)
         self._shown = cells

@@ -113,9 +113,9 @@ def run_demo(args: argparse.Namespace) -> int:
         raise ValueError("--steps and --nproc must be at least 1")
     out_dir = args.out or default_session_dir()
     address = free_loopback_address()
-    feed = LiveFeed(address, out_dir / SESSION_FILE_NAME)
     training = start_training(address, out_dir / "train.log", args.nproc, args.steps, args.strategy)
     try:
+        feed = LiveFeed(address, out_dir / SESSION_FILE_NAME)  # ZeroMQ's threads start here, after the fork
         DashboardApp(feed, out_dir).run()
     finally:
         stop_training(training)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import socket
@@ -10,6 +11,17 @@ import sys
 from pathlib import Path
 
 TRAIN_SCRIPT = Path(__file__).resolve().parents[1] / "train.py"
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _stop_when_the_demo_dies() -> None:
+    """Runs in torchrun's process before it starts: however the demo ends (a closed terminal,
+    kill -9), the kernel then sends torchrun SIGTERM and torchrun stops its ranks. Elsewhere than
+    Linux only quitting the dashboard stops the run."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass
 
 
 def free_loopback_address() -> str:
@@ -19,7 +31,9 @@ def free_loopback_address() -> str:
 
 
 def start_training(address: str, log_path: Path, nproc: int, steps: int, strategy: str) -> subprocess.Popen[bytes]:
-    """torchrun in its own process group (so quitting the dashboard stops every rank), output to a log."""
+    """torchrun in its own process group (so quitting the dashboard stops every rank), output to a
+    log. Start it before anything starts threads: the hook that ties it to the demo runs between
+    fork and exec."""
     if not TRAIN_SCRIPT.is_file():
         raise FileNotFoundError(f"{TRAIN_SCRIPT} not found: run the demo from a clone (pip install -e .)")
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -27,7 +41,8 @@ def start_training(address: str, log_path: Path, nproc: int, steps: int, strateg
                str(TRAIN_SCRIPT), "--strategy", strategy, "--steps", str(steps), "--watch", address]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     with open(log_path, "wb") as log:
-        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                                preexec_fn=_stop_when_the_demo_dies if sys.platform == "linux" else None)
 
 
 def stop_training(process: subprocess.Popen[bytes]) -> None:

@@ -138,10 +138,10 @@ class Recorder:
 
 
 class DashboardProcess:
-    """The real ``ddpwatch`` dashboard in a subprocess on a pseudo-terminal (Textual needs one),
-    its screen output drained so it never blocks; stopped and reaped on exit."""
+    """The real ``ddpwatch`` (the dashboard, or ``demo``) in a subprocess on a pseudo-terminal
+    (Textual needs one), its screen output drained so it never blocks; stopped and reaped on exit."""
 
-    def __init__(self, address: str, out_dir: Path, columns: int = 160, rows: int = 50) -> None:
+    def __init__(self, *args: str, columns: int = 160, rows: int = 50) -> None:
         import fcntl
         import pty
         import struct
@@ -150,15 +150,15 @@ class DashboardProcess:
 
         master, slave = pty.openpty()
         fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, columns, 0, 0))
-        self.out_dir = out_dir
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "ddpwatch.cli", "--listen", address, "--out", str(out_dir)],
+            [sys.executable, "-m", "ddpwatch.cli", *args],
             cwd=REPO_ROOT, stdin=slave, stdout=slave, stderr=slave, start_new_session=True,
             env=dict(os.environ, TERM="xterm-256color", COLUMNS=str(columns), LINES=str(rows)),
         )
         os.close(slave)
         self._master = master
         self.screen_bytes = 0
+        self.screen_tail = b""  # the last of what it drew: says what went wrong when a test fails
         self._drain = threading.Thread(target=self._read_screen, daemon=True)
         self._drain.start()
 
@@ -171,6 +171,7 @@ class DashboardProcess:
             if not chunk:
                 return
             self.screen_bytes += len(chunk)
+            self.screen_tail = (self.screen_tail + chunk)[-20_000:]
 
     def press(self, keys: str) -> None:
         os.write(self._master, keys.encode())

@@ -179,7 +179,7 @@ def test_the_dashboard_killed_and_restarted_mid_run_never_pauses_training_and_co
     training = start_torchrun(address, 2, ["--strategy", "async", "--steps", "150", "--batch-size", "8",
                                            "--log-every", "50"], tmp_path / "train.log")
     try:
-        with DashboardProcess(address, tmp_path / "first") as first:
+        with DashboardProcess("--listen", address, "--out", str(tmp_path / "first")) as first:
             deadline = time.monotonic() + 120
             while not (first_file.exists() and first_file.stat().st_size > 100_000):
                 assert time.monotonic() < deadline and training.poll() is None and first.proc.poll() is None
@@ -187,7 +187,7 @@ def test_the_dashboard_killed_and_restarted_mid_run_never_pauses_training_and_co
             first.kill(signal.SIGKILL)
             assert first.wait(10) == -signal.SIGKILL and first.screen_bytes > 0  # it was drawing
         time.sleep(1.0)  # nothing listens for a while: the ranks must neither wait nor pile up
-        with DashboardProcess(address, tmp_path / "second") as second:
+        with DashboardProcess("--listen", address, "--out", str(tmp_path / "second")) as second:
             deadline = time.monotonic() + 60
             while True:
                 assert time.monotonic() < deadline and second.proc.poll() is None
@@ -224,3 +224,46 @@ def test_the_dashboard_killed_and_restarted_mid_run_never_pauses_training_and_co
     print(f"steps {last_seen + 1}-{first_again - 1} went unseen; {across_outage:.3f} s a step across the outage vs "
           f"{typical:.3f} s typical; messages neither dashboard got {unseen}, of which the ranks counted {missed} "
           "as discarded")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as stat:  # a zombie is gone, only not yet reaped
+        return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("ending", ["quit", "sigkill"])
+def test_the_demo_takes_its_training_run_with_it_however_it_ends(tmp_path: Path, ending: str) -> None:
+    """``q`` stops the run; so does a closed terminal or kill -9 of the demo (the kernel tells
+    torchrun its parent died), instead of two ranks training on for 2000 steps unseen."""
+    from ddpwatch.recorder import load_session
+    from launch import DashboardProcess
+
+    session_file = tmp_path / "demo" / "session.ddpwatch"
+    with DashboardProcess("--out", str(tmp_path / "demo"), "demo", "--steps", "2000") as demo:
+        deadline = time.monotonic() + 120
+        while True:
+            assert time.monotonic() < deadline and demo.proc.poll() is None
+            session = load_session(session_file) if session_file.exists() else None
+            if session and len(session.ranks) == 2 and all(s.hello for s in session.ranks.values()) and session.reports:
+                break
+            time.sleep(0.2)
+        ranks = [state.hello.pid for state in session.ranks.values()]
+        assert all(_alive(pid) for pid in ranks)
+        if ending == "quit":
+            demo.press("q")
+            assert demo.wait(60) == 0
+        else:
+            demo.kill(signal.SIGKILL)
+            demo.wait(10)
+        ended = time.monotonic()
+        while any(_alive(pid) for pid in ranks):
+            assert time.monotonic() - ended < 30, "the demo's ranks outlived it"
+            time.sleep(0.1)
+        print(f"{ending}: both ranks gone {time.monotonic() - ended:.1f} s after the demo ended")
+    if ending == "quit":
+        assert (tmp_path / "demo" / "summary.json").is_file(), demo.screen_tail.decode(errors="replace")[-3000:]

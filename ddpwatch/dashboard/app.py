@@ -114,18 +114,22 @@ class DashboardApp(App[None]):
         gc.unfreeze()
         gc.set_threshold(*self._gc_thresholds)
         self.feed.stop()
+        self.ingest_arrived()  # what came since the last frame is in the session file: the exports match it
         if self.export_on_exit and self.out_dir is not None and self.session.reports:
             write_exports(self.session, self.out_dir)
 
     # -- the frame ---------------------------------------------------------------------------------
-    def refresh_frame(self) -> None:
-        started = time.perf_counter()
+    def ingest_arrived(self) -> None:
         for item in self.feed.drain():
             if isinstance(item, Envelope):
                 if self.session.ingest(item) is None and isinstance(item.message, Ack):
                     self._acknowledged(item.message)
             else:
                 self.session.reject(item.category)
+
+    def refresh_frame(self) -> None:
+        started = time.perf_counter()
+        self.ingest_arrived()
         self.snapshot = snapshot = self.builder.build(self.selected_step)
         self.header_bar.show(snapshot.header, self.feed.description)
         self.timeline_view.show(snapshot.timeline, self.selected_rank)

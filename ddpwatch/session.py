@@ -234,13 +234,9 @@ class Session:
             segment.folded.add_step(reports, self.step_figures(step))
 
     def step_figures(self, step: int) -> dict[int, metrics.StepFigures]:
-        """Each rank's figures for a kept step, computed once per report (the fold, the ranks
-        table and the exports all ask)."""
-        known = self._figures.setdefault(step, {})
-        for rank, report in self.reports.get(step, {}).items():
-            if rank not in known:
-                known[rank] = metrics.step_figures(report, self.world_size)
-        return known
+        """Each rank's figures for a kept step, computed once as its report arrived (the fold, the
+        ranks table and the exports all ask)."""
+        return self._figures.get(step, {})
 
     def segment_of(self, step: int) -> Segment | None:
         return next((s for s in self.segments if s.first_step <= step <= s.last_step), None)

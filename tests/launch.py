@@ -102,6 +102,27 @@ def run_torchrun(args: list[str], nproc: int = 2, timeout_s: float = 300.0, cwd:
     return subprocess.CompletedProcess(command, proc.returncode, out, err)
 
 
+def start_torchrun(args: list[str], log: Path | None = None, nproc: int = 2) -> subprocess.Popen[bytes]:
+    """``train.py ARGS`` under torchrun in its own process group, output to ``log`` (or nowhere);
+    a dead rank fails the run (no restart). Stop it with ``stop``."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", TORCHELASTIC_MAX_RESTARTS="0")
+    out = open(log, "wb") if log is not None else subprocess.DEVNULL  # the child holds its own copy
+    try:
+        return subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+             str(REPO_ROOT / "train.py"), *args],
+            cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    finally:
+        if log is not None:
+            out.close()
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+
+
 class Recorder:
     """``ddpwatch record`` in a subprocess on a free port, stopped and reaped on exit."""
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -16,21 +14,7 @@ from ddpwatch.exporters import write_exports
 from ddpwatch.session import Session
 from ddpwatch.session_file import read_session_file
 from instrumented_ddp.protocol import Envelope, decode
-from launch import REPO_ROOT, free_port
-
-
-def start_torchrun(address: str, nproc: int, args: list[str], log: Path | None = None) -> subprocess.Popen[bytes]:
-    """``train.py`` under torchrun streaming to ``address``; a dead rank fails the run (no restart)."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", TORCHELASTIC_MAX_RESTARTS="0")
-    out = open(log, "wb") if log is not None else subprocess.DEVNULL  # the child holds its own copy
-    try:
-        return subprocess.Popen(
-            [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-             str(REPO_ROOT / "train.py"), *args, "--watch", address],
-            cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    finally:
-        if log is not None:
-            out.close()
+from launch import REPO_ROOT, free_port, start_torchrun, stop
 
 
 class WatchedRun:
@@ -44,7 +28,7 @@ class WatchedRun:
         self.feed.start()
         self.session = Session()
         self.accepted = 0
-        self.training = start_torchrun(address, nproc, args)
+        self.training = start_torchrun([*args, "--watch", address], nproc=nproc)
 
     def pump(self) -> None:
         for item in self.feed.drain():
@@ -65,9 +49,7 @@ class WatchedRun:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self.training.poll() is None:
-            os.killpg(self.training.pid, signal.SIGKILL)
-        self.training.wait()
+        stop(self.training)
         time.sleep(0.3)  # what the ranks sent last is still on its way
         self.pump()
         self.feed.stop()
@@ -176,8 +158,8 @@ def test_the_dashboard_killed_and_restarted_mid_run_never_pauses_training_and_co
 
     address = f"tcp://127.0.0.1:{free_port()}"
     first_file, second_file = tmp_path / "first" / "session.ddpwatch", tmp_path / "second" / "session.ddpwatch"
-    training = start_torchrun(address, 2, ["--strategy", "async", "--steps", "150", "--batch-size", "8",
-                                           "--log-every", "50"], tmp_path / "train.log")
+    training = start_torchrun(["--strategy", "async", "--steps", "150", "--batch-size", "8", "--log-every", "50",
+                               "--watch", address], tmp_path / "train.log")
     try:
         with DashboardProcess("--listen", address, "--out", str(tmp_path / "first")) as first:
             deadline = time.monotonic() + 120
@@ -199,9 +181,7 @@ def test_the_dashboard_killed_and_restarted_mid_run_never_pauses_training_and_co
             assert second.wait(30) == 0
         assert training.wait(240) == 0, (tmp_path / "train.log").read_text()[-3000:]
     finally:
-        if training.poll() is None:
-            os.killpg(training.pid, signal.SIGKILL)
-        training.wait()
+        stop(training)
     assert "parameters identical on all 2 rank(s)" in (tmp_path / "train.log").read_text()
     before, after = load_session(first_file), load_session(second_file)  # the killed one's file reads to its last flush
     assert (tmp_path / "second" / "summary.json").is_file()  # the new dashboard's exports, written on quit

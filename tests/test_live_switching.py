@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -16,18 +15,10 @@ import torch
 from ddpwatch.dashboard.feeds import LiveFeed
 from ddpwatch.switch_client import request_switch
 from instrumented_ddp.protocol import Envelope, Hello, StepReport
-from launch import REPO_ROOT, Recorder, free_port
+from launch import REPO_ROOT, Recorder, free_port, start_torchrun, stop
 
 TRAIN = str(REPO_ROOT / "train.py")
 COMMON = ["--steps", "70", "--batch-size", "8", "--grad-accum", "1", "--log-every", "10", "--seed", "3"]
-
-
-def start_torchrun(args: list[str], log: Path) -> subprocess.Popen[bytes]:
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    with open(log, "wb") as out:
-        return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                                 TRAIN, *args], cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
 
 
 def wait_for_line(log: Path, text: str, process: subprocess.Popen[bytes], timeout_s: float = 120) -> None:
@@ -35,12 +26,6 @@ def wait_for_line(log: Path, text: str, process: subprocess.Popen[bytes], timeou
     while text not in (log.read_text() if log.exists() else ""):
         assert process.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
         time.sleep(0.1)
-
-
-def stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        os.killpg(process.pid, signal.SIGKILL)
-    process.wait()
 
 
 @pytest.mark.timeout(400)

@@ -72,12 +72,19 @@ class Hello:
     global_batch: int = 0
     node_rank: int = 0
     local_rank: int = 0
+    #: Why this rank's device samples are not what its device would suggest (a CUDA rank that
+    #: cannot use NVML says why here and sends CPU readings); empty when all is as expected.
+    device_note: str = ""
 
 
 @dataclass(frozen=True)
 class StepReport:
     """Everything one rank did in one optimizer step. ``excluded``: left out of the statistics
-    (native DDP's first iteration, which reduces one bucket before buckets are rebuilt)."""
+    (native DDP's first iteration, which reduces one bucket before buckets are rebuilt; the step
+    that carries a wrap-time state broadcast). ``unresolved``: some of the step's marks never
+    resolved (a completion that never came, a callback that failed): the report holds only the
+    spans that did, is sent anyway rather than holding back every later step, and is left out of
+    the statistics and counted."""
 
     TYPE: ClassVar[str] = "step"
     rank: int
@@ -91,6 +98,7 @@ class StepReport:
     tokens: int
     loss: float | None = None
     excluded: bool = False
+    unresolved: bool = False
 
 
 @dataclass(frozen=True)
@@ -241,7 +249,8 @@ _FIELD_TYPES: dict[str, Any] = {
     "node_rank": int, "local_rank": int, "step": int, "samples": int, "tokens": int, "steps": int,
     "grad_accum": (int, type(None)), "session": str, "host": str, "device": str, "backend": str, "strategy": str,
     "command_id": str, "reason": str, "detail": str, "kind": str, "start": float, "end": float, "time": float,
-    "loss": (float, type(None)), "bucket_mb": (float, type(None)), "excluded": bool, "applied": bool,
+    "loss": (float, type(None)), "bucket_mb": (float, type(None)), "excluded": bool, "unresolved": bool, "applied": bool,
+    "device_note": str,
     "settings": dict, "readings": dict, "spans": list, "parameter_layout": list, "bucket_layout": list,
 }
 

@@ -3,19 +3,93 @@
 Kept apart from everything else (as nvitop keeps its NVML layer apart from its UI): a reader
 returns a dict of readings, and a reading the device cannot give is absent rather than zero,
 so the dashboard never shows a made-up 0 %.
+
+Which GPU is "this rank's" is decided by identity, never by index. torch numbers the GPUs that
+``CUDA_VISIBLE_DEVICES`` leaves visible (SLURM, Kubernetes and one-GPU-per-process launchers
+remap it), while NVML numbers every physical GPU, so ``cuda:0`` may well be NVML's GPU 2. As
+nvitop does, :func:`cuda_device_identity` asks torch (passed in, not imported here) for the
+device's UUID and PCI bus id, and :class:`NvmlReader` finds NVML's handle by the UUID first,
+then by the PCI bus id; the CUDA index only names the device in messages. :func:`make_reader`
+falls back to CPU readings when NVML cannot be used, and then returns a one-line note saying
+why, which the rank sends in its hello so the dashboard can show it.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from .protocol import DeviceSample
 
 SAMPLE_EVERY_S = 0.2
+
+#: A UUID as CUDA and torch print it (8-4-4-4-12 hex), maybe with NVML's "GPU-"/"MIG-" prefix.
+_UUID = re.compile(r"^(?:(GPU|MIG)-)?([0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12})$")
+
+
+@dataclass(frozen=True)
+class CudaDeviceIdentity:
+    """Who a CUDA device is, in terms that survive ``CUDA_VISIBLE_DEVICES`` remapping.
+
+    ``index``: torch's CUDA index (for messages only). ``uuid``: the device's UUID as CUDA
+    reports it, lower-case 8-4-4-4-12 hex without NVML's ``GPU-`` prefix (a prefixed form is
+    kept as given). ``pci_bus_id``: NVML's form ``DDDDDDDD:BB:DD.0`` (upper-case hex, as
+    ``NVML_DEVICE_PCI_BUS_ID_FMT``). Either is None where torch does not give it.
+    """
+
+    index: int
+    uuid: str | None
+    pci_bus_id: str | None
+
+
+def _uuid_text(raw: Any) -> str | None:
+    """torch's ``_CUuuid`` prints as bare lower-case hex (no ``GPU-``); a str is taken too."""
+    if raw is None:
+        return None
+    try:
+        text = str(raw).strip()
+    except Exception:
+        return None
+    match = _UUID.match(text)
+    if match is None or set(match.group(2)) <= {"0", "-"}:  # absent, or an all-zero placeholder
+        return None
+    prefix, body = match.groups()
+    return f"{prefix}-{body.lower()}" if prefix else body.lower()
+
+
+def _pci_bus_id_text(properties: Any) -> str | None:
+    """``pci_domain_id``, ``pci_bus_id``, ``pci_device_id`` (ints, cudaDeviceProp's fields) as
+    NVML writes a bus id: ``%08X:%02X:%02X.0``."""
+    try:
+        domain, bus, device = (getattr(properties, name) for name in ("pci_domain_id", "pci_bus_id", "pci_device_id"))
+    except AttributeError:
+        return None
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (domain, bus, device)):
+        return None
+    return f"{domain:08X}:{bus:02X}:{device:02X}.0"
+
+
+def cuda_device_identity(torch_module: Any, index: int | None) -> CudaDeviceIdentity:
+    """The UUID and PCI bus id torch gives for CUDA device ``index`` (None: the current one).
+
+    Never raises: what torch cannot tell is None, and :func:`make_reader` says so in its note.
+    """
+    try:
+        if index is None:
+            index = int(torch_module.cuda.current_device())
+        properties = torch_module.cuda.get_device_properties(index)
+    except Exception:
+        return CudaDeviceIdentity(index if index is not None else 0, None, None)
+    return CudaDeviceIdentity(index, _uuid_text(getattr(properties, "uuid", None)), _pci_bus_id_text(properties))
+
+
+class NvmlUnavailable(Exception):
+    """Why NVML cannot read this device (one line, for the rank's hello)."""
 
 
 class CpuReader:
@@ -48,13 +122,51 @@ class NvmlReader:
 
     kind = "gpu"
 
-    def __init__(self, device_index: int, nvml: Any | None = None) -> None:
+    def __init__(self, identity: CudaDeviceIdentity, nvml: Any | None = None) -> None:
+        """Raises :class:`NvmlUnavailable` saying why when there is no NVML handle for it."""
         if nvml is None:
-            import pynvml as nvml  # provided by nvidia-ml-py
+            try:
+                import pynvml as nvml  # provided by nvidia-ml-py
+            except ImportError as error:
+                raise NvmlUnavailable(f"pynvml cannot be imported ({error}); pip install nvidia-ml-py") from error
         self._nvml = nvml
-        nvml.nvmlInit()
-        self._handle = nvml.nvmlDeviceGetHandleByIndex(device_index)
+        self.identity = identity
+        try:
+            nvml.nvmlInit()
+        except nvml.NVMLError as error:
+            raise NvmlUnavailable(f"nvmlInit failed: {error}") from error
+        try:
+            self._handle, self.found_by = self._find_handle(nvml, identity)
+        except NvmlUnavailable:
+            try:
+                nvml.nvmlShutdown()  # balance the nvmlInit above
+            except Exception:
+                pass
+            raise
         self._nvlink_last: dict[int, tuple[float, float]] = {}  # field -> (KiB so far, when)
+
+    @staticmethod
+    def _find_handle(nvml: Any, identity: CudaDeviceIdentity) -> tuple[Any, str]:
+        """NVML's handle by UUID (``GPU-<uuid>``, then ``MIG-<uuid>`` for a MIG instance, as nvitop
+        tries), else by PCI bus id; never by index. Returns the handle and what found it."""
+        if identity.uuid is None and identity.pci_bus_id is None:
+            raise NvmlUnavailable("torch gives neither a UUID nor a PCI bus id to find it by")
+        misses: list[str] = []
+        if identity.uuid is not None:
+            candidates = [identity.uuid] if identity.uuid[:4] in ("GPU-", "MIG-") else [f"GPU-{identity.uuid}", f"MIG-{identity.uuid}"]
+            errors: list[str] = []
+            for candidate in candidates:
+                try:
+                    return nvml.nvmlDeviceGetHandleByUUID(candidate.encode()), "uuid"
+                except nvml.NVMLError as error:
+                    errors.append(str(error))
+            misses.append(f"UUID {candidates[0]} ({'; '.join(dict.fromkeys(errors))})")
+        if identity.pci_bus_id is not None:
+            try:
+                return nvml.nvmlDeviceGetHandleByPciBusId(identity.pci_bus_id.encode()), "pci_bus_id"
+            except nvml.NVMLError as error:
+                misses.append(f"PCI bus id {identity.pci_bus_id} ({error})")
+        raise NvmlUnavailable("NVML has no device with " + " nor ".join(misses))
 
     def read(self) -> dict[str, float]:
         nvml, handle = self._nvml, self._handle
@@ -91,14 +203,24 @@ class NvmlReader:
         return (total_kib - previous[0]) * 1024.0 / (now - previous[1])
 
 
-def make_reader(device_type: str, device_index: int | None) -> CpuReader | NvmlReader:
-    """NVML for a CUDA device when pynvml works; otherwise the CPU readings."""
-    if device_type == "cuda":
-        try:
-            return NvmlReader(device_index or 0)
-        except Exception:  # no pynvml, no driver: fall back, do not fail training
-            pass
-    return CpuReader()
+def make_reader(device_type: str, identity: CudaDeviceIdentity | None = None,
+                nvml: Any | None = None) -> tuple[CpuReader | NvmlReader, str]:
+    """The reader for this rank's device, and a note: "" when NVML reads a CUDA device (or the
+    device is the CPU), else one line saying why NVML is not used and that CPU readings are
+    sent instead. Never raises for NVML's sake: a sampler must not fail training."""
+    if device_type != "cuda":
+        return CpuReader(), ""
+    label = f"cuda:{identity.index}" if identity is not None else "this CUDA device"
+    try:
+        if identity is None:
+            raise NvmlUnavailable("no device identity was given to look it up by")
+        return NvmlReader(identity, nvml=nvml), ""
+    except NvmlUnavailable as error:
+        reason = str(error)
+    except Exception as error:  # a broken pynvml, an odd driver: still fall back, and say so
+        reason = f"{type(error).__name__}: {error}"
+    reason = " ".join(reason.split())  # one line
+    return CpuReader(), f"NVML not used for {label} ({reason}); sending CPU readings instead"
 
 
 class DeviceSampler:

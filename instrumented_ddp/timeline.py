@@ -4,7 +4,16 @@ The strategies and the training loop mark where things start and end; a clock tu
 into seconds on this rank's clock. On the CPU the mark *is* the time; on a GPU a mark is a CUDA
 event resolved a step or two later with ``query()``, so timing never synchronises the device.
 An asynchronous collective ends when it completes: its future's callback stamps the end.
-Reports wait in ``pending`` until every mark of their step has resolved.
+Reports wait in ``pending`` until every mark of their step has resolved; a step whose marks
+cannot all resolve (a completion callback that failed, one that never came) is sent marked
+``unresolved`` rather than holding back every later step.
+
+Where a collective *starts* is the subtle part. Both backends queue collectives: gloo runs two
+at a time on its worker threads, NCCL one at a time on the process group's NCCL stream. A
+collective issued while the queue is busy waits, and that wait is not transfer: the span starts
+when it was issued or when a worker (the stream) became free, whichever is later, found by
+replaying the queue over the completion stamps (``_start_when_a_worker_was_free``). On NCCL
+with timing on, NCCL's own start event is read instead, once the collective has completed.
 """
 
 from __future__ import annotations
@@ -17,16 +26,26 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from typing import Any, Protocol
 
-from .protocol import Span, StepReport
+from .protocol import COMM_KINDS, Span, StepReport
 
 Stamp = Any  # a float (host clock) or whatever a clock's resolve() understands
 
+#: A step still unresolved when this many later steps have ended is sent marked ``unresolved``.
+#: On a GPU the host runs ahead of the device by a few steps at most (the launch queue is
+#: bounded), so this is far beyond any step that is merely late.
+UNRESOLVED_AFTER_STEPS = 32
+
 
 class Clock(Protocol):
+    #: Collectives the backend runs at once, in issue order (None: the clock knows true starts).
+    worker_threads: int | None
+
     def begin_step(self) -> None: ...
     def stamp(self) -> Stamp: ...
     def resolve(self, stamp: Stamp) -> float | None: ...
-    def on_completion(self, work: Any, done: Callable[[Stamp, float | None], None]) -> None: ...
+    def host_time(self, stamp: Stamp) -> float: ...
+    def capture(self, value: Any) -> Any: ...
+    def on_completion(self, work: Any, span: _PendingSpan) -> None: ...
 
 
 class HostClock:
@@ -50,20 +69,45 @@ class HostClock:
     def resolve(self, stamp: Stamp) -> float | None:
         return stamp
 
-    def on_completion(self, work: Any, done: Callable[[Stamp, float | None], None]) -> None:
-        work.get_future().add_done_callback(lambda _future: done(time.perf_counter(), None))
+    def host_time(self, stamp: Stamp) -> float:
+        return stamp
+
+    def capture(self, value: Any) -> Any:
+        """A CPU loss tensor is read with ``float()`` when its step resolves: no device involved."""
+        return value
+
+    def on_completion(self, work: Any, span: _PendingSpan) -> None:
+        def completed(_future: Any) -> None:
+            try:
+                span.complete(time.perf_counter())
+            except Exception as error:  # never raise on gloo's thread; the step reports it
+                span.fail(error)
+
+        work.get_future().add_done_callback(completed)
 
 
 class CudaEventClock:
-    worker_threads = None  # NCCL reports each collective's own duration
     """GPU: CUDA events on the current stream, converted to the host clock against a reference
-    event recorded at each step's start. A collective's end is an event recorded inside
-    ``work.get_future().then(...)``, whose stream has already waited for NCCL; its start is the
-    end minus NCCL's own duration (``TORCH_NCCL_ENABLE_TIMING=1``) where available, since an event
-    at issue time would also count the queueing behind earlier buckets."""
+    event recorded at each step's start; resolved with ``query()``, never ``synchronize()``.
 
-    def __init__(self, torch_module: Any) -> None:
+    A NCCL work's future is marked complete when the collective is *enqueued*
+    (``ProcessGroupNCCL::collective`` calls ``future_->markCompleted`` right after the kernel is
+    launched), and ``.then`` runs its callback at once, on a pool stream made to wait for NCCL's
+    end event (``ivalue::Future::invokeCallback``). So an event recorded inside the callback
+    completes when the collective does: that is the span's end. Its start: ProcessGroupNCCL
+    runs a group's collectives one after another on one NCCL stream, each after the compute
+    stream reached its issue point, so the start is the issue time or the previous collective's
+    end, whichever is later (``worker_threads = 1`` replays exactly that). With NCCL timing on
+    (``TORCH_NCCL_ENABLE_TIMING=1`` or ``pg._enable_collectives_timing()``), NCCL's own duration
+    is read instead; ``work._get_duration()`` raises until the work's end event has completed,
+    so it is read when the step resolves, never inside the callback.
+    """
+
+    worker_threads = 1
+
+    def __init__(self, torch_module: Any, nccl_timing: bool = False) -> None:
         self._torch = torch_module
+        self.nccl_timing = nccl_timing
         self._reference: Any = None
         self._reference_host = 0.0
 
@@ -79,37 +123,58 @@ class CudaEventClock:
     def stamp(self) -> Stamp:
         if self._reference is None:
             self.begin_step()
-        return (self._reference, self._reference_host, self._event())
+        return (self._reference, self._reference_host, self._event(), time.perf_counter())
 
     def resolve(self, stamp: Stamp) -> float | None:
         if not isinstance(stamp, tuple):
             return stamp
-        reference, reference_host, event = stamp
+        reference, reference_host, event, _host = stamp
         if not (event.query() and reference.query()):
             return None
         return reference_host + reference.elapsed_time(event) / 1000.0
 
-    def on_completion(self, work: Any, done: Callable[[Stamp, float | None], None]) -> None:
-        def completed(future: Any) -> None:
+    def host_time(self, stamp: Stamp) -> float:
+        """When the host made the mark: all an unresolved step can still say."""
+        return stamp[3] if isinstance(stamp, tuple) else stamp
+
+    def capture(self, value: Any) -> Any:
+        """A CUDA loss is copied, without waiting, into pinned host memory; the step's end event
+        is recorded after the copy, so once the step resolves the copy is there to read.
+        (``float()`` or ``.item()`` on the CUDA tensor would make the host wait for the GPU.)"""
+        if not getattr(value, "is_cuda", False):
+            return value
+        host = self._torch.empty(value.shape, dtype=value.dtype, pin_memory=True)
+        host.copy_(value.detach(), non_blocking=True)
+        return host
+
+    def on_completion(self, work: Any, span: _PendingSpan) -> None:
+        duration = (lambda: work._get_duration() / 1000.0) if self.nccl_timing else None
+
+        def completed(_future: Any) -> None:
             try:
-                duration = work._get_duration() / 1000.0
-            except Exception:  # timing not enabled: the span then starts at issue time
-                duration = None
-            done(self.stamp(), duration)
+                span.complete(self.stamp(), duration)
+            except Exception as error:  # a raising callback would leave the span open forever
+                span.fail(error)
 
         work.get_future().then(completed)
 
 
 class _PendingSpan:
-    __slots__ = ("kind", "start", "end", "blocking", "nbytes", "tag", "dtype", "duration")
+    __slots__ = ("kind", "start", "end", "blocking", "nbytes", "tag", "dtype", "duration", "failure")
 
     def __init__(self, kind: str, start: Stamp, blocking: bool, nbytes: int = 0, tag: str = "", dtype: str = "") -> None:
         self.kind, self.start, self.end, self.blocking = kind, start, None, blocking
-        self.nbytes, self.tag, self.dtype, self.duration = nbytes, tag, dtype, None
+        self.nbytes, self.tag, self.dtype = nbytes, tag, dtype
+        self.duration: Callable[[], float] | None = None  # NCCL's own duration, read at resolve time
+        self.failure: str | None = None
 
-    def complete(self, end: Stamp, duration: float | None = None) -> None:
+    def complete(self, end: Stamp, duration: Callable[[], float] | None = None) -> None:
         self.duration = duration
         self.end = end
+
+    def fail(self, error: BaseException) -> None:
+        """The completion could not be stamped: the span will never resolve."""
+        self.failure = f"{type(error).__name__}: {error}"
 
 
 class _PendingStep:
@@ -125,9 +190,12 @@ class _PendingStep:
 class StepTimeline:
     """Collects spans into one ``StepReport`` per optimizer step."""
 
-    def __init__(self, rank: int, clock: Clock | None = None) -> None:
+    def __init__(self, rank: int, clock: Clock | None = None,
+                 unresolved_after_steps: int = UNRESOLVED_AFTER_STEPS) -> None:
         self.rank = rank
         self.clock: Clock = clock or HostClock()
+        self.unresolved_after_steps = unresolved_after_steps
+        self.unresolved_steps = 0  # sent marked unresolved so far
         self._current: _PendingStep | None = None
         self._outside_step: list[_PendingSpan] = []  # e.g. the wrap-time broadcast, given to the next step
         self._pending: deque[_PendingStep] = deque()
@@ -166,16 +234,23 @@ class StepTimeline:
         """Synchronous (``work`` is None): ends now. Asynchronous: ends when the work completes."""
         if work is None:
             span.complete(self.clock.stamp())
-        else:
-            self.clock.on_completion(work, span.complete)
+            return
+        try:
+            self.clock.on_completion(work, span)
+        except Exception as error:  # e.g. a future that refuses callbacks: the span cannot end
+            span.fail(error)
 
     def end_step(self, samples: int, tokens: int, loss: Any = None, excluded: bool = False) -> None:
-        """``loss`` may be a device tensor: it is read only once the step's marks resolved,
-        when reading it no longer waits for the device."""
+        """``loss`` may be a device tensor: it is captured without waiting for the device and read
+        once the step's marks resolved. A step that carries collectives issued outside any step
+        (the wrap-time state broadcast after a switch) is excluded from the statistics: it is
+        not a step of the strategy alone."""
         step = self._current
         if step is None:
             return
-        step.end, step.samples, step.tokens, step.loss, step.excluded = self.clock.stamp(), samples, tokens, loss, excluded
+        step.loss = self.clock.capture(loss) if loss is not None else None
+        step.end, step.samples, step.tokens = self.clock.stamp(), samples, tokens
+        step.excluded = excluded or any(span.tag == "state" for span in step.spans)
         with self._lock:
             self._pending.append(step)
         self._current = None
@@ -189,53 +264,75 @@ class StepTimeline:
             return bool(self._pending)
 
     def completed_reports(self) -> list[StepReport]:
-        """Reports of finished steps whose every mark has resolved, oldest first."""
+        """Reports of finished steps whose every mark has resolved, oldest first; a step that
+        can no longer resolve goes out marked ``unresolved`` instead of holding the rest."""
         ready: list[StepReport] = []
         with self._lock:
             while self._pending:
-                report = self._resolve(self._pending[0])
+                overdue = len(self._pending) > self.unresolved_after_steps
+                report = self._resolve(self._pending[0], overdue)
                 if report is None:
                     break
                 ready.append(report)
                 self._pending.popleft()
+                self.unresolved_steps += report.unresolved
         return ready
 
-    def _resolve(self, step: _PendingStep) -> StepReport | None:
-        start, end = self.clock.resolve(step.start), self.clock.resolve(step.end)
-        if start is None or end is None:
+    def _resolve(self, step: _PendingStep, overdue: bool) -> StepReport | None:
+        """The step's report, or None while a mark may still resolve. A mark that failed, or any
+        mark once the step is ``overdue``, is left out and the report marked unresolved."""
+        resolve = self.clock.resolve
+        start, end = resolve(step.start), resolve(step.end)
+        if (start is None or end is None) and not overdue:
             return None
-        spans: list[Span] = []
+        failed = False
+        resolved: list[tuple[Span, bool]] = []  # (span, its start is NCCL's own)
         for pending in step.spans:
-            if pending.end is None:
-                return None
-            span_end = self.clock.resolve(pending.end)
-            span_start = self.clock.resolve(pending.start)
-            if span_end is None or span_start is None:
-                return None
+            span_start = resolve(pending.start)
+            span_end = None if pending.end is None else resolve(pending.end)
+            if pending.failure is not None or span_start is None or span_end is None:
+                if pending.failure is None and not overdue:
+                    return None
+                failed = True
+                continue
+            measured = False
             if pending.duration is not None:
-                span_start = span_end - pending.duration
-            spans.append(Span(pending.kind, span_start, max(span_start, span_end), pending.blocking, pending.nbytes, pending.tag, pending.dtype))
-        workers = getattr(self.clock, "worker_threads", None)
-        if workers:
-            spans = self._start_when_a_worker_was_free(spans, workers)
+                try:
+                    span_start, measured = span_end - pending.duration(), True
+                except Exception:  # timing turned off after all: the queue replay stands in
+                    pass
+            resolved.append((Span(pending.kind, span_start, max(span_start, span_end), pending.blocking,
+                                  pending.nbytes, pending.tag, pending.dtype), measured))
+        unresolved = failed or start is None or end is None
+        start = self.clock.host_time(step.start) if start is None else start
+        end = self.clock.host_time(step.end) if end is None else end
+        spans = self._start_when_a_worker_was_free(resolved, self.clock.worker_threads)
         first = min([start, *(s.start for s in spans)])
-        loss = None if step.loss is None else float(step.loss)
+        loss = None if step.loss is None or unresolved else float(step.loss)
         return StepReport(
             rank=self.rank, step=step.step, strategy=step.strategy, settings=step.settings, start=first,
-            end=max(end, first), spans=spans, samples=step.samples, tokens=step.tokens, loss=loss, excluded=step.excluded,
+            end=max(end, first), spans=spans, samples=step.samples, tokens=step.tokens, loss=loss,
+            excluded=step.excluded, unresolved=unresolved,
         )
 
-
     @staticmethod
-    def _start_when_a_worker_was_free(spans: list[Span], workers: int) -> list[Span]:
-        """A collective starts when it is issued or when one of gloo's FIFO workers frees up,
-        whichever is later: replaying the queue over the completion stamps gives that time, so
-        the span measures the transfer, not the queueing behind earlier buckets."""
+    def _start_when_a_worker_was_free(spans: list[tuple[Span, bool]], workers: int | None) -> list[Span]:
+        """A collective starts when it is issued or when one of the backend's FIFO workers
+        (gloo's threads; NCCL's one stream) frees up, whichever is later: replaying the queue
+        over the completion stamps gives that time, so the span measures the transfer, not the
+        queueing behind earlier buckets. A span whose start NCCL measured keeps it, and holds
+        its worker until its end all the same. Spans are kept in issue order (``open_collective``
+        appends them as they are issued), which is the order both backends serve them in."""
+        adjusted = [span for span, _ in spans]
+        if not workers:
+            return adjusted
         free_at = [float("-inf")] * workers
-        adjusted = list(spans)
-        for index in sorted((i for i, s in enumerate(spans) if s.kind in ("all_reduce", "broadcast")), key=lambda i: spans[i].start):
-            span = spans[index]
-            start = min(max(span.start, heapq.heappop(free_at)), span.end)
+        for index, (span, measured) in enumerate(spans):  # issue order: the order both queues serve
+            if span.kind not in COMM_KINDS:
+                continue
+            start = span.start if measured else min(max(span.start, heapq.heappop(free_at)), span.end)
+            if measured:
+                heapq.heappop(free_at)
             heapq.heappush(free_at, span.end)
             adjusted[index] = span._replace(start=start)
         return adjusted

@@ -17,6 +17,7 @@ import instrumented_ddp
 from instrumented_ddp import timeline as timeline_module
 from instrumented_ddp.protocol import COMM_KINDS, Span, StepReport
 from instrumented_ddp.timeline import CudaEventClock, HostClock, StepTimeline
+from nccl_fakes import FakeCudaTensor, FakeGpu, FakeNcclWork, FakeProcessGroupNccl
 
 
 class FakeHostTime:
@@ -239,35 +240,7 @@ def test_end_step_without_begin_step_reports_nothing(host_time: FakeHostTime) ->
     assert timeline.completed_reports() == [] and not timeline.has_pending()
 
 
-# -- CudaEventClock with a fake torch ----------------------------------------------------------------
-
-
-class FakeGpu:
-    """A GPU clock in milliseconds; events recorded after ``completed_ms`` have not happened yet."""
-
-    def __init__(self) -> None:
-        self.now_ms = 0.0
-        self.completed_ms = float("inf")
-        self.events: list[FakeEvent] = []
-
-
-class FakeEvent:
-    def __init__(self, gpu: FakeGpu, enable_timing: bool = False) -> None:
-        assert enable_timing, "events must be created with enable_timing=True"
-        self.gpu = gpu
-        self.at_ms: float | None = None
-
-    def record(self) -> None:
-        self.at_ms = self.gpu.now_ms
-        self.gpu.events.append(self)
-
-    def query(self) -> bool:
-        assert self.at_ms is not None
-        return self.at_ms <= self.gpu.completed_ms
-
-    def elapsed_time(self, other: FakeEvent) -> float:
-        assert self.query() and other.query(), "elapsed_time on an event that has not completed"
-        return other.at_ms - self.at_ms
+# -- CudaEventClock against fakes that behave like NCCL (tests/nccl_fakes.py says from what) ----------
 
 
 @pytest.fixture
@@ -275,83 +248,190 @@ def gpu() -> FakeGpu:
     return FakeGpu()
 
 
-@pytest.fixture
-def cuda_timeline(gpu: FakeGpu, host_time: FakeHostTime) -> StepTimeline:
-    fake_torch = SimpleNamespace(cuda=SimpleNamespace(Event=lambda enable_timing=False: FakeEvent(gpu, enable_timing)))
-    return StepTimeline(rank=0, clock=CudaEventClock(fake_torch))
+def _cuda_timeline(gpu: FakeGpu, nccl_timing: bool = False) -> StepTimeline:
+    clock = CudaEventClock(gpu.torch())
+    clock.nccl_timing = nccl_timing
+    return StepTimeline(rank=0, clock=clock)
 
 
-def test_cuda_step_stays_pending_until_its_events_complete(cuda_timeline: StepTimeline, gpu: FakeGpu, host_time: FakeHostTime) -> None:
+def test_cuda_step_stays_pending_until_its_events_complete(gpu: FakeGpu, host_time: FakeHostTime) -> None:
+    timeline = _cuda_timeline(gpu)
     host_time.now = 100.0
-    gpu.now_ms = 0.0
-    cuda_timeline.begin_step(1, "bucket", {})
-    gpu.now_ms = 5.0
-    with cuda_timeline.phase("forward"):
+    timeline.begin_step(1, "bucket", {})
+    gpu.host_ms = 5.0
+    with timeline.phase("forward"):
         host_time.now = 100.001  # the host runs ahead; only the GPU times count
-        gpu.now_ms = 30.0
-    gpu.now_ms = 42.0
-    cuda_timeline.end_step(samples=1, tokens=1)
+        gpu.compute.run(25.0)
+    gpu.compute.run(12.0)
+    timeline.end_step(samples=1, tokens=1)
 
-    gpu.completed_ms = 30.0  # the step's end event has not run yet
-    assert cuda_timeline.completed_reports() == []
-    assert cuda_timeline.has_pending()
-    gpu.completed_ms = 42.0
+    gpu.done_ms = 30.0  # the step's end event (42 ms) has not run yet
+    assert timeline.completed_reports() == []
+    assert timeline.has_pending()
+    gpu.done_ms = 42.0
 
-    report = _only_report(cuda_timeline)
+    report = _only_report(timeline)
     (forward,) = report.spans
     assert forward.start == pytest.approx(100.005) and forward.end == pytest.approx(100.030)
     assert report.start == pytest.approx(100.0) and report.end == pytest.approx(100.042)
 
 
-def test_cuda_collective_starts_at_its_end_minus_the_nccl_duration(cuda_timeline: StepTimeline, gpu: FakeGpu, host_time: FakeHostTime) -> None:
-    host_time.now = 50.0
-    cuda_timeline.begin_step(1, "bucket", {})
-    gpu.now_ms = 1.0
-    span = cuda_timeline.open_collective("all_reduce", 1 << 20, "b0", "float32", blocking=False)
-    work = FakeWork(duration_ms=2.0)
-    cuda_timeline.close_collective(span, work)
-    gpu.now_ms = 8.0
-    cuda_timeline.end_step(samples=1, tokens=1)
-    assert cuda_timeline.completed_reports() == []  # no completion yet
-
-    gpu.now_ms = 10.0  # the event recorded in the future's callback runs after NCCL finished
-    work.future.fire()
-    (collective,) = _only_report(cuda_timeline).spans
-    assert collective.end == pytest.approx(50.010)
-    assert collective.start == pytest.approx(50.008)  # not the issue time (50.001): queueing excluded
-    assert (collective.blocking, collective.nbytes, collective.tag) == (False, 1 << 20, "b0")
+def _three_back_to_back_buckets(gpu: FakeGpu, timeline: StepTimeline, nccl_timing: bool) -> list[FakeNcclWork]:
+    """Backward hands NCCL a 4 ms bucket at 1, 2 and 3 ms: they run 1-5, 5-9 and 9-13 ms."""
+    group = FakeProcessGroupNccl(gpu, timing=nccl_timing)
+    timeline.begin_step(1, "bucket", {})
+    for index in range(3):
+        gpu.host_ms = 1.0 + index
+        span = timeline.open_collective("all_reduce", 1 << 20, f"b{index}", "float32", blocking=False)
+        work = group.all_reduce(transfer_ms=4.0)
+        timeline.close_collective(span, work)
+    gpu.host_ms = 3.5
+    with timeline.phase("wait", blocking=True):
+        for work in group.works:
+            work.wait()  # the compute stream waits; the host does not
+    timeline.end_step(samples=1, tokens=1)
+    return group.works
 
 
-def test_cuda_collective_without_nccl_timing_starts_at_issue(cuda_timeline: StepTimeline, gpu: FakeGpu, host_time: FakeHostTime) -> None:
-    host_time.now = 50.0
-    cuda_timeline.begin_step(1, "bucket", {})
-    gpu.now_ms = 1.0
-    span = cuda_timeline.open_collective("all_reduce", 64, "b0", "float32", blocking=False)
-    work = FakeWork(duration_ms=None)  # _get_duration raises
-    cuda_timeline.close_collective(span, work)
-    gpu.now_ms = 10.0
-    work.future.fire()
-    gpu.now_ms = 12.0
-    cuda_timeline.end_step(samples=1, tokens=1)
+@pytest.mark.parametrize("nccl_timing", [False, True], ids=["queue-replay", "nccl-timing"])
+def test_back_to_back_nccl_buckets_read_their_transfer_not_their_queueing(gpu: FakeGpu, host_time: FakeHostTime, nccl_timing: bool) -> None:
+    """The future is complete at enqueue, so a duration read in the callback raises and every
+    span used to start at its issue time: 4, 7 and 10 ms for three 4 ms transfers."""
+    timeline = _cuda_timeline(gpu, nccl_timing)
+    works = _three_back_to_back_buckets(gpu, timeline, nccl_timing)
+    gpu.done_ms = 12.0  # the last bucket is still running
+    assert timeline.completed_reports() == []
+    gpu.done_ms = 13.0
 
-    (collective,) = _only_report(cuda_timeline).spans
-    assert collective.start == pytest.approx(50.001) and collective.end == pytest.approx(50.010)
+    report = _only_report(timeline)
+    collectives = _kinds(report, "all_reduce")
+    assert [(round(s.start * 1e3, 6), round(s.end * 1e3, 6)) for s in collectives] == [(1.0, 5.0), (5.0, 9.0), (9.0, 13.0)]
+    assert [work.early_duration_reads for work in works] == [0, 0, 0]  # never read before completion
+    (wait,) = _kinds(report, "wait")  # the compute stream sat from 3.5 ms until the last bucket ended
+    assert (round(wait.start * 1e3, 6), round(wait.end * 1e3, 6)) == (3.5, 13.0)
 
 
-def test_cuda_collective_whose_completion_event_is_still_running_holds_the_step(cuda_timeline: StepTimeline, gpu: FakeGpu, host_time: FakeHostTime) -> None:
-    cuda_timeline.begin_step(1, "bucket", {})
-    span = cuda_timeline.open_collective("all_reduce", 64, "b0", "float32", blocking=False)
-    work = FakeWork(duration_ms=1.0)
-    cuda_timeline.close_collective(span, work)
-    gpu.now_ms = 5.0
-    cuda_timeline.end_step(samples=1, tokens=1)
-    gpu.now_ms = 9.0
-    work.future.fire()
-    gpu.completed_ms = 6.0
-    assert cuda_timeline.completed_reports() == []
-    gpu.completed_ms = 9.0
-    (collective,) = _only_report(cuda_timeline).spans
-    assert collective.end == pytest.approx(0.009) and collective.start == pytest.approx(0.008)
+def test_nccl_bucket_issued_after_the_stream_is_free_starts_at_its_issue(gpu: FakeGpu, host_time: FakeHostTime) -> None:
+    timeline = _cuda_timeline(gpu)
+    group = FakeProcessGroupNccl(gpu)
+    timeline.begin_step(1, "bucket", {})
+    for issue_ms in (1.0, 10.0):
+        gpu.host_ms = issue_ms
+        span = timeline.open_collective("all_reduce", 64, "b0", "float32", blocking=False)
+        timeline.close_collective(span, group.all_reduce(transfer_ms=2.0))
+    gpu.host_ms = 20.0
+    timeline.end_step(samples=1, tokens=1)
+    gpu.done_ms = 20.0
+    collectives = _kinds(_only_report(timeline), "all_reduce")
+    assert [(round(s.start * 1e3, 6), round(s.end * 1e3, 6)) for s in collectives] == [(1.0, 3.0), (10.0, 12.0)]
+
+
+def test_cuda_collective_whose_end_is_still_running_holds_the_step(gpu: FakeGpu, host_time: FakeHostTime) -> None:
+    timeline = _cuda_timeline(gpu, nccl_timing=True)
+    group = FakeProcessGroupNccl(gpu, timing=True)
+    timeline.begin_step(1, "bucket", {})
+    span = timeline.open_collective("all_reduce", 64, "b0", "float32", blocking=False)
+    gpu.compute.run(1.0)
+    timeline.close_collective(span, group.all_reduce(transfer_ms=8.0))  # NCCL: 1-9 ms
+    gpu.host_ms = 5.0
+    timeline.end_step(samples=1, tokens=1)
+    gpu.done_ms = 6.0  # the step's end event ran, the collective has not finished
+    assert timeline.completed_reports() == []
+    gpu.done_ms = 9.0
+    (collective,) = _only_report(timeline).spans
+    assert collective.end == pytest.approx(0.009) and collective.start == pytest.approx(0.001)
+
+
+def test_cuda_loss_is_read_without_waiting_for_the_device(gpu: FakeGpu, host_time: FakeHostTime) -> None:
+    timeline = _cuda_timeline(gpu)
+    timeline.begin_step(1, "bucket", {})
+    gpu.compute.run(7.0)
+    timeline.end_step(samples=1, tokens=1, loss=FakeCudaTensor(gpu, 2.5))
+    gpu.done_ms = 3.0
+    assert timeline.completed_reports() == []
+    gpu.done_ms = 7.0
+    assert _only_report(timeline).loss == 2.5
+    assert gpu.synchronizations == 0
+
+
+def test_cuda_completion_callback_that_raises_sends_its_step_unresolved_and_holds_nothing(gpu: FakeGpu, host_time: FakeHostTime) -> None:
+    """An event that cannot be made inside the callback used to leave the span open forever,
+    holding back every later report of the rank."""
+    torch_ = gpu.torch()
+    make_event = torch_.cuda.Event
+    timeline = StepTimeline(rank=0, clock=CudaEventClock(torch_))
+    group = FakeProcessGroupNccl(gpu)
+    timeline.begin_step(1, "bucket", {})
+    span = timeline.open_collective("all_reduce", 64, "b0", "float32", blocking=False)
+    work = group.all_reduce(transfer_ms=1.0)
+    torch_.cuda.Event = _raising("cudaErrorLaunchFailure")
+    timeline.close_collective(span, work)
+    torch_.cuda.Event = make_event
+    with timeline.phase("optimizer"):
+        gpu.compute.run(2.0)
+    timeline.end_step(samples=1, tokens=1, loss=FakeCudaTensor(gpu, 1.0))
+    timeline.begin_step(2, "bucket", {})
+    timeline.end_step(samples=1, tokens=1)
+    gpu.done_ms = 10.0
+
+    first, second = timeline.completed_reports()
+    assert (first.step, first.unresolved, [s.kind for s in first.spans]) == (1, True, ["optimizer"])
+    assert first.loss is None and first.excluded is False
+    assert (second.step, second.unresolved) == (2, False)
+    assert timeline.unresolved_steps == 1
+
+
+def test_host_completion_callback_that_raises_sends_its_step_unresolved(host_time: FakeHostTime, monkeypatch: pytest.MonkeyPatch) -> None:
+    timeline = StepTimeline(rank=0, clock=HostClock())
+    timeline.begin_step(1, "async", {})
+    span = timeline.open_collective("all_reduce", 4, "p0", "float32", blocking=False)
+    work = FakeWork()
+    timeline.close_collective(span, work)
+    timeline.end_step(samples=1, tokens=1)
+    monkeypatch.setattr(host_time, "perf_counter", _raising("clock gone"))
+    work.future.fire()  # on gloo's thread: must not raise there
+    (report,) = timeline.completed_reports()
+    assert report.unresolved and report.spans == []
+
+
+def test_a_completion_that_never_comes_is_sent_unresolved_after_the_limit(host_time: FakeHostTime) -> None:
+    timeline = StepTimeline(rank=0, clock=HostClock())
+    timeline.unresolved_after_steps = 3
+    sent: list[StepReport] = []
+    for step in range(1, 6):
+        host_time.now = float(step)
+        timeline.begin_step(step, "async", {})
+        span = timeline.open_collective("all_reduce", 4, "p0", "float32", blocking=False)
+        work = FakeWork()
+        timeline.close_collective(span, work)
+        if step != 1:
+            work.future.fire()  # step 1's completion never comes
+        timeline.end_step(samples=1, tokens=1)
+        reports = timeline.completed_reports()
+        if step < 4:
+            assert reports == []  # held: it may still come
+        sent += reports
+    assert [(r.step, r.unresolved) for r in sent] == [(1, True), (2, False), (3, False), (4, False), (5, False)]
+    assert timeline.unresolved_steps == 1
+
+
+def test_step_carrying_the_wrap_time_broadcast_is_excluded(host_time: FakeHostTime) -> None:
+    timeline = StepTimeline(rank=0, clock=HostClock())
+    span = timeline.open_collective("broadcast", 64, "state", "float32", blocking=True)  # wrap(), before any step
+    timeline.close_collective(span, None)
+    for step in (1, 2):
+        timeline.begin_step(step, "bucket", {})
+        timeline.end_step(samples=1, tokens=1)
+    first, second = timeline.completed_reports()
+    assert first.excluded and [s.tag for s in first.spans] == ["state"]
+    assert not second.excluded
+
+
+def _raising(message: str) -> Callable[..., Any]:
+    def fail(*_args: Any, **_kwargs: Any) -> Any:
+        raise RuntimeError(message)
+
+    return fail
 
 
 # -- a real strategy on a one-rank gloo group ---------------------------------------------------------

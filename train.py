@@ -98,7 +98,8 @@ def load_model_and_data(args: argparse.Namespace, context: DistributedContext):
         model, tokenizer = bundle.model, bundle.tokenizer
     tokenized = data.tokenize_reviews(reviews, tokenizer, args.max_length)
     rank_batch = args.batch_size // context.world_size  # split into --grad-accum micro-batches per step
-    train_loader, eval_loader, sampler = data.make_loaders(tokenized, rank_batch, context.rank, context.world_size, args.seed)
+    train_loader, eval_loader, sampler = data.make_loaders(tokenized, rank_batch, context.rank, context.world_size, args.seed,
+                                                           pin_memory=context.device.type == "cuda")
     return model.to(context.device), train_loader, eval_loader, sampler
 
 
@@ -143,6 +144,17 @@ def switch_strategy(model, command, args: argparse.Namespace, context: Distribut
                        bucket_layout=getattr(model, "bucket_layout", []))
     watch.acknowledge(command, True, watch.steps + 1)
     return model, f"switched to {command.strategy} (bucket_mb={bucket_mb:g}, grad_accum={grad_accum})"
+
+
+def loss_text(watch: Watch, loss: torch.Tensor, grad_accum: int) -> str:
+    """A watched run prints the loss of its latest resolved step report, which costs nothing;
+    ``.item()`` on a CUDA loss makes the host wait for the GPU, so only unwatched runs pay it."""
+    if watch.latest_loss is not None:
+        step, value = watch.latest_loss
+        return f"loss {value:.4f} (rank 0, step {step})"
+    if watch.publisher is not None:
+        return "loss pending (rank 0)"
+    return f"loss {loss.item() * grad_accum:.4f} (rank 0)"
 
 
 def start_profiler(directory: str, context: DistributedContext) -> torch.profiler.profile:
@@ -218,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
             rate = args.log_every * args.batch_size / (now - last_log) if step % args.log_every == 0 else 0.0
             eta = (now - started) / step * (args.steps - step)
             dropped = f" | telemetry dropped {watch.dropped}" if watch.dropped else ""
-            say(f"step {step}/{args.steps} | loss {loss.item() * args.grad_accum:.4f} (rank 0) | "
+            say(f"step {step}/{args.steps} | {loss_text(watch, loss, args.grad_accum)} | "
                 f"{rate:.1f} samples/s | ETA {eta:.0f}s{dropped}")
             last_log = now
     if profiler is not None:

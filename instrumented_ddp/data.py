@@ -197,7 +197,8 @@ def tokenize_reviews(
 
 
 def make_loaders(
-    tokenized: datasets.DatasetDict, micro_batch_size: int, rank: int, world_size: int, seed: int
+    tokenized: datasets.DatasetDict, micro_batch_size: int, rank: int, world_size: int, seed: int,
+    pin_memory: bool = False,
 ) -> tuple[DataLoader, DataLoader, DistributedSampler]:
     """Shard by rank explicitly (no process group needed, so this also works in tests).
 
@@ -206,12 +207,14 @@ def make_loaders(
     shuffled, no drop; the sampler pads by repeating a few examples so ranks stay in lockstep.
     num_workers=0 keeps the per-rank process tree simple for the watcher. Call
     ``train_sampler.set_epoch(epoch)`` each epoch, or every epoch sees the same order.
+    ``pin_memory`` (for a CUDA device): batches in page-locked memory, so ``.to(device,
+    non_blocking=True)`` is a true asynchronous copy and the host does not wait for it.
     """
     train_sampler = DistributedSampler(tokenized["train"], num_replicas=world_size, rank=rank,
                                        shuffle=True, seed=seed, drop_last=True)
     eval_sampler = DistributedSampler(tokenized["test"], num_replicas=world_size, rank=rank,
                                       shuffle=False, drop_last=False)
     train_loader = DataLoader(tokenized["train"], batch_size=micro_batch_size, sampler=train_sampler,
-                              num_workers=0, drop_last=True)
+                              num_workers=0, drop_last=True, pin_memory=pin_memory)
     eval_loader = DataLoader(tokenized["test"], batch_size=micro_batch_size, sampler=eval_sampler, num_workers=0)
     return train_loader, eval_loader, train_sampler

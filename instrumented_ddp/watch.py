@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .device_sampler import DeviceSampler, make_reader
+from .device_sampler import DeviceSampler, cuda_device_identity, make_reader
 from .distributed import DistributedContext
 from .protocol import Ack, ClientKeys, Hello, StepReport, SwitchCommand
 from .telemetry import TelemetryPublisher
@@ -29,6 +29,19 @@ def shared_session_id() -> str:
     chosen = [time.strftime("%Y%m%d-%H%M%S-") + os.urandom(3).hex() if dist.get_rank() == 0 else ""]
     dist.broadcast_object_list(chosen, src=0)
     return chosen[0]
+
+
+def nccl_timing_enabled() -> bool:
+    """Whether ProcessGroupNCCL records each collective's start event (``TORCH_NCCL_ENABLE_TIMING``,
+    read as PyTorch's ``getCvarBool`` does), so ``work._get_duration()`` can be read."""
+    return os.environ.get("TORCH_NCCL_ENABLE_TIMING", "").strip().lower() in ("1", "true", "yes", "y")
+
+
+def control_group(backend: str) -> dist.ProcessGroup | None:
+    """The group the ranks agree on commands in: the default group when it is gloo already, else a
+    gloo group over the same ranks, made once at start (a collective). On NCCL the agreement
+    would be a device tensor read back with ``.item()``: the host waiting for the GPU every step."""
+    return None if backend == "gloo" else dist.new_group(backend="gloo")
 
 
 def parameter_layout(model: nn.Module) -> list[tuple[str, int, str]]:
@@ -45,7 +58,8 @@ class Watch:
         self.sampler = sampler
         self.steps = 0
         self._applied: set[str] = set()  # command ids already applied: a resend is only re-acknowledged
-        self._device: torch.device = torch.device("cpu")
+        self._control: dist.ProcessGroup | None = None  # see control_group
+        self.latest_loss: tuple[int, float] | None = None  # (step, loss) of the newest report sent
 
     @classmethod
     def disabled(cls) -> Watch:
@@ -54,17 +68,19 @@ class Watch:
     @classmethod
     def start(cls, address: str, context: DistributedContext, hello_fields: dict[str, Any],
               keys: ClientKeys | None = None) -> Watch:
-        clock = CudaEventClock(torch) if context.device.type == "cuda" else HostClock()
+        on_gpu = context.device.type == "cuda"
+        clock = CudaEventClock(torch, nccl_timing=nccl_timing_enabled()) if on_gpu else HostClock()
         timeline = StepTimeline(context.rank, clock)
+        reader, device_note = make_reader(context.device.type, cuda_device_identity(torch, context.device.index) if on_gpu else None)
         hello = Hello(
             rank=context.rank, world_size=context.world_size, session=shared_session_id(), host=socket.gethostname(),
             pid=os.getpid(), device=str(context.device), backend=context.backend,
-            node_rank=int(os.environ.get("GROUP_RANK", "0")), local_rank=context.local_rank, **hello_fields,
+            node_rank=int(os.environ.get("GROUP_RANK", "0")), local_rank=context.local_rank, device_note=device_note,
+            **hello_fields,
         )
         watch = cls(timeline)
-        watch._device = context.device
+        watch._control = control_group(context.backend)
         watch.publisher = TelemetryPublisher(address, hello, current_step=lambda: watch.steps, keys=keys)
-        reader = make_reader(context.device.type, context.device.index)
         watch.sampler = DeviceSampler(context.rank, reader, watch.publisher.publish).start()
         return watch
 
@@ -80,16 +96,18 @@ class Watch:
 
         Only rank 0 hears the dashboard; it broadcasts whether a command came (4 bytes, ~0.5 ms on
         gloo) and, only then, the command itself. Unwatched runs skip it on every rank alike.
+        Everything here is on the CPU, in the gloo control group: nothing touches the GPU, so
+        the host never waits for it and can keep running ahead.
         """
         if self.publisher is None:
             return None
         command = self._next_new_command() if dist.get_rank() == 0 else None
-        flag = torch.tensor([0 if command is None else 1], dtype=torch.int32, device=self._device)
-        dist.broadcast(flag, src=0)
+        flag = torch.tensor([0 if command is None else 1], dtype=torch.int32)
+        dist.broadcast(flag, src=0, group=self._control)
         if not flag.item():
             return None
         box = [command]
-        dist.broadcast_object_list(box, src=0, device=self._device)
+        dist.broadcast_object_list(box, src=0, group=self._control)
         self._applied.add(box[0].command_id)
         return box[0]
 
@@ -116,6 +134,9 @@ class Watch:
         if self.publisher is not None:
             for report in reports:
                 self.publisher.publish(report)
+        for report in reports:
+            if report.loss is not None:
+                self.latest_loss = (report.step, report.loss)
         return reports
 
     def close(self, reason: str = "finished") -> None:

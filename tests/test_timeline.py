@@ -495,3 +495,31 @@ def test_async_strategy_reports_non_blocking_all_reduces_and_a_blocking_wait(one
     assert len(waits) == 1 and waits[0].blocking
     assert waits[0].start >= backward.end
     assert all(span.kind in {"forward", "backward", "wait", *COMM_KINDS} for span in report.spans)
+
+
+def test_ddp_records_its_per_forward_buffer_broadcast_inside_forward(one_rank_group: None) -> None:
+    """DDP broadcasts a model's buffers from rank 0 before every forward: blocked, not compute."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Linear(8, 1))
+    timeline = StepTimeline(0)
+    wrapped = instrumented_ddp.wrap(model, "ddp", timeline=timeline)
+    try:
+        for step in (1, 2):
+            timeline.begin_step(step, wrapped.name, wrapped.settings)
+            loss = wrapped(torch.randn(5, 4)).pow(2).mean()
+            with timeline.phase("backward"):
+                loss.backward()
+            wrapped.finish_gradient_sync()
+            timeline.end_step(samples=5, tokens=0)
+        reports: list[StepReport] = []
+        deadline = time.monotonic() + 10.0
+        while len(reports) < 2 and time.monotonic() < deadline:
+            reports += timeline.completed_reports()
+            time.sleep(0.001)
+        for report in reports:
+            (forward,) = _kinds(report, "forward")
+            (buffers,) = [span for span in _kinds(report, "broadcast") if span.tag == "buffers"]
+            assert buffers.blocking and _inside(buffers, forward)
+            assert buffers.nbytes == sum(b.numel() * b.element_size() for b in model.buffers())
+    finally:
+        instrumented_ddp.unwrap(wrapped)

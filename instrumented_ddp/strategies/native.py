@@ -27,7 +27,11 @@ class NativeDDP(DataParallelStrategy):
     last buckets inside ``backward()`` itself: the time from the last gradient's arrival to the
     end of backward is recorded as a blocking ``wait`` (blocked is not busy). DDP's first
     iteration reduces one bucket holding every gradient, before it rebuilds buckets in
-    gradient-ready order: that step is marked excluded from the statistics.
+    gradient-ready order: that step is marked excluded from the statistics. A model with buffers
+    has them broadcast from rank 0 at the start of every forward (``broadcast_buffers=True``,
+    DDP's default, which our own strategies do only at wrap time): that broadcast is recorded as
+    a blocking ``broadcast`` span tagged ``buffers`` inside forward, so it is not counted as
+    forward compute.
     """
 
     name: ClassVar[str] = "ddp"
@@ -55,6 +59,7 @@ class NativeDDP(DataParallelStrategy):
         self._gradient_hooks: list[Any] = []
         if self.timeline is not NULL_TIMELINE:
             ddp.register_comm_hook(state=None, hook=self._timed_all_reduce_hook())
+            ddp._distributed_broadcast_coalesced = self._timed_buffer_broadcast(ddp._distributed_broadcast_coalesced)
             self._gradient_hooks = [p.register_post_accumulate_grad_hook(self._note_gradient)
                                     for p in self.trainable_parameters()]
 
@@ -72,6 +77,23 @@ class NativeDDP(DataParallelStrategy):
             return work.get_future().then(lambda future: future.value()[0])
 
         return timed_all_reduce
+
+    def _timed_buffer_broadcast(self, untimed: Callable[..., None]) -> Callable[..., None]:
+        """DDP's per-forward buffer sync goes through this one method of the instance
+        (``_sync_buffers`` -> ``_default_broadcast_coalesced`` -> here). It returns once the
+        broadcast is done (on NCCL, once the current stream waits for it), so it is timed like
+        any synchronous collective."""
+
+        def timed_broadcast(tensors, buffer_size, authoritative_rank=0):  # noqa: ANN001, ANN202
+            nbytes = sum(t.numel() * t.element_size() for t in tensors)
+            dtypes = {str(t.dtype).removeprefix("torch.") for t in tensors}
+            span = self.timeline.open_collective("broadcast", nbytes, "buffers", ",".join(sorted(dtypes)), True)
+            try:
+                untimed(tensors, buffer_size, authoritative_rank)
+            finally:
+                self.timeline.close_collective(span, None)
+
+        return timed_broadcast
 
     def finish_gradient_sync(self) -> None:
         """Called right after backward returned: DDP's in-backward wait ends about now."""

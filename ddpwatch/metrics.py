@@ -18,26 +18,33 @@ Conventions, chosen so that no caller ever sees NaN or a ZeroDivisionError:
 * Collective counts, durations and bandwidths use each span's raw, unclipped
   duration: a collective is one call whose size was moved in that whole time.
   Only the timeline percentages are clipped to the step window.
+* ``all_reduce_calls`` always means calls per rank per step (a mean where
+  ranks or steps differ); a total over ranks and steps is ``all_reduce_calls_total``.
+* Throughput divides by wall time from a run of steps' first start to its last
+  end with ranks on one clock (:class:`ClockAlignment`), never by a sum of step
+  windows, which would leave out the time between steps.
 """
 
 from __future__ import annotations
 
 import copy
 import math
-from collections import defaultdict, deque
+import statistics
+from collections import Counter, defaultdict, deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
 from ddpwatch.intervals import Interval, clip, intersect, merge, subtract, total_length, union
 
 __all__ = [
-    "BLOCKING_KINDS", "COMM_KINDS", "COMPUTE_KINDS", "Desync", "Figures", "Interval",
-    "SegmentAccumulator", "SegmentFigures", "SpanLike", "StepFigures", "StepRecordLike", "algbw_gbps", "bus_factor",
-    "busbw_gbps", "clip", "cross_rank_waits", "find_desync", "intersect", "merge",
-    "segment_figures", "step_figures", "straggler", "subtract", "total_length", "union",
+    "BLOCKING_KINDS", "COMM_KINDS", "COMPUTE_KINDS", "STRAGGLER_SHARE", "STRAGGLER_STEPS", "ClockAlignment", "Desync",
+    "DesyncRange", "Figures", "Interval", "SegmentAccumulator", "SegmentFigures", "SpanLike", "StepFigures",
+    "StepRecordLike", "StepTimes", "StepWaits", "Straggler", "algbw_gbps", "bus_factor", "busbw_gbps", "calls_text",
+    "clip", "counted", "cross_rank_waits", "find_desync", "find_straggler", "intersect", "merge", "segment_figures",
+    "step_figures", "step_times", "straggler", "subtract", "total_length", "union",
 ]
 
 COMPUTE_KINDS = frozenset({"forward", "backward", "optimizer"})
@@ -46,6 +53,9 @@ COMM_KINDS = frozenset({"all_reduce", "broadcast"})
 # network; if it happened inside e.g. a backward hook, it is not compute.
 BLOCKING_KINDS = COMM_KINDS | {"wait"}
 _BYTES_PER_GB = 1e9  # nccl-tests reports decimal GB/s
+STRAGGLER_STEPS = 10  # a straggler is judged over this many complete steps: one step is noise
+STRAGGLER_SHARE = 0.10  # ... and only when the others waited over this share of the step time for it
+ALIGNMENT_STEPS = 512  # clock-offset samples kept per rank: a median over them, in bounded memory
 
 
 class SpanLike(Protocol):
@@ -59,6 +69,8 @@ class SpanLike(Protocol):
     def blocking(self) -> bool: ...
     @property
     def nbytes(self) -> int: ...
+    @property
+    def tag(self) -> str: ...
 
 
 class StepRecordLike(Protocol):
@@ -89,8 +101,23 @@ def _pct(part: float, whole: float) -> float:
 
 
 def _all_reduces(record: StepRecordLike) -> list[SpanLike]:
-    """In issue order, which is what lines the i-th call up across ranks."""
+    """In issue order: the fallback that lines calls up across ranks when they carry no tag."""
     return sorted((s for s in record.spans if s.kind == "all_reduce"), key=lambda s: s.start)
+
+
+def counted(record: Any) -> bool:
+    """Whether a report may enter any figure. Excluded steps (native DDP's first iteration, a
+    wrap-time broadcast) are not representative; unresolved ones hold only the spans whose marks
+    resolved, so their percentages, waits and call counts would be false (a missing collective
+    would even read as a desync). One rule, so every figure leaves out the same reports."""
+    return not getattr(record, "excluded", False) and not getattr(record, "unresolved", False)
+
+
+def calls_text(calls_per_rank_per_step: float) -> str:
+    """How a per-rank-per-step call count is written, on screen and in summary.md alike: a whole
+    number as one ("57"), a mean that is not whole with up to two decimals ("56.5")."""
+    text = f"{calls_per_rank_per_step:.2f}".rstrip("0").rstrip(".")
+    return text if text not in ("", "-0") else "0"
 
 
 # --- bandwidth (nccl-tests definitions, see nccl-tests doc/PERFORMANCE.md) -------------
@@ -183,24 +210,39 @@ def step_figures(record: StepRecordLike, world_size: int | None = None) -> StepF
 # --- across ranks, one step ------------------------------------------------------------
 
 
+def _collective_key(tag: str, seen: Counter[str]) -> tuple[str, int]:
+    """The k-th call carrying ``tag`` in issue order. A tag can repeat within a step (the
+    baseline reduces every parameter after each micro-step); an empty tag keys by position
+    among the untagged calls."""
+    key = (tag, seen[tag])
+    seen[tag] += 1
+    return key
+
+
 def cross_rank_waits(records_of_one_step: Mapping[int, StepRecordLike]) -> dict[int, float]:
     """Milliseconds each rank spent in all-reduces waiting for the others to arrive.
 
-    A collective cannot finish before its last participant joins, so the shortest
-    duration of the i-th call over ranks is taken as the pure transfer and the rest
-    of each rank's duration as waiting.  When call counts differ (see
-    :func:`find_desync`) only the common prefix is matched: beyond it there is no
-    counterpart to compare with.  Fewer than two ranks wait for nobody: all 0.0.
+    A collective cannot finish before its last participant joins, so the shortest duration of
+    one call over ranks is taken as the pure transfer and the rest of each rank's duration as
+    waiting. Calls are paired across ranks by their tag (``p<i>``, ``b<i>``, ...; the k-th call
+    with that tag), not by position: one call missing on one rank (see :func:`find_desync`)
+    would otherwise shift every later pair. Only calls every rank made are compared; untagged
+    calls fall back to their position among the untagged. Fewer than two ranks wait for
+    nobody: all 0.0.
     """
-    durations = {rank: [_length(s.start, s.end) for s in _all_reduces(rec)]
-                 for rank, rec in records_of_one_step.items()}
+    durations: dict[int, dict[tuple[str, int], float]] = {}
+    for rank, rec in records_of_one_step.items():
+        seen: Counter[str] = Counter()
+        durations[rank] = {_collective_key(getattr(s, "tag", "") or "", seen): _length(s.start, s.end)
+                           for s in _all_reduces(rec)}
     waits = {rank: 0.0 for rank in durations}
     if len(durations) < 2:
         return waits
-    for i in range(min(len(d) for d in durations.values())):
-        transfer = min(d[i] for d in durations.values())
+    common = set.intersection(*(set(d) for d in durations.values()))
+    for key in sorted(common):
+        transfer = min(d[key] for d in durations.values())
         for rank, d in durations.items():
-            waits[rank] += 1000.0 * (d[i] - transfer)
+            waits[rank] += 1000.0 * (d[key] - transfer)
     return waits
 
 
@@ -209,10 +251,65 @@ def straggler(waits: Mapping[int, float], tolerance_ms: float = 0.0) -> int | No
 
     None with fewer than two ranks, or when the spread of waits is within
     ``tolerance_ms`` (nobody is meaningfully late).  Ties go to the lowest rank.
+    This names a candidate only; whether it is late enough to report is :func:`find_straggler`.
     """
     if len(waits) < 2 or max(waits.values()) - min(waits.values()) <= tolerance_ms:
         return None
     return min(waits, key=lambda rank: (waits[rank], rank))
+
+
+class StepWaits(NamedTuple):
+    """What the straggler rule needs from one complete step (every rank reported)."""
+
+    step: int
+    waits_ms: Mapping[int, float]  # cross_rank_waits of the step
+    wall_ms: float  # the slowest rank's window: the step took that long for everyone
+
+
+@dataclass(frozen=True)
+class Straggler:
+    """A rank the others kept waiting for, and by how much."""
+
+    rank: int
+    first_step: int
+    last_step: int
+    steps: int
+    waited_ms_per_step: float  # the least any other rank waited for it, per step
+    share_pct: float  # that wait as a share of the steps' wall time
+
+    def describe(self) -> str:
+        """The one sentence the dashboard's warnings and summary.md both print."""
+        return (f"rank {self.rank} is a straggler: over steps {self.first_step}-{self.last_step} the others waited "
+                f"{self.waited_ms_per_step:.1f} ms a step for it ({self.share_pct:.0f}% of step time)")
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Straggler:
+        return cls(**{f.name: data[f.name] for f in fields(cls)})
+
+
+def find_straggler(complete_steps: Iterable[StepWaits]) -> Straggler | None:
+    """The straggler rule, one function for the dashboard and the exports so they cannot disagree.
+
+    Over the last ``STRAGGLER_STEPS`` of the given complete steps, the candidate is the rank that
+    waited least in total (:func:`straggler`); it is named only when every other rank waited for
+    it more than ``STRAGGLER_SHARE`` of those steps' wall time. Without that threshold, noise of
+    a few microseconds would always name someone.
+    """
+    window = sorted(complete_steps, key=lambda s: s.step)[-STRAGGLER_STEPS:]
+    if not window:
+        return None
+    totals: dict[int, float] = defaultdict(float)
+    wall_ms = 0.0
+    for s in window:
+        wall_ms += s.wall_ms
+        for rank, waited in s.waits_ms.items():
+            totals[rank] += waited
+    slow = straggler(totals)
+    others = [w for r, w in totals.items() if r != slow]
+    if slow is None or not others or min(others) <= STRAGGLER_SHARE * wall_ms:
+        return None
+    least = min(others)
+    return Straggler(slow, window[0].step, window[-1].step, len(window), least / len(window), 100.0 * least / wall_ms)
 
 
 @dataclass(frozen=True)
@@ -221,6 +318,11 @@ class Desync:
 
     step: int
     calls_per_rank: dict[int, int]
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Desync:
+        """From summary.json, whose keys are strings."""
+        return cls(int(data["step"]), {int(r): int(n) for r, n in data["calls_per_rank"].items()})
 
 
 def find_desync(records_of_one_step: Mapping[int, StepRecordLike]) -> Desync | None:
@@ -231,6 +333,142 @@ def find_desync(records_of_one_step: Mapping[int, StepRecordLike]) -> Desync | N
     if len(set(calls.values())) <= 1:
         return None
     return Desync(step=next(iter(records_of_one_step.values())).step, calls_per_rank=calls)
+
+
+def _counts(desync: Desync) -> str:
+    return ", ".join(f"rank {r}: {n}" for r, n in sorted(desync.calls_per_rank.items()))
+
+
+@dataclass(frozen=True)
+class DesyncRange:
+    """Every desynchronised step of a segment or run, in one error that stays until the run ends:
+    a desync is a fault of the run, not of the step on screen."""
+
+    first_step: int
+    last_step: int
+    steps: int  # how many steps in that range were desynchronised
+    first: Desync
+    last: Desync
+
+    @classmethod
+    def of(cls, desync: Desync) -> DesyncRange:
+        return cls(desync.step, desync.step, 1, desync, desync)
+
+    def including(self, desync: Desync) -> DesyncRange:
+        """This range with one more desynchronised step (steps may come in any order)."""
+        first = desync if desync.step < self.first_step else self.first
+        last = desync if desync.step > self.last_step else self.last
+        return DesyncRange(first.step, last.step, self.steps + 1, first, last)
+
+    @staticmethod
+    def combine(ranges: Iterable[DesyncRange | None]) -> DesyncRange | None:
+        """Disjoint ranges (one per segment) as one: their counts add up."""
+        present = [r for r in ranges if r is not None]
+        if not present:
+            return None
+        first = min(present, key=lambda r: r.first_step).first
+        last = max(present, key=lambda r: r.last_step).last
+        return DesyncRange(first.step, last.step, sum(r.steps for r in present), first, last)
+
+    def describe(self) -> str:
+        """The one sentence the dashboard's warnings and summary.md both print."""
+        if self.first_step == self.last_step:
+            return (f"DESYNC at step {self.first_step}: the ranks issued different all-reduce counts "
+                    f"({_counts(self.first)})")
+        return (f"DESYNC at steps {self.first_step}-{self.last_step} ({self.steps} steps): the ranks issued different "
+                f"all-reduce counts (step {self.first_step}: {_counts(self.first)}; "
+                f"step {self.last_step}: {_counts(self.last)})")
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> DesyncRange:
+        """From summary.json, whose keys are strings."""
+        return cls(int(data["first_step"]), int(data["last_step"]), int(data["steps"]),
+                   Desync.from_dict(data["first"]), Desync.from_dict(data["last"]))
+
+
+# --- putting ranks on one clock ---------------------------------------------------------
+
+
+class StepTimes(NamedTuple):
+    """What aligning ranks needs from one rank's step, on that rank's own clock."""
+
+    start: float
+    end: float
+    anchor: float | None  # end of the step's last all-reduce: every rank leaves it at the same moment
+
+
+def step_times(record: StepRecordLike) -> StepTimes:
+    ends = [s.end for s in record.spans if s.kind == "all_reduce" and math.isfinite(s.end)]
+    return StepTimes(record.start, record.end, max(ends) if ends else None)
+
+
+class ClockAlignment:
+    """Offsets that put every rank on a reference rank's clock, and the wall time the steps cover.
+
+    Hosts' clocks differ, but no rank can leave an all-reduce before every rank joined it, so all
+    ranks leave a step's last all-reduce together: per rank, the offset is the median over the
+    steps it shares with the reference of (reference's anchor − its anchor); the median shrugs off
+    a step whose completion was stamped late. A rank without all-reduces is aligned by step starts
+    instead. The Chrome trace, the timeline and throughput all use this one rule.
+    """
+
+    def __init__(self, reference: int | None = None, keep: int | None = ALIGNMENT_STEPS) -> None:
+        """``reference``: the rank whose clock the others are put on (default: the lowest rank of
+        the first step added). ``keep``: offset samples kept per rank (None: all)."""
+        self.reference = reference
+        self._keep = keep
+        self._anchor_deltas: dict[int, deque[float]] = {}
+        self._start_deltas: dict[int, deque[float]] = {}
+        self._first_start: dict[int, float] = {}  # each rank's own clock
+        self._last_end: dict[int, float] = {}
+
+    def add_step(self, times: Mapping[int, StepTimes]) -> None:
+        """One step's times of every rank that reported it (steps may come in any order)."""
+        if not times:
+            return
+        if self.reference is None:
+            self.reference = min(times)
+        ref = times.get(self.reference)
+        for rank, t in times.items():
+            if math.isfinite(t.start) and math.isfinite(t.end):
+                self._first_start[rank] = min(self._first_start.get(rank, t.start), t.start)
+                self._last_end[rank] = max(self._last_end.get(rank, t.end), t.end)
+            if ref is None or rank == self.reference:
+                continue
+            if ref.anchor is not None and t.anchor is not None:
+                self._anchor_deltas.setdefault(rank, deque(maxlen=self._keep)).append(ref.anchor - t.anchor)
+                self._start_deltas.pop(rank, None)  # never used once an anchor is known
+            elif rank not in self._anchor_deltas and math.isfinite(ref.start - t.start):
+                self._start_deltas.setdefault(rank, deque(maxlen=self._keep)).append(ref.start - t.start)
+
+    def offsets(self) -> dict[int, float]:
+        """Seconds to add to each rank's clock to land on the reference's; a rank that never shared
+        a step with the reference has no offset (it is left out, not guessed)."""
+        if self.reference is None:
+            return {}
+        out = {self.reference: 0.0}
+        for rank in set(self._anchor_deltas) | set(self._start_deltas):
+            deltas = self._anchor_deltas.get(rank) or self._start_deltas.get(rank)
+            if deltas:
+                out[rank] = float(statistics.median(deltas))
+        return out
+
+    def own_wall_s(self, rank: int) -> float:
+        """One rank's first step start to its last step end, on its own clock."""
+        if rank not in self._first_start:
+            return 0.0
+        return max(self._last_end[rank] - self._first_start[rank], 0.0)
+
+    def wall_s(self) -> float:
+        """First step start to last step end over every aligned rank: the time the steps took,
+        the time between steps included."""
+        offsets = self.offsets()
+        ranks = [r for r in self._first_start if r in offsets]
+        if not ranks:
+            return 0.0
+        first = min(self._first_start[r] + offsets[r] for r in ranks)
+        last = max(self._last_end[r] + offsets[r] for r in ranks)
+        return max(last - first, 0.0)
 
 
 # --- a run of steps under one strategy -------------------------------------------------
@@ -246,12 +484,13 @@ class Figures:
     idle_pct: float
     overlap_pct: float  # mean over records that communicated at all
     comm_overhead_pct: float
-    all_reduce_calls: float  # mean
-    all_reduce_calls_total: int
+    all_reduce_calls: float  # per rank per step (mean over records)
+    all_reduce_calls_total: int  # over every rank and step
     all_reduce_ms: float  # mean
     step_ms_p50: float  # over each step's wall time (max window over ranks), linear interp.
     step_ms_p95: float
-    samples_per_s: float  # total samples / total wall time
+    wall_s: float  # first step start to last step end, ranks aligned (ClockAlignment)
+    samples_per_s: float  # samples of every rank / wall_s
     tokens_per_s: float
     busbw_gbps: float | None  # median over every measurable all_reduce
     waited_for_others_ms: float  # mean
@@ -266,8 +505,10 @@ class SegmentFigures(Figures):
 
     world_size: int
     per_rank: dict[int, Figures]
-    straggler_rank: int | None  # by total wait over the segment, see straggler()
-    desyncs: tuple[Desync, ...]
+    straggler_rank: int | None  # find_straggler over the segment's last complete steps
+    straggler: Straggler | None
+    desyncs: tuple[Desync, ...]  # the first 100, each with its counts
+    desync: DesyncRange | None  # all of them
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -296,7 +537,6 @@ class _Running:
     waited_ms: float = 0.0
     samples: int = 0
     tokens: int = 0
-    wall_s: float = 0.0
     walls_ms: deque = field(default_factory=lambda: deque(maxlen=RESERVOIR))
     algbw: deque = field(default_factory=lambda: deque(maxlen=RESERVOIR))
 
@@ -321,10 +561,10 @@ class _Running:
 
     def add_step_wall(self, wall_ms: float) -> None:
         self.steps += 1
-        self.wall_s += wall_ms / 1000.0
         self.walls_ms.append(wall_ms)
 
-    def figures(self, world_size: int) -> Figures:
+    def figures(self, world_size: int, wall_s: float) -> Figures:
+        """``wall_s``: the time these steps took, from the accumulator's clock alignment."""
         def mean(total: float, n: int) -> float:
             return total / n if n else 0.0
 
@@ -342,8 +582,9 @@ class _Running:
             all_reduce_ms=mean(self.all_reduce_ms, self.records),
             step_ms_p50=float(np.percentile(walls, 50)) if walls else 0.0,
             step_ms_p95=float(np.percentile(walls, 95)) if walls else 0.0,
-            samples_per_s=self.samples / self.wall_s if self.wall_s > 0 else 0.0,
-            tokens_per_s=self.tokens / self.wall_s if self.wall_s > 0 else 0.0,
+            wall_s=wall_s,
+            samples_per_s=self.samples / wall_s if wall_s > 0 else 0.0,
+            tokens_per_s=self.tokens / wall_s if wall_s > 0 else 0.0,
             busbw_gbps=float(np.median(list(self.algbw))) * factor if self.algbw and factor is not None else None,
             waited_for_others_ms=mean(self.waited_ms, self.records),
         )
@@ -353,15 +594,19 @@ class SegmentAccumulator:
     """Folds a segment's steps in one at a time, so a live dashboard can forget old steps.
 
     Means, totals and throughput are exact over every step folded in; step-time percentiles and
-    the median bandwidth are over the last ``RESERVOIR`` steps and collectives.
+    the median bandwidth are over the last ``RESERVOIR`` steps and collectives, clock offsets over
+    the last ``ALIGNMENT_STEPS`` steps of each rank, the straggler over the last
+    ``STRAGGLER_STEPS`` complete steps.
     """
 
     def __init__(self, world_size: int) -> None:
         self.world_size = world_size
         self.overall = _Running()
         self.per_rank: dict[int, _Running] = defaultdict(_Running)
-        self.wait_totals: dict[int, float] = defaultdict(float)
+        self.clocks = ClockAlignment()
+        self.recent_complete: list[StepWaits] = []  # the last STRAGGLER_STEPS steps every rank reported
         self.desyncs: list[Desync] = []
+        self.desync: DesyncRange | None = None
 
     def add_step(self, records_of_one_step: Mapping[int, StepRecordLike],
                  figures: Mapping[int, StepFigures] | None = None) -> None:
@@ -370,17 +615,25 @@ class SegmentAccumulator:
             return
         waits = cross_rank_waits(records_of_one_step)
         desync = find_desync(records_of_one_step)
-        if desync is not None and len(self.desyncs) < 100:
-            self.desyncs.append(desync)
+        if desync is not None:
+            self.desync = DesyncRange.of(desync) if self.desync is None else self.desync.including(desync)
+            if len(self.desyncs) < 100:
+                self.desyncs.append(desync)
         walls = []
         for rank, rec in sorted(records_of_one_step.items()):
             f = figures[rank] if figures is not None and rank in figures else step_figures(rec, self.world_size)
             self.overall.add_record(f, waits[rank])
             self.per_rank[rank].add_record(f, waits[rank])
             self.per_rank[rank].add_step_wall(f.step_ms)
-            self.wait_totals[rank] += waits[rank]
             walls.append(f.step_ms)
         self.overall.add_step_wall(max(walls))
+        self.clocks.add_step({rank: step_times(rec) for rank, rec in records_of_one_step.items()})
+        if len(records_of_one_step) >= self.world_size > 1:
+            step = next(iter(records_of_one_step.values())).step
+            self.recent_complete.append(StepWaits(step, waits, max(walls)))
+            if len(self.recent_complete) > STRAGGLER_STEPS:
+                self.recent_complete.sort(key=lambda s: s.step)
+                del self.recent_complete[:-STRAGGLER_STEPS]
 
     def copy(self) -> SegmentAccumulator:
         return copy.deepcopy(self)
@@ -392,14 +645,17 @@ class SegmentAccumulator:
     def figures(self, per_rank: bool = True) -> SegmentFigures:
         """An empty segment gives zeros, ``busbw_gbps=None``, ``per_rank={}``, no straggler.
         ``per_rank=False`` skips the per-rank figures (a percentile pass per rank)."""
-        overall = self.overall.figures(self.world_size)
+        overall = self.overall.figures(self.world_size, self.clocks.wall_s())
+        slow = find_straggler(self.recent_complete)
         return SegmentFigures(
             **{f.name: getattr(overall, f.name) for f in fields(Figures)},
             world_size=self.world_size,
-            per_rank={rank: running.figures(self.world_size) for rank, running in sorted(self.per_rank.items())}
-            if per_rank else {},
-            straggler_rank=straggler(self.wait_totals),
+            per_rank={rank: running.figures(self.world_size, self.clocks.own_wall_s(rank))
+                      for rank, running in sorted(self.per_rank.items())} if per_rank else {},
+            straggler_rank=slow.rank if slow is not None else None,
+            straggler=slow,
             desyncs=tuple(self.desyncs),
+            desync=self.desync,
         )
 
 

@@ -14,14 +14,23 @@ import pytest
 
 from ddpwatch.intervals import clip, intersect, merge, subtract, total_length, union
 from ddpwatch.metrics import (
+    STRAGGLER_STEPS,
+    ClockAlignment,
     Desync,
+    DesyncRange,
+    StepWaits,
+    Straggler,
     algbw_gbps,
     bus_factor,
     busbw_gbps,
+    calls_text,
+    counted,
     cross_rank_waits,
     find_desync,
+    find_straggler,
     segment_figures,
     step_figures,
+    step_times,
     straggler,
 )
 
@@ -39,6 +48,7 @@ class Span:
     end: float
     blocking: bool = False
     nbytes: int = 0
+    tag: str = ""
 
 
 @dataclass(frozen=True)
@@ -52,9 +62,9 @@ class Record:
     tokens: int = 0
 
 
-def span(kind: str, a: float, b: float, blocking: bool = False, nbytes: int = 0) -> Span:
+def span(kind: str, a: float, b: float, blocking: bool = False, nbytes: int = 0, tag: str = "") -> Span:
     """A span given in ms."""
-    return Span(kind, ms(a), ms(b), blocking, nbytes)
+    return Span(kind, ms(a), ms(b), blocking, nbytes, tag)
 
 
 def record(a: float, b: float, *spans: Span, rank: int = 0, step: int = 0,
@@ -323,9 +333,13 @@ def test_segment_means_percentiles_throughput_and_waits():
     assert s.all_reduce_ms == approx(8.4375)
     # step wall = max over ranks = [10,20,30,40]; p50 = 25; p95 at index 2.85 -> 30 + .85*10
     assert (s.step_ms_p50, s.step_ms_p95) == approx((25, 38.5))
-    # 2 ranks * 4 steps * 8 samples = 64 over 100 ms of wall time
-    assert s.samples_per_s == approx(640)
-    assert s.tokens_per_s == approx(81920)
+    # wall time, ranks aligned by the end of each step's last all-reduce (rank0 at t+3L/4, rank1 at t+L):
+    # rank0 - rank1 per step 7.5-5 = 2.5, 115-120 = -5, 222.5-230 = -7.5, 330-330 = 0 -> median -2.5 ms
+    # rank0 [0, 340), rank1 [0, 330) - 2.5 -> from -2.5 to 340 = 342.5 ms (the sum of windows was 100)
+    assert s.wall_s == approx(ms(342.5))
+    # 2 ranks * 4 steps * 8 samples = 64 over 342.5 ms
+    assert s.samples_per_s == approx(64 / ms(342.5))
+    assert s.tokens_per_s == approx(8192 / ms(342.5))
     # algbw = 10 MB / t: rank0 4, 2, 1.333, 1; rank1 4, 1, .667, .667
     # median of 8 = (1 + 1.333) / 2; n = 2 -> bus factor 1
     assert s.busbw_gbps == approx((1 + 4 / 3) / 2)
@@ -346,8 +360,8 @@ def test_segment_per_rank_figures():
     # rank1 windows [5,20,30,30]: p50 25, p95 at index 2.85 between 30 and 30 -> 30
     assert (r0.step_ms_p50, r0.step_ms_p95) == approx((25, 38.5))
     assert (r1.step_ms_p50, r1.step_ms_p95) == approx((25, 30))
-    # 32 samples over each rank's own 100 ms / 85 ms
-    assert (r0.samples_per_s, r1.samples_per_s) == approx((320, 32 / 0.085))
+    # 32 samples over each rank's own first start to last end: 340 ms / 330 ms
+    assert (r0.samples_per_s, r1.samples_per_s) == approx((32 / ms(340), 32 / ms(330)))
     # rank0 algbw [1, 1.333, 2, 4] -> median 1.667; rank1 [.667, .667, 1, 4] -> .833
     assert (r0.busbw_gbps, r1.busbw_gbps) == approx((5 / 3, 5 / 6))
     assert (r0.waited_for_others_ms, r1.waited_for_others_ms) == approx((0, 4.375))
@@ -403,3 +417,140 @@ def test_empty_segment_is_zeros_and_none():
     assert s.busbw_gbps is None and s.straggler_rank is None
     assert s.per_rank == {} and s.desyncs == ()
     assert all(not (isinstance(v, float) and math.isnan(v)) for v in s.as_dict().values())
+
+
+# --- throughput over wall time -------------------------------------------------------------
+
+
+def test_samples_per_s_divides_by_wall_time_from_first_start_to_last_end_with_ranks_aligned():
+    # 3 steps of 10 ms starting every 50 ms: 40 ms between steps (data loading, logging) is still time.
+    # rank1's clock is 100 s ahead and its steps start 2 ms earlier; both leave the all-reduce at t+8.
+    # rank0 [0, 110); rank1 [100 s - 2, 100 s + 110) - 100 s = [-2, 110) -> wall 112 ms
+    # 2 ranks x 3 steps x 4 samples = 24 -> 24 / 0.112 s; the sum of step windows (3 x 12 ms) gave 666.7
+    recs = []
+    for step, t in enumerate((0, 50, 100)):
+        recs.append(record(t, t + 10, span("all_reduce", t + 5, t + 8), rank=0, step=step, samples=4, tokens=40))
+        u = t + 100_000
+        recs.append(record(u - 2, u + 10, span("all_reduce", u + 4, u + 8), rank=1, step=step, samples=4, tokens=40))
+    s = segment_figures(recs, world_size=2)
+    assert s.wall_s == approx(ms(112))
+    assert s.samples_per_s == approx(24 / ms(112))
+    assert s.tokens_per_s == approx(240 / ms(112))
+    assert s.per_rank[1].samples_per_s == approx(12 / ms(112))  # its own clock: -2 to 110
+
+
+def test_clock_alignment_takes_the_median_anchor_offset_and_falls_back_to_step_starts():
+    clocks = ClockAlignment()
+    # anchors (ms): rank1 - rank0 = +100, +100, +130 (a late completion stamp) -> median 100
+    for step, late in enumerate((0, 0, 30)):
+        t = 50 * step
+        clocks.add_step({0: step_times(record(t, t + 10, span("all_reduce", t, t + 8))),
+                         1: step_times(record(t + 100, t + 110, span("all_reduce", t + 100, t + 108 + late))),
+                         2: step_times(record(t - 7, t + 3, rank=2))})  # no all-reduce: by step starts
+    assert clocks.offsets() == approx({0: 0.0, 1: ms(-100), 2: ms(7)})
+    assert clocks.wall_s() == approx(ms(110))  # every rank from 0 to 110 on rank0's clock
+
+
+# --- what enters a figure ----------------------------------------------------------------------
+
+
+def test_excluded_and_unresolved_reports_are_not_counted():
+    @dataclass(frozen=True)
+    class Flagged:
+        excluded: bool = False
+        unresolved: bool = False
+
+    assert counted(Flagged()) and not counted(Flagged(excluded=True)) and not counted(Flagged(unresolved=True))
+
+
+def test_calls_per_rank_per_step_are_written_as_whole_numbers_when_whole():
+    assert [calls_text(v) for v in (57.0, 56.5, 12.25, 0.0, 2 / 3)] == ["57", "56.5", "12.25", "0", "0.67"]
+
+
+# --- pairing collectives across ranks ------------------------------------------------------
+
+
+def test_waits_pair_calls_by_tag_so_a_missing_call_does_not_shift_the_later_pairs():
+    # rank0: p0 2 ms, p1 3 ms, p2 1 ms; rank1 skipped p1: p0 3 ms, p2 2 ms
+    # by tag: p0 transfer 2 -> rank1 waits 1; p2 transfer 1 -> rank1 waits 1; p1 has no pair -> {0: 0, 1: 2}
+    # by position it was p0/p0 (rank1 +1) and p1/p2 (3 vs 2: rank0 +1) -> {0: 1, 1: 1}
+    recs = {
+        0: record(0, 20, span("all_reduce", 0, 2, tag="p0"), span("all_reduce", 2, 5, tag="p1"),
+                  span("all_reduce", 5, 6, tag="p2"), rank=0),
+        1: record(0, 20, span("all_reduce", 0, 3, tag="p0"), span("all_reduce", 5, 7, tag="p2"), rank=1),
+    }
+    assert cross_rank_waits(recs) == approx({0: 0, 1: 2})
+
+
+def test_a_tag_repeated_in_a_step_pairs_its_kth_call_and_untagged_calls_pair_by_position():
+    # two micro-steps each reduce p0: the 1st p0 pairs with the 1st, the 2nd with the 2nd
+    # rank0 p0 [1, 4], untagged [2]; rank1 p0 [2, 1], untagged [5] (rank1 issued an extra "b0" too)
+    # p0#0: min 1 -> rank1 +1; p0#1: min 1 -> rank0 +3; untagged#0: min 2 -> rank1 +3
+    recs = {
+        0: record(0, 50, span("all_reduce", 0, 1, tag="p0"), span("all_reduce", 10, 14, tag="p0"),
+                  span("all_reduce", 20, 22), rank=0),
+        1: record(0, 50, span("all_reduce", 0, 2, tag="p0"), span("all_reduce", 5, 6, tag="b0"),
+                  span("all_reduce", 10, 11, tag="p0"), span("all_reduce", 20, 25), rank=1),
+    }
+    assert cross_rank_waits(recs) == approx({0: 3, 1: 4})
+
+
+# --- the straggler rule ------------------------------------------------------------------------
+
+
+def waiting_segment(steps: int, rank1_ms: float, rank0_ms: float = 5.0) -> list[Record]:
+    """Steps of 100 ms; rank0's all-reduce takes ``rank0_ms``, rank1's ``rank1_ms``: rank1 waits the difference."""
+    recs = []
+    for step in range(steps):
+        t = 200 * step
+        recs.append(record(t, t + 100, span("all_reduce", t + 90 - rank0_ms, t + 90, tag="b0"), rank=0, step=step))
+        recs.append(record(t, t + 100, span("all_reduce", t + 90 - rank1_ms, t + 90, tag="b0"), rank=1, step=step))
+    return recs
+
+
+def test_straggler_rank_is_none_when_the_others_waited_under_ten_percent_of_step_time():
+    # rank1 waits 0.5 ms of each 100 ms step (0.5 %): noise, not a straggler (it used to name rank 0)
+    s = segment_figures(waiting_segment(12, rank1_ms=5.5), world_size=2)
+    assert s.straggler_rank is None and s.straggler is None
+
+
+def test_straggler_rank_is_named_when_the_others_waited_over_ten_percent_over_the_last_ten_steps():
+    # rank1 waits 20 - 5 = 15 ms of each 100 ms step over steps 2-11 (the last ten): 15 % > 10 %
+    s = segment_figures(waiting_segment(12, rank1_ms=20.0), world_size=2)
+    assert s.straggler_rank == 0
+    assert s.straggler == Straggler(0, 2, 11, 10, approx(15.0), approx(15.0))
+    assert s.straggler.describe() == ("rank 0 is a straggler: over steps 2-11 the others waited 15.0 ms a step for it "
+                                      "(15% of step time)")
+    assert Straggler.from_dict(s.as_dict()["straggler"]) == s.straggler
+
+
+def test_find_straggler_looks_only_at_the_last_ten_steps():
+    # steps 0-1: rank1 waited 90 ms of 100; steps 2-11: 1 ms each. The last ten (2-11): 10 of 1000 ms = 1 %
+    # -> no straggler; steps 0-9 alone: 2 x 90 + 8 x 1 = 188 of 1000 ms = 18.8 % -> rank 0
+    steps = [StepWaits(s, {0: 0.0, 1: 90.0 if s < 2 else 1.0}, 100.0) for s in range(12)]
+    assert find_straggler(steps) is None
+    assert find_straggler(steps[:STRAGGLER_STEPS]) == Straggler(0, 0, 9, 10, approx(18.8), approx(18.8))
+    assert find_straggler([]) is None
+
+
+# --- a desync stays --------------------------------------------------------------------------
+
+
+def test_desync_range_covers_first_to_last_affected_step_and_counts_them():
+    recs = []
+    for step in range(6):
+        calls = 3 if step in (2, 5) else 2  # rank1 issued an extra call at steps 2 and 5
+        recs.append(record(10 * step, 10 * step + 9, *(span("all_reduce", 10 * step + i, 10 * step + i + 1)
+                                                       for i in range(2)), rank=0, step=step))
+        recs.append(record(10 * step, 10 * step + 9, *(span("all_reduce", 10 * step + i, 10 * step + i + 1)
+                                                       for i in range(calls)), rank=1, step=step))
+    s = segment_figures(recs, world_size=2)
+    assert s.desync == DesyncRange(2, 5, 2, Desync(2, {0: 2, 1: 3}), Desync(5, {0: 2, 1: 3}))
+    assert s.desync.describe() == ("DESYNC at steps 2-5 (2 steps): the ranks issued different all-reduce counts "
+                                   "(step 2: rank 0: 2, rank 1: 3; step 5: rank 0: 2, rank 1: 3)")
+    import json
+    assert DesyncRange.from_dict(json.loads(json.dumps(s.as_dict()["desync"]))) == s.desync
+    one = DesyncRange.of(Desync(9, {0: 1, 1: 0}))
+    assert one.describe() == "DESYNC at step 9: the ranks issued different all-reduce counts (rank 0: 1, rank 1: 0)"
+    assert DesyncRange.combine([s.desync, None, one]) == DesyncRange(2, 9, 3, s.desync.first, one.last)
+    assert DesyncRange.combine([None]) is None

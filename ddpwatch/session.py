@@ -28,7 +28,47 @@ from instrumented_ddp.protocol import (
 
 FOLD_LAG = 20  # a step still missing a rank this far behind the newest is folded as it is
 LOST_AFTER_S = 2.5  # heartbeats come every second: a killed rank shows as lost within 3 s
-STEP_REORDER_SLACK = 2  # the receiver may see a rank's reports a little out of order (never more)
+STEP_REORDER_SLACK = 2  # a report this many steps behind the rank's newest is neither late nor backwards
+
+
+class StepSet:
+    """The steps one rank has reported, as sorted runs of consecutive steps.
+
+    A true duplicate must be told from a late report even after the session forgot the step, and a
+    rank reports its steps nearly in order, so a long run is a handful of runs, not a set of
+    every step number.
+    """
+
+    __slots__ = ("_runs",)
+
+    def __init__(self) -> None:
+        self._runs: list[list[int]] = []  # [first, last], sorted, disjoint, never adjacent
+
+    def __contains__(self, step: object) -> bool:
+        if not isinstance(step, int):
+            return False
+        index = bisect.bisect_right(self._runs, [step, float("inf")]) - 1
+        return index >= 0 and self._runs[index][0] <= step <= self._runs[index][1]
+
+    def add(self, step: int) -> None:
+        index = bisect.bisect_right(self._runs, [step, float("inf")])  # runs before it start at or before step
+        before = self._runs[index - 1] if index > 0 else None
+        after = self._runs[index] if index < len(self._runs) else None
+        if before is not None and before[0] <= step <= before[1]:
+            return
+        if before is not None and before[1] == step - 1:
+            before[1] = step
+            if after is not None and after[0] == step + 1:
+                before[1] = after[1]
+                del self._runs[index]
+        elif after is not None and after[0] == step + 1:
+            after[0] = step
+        else:
+            self._runs.insert(index, [step, step])
+
+    @property
+    def runs(self) -> int:
+        return len(self._runs)
 
 
 class PackedSpans(Sequence[Span]):
@@ -96,7 +136,12 @@ class RankState:
     last_seq: int = -1
     lost_messages: int = 0  # sequence gaps seen by the receiver
     sender_dropped: int = 0  # what the rank's own queue discarded
-    last_step: int = 0
+    last_step: int = 0  # the newest step it is known to have passed (reports and heartbeats)
+    last_reported: int = -1  # the newest step it sent a report for
+    reported: StepSet = field(default_factory=StepSet)
+    late: int = 0  # reports for a step it had already passed (not rejected: see Session.ingest)
+    late_unused: int = 0  # ... of which came after the session had folded their step
+    unresolved: int = 0  # reports whose timing marks never all resolved (left out of the figures)
     goodbye: Goodbye | None = None
     devices: deque[DeviceSample] = field(default_factory=lambda: deque(maxlen=600))
 
@@ -150,8 +195,7 @@ class Session:
             self.session_id = message.session
             self._declared_world = max((r.hello.world_size for r in self.ranks.values() if r.hello), default=0)
         elif isinstance(message, StepReport):
-            self._add_report(message)
-            rank.last_step = max(rank.last_step, message.step)
+            self._receive_report(rank, message)
         elif isinstance(message, DeviceSample):
             rank.devices.append(message)
         elif isinstance(message, Heartbeat):
@@ -166,7 +210,13 @@ class Session:
 
     def _impossible(self, envelope: Envelope) -> str | None:
         """Valid on the wire, impossible in this session: a rank outside the world, a message whose
-        body names another rank than its envelope, a step report older than the rank's last."""
+        body names another rank than its envelope, a step the rank already reported
+        (``step_repeated``), a report older than the rank's own earlier reports
+        (``step_backwards``: a rank's reports leave it in step order on one connection).
+
+        A report for a step the rank has passed (its heartbeats, sent from another thread, run
+        ahead of reports that wait for their marks to resolve) is not impossible: it is late, and
+        ``_receive_report`` counts it."""
         message = envelope.message
         world = self._declared_world_size()
         if world and envelope.rank >= world and not isinstance(message, Hello):
@@ -176,12 +226,32 @@ class Session:
         if isinstance(message, Hello) and not 0 <= message.rank < message.world_size:
             return "unknown_rank"
         if isinstance(message, StepReport) and envelope.rank in self.ranks:
-            if message.step in self._folded_steps or envelope.rank in self.reports.get(message.step, {}):
+            state = self.ranks[envelope.rank]
+            if message.step in state.reported:
                 return "step_repeated"
-            if message.step < self.ranks[envelope.rank].last_step - STEP_REORDER_SLACK:
+            if message.step < state.last_reported - STEP_REORDER_SLACK:
                 return "step_backwards"
         return None
 
+    def _receive_report(self, rank: RankState, report: StepReport) -> None:
+        """Count what a report says about its rank, then use it if its step is still open.
+
+        Late: the rank had passed the step by more than the reorder slack, or the session had
+        stopped waiting for it. If the step is not folded yet the report is used like any other;
+        once folded (every other rank reported it ``FOLD_LAG`` steps ago, or the session forgot
+        it), the segment's running figures cannot take it back in, so it is counted and dropped.
+        """
+        folded = report.step in self._folded_steps
+        if folded or report.step < rank.last_step - STEP_REORDER_SLACK:
+            rank.late += 1
+            rank.late_unused += folded
+        if report.unresolved:
+            rank.unresolved += 1
+        rank.reported.add(report.step)
+        rank.last_reported = max(rank.last_reported, report.step)
+        rank.last_step = max(rank.last_step, report.step)
+        if not folded:
+            self._add_report(report)
     def _declared_world_size(self) -> int:
         """The world the hellos declare (0 before any): kept up to date on each hello, since every
         message asks for it."""
@@ -189,7 +259,10 @@ class Session:
 
     def _add_report(self, report: StepReport) -> None:
         # Figured while the spans are still Span objects: packed, each reading makes them again.
-        self._figures.setdefault(report.step, {})[report.rank] = metrics.step_figures(report, self.world_size)
+        # A report that enters no figure gets none: the ranks table shows a dash for it.
+        figures = self._figures.setdefault(report.step, {})
+        if metrics.counted(report):
+            figures[report.rank] = metrics.step_figures(report, self.world_size)
         report = replace(report, spans=PackedSpans(report.spans))
         if report.step not in self.reports:
             bisect.insort(self._unfolded, report.step)
@@ -226,7 +299,7 @@ class Session:
         elif step in self._unfolded:
             self._unfolded.remove(step)
         self._folded_steps.add(step)
-        reports = {rank: r for rank, r in self.reports.get(step, {}).items() if not r.excluded}
+        reports = self.counted_reports(step)
         segment = self.segment_of(step)
         if segment is not None and reports:
             if segment.folded is None:
@@ -235,8 +308,21 @@ class Session:
 
     def step_figures(self, step: int) -> dict[int, metrics.StepFigures]:
         """Each rank's figures for a kept step, computed once as its report arrived (the fold, the
-        ranks table and the exports all ask)."""
+        ranks table and the exports all ask); reports that are not ``metrics.counted`` have none."""
         return self._figures.get(step, {})
+
+    def counted_reports(self, step: int) -> dict[int, StepReport]:
+        """A kept step's reports that may enter a figure (``metrics.counted``), by rank."""
+        return {rank: r for rank, r in self.reports.get(step, {}).items() if metrics.counted(r)}
+
+    def is_folded(self, step: int) -> bool:
+        """Whether the step is already in its segment's running figures."""
+        return step in self._folded_steps
+
+    def desync_range(self) -> metrics.DesyncRange | None:
+        """Every desynchronised step folded so far, over all segments: kept until the run ends,
+        however long ago the step left the screen."""
+        return metrics.DesyncRange.combine(s.folded.desync for s in self.segments if s.folded is not None)
 
     def segment_of(self, step: int) -> Segment | None:
         return next((s for s in self.segments if s.first_step <= step <= s.last_step), None)
@@ -274,11 +360,13 @@ class Session:
         return "lost" if now - state.last_seen > LOST_AFTER_S else "live"
 
     def segment_reports(self, segment: Segment, include_excluded: bool = False) -> list[StepReport]:
+        """Kept reports of the segment; ``include_excluded=False``: only those ``metrics.counted``
+        (neither excluded nor unresolved)."""
         return [
             report
             for step in range(segment.first_step, segment.last_step + 1)
             for report in self.reports.get(step, {}).values()
-            if include_excluded or not report.excluded
+            if include_excluded or metrics.counted(report)
         ]
 
     def segment_figures(self, segment: Segment, include_pending: bool = True,
@@ -287,7 +375,7 @@ class Session:
         (``include_pending=False``): at 64 ranks there is always one, and adding it costs a copy.
         ``per_rank=False`` leaves ``per_rank`` empty, for a caller that shows only the totals."""
         pending = [r for step in self._unfolded if segment.first_step <= step <= segment.last_step
-                   for r in self.reports.get(step, {}).values() if not r.excluded] if include_pending else []
+                   for r in self.counted_reports(step).values()] if include_pending else []
         if segment.folded is not None and not pending:
             return segment.folded.figures(per_rank)
         return metrics.segment_figures(pending, self.world_size, segment.folded, per_rank)

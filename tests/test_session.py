@@ -38,3 +38,106 @@ def test_figures_of_a_packed_report_equal_those_of_the_report_as_sent() -> None:
     for step, ranks in session.reports.items():
         for rank, report in ranks.items():
             assert session.step_figures(step)[rank] == metrics.step_figures(report, session.world_size)
+
+
+# --- late, repeated and unresolved reports ------------------------------------------------------
+
+from dataclasses import replace  # noqa: E402
+
+from instrumented_ddp.protocol import Envelope, Heartbeat  # noqa: E402
+from synthetic_session import hello, step_report  # noqa: E402
+
+
+class Feeder:
+    """Feeds messages into a session with a running sequence number per rank."""
+
+    def __init__(self, session: Session) -> None:
+        self.session, self.seq = session, {0: 0, 1: 0}
+
+    def __call__(self, message) -> str | None:  # noqa: ANN001
+        rank = message.rank
+        self.seq[rank] += 1
+        return self.session.ingest(Envelope(message, rank, self.seq[rank], 0), received_at=0.0)
+
+
+def two_ranks(keep_steps: int | None = None) -> tuple[Session, Feeder]:
+    session = Session(keep_steps)
+    feed = Feeder(session)
+    feed(hello(0))
+    feed(hello(1))
+    return session, feed
+
+
+def test_step_set_keeps_runs_of_consecutive_steps() -> None:
+    from ddpwatch.session import StepSet
+
+    steps = StepSet()
+    for step in (1, 2, 3, 7, 5, 6, 4, 10):
+        steps.add(step)
+    assert steps.runs == 2  # 1-7 and 10
+    assert all(s in steps for s in (1, 4, 7, 10)) and not any(s in steps for s in (0, 8, 9, 11))
+    steps.add(4)
+    assert steps.runs == 2
+
+
+def test_a_report_for_a_step_the_rank_passed_is_counted_late_and_used_while_its_step_is_open() -> None:
+    session, feed = two_ranks()
+    for step in range(1, 7):
+        feed(step_report(0, step, "simple"))
+    for step in (1, 2):
+        feed(step_report(1, step, "simple"))
+    feed(Heartbeat(1, 0.0, 6))  # rank 1 is training step 6; its report of step 3 was still resolving
+    assert feed(step_report(1, 3, "simple")) is None  # was rejected as step_backwards
+    assert session.rejected == {}
+    assert (session.ranks[1].late, session.ranks[1].late_unused) == (1, 0)
+    assert sorted(session.reports[3]) == [0, 1] and session.is_folded(3)
+    figures = session.segment_figures(session.segments[0])
+    assert figures.per_rank[1].steps == 3  # steps 1, 2 and the late 3
+
+
+def test_a_report_that_comes_after_its_step_was_folded_is_late_and_left_out_not_repeated() -> None:
+    session, feed = two_ranks()
+    feed(step_report(1, 1, "simple"))
+    for step in range(1, 23):
+        feed(step_report(0, step, "simple"))  # step 2 is folded without rank 1 once rank 0 reaches 22
+    assert session.is_folded(2) and 1 not in session.reports[2]
+    assert feed(step_report(1, 2, "simple")) is None  # was rejected as step_repeated
+    assert session.rejected == {}
+    assert (session.ranks[1].late, session.ranks[1].late_unused) == (1, 1)
+    assert 1 not in session.reports[2]  # its step's figures are made: it enters none of them
+    assert session.segment_figures(session.segments[0]).per_rank[1].steps == 1
+
+
+def test_the_same_step_from_the_same_rank_twice_is_still_repeated_even_after_it_was_forgotten() -> None:
+    session, feed = two_ranks(keep_steps=3)
+    for step in range(1, 11):
+        feed(step_report(0, step, "simple"))
+        feed(step_report(1, step, "simple"))
+    assert 2 not in session.reports  # forgotten
+    assert feed(step_report(1, 10, "simple")) == "step_repeated"
+    assert feed(step_report(0, 2, "simple")) == "step_repeated"
+    assert session.rejected == {"step_repeated": 2} and session.ranks[0].late == 0
+
+
+def test_a_report_older_than_the_ranks_own_earlier_reports_is_still_backwards() -> None:
+    session, feed = two_ranks()
+    for step in range(1, 6):
+        feed(step_report(1, step, "simple"))
+    assert feed(replace(step_report(1, 1, "simple"), step=0)) == "step_backwards"
+
+
+def test_unresolved_reports_are_counted_per_rank_and_enter_no_figure() -> None:
+    session, feed = two_ranks()
+    for step in range(1, 5):
+        feed(step_report(0, step, "simple"))
+        report = step_report(1, step, "simple")
+        if step in (2, 3):  # two all-reduces never completed: only the spans that did are sent
+            report = replace(report, unresolved=True, spans=[s for s in report.spans if s.tag not in ("p2", "p3")])
+        feed(report)
+    assert session.ranks[1].unresolved == 2 and session.ranks[0].unresolved == 0
+    assert 1 not in session.step_figures(2) and 0 in session.step_figures(2)
+    assert sorted(session.counted_reports(2)) == [0]
+    figures = session.segment_figures(session.segments[0])
+    assert figures.desync is None and figures.desyncs == ()  # partial spans are not a desync
+    assert (figures.per_rank[0].steps, figures.per_rank[1].steps) == (4, 2)
+    assert figures.all_reduce_calls == 4 and figures.all_reduce_calls_total == 24

@@ -15,17 +15,20 @@ import json
 import math
 import os
 import tempfile
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ddpwatch import metrics
 from ddpwatch.session import Session
 
 __all__ = ["chrome_trace", "clock_offsets", "summary", "summary_csv", "summary_markdown", "write_exports"]
 
+CALLS_COLUMN = "all_reduce calls / rank / step"  # the dashboard's segments table says the same
 COLUMNS = ("Segment", "Steps", "Compute%", "Non_Compute%", "Idle%", "Overlap%", "Comm_overhead%",
-           "all_reduce_calls", "all_reduce_ms", "step ms p50", "step ms p95", "samples/s", "busbw GB/s")
+           CALLS_COLUMN, "all_reduce_ms", "step ms p50", "step ms p95", "samples/s", "busbw GB/s")
 _FIGURE_KEYS = ("compute_pct", "non_compute_pct", "idle_pct", "overlap_pct", "comm_overhead_pct")
 _LANES = {"forward": "compute", "backward": "compute", "optimizer": "compute", "all_reduce": "communication",
           "broadcast": "communication", "wait": "wait", "data": "data"}
@@ -51,32 +54,40 @@ def _jsonable(value: Any) -> Any:
 
 
 def summary(session: Session) -> dict[str, Any]:
-    """The whole session in one JSON-ready dict: who ran, each segment's figures, what was lost."""
+    """The whole session in one JSON-ready dict: who ran, each segment's figures, what was lost.
+
+    Errors that concern the whole run stay in it however long ago they happened: ``desync`` (every
+    desynchronised step, first to last) at the top and per segment; per rank, steps sent
+    ``unresolved`` and the ``device_note`` its hello carried."""
     ranks = []
     for rank, state in sorted(session.ranks.items()):
         h = state.hello
         ranks.append({"rank": rank, "host": h.host if h else None, "device": h.device if h else None,
                       "backend": h.backend if h else None, "node_rank": h.node_rank if h else None,
-                      "pid": h.pid if h else None})
+                      "pid": h.pid if h else None, "device_note": h.device_note if h else "",
+                      "unresolved_steps": state.unresolved})
     segments = []
+    ranges = []
     for seg in session.segments:
         reports = session.segment_reports(seg, include_excluded=True)
-        excluded = sorted({r.step for r in reports if r.excluded})
+        figures = session.segment_figures(seg)
+        ranges.append(figures.desync)
         segments.append({"index": seg.index, "label": seg.label, "strategy": seg.strategy,
                          "settings": seg.settings, "world_size": session.world_size,
                          "first_step": seg.first_step, "last_step": seg.last_step,
-                         "excluded_steps": excluded, **session.segment_figures(seg).as_dict()})
+                         "excluded_steps": sorted({r.step for r in reports if r.excluded}),
+                         "unresolved_steps": sorted({r.step for r in reports if r.unresolved}),
+                         **figures.as_dict()})
+    desync = metrics.DesyncRange.combine(ranges)
+    states = sorted(session.ranks.items())
     telemetry = {"rejected": dict(session.rejected),
-                 "lost_messages": {r: s.lost_messages for r, s in sorted(session.ranks.items())},
-                 "sender_dropped": {r: s.sender_dropped for r, s in sorted(session.ranks.items())}}
+                 "late_reports": {r: s.late for r, s in states},
+                 "late_unused": {r: s.late_unused for r, s in states},
+                 "lost_messages": {r: s.lost_messages for r, s in states},
+                 "sender_dropped": {r: s.sender_dropped for r, s in states}}
     return _jsonable({"session": session.session_id, "world_size": session.world_size, "ranks": ranks,
+                      "desync": asdict(desync) if desync is not None else None,
                       "segments": segments, "telemetry": telemetry})
-
-
-def _calls_per_rank(seg: dict[str, Any]) -> float:
-    """The blog counted calls per rank over its profiled steps; the total over ranks would double it."""
-    world = seg.get("world_size") or 1
-    return (seg.get("all_reduce_calls_total") or 0) / world
 
 
 def _row(seg: dict[str, Any], digits: int | None) -> list[Any]:
@@ -85,31 +96,42 @@ def _row(seg: dict[str, Any], digits: int | None) -> list[Any]:
         if value is None:
             return "n/a" if digits is not None else ""
         return f"{value:.{digits}f}" if digits is not None else round(float(value), 6)
-    calls = _calls_per_rank(seg)
+    calls = float(seg.get("all_reduce_calls") or 0.0)  # per rank per step, as on the dashboard
     return [seg.get("label") or seg.get("strategy", ""), f"{seg['first_step']}-{seg['last_step']}",
             *(num(seg.get(k)) for k in _FIGURE_KEYS),
-            f"{calls:.1f}" if digits is not None else calls,
+            metrics.calls_text(calls) if digits is not None else round(calls, 6),
             num(seg.get("all_reduce_ms")), num(seg.get("step_ms_p50")), num(seg.get("step_ms_p95")),
             num(seg.get("samples_per_s")), num(seg.get("busbw_gbps"))]
 
 
 def summary_markdown(summary: dict[str, Any]) -> str:
-    """The seed blog's comparison table, one row per segment, so results read side by side with it."""
-    lines = [f"# ddpwatch session {summary.get('session') or '(unnamed)'} ({summary.get('world_size', 0)} ranks)", "",
-             "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    """The seed blog's comparison table, one row per segment, so results read side by side with it;
+    a desync, an error of the whole run, comes first."""
+    lines = [f"# ddpwatch session {summary.get('session') or '(unnamed)'} ({summary.get('world_size', 0)} ranks)", ""]
+    if summary.get("desync"):
+        lines += [f"**ERROR: {metrics.DesyncRange.from_dict(summary['desync']).describe()}**", ""]
+    lines += ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for seg in summary.get("segments", []):
         lines.append("| " + " | ".join(str(c) for c in _row(seg, 2)) + " |")
     lines += ["", "Comm_overhead% is merged wall-clock communication time over the step window; the seed blog "
               "summed raw kernel durations instead, so concurrent collectives counted twice there.",
-              "all_reduce_calls is per rank, summed over the segment's counted steps; the other figures are "
-              "per rank per step (mean); step ms is each step's slowest rank.",
-              "Steps marked excluded (native DDP's first iteration, before buckets are rebuilt) are left out."]
+              f"{CALLS_COLUMN} is the all-reduces each rank issued in one step (a mean over ranks and steps; "
+              "summary.json's all_reduce_calls_total is the whole count over every rank and step); the other "
+              "figures are per rank per step (mean); step ms is each step's slowest rank.",
+              "samples/s counts every rank's samples over the wall time from the segment's first step start to "
+              "its last step end, the ranks put on one clock by the end of each step's last all-reduce: the time "
+              "between steps counts.",
+              "Steps marked excluded (native DDP's first iteration, before buckets are rebuilt) or unresolved "
+              "(timing marks that never completed) are left out of every figure."]
     for seg in summary.get("segments", []):
         if seg.get("excluded_steps"):
             lines.append(f"- segment {seg['index']}: excluded steps {', '.join(map(str, seg['excluded_steps']))}")
-        for d in seg.get("desyncs", []):
-            calls = ", ".join(f"rank {r}: {n}" for r, n in d["calls_per_rank"].items())
-            lines.append(f"- DESYNC in segment {seg['index']} at step {d['step']}: all_reduce calls differ ({calls})")
+        if seg.get("unresolved_steps"):
+            lines.append(f"- segment {seg['index']}: steps sent unresolved {', '.join(map(str, seg['unresolved_steps']))}")
+        if seg.get("desync"):
+            lines.append(f"- segment {seg['index']}: {metrics.DesyncRange.from_dict(seg['desync']).describe()}")
+        if seg.get("straggler"):
+            lines.append(f"- segment {seg['index']}: {metrics.Straggler.from_dict(seg['straggler']).describe()}")
     return "\n".join(lines) + "\n"
 
 
@@ -130,31 +152,19 @@ def summary_csv(summary: dict[str, Any]) -> str:
 def clock_offsets(session: Session) -> dict[int, float]:
     """Seconds to add to each rank's clock to land on the reference rank's (rank 0's) clock.
 
-    Hosts' clocks differ, but an all-reduce cannot complete on any rank before every rank joined,
-    so all ranks leave a step's last all-reduce together: its end is a shared instant. The median
-    over steps shrugs off a step whose callback fired late. Without all-reduces, step starts are
-    the best common event left.
+    ``metrics.ClockAlignment`` over every kept step: all ranks leave a step's last all-reduce
+    together, so its end is a shared instant (median over steps; step starts where there is no
+    all-reduce). The same rule puts ranks on one clock for throughput and for the timeline. A rank
+    that never shared a step with the reference gets 0.
     """
     ranks = sorted({r for reps in session.reports.values() for r in reps} | set(session.ranks))
     if not ranks:
         return {}
-    ref = 0 if 0 in ranks else ranks[0]
-
-    def last_ar(report: Any) -> float | None:
-        ends = [s.end for s in report.spans if s.kind == "all_reduce"]
-        return max(ends) if ends else None
-
-    offsets = {ref: 0.0}
-    for rank in ranks:
-        if rank == ref:
-            continue
-        common = [reps for reps in session.reports.values() if ref in reps and rank in reps]
-        by_ar = [(last_ar(reps[ref]), last_ar(reps[rank])) for reps in common]
-        deltas = [a - b for a, b in by_ar if a is not None and b is not None]
-        if not deltas:
-            deltas = [reps[ref].start - reps[rank].start for reps in common]
-        offsets[rank] = float(np.median(deltas)) if deltas else 0.0
-    return offsets
+    clocks = metrics.ClockAlignment(reference=0 if 0 in ranks else ranks[0], keep=None)
+    for step in sorted(session.reports):
+        clocks.add_step({rank: metrics.step_times(rep) for rank, rep in session.reports[step].items()})
+    offsets = clocks.offsets()
+    return {rank: offsets.get(rank, 0.0) for rank in ranks}
 
 
 def chrome_trace(session: Session) -> dict[str, Any]:
@@ -188,7 +198,8 @@ def chrome_trace(session: Session) -> dict[str, Any]:
     for step in sorted(session.reports):
         for rank, rep in sorted(session.reports[step].items()):
             place(rank, "step", f"step {step}", rep.start, rep.end,
-                  {"step": step, "strategy": rep.strategy, "excluded": rep.excluded, "samples": rep.samples})
+                  {"step": step, "strategy": rep.strategy, "excluded": rep.excluded, "unresolved": rep.unresolved,
+                   "samples": rep.samples})
             for span in sorted(rep.spans, key=lambda s: (s.start, -s.end)):
                 lane = _LANES.get(span.kind, "data")
                 args: dict[str, Any] = {"step": step, "blocking": span.blocking}

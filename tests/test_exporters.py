@@ -35,9 +35,10 @@ def ms(x: float) -> float:
     return x / 1000.0
 
 
-def step_spans(strategy: str, t0: float, early: float) -> list[Span]:
+def step_spans(strategy: str, t0: float, early: float, straggle_ms: float = 0.0) -> list[Span]:
+    """``straggle_ms``: the first all-reduce starts that much earlier (it waits for the other rank)."""
     if strategy == "simple":
-        comm = [Span("all_reduce", t0 + ms(50), t0 + ms(60), True, 1_000_000, "p0", "float32"),
+        comm = [Span("all_reduce", t0 + ms(50 - straggle_ms), t0 + ms(60), True, 1_000_000, "p0", "float32"),
                 Span("all_reduce", t0 + ms(70), t0 + ms(80), True, 1_000_000, "p1", "float32")]
     else:
         comm = [Span("all_reduce", t0 + ms(50), t0 + ms(65), False, 4_000_000, "b0", "float32"),
@@ -47,8 +48,11 @@ def step_spans(strategy: str, t0: float, early: float) -> list[Span]:
             *comm, Span("optimizer", t0 + ms(85), t0 + ms(95))]
 
 
-def make_session(desync: bool = False) -> Session:
-    session = Session()
+def make_session(desync: bool = False, keep_steps: int | None = None, straggle_ms: float = 0.0,
+                 unresolved: bool = False) -> Session:
+    """``straggle_ms``: rank 1 waits that long for rank 0 in each "simple" step; ``unresolved``: rank 1's
+    step 4 is sent with one all-reduce that never completed."""
+    session = Session(keep_steps)
     seq: dict[int, int] = defaultdict(int)
 
     def send(rank: int, message, skip: int = 0, dropped: int = 0) -> None:
@@ -65,12 +69,15 @@ def make_session(desync: bool = False) -> Session:
         for rank in (0, 1):
             early = ms(5) if rank == 1 else 0.0
             t0 = CLOCK[rank] + 0.2 * step
-            spans = step_spans(strategy, t0, early)
+            spans = step_spans(strategy, t0, early, straggle_ms if rank == 1 else 0.0)
             if desync and rank == 1 and step == 1:
                 spans = [s for s in spans if s.tag != "p1"]
+            gone = unresolved and rank == 1 and step == 4
+            if gone:
+                spans = [s for s in spans if s.tag != "b1"]
             report = StepReport(rank=rank, step=step, strategy=strategy, settings=SETTINGS[strategy],
                                 start=t0 - early, end=t0 + ms(100), spans=spans, samples=4, tokens=512,
-                                loss=1.0, excluded=step == 3)
+                                loss=1.0, excluded=step == 3, unresolved=gone)
             send(rank, report, skip=2 if (rank == 1 and step == 2) else 0, dropped=3 if rank == 0 else 0)
     send(0, DeviceSample(rank=0, time=CLOCK[0] + 0.05, kind="cpu", readings={"cpu_pct": 50.0, "rss_mb": 300.0}))
     session.reject("garbage")
@@ -95,7 +102,8 @@ def test_summary_is_strict_json_and_round_trips(data: dict) -> None:
     assert data["session"] == "sess-1" and data["world_size"] == 2
     assert [r["host"] for r in data["ranks"]] == ["host-a", "host-b"]
     assert data["ranks"][1] == {"rank": 1, "host": "host-b", "device": "cpu", "backend": "gloo",
-                                "node_rank": 1, "pid": 4001}
+                                "node_rank": 1, "pid": 4001, "device_note": "", "unresolved_steps": 0}
+    assert data["desync"] is None
 
 
 def test_summary_segments_and_figures(data: dict) -> None:
@@ -120,8 +128,70 @@ def test_summary_segments_and_figures(data: dict) -> None:
 def test_summary_telemetry(data: dict) -> None:
     tele = data["telemetry"]
     assert tele["rejected"] == {"garbage": 1}
+    assert tele["late_reports"] == {"0": 0, "1": 0} and tele["late_unused"] == {"0": 0, "1": 0}
     assert tele["lost_messages"] == {"0": 0, "1": 2}
     assert tele["sender_dropped"] == {"0": 3, "1": 0}
+
+
+def test_samples_per_s_is_over_the_wall_time_from_first_step_start_to_last_step_end(data: dict) -> None:
+    # simple, steps 0-2: rank 0 from 1000.000 to 1000.500 s; rank 1 (aligned: -100 s) from 999.995
+    # -> 0.505 s for 2 ranks x 3 steps x 4 samples = 24 (the sum of step windows, 3 x 0.105 s, gave 76.2/s)
+    simple, bucket = data["segments"]
+    assert simple["wall_s"] == pytest.approx(0.505)
+    assert simple["samples_per_s"] == pytest.approx(24 / 0.505)
+    assert simple["tokens_per_s"] == pytest.approx(3072 / 0.505)
+    # bucket: step 3 excluded; steps 4-5 from 1000.795 to 1001.100 -> 16 samples over 0.305 s
+    assert bucket["samples_per_s"] == pytest.approx(16 / 0.305)
+    assert simple["per_rank"]["1"]["samples_per_s"] == pytest.approx(12 / 0.505)
+
+
+def test_all_reduce_calls_mean_per_rank_per_step_and_the_total_is_an_integer(data: dict) -> None:
+    simple, bucket = data["segments"]
+    assert simple["all_reduce_calls"] == 2.0 and bucket["all_reduce_calls"] == 2.0
+    assert simple["all_reduce_calls_total"] == 12 and isinstance(simple["all_reduce_calls_total"], int)
+
+
+def test_a_desync_stays_in_the_exports_after_its_step_was_forgotten() -> None:
+    session = make_session(desync=True, keep_steps=2)
+    assert 1 not in session.reports  # the dashboard keeps only its last steps
+    data = exporters.summary(session)
+    expected = {"first_step": 1, "last_step": 1, "steps": 1, "first": {"step": 1, "calls_per_rank": {"0": 2, "1": 1}},
+                "last": {"step": 1, "calls_per_rank": {"0": 2, "1": 1}}}
+    assert data["desync"] == expected and data["segments"][0]["desync"] == expected
+    assert "DESYNC at step 1" in exporters.summary_markdown(data)
+
+
+def test_straggler_rank_follows_the_dashboards_rule() -> None:
+    # rank 1 waits 0.5 ms of each 105 ms step for rank 0: under 10 % -> nobody (it used to name rank 0)
+    noise = exporters.summary(make_session(straggle_ms=0.5))["segments"][0]
+    assert noise["straggler_rank"] is None and noise["straggler"] is None
+    # 15 ms of each 105 ms step (14 %) over steps 0-2 -> rank 0, in summary.json and summary.md
+    data = exporters.summary(make_session(straggle_ms=15.0))
+    slow = data["segments"][0]
+    assert slow["straggler_rank"] == 0
+    assert slow["straggler"] == {"rank": 0, "first_step": 0, "last_step": 2, "steps": 3,
+                                 "waited_ms_per_step": pytest.approx(15.0), "share_pct": pytest.approx(100 * 15 / 105)}
+    assert ("- segment 0: rank 0 is a straggler: over steps 0-2 the others waited 15.0 ms a step for it "
+            "(14% of step time)") in exporters.summary_markdown(data)
+
+
+def test_unresolved_steps_are_counted_per_rank_listed_per_segment_and_left_out() -> None:
+    data = exporters.summary(make_session(unresolved=True))
+    bucket = data["segments"][1]
+    assert data["ranks"][1]["unresolved_steps"] == 1 and data["ranks"][0]["unresolved_steps"] == 0
+    assert bucket["unresolved_steps"] == [4] and bucket["excluded_steps"] == [3]
+    assert bucket["desync"] is None  # rank 1's step 4 lacks b1 because it never completed, not a desync
+    assert bucket["all_reduce_calls_total"] == 6  # 2 + 2 at step 5, 2 at step 4 (rank 0 only)
+    assert bucket["per_rank"]["1"]["steps"] == 1
+    assert "- segment 1: steps sent unresolved 4" in exporters.summary_markdown(data)
+
+
+def test_device_note_is_kept_per_rank() -> None:
+    session = Session()
+    note = "NVML unavailable: libnvidia-ml.so not found; sending CPU readings"
+    session.ingest(Envelope(Hello(rank=0, world_size=1, session="s", host="h", pid=1, device="cuda:0", backend="nccl",
+                                  strategy="simple", settings={}, model_parameters=1, device_note=note), 0, 0, 0))
+    assert exporters.summary(session)["ranks"][0]["device_note"] == note
 
 
 # --- summary.md / summary.csv ------------------------------------------------------------------
@@ -131,22 +201,24 @@ def test_markdown_table(data: dict) -> None:
     text = exporters.summary_markdown(data)
     lines = text.splitlines()
     assert lines[0].startswith("# ")
-    header = ("| Segment | Steps | Compute% | Non_Compute% | Idle% | Overlap% | Comm_overhead% | all_reduce_calls "
-              "| all_reduce_ms | step ms p50 | step ms p95 | samples/s | busbw GB/s |")
+    header = ("| Segment | Steps | Compute% | Non_Compute% | Idle% | Overlap% | Comm_overhead% "
+              "| all_reduce calls / rank / step | all_reduce_ms | step ms p50 | step ms p95 | samples/s | busbw GB/s |")
     assert header in lines
     rows = [line for line in lines[lines.index(header) + 2:] if line.startswith("| ")]
     assert len(rows) == 2
     cells = [c.strip() for c in rows[0].strip("|").split("|")]
     assert cells[:3] == ["simple (grad_accum=1)", "0-2", "70.71"]
-    assert cells[7] == "6.0"  # 2 calls x 3 steps per rank
-    assert [c.strip() for c in rows[1].strip("|").split("|")][7] == "4.0"
+    assert cells[7] == "2"  # per rank per step, as in summary.json and on the dashboard (was 6.0: over 3 steps)
+    assert [c.strip() for c in rows[1].strip("|").split("|")][7] == "2"
     assert "Comm_overhead%" in text.split(header)[1] and "excluded" in text
     assert "DESYNC" not in text
 
 
 def test_markdown_reports_desync() -> None:
     text = exporters.summary_markdown(exporters.summary(make_session(desync=True)))
-    assert "DESYNC in segment 0 at step 1" in text and "rank 1: 1" in text
+    assert text.splitlines()[2] == ("**ERROR: DESYNC at step 1: the ranks issued different all-reduce counts "
+                                    "(rank 0: 2, rank 1: 1)**")
+    assert "- segment 0: DESYNC at step 1: the ranks issued different all-reduce counts (rank 0: 2, rank 1: 1)" in text
 
 
 def test_csv_rows(data: dict) -> None:
@@ -154,7 +226,7 @@ def test_csv_rows(data: dict) -> None:
     assert len(rows) == 2
     assert [r["strategy"] for r in rows] == ["simple", "bucket"]
     assert json.loads(rows[1]["settings"]) == {"grad_accum": 1, "bucket_mb": 25.0}
-    assert float(rows[0]["all_reduce_calls"]) == 6.0
+    assert float(rows[0]["all_reduce calls / rank / step"]) == 2.0
     assert float(rows[0]["Compute%"]) == pytest.approx((70.0 + 100 * 75 / 105) / 2, abs=1e-4)
 
 

@@ -1,0 +1,450 @@
+"""ddpwatch's figures held against hand-made torch.profiler traces.
+
+Every step of the standard run below is 10 ms long and starts 20 ms after the previous one
+(ddpwatch step s starts at 100 s + 20 ms × (s − 4), on ddpwatch's clock). Times in the helpers
+are written in milliseconds into the step; the profiler's clock is ddpwatch's shifted by
+123.456 s (profiler µs = ddpwatch s × 1e6 + 123 456 000).
+
+One standard step, on both sides (ms into the step):
+
+    ddpwatch spans      forward [0, 2], backward [2, 6], all_reduce [4, 7], all_reduce [7, 8]
+    profiler kernels    compute [0, 1.5], [1.5, 4], [3.5, 6] (union [0, 6]),
+                        NCCL AllReduce [4, 7] and [7, 8]
+
+    K = 10 ms, C = [0, 6] = 6 ms, M = [4, 8] = 4 ms, C ∩ M = [4, 6] = 2 ms
+    Compute% = 100 × 6 / 10 = 60, Overlap% = 100 × 2 / 4 = 50 (on both sides)
+    durations: 3 ms and 1 ms (both sides)
+
+Each iteration (ProfilerStep#(s − 1), CPU window [−1, 11] ms) also launches train.py's
+per-step switch broadcast, a 10 µs NCCL Broadcast kernel at [−0.4, −0.39] ms: before
+ddpwatch's step starts, so not ddpwatch's to report. Kernels of step 3 (before the first
+window) and step 9 (after the last), and the profiler's own cudaDeviceSynchronize at stop,
+are in the trace too and must all be ignored.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from ddpwatch.profile_check import (
+    Check,
+    RankComparison,
+    all_passed,
+    collective_kind,
+    compare_rank,
+    estimate_offset,
+    load_trace,
+    parse_trace,
+    render_checks,
+    render_steps,
+)
+from instrumented_ddp.protocol import Span, StepReport
+
+OFFSET_US = 123_456_000.0
+STEPS = range(4, 9)
+ALL_REDUCE = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
+BROADCAST = "ncclDevKernel_Broadcast_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
+CHECKS = ("profiled steps reported", "collectives per step", "collective duration", "Compute%", "Overlap%",
+          "device syncs per step")
+
+
+def t0(step: int) -> float:
+    """ddpwatch's start of a step, in seconds."""
+    return 100.0 + 0.020 * (step - 4)
+
+
+def sec(step: int, ms: float) -> float:
+    """ddpwatch's clock, ``ms`` into the step."""
+    return t0(step) + ms / 1e3
+
+
+def us(step: int, ms: float) -> float:
+    """The profiler's clock, ``ms`` into the step."""
+    return sec(step, ms) * 1e6 + OFFSET_US
+
+
+def standard_spans(step: int, shift_ms: float = 0.0) -> list[Span]:
+    s = lambda ms: sec(step, ms + shift_ms)  # noqa: E731
+    return [Span("forward", s(0), s(2)), Span("backward", s(2), s(6)),
+            Span("all_reduce", s(4), s(7), nbytes=4_000_000, tag="b0", dtype="float32"),
+            Span("all_reduce", s(7), s(8), nbytes=1_000_000, tag="b1", dtype="float32")]
+
+
+def report(step: int, spans: list[Span] | None = None, shift_ms: float = 0.0, unresolved: bool = False) -> StepReport:
+    return StepReport(rank=0, step=step, strategy="bucket", settings={}, start=sec(step, shift_ms), end=sec(step, 10 + shift_ms),
+                      spans=standard_spans(step, shift_ms) if spans is None else spans, samples=4, tokens=512,
+                      unresolved=unresolved)
+
+
+class Trace:
+    """A kineto-shaped trace: complete events, launches linked to kernels by ``correlation``."""
+
+    def __init__(self, link_launches: bool = True) -> None:
+        self.events: list[dict] = []
+        self.next_correlation = 1
+        self.link = link_launches
+
+    def _launch(self, name: str, at_us: float, category: str = "cuda_runtime") -> int:
+        correlation = self.next_correlation
+        self.next_correlation += 1
+        self.events.append({"ph": "X", "cat": category, "name": name, "pid": 7, "tid": 7, "ts": at_us, "dur": 4.0,
+                            "args": {"cbid": 211, "correlation": correlation}})
+        return correlation
+
+    def kernel(self, name: str, start_us: float, end_us: float, launch_us: float | None = None,
+               via: str = "cudaLaunchKernel", category: str = "cuda_runtime") -> None:
+        args: dict = {"device": 0, "stream": 7}
+        if launch_us is not None:
+            correlation = self._launch(via, launch_us, category)
+            if self.link:
+                args["correlation"] = correlation
+        self.events.append({"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": 7, "ts": start_us,
+                            "dur": end_us - start_us, "args": args})
+
+    def call(self, name: str, at_us: float) -> None:
+        self._launch(name, at_us)
+
+    def memcpy(self, name: str, start_us: float, end_us: float, launch_us: float, via: str = "cudaMemcpyAsync") -> None:
+        correlation = self._launch(via, launch_us)
+        self.events.append({"ph": "X", "cat": "gpu_memcpy", "name": name, "pid": 0, "tid": 7, "ts": start_us,
+                            "dur": end_us - start_us, "args": {"device": 0, "correlation": correlation}})
+
+    def profiler_step(self, number: int, start_us: float, end_us: float) -> None:
+        self.events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{number}", "pid": 7, "tid": 7,
+                            "ts": start_us, "dur": end_us - start_us, "args": {"External id": number}})
+
+    def as_dict(self) -> dict:
+        return {"schemaVersion": 1, "baseTimeNanoseconds": 1_790_857_026_000_000_000, "traceEvents": self.events}
+
+
+def standard_iteration(trace: Trace, step: int, windowed: bool = True) -> None:
+    """One iteration's kernels (see the module docstring), each launched 50-100 µs before it runs."""
+    if windowed:
+        trace.profiler_step(step - 1, us(step, -1), us(step, 11))
+    trace.kernel(BROADCAST, us(step, -0.4), us(step, -0.39), us(step, -0.5), "cuLaunchKernelEx", "cuda_driver")
+    for name, (a, b) in [("void at::native::vectorized_elementwise_kernel<4>(...)", (0, 1.5)),
+                         ("sm90_xmma_gemm_f32f32_tf32f32_f32_nn_n_tilesize128x128x32", (1.5, 4)),
+                         ("void at::native::reduce_kernel<512, 1>(...)", (3.5, 6))]:
+        trace.kernel(name, us(step, a), us(step, b), us(step, a - 0.05))
+    trace.kernel(ALL_REDUCE, us(step, 4), us(step, 7), us(step, 3.9), "cuLaunchKernelEx", "cuda_driver")
+    trace.kernel(ALL_REDUCE, us(step, 7), us(step, 8), us(step, 3.95), "cuLaunchKernelEx", "cuda_driver")
+
+
+def standard_trace(edit: Callable[[Trace], None] | None = None, link_launches: bool = True) -> dict:
+    trace = Trace(link_launches)
+    standard_iteration(trace, 3, windowed=False)  # warm-up: before ProfilerStep#3, not profiled
+    for step in STEPS:
+        standard_iteration(trace, step)
+    standard_iteration(trace, 9, windowed=False)  # after ProfilerStep#7: not profiled either
+    trace.call("cudaDeviceSynchronize", us(9, 12))  # torch.autograd.profiler.profile.__exit__, after the last window
+    if edit is not None:
+        edit(trace)
+    return trace.as_dict()
+
+
+def standard_reports() -> list[StepReport]:
+    return [report(step) for step in [1, 2, 3, *STEPS, 9, 10]]
+
+
+def compare(trace: dict | None = None, reports: list[StepReport] | None = None, **kw) -> RankComparison:
+    return compare_rank(parse_trace(trace if trace is not None else standard_trace()),
+                        reports if reports is not None else standard_reports(), **kw)
+
+
+def checks(comparison: RankComparison) -> dict[str, Check]:
+    return {check.name: check for check in comparison.checks}
+
+
+def failed(comparison: RankComparison) -> set[str]:
+    return {check.name for check in comparison.checks if not check.passed}
+
+
+def replace_report(reports: list[StepReport], new: StepReport) -> list[StepReport]:
+    return [new if r.step == new.step else r for r in reports]
+
+
+# --- parsing ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("name", "collective_name", "kind"), [
+    (ALL_REDUCE, None, "all_reduce"),
+    ("ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)", None, "all_reduce"),
+    (BROADCAST, None, "broadcast"),
+    ("ncclKernel_Broadcast_RING_LL_Sum_int8_t(ncclWorkElem)", None, "broadcast"),
+    ("ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)", None, "reduce_scatter"),
+    ("ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)", None, "all_gather"),
+    ("ncclDevKernel_Reduce_Sum_f32_RING_LL(...)", None, "reduce"),
+    ("ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)", None, "send_recv"),
+    ("ncclDevKernel_Generic_4(ncclDevKernelArgsStorage<4096ul>)", None, "nccl"),
+    # PyTorch's own name for the operation wins over a kernel name that may not tell it (NVIDIA/nccl#2196).
+    ("ncclDevKernel_Generic_4(ncclDevKernelArgsStorage<4096ul>)", "allreduce", "all_reduce"),
+    ("ncclDevKernel_AllReduce_Sum_f32_RING_LL(...)", "_allgather_base", "all_gather"),
+    ("void at::native::vectorized_elementwise_kernel<4>(...)", None, None),
+    ("ampere_sgemm_128x64_nn", "allreduce", None),  # not an NCCL kernel, whatever its args say
+])
+def test_collective_kind_from_the_kernel_name(name: str, collective_name: str | None, kind: str | None) -> None:
+    assert collective_kind(name, collective_name) == kind
+
+
+def test_parse_reads_current_and_older_categories() -> None:
+    """Older traces capitalise categories (Kernel, Runtime, Memcpy) and mark steps as cpu_op;
+    CUPTI names may keep their _vNNNN suffix; a GPU-side ProfilerStep annotation is GPU time."""
+    trace = {"traceEvents": [
+        {"ph": "X", "cat": "cpu_op", "name": "ProfilerStep#3", "ts": 0.0, "dur": 100.0},
+        {"ph": "X", "cat": "gpu_user_annotation", "name": "ProfilerStep#3", "ts": 5.0, "dur": 500.0},
+        {"ph": "X", "cat": "Runtime", "name": "cudaLaunchKernel_v7000", "ts": 10.0, "dur": 2.0, "args": {"correlation": 5}},
+        {"ph": "X", "cat": "Kernel", "name": "ncclKernel_AllReduce_RING_LL_Sum_float(ncclWorkElem)", "ts": 20.0, "dur": 30.0,
+         "args": {"correlation": 5}},
+        {"ph": "X", "cat": "Runtime", "name": "cudaStreamSynchronize_v3020", "ts": 60.0, "dur": 9.0},
+        {"ph": "X", "cat": "Memcpy", "name": "Memcpy DtoH (Device -> Pinned)", "ts": 61.0, "dur": 1.0},
+        {"ph": "M", "name": "process_name", "args": {"name": "python"}},
+        {"ph": "X", "cat": "kernel", "name": "broken", "ts": "soon", "dur": 1.0},
+    ]}
+    parsed = parse_trace(trace)
+    assert parsed.steps == {3: (0.0, 100.0)}
+    (kernel,) = parsed.kernels
+    assert (kernel.collective, kernel.start_us, kernel.end_us, kernel.launched_us) == ("all_reduce", 20.0, 50.0, 10.0)
+    assert [s.name for s in parsed.syncs] == ["cudaStreamSynchronize"]  # a pinned DtoH copy is not a sync by itself
+
+
+def test_load_trace_reads_plain_and_gzipped_files(tmp_path: Path) -> None:
+    plain, zipped = tmp_path / "rank0.1.pt.trace.json", tmp_path / "rank0.1.pt.trace.json.gz"
+    plain.write_text(json.dumps(standard_trace()))
+    with gzip.open(zipped, "wt", encoding="utf-8") as file:
+        json.dump(standard_trace(), file)
+    assert load_trace(plain) == load_trace(zipped) == parse_trace(standard_trace())
+
+
+# --- a faithful run --------------------------------------------------------------------------
+
+
+def test_a_faithful_run_passes_every_check() -> None:
+    result = compare()
+    assert failed(result) == set() and result.passed and all_passed([result])
+    assert [r.step for r in result.rows] == list(STEPS)
+    assert [r.profiler_step for r in result.rows] == [3, 4, 5, 6, 7]
+    by_name = checks(result)
+    assert (by_name["profiled steps reported"].ddpwatch, by_name["profiled steps reported"].profiler) == (5, 5)
+    assert (by_name["collectives per step"].ddpwatch, by_name["collectives per step"].profiler) == (10, 10)  # 2 × 5 steps
+    for row in result.rows:
+        # C = [0, 6] of K = 10 ms -> 60 %; M = [4, 8], C ∩ M = [4, 6] -> 2 / 4 = 50 %.
+        assert row.ddpwatch_compute_pct == pytest.approx(60.0) and row.profiler_compute_pct == pytest.approx(60.0)
+        assert row.ddpwatch_overlap_pct == pytest.approx(50.0) and row.profiler_overlap_pct == pytest.approx(50.0)
+        assert row.ddpwatch_calls == row.profiler_calls == {"all_reduce": 2}
+        assert row.syncs == ()
+    # 3 ms and 1 ms on both sides, kernel ends exactly where ddpwatch's spans end.
+    assert sorted({(round(p.ddpwatch_ms, 6), round(p.profiler_ms, 6)) for p in result.pairs}) == [(1.0, 1.0), (3.0, 3.0)]
+    assert all(abs(p.end_difference_us) < 1e-3 for p in result.pairs)
+    text = render_checks([result])
+    assert "verdict: PASS - all 6 checks held on 1 rank(s)" in text
+    assert "FAIL" not in text
+
+
+def test_the_clock_offset_is_recovered_with_jitter_and_a_per_step_lag() -> None:
+    """ddpwatch's collective ends jitter by a few µs, and step 5's conversion runs 40 µs early
+    (its reference event executed 40 µs after the host recorded it).
+
+    kernel end − span end, µs beyond 123 456 000: step 4: −2, +2; step 5: +40, +40;
+    step 6: 0, 0; step 7: −3, +3; step 8: 0, 0. Sorted: −3 −2 0 0 0 0 2 3 40 40 -> median 0.
+    Per step: 0, 40, 0, 0, 0.
+    """
+    jitter = {4: (0.002, -0.002), 6: (0.0, 0.0), 7: (0.003, -0.003), 8: (0.0, 0.0)}  # ms
+    reports = standard_reports()
+    for step, (a, b) in jitter.items():
+        spans = standard_spans(step)
+        spans[2] = spans[2]._replace(start=spans[2].start + a / 1e3, end=spans[2].end + a / 1e3)
+        spans[3] = spans[3]._replace(start=spans[3].start + b / 1e3, end=spans[3].end + b / 1e3)
+        reports = replace_report(reports, report(step, spans))
+    reports = replace_report(reports, report(5, shift_ms=-0.040))
+    compared = [r for r in reports if r.step in STEPS]
+    offset = estimate_offset(parse_trace(standard_trace()), compared)
+    assert offset.method == "launch-paired" and offset.pairs == 10
+    assert offset.offset_us == pytest.approx(OFFSET_US, abs=1e-3)
+    assert offset.for_step(5) == pytest.approx(OFFSET_US + 40.0, abs=1e-3)
+    assert offset.for_step(4) == pytest.approx(OFFSET_US, abs=1e-3)
+    assert offset.spread_us == pytest.approx(40.0, abs=1e-3)
+    # Each step is read under its own offset, so step 5's lag costs nothing.
+    result = compare(reports=reports)
+    assert failed(result) == set()
+    assert result.rows[1].offset_us == pytest.approx(OFFSET_US + 40.0, abs=1e-3)
+
+
+def test_kernels_outside_the_profiled_steps_are_ignored() -> None:
+    """The trace holds 7 iterations × 2 all-reduces, and 7 broadcasts, and a stop-time sync;
+    only the 10 all-reduces launched inside ProfilerStep#3-#7 and run inside ddpwatch's
+    windows are compared. The 5 switch broadcasts are launched inside the windows but run
+    before ddpwatch's steps start: counted apart and named in the notes."""
+    parsed = parse_trace(standard_trace())
+    assert sum(k.collective == "all_reduce" for k in parsed.kernels) == 14
+    result = compare_rank(parsed, standard_reports())
+    assert failed(result) == set()
+    assert sum(sum(r.profiler_calls.values()) for r in result.rows) == 10
+    assert all(r.outside_calls == {"broadcast": 1} for r in result.rows)
+    assert any("outside ddpwatch's step windows" in note and "broadcast 5" in note for note in result.notes)
+    # ddpwatch reports for unprofiled steps (1-3, 9, 10) are not compared either.
+    assert [r.step for r in result.rows] == [4, 5, 6, 7, 8]
+
+
+def test_without_launch_links_the_clock_places_the_kernels() -> None:
+    """A trace with no ``correlation`` on its kernels: the offset comes from pairing every
+    all-reduce span with every all-reduce kernel in order (the step-3 kernels start before the
+    first window and are left out; the step-9 ones are extra at the end, shift 0 still pairs
+    every span with its kernel), and kernels join the step whose shifted window holds them."""
+    result = compare(standard_trace(link_launches=False))
+    assert result.offset.method == "order-paired"
+    assert result.offset.offset_us == pytest.approx(OFFSET_US, abs=1e-3)
+    assert failed(result) == set()
+    assert any("no launch call" in note for note in result.notes)
+
+
+# --- each check failing on its own -----------------------------------------------------------
+
+
+def test_a_collective_ddpwatch_missed_fails_only_the_count() -> None:
+    """Step 6's profiler shows a third, 0.1 ms all-reduce at [8.5, 8.6] ms that ddpwatch never
+    reported. Count 2 vs 3: FAIL. The two spans still pair with their own kernels (nearest ends),
+    so durations hold. Profiler's M = [4, 8] ∪ [8.5, 8.6] = 4.1 ms, C ∩ M = 2 ms:
+    Overlap% 48.8 vs ddpwatch's 50.0 (1.2 pts, within 5). Compute% stays 60."""
+    def extra(trace: Trace) -> None:
+        trace.kernel(ALL_REDUCE, us(6, 8.5), us(6, 8.6), us(6, 8.2), "cuLaunchKernelEx", "cuda_driver")
+
+    result = compare(standard_trace(extra))
+    assert failed(result) == {"collectives per step"}
+    count = checks(result)["collectives per step"]
+    assert (count.ddpwatch, count.profiler) == (10, 11)
+    assert "step 6: ddpwatch all_reduce 2, profiler all_reduce 3" in count.detail
+    row = result.rows[2]
+    assert row.profiler_overlap_pct == pytest.approx(100 * 2 / 4.1)
+    assert row.pairs == 2 and row.worst_duration_error == pytest.approx(0.0, abs=1e-6)
+
+
+def test_a_duration_30_percent_off_fails_only_the_duration() -> None:
+    """Step 5's second all-reduce recorded as [6.7, 8] ms: 1.3 ms against the kernel's 1.0 ms,
+    +30 %. Its end is unchanged, so is M = [4, 7] ∪ [6.7, 8] = [4, 8]: every other figure holds."""
+    spans = standard_spans(5)
+    spans[3] = spans[3]._replace(start=sec(5, 6.7))
+    result = compare(reports=replace_report(standard_reports(), report(5, spans)))
+    assert failed(result) == {"collective duration"}
+    duration = checks(result)["collective duration"]
+    assert duration.ddpwatch == pytest.approx(1.3) and duration.profiler == pytest.approx(1.0)
+    assert "step 5 all_reduce #2 (+30.0 %)" in duration.detail  # the 2nd all-reduce of step 5, in order of end
+    assert "1 outside" in duration.detail
+
+
+def test_a_compute_share_8_points_off_fails_only_compute() -> None:
+    """ddpwatch also reports an optimizer phase at [8.8, 9.6] ms in step 7 that ran no kernel:
+    C = [0, 6] ∪ [8.8, 9.6] = 6.8 ms -> Compute% 68 against the profiler's 60 (8 points).
+    C ∩ M is still [4, 6] = 2 ms of M = 4 ms: Overlap% 50 on both sides."""
+    spans = [*standard_spans(7), Span("optimizer", sec(7, 8.8), sec(7, 9.6))]
+    result = compare(reports=replace_report(standard_reports(), report(7, spans)))
+    assert failed(result) == {"Compute%"}
+    compute = checks(result)["Compute%"]
+    assert compute.ddpwatch == pytest.approx(68.0) and compute.profiler == pytest.approx(60.0)
+    assert "worst step 7 (+8.0 pts)" in compute.detail
+
+
+def test_an_overlap_share_off_fails_only_overlap() -> None:
+    """ddpwatch's backward recorded half a millisecond late in step 8: forward [0, 2],
+    backward [2.5, 6.5]. |C| = 2 + 4 = 6 ms (Compute% 60, as the profiler), but
+    C ∩ M = [4, 6.5] = 2.5 ms of 4 -> Overlap% 62.5 against 50 (12.5 points)."""
+    spans = standard_spans(8)
+    spans[1] = Span("backward", sec(8, 2.5), sec(8, 6.5))
+    result = compare(reports=replace_report(standard_reports(), report(8, spans)))
+    assert failed(result) == {"Overlap%"}
+    assert checks(result)["Overlap%"].ddpwatch == pytest.approx(62.5)
+
+
+@pytest.mark.parametrize("kind", ["pageable copy", "item", "device synchronize"])
+def test_a_sync_in_a_step_fails_only_the_sync_check(kind: str) -> None:
+    """A DtoH copy to pageable memory (the host waits for it), a ``.item()`` (pinned copy +
+    cudaStreamSynchronize) or a ``torch.cuda.synchronize()`` in step 6's iteration: 1 sync."""
+    def add(trace: Trace) -> None:
+        if kind == "pageable copy":
+            trace.memcpy("Memcpy DtoH (Device -> Pageable)", us(6, 5.0), us(6, 5.01), us(6, 4.98))
+        elif kind == "item":
+            trace.memcpy("Memcpy DtoH (Device -> Pinned)", us(6, 9.0), us(6, 9.01), us(6, 8.98))
+            trace.call("cudaStreamSynchronize", us(6, 8.99))
+        else:
+            trace.call("cudaDeviceSynchronize", us(6, 10.5))  # after ddpwatch's step, inside the iteration
+
+    result = compare(standard_trace(add))
+    assert failed(result) == {"device syncs per step"}
+    sync = checks(result)["device syncs per step"]
+    assert sync.profiler == 1
+    assert "step 6:" in sync.detail and "1 of 5 iterations sync" in sync.detail
+    assert [len(r.syncs) for r in result.rows] == [0, 0, 1, 0, 0]
+    assert result.rows[2].syncs_in_step_window == (0 if kind == "device synchronize" else 1)
+
+
+def test_a_pinned_copy_without_a_sync_is_not_a_sync() -> None:
+    """``tensor.to("cpu", non_blocking=True)`` into pinned memory: the host does not wait."""
+    result = compare(standard_trace(lambda t: t.memcpy("Memcpy DtoH (Device -> Pinned)", us(6, 5.0), us(6, 5.01), us(6, 4.98))))
+    assert failed(result) == set()
+
+
+def test_a_profiled_step_without_a_usable_report_fails() -> None:
+    """Step 6 never arrived and step 7 arrived unresolved: 3 of 5 profiled steps compared."""
+    reports = [r for r in standard_reports() if r.step != 6]
+    reports = replace_report(reports, report(7, unresolved=True))
+    result = compare(reports=reports)
+    assert failed(result) == {"profiled steps reported"}
+    steps = checks(result)["profiled steps reported"]
+    assert (steps.ddpwatch, steps.profiler) == (3, 5)
+    assert steps.detail == "no usable report for step 6, 7 (unresolved)"
+    assert checks(compare())["profiled steps reported"].detail == "steps 4, 5, 6, 7, 8"
+
+
+def test_no_report_at_all_fails_every_check_without_raising() -> None:
+    result = compare(reports=[])
+    assert failed(result) == set(CHECKS)
+    assert "verdict: FAIL - 6 of 6 checks missed" in render_checks(result)
+
+
+def test_a_trace_that_cannot_be_checked_raises() -> None:
+    no_steps = {"traceEvents": [e for e in standard_trace()["traceEvents"] if e["cat"] != "user_annotation"]}
+    with pytest.raises(ValueError, match="ProfilerStep"):
+        compare(no_steps)
+    no_kernels = {"traceEvents": [e for e in standard_trace()["traceEvents"] if e["cat"] != "kernel"]}
+    with pytest.raises(ValueError, match="no GPU kernel"):
+        compare(no_kernels)
+
+
+# --- rendering -------------------------------------------------------------------------------
+
+
+def test_render_checks_lines_up_columns_and_names_every_miss() -> None:
+    good = compare()
+    spans = standard_spans(5)
+    spans[3] = spans[3]._replace(start=sec(5, 6.7))
+    bad = compare_rank(parse_trace(standard_trace()), [r if r.step != 5 else report(5, spans) for r in standard_reports()], rank=1)
+    text = render_checks([good, bad])
+    lines = text.splitlines()
+    header, table = lines[0], lines[1:13]
+    assert header.split() == ["rank", "check", "ddpwatch", "profiler", "tolerance", "result", "detail"]
+    for column in ("check", "tolerance", "result", "detail"):
+        at = header.index(column)
+        assert all(line[at - 2:at] == "  " and line[at] != " " for line in table if len(line) > at), column
+    assert "1.300 ms" in text and "±20 %" in text
+    assert lines[13] == "verdict: FAIL - 1 of 12 checks missed: rank 1 collective duration"
+    assert any(line.startswith("rank 0: clock offset 123456000.0 µs") for line in lines[14:])
+    assert not all_passed([good, bad]) and all_passed([good]) and not all_passed([])
+
+
+def test_render_steps_shows_one_row_per_step() -> None:
+    lines = render_steps(compare()).splitlines()
+    assert lines[0] == "rank 0"
+    assert len(lines) == 2 + len(STEPS)
+    assert lines[2].split()[:2] == ["4", "#3"] and "60.0/60.0" in lines[2] and "50.0/50.0" in lines[2]
+
+
+def test_the_module_never_imports_torch() -> None:
+    code = "import sys, ddpwatch.profile_check; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

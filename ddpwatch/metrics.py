@@ -154,6 +154,20 @@ def busbw_gbps(nbytes: int, seconds: float, world_size: int, kind: str = "all_re
 # --- one rank, one step ----------------------------------------------------------------
 
 
+class StepTimes(NamedTuple):
+    """What aligning ranks needs from one rank's step, on that rank's own clock."""
+
+    start: float
+    end: float
+    anchor: float | None  # end of the step's last all-reduce: every rank leaves it at the same moment
+
+
+def step_times(record: StepRecordLike) -> StepTimes:
+    """The same times ``step_figures`` keeps, for a caller that has only the record."""
+    ends = [s.end for s in record.spans if s.kind == "all_reduce" and math.isfinite(s.end)]
+    return StepTimes(record.start, record.end, max(ends) if ends else None)
+
+
 @dataclass(frozen=True)
 class StepFigures:
     """One rank's step, kept whole so segments aggregate from it rather than re-scan spans."""
@@ -172,6 +186,7 @@ class StepFigures:
     busbw_gbps: float | None  # median over this step; None without a world size
     samples: int
     tokens: int
+    times: StepTimes  # window and alignment anchor, so aligning ranks never reads the spans again
 
 
 def step_figures(record: StepRecordLike, world_size: int | None = None) -> StepFigures:
@@ -204,6 +219,7 @@ def step_figures(record: StepRecordLike, world_size: int | None = None) -> StepF
         busbw_gbps=float(np.median(alg)) * factor if alg and factor is not None else None,
         samples=max(int(record.samples), 0),
         tokens=max(int(record.tokens), 0),
+        times=StepTimes(record.start, record.end, max((s.end for s in ars if math.isfinite(s.end)), default=None)),
     )
 
 
@@ -387,19 +403,6 @@ class DesyncRange:
 
 
 # --- putting ranks on one clock ---------------------------------------------------------
-
-
-class StepTimes(NamedTuple):
-    """What aligning ranks needs from one rank's step, on that rank's own clock."""
-
-    start: float
-    end: float
-    anchor: float | None  # end of the step's last all-reduce: every rank leaves it at the same moment
-
-
-def step_times(record: StepRecordLike) -> StepTimes:
-    ends = [s.end for s in record.spans if s.kind == "all_reduce" and math.isfinite(s.end)]
-    return StepTimes(record.start, record.end, max(ends) if ends else None)
 
 
 class ClockAlignment:
@@ -620,14 +623,16 @@ class SegmentAccumulator:
             if len(self.desyncs) < 100:
                 self.desyncs.append(desync)
         walls = []
+        times: dict[int, StepTimes] = {}
         for rank, rec in sorted(records_of_one_step.items()):
             f = figures[rank] if figures is not None and rank in figures else step_figures(rec, self.world_size)
             self.overall.add_record(f, waits[rank])
             self.per_rank[rank].add_record(f, waits[rank])
             self.per_rank[rank].add_step_wall(f.step_ms)
             walls.append(f.step_ms)
+            times[rank] = f.times
         self.overall.add_step_wall(max(walls))
-        self.clocks.add_step({rank: step_times(rec) for rank, rec in records_of_one_step.items()})
+        self.clocks.add_step(times)
         if len(records_of_one_step) >= self.world_size > 1:
             step = next(iter(records_of_one_step.values())).step
             self.recent_complete.append(StepWaits(step, waits, max(walls)))

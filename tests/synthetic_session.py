@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from instrumented_ddp.protocol import DeviceSample, Goodbye, Hello, Span, StepReport, encode
 
 LAYOUT = [(f"layer{i}.weight", 1000, "float32") for i in range(4)]
 
 
-def hello(rank: int, strategy: str = "simple", world_size: int = 2) -> Hello:
-    return Hello(rank=rank, world_size=world_size, session="fixed-session", host="node-a", pid=100 + rank, device="cpu",
+def hello(rank: int, strategy: str = "simple", world_size: int = 2, device: str = "cpu", device_note: str = "") -> Hello:
+    return Hello(rank=rank, world_size=world_size, session="fixed-session", host="node-a", pid=100 + rank, device=device,
                  backend="gloo", strategy=strategy, settings={"grad_accum": 1, "bucket_mb": 25.0},
-                 model_parameters=4000, parameter_layout=LAYOUT, total_steps=10, global_batch=8)
+                 model_parameters=4000, parameter_layout=LAYOUT, total_steps=10, global_batch=8, device_note=device_note)
 
 
 def step_report(rank: int, step: int, strategy: str) -> StepReport:
@@ -32,7 +34,13 @@ def step_report(rank: int, step: int, strategy: str) -> StepReport:
                       start=t0, end=end_comm + 0.02, spans=spans, samples=4, tokens=256, loss=2.0 - 0.1 * step)
 
 
-def session_messages(steps: int = 10, goodbye: bool = True, world_size: int = 2) -> list[bytes]:
+Edit = Callable[[StepReport], StepReport | None]
+
+
+def session_messages(steps: int = 10, goodbye: bool = True, world_size: int = 2, edit: Edit | None = None,
+                     hellos: dict[int, Hello] | None = None) -> list[bytes]:
+    """``edit``: changes a step report before it is sent (None: not sent); ``hellos``: sent instead
+    of the default hello of those ranks."""
     messages: list[bytes] = []
     ranks = range(world_size)
     seq = dict.fromkeys(ranks, 0)
@@ -42,11 +50,14 @@ def session_messages(steps: int = 10, goodbye: bool = True, world_size: int = 2)
         seq[rank] += 1
 
     for rank in ranks:
-        add(rank, hello(rank, world_size=world_size))
+        add(rank, (hellos or {}).get(rank) or hello(rank, world_size=world_size))
     for step in range(1, steps + 1):
         strategy = "simple" if step <= steps // 2 else "bucket"
         for rank in ranks:
-            add(rank, step_report(rank, step, strategy))
+            report = step_report(rank, step, strategy)
+            report = edit(report) if edit is not None else report
+            if report is not None:
+                add(rank, report)
             add(rank, DeviceSample(rank, 100.0 + step * 0.2, "cpu", {"process_cpu_pct": 40.0 + 5 * step + rank, "host_cpu_pct": 70.0, "rss_bytes": 5e8}))
     if goodbye:
         for rank in ranks:

@@ -200,3 +200,97 @@ async def test_the_segments_table_widens_a_column_when_a_running_segment_grows()
         await pilot.pause()
         steps_column = list(table.columns.values())[1]
         assert steps_column.content_width >= len("69-148")
+
+
+# --- what stays on screen: desync, straggler, unresolved and late reports, device notes ---------------
+
+from dataclasses import replace as _replace  # noqa: E402
+
+from ddpwatch import exporters  # noqa: E402
+from ddpwatch.dashboard.snapshot import Snapshot, SnapshotBuilder  # noqa: E402
+from ddpwatch.receiver import ingest as _ingest  # noqa: E402
+from ddpwatch.session import Session as _Session  # noqa: E402
+from instrumented_ddp.protocol import Heartbeat, StepReport  # noqa: E402
+from synthetic_session import step_report  # noqa: E402
+
+
+def snapshot_of(messages: list[bytes], keep_steps: int | None = 120) -> tuple[_Session, Snapshot]:
+    session = _Session(keep_steps)
+    _ingest(session, messages)
+    return session, SnapshotBuilder(session).build()
+
+
+def straggling(ms: float):  # noqa: ANN201
+    """Rank 1's first all-reduce of each step starts ``ms`` earlier: it waits that long for rank 0."""
+    def edit(report: StepReport) -> StepReport:
+        if report.rank != 1:
+            return report
+        spans = list(report.spans)
+        i = next(i for i, s in enumerate(spans) if s.kind == "all_reduce")
+        spans[i] = spans[i]._replace(start=spans[i].start - ms / 1000)
+        return _replace(report, spans=spans)
+    return edit
+
+
+def test_a_desync_stays_in_the_warnings_with_its_step_range_after_it_left_the_screen() -> None:
+    def skip_a_call(report: StepReport) -> StepReport:
+        if report.rank == 1 and report.step in (3, 4):
+            return _replace(report, spans=[s for s in report.spans if s.tag != "p3"])
+        return report
+
+    session, snapshot = snapshot_of(session_messages(edit=skip_a_call), keep_steps=3)
+    assert snapshot.timeline.step == 10 and 3 not in session.reports  # the timeline moved on, the step is gone
+    assert snapshot.warnings[0] == ("DESYNC at steps 3-4 (2 steps): the ranks issued different all-reduce counts "
+                                    "(step 3: rank 0: 4, rank 1: 3; step 4: rank 0: 4, rank 1: 3)")
+
+
+def test_the_dashboard_and_the_export_name_the_same_straggler_by_one_rule() -> None:
+    # rank 1 waits 30 ms of each ~185 ms step for rank 0 (16 %): both name rank 0
+    session, snapshot = snapshot_of(session_messages(edit=straggling(30.0)), keep_steps=None)
+    shown = [w for w in snapshot.warnings if "straggler" in w]
+    assert shown == ["rank 0 is a straggler: over steps 1-10 the others waited 30.0 ms a step for it (17% of step time)"]
+    assert [s["straggler_rank"] for s in exporters.summary(session)["segments"]] == [0, 0]
+    # 0.5 ms of each step is noise: neither names anyone (the export used to name rank 0)
+    session, snapshot = snapshot_of(session_messages(edit=straggling(0.5)), keep_steps=None)
+    assert not any("straggler" in w for w in snapshot.warnings)
+    assert [s["straggler_rank"] for s in exporters.summary(session)["segments"]] == [None, None]
+
+
+def test_unresolved_steps_are_counted_per_rank_in_the_warnings_and_make_no_desync() -> None:
+    def unresolved(report: StepReport) -> StepReport:
+        if report.rank == 1 and report.step in (2, 3, 9):
+            return _replace(report, unresolved=True, spans=[s for s in report.spans if s.tag not in ("p3", "b1")])
+        return report
+
+    session, snapshot = snapshot_of(session_messages(edit=unresolved))
+    assert snapshot.warnings == ("rank 1: 3 steps sent unresolved (timing marks never completed; left out of the figures)",)
+    assert session.segment_figures(session.segments[0]).per_rank[1].steps == 3
+
+
+def test_a_late_report_is_a_note_not_rejected_input() -> None:
+    def withhold(report: StepReport) -> StepReport | None:
+        return None if report.rank == 1 and report.step >= 4 else report
+
+    late = [encode(Heartbeat(1, 0.0, 9), seq=100), encode(step_report(1, 4, "simple"), seq=101)]
+    session, snapshot = snapshot_of(session_messages(goodbye=False, edit=withhold) + late)
+    assert session.rejected == {} and not any("rejected" in w for w in snapshot.warnings)
+    assert snapshot.notes == ("rank 1: 1 step report arrived late (1 used)",)
+    assert sorted(session.reports[4]) == [0, 1]
+
+
+def test_the_header_samples_per_s_is_over_wall_time_with_the_time_between_steps() -> None:
+    # steps start every 200 ms and last 185 (simple) or 170 ms (bucket): steps 1-10 run from
+    # 100.2 s to 102.17 s = 1.97 s for 2 ranks x 10 steps x 4 samples (the windows alone sum to 1.775 s)
+    _, snapshot = snapshot_of(session_messages())
+    assert snapshot.header.samples_per_s == pytest.approx(80 / 1.97)
+
+
+async def test_a_device_note_is_shown_per_rank_as_sent_even_with_brackets_in_it() -> None:
+    note = "NVML unavailable: libnvidia-ml.so not found; sending CPU readings"
+    hellos = {0: hello(0, device="cuda:0", device_note=note), 1: hello(1, device="cuda:1", device_note="[/] [b]odd")}
+    app = DashboardApp(StaticFeed(session_messages(steps=4, hellos=hellos)), export_on_exit=False)
+    async with app.run_test(size=(160, 50)) as pilot:
+        await pilot.pause(0.4)
+        assert app.snapshot.notes == (f"rank 0 (cuda:0): {note}", "rank 1 (cuda:1): [/] [b]odd")
+        shown = str(app.warnings_panel.render())
+        assert f"rank 0 (cuda:0): {note}" in shown and "rank 1 (cuda:1): [/] [b]odd" in shown

@@ -139,7 +139,7 @@ class DashboardApp(App[None]):
         self.segments_table.show(snapshot.segments)
         now = time.monotonic()
         notices = tuple(text for at, text in self.notices if now - at < NOTICE_S)
-        self.warnings_panel.show(snapshot.warnings, notices)
+        self.warnings_panel.show(snapshot.warnings, snapshot.notes + notices)
         self.frames += 1
         self.frame_seconds += time.perf_counter() - started
 

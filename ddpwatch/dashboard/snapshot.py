@@ -16,8 +16,8 @@ from ddpwatch.session import Segment, Session
 from instrumented_ddp.protocol import COMM_KINDS, COMPUTE_KINDS, StepReport
 
 SEGMENT_REFRESH_S = 1.0
-STRAGGLER_SHARE = 0.10  # the others waited over this share of the step for one rank
 TREND_POINTS = 120
+RATE_STEPS = 20  # the header's samples/s is over this many recent complete steps
 
 
 class Bar(NamedTuple):
@@ -108,26 +108,34 @@ class Snapshot:
     loss: tuple[float, ...]
     step_ms: tuple[float, ...]
     segments: tuple[SegmentRow, ...]
-    warnings: tuple[str, ...]
+    warnings: tuple[str, ...]  # errors and warnings: a desync first
+    notes: tuple[str, ...] = ()  # worth knowing, not wrong: late reports, why a device is read as it is
 
 
 @dataclass(frozen=True)
 class StepSummary:
-    """What the trends and the header need from one step, so a frame reads 120 of these
-    rather than 120 steps x 64 ranks of reports."""
+    """What the trends, the header and the straggler rule need from one step, so a frame reads
+    120 of these rather than 120 steps x 64 ranks of reports. Only reports that are
+    ``metrics.counted`` enter it."""
 
-    ranks: int  # reports it was computed from
+    step: int
+    seen: int  # reports the step had when this was made (counted or not): the cache key
+    ranks: int  # counted reports it was computed from
     loss: float | None  # mean over ranks that reported one (NaN left out)
     step_ms: float  # mean over ranks
     wall_s: float  # the slowest rank's window: the step took that long for everyone
     samples: int
+    times: dict[int, metrics.StepTimes]  # per rank, to put the ranks on one clock
 
 
-def summarize(reports: dict[int, StepReport]) -> StepSummary:
-    losses = [r.loss for r in reports.values() if r.loss is not None and r.loss == r.loss]
-    windows = [r.end - r.start for r in reports.values()]
-    return StepSummary(len(reports), sum(losses) / len(losses) if losses else None,
-                       1000 * sum(windows) / len(windows), max(windows), sum(r.samples for r in reports.values()))
+def summarize(step: int, reports: dict[int, StepReport], figures: dict[int, metrics.StepFigures]) -> StepSummary:
+    """``figures``: the session's step figures, which exist for counted reports only."""
+    counted = [(r, figures[rank]) for rank, r in reports.items() if rank in figures and metrics.counted(r)]
+    losses = [r.loss for r, _ in counted if r.loss is not None and r.loss == r.loss]
+    windows = [f.step_ms for _, f in counted]
+    return StepSummary(step, len(reports), len(counted), sum(losses) / len(losses) if losses else None,
+                       sum(windows) / len(windows) if windows else 0.0, max(windows, default=0.0) / 1000,
+                       sum(f.samples for _, f in counted), {f.rank: f.times for _, f in counted})
 
 
 @dataclass
@@ -146,28 +154,32 @@ class SnapshotBuilder:
     _timeline: TimelineData | None = None
     _desync: metrics.Desync | None = None
     _devices: dict[int, tuple[float, DeviceSeries]] = field(default_factory=dict)  # rank -> (newest sample, series)
+    _rate: tuple[tuple[StepSummary, ...], tuple[float, float | None]] = ((), (0.0, None))  # (made from, result)
 
     def waits_of(self, step: int | None) -> dict[int, float]:
-        """Cross-rank waits of a step, computed once per set of reports (the straggler check
-        looks at the last ten steps every frame)."""
+        """Cross-rank waits of a step's counted reports, computed once per set of reports (the
+        straggler check looks at the last ten steps every frame)."""
         reports = self.session.reports.get(step, {}) if step is not None else {}
         cached = self._waits.get(step)  # type: ignore[arg-type]
         if cached is None or cached[0] != len(reports):
-            cached = (len(reports), metrics.cross_rank_waits(reports) if reports else {})
+            counted = self.session.counted_reports(step) if reports else {}  # type: ignore[arg-type]
+            cached = (len(reports), metrics.cross_rank_waits(counted) if counted else {})
             self._waits[step] = cached  # type: ignore[index]
             for old in [s for s in self._waits if s not in self.session.reports]:
                 del self._waits[old]
         return cached[1]
 
+    def summary_of(self, step: int) -> StepSummary:
+        """One kept step's summary, remade only when the step got another report."""
+        reports = self.session.reports[step]
+        cached = self._summaries.get(step)
+        if cached is None or cached.seen != len(reports):
+            cached = self._summaries[step] = summarize(step, reports, self.session.step_figures(step))
+        return cached
+
     def summaries(self, steps: list[int]) -> list[StepSummary]:
         """Of the given kept steps, in order; forgets steps the session no longer keeps."""
-        out = []
-        for step in steps:
-            reports = self.session.reports[step]
-            cached = self._summaries.get(step)
-            if cached is None or cached.ranks != len(reports):
-                cached = self._summaries[step] = summarize(reports)
-            out.append(cached)
+        out = [self.summary_of(step) for step in steps]
         if len(self._summaries) > len(self.session.reports):
             for old in [s for s in self._summaries if s not in self.session.reports]:
                 del self._summaries[old]
@@ -183,7 +195,7 @@ class SnapshotBuilder:
         if (step, len(reports)) != self._shown_step:
             self._shown_step = (step, len(reports))
             self._timeline = timeline_of(step, reports) if step is not None and reports else None
-            self._desync = metrics.find_desync(reports) if reports else None
+            self._desync = metrics.find_desync(session.counted_reports(step)) if reports else None  # type: ignore[arg-type]
         figures = session.step_figures(step) if step is not None else {}
         trend = self.summaries(sorted(session.reports)[-TREND_POINTS:])
         return Snapshot(
@@ -192,9 +204,10 @@ class SnapshotBuilder:
             ranks=tuple(self._rank_row(rank, figures.get(rank), waits.get(rank), now) for rank in sorted(session.ranks)),
             devices=tuple(self._device_series(rank) for rank in sorted(session.ranks)),
             loss=tuple(s.loss for s in trend if s.loss is not None),
-            step_ms=tuple(s.step_ms for s in trend),
+            step_ms=tuple(s.step_ms for s in trend if s.ranks),
             segments=tuple(self._segment_row(segment, now) for segment in session.segments),
             warnings=tuple(self._warnings(step, now)),
+            notes=tuple(self._notes()),
         )
 
     # -- parts -------------------------------------------------------------------------------------
@@ -211,13 +224,25 @@ class SnapshotBuilder:
         return HeaderData(session.session_id or "waiting for a run…", session.world_size, strategy, settings,
                           step or 0, total, eta, rate, following)
 
-    def _recent_rate(self, trend: list[StepSummary], window: int = 20) -> tuple[float, float | None]:
-        """Global samples/s and seconds per step over the last ``window`` complete steps."""
-        complete = [s for s in trend[-window:] if s.ranks >= self.session.world_size]
-        if len(complete) < 2:
-            return 0.0, None
-        wall = sum(s.wall_s for s in complete)
-        return (sum(s.samples for s in complete) / wall if wall > 0 else 0.0), wall / len(complete)
+    def _recent_rate(self, trend: list[StepSummary], window: int = RATE_STEPS) -> tuple[float, float | None]:
+        """Global samples/s and seconds per step over the last ``window`` complete steps: the
+        samples over the wall time from the first one's start to the last one's end, ranks on one
+        clock (``metrics.ClockAlignment``, as the segments' samples/s), so the time between steps
+        counts. Remade only when those steps changed."""
+        complete = tuple(s for s in trend[-window:] if s.ranks >= self.session.world_size)
+        made_from, result = self._rate
+        if len(made_from) == len(complete) and all(a is b for a, b in zip(made_from, complete)):
+            return result
+        result = (0.0, None)
+        if len(complete) >= 2:
+            clocks = metrics.ClockAlignment()
+            for summary in complete:
+                clocks.add_step(summary.times)
+            wall = clocks.wall_s()
+            if wall > 0:
+                result = (sum(s.samples for s in complete) / wall, wall / len(complete))
+        self._rate = (complete, result)
+        return result
 
     def _rank_row(self, rank: int, figures: metrics.StepFigures | None, waited_s: float | None, now: float) -> RankRow:
         state = self.session.ranks[rank]
@@ -269,17 +294,20 @@ class SnapshotBuilder:
 
     def _warnings(self, step: int | None, now: float) -> list[str]:
         session, lines = self.session, []
-        desync = self._desync
+        desync = self._desync_range(step)
         if desync is not None:
-            counts = ", ".join(f"rank {r}: {c}" for r, c in sorted(desync.calls_per_rank.items()))
-            lines.append(f"DESYNC at step {desync.step}: the ranks issued different all-reduce counts ({counts})")
+            lines.append(desync.describe())
         for rank in sorted(session.ranks):
             if session.status(rank, now) == "lost":
                 silent = now - session.ranks[rank].last_seen
                 lines.append(f"rank {rank} lost: nothing heard from it for {silent:.1f} s")
         straggler = self._straggler(step)
-        if straggler:
-            lines.append(straggler)
+        if straggler is not None:
+            lines.append(straggler.describe())
+        for rank, state in sorted(session.ranks.items()):
+            if state.unresolved:
+                lines.append(f"rank {rank}: {state.unresolved} step{'s' if state.unresolved != 1 else ''} sent unresolved "
+                             "(timing marks never completed; left out of the figures)")
         dropped = {r: s.sender_dropped for r, s in session.ranks.items() if s.sender_dropped}
         lost = {r: s.lost_messages for r, s in session.ranks.items() if s.lost_messages}
         if dropped or lost:
@@ -292,43 +320,54 @@ class SnapshotBuilder:
             lines.append(f"rejected {rejected} malformed message(s): {kinds}")
         return lines
 
+    def _notes(self) -> list[str]:
+        """Not faults: reports that came late (heartbeats run ahead of reports still resolving),
+        and why a rank's device readings are not what its device suggests."""
+        lines = []
+        for rank, state in sorted(self.session.ranks.items()):
+            if state.late:
+                used = state.late - state.late_unused
+                tail = f"; {state.late_unused} came after their step was folded and are left out" if state.late_unused else ""
+                lines.append(f"rank {rank}: {state.late} step report{'s' if state.late != 1 else ''} arrived late "
+                             f"({used} used{tail})")
+        for rank, state in sorted(self.session.ranks.items()):
+            if state.hello is not None and state.hello.device_note:
+                lines.append(f"rank {rank} ({state.hello.device}): {state.hello.device_note}")
+        return lines
 
-    def _straggler_window(self, step: int | None, window: int = 10) -> list[int]:
-        steps = [s for s in sorted(self.session.reports) if step is None or s <= step]
-        return [s for s in steps[-window:] if len(self.session.reports[s]) >= self.session.world_size > 1]
+    def _desync_range(self, step: int | None) -> metrics.DesyncRange | None:
+        """Every desynchronised step folded so far, plus the shown step's if it is not folded yet:
+        the error stays on screen until the run ends, wherever the timeline is."""
+        pending = self._desync if self._desync is not None and step is not None and not self.session.is_folded(step) else None
+        return metrics.DesyncRange.combine([self.session.desync_range(),
+                                            metrics.DesyncRange.of(pending) if pending is not None else None])
 
-    def _straggler(self, step: int | None) -> str | None:
-        """Over the last ten steps, one rank the others kept waiting for (a single step is noise)."""
-        steps = self._straggler_window(step)
-        if not steps:
+    def _straggler(self, step: int | None) -> metrics.Straggler | None:
+        """``metrics.find_straggler`` over the last complete steps up to the shown one: the rule
+        the exports' straggler_rank follows too."""
+        world = self.session.world_size
+        if world < 2:
             return None
-        totals: dict[int, float] = {}
-        wall_ms = 0.0
-        for s in steps:
-            reports = self.session.reports[s]
-            wall_ms += 1000 * max(r.end - r.start for r in reports.values())
-            for rank, waited in self.waits_of(s).items():
-                totals[rank] = totals.get(rank, 0.0) + waited
-        slow = metrics.straggler(totals)
-        others = [w for r, w in totals.items() if r != slow]
-        if slow is None or not others or min(others) <= STRAGGLER_SHARE * wall_ms:
-            return None
-        return (f"rank {slow} is a straggler: over steps {steps[0]}-{steps[-1]} the others waited "
-                f"{min(others) / len(steps):.1f} ms a step for it ({100 * min(others) / wall_ms:.0f}% of step time)")
+        complete: list[metrics.StepWaits] = []
+        for s in sorted(self.session.reports, reverse=True):
+            if step is not None and s > step:
+                continue
+            summary = self.summary_of(s)
+            if summary.ranks >= world:
+                complete.append(metrics.StepWaits(s, self.waits_of(s), 1000 * summary.wall_s))
+                if len(complete) == metrics.STRAGGLER_STEPS:
+                    break
+        return metrics.find_straggler(complete)
 
 
 def timeline_of(step: int, reports: dict[int, StepReport]) -> TimelineData:
-    """All ranks of one step on one axis, aligned at the end of each rank's last all-reduce
-    (every rank leaves it together); ranks without one are aligned at their step start."""
-    anchors = {rank: max((s.end for s in r.spans if s.kind == "all_reduce"), default=None) for rank, r in reports.items()}
-    reference_rank = min(reports)
-    reference = anchors[reference_rank]
-    shift: dict[int, float] = {}
-    for rank, report in reports.items():
-        if reference is not None and anchors[rank] is not None:
-            shift[rank] = reference - anchors[rank]
-        else:
-            shift[rank] = reports[reference_rank].start - report.start
+    """All ranks of one step on one axis, put on the lowest rank's clock by
+    ``metrics.ClockAlignment`` over this one step: aligned at the end of each rank's last
+    all-reduce (every rank leaves it together), ranks without one at their step start."""
+    clocks = metrics.ClockAlignment(reference=min(reports))
+    clocks.add_step({rank: metrics.step_times(report) for rank, report in reports.items()})
+    offsets = clocks.offsets()
+    shift = {rank: offsets.get(rank, 0.0) for rank in reports}
     origin = min(r.start + shift[rank] for rank, r in reports.items())
     end = max(r.end + shift[rank] for rank, r in reports.items())
     lanes = [_lanes(rank, reports[rank], shift[rank] - origin) for rank in sorted(reports)]

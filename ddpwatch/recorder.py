@@ -11,6 +11,7 @@ from types import FrameType
 
 from instrumented_ddp.protocol import DEFAULT_MAX_MESSAGE_BYTES
 
+from . import metrics
 from .auth import ServerKeys
 from .control import SwitchRelay
 from .exporters import write_exports
@@ -81,8 +82,14 @@ def record(
         for signum, handler in previous.items():
             signal.signal(signum, handler)
     paths = write_exports(session, out_dir)
+    late = sum(state.late for state in session.ranks.values())
+    unresolved = sum(state.unresolved for state in session.ranks.values())
     log(f"ddpwatch record: stopped ({reason}); {session.messages} messages, "
-        f"{sum(session.rejected.values())} rejected; wrote {', '.join(p.name for p in paths.values())}")
+        f"{sum(session.rejected.values())} rejected, {late} late, {unresolved} unresolved step(s); "
+        f"wrote {', '.join(p.name for p in paths.values())}")
+    desync = metrics.DesyncRange.combine(session.segment_figures(seg, per_rank=False).desync for seg in session.segments)
+    if desync is not None:  # the run's one error: said where a headless user looks, not only in the files
+        log(f"ddpwatch record: ERROR: {desync.describe()}")
     return session
 
 

@@ -17,6 +17,7 @@ import csv
 import io
 import json
 from collections import defaultdict
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -304,3 +305,48 @@ def test_write_exports(session: Session, tmp_path: Path) -> None:
     assert paths["summary.md"].read_text() == exporters.summary_markdown(exporters.summary(session))
     exporters.write_exports(session, out)  # overwriting works and still leaves no temp files
     assert len(list(out.iterdir())) == 4
+
+
+# --- the headless recorder ---------------------------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+def test_the_recorder_says_a_desync_and_the_late_and_unresolved_counts_when_it_stops(tmp_path: Path) -> None:
+    import threading
+    import time
+
+    import zmq
+
+    from ddpwatch.recorder import StopRule, record
+    from instrumented_ddp.protocol import encode
+    from launch import free_port
+    from synthetic_session import session_messages
+
+    def skip_a_call(report: StepReport) -> StepReport:
+        if report.rank == 1 and report.step == 3:
+            return replace(report, spans=[s for s in report.spans if s.tag != "p3"])
+        return replace(report, unresolved=True) if report.rank == 0 and report.step == 8 else report
+
+    address = f"tcp://127.0.0.1:{free_port()}"
+    messages = session_messages(edit=skip_a_call)
+
+    def send() -> None:
+        context = zmq.Context()
+        sender = context.socket(zmq.DEALER)
+        sender.setsockopt(zmq.LINGER, 1000)
+        sender.connect(address)
+        time.sleep(0.5)  # the recorder binds first
+        for data in messages:
+            sender.send(data)
+        sender.close()
+        context.term()
+
+    lines: list[str] = []
+    thread = threading.Thread(target=send)
+    thread.start()
+    record(address, tmp_path, StopRule(idle_exit_s=10.0), log=lines.append)
+    thread.join()
+    assert "every rank said goodbye" in lines[-2] and "0 rejected, 0 late, 1 unresolved step(s)" in lines[-2]
+    assert lines[-1] == ("ddpwatch record: ERROR: DESYNC at step 3: the ranks issued different all-reduce counts "
+                         "(rank 0: 4, rank 1: 3)")
+    assert json.loads((tmp_path / "summary.json").read_text())["desync"]["first_step"] == 3

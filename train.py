@@ -41,7 +41,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=5e-4)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    parser.add_argument("--model", default="tiny", help="'tiny', or a Hugging Face name or local path")
+    parser.add_argument("--model", default="tiny", help="'tiny' (~2.4 M parameters), 'small' (SmolLM2-135M's shape, ~100 M), or a Hugging Face name or local path")
     parser.add_argument("--dataset", default="builtin", help="'builtin', 'yelp_review_full', or a local path")
     parser.add_argument("--max-length", type=int, default=64, help="tokens per example")
     parser.add_argument("--log-every", type=int, default=10)
@@ -90,9 +90,9 @@ def load_model_and_data(args: argparse.Namespace, context: DistributedContext):
     datasets.disable_progress_bars()
     reviews = data.load_reviews(args.dataset, seed=args.seed)
     torch.manual_seed(args.seed)
-    if args.model == "tiny":
+    if args.model in models.BUILT_IN_CONFIGS:
         tokenizer = data.build_tokenizer(reviews["train"]["text"])
-        model = models.build_tiny_model(len(tokenizer), data.NUM_LABELS, tokenizer.pad_token_id)
+        model = models.build_built_in_model(args.model, len(tokenizer), data.NUM_LABELS, tokenizer.pad_token_id)
     else:
         bundle = models.load_pretrained(args.model, data.NUM_LABELS)
         model, tokenizer = bundle.model, bundle.tokenizer

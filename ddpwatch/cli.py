@@ -45,6 +45,11 @@ def build_parser() -> argparse.ArgumentParser:
     switch.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the acknowledgement")
     switch.add_argument("--key", help="CURVE client keys (client.json) of a dashboard beyond loopback")
 
+    doctor = commands.add_parser("doctor", help="check ddpwatch's GPU figures on this machine against torch.profiler, NVML, overhead")
+    doctor.add_argument("--strategies", default="bucket,ddp", help="strategies of the profiled runs (comma-separated)")
+    doctor.add_argument("--overhead-steps", type=int, default=40, help="timed steps per mode in the overhead check")
+    doctor.add_argument("--keep", type=Path, help="keep each run's session and profiler traces here")
+
     summary = commands.add_parser("summary", help="print the comparison table of a recorded session")
     summary.add_argument("session", type=Path, help="a session directory (or its session file)")
     return parser
@@ -151,6 +156,22 @@ def run_summary(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_doctor(args: argparse.Namespace) -> int:
+    from .doctor import doctor
+    from instrumented_ddp.protocol import STRATEGY_NAMES
+
+    strategies = [name.strip() for name in args.strategies.split(",") if name.strip()]
+    if not strategies or any(name not in STRATEGY_NAMES for name in strategies):
+        raise ValueError(f"--strategies takes names from {', '.join(STRATEGY_NAMES)}, not {args.strategies!r}")
+    if args.overhead_steps < 4:
+        raise ValueError("--overhead-steps must be at least 4")
+    try:
+        return doctor(strategies, args.overhead_steps, args.keep)
+    except RuntimeError as error:  # the probe or a run failed outright
+        print(f"ddpwatch doctor: error: {error}", file=sys.stderr)
+        return 2
+
+
 def run_switch(args: argparse.Namespace) -> int:
     from .switch_client import request_switch
 
@@ -166,7 +187,7 @@ def run_switch(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"dashboard": run_dashboard, "record": run_record, "summary": run_summary, "switch": run_switch,
-            "replay": run_replay, "demo": run_demo}
+            "replay": run_replay, "demo": run_demo, "doctor": run_doctor}
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -435,7 +435,7 @@ class StepRow:
 
 @dataclass(frozen=True)
 class Check:
-    """One check of one rank. ``unit``: ``""`` (a count), ``"ms"`` or ``"%"``."""
+    """One check of one rank. ``unit``: ``""`` (a count), ``"ms"``, ``"%"`` or ``"x"`` (a ratio)."""
 
     name: str
     ddpwatch: float | None
@@ -681,17 +681,19 @@ def all_passed(comparisons: Iterable[RankComparison]) -> bool:
     return bool(comparisons) and all(c.passed for c in comparisons)
 
 
-def _value_text(value: float | None, unit: str) -> str:
+def value_text(value: float | None, unit: str) -> str:
     if value is None:
         return "-"
     if unit == "ms":
         return f"{value:.3f} ms"
     if unit == "%":
         return f"{value:.1f}"
+    if unit == "x":  # a ratio
+        return f"{value:.3f}"
     return f"{value:.0f}"
 
 
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]], right: set[int]) -> list[str]:
+def format_table(header: Sequence[str], rows: Sequence[Sequence[str]], right: set[int]) -> list[str]:
     """Fixed-width columns sized to their widest cell; the last column is left ragged."""
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
 
@@ -710,9 +712,9 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]], right: set[int]
 def render_checks(comparisons: RankComparison | Iterable[RankComparison]) -> str:
     """The checks of every rank as one plain-text table, then the verdict, then the notes."""
     comparisons = [comparisons] if isinstance(comparisons, RankComparison) else list(comparisons)
-    rows = [[str(c.rank), ch.name, _value_text(ch.ddpwatch, ch.unit), _value_text(ch.profiler, ch.unit), ch.tolerance,
+    rows = [[str(c.rank), ch.name, value_text(ch.ddpwatch, ch.unit), value_text(ch.profiler, ch.unit), ch.tolerance,
              "ok" if ch.passed else "FAIL", ch.detail] for c in comparisons for ch in c.checks]
-    lines = _table(["rank", "check", "ddpwatch", "profiler", "tolerance", "result", "detail"], rows, right={0, 2, 3})
+    lines = format_table(["rank", "check", "ddpwatch", "profiler", "tolerance", "result", "detail"], rows, right={0, 2, 3})
     missed = [f"rank {c.rank} {ch.name}" for c in comparisons for ch in c.checks if not ch.passed]
     total = sum(len(c.checks) for c in comparisons)
     if not comparisons:
@@ -738,4 +740,4 @@ def render_steps(comparison: RankComparison) -> str:
             for r in comparison.rows]
     header = ["step", "profiler", "offset ± µs", "K ms", "calls dd/prof", "outside", "worst dur %",
               "Compute% dd/prof", "Overlap% dd/prof", "syncs"]
-    return "\n".join([f"rank {comparison.rank}", *_table(header, rows, right=set(range(2, 10)))])
+    return "\n".join([f"rank {comparison.rank}", *format_table(header, rows, right=set(range(2, 10)))])

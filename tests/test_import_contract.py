@@ -17,13 +17,15 @@ def modules_loaded_by(statement: str) -> set[str]:
 
 
 def test_ddpwatch_never_imports_torch() -> None:
-    loaded = modules_loaded_by("import ddpwatch.cli, ddpwatch.dashboard.app, ddpwatch.recorder, ddpwatch.exporters, ddpwatch.switch_client")
+    loaded = modules_loaded_by("import ddpwatch.cli, ddpwatch.dashboard.app, ddpwatch.recorder, ddpwatch.exporters, "
+                               "ddpwatch.switch_client, ddpwatch.doctor, ddpwatch.profile_check")
     assert "torch" not in loaded
     assert not {m for m in loaded if m.startswith("instrumented_ddp.") and m != "instrumented_ddp.protocol"}
 
 
 def test_training_side_never_imports_the_ui() -> None:
-    loaded = modules_loaded_by("import instrumented_ddp.watch, instrumented_ddp.strategies, instrumented_ddp.data")
+    loaded = modules_loaded_by("import instrumented_ddp.watch, instrumented_ddp.strategies, instrumented_ddp.data, "
+                               "instrumented_ddp.gpu_probe")
     assert not {m for m in loaded if m.split(".")[0] in ("textual", "ddpwatch")}
 
 

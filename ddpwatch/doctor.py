@@ -1,0 +1,237 @@
+"""``ddpwatch doctor``: does ddpwatch tell the truth on this GPU machine? One command that says.
+
+Run from a clone (it runs ``train.py`` and ``bench/overhead.py``, as ``ddpwatch demo`` does):
+
+1. ``python -m instrumented_ddp.gpu_probe`` (torch lives there, never here): the GPUs torch
+   sees, NVML's readings of a GPU it keeps busy, read by the same reader a rank's sampler uses,
+   and the device synchronisations ``torch.cuda.set_sync_debug_mode`` counts in watched steps.
+   No CUDA: one line, exit 2, nothing checked.
+2. Profiled runs of ``train.py --model small`` on NCCL (two ranks where there are two GPUs, else
+   one), recorded by ``ddpwatch record`` while ``torch.profiler`` traces steps 4-8 of the same
+   run; ``profile_check`` holds ddpwatch's figures against the profiler's CUDA kernels:
+   collectives per step exactly, each collective's duration within 20 %, Compute% and
+   Overlap% within 5 points, no device sync in a step. With two ranks, once with NCCL's own
+   timing (``TORCH_NCCL_ENABLE_TIMING=1``) and once without (the queue replay), so both ways
+   ddpwatch finds a collective's start are checked. One rank checks no collective: NCCL runs
+   a one-rank all-reduce without a kernel, so the profiler has nothing to compare.
+3. ``bench/overhead.py --device cuda``: watched against unwatched step time, alternating, for
+   every strategy, at most 1.02.
+
+It prints one table and exits 1 on any miss. The checks are pure functions of what the runs
+produced, tested on the CPU with made-up probe answers, traces and bench output.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .profile_check import Check, RankComparison, format_table, value_text
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+OVERHEAD_GOAL = 1.02
+PROFILED_RUN_STEPS = 10  # train.py profiles steps 4-8
+#: A GPU kept busy by matrix products reads well above this; an idle or wrong GPU reads 0.
+BUSY_UTILIZATION_PCT = 50.0
+PLAUSIBLE_POWER_W = (1.0, 2000.0)
+
+
+@dataclass(frozen=True)
+class Section:
+    """A titled group of checks in the doctor's table (one probe, one rank of one run, ...)."""
+
+    title: str
+    checks: tuple[Check, ...]
+    notes: tuple[str, ...] = ()
+
+    @property
+    def passed(self) -> bool:
+        return all(check.passed for check in self.checks)
+
+
+# -- the checks: pure ------------------------------------------------------------------------------
+
+
+def nvml_checks(nvml: dict[str, Any]) -> tuple[Check, ...]:
+    """NVML's readings of a GPU the probe kept busy: there, on the right GPU, and plausible."""
+    if nvml.get("note"):
+        return (Check("NVML readings", None, None, "read", False, "", nvml["note"]),)
+    samples: list[dict[str, float]] = nvml.get("samples", [])
+    if not samples:
+        return (Check("NVML readings", 0, None, "read", False, "", "no sample came back"),)
+
+    def values(name: str) -> list[float]:
+        return [sample[name] for sample in samples if name in sample]
+
+    checks = []
+    utilization = values("gpu_util_pct")
+    busiest = max(utilization, default=None)
+    checks.append(Check("GPU utilization while busy", busiest, None, f"> {BUSY_UTILIZATION_PCT:g} %",
+                        busiest is not None and BUSY_UTILIZATION_PCT < busiest <= 100.0, "%",
+                        f"{len(utilization)} of {len(samples)} samples" + ("" if utilization else ": absent")
+                        + ("; an idle reading means NVML looks at another GPU" if busiest is not None and busiest <= BUSY_UTILIZATION_PCT else "")))
+    used, total = values("mem_used_bytes"), values("mem_total_bytes")
+    memory_ok = bool(used and total) and all(0 < u <= t for u, t in zip(used, total))
+    checks.append(Check("memory used / total", None, None, "0 < used <= total", memory_ok, "",
+                        f"{used[-1] / 2**30:.1f} / {total[-1] / 2**30:.1f} GiB" if used and total else "absent"))
+    power = values("power_w")
+    low, high = PLAUSIBLE_POWER_W
+    checks.append(Check("power", max(power, default=None), None, f"{low:g}-{high:g} W or not supported",
+                        all(low <= w <= high for w in power), "",
+                        "W" if power else "not supported on this GPU (absent, not zero)"))
+    links = {name: values(name) for name in ("pcie_tx_bytes_per_s", "pcie_rx_bytes_per_s",
+                                              "nvlink_tx_bytes_per_s", "nvlink_rx_bytes_per_s")}
+    read = [name for name, got in links.items() if got]
+    checks.append(Check("PCIe / NVLink throughput", None, None, ">= 0 where supported",
+                        all(v >= 0 for got in links.values() for v in got), "",
+                        ("read: " + ", ".join(read)) if read else "none supported (absent, not zero)"))
+    return tuple(checks)
+
+
+def sync_checks(sync: dict[str, Any]) -> tuple[Check, ...]:
+    """Device synchronisations torch's sync debug mode saw in watched steps: none allowed."""
+    count, steps = sync.get("syncs"), sync.get("steps", 0)
+    detail = f"over {steps} watched steps" + (": " + "; ".join(sync.get("examples", [])) if count else "")
+    return (Check("device syncs in watched steps", count, 0, "0", count == 0, "", detail),)
+
+
+_OVERHEAD_ROW = re.compile(r"^(?P<strategy>[a-z0-9]+)\s+(?P<watched>[\d.]+)\s+(?P<plain>[\d.]+)\s+(?P<ratio>[\d.]+)\s*$")
+
+
+def overhead_checks(bench_output: str, goal: float = OVERHEAD_GOAL) -> tuple[Check, ...]:
+    """One check per strategy row of ``bench/overhead.py``'s table."""
+    checks = []
+    for line in bench_output.splitlines():
+        if match := _OVERHEAD_ROW.match(line.strip()):
+            ratio = float(match["ratio"])
+            checks.append(Check(f"overhead {match['strategy']}", ratio, None, f"<= {goal:g}", ratio <= goal, "x",
+                                f"{match['watched']} ms watched, {match['plain']} ms not"))
+    return tuple(checks) or (Check("overhead", None, None, f"<= {goal:g}", False, "x", "bench/overhead.py printed no table"),)
+
+
+#: What a one-rank run cannot compare: NCCL runs a one-rank all-reduce without launching a kernel.
+COLLECTIVE_CHECKS = ("collectives per step", "collective duration", "Overlap%")
+
+
+def profile_sections(label: str, comparisons: Sequence[RankComparison], world_size: int) -> list[Section]:
+    """A profiled run's comparisons, one section per rank; a one-rank run keeps only the checks
+    that have something on the profiler's side."""
+    sections = []
+    for comparison in comparisons:
+        checks, notes = comparison.checks, list(comparison.notes)
+        if world_size == 1:
+            checks = tuple(c for c in checks if not c.name.startswith(COLLECTIVE_CHECKS))
+            notes.append("one rank: collective checks left out (NCCL launches no kernel for a one-rank all-reduce)")
+        sections.append(Section(f"{label}, rank {comparison.rank}", checks, tuple(notes)))
+    return sections
+
+
+def render(sections: Sequence[Section]) -> str:
+    """The doctor's table, its verdict line, then the notes."""
+    rows = [[section.title, check.name, value_text(check.ddpwatch, check.unit), value_text(check.profiler, check.unit),
+             check.tolerance, "ok" if check.passed else "FAIL", check.detail]
+            for section in sections for check in section.checks]
+    lines = format_table(["run", "check", "ddpwatch", "reference", "expected", "result", "detail"], rows, right={2, 3})
+    missed = [f"{s.title}: {c.name}" for s in sections for c in s.checks if not c.passed]
+    total = sum(len(s.checks) for s in sections)
+    lines.append(f"verdict: FAIL - {len(missed)} of {total} checks missed: " + "; ".join(missed) if missed
+                 else f"verdict: PASS - all {total} checks held")
+    lines.extend(f"{s.title}: {note}" for s in sections for note in s.notes)
+    return "\n".join(lines)
+
+
+def probe_summary(probe: dict[str, Any]) -> str:
+    names = ", ".join(f"cuda:{d['index']} {d['name']} ({d['memory_bytes'] / 2**30:.0f} GiB)" for d in probe.get("devices", []))
+    return f"torch {probe['torch']}, CUDA {probe.get('cuda')}, NCCL {probe.get('nccl')}; {names}"
+
+
+# -- running it ------------------------------------------------------------------------------------
+
+Runner = Callable[..., subprocess.CompletedProcess[str]]
+
+
+def run_probe(run: Runner = subprocess.run) -> dict[str, Any]:
+    result = run([sys.executable, "-m", "instrumented_ddp.gpu_probe"], capture_output=True, text=True, timeout=600)
+    if result.returncode != 0:
+        raise RuntimeError(f"the GPU probe failed: {(result.stderr.strip().splitlines() or ['no output'])[-1]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def profiled_run(workdir: Path, world_size: int, strategy: str, nccl_timing: bool, steps: int = PROFILED_RUN_STEPS
+                 ) -> list[RankComparison]:
+    """``train.py`` on NCCL, recorded and profiled at once; each rank's report against its trace."""
+    from .demo import free_loopback_address
+    from .profile_check import compare_rank, load_trace
+    from .recorder import load_session
+
+    out, profile = workdir / "session", workdir / "profile"
+    address = free_loopback_address()
+    recorder = subprocess.Popen([sys.executable, "-m", "ddpwatch.cli", "record", "--listen", address, "--out", str(out),
+                                 "--idle-exit", "30"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    env = dict(os.environ, TORCH_NCCL_ENABLE_TIMING="1" if nccl_timing else "0")
+    try:
+        training = subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world_size}",
+             str(REPO_ROOT / "train.py"), "--device", "cuda", "--model", "small", "--strategy", strategy,
+             "--steps", str(steps), "--batch-size", str(16 * world_size), "--max-length", "256", "--log-every", "1000",
+             "--profile", str(profile), "--watch", address], capture_output=True, text=True, env=env, timeout=900)
+        if training.returncode != 0:
+            raise RuntimeError(f"train.py failed: {(training.stderr.strip().splitlines() or ['no output'])[-1]}")
+        recorder.wait(120)
+    finally:
+        if recorder.poll() is None:
+            recorder.kill()
+            recorder.wait()
+    session = load_session(out / "session.ddpwatch")
+    comparisons = []
+    for rank in range(world_size):
+        (trace_file,) = sorted(profile.glob(f"rank{rank}.*.json*"))[-1:]
+        reports = [ranks[rank] for _, ranks in sorted(session.reports.items()) if rank in ranks]
+        comparisons.append(compare_rank(load_trace(trace_file), reports, rank=rank))
+    return comparisons
+
+
+def run_overhead(run: Runner = subprocess.run, steps: int = 40) -> str:
+    result = run([sys.executable, str(REPO_ROOT / "bench" / "overhead.py"), "--device", "cuda", "--nproc", "1",
+                  "--steps", str(steps)], capture_output=True, text=True, timeout=900)
+    return result.stdout
+
+
+def doctor(strategies: Sequence[str] = ("bucket", "ddp"), overhead_steps: int = 40, keep: Path | None = None) -> int:
+    """The whole check; the exit status: 0 all held, 1 a miss, 2 nothing could be checked."""
+    if not (REPO_ROOT / "train.py").is_file():
+        print(f"ddpwatch doctor: {REPO_ROOT / 'train.py'} not found: run it from a clone (pip install -e .)", file=sys.stderr)
+        return 2
+    probe = run_probe()
+    if not probe.get("cuda_available"):
+        print(f"ddpwatch doctor: no CUDA GPU on this machine (torch {probe['torch']}: torch.cuda.is_available() is False); "
+              "nothing to check")
+        return 2
+    print(f"ddpwatch doctor: {probe_summary(probe)}", flush=True)
+    sections = [Section("probe: NVML on cuda:0", nvml_checks(probe["nvml"])),
+                Section("probe: watched steps", sync_checks(probe["sync_check"]))]
+    world_size = min(2, len(probe["devices"]))
+    modes = (True, False) if world_size > 1 else (True,)
+    with tempfile.TemporaryDirectory(prefix="ddpwatch-doctor-") as scratch:
+        root = keep or Path(scratch)
+        for strategy in strategies:
+            for nccl_timing in modes:
+                label = f"{world_size} rank(s) {strategy}, NCCL timing {'on' if nccl_timing else 'off'}"
+                print(f"ddpwatch doctor: {label} ...", flush=True)
+                workdir = root / f"{strategy}-{world_size}-timing-{'on' if nccl_timing else 'off'}"
+                try:
+                    sections += profile_sections(label, profiled_run(workdir, world_size, strategy, nccl_timing), world_size)
+                except (RuntimeError, OSError, ValueError, subprocess.TimeoutExpired) as error:
+                    sections.append(Section(label, (Check("profiled run", None, None, "ran", False, "", str(error)),)))
+    print("ddpwatch doctor: overhead ...", flush=True)
+    sections.append(Section("overhead, 1 GPU", overhead_checks(run_overhead(steps=overhead_steps))))
+    print(render(sections))
+    return 0 if all(section.passed for section in sections) else 1

@@ -246,14 +246,19 @@ def cross_rank_waits(records_of_one_step: Mapping[int, StepRecordLike]) -> dict[
     calls fall back to their position among the untagged. Fewer than two ranks wait for
     nobody: all 0.0.
     """
-    durations: dict[int, dict[tuple[str, int], float]] = {}
-    for rank, rec in records_of_one_step.items():
-        seen: Counter[str] = Counter()
-        durations[rank] = {_collective_key(getattr(s, "tag", "") or "", seen): _length(s.start, s.end)
-                           for s in _all_reduces(rec)}
-    waits = {rank: 0.0 for rank in durations}
-    if len(durations) < 2:
+    calls = {rank: _all_reduces(rec) for rank, rec in records_of_one_step.items()}
+    waits = {rank: 0.0 for rank in calls}
+    if len(calls) < 2:
         return waits
+    tags = {rank: [getattr(s, "tag", "") or "" for s in spans] for rank, spans in calls.items()}
+    first = next(iter(tags.values()))
+    if all(t == first for t in tags.values()):  # the usual step: the same calls everywhere, in the same order
+        durations = {rank: dict(enumerate(_length(s.start, s.end) for s in spans)) for rank, spans in calls.items()}
+    else:
+        durations = {}
+        for rank, spans in calls.items():
+            seen: Counter[str] = Counter()
+            durations[rank] = {_collective_key(tag, seen): _length(s.start, s.end) for tag, s in zip(tags[rank], spans)}
     common = set.intersection(*(set(d) for d in durations.values()))
     for key in sorted(common):
         transfer = min(d[key] for d in durations.values())

@@ -154,7 +154,7 @@ class SnapshotBuilder:
     _timeline: TimelineData | None = None
     _desync: metrics.Desync | None = None
     _devices: dict[int, tuple[float, DeviceSeries]] = field(default_factory=dict)  # rank -> (newest sample, series)
-    _rate: tuple[tuple[StepSummary, ...], tuple[float, float | None]] = ((), (0.0, None))  # (made from, result)
+    _rate: tuple[float, tuple[StepSummary, ...], tuple[float, float | None]] = (0.0, (), (0.0, None))  # (made at, from, result)
 
     def waits_of(self, step: int | None) -> dict[int, float]:
         """Cross-rank waits of a step's counted reports, computed once per set of reports (the
@@ -192,14 +192,15 @@ class SnapshotBuilder:
         step = selected_step if selected_step in session.reports else latest
         reports = session.reports.get(step, {}) if step is not None else {}
         waits = self.waits_of(step)
+        figures = session.step_figures(step) if step is not None else {}
         if (step, len(reports)) != self._shown_step:
             self._shown_step = (step, len(reports))
-            self._timeline = timeline_of(step, reports) if step is not None and reports else None
+            self._timeline = timeline_of(step, reports, {r: f.times for r, f in figures.items()}) \
+                if step is not None and reports else None
             self._desync = metrics.find_desync(session.counted_reports(step)) if reports else None  # type: ignore[arg-type]
-        figures = session.step_figures(step) if step is not None else {}
         trend = self.summaries(sorted(session.reports)[-TREND_POINTS:])
         return Snapshot(
-            header=self._header(step, selected_step is None or selected_step == latest, trend),
+            header=self._header(step, selected_step is None or selected_step == latest, trend, now),
             timeline=self._timeline,
             ranks=tuple(self._rank_row(rank, figures.get(rank), waits.get(rank), now) for rank in sorted(session.ranks)),
             devices=tuple(self._device_series(rank) for rank in sorted(session.ranks)),
@@ -211,27 +212,29 @@ class SnapshotBuilder:
         )
 
     # -- parts -------------------------------------------------------------------------------------
-    def _header(self, step: int | None, following: bool, trend: list[StepSummary]) -> HeaderData:
+    def _header(self, step: int | None, following: bool, trend: list[StepSummary], now: float) -> HeaderData:
         session = self.session
         hello = next((s.hello for _, s in sorted(session.ranks.items()) if s.hello), None)
         current = session.segments[-1] if session.segments else None
         strategy = current.strategy if current else (hello.strategy if hello else "—")
         settings = current.label.removeprefix(strategy).strip(" ()") if current else ""
-        rate, step_s = self._recent_rate(trend)
+        rate, step_s = self._recent_rate(trend, now)
         total = hello.total_steps if hello else 0
         done = max((s.last_step for s in session.ranks.values()), default=0)
         eta = (total - done) * step_s if step_s and total else None
         return HeaderData(session.session_id or "waiting for a run…", session.world_size, strategy, settings,
                           step or 0, total, eta, rate, following)
 
-    def _recent_rate(self, trend: list[StepSummary], window: int = RATE_STEPS) -> tuple[float, float | None]:
+    def _recent_rate(self, trend: list[StepSummary], now: float, window: int = RATE_STEPS) -> tuple[float, float | None]:
         """Global samples/s and seconds per step over the last ``window`` complete steps: the
         samples over the wall time from the first one's start to the last one's end, ranks on one
         clock (``metrics.ClockAlignment``, as the segments' samples/s), so the time between steps
-        counts. Remade only when those steps changed."""
+        counts. Aligning 20 steps of 64 ranks takes ~3 ms, so it is remade when those steps
+        changed, at most once a second (like the running segment's figures)."""
         complete = tuple(s for s in trend[-window:] if s.ranks >= self.session.world_size)
-        made_from, result = self._rate
-        if len(made_from) == len(complete) and all(a is b for a, b in zip(made_from, complete)):
+        made_at, made_from, result = self._rate
+        same = len(made_from) == len(complete) and all(a is b for a, b in zip(made_from, complete))
+        if same or (result[1] is not None and now - made_at < SEGMENT_REFRESH_S):
             return result
         result = (0.0, None)
         if len(complete) >= 2:
@@ -241,7 +244,7 @@ class SnapshotBuilder:
             wall = clocks.wall_s()
             if wall > 0:
                 result = (sum(s.samples for s in complete) / wall, wall / len(complete))
-        self._rate = (complete, result)
+        self._rate = (now, complete, result)
         return result
 
     def _rank_row(self, rank: int, figures: metrics.StepFigures | None, waited_s: float | None, now: float) -> RankRow:
@@ -360,12 +363,15 @@ class SnapshotBuilder:
         return metrics.find_straggler(complete)
 
 
-def timeline_of(step: int, reports: dict[int, StepReport]) -> TimelineData:
+def timeline_of(step: int, reports: dict[int, StepReport],
+                times: dict[int, metrics.StepTimes] | None = None) -> TimelineData:
     """All ranks of one step on one axis, put on the lowest rank's clock by
     ``metrics.ClockAlignment`` over this one step: aligned at the end of each rank's last
-    all-reduce (every rank leaves it together), ranks without one at their step start."""
+    all-reduce (every rank leaves it together), ranks without one at their step start.
+    ``times``: ranks' step times already known (from their step figures); the rest are read."""
+    known = times or {}
     clocks = metrics.ClockAlignment(reference=min(reports))
-    clocks.add_step({rank: metrics.step_times(report) for rank, report in reports.items()})
+    clocks.add_step({rank: known[rank] if rank in known else metrics.step_times(report) for rank, report in reports.items()})
     offsets = clocks.offsets()
     shift = {rank: offsets.get(rank, 0.0) for rank in reports}
     origin = min(r.start + shift[rank] for rank, r in reports.items())

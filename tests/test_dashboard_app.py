@@ -4,19 +4,24 @@ from __future__ import annotations
 
 import socket
 import time
+from dataclasses import replace
 
 import pytest
 import zmq
 
+from ddpwatch import exporters
 from ddpwatch.dashboard.app import DashboardApp
 from ddpwatch.dashboard.feeds import LiveFeed, StaticFeed
 from ddpwatch.dashboard.screens.help_screen import HelpScreen
+from ddpwatch.dashboard.snapshot import Snapshot, SnapshotBuilder
 from ddpwatch.dashboard.widgets.ranks_table import RanksTable
 from ddpwatch.dashboard.widgets.segments_table import SegmentsTable
 from ddpwatch.dashboard.widgets.timeline_view import TimelineView
-from instrumented_ddp.protocol import Ack, SwitchCommand, decode, encode
+from ddpwatch.receiver import ingest
+from ddpwatch.session import Session
+from instrumented_ddp.protocol import Ack, Heartbeat, StepReport, SwitchCommand, decode, encode
 from instrumented_ddp.telemetry import routing_id
-from synthetic_session import hello, session_messages
+from synthetic_session import hello, session_messages, step_report
 
 
 def free_address() -> str:
@@ -204,19 +209,10 @@ async def test_the_segments_table_widens_a_column_when_a_running_segment_grows()
 
 # --- what stays on screen: desync, straggler, unresolved and late reports, device notes ---------------
 
-from dataclasses import replace as _replace  # noqa: E402
 
-from ddpwatch import exporters  # noqa: E402
-from ddpwatch.dashboard.snapshot import Snapshot, SnapshotBuilder  # noqa: E402
-from ddpwatch.receiver import ingest as _ingest  # noqa: E402
-from ddpwatch.session import Session as _Session  # noqa: E402
-from instrumented_ddp.protocol import Heartbeat, StepReport  # noqa: E402
-from synthetic_session import step_report  # noqa: E402
-
-
-def snapshot_of(messages: list[bytes], keep_steps: int | None = 120) -> tuple[_Session, Snapshot]:
-    session = _Session(keep_steps)
-    _ingest(session, messages)
+def snapshot_of(messages: list[bytes], keep_steps: int | None = 120) -> tuple[Session, Snapshot]:
+    session = Session(keep_steps)
+    ingest(session, messages)
     return session, SnapshotBuilder(session).build()
 
 
@@ -228,14 +224,14 @@ def straggling(ms: float):  # noqa: ANN201
         spans = list(report.spans)
         i = next(i for i, s in enumerate(spans) if s.kind == "all_reduce")
         spans[i] = spans[i]._replace(start=spans[i].start - ms / 1000)
-        return _replace(report, spans=spans)
+        return replace(report, spans=spans)
     return edit
 
 
 def test_a_desync_stays_in_the_warnings_with_its_step_range_after_it_left_the_screen() -> None:
     def skip_a_call(report: StepReport) -> StepReport:
         if report.rank == 1 and report.step in (3, 4):
-            return _replace(report, spans=[s for s in report.spans if s.tag != "p3"])
+            return replace(report, spans=[s for s in report.spans if s.tag != "p3"])
         return report
 
     session, snapshot = snapshot_of(session_messages(edit=skip_a_call), keep_steps=3)
@@ -259,7 +255,7 @@ def test_the_dashboard_and_the_export_name_the_same_straggler_by_one_rule() -> N
 def test_unresolved_steps_are_counted_per_rank_in_the_warnings_and_make_no_desync() -> None:
     def unresolved(report: StepReport) -> StepReport:
         if report.rank == 1 and report.step in (2, 3, 9):
-            return _replace(report, unresolved=True, spans=[s for s in report.spans if s.tag not in ("p3", "b1")])
+            return replace(report, unresolved=True, spans=[s for s in report.spans if s.tag not in ("p3", "b1")])
         return report
 
     session, snapshot = snapshot_of(session_messages(edit=unresolved))

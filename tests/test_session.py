@@ -1,13 +1,15 @@
-"""How the session stores what it keeps: spans packed so the cycle collector never scans them."""
+"""How the session stores what it keeps (spans packed so the cycle collector never scans them) and
+how it tells late, repeated, backwards and unresolved step reports apart."""
 
 from __future__ import annotations
 
 import gc
+from dataclasses import replace
 
 from ddpwatch.receiver import ingest
 from ddpwatch.session import PackedSpans, Session
-from instrumented_ddp.protocol import Span
-from synthetic_session import session_messages
+from instrumented_ddp.protocol import Envelope, Heartbeat, Span
+from synthetic_session import hello, session_messages, step_report
 
 
 def test_packed_spans_read_back_as_the_spans_that_came_in() -> None:
@@ -41,11 +43,6 @@ def test_figures_of_a_packed_report_equal_those_of_the_report_as_sent() -> None:
 
 
 # --- late, repeated and unresolved reports ------------------------------------------------------
-
-from dataclasses import replace  # noqa: E402
-
-from instrumented_ddp.protocol import Envelope, Heartbeat  # noqa: E402
-from synthetic_session import hello, step_report  # noqa: E402
 
 
 class Feeder:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import time
 from contextlib import nullcontext
@@ -171,8 +172,15 @@ def start_profiler(directory: str, context: DistributedContext) -> torch.profile
     return profiler
 
 
+def stop_on_sigterm(signum: int, _frame: object) -> None:
+    """torchrun stops the ranks left when one fails with SIGTERM: end through the normal
+    exception path, so the watch can send what it holds (see ``Watch.sends_failure``)."""
+    raise SystemExit(f"stopped by {signal.Signals(signum).name}")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    signal.signal(signal.SIGTERM, stop_on_sigterm)
     context = init_distributed(args.device)
     say = print if context.is_main else (lambda *a, **k: None)
     try:
@@ -199,40 +207,41 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     started = last_log = time.perf_counter()
-    for step in range(1, args.steps + 1):
-        command = watch.agree_on_command()  # a switch asked for from ddpwatch, the same on every rank
-        if command is not None:
-            model, detail = switch_strategy(model, command, args, context, watch)
-            say(f"step {step}: {detail}")
-        timeline.begin_step(step, model.name, {**model.settings, "grad_accum": args.grad_accum})
-        with timeline.phase("data"):
-            rank_batch = next(batches)
-            samples, tokens = len(rank_batch["labels"]), int(rank_batch["attention_mask"].sum())
-            rank_batch = {k: v.to(context.device, non_blocking=True) for k, v in rank_batch.items()}
-        for micro in range(args.grad_accum):
-            batch = {k: v.chunk(args.grad_accum)[micro] for k, v in rank_batch.items()}
-            skip_sync = micro < args.grad_accum - 1 and not model.syncs_every_micro_step
-            with model.no_sync() if skip_sync else nullcontext():
-                loss = model(**batch).loss / args.grad_accum  # forward: timed by the wrapper
-                with timeline.phase("backward"):
-                    loss.backward()
-                model.finish_gradient_sync()
-        with timeline.phase("optimizer"):
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=False)  # keeps bucket gradient views in place
-        timeline.end_step(samples, tokens, loss.detach() * args.grad_accum, excluded=model.excluded_from_statistics)
-        watch.step_done()
-        if profiler is not None:
-            profiler.step()
+    with watch.sends_failure():  # a dead peer, torchrun's SIGTERM: what was queued still goes out
+        for step in range(1, args.steps + 1):
+            command = watch.agree_on_command()  # a switch asked for from ddpwatch, the same on every rank
+            if command is not None:
+                model, detail = switch_strategy(model, command, args, context, watch)
+                say(f"step {step}: {detail}")
+            timeline.begin_step(step, model.name, {**model.settings, "grad_accum": args.grad_accum})
+            with timeline.phase("data"):
+                rank_batch = next(batches)
+                samples, tokens = len(rank_batch["labels"]), int(rank_batch["attention_mask"].sum())
+                rank_batch = {k: v.to(context.device, non_blocking=True) for k, v in rank_batch.items()}
+            for micro in range(args.grad_accum):
+                batch = {k: v.chunk(args.grad_accum)[micro] for k, v in rank_batch.items()}
+                skip_sync = micro < args.grad_accum - 1 and not model.syncs_every_micro_step
+                with model.no_sync() if skip_sync else nullcontext():
+                    loss = model(**batch).loss / args.grad_accum  # forward: timed by the wrapper
+                    with timeline.phase("backward"):
+                        loss.backward()
+                    model.finish_gradient_sync()
+            with timeline.phase("optimizer"):
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=False)  # keeps bucket gradient views in place
+            timeline.end_step(samples, tokens, loss.detach() * args.grad_accum, excluded=model.excluded_from_statistics)
+            watch.step_done()
+            if profiler is not None:
+                profiler.step()
 
-        if context.is_main and (step % args.log_every == 0 or step == args.steps):
-            now = time.perf_counter()
-            rate = args.log_every * args.batch_size / (now - last_log) if step % args.log_every == 0 else 0.0
-            eta = (now - started) / step * (args.steps - step)
-            dropped = f" | telemetry dropped {watch.dropped}" if watch.dropped else ""
-            say(f"step {step}/{args.steps} | {loss_text(watch, loss, args.grad_accum)} | "
-                f"{rate:.1f} samples/s | ETA {eta:.0f}s{dropped}")
-            last_log = now
+            if context.is_main and (step % args.log_every == 0 or step == args.steps):
+                now = time.perf_counter()
+                rate = args.log_every * args.batch_size / (now - last_log) if step % args.log_every == 0 else 0.0
+                eta = (now - started) / step * (args.steps - step)
+                dropped = f" | telemetry dropped {watch.dropped}" if watch.dropped else ""
+                say(f"step {step}/{args.steps} | {loss_text(watch, loss, args.grad_accum)} | "
+                    f"{rate:.1f} samples/s | ETA {eta:.0f}s{dropped}")
+                last_log = now
     if profiler is not None:
         profiler.stop()
     watch.close()

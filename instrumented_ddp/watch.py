@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 import socket
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
@@ -139,15 +141,31 @@ class Watch:
                 self.latest_loss = (report.step, report.loss)
         return reports
 
-    def close(self, reason: str = "finished") -> None:
+    def close(self, reason: str = "finished", wait_for_pending_s: float = 1.0) -> None:
+        """Send the steps that resolve within ``wait_for_pending_s`` (the last step's completion
+        callbacks may still be due), then goodbye; the sender gets a second to drain."""
         if self.sampler is not None:
             self.sampler.stop()
         if self.publisher is not None:
-            deadline = time.monotonic() + 1.0  # the last step's completion callbacks may still be due
+            deadline = time.monotonic() + wait_for_pending_s
+            self._publish_completed()
             while self.timeline.has_pending() and time.monotonic() < deadline:
-                self._publish_completed()
                 time.sleep(0.005)
+                self._publish_completed()
             self.publisher.close(self.steps, reason)
+
+    @contextmanager
+    def sends_failure(self) -> Iterator[None]:
+        """Training that fails inside the block (a dead peer fails a collective at once; torchrun
+        then stops the other ranks) still sends what has resolved and a goodbye naming the
+        failure: reports queued for the sender thread would otherwise die with the process, and
+        the dashboard could not tell a rank that failed from one that vanished."""
+        try:
+            yield
+        except BaseException as error:
+            text = str(error).strip().splitlines()
+            self.close(f"failed: {type(error).__name__}" + (f": {text[0][:200]}" if text else ""), wait_for_pending_s=0.0)
+            raise
 
     @property
     def dropped(self) -> int:

@@ -70,12 +70,15 @@ def test_a_killed_rank_is_marked_lost_within_three_seconds_and_the_session_keeps
         seen_lost_after = time.monotonic() - killed_at
         run.training.wait(120)  # torchrun tears the rest of the group down; it must not hang
     assert seen_lost_after <= 3.0
-    print(f"rank 1 marked lost {seen_lost_after:.2f} s after kill -9")
+    assert session.ranks[0].goodbye is not None
+    print(f"rank 1 marked lost {seen_lost_after:.2f} s after kill -9; rank 0 said goodbye: {session.ranks[0].goodbye.reason!r}")
     recorded = list(read_session_file(tmp_path / "session.ddpwatch"))
     assert len(recorded) == run.accepted + sum(session.rejected.values())  # every message that arrived is on disk
     paths = write_exports(session, tmp_path)
     assert all(path.stat().st_size > 0 for path in paths.values())
     assert all(0 in ranks for step, ranks in session.reports.items())  # rank 0 kept reporting until the end
+    # ... and, its next collective failing on the dead peer, said so before torchrun stopped it
+    assert session.ranks[0].goodbye is not None and session.ranks[0].goodbye.reason.startswith("failed: "), session.ranks[0].goodbye
 
 
 @pytest.mark.timeout(300)

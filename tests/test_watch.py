@@ -4,6 +4,7 @@ timing is read from the environment as PyTorch reads it, the loss printed comes 
 from __future__ import annotations
 
 import queue
+import time
 from types import SimpleNamespace
 from typing import Any
 
@@ -86,3 +87,27 @@ def test_latest_loss_comes_from_the_newest_report_that_has_one() -> None:
     assert watch.latest_loss == (2, 1.5)
     watch.step_done()
     assert watch.latest_loss == (2, 1.5)
+
+
+def test_a_failure_inside_training_sends_what_resolved_and_a_goodbye_naming_it() -> None:
+    """A dead peer fails the next collective at once; the reports already queued must still go."""
+    sent: list[Any] = []
+    closed: list[tuple[int, str]] = []
+    report = StepReport(0, 7, "async", {}, 0.0, 1.0, [], 1, 1)
+    pending = [[report]]
+    timeline = SimpleNamespace(completed_reports=lambda: pending.pop(0) if pending else [], has_pending=lambda: True)
+    publisher = SimpleNamespace(publish=sent.append, close=lambda steps, reason: closed.append((steps, reason)))
+    watch = Watch(timeline, publisher)
+    watch.steps = 6
+    started = time.monotonic()
+    with pytest.raises(RuntimeError), watch.sends_failure():
+        raise RuntimeError("[../third_party/gloo/transport/tcp/pair.cc:534] Connection closed by peer\nmore detail")
+    assert time.monotonic() - started < 0.5  # a step that can no longer resolve is not waited for
+    assert sent == [report]
+    assert closed == [(6, "failed: RuntimeError: [../third_party/gloo/transport/tcp/pair.cc:534] Connection closed by peer")]
+
+
+def test_nothing_is_sent_when_training_inside_ends_normally() -> None:
+    watch = Watch(SimpleNamespace(completed_reports=list), SimpleNamespace(close=lambda *a: pytest.fail("closed")))
+    with watch.sends_failure():
+        pass

@@ -290,3 +290,14 @@ async def test_a_device_note_is_shown_per_rank_as_sent_even_with_brackets_in_it(
         assert app.snapshot.notes == (f"rank 0 (cuda:0): {note}", "rank 1 (cuda:1): [/] [b]odd")
         shown = str(app.warnings_panel.render())
         assert f"rank 0 (cuda:0): {note}" in shown and "rank 1 (cuda:1): [/] [b]odd" in shown
+
+
+def test_the_dashboard_dates_a_message_by_its_arrival_not_by_the_frame_that_folds_it() -> None:
+    """A rank is lost after 2.5 s of silence: a slow frame must not make it look alive longer."""
+    feed = StaticFeed(session_messages(steps=2))
+    app = DashboardApp(feed, export_on_exit=False)
+    feed._run()  # the feed's thread receives everything now
+    arrived_by = time.monotonic()
+    time.sleep(0.3)  # ... and the next frame folds it in late
+    app.ingest_arrived()
+    assert app.session.ranks and max(state.last_seen for state in app.session.ranks.values()) <= arrived_by

@@ -75,7 +75,7 @@ def test_dashboard_started_late_and_restarted_picks_the_run_up(tmp_path: Path) -
                 {e.message.rank for e in got if isinstance(e.message, Hello)} == {0, 1}
                 and sum(isinstance(e.message, StepReport) for e in got) >= 4
             ):
-                got += [item for item in feed.drain() if isinstance(item, Envelope)]
+                got += [item for _, item in feed.drain() if isinstance(item, Envelope)]
                 time.sleep(0.1)
             feed.stop()  # the dashboard goes away while training continues
             assert {e.message.rank for e in got if isinstance(e.message, Hello)} == {0, 1}, attempt

@@ -120,9 +120,9 @@ class DashboardApp(App[None]):
 
     # -- the frame ---------------------------------------------------------------------------------
     def ingest_arrived(self) -> None:
-        for item in self.feed.drain():
+        for arrived_at, item in self.feed.drain():
             if isinstance(item, Envelope):
-                if self.session.ingest(item) is None and isinstance(item.message, Ack):
+                if self.session.ingest(item, arrived_at) is None and isinstance(item.message, Ack):
                     self._acknowledged(item.message)
             else:
                 self.session.reject(item.category)

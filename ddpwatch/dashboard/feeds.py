@@ -11,6 +11,7 @@ import threading
 import time
 from collections import deque
 from pathlib import Path
+from typing import NamedTuple
 
 from instrumented_ddp.protocol import DEFAULT_MAX_MESSAGE_BYTES, Envelope, ProtocolError, SwitchCommand
 
@@ -22,13 +23,22 @@ from ..session_file import SessionWriter, read_session_file
 Item = Envelope | ProtocolError
 
 
+class Arrival(NamedTuple):
+    """An item and when it arrived (``time.monotonic()`` on the feed's thread). A rank is lost
+    after a silence measured from arrivals, not from when the UI got round to folding them in
+    (a frame late, or a long garbage collection later)."""
+
+    at: float
+    item: Item
+
+
 class Feed:
     """Queues decoded envelopes (or the errors of rejected messages) for the app to drain."""
 
     can_switch = False
 
     def __init__(self) -> None:
-        self._items: deque[Item] = deque()
+        self._items: deque[Arrival] = deque()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.description = ""
@@ -42,11 +52,14 @@ class Feed:
         if self._thread is not None:
             self._thread.join(2.0)
 
-    def drain(self) -> list[Item]:
+    def drain(self) -> list[Arrival]:
         items = []
         while self._items:
             items.append(self._items.popleft())
         return items
+
+    def _arrived(self, item: Item) -> None:
+        self._items.append(Arrival(time.monotonic(), item))
 
     def request_switch(self, command: SwitchCommand) -> None:
         raise RuntimeError("this feed cannot switch strategies")
@@ -83,9 +96,9 @@ class LiveFeed(Feed):
                         self.relay.note(peer, item)
                         if isinstance(item.message, SwitchCommand):
                             continue  # a request from `ddpwatch switch`: relayed, not shown
-                    self._items.append(item)
+                    self._arrived(item)
                 for _ in range(self.receiver.take_refused_handshakes()):
-                    self._items.append(ProtocolError("unauthenticated", "a peer without the CURVE key was refused"))
+                    self._arrived(ProtocolError("unauthenticated", "a peer without the CURVE key was refused"))
                 while not self._outbox.empty():
                     self.relay.request(self._outbox.get_nowait())
                 self.relay.tick()
@@ -116,7 +129,7 @@ class ReplayFeed(Feed):
                     time.sleep(min(delay, 0.05))
                     delay -= 0.05
             previous = received_at
-            self._items.append(log_and_decode(data))
+            self._arrived(log_and_decode(data))
         self.finished = True
 
 
@@ -130,4 +143,4 @@ class StaticFeed(Feed):
 
     def _run(self) -> None:
         for data in self._messages:
-            self._items.append(log_and_decode(data))
+            self._arrived(log_and_decode(data))

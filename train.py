@@ -91,7 +91,7 @@ def load_model_and_data(args: argparse.Namespace, context: DistributedContext):
     datasets.disable_progress_bars()
     reviews = data.load_reviews(args.dataset, seed=args.seed)
     torch.manual_seed(args.seed)
-    if args.model in models.BUILT_IN_CONFIGS:
+    if args.model in models.BUILT_IN_SHAPES:
         tokenizer = data.build_tokenizer(reviews["train"]["text"])
         model = models.build_built_in_model(args.model, len(tokenizer), data.NUM_LABELS, tokenizer.pad_token_id)
     else:

@@ -23,16 +23,23 @@ class ModelUnavailableError(RuntimeError):
     """A checkpoint that is neither on disk nor downloadable; the message is one line."""
 
 
-def tiny_smollm2_config(vocab_size: int, num_labels: int, pad_token_id: int = 0) -> LlamaConfig:
-    """SmolLM2-360M's shape (GQA, SiLU, RMSNorm, RoPE θ=1e5) shrunk to ~3 M parameters."""
+#: SmolLM2's architecture (Llama with GQA, SiLU, RMSNorm, RoPE θ=1e5) at the sizes built in.
+#: ``tiny``: SmolLM2-360M's shape shrunk to ~3 M parameters, so a CPU trains it at once.
+#: ``small``: SmolLM2-135M's own shape (30 layers, hidden 576, 9 query and 3 key/value heads),
+#: ~110 M parameters with the built-in vocabulary: big enough to keep a GPU busy, so kernel
+#: time, not Python launching kernels, sets the step (what ``ddpwatch doctor`` needs).
+BUILT_IN_SHAPES: dict[str, dict[str, int]] = {
+    "tiny": {"hidden_size": 192, "intermediate_size": 512, "num_hidden_layers": 6, "num_attention_heads": 3,
+             "num_key_value_heads": 1, "max_position_embeddings": 256},
+    "small": {"hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 9,
+              "num_key_value_heads": 3, "max_position_embeddings": 2048},
+}
+
+
+def smollm2_config(size: str, vocab_size: int, num_labels: int, pad_token_id: int = 0) -> LlamaConfig:
     return LlamaConfig(
         vocab_size=vocab_size,
-        hidden_size=192,
-        intermediate_size=512,
-        num_hidden_layers=6,
-        num_attention_heads=3,
-        num_key_value_heads=1,
-        max_position_embeddings=256,
+        **BUILT_IN_SHAPES[size],
         rms_norm_eps=1e-5,
         rope_theta=100000.0,
         hidden_act="silu",
@@ -40,39 +47,15 @@ def tiny_smollm2_config(vocab_size: int, num_labels: int, pad_token_id: int = 0)
         num_labels=num_labels,
         pad_token_id=pad_token_id,
     )
-
-
-def small_smollm2_config(vocab_size: int, num_labels: int, pad_token_id: int = 0) -> LlamaConfig:
-    """SmolLM2-135M's own shape (30 layers, hidden 576, 9 query and 3 key/value heads): ~100 M
-    parameters with the built-in vocabulary. Big enough to keep a GPU busy, so kernel time, not
-    Python launching kernels, sets the step: what ``ddpwatch doctor`` needs to compare figures."""
-    return LlamaConfig(
-        vocab_size=vocab_size,
-        hidden_size=576,
-        intermediate_size=1536,
-        num_hidden_layers=30,
-        num_attention_heads=9,
-        num_key_value_heads=3,
-        max_position_embeddings=2048,
-        rms_norm_eps=1e-5,
-        rope_theta=100000.0,
-        hidden_act="silu",
-        tie_word_embeddings=True,
-        num_labels=num_labels,
-        pad_token_id=pad_token_id,
-    )
-
-
-BUILT_IN_CONFIGS = {"tiny": tiny_smollm2_config, "small": small_smollm2_config}
 
 
 def build_tiny_model(vocab_size: int, num_labels: int, pad_token_id: int = 0) -> nn.Module:
     return build_built_in_model("tiny", vocab_size, num_labels, pad_token_id)
 
 
-def build_built_in_model(name: str, vocab_size: int, num_labels: int, pad_token_id: int = 0) -> nn.Module:
+def build_built_in_model(size: str, vocab_size: int, num_labels: int, pad_token_id: int = 0) -> nn.Module:
     """``tiny`` or ``small``, built from its config: nothing to download."""
-    return LlamaForSequenceClassification(BUILT_IN_CONFIGS[name](vocab_size, num_labels, pad_token_id))
+    return LlamaForSequenceClassification(smollm2_config(size, vocab_size, num_labels, pad_token_id))
 
 
 @dataclass

@@ -14,6 +14,7 @@ import pytest
 import zmq
 
 from ddpwatch.auth import ensure_keys
+from ddpwatch.recorder import load_session
 from ddpwatch.receiver import TelemetryReceiver
 from ddpwatch.switch_client import request_switch
 from instrumented_ddp.protocol import Hello, encode, load_client_keys
@@ -60,8 +61,17 @@ def test_rogue_sender_and_controller_are_rejected_while_the_real_run_goes_on(tmp
             rogue.send(encode(Hello(0, 2, "spoofed", "evil", 1, "cpu", "gloo", "simple", {}, 1)), zmq.NOBLOCK)
             with pytest.raises(TimeoutError):
                 request_switch(recorder.address, "ddp", None, None, timeout_s=4, keys=load_client_keys(str(rogue_client_file)))
-            time.sleep(3)  # let the real run get going before the real switch
-            ack = request_switch(recorder.address, "bucket", 1.0, None, timeout_s=60, keys=load_client_keys(str(client_file)))
+            # The real switch once the run steps on `simple` (a switch sent earlier waits for rank 0
+            # and lands on step 1, leaving no `simple` segment), read from the recorder's own file.
+            session_file, deadline = tmp_path / "session" / "session.ddpwatch", time.monotonic() + 120
+            while not (session_file.exists() and load_session(session_file).reports):
+                assert time.monotonic() < deadline and training.poll() is None, "the run never reported a step"
+                time.sleep(0.2)
+            try:
+                ack = request_switch(recorder.address, "bucket", 1.0, None, timeout_s=60, keys=load_client_keys(str(client_file)))
+            except TimeoutError:
+                training.kill()
+                pytest.fail(f"no acknowledgement; training said:\n{training.communicate()[0].decode()[-3000:]}")
             assert ack.applied
             output, _ = training.communicate(timeout=240)
             assert training.returncode == 0, output.decode()[-3000:]

@@ -51,7 +51,7 @@ def measure(args: argparse.Namespace) -> None:
         "strategy": "bench", "settings": {}, "model_parameters": 0}), "plain": Watch.disabled()}
     watched = watches["watched"]
     rows = []
-    for strategy in instrumented_ddp.STRATEGY_NAMES:
+    for strategy in args.strategies.split(","):
         times: dict[str, list[float]] = {"watched": [], "plain": []}
         models = {mode: instrumented_ddp.wrap(copy.deepcopy(model), strategy, bucket_mb=1.0, timeline=watches[mode].timeline)
                   for mode in watches}
@@ -99,6 +99,7 @@ def main() -> None:
     parser.add_argument("--nproc", type=int, default=2)
     parser.add_argument("--port", type=int, default=5599, help="where no dashboard listens")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--strategies", default="simple,ga,hook,async,bucket,ddp", help="comma-separated")
     parser.add_argument("--block", type=int, default=5, help="steps per alternating block on a GPU")
     args = parser.parse_args()
     if "RANK" in os.environ:

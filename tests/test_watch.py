@@ -17,19 +17,21 @@ from instrumented_ddp.watch import Watch, control_group, nccl_timing_enabled
 
 
 class RecordingDist:
-    """Stands in for ``torch.distributed`` inside ``watch``: records what each collective got."""
+    """Stands in for ``torch.distributed`` inside ``watch``: records what each collective got.
+    Rank 0's flag, as every rank receives it, is ``flags_from_rank0`` in turn."""
 
-    def __init__(self, rank: int, flag_from_rank0: int, command: SwitchCommand | None = None) -> None:
-        self.rank, self.flag, self.command = rank, flag_from_rank0, command
-        self.calls: list[tuple[str, Any, Any]] = []
+    def __init__(self, rank: int, flags_from_rank0: list[int], command: SwitchCommand | None = None) -> None:
+        self.rank, self.flags, self.command = rank, list(flags_from_rank0), command
+        self.calls: list[tuple[Any, ...]] = []
         self.groups_made: list[dict[str, Any]] = []
 
     def get_rank(self) -> int:
         return self.rank
 
-    def broadcast(self, tensor: torch.Tensor, src: int, group: Any = None) -> None:
-        self.calls.append(("broadcast", tensor.device.type, group))
-        tensor.fill_(self.flag)
+    def broadcast(self, tensor: torch.Tensor, src: int, group: Any = None, async_op: bool = False) -> Any:
+        self.calls.append(("broadcast", tensor.device.type, group, async_op))
+        tensor.fill_(self.flags.pop(0))
+        return SimpleNamespace(wait=lambda: self.calls.append(("wait",)))
 
     def broadcast_object_list(self, box: list[Any], src: int, group: Any = None, device: Any = None) -> None:
         self.calls.append(("broadcast_object_list", device, group))
@@ -42,33 +44,46 @@ class RecordingDist:
 
 def _watch_on_rank(rank: int, fake: RecordingDist, monkeypatch: pytest.MonkeyPatch) -> Watch:
     monkeypatch.setattr(watch_module, "dist", fake)
-    watch = Watch(timeline=SimpleNamespace(completed_reports=list))
-    watch.publisher = SimpleNamespace(commands=queue.Queue(), publish=lambda message: None)
-    watch._control = control_group("nccl")
+    watch = Watch(timeline=SimpleNamespace(completed_reports=list, has_pending=lambda: False))
+    watch.publisher = SimpleNamespace(commands=queue.Queue(), publish=lambda message: None, close=lambda *a: None)
+    watch._control = control_group()
     return watch
 
 
-def test_agreement_on_an_nccl_run_uses_cpu_tensors_in_a_gloo_control_group(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_agreement_uses_cpu_tensors_in_a_gloo_control_group_and_applies_a_command_one_step_later(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     command = SwitchCommand("c1", "bucket", bucket_mb=4.0)
-    fake = RecordingDist(rank=1, flag_from_rank0=1, command=command)
+    fake = RecordingDist(rank=1, flags_from_rank0=[1, 0], command=command)
     watch = _watch_on_rank(1, fake, monkeypatch)
+    group = "gloo-control-group"
 
-    assert watch.agree_on_command() == command
+    assert watch.agree_on_command() is None  # rank 0 announces it: nobody waits for that broadcast
+    assert fake.calls == [("broadcast", "cpu", group, True)]
+    assert watch.agree_on_command() == command  # ... and every rank applies it at the next boundary
+    assert fake.calls[1:] == [("wait",), ("broadcast_object_list", None, group), ("broadcast", "cpu", group, True)]
     assert fake.groups_made == [{"backend": "gloo"}]
-    assert fake.calls == [("broadcast", "cpu", "gloo-control-group"), ("broadcast_object_list", None, "gloo-control-group")]
 
 
-def test_agreement_without_a_command_is_one_cpu_broadcast(monkeypatch: pytest.MonkeyPatch) -> None:
-    fake = RecordingDist(rank=0, flag_from_rank0=0)
+def test_a_step_without_a_command_costs_one_broadcast_nobody_waits_for_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = RecordingDist(rank=0, flags_from_rank0=[0, 0, 0])
     watch = _watch_on_rank(0, fake, monkeypatch)
+    assert [watch.agree_on_command() for _ in range(3)] == [None, None, None]
+    assert fake.calls == [("broadcast", "cpu", "gloo-control-group", True), ("wait",)] * 2 + [
+        ("broadcast", "cpu", "gloo-control-group", True)]
+    watch.close()  # the last announcement is waited for before the group can go
+    assert fake.calls[-1] == ("wait",)
+
+
+def test_rank0_announces_the_command_it_heard_and_does_not_announce_it_twice(monkeypatch: pytest.MonkeyPatch) -> None:
+    command = SwitchCommand("c1", "bucket")
+    fake = RecordingDist(rank=0, flags_from_rank0=[1, 0], command=command)
+    watch = _watch_on_rank(0, fake, monkeypatch)
+    watch.publisher.commands.put(command)
     assert watch.agree_on_command() is None
-    assert fake.calls == [("broadcast", "cpu", "gloo-control-group")]
-
-
-def test_a_gloo_run_agrees_in_its_default_group(monkeypatch: pytest.MonkeyPatch) -> None:
-    fake = RecordingDist(rank=0, flag_from_rank0=0)
-    monkeypatch.setattr(watch_module, "dist", fake)
-    assert control_group("gloo") is None and fake.groups_made == []
+    assert watch._announced is not None and watch._announced[2] == command
+    watch.publisher.commands.put(command)  # resent by the dashboard before the switch landed
+    assert watch.agree_on_command() == command
+    assert watch._announced is not None and watch._announced[2] is None  # already applied: only re-acknowledged
 
 
 @pytest.mark.parametrize(("value", "enabled"), [("1", True), ("true", True), ("Y", True), ("0", False), ("", False), ("no", False)])

@@ -24,8 +24,9 @@ class NativeDDP(DataParallelStrategy):
 
     When timed, each bucket goes through a communication hook that does what DDP's default
     all-reduce hook does (divide, async all-reduce) through ``_collective``. DDP waits for its
-    last buckets inside ``backward()`` itself: the time from the last gradient's arrival to the
-    end of backward is recorded as a blocking ``wait`` (blocked is not busy). DDP's first
+    last buckets inside ``backward()`` itself: the time from the last bucket's launch (DDP
+    launches it as soon as its last gradient is ready, so that is when backward's compute ended)
+    to the end of backward is recorded as a blocking ``wait`` (blocked is not busy). DDP's first
     iteration reduces one bucket holding every gradient, before it rebuilds buckets in
     gradient-ready order: that step is marked excluded from the statistics. A model with buffers
     has them broadcast from rank 0 at the start of every forward (``broadcast_buffers=True``,
@@ -55,23 +56,17 @@ class NativeDDP(DataParallelStrategy):
             find_unused_parameters=self._find_unused_parameters,
         )
         object.__setattr__(self, "ddp", ddp)  # not a submodule: see the class docstring
-        self._last_gradient_at: Any = None
-        self._gradient_hooks: list[Any] = []
+        self._last_bucket_at: Any = None
         if self.timeline is not NULL_TIMELINE:
             ddp.register_comm_hook(state=None, hook=self._timed_all_reduce_hook())
             ddp._distributed_broadcast_coalesced = self._timed_buffer_broadcast(ddp._distributed_broadcast_coalesced)
-            self._gradient_hooks = [p.register_post_accumulate_grad_hook(self._note_gradient)
-                                    for p in self.trainable_parameters()]
-
-    def _note_gradient(self, _parameter: Any) -> None:
-        if self._sync_enabled:
-            self._last_gradient_at = self.timeline.stamp()
 
     def _timed_all_reduce_hook(self) -> Callable[..., torch.futures.Future]:
         """DDP checks a hook's annotations against real types, which postponed (string)
         annotations are not; hence an unannotated closure."""
 
         def timed_all_reduce(state, bucket):  # noqa: ANN001, ANN202
+            self._last_bucket_at = self.timeline.stamp()
             buffer = bucket.buffer().div_(self.world_size)
             work = self._collective("all_reduce", buffer, tag=f"b{bucket.index()}", async_op=True)
             return work.get_future().then(lambda future: future.value()[0])
@@ -100,17 +95,15 @@ class NativeDDP(DataParallelStrategy):
         if not self._sync_enabled:
             return
         self._synced_backwards += 1
-        if self._last_gradient_at is not None:
-            self.timeline.add_span("wait", self._last_gradient_at, self.timeline.stamp(), blocking=True)
-            self._last_gradient_at = None
+        if self._last_bucket_at is not None:
+            self.timeline.add_span("wait", self._last_bucket_at, self.timeline.stamp(), blocking=True)
+            self._last_bucket_at = None
 
     @property
     def excluded_from_statistics(self) -> bool:
         return self._synced_backwards <= 1
 
     def _detach(self) -> None:
-        for handle in self._gradient_hooks:
-            handle.remove()
         object.__delattr__(self, "ddp")
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:

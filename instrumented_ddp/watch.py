@@ -103,7 +103,8 @@ class Watch:
         broadcast (long done by then) and, only if a command was announced, receives it with a
         blocking broadcast and applies it. A blocking broadcast every step cost 4-5 % of a 130 ms
         step on two loaded cores (the ranks hand off through the scheduler at each one); this way
-        the wait is free, and a switch lands one step later. Everything is on CPU tensors in the
+        the wait finds it done and the call costs 0.7-0.9 ms (median, same machine), and a switch
+        lands one step later. Everything is on CPU tensors in the
         gloo control group: nothing touches a GPU, so the host never waits for one.
         """
         if self.publisher is None:

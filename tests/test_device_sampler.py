@@ -88,20 +88,19 @@ class FakeNvml:
         return self.handles[index]
 
     def nvmlDeviceGetHandleByUUID(self, uuid: bytes | str) -> object:
-        self.lookups.append(("uuid", uuid))
-        assert self.initialised
-        key = uuid.decode() if isinstance(uuid, bytes) else uuid
-        if key not in self.by_uuid:
-            raise self.NVMLError(self.NVML_ERROR_NOT_FOUND)
-        return self.by_uuid[key]
+        return self._lookup("uuid", uuid, self.by_uuid)
 
     def nvmlDeviceGetHandleByPciBusId(self, bus_id: bytes | str) -> object:
-        self.lookups.append(("pci_bus_id", bus_id))
+        return self._lookup("pci_bus_id", bus_id, self.by_bus_id)
+
+    def _lookup(self, kind: str, key: bytes | str, table: dict[str, object]) -> object:
+        """NVML's lookups take bytes or str and raise NotFound for an id they do not know."""
+        self.lookups.append((kind, key))
         assert self.initialised
-        key = bus_id.decode() if isinstance(bus_id, bytes) else bus_id
-        if key not in self.by_bus_id:
+        text = key.decode() if isinstance(key, bytes) else key
+        if text not in table:
             raise self.NVMLError(self.NVML_ERROR_NOT_FOUND)
-        return self.by_bus_id[key]
+        return table[text]
 
     def nvmlDeviceGetUtilizationRates(self, handle: Any) -> Any:
         assert handle in self.handles

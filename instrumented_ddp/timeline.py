@@ -185,6 +185,7 @@ class _PendingStep:
         self.samples = self.tokens = 0
         self.loss: Any = None
         self.excluded = False
+        self.carries_outside_spans = bool(spans)  # it starts with marks made before it began (a wrap-time broadcast)
 
 
 class StepTimeline:
@@ -250,7 +251,7 @@ class StepTimeline:
             return
         step.loss = self.clock.capture(loss) if loss is not None else None
         step.end, step.samples, step.tokens = self.clock.stamp(), samples, tokens
-        step.excluded = excluded or any(span.tag == "state" for span in step.spans)
+        step.excluded = excluded or step.carries_outside_spans
         with self._lock:
             self._pending.append(step)
         self._current = None

@@ -29,7 +29,7 @@ import re
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -155,11 +155,8 @@ def probe_summary(probe: dict[str, Any]) -> str:
 
 # -- running it ------------------------------------------------------------------------------------
 
-Runner = Callable[..., subprocess.CompletedProcess[str]]
-
-
-def run_probe(run: Runner = subprocess.run) -> dict[str, Any]:
-    result = run([sys.executable, "-m", "instrumented_ddp.gpu_probe"], capture_output=True, text=True, timeout=600)
+def run_probe() -> dict[str, Any]:
+    result = subprocess.run([sys.executable, "-m", "instrumented_ddp.gpu_probe"], capture_output=True, text=True, timeout=600)
     if result.returncode != 0:
         raise RuntimeError(f"the GPU probe failed: {(result.stderr.strip().splitlines() or ['no output'])[-1]}")
     return json.loads(result.stdout.strip().splitlines()[-1])
@@ -199,8 +196,8 @@ def profiled_run(workdir: Path, world_size: int, strategy: str, nccl_timing: boo
     return comparisons
 
 
-def run_overhead(run: Runner = subprocess.run, steps: int = 40) -> str:
-    result = run([sys.executable, str(REPO_ROOT / "bench" / "overhead.py"), "--device", "cuda", "--nproc", "1",
+def run_overhead(steps: int = 40) -> str:
+    result = subprocess.run([sys.executable, str(REPO_ROOT / "bench" / "overhead.py"), "--device", "cuda", "--nproc", "1",
                   "--steps", str(steps)], capture_output=True, text=True, timeout=900)
     return result.stdout
 

@@ -2,7 +2,7 @@
 
     python bench/overhead.py                  # relaunches itself on 2 ranks with torchrun
     python bench/overhead.py --steps 80
-    python bench/overhead.py --device cuda --nproc 1   # on a GPU: NCCL, blocks of steps
+    python bench/overhead.py --device cuda --ranks 1   # on a GPU: NCCL, blocks of steps
 
 For each strategy two identical copies of the model are wrapped side by side, one with the
 timeline and a publisher streaming to an address where no dashboard listens (the common case),
@@ -96,7 +96,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=40, help="timed steps per mode and strategy")
     parser.add_argument("--micro-batch", type=int, default=4)
-    parser.add_argument("--nproc", type=int, default=2)
+    parser.add_argument("--ranks", type=int, default=2, help="processes (not --nproc: torchrun 2.11 reads that as its own --nproc-per-node)")
     parser.add_argument("--port", type=int, default=5599, help="where no dashboard listens")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--strategies", default="simple,ga,hook,async,bucket,ddp", help="comma-separated")
@@ -106,7 +106,7 @@ def main() -> None:
         measure(args)
         return
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc}",
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.ranks}",
                __file__, *sys.argv[1:]]
     sys.exit(subprocess.run(command, env=env).returncode)
 

@@ -197,7 +197,7 @@ def profiled_run(workdir: Path, world_size: int, strategy: str, nccl_timing: boo
 
 
 def run_overhead(steps: int = 40) -> str:
-    result = subprocess.run([sys.executable, str(REPO_ROOT / "bench" / "overhead.py"), "--device", "cuda", "--nproc", "1",
+    result = subprocess.run([sys.executable, str(REPO_ROOT / "bench" / "overhead.py"), "--device", "cuda", "--ranks", "1",
                   "--steps", str(steps)], capture_output=True, text=True, timeout=900)
     return result.stdout
 

@@ -105,19 +105,42 @@ class CudaEventClock:
 
     worker_threads = 1
 
+    STREAM_CACHE_LIMIT = 256  # distinct streams marked on; past it the cache starts afresh
+
     def __init__(self, torch_module: Any, nccl_timing: bool = False) -> None:
         self._torch = torch_module
         self.nccl_timing = nccl_timing
         self._reference: Any = None
         self._reference_host = 0.0
+        self._streams: dict[tuple[int, int], Any] = {}
+        self._raw_stream: Callable[[int], int] | None = getattr(getattr(torch_module, "_C", None), "_cuda_getCurrentRawStream", None)
 
     def begin_step(self) -> None:
         self._reference = self._event()
         self._reference_host = time.perf_counter()
 
+    def _current_stream(self) -> Any:
+        """The current stream, as ``torch.cuda.current_stream()`` gives it, built once per stream.
+
+        ``Event.record()`` with no stream calls ``torch.cuda.current_stream()``, which builds a
+        new ``Stream`` object every time: on an H100 host that was 7 µs of a 15 µs mark. The raw
+        handle of the current stream is one C call (0.2 µs), so the ``Stream`` is looked up by
+        it; a mark inside a ``.then`` callback or a user's ``torch.cuda.stream(...)`` block still
+        records on the stream current there."""
+        if self._raw_stream is None:
+            return self._torch.cuda.current_stream()
+        device = self._torch.cuda.current_device()
+        key = (device, self._raw_stream(device))
+        stream = self._streams.get(key)
+        if stream is None:
+            if len(self._streams) >= self.STREAM_CACHE_LIMIT:
+                self._streams.clear()
+            stream = self._streams[key] = self._torch.cuda.current_stream()
+        return stream
+
     def _event(self) -> Any:
         event = self._torch.cuda.Event(enable_timing=True)
-        event.record()
+        event.record(self._current_stream())
         return event
 
     def stamp(self) -> Stamp:

@@ -19,8 +19,11 @@ Written from PyTorch's source, not from what we would like it to do:
   future's CUDA events (``synchronizeWithCurrentStreams``). An event recorded in the callback
   therefore happens on the GPU after the collective ends.
 - ``WorkNCCL::wait`` makes the *current stream* wait for the end event; the host does not wait.
-- ``torch.cuda.Event.record`` records on the current stream; ``query()`` is False until the GPU
-  has reached the event; ``elapsed_time`` needs both events completed.
+- ``torch.cuda.Event.record`` records on the given stream, else the current one; ``query()`` is
+  False until the GPU has reached the event; ``elapsed_time`` needs both events completed.
+- ``torch.cuda.current_stream()`` builds a new ``Stream`` object each call (``torch/cuda/__init__.py``);
+  ``torch._C._cuda_getCurrentRawStream(device)`` returns the current stream's ``cudaStream_t``
+  as an int (``torch/csrc/cuda/Module.cpp``), the same for as long as that stream is current.
 
 Times are milliseconds on the fake GPU's clock. The host enqueues at ``gpu.host_ms`` (the test
 moves it); work on a stream starts at the later of that moment and the stream's tail. The GPU
@@ -38,6 +41,8 @@ from typing import Any
 class FakeStream:
     def __init__(self, gpu: FakeGpu, name: str) -> None:
         self.gpu, self.name = gpu, name
+        gpu.streams_made += 1
+        self.handle = gpu.streams_made  # a cudaStream_t: unique among live streams
         self.tail_ms = 0.0  # when everything enqueued so far will have run
 
     def position(self) -> float:
@@ -57,6 +62,8 @@ class FakeStream:
 
 class FakeGpu:
     def __init__(self) -> None:
+        self.streams_made = 0
+        self.stream_objects_built = 0  # torch.cuda.current_stream() calls
         self.host_ms = 0.0
         self.done_ms = 0.0  # the GPU lags the host: nothing has run until the test says so
         self.compute = FakeStream(self, "compute")
@@ -67,9 +74,17 @@ class FakeGpu:
         self.queries_before_completion = 0
 
     def torch(self) -> SimpleNamespace:
-        """What ``CudaEventClock`` uses of torch: ``torch.cuda.Event``, ``torch.empty``."""
-        return SimpleNamespace(cuda=SimpleNamespace(Event=lambda enable_timing=False: FakeEvent(self, enable_timing)),
+        """What ``CudaEventClock`` uses of torch: ``torch.cuda.Event``, ``current_stream``,
+        ``current_device``, ``torch._C._cuda_getCurrentRawStream``, ``torch.empty``."""
+        return SimpleNamespace(cuda=SimpleNamespace(Event=lambda enable_timing=False: FakeEvent(self, enable_timing),
+                                                    current_stream=self.current_stream_object,
+                                                    current_device=lambda: 0),
+                               _C=SimpleNamespace(_cuda_getCurrentRawStream=lambda device: self.current.handle),
                                empty=lambda shape, dtype=None, pin_memory=False: FakeHostTensor(self, pin_memory))
+
+    def current_stream_object(self) -> FakeStream:
+        self.stream_objects_built += 1
+        return self.current
 
 
 class FakeEvent:
@@ -78,9 +93,9 @@ class FakeEvent:
         self.gpu = gpu
         self.at_ms: float | None = None
 
-    def record(self) -> None:
-        """On the current stream, at the point the stream has reached."""
-        stream = self.gpu.current
+    def record(self, stream: FakeStream | None = None) -> None:
+        """On ``stream`` (else the current one), at the point the stream has reached."""
+        stream = stream or self.gpu.current
         self.at_ms = stream.position()
         stream.tail_ms = self.at_ms
 

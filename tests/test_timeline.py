@@ -354,6 +354,35 @@ def test_cuda_loss_is_read_without_waiting_for_the_device(gpu: FakeGpu, host_tim
     assert gpu.synchronizations == 0
 
 
+def test_cuda_marks_record_on_the_stream_current_at_each_mark_building_each_stream_once(gpu: FakeGpu, host_time: FakeHostTime) -> None:
+    """Marks are cheap on the host (one Stream object per stream, not per mark) yet still land on
+    whichever stream is current: a user's side stream, or the callback's pool stream."""
+    from nccl_fakes import FakeStream
+
+    timeline = _cuda_timeline(gpu)
+    side = FakeStream(gpu, "side")
+    side.tail_ms = 20.0  # busy until 20 ms
+    group = FakeProcessGroupNccl(gpu)
+    for step in (1, 2):
+        timeline.begin_step(step, "bucket", {})
+        gpu.current = side
+        with timeline.phase("forward"):
+            side.run(5.0)  # runs 20-25 on the side stream, the first step; 25-30 the next
+        gpu.current = gpu.compute
+        span = timeline.open_collective("all_reduce", 64, "b0", "float32", blocking=False)
+        timeline.close_collective(span, group.all_reduce(transfer_ms=1.0))
+        timeline.end_step(samples=1, tokens=1)
+    gpu.done_ms = 100.0
+
+    first, second = timeline.completed_reports()
+    forward = next(s for s in first.spans if s.kind == "forward")
+    assert (forward.start, forward.end) == (pytest.approx(0.020), pytest.approx(0.025))
+    forward = next(s for s in second.spans if s.kind == "forward")
+    assert (forward.start, forward.end) == (pytest.approx(0.025), pytest.approx(0.030))
+    # compute, side, and one pool stream per callback: each built once however many marks it took
+    assert gpu.stream_objects_built == 2 + gpu.pool_streams
+
+
 def test_cuda_completion_callback_that_raises_sends_its_step_unresolved_and_holds_nothing(gpu: FakeGpu, host_time: FakeHostTime) -> None:
     """An event that cannot be made inside the callback used to leave the span open forever,
     holding back every later report of the rank."""

@@ -3,6 +3,7 @@
     python bench/overhead.py                  # relaunches itself on 2 ranks with torchrun
     python bench/overhead.py --steps 80
     python bench/overhead.py --device cuda --ranks 1   # on a GPU: NCCL, blocks of steps
+    python bench/overhead.py --device cuda --ranks 1 --model small --micro-batch 64 --seq-len 512
 
 For each strategy two identical copies of the model are wrapped side by side, one with the
 timeline and a publisher streaming to an address where no dashboard listens (the common case),
@@ -10,6 +11,12 @@ one with timing off (``--no-watch``), and their steps alternate, so drift in mac
 both alike. A watched step does all a watched train.py step does: the command agreement, the
 timeline, publishing the reports that resolved. The ratio of the median step times is printed
 (goal: at most 1.02).
+
+What watching costs is host time: a few microseconds per mark and per collective, about a
+millisecond per step for the agreement and the report. A step the host is the bottleneck of
+(the tiny model, every kernel a launch) pays it in full; a step the GPU is the bottleneck of
+(``--model small`` at a training batch) hides it while the host runs ahead. The doctor
+measures both.
 
 On the CPU every step is timed on its own. On a GPU the host runs ahead of the device, and a
 step's cost is only seen once the device catches up: the modes alternate in blocks of
@@ -37,15 +44,16 @@ def measure(args: argparse.Namespace) -> None:
 
     import instrumented_ddp
     from instrumented_ddp.distributed import exit_process, init_distributed, shutdown_distributed
-    from instrumented_ddp.models import build_tiny_model
+    from instrumented_ddp.models import build_built_in_model
     from instrumented_ddp.watch import Watch
 
     context = init_distributed(args.device)
     on_gpu = context.device.type == "cuda"
     block = args.block if on_gpu else 1
     torch.manual_seed(0)
-    model = build_tiny_model(vocab_size=256, num_labels=5).to(context.device)
-    batch = {"input_ids": torch.randint(1, 256, (args.micro_batch, 64), device=context.device),
+    vocab = 256 if args.model == "tiny" else 4096  # train.py's tokenizer has 4096
+    model = build_built_in_model(args.model, vocab_size=vocab, num_labels=5).to(context.device)
+    batch = {"input_ids": torch.randint(1, vocab, (args.micro_batch, args.seq_len), device=context.device),
              "labels": torch.randint(0, 5, (args.micro_batch,), device=context.device)}
     watches = {"watched": Watch.start(f"tcp://127.0.0.1:{args.port}", context, {
         "strategy": "bench", "settings": {}, "model_parameters": 0}), "plain": Watch.disabled()}
@@ -71,7 +79,7 @@ def measure(args: argparse.Namespace) -> None:
                 with timeline.phase("optimizer"):
                     optimizer.step()
                     optimizer.zero_grad(set_to_none=False)
-                timeline.end_step(args.micro_batch, args.micro_batch * 64, loss.detach())
+                timeline.end_step(args.micro_batch, args.micro_batch * args.seq_len, loss.detach())
                 watch.step_done()
             if on_gpu:
                 torch.cuda.synchronize()
@@ -84,7 +92,7 @@ def measure(args: argparse.Namespace) -> None:
     watched.close()
     if context.is_main:
         print(f"{'strategy':8} {'watched ms':>11} {'plain ms':>9} {'ratio':>6}   ({args.steps} steps each, alternating, "
-              f"{context.world_size} ranks on {context.device.type}, micro-batch {args.micro_batch}x64, "
+              f"{context.world_size} ranks on {context.device.type}, {args.model} model, micro-batch {args.micro_batch}x{args.seq_len}, "
               f"blocks of {block}, telemetry dropped {watched.dropped})")
         for strategy, watched_ms, plain_ms, ratio in rows:
             print(f"{strategy:8} {watched_ms:11.1f} {plain_ms:9.1f} {ratio:6.3f}")
@@ -96,6 +104,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=40, help="timed steps per mode and strategy")
     parser.add_argument("--micro-batch", type=int, default=4)
+    parser.add_argument("--seq-len", type=int, default=64)
+    parser.add_argument("--model", default="tiny", choices=["tiny", "small"], help="built-in shapes (instrumented_ddp/models.py)")
     parser.add_argument("--ranks", type=int, default=2, help="processes (not --nproc: torchrun 2.11 reads that as its own --nproc-per-node)")
     parser.add_argument("--port", type=int, default=5599, help="where no dashboard listens")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])

@@ -47,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     doctor = commands.add_parser("doctor", help="check ddpwatch's GPU figures on this machine against torch.profiler, NVML, overhead")
     doctor.add_argument("--strategies", default="bucket,ddp", help="strategies of the profiled runs (comma-separated)")
-    doctor.add_argument("--overhead-steps", type=int, default=40, help="timed steps per mode in the overhead check")
+    doctor.add_argument("--overhead-steps", type=int, default=20, help="timed steps per mode in the overhead checks")
     doctor.add_argument("--keep", type=Path, help="keep each run's session and profiler traces here")
 
     summary = commands.add_parser("summary", help="print the comparison table of a recorded session")

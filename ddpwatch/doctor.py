@@ -10,12 +10,20 @@ Run from a clone (it runs ``train.py`` and ``bench/overhead.py``, as ``ddpwatch 
    one), recorded by ``ddpwatch record`` while ``torch.profiler`` traces steps 4-8 of the same
    run; ``profile_check`` holds ddpwatch's figures against the profiler's CUDA kernels:
    collectives per step exactly, each collective's duration within 20 %, Compute% and
-   Overlap% within 5 points, no device sync in a step. With two ranks, once with NCCL's own
-   timing (``TORCH_NCCL_ENABLE_TIMING=1``) and once without (the queue replay), so both ways
-   ddpwatch finds a collective's start are checked. One rank checks no collective: NCCL runs
-   a one-rank all-reduce without a kernel, so the profiler has nothing to compare.
-3. ``bench/overhead.py --device cuda``: watched against unwatched step time, alternating, for
-   every strategy, at most 1.02.
+   Overlap% within 5 points, and no device sync that watching adds: the same script is also
+   profiled unwatched (``--no-watch``), and each iteration's syncs are held against its
+   twin's (a model may sync on its own: transformers checks a padding mask with two
+   ``.item()``-like syncs a forward; DDP's runtime logging syncs events over its first 10
+   iterations). With two ranks, once with NCCL's own timing (``TORCH_NCCL_ENABLE_TIMING=1``)
+   and once without (the queue replay), so both ways ddpwatch finds a collective's start are
+   checked. One rank checks no collective: NCCL runs a one-rank all-reduce without a kernel.
+   The step is a training step the GPU is the bottleneck of (64 sequences of 512 tokens a
+   rank): on a step the host is the bottleneck of, the GPU idles between kernels inside
+   forward and backward, and ddpwatch's compute, timed by CUDA events at phase boundaries,
+   counts those gaps as compute (see the README: what the events can and cannot see).
+3. ``bench/overhead.py --device cuda``: watched against unwatched step time, alternating, on
+   the same training shape (at most 1.02: the check), and on the tiny model whose every
+   kernel is a launch, where the host's per-step cost shows in full (reported, not checked).
 
 It prints one table and exits 1 on any miss. The checks are pure functions of what the runs
 produced, tested on the CPU with made-up probe answers, traces and bench output.
@@ -39,6 +47,9 @@ from .profile_check import Check, RankComparison, format_table, value_text
 REPO_ROOT = Path(__file__).resolve().parents[1]
 OVERHEAD_GOAL = 1.02
 PROFILED_RUN_STEPS = 10  # train.py profiles steps 4-8
+#: The doctor's training step, per rank: the small model (~110M parameters) on 64 sequences of
+#: 512 tokens keeps an H100 busy (~0.8 s a step in fp32), so the host runs ahead of it.
+BATCH_PER_RANK, SEQUENCE_LENGTH = 64, 512
 #: A GPU kept busy by matrix products reads well above this; an idle or wrong GPU reads 0.
 BUSY_UTILIZATION_PCT = 50.0
 PLAUSIBLE_POWER_W = (1.0, 2000.0)
@@ -162,9 +173,38 @@ def run_probe() -> dict[str, Any]:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def profiled_run(workdir: Path, world_size: int, strategy: str, nccl_timing: bool, steps: int = PROFILED_RUN_STEPS
-                 ) -> list[RankComparison]:
-    """``train.py`` on NCCL, recorded and profiled at once; each rank's report against its trace."""
+def _train(world_size: int, strategy: str, profile: Path, watch: list[str], env: dict[str, str]) -> None:
+    """One profiled ``train.py`` run at the doctor's training shape."""
+    training = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world_size}",
+         str(REPO_ROOT / "train.py"), "--device", "cuda", "--model", "small", "--strategy", strategy,
+         "--steps", str(PROFILED_RUN_STEPS), "--batch-size", str(BATCH_PER_RANK * world_size),
+         "--max-length", str(SEQUENCE_LENGTH), "--log-every", "1000", "--profile", str(profile), *watch],
+        capture_output=True, text=True, env=env, timeout=900)
+    if training.returncode != 0:
+        raise RuntimeError(f"train.py failed: {(training.stderr.strip().splitlines() or ['no output'])[-1]}")
+
+
+def _trace_file(profile: Path, rank: int) -> Path:
+    found = sorted(profile.glob(f"rank{rank}.*.json*"))
+    if not found:
+        raise RuntimeError(f"no profiler trace for rank {rank} in {profile}")
+    return found[-1]
+
+
+def unwatched_syncs(workdir: Path, world_size: int, strategy: str) -> dict[int, dict[int, tuple[str, ...]]]:
+    """rank -> ProfilerStep#N -> the syncs the same run makes with ``--no-watch``."""
+    from .profile_check import load_trace, syncs_per_iteration
+
+    profile = workdir / "profile-unwatched"
+    _train(world_size, strategy, profile, ["--no-watch"], dict(os.environ))
+    return {rank: syncs_per_iteration(load_trace(_trace_file(profile, rank))) for rank in range(world_size)}
+
+
+def profiled_run(workdir: Path, world_size: int, strategy: str, nccl_timing: bool,
+                 unwatched: dict[int, dict[int, tuple[str, ...]]] | None = None) -> list[RankComparison]:
+    """``train.py`` on NCCL, recorded and profiled at once; each rank's report against its trace
+    (and its syncs against the unwatched run's, where there is one)."""
     from .demo import free_loopback_address
     from .profile_check import compare_rank, load_trace
     from .recorder import load_session
@@ -173,15 +213,9 @@ def profiled_run(workdir: Path, world_size: int, strategy: str, nccl_timing: boo
     address = free_loopback_address()
     recorder = subprocess.Popen([sys.executable, "-m", "ddpwatch.cli", "record", "--listen", address, "--out", str(out),
                                  "--idle-exit", "30"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    env = dict(os.environ, TORCH_NCCL_ENABLE_TIMING="1" if nccl_timing else "0")
     try:
-        training = subprocess.run(
-            [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world_size}",
-             str(REPO_ROOT / "train.py"), "--device", "cuda", "--model", "small", "--strategy", strategy,
-             "--steps", str(steps), "--batch-size", str(16 * world_size), "--max-length", "256", "--log-every", "1000",
-             "--profile", str(profile), "--watch", address], capture_output=True, text=True, env=env, timeout=900)
-        if training.returncode != 0:
-            raise RuntimeError(f"train.py failed: {(training.stderr.strip().splitlines() or ['no output'])[-1]}")
+        _train(world_size, strategy, profile, ["--watch", address],
+               dict(os.environ, TORCH_NCCL_ENABLE_TIMING="1" if nccl_timing else "0"))
         recorder.wait(120)
     finally:
         if recorder.poll() is None:
@@ -190,19 +224,31 @@ def profiled_run(workdir: Path, world_size: int, strategy: str, nccl_timing: boo
     session = load_session(out / "session.ddpwatch")
     comparisons = []
     for rank in range(world_size):
-        (trace_file,) = sorted(profile.glob(f"rank{rank}.*.json*"))[-1:]
         reports = [ranks[rank] for _, ranks in sorted(session.reports.items()) if rank in ranks]
-        comparisons.append(compare_rank(load_trace(trace_file), reports, rank=rank))
+        comparisons.append(compare_rank(load_trace(_trace_file(profile, rank)), reports, rank=rank,
+                                        unwatched_syncs=(unwatched or {}).get(rank)))
     return comparisons
 
 
-def run_overhead(steps: int = 40) -> str:
+def run_overhead(steps: int, strategies: Sequence[str], training_shape: bool) -> str:
+    """``bench/overhead.py`` on one GPU: at the doctor's training shape, or on the tiny model."""
+    shape = (["--model", "small", "--micro-batch", str(BATCH_PER_RANK), "--seq-len", str(SEQUENCE_LENGTH)]
+             if training_shape else [])
     result = subprocess.run([sys.executable, str(REPO_ROOT / "bench" / "overhead.py"), "--device", "cuda", "--ranks", "1",
-                  "--steps", str(steps)], capture_output=True, text=True, timeout=900)
+                             "--steps", str(steps), "--strategies", ",".join(strategies), *shape],
+                            capture_output=True, text=True, timeout=900)
     return result.stdout
 
 
-def doctor(strategies: Sequence[str] = ("bucket", "ddp"), overhead_steps: int = 40, keep: Path | None = None) -> int:
+def overhead_notes(bench_output: str) -> tuple[str, ...]:
+    """The launch-bound tiny model's ratios, reported beside the checked ones."""
+    rows = [f"{c.name.removeprefix('overhead ')} {c.ddpwatch:.3f} ({c.detail})" for c in overhead_checks(bench_output)
+            if c.ddpwatch is not None]
+    return ("tiny model, every kernel a launch (the host's per-step cost in full; not checked): " + "; ".join(rows),) if rows \
+        else ("tiny model: bench/overhead.py printed no table",)
+
+
+def doctor(strategies: Sequence[str] = ("bucket", "ddp"), overhead_steps: int = 20, keep: Path | None = None) -> int:
     """The whole check; the exit status: 0 all held, 1 a miss, 2 nothing could be checked."""
     if not (REPO_ROOT / "train.py").is_file():
         print(f"ddpwatch doctor: {REPO_ROOT / 'train.py'} not found: run it from a clone (pip install -e .)", file=sys.stderr)
@@ -220,15 +266,26 @@ def doctor(strategies: Sequence[str] = ("bucket", "ddp"), overhead_steps: int = 
     with tempfile.TemporaryDirectory(prefix="ddpwatch-doctor-") as scratch:
         root = keep or Path(scratch)
         for strategy in strategies:
+            print(f"ddpwatch doctor: {world_size} rank(s) {strategy}, unwatched ...", flush=True)
+            try:
+                unwatched = unwatched_syncs(root / f"{strategy}-{world_size}-unwatched", world_size, strategy)
+            except (RuntimeError, OSError, ValueError, subprocess.TimeoutExpired) as error:
+                unwatched = None
+                sections.append(Section(f"{world_size} rank(s) {strategy}, unwatched",
+                                        (Check("unwatched reference run", None, None, "ran", False, "", str(error)),)))
             for nccl_timing in modes:
                 label = f"{world_size} rank(s) {strategy}, NCCL timing {'on' if nccl_timing else 'off'}"
                 print(f"ddpwatch doctor: {label} ...", flush=True)
                 workdir = root / f"{strategy}-{world_size}-timing-{'on' if nccl_timing else 'off'}"
                 try:
-                    sections += profile_sections(label, profiled_run(workdir, world_size, strategy, nccl_timing), world_size)
+                    sections += profile_sections(label, profiled_run(workdir, world_size, strategy, nccl_timing, unwatched),
+                                                 world_size)
                 except (RuntimeError, OSError, ValueError, subprocess.TimeoutExpired) as error:
                     sections.append(Section(label, (Check("profiled run", None, None, "ran", False, "", str(error)),)))
     print("ddpwatch doctor: overhead ...", flush=True)
-    sections.append(Section("overhead, 1 GPU", overhead_checks(run_overhead(steps=overhead_steps))))
+    tiny = run_overhead(overhead_steps, ("simple", "ga", "hook", "async", "bucket", "ddp"), training_shape=False)
+    sections.append(Section(f"overhead, 1 GPU, {BATCH_PER_RANK}x{SEQUENCE_LENGTH} small model",
+                            overhead_checks(run_overhead(overhead_steps, strategies, training_shape=True)),
+                            overhead_notes(tiny)))
     print(render(sections))
     return 0 if all(section.passed for section in sections) else 1

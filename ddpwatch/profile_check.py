@@ -12,7 +12,10 @@ This module reads one rank's trace, lines it up with that rank's ``StepReport`` 
   clipped to the step window K): within 5 points;
 * **device syncs per step** - ``cudaStreamSynchronize``/``cudaDeviceSynchronize``/
   ``cudaEventSynchronize``/synchronous ``cudaMemcpy*`` calls and DtoH copies to pageable memory
-  in each profiled iteration: 0 for a pass.
+  in each profiled iteration: 0 for a pass. Given the trace of the same script run unwatched,
+  **the syncs ddpwatch adds**: each iteration's syncs minus those of the same unwatched
+  iteration, 0 for a pass (a model that syncs on its own, as transformers does to check a
+  padding mask, is not ddpwatch's to answer for, and is named in the detail).
 
 What is exact and what is estimated
 -----------------------------------
@@ -595,6 +598,36 @@ def _pct_check(name: str, rows: Sequence[StepRow], ours: str, theirs: str, toler
                  all(abs(getattr(r, ours) - getattr(r, theirs)) <= tolerance for r in rows), "%", detail)
 
 
+def syncs_per_iteration(trace: ProfilerTrace) -> dict[int, tuple[str, ...]]:
+    """ProfilerStep#N -> the names of the syncs in that iteration's window, in order."""
+    return {number: tuple(s.name for s in trace.syncs if window[0] <= s.at_us < window[1])
+            for number, window in trace.steps.items()}
+
+
+def _added_sync_check(rows: Sequence[StepRow], unwatched: Mapping[int, Sequence[str]]) -> Check:
+    """Zero *added* syncs: each iteration against the same iteration of the same script run
+    unwatched. A sync both runs make is the model's or the framework's (transformers' padding
+    check, DDP's runtime logging over its first 10 iterations), named in the detail, not
+    ddpwatch's; the unwatched run could only add one if ddpwatch removed it, never."""
+    name = "device syncs ddpwatch adds per step"
+    if not rows:
+        return Check(name, None, None, "0", False, "", "no step to compare")
+    added = {row.step: Counter(row.syncs) - Counter(unwatched.get(row.profiler_step, ())) for row in rows}
+    worst = max(rows, key=lambda r: sum(added[r.step].values()))
+    most = sum(added[worst.step].values())
+    theirs: Counter[str] = Counter()
+    for row in rows:
+        theirs |= Counter(unwatched.get(row.profiler_step, ()))
+    unwatched_text = ("the unwatched run makes " + ", ".join(f"{n} ×{c}" for n, c in sorted(theirs.items()))
+                      + " in an iteration too (not ddpwatch's)") if theirs else "the unwatched run makes none"
+    if not most:
+        return Check(name, 0, sum(theirs.values()), "0", True, "", f"none in {len(rows)} iterations; {unwatched_text}")
+    names = ", ".join(f"{n} ×{c}" for n, c in sorted(added[worst.step].items()))
+    hit = sum(bool(added[r.step]) for r in rows)
+    return Check(name, most, sum(theirs.values()), "0", False, "",
+                 f"step {worst.step}: {names} more than unwatched; {hit} of {len(rows)} iterations; {unwatched_text}")
+
+
 def _sync_check(rows: Sequence[StepRow]) -> Check:
     """Zero per iteration: one sync per step serialises host and device every step."""
     if not rows:
@@ -619,8 +652,12 @@ def compare_rank(
     duration_tolerance: float = 0.20,
     pct_tolerance: float = 5.0,
     duration_floor_us: float = 0.0,
+    unwatched_syncs: Mapping[int, Sequence[str]] | None = None,
 ) -> RankComparison:
     """Hold one rank's reports against its trace.
+
+    ``unwatched_syncs`` (``syncs_per_iteration`` of the same script's trace run unwatched): the
+    sync check then counts the syncs watching *adds*; without it, every sync in an iteration.
 
     ``steps``: ddpwatch steps to compare (default: every step with a ProfilerStep window, i.e.
     ``N + profiler_step_base`` for each ProfilerStep#N in the trace). Reports marked ``unresolved``
@@ -667,7 +704,7 @@ def compare_rank(
         _duration_check(pairs, duration_tolerance, duration_floor_us),
         _pct_check("Compute%", rows, "ddpwatch_compute_pct", "profiler_compute_pct", pct_tolerance),
         _pct_check("Overlap%", rows, "ddpwatch_overlap_pct", "profiler_overlap_pct", pct_tolerance),
-        _sync_check(rows),
+        _sync_check(rows) if unwatched_syncs is None else _added_sync_check(rows, unwatched_syncs),
     )
     return RankComparison(rank, offset, tuple(rows), tuple(pairs), checks, tuple(notes))
 

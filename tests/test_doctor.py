@@ -122,18 +122,32 @@ def test_doctor_runs_both_timing_modes_on_two_gpus_and_exits_by_the_verdict(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], devices: int, failing: tuple[str, ...], status: int) -> None:
     runs: list[tuple[int, str, bool]] = []
 
-    def fake_run(workdir: Path, world_size: int, strategy: str, nccl_timing: bool) -> list[RankComparison]:
+    unwatched = {rank: {3: ("cudaStreamSynchronize",)} for rank in range(devices)}
+
+    def fake_unwatched(workdir: Path, world_size: int, strategy: str) -> dict[int, dict[int, tuple[str, ...]]]:
+        runs.append((world_size, strategy, None))
+        return unwatched
+
+    def fake_run(workdir: Path, world_size: int, strategy: str, nccl_timing: bool, reference: Any) -> list[RankComparison]:
+        assert reference is unwatched  # each watched run's syncs are held against the unwatched twin
         runs.append((world_size, strategy, nccl_timing))
         return [comparison(rank, *failing) for rank in range(world_size)]
 
+    def fake_overhead(steps: int, strategies: tuple[str, ...], training_shape: bool) -> str:
+        # the launch-bound tiny model's 1.044 is reported, not checked
+        return BENCH_OUTPUT.replace("1.044", "1.004") if training_shape else BENCH_OUTPUT
+
     monkeypatch.setattr(doctor_module, "run_probe", lambda: _probe(devices))
+    monkeypatch.setattr(doctor_module, "unwatched_syncs", fake_unwatched)
     monkeypatch.setattr(doctor_module, "profiled_run", fake_run)
-    monkeypatch.setattr(doctor_module, "run_overhead", lambda steps: BENCH_OUTPUT.replace("1.044", "1.004"))
+    monkeypatch.setattr(doctor_module, "run_overhead", fake_overhead)
     assert doctor_module.doctor(["bucket"]) == status
-    expected_runs = [(2, "bucket", True), (2, "bucket", False)] if devices == 2 else [(1, "bucket", True)]
+    expected_runs = ([(2, "bucket", None), (2, "bucket", True), (2, "bucket", False)] if devices == 2
+                     else [(1, "bucket", None), (1, "bucket", True)])
     assert runs == expected_runs
     out = capsys.readouterr().out
     assert "NVIDIA H100 80GB HBM3" in out and ("verdict: PASS" in out) == (status == 0)
+    assert "tiny model, every kernel a launch" in out and "hook 1.044" in out
 
 
 def test_doctor_on_a_machine_without_a_gpu_says_so_in_one_line() -> None:

@@ -44,6 +44,7 @@ from ddpwatch.profile_check import (
     parse_trace,
     render_checks,
     render_steps,
+    syncs_per_iteration,
 )
 from instrumented_ddp.protocol import Span, StepReport
 
@@ -381,6 +382,40 @@ def test_a_sync_in_a_step_fails_only_the_sync_check(kind: str) -> None:
     assert "step 6:" in sync.detail and "1 of 5 iterations sync" in sync.detail
     assert [len(r.syncs) for r in result.rows] == [0, 0, 1, 0, 0]
     assert result.rows[2].syncs_in_step_window == (0 if kind == "device synchronize" else 1)
+
+
+def _model_syncs_twice_a_step(trace: Trace) -> None:
+    """transformers' padding-mask check: two ``.item()``-like syncs in every forward."""
+    for step in STEPS:
+        trace.call("cudaStreamSynchronize", us(step, 0.5))
+        trace.call("cudaStreamSynchronize", us(step, 0.8))
+
+
+def test_syncs_the_unwatched_run_makes_too_are_not_ddpwatchs() -> None:
+    """With the unwatched run of the same script, its two syncs a step pass as the model's."""
+    unwatched = syncs_per_iteration(parse_trace(standard_trace(_model_syncs_twice_a_step)))
+    assert unwatched[4] == ("cudaStreamSynchronize", "cudaStreamSynchronize")
+    result = compare(standard_trace(_model_syncs_twice_a_step), unwatched_syncs=unwatched)
+    assert failed(result) == set()
+    sync = checks(result)["device syncs ddpwatch adds per step"]
+    assert (sync.ddpwatch, sync.profiler) == (0, 2)
+    assert "cudaStreamSynchronize ×2 in an iteration too" in sync.detail
+    # without the reference, the same trace fails: every sync counts
+    assert failed(compare(standard_trace(_model_syncs_twice_a_step))) == {"device syncs per step"}
+
+
+def test_a_sync_only_the_watched_run_makes_is_ddpwatchs() -> None:
+    unwatched = syncs_per_iteration(parse_trace(standard_trace(_model_syncs_twice_a_step)))
+
+    def one_more_in_step_6(trace: Trace) -> None:
+        _model_syncs_twice_a_step(trace)
+        trace.call("cudaEventSynchronize", us(6, 9.5))
+
+    result = compare(standard_trace(one_more_in_step_6), unwatched_syncs=unwatched)
+    assert failed(result) == {"device syncs ddpwatch adds per step"}
+    sync = checks(result)["device syncs ddpwatch adds per step"]
+    assert sync.ddpwatch == 1
+    assert sync.detail.startswith("step 6: cudaEventSynchronize ×1 more than unwatched; 1 of 5 iterations")
 
 
 def test_a_pinned_copy_without_a_sync_is_not_a_sync() -> None:

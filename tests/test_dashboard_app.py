@@ -110,6 +110,10 @@ async def test_key_press_sends_the_switch_to_rank_0_and_reports_its_ack(tmp_path
 
 def test_dashboard_main_screen_snapshot(snap_compare) -> None:  # noqa: ANN001
     async def settle(pilot) -> None:  # noqa: ANN001
+        # the feed delivers from its own thread and the app drains it on its frame timer: a fixed
+        # pause let a loaded machine take the snapshot before every message was drawn
+        app.feed.stop()  # joins the thread: every message has been queued
+        app.refresh_frame()
         await pilot.pause(0.5)
 
     app = DashboardApp(StaticFeed(session_messages()), export_on_exit=False)

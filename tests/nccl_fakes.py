@@ -19,6 +19,7 @@ Written from PyTorch's source, not from what we would like it to do:
   future's CUDA events (``synchronizeWithCurrentStreams``). An event recorded in the callback
   therefore happens on the GPU after the collective ends.
 - ``WorkNCCL::wait`` makes the *current stream* wait for the end event; the host does not wait.
+  A synchronous call (``async_op=False``) is the same work, waited at once by ``distributed_c10d``.
 - ``torch.cuda.Event.record`` records on the given stream, else the current one; ``query()`` is
   False until the GPU has reached the event; ``elapsed_time`` needs both events completed.
 - ``torch.cuda.current_stream()`` builds a new ``Stream`` object each call (``torch/cuda/__init__.py``);
@@ -182,6 +183,11 @@ class FakeProcessGroupNccl:
         work = FakeNcclWork(self.gpu, start, end, self.timing)
         self.works.append(work)
         return work
+
+    def all_reduce_synchronously(self, transfer_ms: float) -> None:
+        """``dist.all_reduce(t, async_op=False)``: ``distributed_c10d.all_reduce`` issues the work
+        and calls ``work.wait()`` itself, so the current stream waits for the end; it returns None."""
+        self.all_reduce(transfer_ms).wait()
 
 
 class FakeHostTensor:

@@ -326,6 +326,28 @@ def test_nccl_bucket_issued_after_the_stream_is_free_starts_at_its_issue(gpu: Fa
     assert [(round(s.start * 1e3, 6), round(s.end * 1e3, 6)) for s in collectives] == [(1.0, 3.0), (10.0, 12.0)]
 
 
+def test_synchronous_nccl_collectives_end_at_the_mark_after_the_call_with_no_callback(gpu: FakeGpu, host_time: FakeHostTime) -> None:
+    """``simple``/``hook`` on a GPU: the mark after a synchronous call is on the compute stream,
+    which the call made wait for NCCL, so it reads the collective's end; no ``.then`` is paid for.
+    Compute runs 0-3 ms, the first all-reduce 3-7, a 1 ms division 7-8, the second 8-12."""
+    timeline = _cuda_timeline(gpu)
+    group = FakeProcessGroupNccl(gpu)
+    timeline.begin_step(1, "simple", {})
+    gpu.compute.run(3.0)
+    for index in range(2):
+        span = timeline.open_collective("all_reduce", 64, f"p{index}", "float32", blocking=True)
+        timeline.close_collective(span, group.all_reduce_synchronously(transfer_ms=4.0))
+        gpu.compute.run(1.0)
+    timeline.end_step(samples=1, tokens=1)
+    gpu.done_ms = 11.0  # the second all-reduce is still running
+    assert timeline.completed_reports() == []
+    gpu.done_ms = 13.0
+    collectives = _kinds(_only_report(timeline), "all_reduce")
+    assert [(round(s.start * 1e3, 6), round(s.end * 1e3, 6), s.blocking) for s in collectives] == [
+        (3.0, 7.0, True), (8.0, 12.0, True)]
+    assert gpu.pool_streams == 0 and gpu.synchronizations == 0
+
+
 def test_cuda_collective_whose_end_is_still_running_holds_the_step(gpu: FakeGpu, host_time: FakeHostTime) -> None:
     timeline = _cuda_timeline(gpu, nccl_timing=True)
     group = FakeProcessGroupNccl(gpu, timing=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
@@ -24,6 +24,12 @@ from .distributed import DistributedContext
 from .protocol import Ack, ClientKeys, Hello, StepReport, SwitchCommand
 from .telemetry import TelemetryPublisher
 from .timeline import NULL_TIMELINE, CudaEventClock, HostClock, NullTimeline, StepTimeline
+
+
+#: Rank 0 spaces the ranks' agreements on a switch command about this far apart (see
+#: ``Watch.agree_on_command``): a switch lands within two of them.
+AGREEMENT_EVERY_S = 0.2
+MAX_AGREEMENT_INTERVAL = 20  # boundaries: so that a switch to a much slower strategy is not long in landing
 
 
 def shared_session_id() -> str:
@@ -63,6 +69,10 @@ class Watch:
         self._applied: set[str] = set()  # command ids already applied: a resend is only re-acknowledged
         self._control: dist.ProcessGroup | None = None  # see control_group
         self._announced: tuple[Any, torch.Tensor, SwitchCommand | None] | None = None  # see agree_on_command
+        self._boundaries = 0  # optimizer-step boundaries seen: the same count on every rank
+        self._next_agreement = 0  # the boundary of the next agreement, as every rank was told
+        self._last_agreement: tuple[int, float] | None = None  # rank 0: (boundary, time) of the last one
+        self._clock: Callable[[], float] = time.perf_counter
         self.latest_loss: tuple[int, float] | None = None  # (step, loss) of the newest report sent
 
     @classmethod
@@ -95,40 +105,62 @@ class Watch:
             self.publisher.publish(self.publisher.hello)  # now, not at the next periodic repeat
 
     def agree_on_command(self) -> SwitchCommand | None:
-        """The switch command every rank applies now, or None. Every rank calls it at the same
+        """The switch command every rank applies now, or None. Every rank calls it at every
         optimizer-step boundary (never inside an accumulation); unwatched runs skip it alike.
 
-        Only rank 0 hears the dashboard. At each boundary it *announces* whether a command came,
-        a 4-byte broadcast issued without waiting; at the next boundary every rank waits for that
-        broadcast (long done by then) and, only if a command was announced, receives it with a
-        blocking broadcast and applies it. A blocking broadcast every step cost 4-5 % of a 130 ms
-        step on two loaded cores (the ranks hand off through the scheduler at each one); this way
-        the wait finds it done and the call costs 0.7-0.9 ms (median, same machine), and a switch
-        lands one step later. Everything is on CPU tensors in the
+        Only rank 0 hears the dashboard, and the ranks agree on what it heard at *agreement
+        boundaries*, not at every step. At each one, rank 0 announces whether a command came and
+        how many boundaries apart the next two agreements will be (so every rank knows when the
+        one after next is), in one 8-byte broadcast issued without waiting; at the next agreement every rank waits for it (long done by then) and, only if a
+        command was announced, receives it with a blocking broadcast and applies it. Rank 0
+        spaces agreements ``AGREEMENT_EVERY_S`` apart by its own step time (every step when
+        steps are slower than that), so the cost, 0.05 ms on one H100 host and 0.7-0.9 ms on two
+        loaded CPU cores, is paid a few times a second rather than every step, and a switch lands
+        at most two agreements after the dashboard sent it. Everything is on CPU tensors in the
         gloo control group: nothing touches a GPU, so the host never waits for one.
         """
         if self.publisher is None:
             return None
-        command = self._receive_announced()
-        announced = self._next_new_command() if dist.get_rank() == 0 else None
-        flag = torch.tensor([0 if announced is None else 1], dtype=torch.int32)
+        boundary = self._boundaries
+        self._boundaries += 1
+        if boundary < self._next_agreement:
+            return None
+        command, interval = self._receive_announced()
+        self._next_agreement = boundary + interval
+        announced, next_interval = None, 1
+        if dist.get_rank() == 0:
+            announced, next_interval = self._next_new_command(), self._interval_to_announce(boundary)
+        flag = torch.tensor([0 if announced is None else 1, next_interval], dtype=torch.int32)
         work = dist.broadcast(flag, src=0, group=self._control, async_op=True)
         self._announced = (work, flag, announced)
         return command
 
-    def _receive_announced(self) -> SwitchCommand | None:
-        """The command announced at the previous boundary, now on every rank, or None."""
+    def _interval_to_announce(self, boundary: int) -> int:
+        """Rank 0: boundaries between the next two agreements, from the time per boundary since
+        its last agreement, so that they come about ``AGREEMENT_EVERY_S`` apart."""
+        now = self._clock()
+        last, self._last_agreement = self._last_agreement, (boundary, now)
+        if last is None or boundary <= last[0]:
+            return 1
+        per_boundary = (now - last[1]) / (boundary - last[0])
+        return max(1, min(MAX_AGREEMENT_INTERVAL, round(AGREEMENT_EVERY_S / per_boundary) if per_boundary > 0 else MAX_AGREEMENT_INTERVAL))
+
+    def _receive_announced(self) -> tuple[SwitchCommand | None, int]:
+        """The command announced at the previous agreement, now on every rank, or None; and how
+        many boundaries from this one the next agreement is (1 at the first)."""
         if self._announced is None:
-            return None
+            return None, 1
         work, flag, held = self._announced
         self._announced = None
         work.wait()
-        if not flag.item():
-            return None
+        has_command, interval = (int(v) for v in flag.tolist())
+        interval = max(1, interval)
+        if not has_command:
+            return None, interval
         box = [held]
         dist.broadcast_object_list(box, src=0, group=self._control)
         self._applied.add(box[0].command_id)
-        return box[0]
+        return box[0], interval
 
     def _next_new_command(self) -> SwitchCommand | None:
         assert self.publisher is not None

@@ -18,19 +18,23 @@ from instrumented_ddp.watch import Watch, control_group, nccl_timing_enabled
 
 class RecordingDist:
     """Stands in for ``torch.distributed`` inside ``watch``: records what each collective got.
-    Rank 0's flag, as every rank receives it, is ``flags_from_rank0`` in turn."""
+    Rank 0's announcement, as every rank receives it, is ``flags_from_rank0`` in turn: a command
+    flag, or (flag, boundaries to the agreement after next); what rank 0 sent is in ``sent``."""
 
-    def __init__(self, rank: int, flags_from_rank0: list[int], command: SwitchCommand | None = None) -> None:
+    def __init__(self, rank: int, flags_from_rank0: list[int | tuple[int, int]], command: SwitchCommand | None = None) -> None:
         self.rank, self.flags, self.command = rank, list(flags_from_rank0), command
         self.calls: list[tuple[Any, ...]] = []
         self.groups_made: list[dict[str, Any]] = []
+        self.sent: list[list[int]] = []
 
     def get_rank(self) -> int:
         return self.rank
 
     def broadcast(self, tensor: torch.Tensor, src: int, group: Any = None, async_op: bool = False) -> Any:
         self.calls.append(("broadcast", tensor.device.type, group, async_op))
-        tensor.fill_(self.flags.pop(0))
+        self.sent.append(tensor.tolist())
+        received = self.flags.pop(0)
+        tensor.copy_(torch.tensor(received if isinstance(received, tuple) else (received, 1)))
         return SimpleNamespace(wait=lambda: self.calls.append(("wait",)))
 
     def broadcast_object_list(self, box: list[Any], src: int, group: Any = None, device: Any = None) -> None:
@@ -84,6 +88,39 @@ def test_rank0_announces_the_command_it_heard_and_does_not_announce_it_twice(mon
     watch.publisher.commands.put(command)  # resent by the dashboard before the switch landed
     assert watch.agree_on_command() == command
     assert watch._announced is not None and watch._announced[2] is None  # already applied: only re-acknowledged
+
+
+def test_ranks_skip_the_boundaries_between_agreements_rank0_announced(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rank 0 said at the second agreement (boundary 1) that the one after next is 3 boundaries
+    on: the ranks agree at 0, 1, 2 (told at 0: 1 on), then at 5; 3 and 4 cost nothing."""
+    fake = RecordingDist(rank=1, flags_from_rank0=[(0, 1), (0, 3), (0, 1), (0, 1)])
+    watch = _watch_on_rank(1, fake, monkeypatch)
+    agreed = []
+    for boundary in range(6):
+        before = len(fake.calls)
+        assert watch.agree_on_command() is None
+        agreed += [boundary] if len(fake.calls) > before else []
+    assert agreed == [0, 1, 2, 5]
+
+
+def test_rank0_spaces_agreements_by_its_own_step_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Steps of 50 ms: after the first agreement (nothing measured yet: 1) rank 0 announces
+    0.2 s / 50 ms = 4 boundaries; steps of 1 ms are capped at MAX_AGREEMENT_INTERVAL."""
+    clock = iter([10.0, 10.05, 10.1, 10.101])
+    fake = RecordingDist(rank=0, flags_from_rank0=[(0, 1), (0, 1), (0, 1), (0, 1)])
+    watch = _watch_on_rank(0, fake, monkeypatch)
+    watch._clock = lambda: next(clock)
+    for _ in range(4):
+        watch.agree_on_command()
+    assert [interval for _, interval in fake.sent] == [1, 4, 4, watch_module.MAX_AGREEMENT_INTERVAL]
+    assert 0.2 / 0.05 == 4 and watch_module.AGREEMENT_EVERY_S == 0.2
+
+
+def test_a_command_announced_before_a_long_interval_lands_at_the_next_agreement(monkeypatch: pytest.MonkeyPatch) -> None:
+    command = SwitchCommand("c1", "ddp")
+    fake = RecordingDist(rank=1, flags_from_rank0=[(0, 1), (1, 4), (0, 1)], command=command)
+    watch = _watch_on_rank(1, fake, monkeypatch)
+    assert [watch.agree_on_command() for _ in range(3)] == [None, None, command]
 
 
 @pytest.mark.parametrize(("value", "enabled"), [("1", True), ("true", True), ("Y", True), ("0", False), ("", False), ("no", False)])

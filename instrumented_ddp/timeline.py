@@ -13,7 +13,8 @@ at a time on its worker threads, NCCL one at a time on the process group's NCCL 
 collective issued while the queue is busy waits, and that wait is not transfer: the span starts
 when it was issued or when a worker (the stream) became free, whichever is later, found by
 replaying the queue over the completion stamps (``_start_when_a_worker_was_free``). On NCCL
-with timing on, NCCL's own start event is read instead, once the collective has completed.
+with timing on, a collective's duration is NCCL's own, read once it has completed, and the same
+replay run forward from the issue marks gives its start and end: no completion callback at all.
 """
 
 from __future__ import annotations
@@ -90,17 +91,23 @@ class CudaEventClock:
     """GPU: CUDA events on the current stream, converted to the host clock against a reference
     event recorded at each step's start; resolved with ``query()``, never ``synchronize()``.
 
-    A NCCL work's future is marked complete when the collective is *enqueued*
-    (``ProcessGroupNCCL::collective`` calls ``future_->markCompleted`` right after the kernel is
-    launched), and ``.then`` runs its callback at once, on a pool stream made to wait for NCCL's
-    end event (``ivalue::Future::invokeCallback``). So an event recorded inside the callback
-    completes when the collective does: that is the span's end. Its start: ProcessGroupNCCL
-    runs a group's collectives one after another on one NCCL stream, each after the compute
-    stream reached its issue point, so the start is the issue time or the previous collective's
-    end, whichever is later (``worker_threads = 1`` replays exactly that). With NCCL timing on
-    (``TORCH_NCCL_ENABLE_TIMING=1`` or ``pg._enable_collectives_timing()``), NCCL's own duration
-    is read instead; ``work._get_duration()`` raises until the work's end event has completed,
-    so it is read when the step resolves, never inside the callback.
+    An asynchronous NCCL collective is timed one of two ways:
+
+    - *NCCL timing on* (``TORCH_NCCL_ENABLE_TIMING=1`` or ``pg._enable_collectives_timing()``;
+      ``Watch`` turns it on unless the variable says 0): ProcessGroupNCCL records a start and an
+      end event around each collective on its NCCL stream, and ``work._get_duration()`` reads
+      their distance once the end event has completed (it raises before). ProcessGroupNCCL runs
+      a group's collectives one after another on that stream, each after the compute stream
+      reached its issue point, so a collective starts at its issue mark or at the previous
+      one's end, whichever is later, and ends its duration after that: the issue marks and the
+      durations give every start and end, and nothing is chained on the work (a ``.then`` and
+      the event recorded in it cost 57 us of host time a collective on an H100 host).
+    - *timing off*: the end is an event recorded in a callback chained with ``.then``. A NCCL
+      work's future is marked complete when the collective is *enqueued*
+      (``ProcessGroupNCCL::collective`` calls ``future_->markCompleted`` right after the kernel
+      is launched), and ``.then`` runs its callback at once, on a pool stream made to wait for
+      NCCL's end event (``ivalue::Future::invokeCallback``), so that event completes when the
+      collective does. The start is the same replay over those ends (``worker_threads = 1``).
     """
 
     worker_threads = 1
@@ -171,11 +178,13 @@ class CudaEventClock:
         return host
 
     def on_completion(self, work: Any, span: _PendingSpan) -> None:
-        duration = (lambda: work._get_duration() / 1000.0) if self.nccl_timing else None
+        if self.nccl_timing:
+            span.complete_after(lambda: work._get_duration() / 1000.0, work.is_completed)
+            return
 
         def completed(_future: Any) -> None:
             try:
-                span.complete(self.stamp(), duration)
+                span.complete(self.stamp())
             except Exception as error:  # a raising callback would leave the span open forever
                 span.fail(error)
 
@@ -183,21 +192,37 @@ class CudaEventClock:
 
 
 class _PendingSpan:
-    __slots__ = ("kind", "start", "end", "blocking", "nbytes", "tag", "dtype", "duration", "failure")
+    __slots__ = ("kind", "start", "end", "blocking", "nbytes", "tag", "dtype", "duration", "work_completed", "failure")
 
     def __init__(self, kind: str, start: Stamp, blocking: bool, nbytes: int = 0, tag: str = "", dtype: str = "") -> None:
         self.kind, self.start, self.end, self.blocking = kind, start, None, blocking
         self.nbytes, self.tag, self.dtype = nbytes, tag, dtype
-        self.duration: Callable[[], float] | None = None  # NCCL's own duration, read at resolve time
+        self.duration: Callable[[], float] | None = None  # NCCL's own, read at resolve time: the span has no end mark
+        self.work_completed: Callable[[], bool] | None = None
         self.failure: str | None = None
 
-    def complete(self, end: Stamp, duration: Callable[[], float] | None = None) -> None:
-        self.duration = duration
+    def complete(self, end: Stamp) -> None:
         self.end = end
+
+    def complete_after(self, duration: Callable[[], float], work_completed: Callable[[], bool]) -> None:
+        """The span ends ``duration()`` seconds after it starts (see ``CudaEventClock``);
+        ``duration()`` raises until the work has completed, and a work that has completed but
+        still cannot say (timing was off after all) fails the span."""
+        self.duration, self.work_completed = duration, work_completed
 
     def fail(self, error: BaseException) -> None:
         """The completion could not be stamped: the span will never resolve."""
         self.failure = f"{type(error).__name__}: {error}"
+
+    def read_duration(self) -> float | None:
+        """NCCL's duration in seconds, or None while the collective may still be running."""
+        assert self.duration is not None and self.work_completed is not None
+        try:
+            return self.duration()
+        except Exception as error:
+            if self.work_completed():
+                self.fail(error)
+            return None
 
 
 class _PendingStep:
@@ -310,23 +335,22 @@ class StepTimeline:
         if (start is None or end is None) and not overdue:
             return None
         failed = False
-        resolved: list[tuple[Span, bool]] = []  # (span, its start is NCCL's own)
+        resolved: list[tuple[Span, float | None]] = []  # (span, NCCL's duration: the span's end is to be found)
         for pending in step.spans:
             span_start = resolve(pending.start)
-            span_end = None if pending.end is None else resolve(pending.end)
+            duration = None
+            if pending.duration is not None:
+                duration = None if pending.failure is not None else pending.read_duration()
+                span_end = span_start if duration is not None else None
+            else:
+                span_end = None if pending.end is None else resolve(pending.end)
             if pending.failure is not None or span_start is None or span_end is None:
                 if pending.failure is None and not overdue:
                     return None
                 failed = True
                 continue
-            measured = False
-            if pending.duration is not None:
-                try:
-                    span_start, measured = span_end - pending.duration(), True
-                except Exception:  # timing turned off after all: the queue replay stands in
-                    pass
             resolved.append((Span(pending.kind, span_start, max(span_start, span_end), pending.blocking,
-                                  pending.nbytes, pending.tag, pending.dtype), measured))
+                                  pending.nbytes, pending.tag, pending.dtype), duration))
         unresolved = failed or start is None or end is None
         start = self.clock.host_time(step.start) if start is None else start
         end = self.clock.host_time(step.end) if end is None else end
@@ -340,25 +364,26 @@ class StepTimeline:
         )
 
     @staticmethod
-    def _start_when_a_worker_was_free(spans: list[tuple[Span, bool]], workers: int | None) -> list[Span]:
+    def _start_when_a_worker_was_free(spans: list[tuple[Span, float | None]], workers: int | None) -> list[Span]:
         """A collective starts when it is issued or when one of the backend's FIFO workers
         (gloo's threads; NCCL's one stream) frees up, whichever is later: replaying the queue
         over the completion stamps gives that time, so the span measures the transfer, not the
-        queueing behind earlier buckets. A span whose start NCCL measured keeps it, and holds
-        its worker until its end all the same. Spans are kept in issue order (``open_collective``
-        appends them as they are issued), which is the order both backends serve them in."""
-        adjusted = [span for span, _ in spans]
+        queueing behind earlier buckets. A span whose duration NCCL measured has no end stamp:
+        the same replay starts it, and it ends its duration later. Spans are kept in issue order
+        (``open_collective`` appends them as they are issued), which is the order both backends
+        serve them in."""
         if not workers:
-            return adjusted
+            return [span if duration is None else span._replace(end=span.start + duration) for span, duration in spans]
+        adjusted = [span for span, _ in spans]
         free_at = [float("-inf")] * workers
-        for index, (span, measured) in enumerate(spans):  # issue order: the order both queues serve
+        for index, (span, duration) in enumerate(spans):  # issue order: the order both queues serve
             if span.kind not in COMM_KINDS:
                 continue
-            start = span.start if measured else min(max(span.start, heapq.heappop(free_at)), span.end)
-            if measured:
-                heapq.heappop(free_at)
-            heapq.heappush(free_at, span.end)
-            adjusted[index] = span._replace(start=start)
+            start = max(span.start, heapq.heappop(free_at))
+            end = start + duration if duration is not None else span.end
+            start = min(start, end)
+            heapq.heappush(free_at, end)
+            adjusted[index] = span._replace(start=start, end=end)
         return adjusted
 
 

@@ -39,10 +39,22 @@ def shared_session_id() -> str:
     return chosen[0]
 
 
-def nccl_timing_enabled() -> bool:
-    """Whether ProcessGroupNCCL records each collective's start event (``TORCH_NCCL_ENABLE_TIMING``,
-    read as PyTorch's ``getCvarBool`` does), so ``work._get_duration()`` can be read."""
-    return os.environ.get("TORCH_NCCL_ENABLE_TIMING", "").strip().lower() in ("1", "true", "yes", "y")
+def turn_on_nccl_timing(backend: str) -> bool:
+    """Whether ProcessGroupNCCL records each collective's start event, so ``work._get_duration()``
+    can be read (see ``CudaEventClock``). ``TORCH_NCCL_ENABLE_TIMING``, read as PyTorch's
+    ``getCvarBool`` reads it, decides where it is set; unset, ddpwatch turns timing on for the
+    default group (``_enable_collectives_timing()``: one more CUDA event recorded per collective,
+    by ProcessGroupNCCL in C++), which saves a Python completion callback per collective."""
+    setting = os.environ.get("TORCH_NCCL_ENABLE_TIMING", "").strip().lower()
+    if setting:
+        return setting in ("1", "true", "yes", "y")
+    if backend != "nccl":
+        return False
+    try:
+        dist.group.WORLD._enable_collectives_timing()
+    except (RuntimeError, AttributeError):  # a PyTorch without it: the callbacks time the ends
+        return False
+    return True
 
 
 def control_group() -> dist.ProcessGroup:
@@ -83,7 +95,7 @@ class Watch:
     def start(cls, address: str, context: DistributedContext, hello_fields: dict[str, Any],
               keys: ClientKeys | None = None) -> Watch:
         on_gpu = context.device.type == "cuda"
-        clock = CudaEventClock(torch, nccl_timing=nccl_timing_enabled()) if on_gpu else HostClock()
+        clock = CudaEventClock(torch, nccl_timing=turn_on_nccl_timing(context.backend)) if on_gpu else HostClock()
         timeline = StepTimeline(context.rank, clock)
         reader, device_note = make_reader(context.device.type, cuda_device_identity(torch, context.device.index) if on_gpu else None)
         hello = Hello(

@@ -13,6 +13,7 @@ Written from PyTorch's source, not from what we would like it to do:
   enabled, ...")`` and ``TORCH_CHECK(end_event->query(), "getDuration only works after the work
   has completed")``, then ``start.elapsed_time(end)`` in milliseconds. Timing is on with
   ``TORCH_NCCL_ENABLE_TIMING=1`` or ``ProcessGroup._enable_collectives_timing()``.
+  ``WorkNCCL::isCompleted`` queries the end event without blocking.
 - ``torch.futures.Future.then`` (``torch/futures/__init__.py``; ``ivalue::Future::then`` and
   ``invokeCallback`` in ``ATen/core/ivalue_inl.h``): on a completed future the callback runs at
   once, on the calling thread, with a fresh pool stream made current that first waits for the
@@ -159,6 +160,10 @@ class FakeNcclWork:
     def wait(self) -> None:
         """The current stream waits; the host does not."""
         self.gpu.current.wait_until(self.end_ms)
+
+    def is_completed(self) -> bool:
+        """``WorkNCCL::isCompleted``: a non-blocking query of the end event."""
+        return self.end_ms <= self.gpu.done_ms
 
     def _get_duration(self) -> float:
         if not self.timing:

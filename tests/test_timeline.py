@@ -307,6 +307,7 @@ def test_back_to_back_nccl_buckets_read_their_transfer_not_their_queueing(gpu: F
     collectives = _kinds(report, "all_reduce")
     assert [(round(s.start * 1e3, 6), round(s.end * 1e3, 6)) for s in collectives] == [(1.0, 5.0), (5.0, 9.0), (9.0, 13.0)]
     assert [work.early_duration_reads for work in works] == [0, 0, 0]  # never read before completion
+    assert gpu.pool_streams == (0 if nccl_timing else 3)  # with NCCL's durations, no .then callback at all
     (wait,) = _kinds(report, "wait")  # the compute stream sat from 3.5 ms until the last bucket ended
     assert (round(wait.start * 1e3, 6), round(wait.end * 1e3, 6)) == (3.5, 13.0)
 
@@ -352,8 +353,8 @@ def test_cuda_collective_whose_end_is_still_running_holds_the_step(gpu: FakeGpu,
     timeline = _cuda_timeline(gpu, nccl_timing=True)
     group = FakeProcessGroupNccl(gpu, timing=True)
     timeline.begin_step(1, "bucket", {})
-    span = timeline.open_collective("all_reduce", 64, "b0", "float32", blocking=False)
     gpu.compute.run(1.0)
+    span = timeline.open_collective("all_reduce", 64, "b0", "float32", blocking=False)
     timeline.close_collective(span, group.all_reduce(transfer_ms=8.0))  # NCCL: 1-9 ms
     gpu.host_ms = 5.0
     timeline.end_step(samples=1, tokens=1)
@@ -362,6 +363,27 @@ def test_cuda_collective_whose_end_is_still_running_holds_the_step(gpu: FakeGpu,
     gpu.done_ms = 9.0
     (collective,) = _only_report(timeline).spans
     assert collective.end == pytest.approx(0.009) and collective.start == pytest.approx(0.001)
+
+
+def test_nccl_work_that_completed_without_a_duration_sends_its_step_unresolved(gpu: FakeGpu, host_time: FakeHostTime) -> None:
+    """The clock was told timing is on, but the group never recorded start events: once the work
+    has completed and still has no duration, its span cannot resolve, and the step goes out
+    marked unresolved rather than holding every later step."""
+    timeline = _cuda_timeline(gpu, nccl_timing=True)
+    group = FakeProcessGroupNccl(gpu, timing=False)
+    timeline.begin_step(1, "bucket", {})
+    span = timeline.open_collective("all_reduce", 64, "b0", "float32", blocking=False)
+    work = group.all_reduce(transfer_ms=2.0)  # 0-2 ms
+    timeline.close_collective(span, work)
+    work.wait()
+    with timeline.phase("optimizer"):
+        gpu.compute.run(1.0)
+    timeline.end_step(samples=1, tokens=1)
+    gpu.done_ms = 1.0
+    assert timeline.completed_reports() == []  # still running: it may yet say
+    gpu.done_ms = 3.0
+    report = _only_report(timeline)
+    assert report.unresolved and [s.kind for s in report.spans] == ["optimizer"]
 
 
 def test_cuda_loss_is_read_without_waiting_for_the_device(gpu: FakeGpu, host_time: FakeHostTime) -> None:

@@ -13,7 +13,7 @@ import torch
 
 from instrumented_ddp import watch as watch_module
 from instrumented_ddp.protocol import Span, StepReport, SwitchCommand
-from instrumented_ddp.watch import Watch, control_group, nccl_timing_enabled
+from instrumented_ddp.watch import Watch, control_group, turn_on_nccl_timing
 
 
 class RecordingDist:
@@ -123,10 +123,28 @@ def test_a_command_announced_before_a_long_interval_lands_at_the_next_agreement(
     assert [watch.agree_on_command() for _ in range(3)] == [None, None, command]
 
 
-@pytest.mark.parametrize(("value", "enabled"), [("1", True), ("true", True), ("Y", True), ("0", False), ("", False), ("no", False)])
-def test_nccl_timing_is_read_from_the_environment(monkeypatch: pytest.MonkeyPatch, value: str, enabled: bool) -> None:
+@pytest.mark.parametrize(("value", "enabled"), [("1", True), ("true", True), ("Y", True), ("0", False), ("no", False)])
+def test_nccl_timing_set_in_the_environment_is_read_as_pytorch_reads_it(
+        monkeypatch: pytest.MonkeyPatch, value: str, enabled: bool) -> None:
     monkeypatch.setenv("TORCH_NCCL_ENABLE_TIMING", value)
-    assert nccl_timing_enabled() is enabled
+    monkeypatch.setattr(watch_module, "dist", SimpleNamespace(group=SimpleNamespace(WORLD=None)))  # touched: AttributeError
+    assert turn_on_nccl_timing("nccl") is enabled
+
+
+@pytest.mark.parametrize(("backend", "refuses", "enabled"), [("nccl", False, True), ("nccl", True, False), ("gloo", False, False)])
+def test_nccl_timing_unset_is_turned_on_for_the_default_nccl_group(
+        monkeypatch: pytest.MonkeyPatch, backend: str, refuses: bool, enabled: bool) -> None:
+    turned_on = []
+
+    def enable() -> None:
+        if refuses:
+            raise RuntimeError("Backend nccl is missing implementation of enableCollectivesTiming.")
+        turned_on.append(True)
+
+    monkeypatch.delenv("TORCH_NCCL_ENABLE_TIMING", raising=False)
+    monkeypatch.setattr(watch_module, "dist", SimpleNamespace(group=SimpleNamespace(WORLD=SimpleNamespace(_enable_collectives_timing=enable))))
+    assert turn_on_nccl_timing(backend) is enabled
+    assert turned_on == ([True] if enabled else [])
 
 
 def test_latest_loss_comes_from_the_newest_report_that_has_one() -> None:

@@ -114,7 +114,8 @@ def sync_checks(sync: dict[str, Any]) -> tuple[Check, ...]:
     return (Check("device syncs in watched steps", count, 0, "0", count == 0, "", detail),)
 
 
-_OVERHEAD_ROW = re.compile(r"^(?P<strategy>[a-z0-9]+)\s+(?P<watched>[\d.]+)\s+(?P<plain>[\d.]+)\s+(?P<ratio>[\d.]+)\s*$")
+_OVERHEAD_ROW = re.compile(r"^(?P<strategy>[a-z0-9]+)\s+(?P<watched>[\d.]+)\s+(?P<plain>[\d.]+)\s+(?P<ratio>[\d.]+)"
+                           r"(\s+(?P<low>[\d.]+)\s*-\s*(?P<high>[\d.]+))?\s*$")
 
 
 def overhead_checks(bench_output: str, goal: float = OVERHEAD_GOAL) -> tuple[Check, ...]:
@@ -123,8 +124,9 @@ def overhead_checks(bench_output: str, goal: float = OVERHEAD_GOAL) -> tuple[Che
     for line in bench_output.splitlines():
         if match := _OVERHEAD_ROW.match(line.strip()):
             ratio = float(match["ratio"])
+            interval = f", 90% interval {match['low']}-{match['high']}" if match["low"] else ""
             checks.append(Check(f"overhead {match['strategy']}", ratio, None, f"<= {goal:g}", ratio <= goal, "x",
-                                f"{match['watched']} ms watched, {match['plain']} ms not"))
+                                f"{match['watched']} ms watched, {match['plain']} ms not{interval}"))
     return tuple(checks) or (Check("overhead", None, None, f"<= {goal:g}", False, "x", "bench/overhead.py printed no table"),)
 
 

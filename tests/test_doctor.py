@@ -65,13 +65,13 @@ def test_syncs_in_watched_steps_fail_and_are_named() -> None:
 
 
 BENCH_OUTPUT = """\
-strategy  watched ms  plain ms  ratio   (40 steps each, alternating, 1 ranks on cuda, micro-batch 4x64, blocks of 5, telemetry dropped 0)
-simple          41.2      40.9  1.007
-ga              41.0      40.8  1.005
-hook            52.3      50.1  1.044
-async           38.0      37.9  1.003
-bucket          20.1      20.0  1.005
-ddp             19.8      19.9  0.995
+strategy  watched ms  plain ms  ratio  90% interval   (40 steps each, alternating, 1 ranks on cuda, micro-batch 4x64, blocks of 5, telemetry dropped 0)
+simple          41.2      40.9  1.007  0.990- 1.020
+ga              41.0      40.8  1.005  0.998- 1.011
+hook            52.3      50.1  1.044  1.030- 1.061
+async           38.0      37.9  1.003  0.991- 1.012
+bucket          20.1      20.0  1.005  0.999- 1.008
+ddp             19.8      19.9  0.995  0.980- 1.004
 """
 
 
@@ -79,7 +79,8 @@ def test_overhead_is_checked_per_strategy_against_the_goal() -> None:
     checks = overhead_checks(BENCH_OUTPUT)
     assert [c.name for c in checks] == [f"overhead {s}" for s in ("simple", "ga", "hook", "async", "bucket", "ddp")]
     assert failed(checks) == ["overhead hook"]
-    assert checks[2].ddpwatch == pytest.approx(1.044)
+    assert checks[2].ddpwatch == pytest.approx(1.044) and checks[2].detail.endswith("90% interval 1.030-1.061")
+    assert [c.ddpwatch for c in overhead_checks("bucket  20.1  20.0  1.005\n")] == [pytest.approx(1.005)]  # before the interval
 
 
 def test_overhead_without_a_table_fails() -> None:

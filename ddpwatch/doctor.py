@@ -14,9 +14,9 @@ Run from a clone (it runs ``train.py`` and ``bench/overhead.py``, as ``ddpwatch 
    profiled unwatched (``--no-watch``), and each iteration's syncs are held against its
    twin's (a model may sync on its own: transformers checks a padding mask with two
    ``.item()``-like syncs a forward; DDP's runtime logging syncs events over its first 10
-   iterations). With two ranks, once with NCCL's own timing (``TORCH_NCCL_ENABLE_TIMING=1``)
-   and once without (the queue replay), so both ways ddpwatch finds a collective's start are
-   checked. One rank checks no collective: NCCL runs a one-rank all-reduce without a kernel.
+   iterations). With two ranks, once with NCCL's own timing (``TORCH_NCCL_ENABLE_TIMING=1``:
+   NCCL's durations replayed over the stream) and once without (``=0``: end events recorded in
+   completion callbacks), so both ways ddpwatch times an asynchronous collective are checked. One rank checks no collective: NCCL runs a one-rank all-reduce without a kernel.
    The step is a training step the GPU is the bottleneck of (64 sequences of 512 tokens a
    rank): on a step the host is the bottleneck of, the GPU idles between kernels inside
    forward and backward, and ddpwatch's compute, timed by CUDA events at phase boundaries,

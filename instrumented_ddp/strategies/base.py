@@ -135,7 +135,7 @@ class DataParallelStrategy(nn.Module):
         is an event on the current stream, which the call made wait for NCCL's end event, so it
         completes when the collective does, with no work object or completion callback to pay
         for (on one H100 host, 16 us a call against 58 us through ``async_op=True`` and ``.then``).
-        An asynchronous one ends in its work's completion callback.
+        An asynchronous one is closed on its work: the clock times its end (``CudaEventClock``).
         """
         nbytes = tensor.numel() * tensor.element_size()
         span = self.timeline.open_collective(kind, nbytes, tag, str(tensor.dtype).removeprefix("torch."), not async_op)

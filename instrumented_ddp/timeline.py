@@ -179,7 +179,7 @@ class CudaEventClock:
 
     def on_completion(self, work: Any, span: _PendingSpan) -> None:
         if self.nccl_timing:
-            span.complete_after(lambda: work._get_duration() / 1000.0, work.is_completed)
+            span.complete_after(work)
             return
 
         def completed(_future: Any) -> None:
@@ -192,35 +192,33 @@ class CudaEventClock:
 
 
 class _PendingSpan:
-    __slots__ = ("kind", "start", "end", "blocking", "nbytes", "tag", "dtype", "duration", "work_completed", "failure")
+    __slots__ = ("kind", "start", "end", "blocking", "nbytes", "tag", "dtype", "timed_work", "failure")
 
     def __init__(self, kind: str, start: Stamp, blocking: bool, nbytes: int = 0, tag: str = "", dtype: str = "") -> None:
         self.kind, self.start, self.end, self.blocking = kind, start, None, blocking
         self.nbytes, self.tag, self.dtype = nbytes, tag, dtype
-        self.duration: Callable[[], float] | None = None  # NCCL's own, read at resolve time: the span has no end mark
-        self.work_completed: Callable[[], bool] | None = None
+        self.timed_work: Any = None  # a NCCL work whose own duration ends the span: it has no end mark
         self.failure: str | None = None
 
     def complete(self, end: Stamp) -> None:
         self.end = end
 
-    def complete_after(self, duration: Callable[[], float], work_completed: Callable[[], bool]) -> None:
-        """The span ends ``duration()`` seconds after it starts (see ``CudaEventClock``);
-        ``duration()`` raises until the work has completed, and a work that has completed but
-        still cannot say (timing was off after all) fails the span."""
-        self.duration, self.work_completed = duration, work_completed
+    def complete_after(self, work: Any) -> None:
+        """The span ends NCCL's duration of ``work`` after it starts (see ``CudaEventClock``)."""
+        self.timed_work = work
 
     def fail(self, error: BaseException) -> None:
         """The completion could not be stamped: the span will never resolve."""
         self.failure = f"{type(error).__name__}: {error}"
 
     def read_duration(self) -> float | None:
-        """NCCL's duration in seconds, or None while the collective may still be running."""
-        assert self.duration is not None and self.work_completed is not None
+        """NCCL's duration in seconds, or None while the collective may still be running.
+        ``_get_duration()`` raises until the work has completed; a work that has completed and
+        still cannot say (timing was off after all) fails the span."""
         try:
-            return self.duration()
+            return self.timed_work._get_duration() / 1000.0
         except Exception as error:
-            if self.work_completed():
+            if self.timed_work.is_completed():
                 self.fail(error)
             return None
 
@@ -339,7 +337,7 @@ class StepTimeline:
         for pending in step.spans:
             span_start = resolve(pending.start)
             duration = None
-            if pending.duration is not None:
+            if pending.timed_work is not None:
                 duration = None if pending.failure is not None else pending.read_duration()
                 span_end = span_start if duration is not None else None
             else:

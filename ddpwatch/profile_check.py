@@ -604,6 +604,11 @@ def syncs_per_iteration(trace: ProfilerTrace) -> dict[int, tuple[str, ...]]:
             for number, window in trace.steps.items()}
 
 
+def _sync_names(counts: Counter[str], sort: bool = False) -> str:
+    """``cudaStreamSynchronize ×2, cudaEventSynchronize ×8``: in the order met, or by name."""
+    return ", ".join(f"{name} ×{n}" for name, n in (sorted(counts.items()) if sort else counts.items()))
+
+
 def _added_sync_check(rows: Sequence[StepRow], unwatched: Mapping[int, Sequence[str]]) -> Check:
     """Zero *added* syncs: each iteration against the same iteration of the same script run
     unwatched. A sync both runs make is the model's or the framework's (transformers' padding
@@ -618,11 +623,11 @@ def _added_sync_check(rows: Sequence[StepRow], unwatched: Mapping[int, Sequence[
     theirs: Counter[str] = Counter()
     for row in rows:
         theirs |= Counter(unwatched.get(row.profiler_step, ()))
-    unwatched_text = ("the unwatched run makes " + ", ".join(f"{n} ×{c}" for n, c in sorted(theirs.items()))
+    unwatched_text = ("the unwatched run makes " + _sync_names(theirs, sort=True)
                       + " in an iteration too (not ddpwatch's)") if theirs else "the unwatched run makes none"
     if not most:
         return Check(name, 0, sum(theirs.values()), "0", True, "", f"none in {len(rows)} iterations; {unwatched_text}")
-    names = ", ".join(f"{n} ×{c}" for n, c in sorted(added[worst.step].items()))
+    names = _sync_names(added[worst.step], sort=True)
     hit = sum(bool(added[r.step]) for r in rows)
     return Check(name, most, sum(theirs.values()), "0", False, "",
                  f"step {worst.step}: {names} more than unwatched; {hit} of {len(rows)} iterations; {unwatched_text}")
@@ -635,7 +640,7 @@ def _sync_check(rows: Sequence[StepRow]) -> Check:
     worst = max(rows, key=lambda r: len(r.syncs))
     if not worst.syncs:
         return Check("device syncs per step", None, 0, "0", True, "", f"none in {len(rows)} iterations")
-    names = ", ".join(f"{name} ×{n}" for name, n in Counter(worst.syncs).items())
+    names = _sync_names(Counter(worst.syncs))
     hit = sum(bool(r.syncs) for r in rows)
     detail = (f"step {worst.step}: {names} ({worst.syncs_in_step_window} inside ddpwatch's step window); "
               f"{hit} of {len(rows)} iterations sync")

@@ -123,8 +123,9 @@ class Watch:
         Only rank 0 hears the dashboard, and the ranks agree on what it heard at *agreement
         boundaries*, not at every step. At each one, rank 0 announces whether a command came and
         how many boundaries apart the next two agreements will be (so every rank knows when the
-        one after next is), in one 8-byte broadcast issued without waiting; at the next agreement every rank waits for it (long done by then) and, only if a
-        command was announced, receives it with a blocking broadcast and applies it. Rank 0
+        one after next is), in one 8-byte broadcast issued without waiting; at the next agreement
+        every rank waits for it (long done by then) and, only if a command was announced,
+        receives it with a blocking broadcast and applies it. Rank 0
         spaces agreements ``AGREEMENT_EVERY_S`` apart by its own step time (every step when
         steps are slower than that), so the cost, 0.05 ms on one H100 host and 0.7-0.9 ms on two
         loaded CPU cores, is paid a few times a second rather than every step, and a switch lands

@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 import zmq
+from textual.widgets import Static
 
 from ddpwatch import exporters
 from ddpwatch.dashboard.app import DashboardApp
@@ -65,6 +66,11 @@ async def test_help_screen_lists_the_keys() -> None:
         await pilot.press("question_mark")
         await pilot.pause(0.1)
         assert isinstance(app.screen, HelpScreen)
+        shown = app.screen.query_one("#help-text", Static).render()
+        lines = str(shown).splitlines()
+        assert "   ] / [  grad_accum + 1 / - 1 (switches)" in lines
+        assert "   + / -  double / halve bucket_mb (switches)" in lines
+        assert "[/b]" not in str(shown) and "[dim]" not in str(shown)
         await pilot.press("escape")
         assert not isinstance(app.screen, HelpScreen)
 

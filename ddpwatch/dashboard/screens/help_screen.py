@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from rich.markup import escape
 from textual.app import ComposeResult
 from textual.containers import Vertical
+from textual.content import Content
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
@@ -24,13 +24,23 @@ KEYS = [
 ]
 
 
+def help_text() -> Content:
+    """The keys as styled text, not markup: a key such as ``] / [`` is not a tag to escape (an
+    escaped ``[`` at the end of a key still met the closing ``[/b]`` and drew ``[[/b]``)."""
+    parts: list[str | tuple[str, str]] = [("ddpwatch keys", "bold"), "\n\n"]
+    for key, what in KEYS:
+        parts += [(key.rjust(8), "bold"), f"  {what}\n"]
+    parts += ["\n", ("escape to close", "dim")]
+    return Content.assemble(*parts)
+
+
 class HelpScreen(ModalScreen[None]):
     BINDINGS = [("escape,question_mark,q", "dismiss", "close")]
 
     def compose(self) -> ComposeResult:
-        rows = "\n".join(f"[b]{escape(key):>8}[/b]  {what}" for key, what in KEYS)
         with Vertical(id="help-box"):
-            yield Static("[b]ddpwatch keys[/b]\n\n" + rows + "\n\n[dim]escape to close[/dim]")
+            yield Static(help_text(), id="help-text")
+
 
     def action_dismiss(self) -> None:  # type: ignore[override]
         self.dismiss(None)

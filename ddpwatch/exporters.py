@@ -1,4 +1,5 @@
-"""Files a recorded session leaves behind: summary.json/.md/.csv and a Chrome trace.
+"""Files a recorded session leaves behind: summary.json/.md/.csv, summary.svg (the segments as
+bars) and a Chrome trace.
 
 Every number comes from ``Session.segment_figures`` (that is, from ``metrics``), so an export
 can never disagree with what the dashboard showed. ``summary()`` returns exactly what
@@ -22,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from ddpwatch import metrics
+from ddpwatch.segment_bars import bars_svg, segment_bar
 from ddpwatch.session import Session
 
 __all__ = ["chrome_trace", "clock_offsets", "summary", "summary_csv", "summary_markdown", "write_exports"]
@@ -113,6 +115,8 @@ def summary_markdown(summary: dict[str, Any]) -> str:
     lines += ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for seg in summary.get("segments", []):
         lines.append("| " + " | ".join(str(c) for c in _row(seg, 2)) + " |")
+    if summary.get("segments"):
+        lines += ["", "![Compute, Overlap, exposed communication and idle time of each segment's step](summary.svg)"]
     lines += ["", "Comm_overhead% is merged wall-clock communication time over the step window; the seed blog "
               "summed raw kernel durations instead, so concurrent collectives counted twice there.",
               f"{CALLS_COLUMN} is the all-reduces each rank issued in one step (a mean over ranks and steps; "
@@ -133,6 +137,15 @@ def summary_markdown(summary: dict[str, Any]) -> str:
         if seg.get("straggler"):
             lines.append(f"- segment {seg['index']}: {metrics.Straggler.from_dict(seg['straggler']).describe()}")
     return "\n".join(lines) + "\n"
+
+
+def summary_svg(summary: dict[str, Any]) -> str:
+    """The same segments as bars of their step window (``segment_bars``), for the markdown to show."""
+    bars = [segment_bar(f"{seg.get('label') or seg.get('strategy', '')} ({seg['first_step']}-{seg['last_step']})",
+                        seg.get("compute_pct", 0.0), seg.get("non_compute_pct", 0.0), seg.get("idle_pct", 0.0),
+                        seg.get("hidden_comm_pct", 0.0), seg.get("overlap_pct", 0.0))
+            for seg in summary.get("segments", [])]
+    return bars_svg(bars, f"ddpwatch session {summary.get('session') or '(unnamed)'}: where each step's time went")
 
 
 def summary_csv(summary: dict[str, Any]) -> str:
@@ -248,12 +261,12 @@ def _write_atomic(path: Path, text: str) -> None:
 
 
 def write_exports(session: Session, out_dir: Path) -> dict[str, Path]:
-    """Write the four export files into ``out_dir`` (created if needed); returns name -> path."""
+    """Write the export files into ``out_dir`` (created if needed); returns name -> path."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     data = summary(session)
     texts = {"summary.json": json.dumps(data, indent=2, allow_nan=False) + "\n",
-             "summary.md": summary_markdown(data), "summary.csv": summary_csv(data),
+             "summary.md": summary_markdown(data), "summary.svg": summary_svg(data), "summary.csv": summary_csv(data),
              "trace.json": json.dumps(chrome_trace(session), allow_nan=False, separators=(",", ":"))}
     paths = {}
     for name, text in texts.items():

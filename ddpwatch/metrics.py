@@ -492,6 +492,7 @@ class Figures:
     idle_pct: float
     overlap_pct: float  # mean over records that communicated at all
     comm_overhead_pct: float
+    hidden_comm_pct: float  # mean of 100*|C ∩ M|/K: communication hidden behind compute, in window terms
     all_reduce_calls: float  # per rank per step (mean over records)
     all_reduce_calls_total: int  # over every rank and step
     all_reduce_ms: float  # mean
@@ -537,6 +538,7 @@ class _Running:
     non_compute: float = 0.0
     idle: float = 0.0
     comm_overhead: float = 0.0
+    hidden_comm: float = 0.0
     talking: int = 0
     overlap: float = 0.0
     records: int = 0
@@ -557,6 +559,7 @@ class _Running:
             self.non_compute += f.non_compute_pct
             self.idle += f.idle_pct
             self.comm_overhead += f.comm_overhead_pct
+            self.hidden_comm += f.overlap_pct * f.comm_overhead_pct / 100.0  # |C∩M|/|M| * |M|/K
             if f.comm_overhead_pct > 0:
                 self.talking += 1
                 self.overlap += f.overlap_pct
@@ -585,6 +588,7 @@ class _Running:
             idle_pct=mean(self.idle, self.timed),
             overlap_pct=mean(self.overlap, self.talking),
             comm_overhead_pct=mean(self.comm_overhead, self.timed),
+            hidden_comm_pct=mean(self.hidden_comm, self.timed),
             all_reduce_calls=mean(float(self.calls_total), self.records),
             all_reduce_calls_total=self.calls_total,
             all_reduce_ms=mean(self.all_reduce_ms, self.records),

@@ -123,7 +123,21 @@ def test_summary_segments_and_figures(data: dict) -> None:
     assert rank0["non_compute_pct"] == pytest.approx(20.0)
     assert rank0["all_reduce_ms"] == pytest.approx(20.0)
     assert bucket["per_rank"]["0"]["overlap_pct"] == pytest.approx(100 * 30 / 35)  # 50-80 of 50-85
+    assert bucket["per_rank"]["0"]["hidden_comm_pct"] == pytest.approx(30.0)  # 50-80 of the 100 ms window
     assert simple["compute_pct"] == pytest.approx((70.0 + 100 * 75 / 105) / 2)
+
+
+def test_summary_svg_draws_each_segment_as_its_window(data: dict) -> None:
+    import xml.etree.ElementTree as ElementTree
+
+    root = ElementTree.fromstring(exporters.summary_svg(data))
+    ns = {"svg": "http://www.w3.org/2000/svg"}
+    simple, bucket = data["segments"]
+    labels = [t.text for t in root.findall("svg:text", ns)]
+    assert "simple (grad_accum=1) (0-2)" in labels and "bucket (bucket_mb=25.0, grad_accum=1) (3-5)" in labels
+    hidden = [r for r in root.findall("svg:rect", ns) if r.get("class") == "hidden"]
+    assert len(hidden) == 1  # simple hides nothing: no rect drawn for it
+    assert float(hidden[0].get("width")) == pytest.approx(480 * bucket["hidden_comm_pct"] / 100, abs=0.01)
 
 
 def test_summary_telemetry(data: dict) -> None:
@@ -298,13 +312,15 @@ def test_clock_offsets_fall_back_to_step_starts() -> None:
 def test_write_exports(session: Session, tmp_path: Path) -> None:
     out = tmp_path / "run"
     paths = exporters.write_exports(session, out)
-    assert sorted(paths) == ["summary.csv", "summary.json", "summary.md", "trace.json"]
+    assert sorted(paths) == ["summary.csv", "summary.json", "summary.md", "summary.svg", "trace.json"]
     assert sorted(p.name for p in out.iterdir()) == sorted(paths)  # no temp files left behind
     assert json.loads(paths["summary.json"].read_text()) == exporters.summary(session)
     assert "traceEvents" in json.loads(paths["trace.json"].read_text())
     assert paths["summary.md"].read_text() == exporters.summary_markdown(exporters.summary(session))
+    assert "](summary.svg)" in paths["summary.md"].read_text()
+    assert paths["summary.svg"].read_text() == exporters.summary_svg(exporters.summary(session))
     exporters.write_exports(session, out)  # overwriting works and still leaves no temp files
-    assert len(list(out.iterdir())) == 4
+    assert len(list(out.iterdir())) == 5
 
 
 # --- the headless recorder ---------------------------------------------------------------------

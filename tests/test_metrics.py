@@ -554,3 +554,19 @@ def test_desync_range_covers_first_to_last_affected_step_and_counts_them():
     assert one.describe() == "DESYNC at step 9: the ranks issued different all-reduce counts (rank 0: 1, rank 1: 0)"
     assert DesyncRange.combine([s.desync, None, one]) == DesyncRange(2, 9, 3, s.desync.first, one.last)
     assert DesyncRange.combine([None]) is None
+
+
+def test_segment_hidden_communication_is_the_mean_share_of_the_window_compute_ran_beside():
+    # step0 (10 ms): backward [0,8), all_reduce [6,10): |C∩M| = 2 ms -> 20 % of the window
+    #   (Overlap 50 % of M = 4 ms, Comm_overhead 40 %: 50 * 40 / 100 = 20).
+    # step1 (10 ms): forward [10,15), all_reduce [15,20): nothing hidden -> 0 %.
+    # step2 (0 ms) carries no time and is left out. Mean over steps 0,1: 10 %.
+    recs = [
+        record(0, 10, span("backward", 0, 8), span("all_reduce", 6, 10), step=0),
+        record(10, 20, span("forward", 10, 15), span("all_reduce", 15, 20), step=1),
+        record(30, 30, step=2),
+    ]
+    s = segment_figures(recs, world_size=1)
+    assert s.hidden_comm_pct == approx(10)
+    assert s.overlap_pct == approx(25)  # (50 + 0) / 2
+    assert s.compute_pct == approx(65)  # (80 + 50) / 2

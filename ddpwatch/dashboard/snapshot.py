@@ -97,6 +97,7 @@ class SegmentRow:
     all_reduce_ms: float
     step_ms_p50: float
     samples_per_s: float
+    hidden_comm_pct: float = 0.0  # the part of Compute% that communication ran beside (the bars)
 
 
 @dataclass(frozen=True)
@@ -291,7 +292,7 @@ class SnapshotBuilder:
         f = self.session.segment_figures(segment, include_pending=False, per_rank=False)
         row = SegmentRow(segment.label, steps, f.compute_pct, f.non_compute_pct,
                          f.idle_pct, f.overlap_pct, f.comm_overhead_pct, f.all_reduce_calls, f.all_reduce_ms,
-                         f.step_ms_p50, f.samples_per_s)
+                         f.step_ms_p50, f.samples_per_s, f.hidden_comm_pct)
         self._segment_rows[segment.index] = (now, key, row)
         return row
 

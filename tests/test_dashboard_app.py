@@ -16,6 +16,7 @@ from ddpwatch.dashboard.feeds import LiveFeed, StaticFeed
 from ddpwatch.dashboard.screens.help_screen import HelpScreen
 from ddpwatch.dashboard.snapshot import Snapshot, SnapshotBuilder
 from ddpwatch.dashboard.widgets.ranks_table import RanksTable
+from ddpwatch.dashboard.widgets.segment_bars_view import SegmentBarsView
 from ddpwatch.dashboard.widgets.segments_table import SegmentsTable
 from ddpwatch.dashboard.widgets.timeline_view import TimelineView
 from ddpwatch.receiver import ingest
@@ -45,6 +46,12 @@ async def test_widgets_hold_the_fed_session() -> None:
         assert segments[0].overlap_pct == 0.0 and segments[1].overlap_pct > 0
         assert segments[0].all_reduce_calls == 4 and segments[1].all_reduce_calls == 2
         assert {row.status for row in app.snapshot.ranks} == {"finished"}
+        # beside the table, one bar per segment: bucket's compute is partly beside its all-reduces
+        bars = str(app.query_one(SegmentBarsView).render()).splitlines()
+        assert bars[1].startswith("simple 1-5") and "▓" not in bars[1] and bars[1].endswith("ov   0%")
+        assert bars[2].startswith("bucket 6-10") and "▓" in bars[2]
+        assert bars[2].endswith(f"ov {segments[1].overlap_pct:3.0f}%")
+        assert segments[1].hidden_comm_pct > 0
 
 
 async def test_arrow_keys_walk_back_through_steps_and_end_follows_again() -> None:

@@ -28,6 +28,7 @@ from .screens.strategy_picker import StrategyPicker, SwitchChoice
 from .snapshot import Snapshot, SnapshotBuilder
 from .widgets.header_bar import HeaderBar
 from .widgets.ranks_table import RanksTable
+from .widgets.segment_bars_view import SegmentBarsView
 from .widgets.segments_table import SegmentsTable
 from .widgets.sparkline_list import Series, SparklineList
 from .widgets.timeline_view import TimelineView
@@ -87,6 +88,7 @@ class DashboardApp(App[None]):
         self.header_bar, self.timeline_view = HeaderBar(id="header"), TimelineView(id="timeline")
         self.ranks_table, self.segments_table = RanksTable(id="ranks"), SegmentsTable(id="segments")
         self.device_panel, self.trends_panel = SparklineList(id="devices"), SparklineList(id="trends")
+        self.segment_bars = SegmentBarsView(id="segment-bars")
         self.warnings_panel = WarningsPanel(id="warnings")
         yield self.header_bar
         with VerticalScroll(id="timeline-box"):
@@ -98,7 +100,9 @@ class DashboardApp(App[None]):
                     yield self.device_panel
                 with TabPane("Loss & step time", id="trends-tab"):
                     yield self.trends_panel
-        yield self.segments_table
+        with Horizontal(id="bottom"):
+            yield self.segments_table
+            yield self.segment_bars
         yield self.warnings_panel
         yield Footer()
 
@@ -137,6 +141,7 @@ class DashboardApp(App[None]):
         self.device_panel.show(tuple(Series(f"rank {d.rank} {d.label}", d.values, "%") for d in snapshot.devices))
         self.trends_panel.show((Series("loss (mean over ranks)", snapshot.loss), Series("step time", snapshot.step_ms, " ms")))
         self.segments_table.show(snapshot.segments)
+        self.segment_bars.show(snapshot.segments)
         now = time.monotonic()
         notices = tuple(text for at, text in self.notices if now - at < NOTICE_S)
         self.warnings_panel.show(snapshot.warnings, snapshot.notes + notices)

@@ -1,0 +1,52 @@
+"""Beside the segments table: each segment's step window as one bar, the seed blog's comparison
+at a glance (``ddpwatch/segment_bars.py`` says what the parts are; summary.svg draws the same)."""
+
+from __future__ import annotations
+
+from textual.content import Content
+from textual.widget import Widget
+
+from ...segment_bars import SegmentBar, cells, segment_bar
+from ..snapshot import SegmentRow
+
+#: (glyph, style) per part, in ``segment_bars.PARTS`` order.
+GLYPHS: tuple[tuple[str, str], ...] = (("█", "green"), ("▓", "bright_green"), ("█", "red"), ("░", "grey50"))
+LEGEND = (("█", "green", "compute"), ("▓", "bright_green", "compute beside comm (Overlap)"),
+          ("█", "red", "exposed comm"), ("░", "grey50", "idle"))
+LABEL_CELLS = 16
+OVERLAP_CELLS = 7  # " ov 86%"
+
+
+class SegmentBarsView(Widget):
+    DEFAULT_CSS = """
+    SegmentBarsView { height: auto; }
+    """
+
+    def __init__(self, *, id: str | None = None) -> None:  # noqa: A002 (Textual's name)
+        super().__init__(id=id)
+        self._bars: tuple[SegmentBar, ...] = ()
+
+    def show(self, rows: tuple[SegmentRow, ...]) -> None:
+        bars = tuple(segment_bar(f"{r.label.split(' (')[0]} {r.steps}", r.compute_pct, r.non_compute_pct, r.idle_pct, r.hidden_comm_pct, r.overlap_pct)
+                     for r in rows)
+        if bars != self._bars:
+            self._bars = bars
+            self.refresh(layout=True)
+
+    def get_content_height(self, container, viewport, width: int) -> int:  # noqa: ANN001 (Textual's signature)
+        return 1 + max(1, len(self._bars))
+
+    def render(self) -> Content:
+        width = max(1, self.content_region.width - LABEL_CELLS - OVERLAP_CELLS)
+        parts: list[str | tuple[str, str]] = []
+        for glyph, style, what in LEGEND:
+            parts += [(glyph, style), f" {what}  "]
+        if not self._bars:
+            parts.append("\nno segment yet")
+        for bar in self._bars:
+            parts.append("\n" + bar.label[: LABEL_CELLS - 1].ljust(LABEL_CELLS))
+            for (glyph, style), count in zip(GLYPHS, cells(bar, width)):
+                if count:
+                    parts.append((glyph * count, style))
+            parts.append(f" ov {bar.overlap_pct:3.0f}%")
+        return Content.assemble(*parts)

@@ -44,7 +44,7 @@ __all__ = [
     "DesyncRange", "Figures", "Interval", "SegmentAccumulator", "SegmentFigures", "SpanLike", "StepFigures",
     "StepRecordLike", "StepTimes", "StepWaits", "Straggler", "algbw_gbps", "bus_factor", "busbw_gbps", "calls_text",
     "clip", "counted", "cross_rank_waits", "find_desync", "find_straggler", "intersect", "merge", "segment_figures",
-    "step_figures", "step_times", "straggler", "subtract", "total_length", "union",
+    "step_figures", "step_times", "straggler", "subtract", "total_length", "union", "waiting_intervals",
 ]
 
 COMPUTE_KINDS = frozenset({"forward", "backward", "optimizer"})
@@ -236,35 +236,46 @@ def _collective_key(tag: str, seen: Counter[str]) -> tuple[str, int]:
 
 
 def cross_rank_waits(records_of_one_step: Mapping[int, StepRecordLike]) -> dict[int, float]:
-    """Milliseconds each rank spent in all-reduces waiting for the others to arrive.
+    """Milliseconds each rank spent in all-reduces waiting for the others to arrive: the total
+    of its :func:`waiting_intervals`. Fewer than two ranks wait for nobody: all 0.0."""
+    return {rank: 1000.0 * sum(end - start for start, end in intervals)
+            for rank, intervals in waiting_intervals(records_of_one_step).items()}
+
+
+def waiting_intervals(records_of_one_step: Mapping[int, StepRecordLike]) -> dict[int, list[Interval]]:
+    """Per rank, the part of each all-reduce spent waiting for the others to arrive, on the
+    rank's own clock, in issue order.
 
     A collective cannot finish before its last participant joins, so the shortest duration of
-    one call over ranks is taken as the pure transfer and the rest of each rank's duration as
-    waiting. Calls are paired across ranks by their tag (``p<i>``, ``b<i>``, ...; the k-th call
-    with that tag), not by position: one call missing on one rank (see :func:`find_desync`)
-    would otherwise shift every later pair. Only calls every rank made are compared; untagged
-    calls fall back to their position among the untagged. Fewer than two ranks wait for
-    nobody: all 0.0.
+    one call over ranks is taken as the pure transfer, which ends the call on every rank; the
+    rest, from the call's start, is waiting. Calls are paired across ranks by their tag
+    (``p<i>``, ``b<i>``, ...; the k-th call with that tag), not by position: one call missing
+    on one rank (see :func:`find_desync`) would otherwise shift every later pair. Only calls
+    every rank made are compared; untagged calls fall back to their position among the
+    untagged. With fewer than two ranks nobody waits.
     """
     calls = {rank: _all_reduces(rec) for rank, rec in records_of_one_step.items()}
-    waits = {rank: 0.0 for rank in calls}
+    waiting: dict[int, list[Interval]] = {rank: [] for rank in calls}
     if len(calls) < 2:
-        return waits
+        return waiting
     tags = {rank: [getattr(s, "tag", "") or "" for s in spans] for rank, spans in calls.items()}
     first = next(iter(tags.values()))
+    keyed: dict[int, dict[Any, SpanLike]]
     if all(t == first for t in tags.values()):  # the usual step: the same calls everywhere, in the same order
-        durations = {rank: dict(enumerate(_length(s.start, s.end) for s in spans)) for rank, spans in calls.items()}
+        keyed = {rank: dict(enumerate(spans)) for rank, spans in calls.items()}
     else:
-        durations = {}
+        keyed = {}
         for rank, spans in calls.items():
             seen: Counter[str] = Counter()
-            durations[rank] = {_collective_key(tag, seen): _length(s.start, s.end) for tag, s in zip(tags[rank], spans)}
-    common = set.intersection(*(set(d) for d in durations.values()))
+            keyed[rank] = {_collective_key(tag, seen): s for tag, s in zip(tags[rank], spans)}
+    common = set.intersection(*(set(d) for d in keyed.values()))
     for key in sorted(common):
-        transfer = min(d[key] for d in durations.values())
-        for rank, d in durations.items():
-            waits[rank] += 1000.0 * (d[key] - transfer)
-    return waits
+        transfer = min(_length(d[key].start, d[key].end) for d in keyed.values())
+        for rank, d in keyed.items():
+            waited = _length(d[key].start, d[key].end) - transfer
+            if waited > 0:
+                waiting[rank].append((d[key].start, d[key].start + waited))
+    return waiting
 
 
 def straggler(waits: Mapping[int, float], tolerance_ms: float = 0.0) -> int | None:

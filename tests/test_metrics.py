@@ -32,6 +32,7 @@ from ddpwatch.metrics import (
     step_figures,
     step_times,
     straggler,
+    waiting_intervals,
 )
 
 approx = pytest.approx
@@ -268,6 +269,22 @@ def test_cross_rank_wait_splits_duration_into_transfer_and_wait_and_names_stragg
     waits = cross_rank_waits(recs)
     assert waits == approx({0: 4, 1: 2, 2: 3})
     assert straggler(waits) == 1
+
+
+def test_waiting_is_the_leading_part_of_each_call_before_the_shared_transfer():
+    # the same calls: transfers [1, 2] ms end each call, the rest before them is waiting.
+    # rank0 [0,5) waits [0,4), [10,12) none; rank1 [4,5) none, [10,14) waits [10,12);
+    # rank2 [2,5) waits [2,4), [9,12) waits [9,10)
+    recs = {
+        0: record(0, 20, span("all_reduce", 0, 5), span("all_reduce", 10, 12), rank=0),
+        1: record(0, 20, span("all_reduce", 10, 14), span("all_reduce", 4, 5), rank=1),
+        2: record(0, 20, span("all_reduce", 2, 5), span("all_reduce", 9, 12), rank=2),
+    }
+    waiting = waiting_intervals(recs)
+    assert waiting[0] == [(ms(0), approx(ms(4)))]
+    assert waiting[1] == [(ms(10), approx(ms(12)))]
+    assert waiting[2] == [(ms(2), approx(ms(4))), (ms(9), approx(ms(10)))]
+    assert waiting_intervals({3: recs[0]}) == {3: []}  # alone, nobody to wait for
 
 
 def test_single_rank_or_balanced_ranks_have_no_straggler():

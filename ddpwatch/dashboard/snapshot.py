@@ -36,6 +36,7 @@ class RankLanes:
     compute: tuple[Bar, ...]
     communication: tuple[Bar, ...]
     exposed: tuple[tuple[float, float], ...]  # communication not hidden behind compute
+    exposed_waiting: tuple[tuple[float, float], ...] = ()  # the part of it waiting for other ranks to arrive
 
 
 @dataclass(frozen=True)
@@ -377,12 +378,15 @@ def timeline_of(step: int, reports: dict[int, StepReport],
     shift = {rank: offsets.get(rank, 0.0) for rank in reports}
     origin = min(r.start + shift[rank] for rank, r in reports.items())
     end = max(r.end + shift[rank] for rank, r in reports.items())
-    lanes = [_lanes(rank, reports[rank], shift[rank] - origin) for rank in sorted(reports)]
+    waiting = metrics.waiting_intervals(reports)
+    lanes = [_lanes(rank, reports[rank], shift[rank] - origin, waiting[rank]) for rank in sorted(reports)]
     return TimelineData(step, next(iter(reports.values())).strategy, max(end - origin, 1e-9), tuple(lanes))
 
 
-def _lanes(rank: int, report: StepReport, offset: float) -> RankLanes:
-    """One pass over the rank's spans: a frame at 64 ranks walks a few thousand of them."""
+def _lanes(rank: int, report: StepReport, offset: float, waiting: list[tuple[float, float]]) -> RankLanes:
+    """One pass over the rank's spans: a frame at 64 ranks walks a few thousand of them.
+    ``waiting``: where this rank's all-reduces waited for the others (``metrics.waiting_intervals``,
+    on its own clock): exposed communication is split into that and the transfer."""
     compute: list[Bar] = []
     comm: list[Bar] = []
     collectives: list[tuple[float, float]] = []
@@ -400,7 +404,8 @@ def _lanes(rank: int, report: StepReport, offset: float) -> RankLanes:
             blocked.append((start, end))
     busy = metrics.subtract([(b.start, b.end) for b in compute], blocked)
     exposed = metrics.subtract(collectives, busy)
-    return RankLanes(rank, tuple(compute), tuple(comm), tuple(exposed))
+    exposed_waiting = metrics.intersect(exposed, [(start + offset, end + offset) for start, end in waiting])
+    return RankLanes(rank, tuple(compute), tuple(comm), tuple(exposed), tuple(exposed_waiting))
 
 
 def describe_device(readings: dict[str, float], kind: str) -> tuple[str, str]:

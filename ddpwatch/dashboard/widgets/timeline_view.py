@@ -19,6 +19,7 @@ STYLES = {
     "hidden": Style(color="rgb(80,200,210)"),
     "hidden_alt": Style(color="rgb(40,130,150)"),
     "exposed": Style(color="rgb(255,80,80)", bold=True),
+    "exposed_waiting": Style(color="rgb(255,150,40)", bold=True),
     "wait": Style(color="rgb(240,200,60)"),
     "axis": Style(color="rgb(140,140,140)"),
     "label": Style(color="rgb(200,200,200)"),
@@ -26,7 +27,8 @@ STYLES = {
 }
 COMPUTE_PRECEDENCE = ("backward", "forward", "optimizer")
 LEGEND = [("█", "forward", "forward"), ("█", "backward", "backward"), ("█", "optimizer", "optimizer"),
-          ("▆", "hidden", "all-reduce hidden by compute"), ("▆", "exposed", "exposed all-reduce"), ("▁", "wait", "wait")]
+          ("▆", "hidden", "all-reduce hidden by compute"), ("▆", "exposed", "exposed: transfer"),
+          ("▆", "exposed_waiting", "exposed: waiting for other ranks"), ("▁", "wait", "wait")]
 
 
 class TimelineView(Widget):
@@ -117,7 +119,8 @@ class TimelineView(Widget):
 
     def _paint_comm(self, rank: RankLanes, columns: int) -> list[tuple[str, Style]]:
         """Wait under collectives (alternating shades, so neighbours read as separate bars) under
-        exposed communication in red: O(bars + columns) per lane."""
+        exposed communication: its transfer in red, the part spent waiting for the other ranks to
+        arrive in orange (``metrics.waiting_intervals``). O(bars + columns) per lane."""
         cells: list[tuple[str, Style]] = [(" ", STYLES["axis"])] * columns
         for bar in rank.communication:
             if bar.kind == "wait":
@@ -128,9 +131,10 @@ class TimelineView(Widget):
             style = STYLES["hidden" if index % 2 == 0 else "hidden_alt"]
             for column in self._column_range(bar.start, bar.end, columns):
                 cells[column] = ("▆", style)
-        for start, end in rank.exposed:
-            for column in self._column_range(start, end, columns):
-                cells[column] = ("▆", STYLES["exposed"])
+        for style, intervals in (("exposed", rank.exposed), ("exposed_waiting", rank.exposed_waiting)):
+            for start, end in intervals:
+                for column in self._column_range(start, end, columns):
+                    cells[column] = ("▆", STYLES[style])
         return cells
 
     def _legend(self, width: int) -> Strip:

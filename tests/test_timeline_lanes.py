@@ -1,0 +1,35 @@
+"""The dashboard's timeline lanes of one step (``snapshot.timeline_of``), worked by hand."""
+
+from __future__ import annotations
+
+from ddpwatch.dashboard.snapshot import timeline_of
+from instrumented_ddp.protocol import Span, StepReport
+
+
+def report(rank: int, spans: list[Span], end: float = 0.100) -> StepReport:
+    return StepReport(rank=rank, step=4, strategy="simple", settings={}, start=0.0, end=end, spans=spans,
+                      samples=1, tokens=1, loss=None)
+
+
+def test_exposed_all_reduce_splits_into_waiting_for_the_other_rank_and_transfer() -> None:
+    # Both ranks leave the blocking all-reduce together at 80 ms (the timeline aligns them there).
+    # rank 0 enters at 50 ms, rank 1 at 70 ms: the transfer is rank 1's 10 ms (70-80), so rank 0
+    # waited 50-70 for rank 1 to arrive. Nothing computes beside it: all of it is exposed.
+    r0 = report(0, [Span("backward", 0.0, 0.050), Span("all_reduce", 0.050, 0.080, True, 400, "p0", "float32")])
+    r1 = report(1, [Span("backward", 0.0, 0.070), Span("all_reduce", 0.070, 0.080, True, 400, "p0", "float32")])
+    lanes = {lane.rank: lane for lane in timeline_of(4, {0: r0, 1: r1}).ranks}
+    assert lanes[0].exposed == ((0.050, 0.080),)
+    assert len(lanes[0].exposed_waiting) == 1
+    start, end = lanes[0].exposed_waiting[0]
+    assert (round(start, 9), round(end, 9)) == (0.050, 0.070)
+    assert lanes[1].exposed == ((0.070, 0.080),) and lanes[1].exposed_waiting == ()
+
+
+def test_waiting_hidden_behind_compute_is_not_exposed() -> None:
+    # rank 0's asynchronous all-reduce 20-60 ms runs beside backward until 50: of its 20 ms of
+    # waiting (rank 1 enters at 40 and transfers 40-60), 20-40 is hidden, so nothing exposed waits.
+    r0 = report(0, [Span("backward", 0.0, 0.050), Span("all_reduce", 0.020, 0.060, False, 400, "b0", "float32")])
+    r1 = report(1, [Span("backward", 0.0, 0.040), Span("all_reduce", 0.040, 0.060, False, 400, "b0", "float32")])
+    lanes = {lane.rank: lane for lane in timeline_of(4, {0: r0, 1: r1}).ranks}
+    assert lanes[0].exposed == ((0.050, 0.060),)
+    assert lanes[0].exposed_waiting == ()

@@ -237,27 +237,48 @@ def _collective_key(tag: str, seen: Counter[str]) -> tuple[str, int]:
 
 def cross_rank_waits(records_of_one_step: Mapping[int, StepRecordLike]) -> dict[int, float]:
     """Milliseconds each rank spent in all-reduces waiting for the others to arrive: the total
-    of its :func:`waiting_intervals`. Fewer than two ranks wait for nobody: all 0.0."""
-    return {rank: 1000.0 * sum(end - start for start, end in intervals)
-            for rank, intervals in waiting_intervals(records_of_one_step).items()}
+    length of its :func:`waiting_intervals`. Fewer than two ranks wait for nobody: all 0.0."""
+    paired = _paired_calls(records_of_one_step)
+    if paired is None:
+        return {rank: 0.0 for rank in records_of_one_step}
+    _, durations, transfer = paired
+    return {rank: 1000.0 * sum(d[key] - t for key, t in transfer.items()) for rank, d in durations.items()}
 
 
 def waiting_intervals(records_of_one_step: Mapping[int, StepRecordLike]) -> dict[int, list[Interval]]:
     """Per rank, the part of each all-reduce spent waiting for the others to arrive, on the
-    rank's own clock, in issue order.
+    rank's own clock, in issue order: from the call's start until its transfer (see
+    :func:`_paired_calls`), which ends the call on every rank. With fewer than two ranks nobody
+    waits."""
+    waiting: dict[int, list[Interval]] = {rank: [] for rank in records_of_one_step}
+    paired = _paired_calls(records_of_one_step)
+    if paired is None:
+        return waiting
+    keyed, durations, transfer = paired
+    for rank, d in durations.items():
+        spans, out = keyed[rank], waiting[rank]
+        for key, t in transfer.items():
+            waited = d[key] - t
+            if waited > 0:
+                out.append((spans[key].start, spans[key].start + waited))
+    return waiting
+
+
+def _paired_calls(records_of_one_step: Mapping[int, StepRecordLike]) -> tuple[
+        dict[int, dict[Any, SpanLike]], dict[int, dict[Any, float]], dict[Any, float]] | None:
+    """Each rank's all-reduces keyed so that one key is one call on every rank, their durations,
+    and each call's transfer (keys in issue order); None with fewer than two ranks.
 
     A collective cannot finish before its last participant joins, so the shortest duration of
-    one call over ranks is taken as the pure transfer, which ends the call on every rank; the
-    rest, from the call's start, is waiting. Calls are paired across ranks by their tag
-    (``p<i>``, ``b<i>``, ...; the k-th call with that tag), not by position: one call missing
-    on one rank (see :func:`find_desync`) would otherwise shift every later pair. Only calls
-    every rank made are compared; untagged calls fall back to their position among the
-    untagged. With fewer than two ranks nobody waits.
+    one call over ranks is taken as the pure transfer and the rest of each rank's duration as
+    waiting. Calls are paired across ranks by their tag (``p<i>``, ``b<i>``, ...; the k-th call
+    with that tag), not by position: one call missing on one rank (see :func:`find_desync`)
+    would otherwise shift every later pair. Only calls every rank made are compared; untagged
+    calls fall back to their position among the untagged.
     """
     calls = {rank: _all_reduces(rec) for rank, rec in records_of_one_step.items()}
-    waiting: dict[int, list[Interval]] = {rank: [] for rank in calls}
     if len(calls) < 2:
-        return waiting
+        return None
     tags = {rank: [getattr(s, "tag", "") or "" for s in spans] for rank, spans in calls.items()}
     first = next(iter(tags.values()))
     keyed: dict[int, dict[Any, SpanLike]]
@@ -268,14 +289,9 @@ def waiting_intervals(records_of_one_step: Mapping[int, StepRecordLike]) -> dict
         for rank, spans in calls.items():
             seen: Counter[str] = Counter()
             keyed[rank] = {_collective_key(tag, seen): s for tag, s in zip(tags[rank], spans)}
-    common = set.intersection(*(set(d) for d in keyed.values()))
-    for key in sorted(common):
-        transfer = min(_length(d[key].start, d[key].end) for d in keyed.values())
-        for rank, d in keyed.items():
-            waited = _length(d[key].start, d[key].end) - transfer
-            if waited > 0:
-                waiting[rank].append((d[key].start, d[key].start + waited))
-    return waiting
+    durations = {rank: {key: _length(s.start, s.end) for key, s in d.items()} for rank, d in keyed.items()}
+    common = sorted(set.intersection(*(set(d) for d in durations.values())))
+    return keyed, durations, {key: min(d[key] for d in durations.values()) for key in common}
 
 
 def straggler(waits: Mapping[int, float], tolerance_ms: float = 0.0) -> int | None:

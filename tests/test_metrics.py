@@ -256,30 +256,29 @@ def test_step_busbw_is_median_over_collectives():
 # --- across ranks ---------------------------------------------------------------------------
 
 
-def test_cross_rank_wait_splits_duration_into_transfer_and_wait_and_names_straggler():
-    # i-th all_reduce durations (ms): rank0 [5,2], rank1 [1,4], rank2 [3,3]
-    # transfer = min -> [1,2]; waits: rank0 4+0 = 4, rank1 0+2 = 2, rank2 2+1 = 3
-    # rank1 waited least -> it is the one the others wait for
-    recs = {
+def three_ranks_two_calls() -> dict[int, Record]:
+    """i-th all_reduce durations (ms): rank0 [5,2], rank1 [1,4], rank2 [3,3]; transfer = min -> [1,2]."""
+    return {
         0: record(0, 20, span("all_reduce", 0, 5), span("all_reduce", 10, 12), rank=0),
         # listed out of order: calls are matched by start time
         1: record(0, 20, span("all_reduce", 10, 14), span("all_reduce", 4, 5), rank=1),
         2: record(0, 20, span("all_reduce", 2, 5), span("all_reduce", 9, 12), rank=2),
     }
-    waits = cross_rank_waits(recs)
+
+
+def test_cross_rank_wait_splits_duration_into_transfer_and_wait_and_names_straggler():
+    # waits: rank0 4+0 = 4, rank1 0+2 = 2, rank2 2+1 = 3
+    # rank1 waited least -> it is the one the others wait for
+    waits = cross_rank_waits(three_ranks_two_calls())
     assert waits == approx({0: 4, 1: 2, 2: 3})
     assert straggler(waits) == 1
 
 
 def test_waiting_is_the_leading_part_of_each_call_before_the_shared_transfer():
-    # the same calls: transfers [1, 2] ms end each call, the rest before them is waiting.
+    # transfers [1, 2] ms end each call, the rest before them is waiting.
     # rank0 [0,5) waits [0,4), [10,12) none; rank1 [4,5) none, [10,14) waits [10,12);
     # rank2 [2,5) waits [2,4), [9,12) waits [9,10)
-    recs = {
-        0: record(0, 20, span("all_reduce", 0, 5), span("all_reduce", 10, 12), rank=0),
-        1: record(0, 20, span("all_reduce", 10, 14), span("all_reduce", 4, 5), rank=1),
-        2: record(0, 20, span("all_reduce", 2, 5), span("all_reduce", 9, 12), rank=2),
-    }
+    recs = three_ranks_two_calls()
     waiting = waiting_intervals(recs)
     assert waiting[0] == [(ms(0), approx(ms(4)))]
     assert waiting[1] == [(ms(10), approx(ms(12)))]

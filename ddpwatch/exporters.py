@@ -26,7 +26,7 @@ from ddpwatch import metrics
 from ddpwatch.segment_bars import bars_svg, segment_bar
 from ddpwatch.session import Session
 
-__all__ = ["chrome_trace", "clock_offsets", "summary", "summary_csv", "summary_markdown", "write_exports"]
+__all__ = ["chrome_trace", "clock_offsets", "summary", "summary_csv", "summary_markdown", "summary_svg", "write_exports"]
 
 CALLS_COLUMN = "all_reduce calls / rank / step"  # the dashboard's segments table says the same
 COLUMNS = ("Segment", "Steps", "Compute%", "Non_Compute%", "Idle%", "Overlap%", "Comm_overhead%",

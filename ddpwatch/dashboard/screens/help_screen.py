@@ -41,6 +41,5 @@ class HelpScreen(ModalScreen[None]):
         with Vertical(id="help-box"):
             yield Static(help_text(), id="help-text")
 
-
     def action_dismiss(self) -> None:  # type: ignore[override]
         self.dismiss(None)

@@ -27,8 +27,9 @@ class SegmentBarsView(Widget):
         self._bars: tuple[SegmentBar, ...] = ()
 
     def show(self, rows: tuple[SegmentRow, ...]) -> None:
-        bars = tuple(segment_bar(f"{r.label.split(' (')[0]} {r.steps}", r.compute_pct, r.non_compute_pct, r.idle_pct, r.hidden_comm_pct, r.overlap_pct)
-                     for r in rows)
+        """A bar per segment, labelled by its strategy and steps (the table beside it has the rest)."""
+        bars = tuple(segment_bar(f"{r.label.split(' (')[0]} {r.steps}", r.compute_pct, r.non_compute_pct,
+                                 r.idle_pct, r.hidden_comm_pct, r.overlap_pct) for r in rows)
         if bars != self._bars:
             self._bars = bars
             self.refresh(layout=True)

@@ -8,13 +8,14 @@ from dataclasses import replace
 
 import pytest
 import zmq
-from textual.widgets import Static
+from textual.widgets import Static, TabbedContent
 
 from ddpwatch import exporters
 from ddpwatch.dashboard.app import DashboardApp
 from ddpwatch.dashboard.feeds import LiveFeed, StaticFeed
 from ddpwatch.dashboard.screens.help_screen import HelpScreen
 from ddpwatch.dashboard.snapshot import Snapshot, SnapshotBuilder
+from ddpwatch.dashboard.widgets.rank_heatmap import RankHeatmap
 from ddpwatch.dashboard.widgets.ranks_table import RanksTable
 from ddpwatch.dashboard.widgets.segment_bars_view import SegmentBarsView
 from ddpwatch.dashboard.widgets.segments_table import SegmentsTable
@@ -318,3 +319,37 @@ def test_the_dashboard_dates_a_message_by_its_arrival_not_by_the_frame_that_fold
     time.sleep(0.3)  # ... and the next frame folds it in late
     app.ingest_arrived()
     assert app.session.ranks and max(state.last_seen for state in app.session.ranks.values()) <= arrived_by
+
+
+async def test_heatmap_tab_gives_every_rank_a_row_and_h_switches_its_metric() -> None:
+    app = DashboardApp(StaticFeed(session_messages()), export_on_exit=False)
+    async with app.run_test(size=(160, 50)) as pilot:
+        await pilot.pause(0.3)
+        app.query_one("#side", TabbedContent).active = "heatmap-tab"
+        await pilot.pause(0.2)
+        heatmap = app.query_one(RankHeatmap)
+        assert heatmap.data is not None and [row.label for row in heatmap.data.rows] == ["r0", "r1"]
+        assert not heatmap.data.collapsible and heatmap.data.metric == "exposed"
+        assert len(heatmap.data.steps) == 10 and heatmap.render_line(2).text.startswith("r0")
+        await pilot.press("h")
+        await pilot.pause(0.2)
+        assert heatmap.data.metric == "step"
+        await pilot.click(RankHeatmap, offset=(2, 3))  # the r1 row: selects rank 1, as the ranks table does
+        assert app.selected_rank == 1
+
+
+async def test_heatmap_of_a_large_job_starts_a_row_per_node_and_a_click_opens_one() -> None:
+    world = 64
+    hellos = {rank: replace(hello(rank, world_size=world), node_rank=rank // 8) for rank in range(world)}
+    app = DashboardApp(StaticFeed(session_messages(steps=4, world_size=world, hellos=hellos)), export_on_exit=False)
+    async with app.run_test(size=(160, 50)) as pilot:
+        await pilot.pause(0.5)
+        app.query_one("#side", TabbedContent).active = "heatmap-tab"
+        await pilot.pause(0.2)
+        heatmap = app.query_one(RankHeatmap)
+        assert heatmap.data is not None and heatmap.data.collapsible
+        assert [row.label for row in heatmap.data.rows] == [f"node {n} ×8" for n in range(8)]
+        await pilot.click(RankHeatmap, offset=(2, 2 + 1))  # node 1
+        await pilot.pause(0.3)
+        labels = [row.label for row in heatmap.data.rows]
+        assert labels == ["node 0 ×8", *(f"r{r}" for r in range(8, 16)), *(f"node {n} ×8" for n in range(2, 8))]

@@ -21,12 +21,14 @@ from instrumented_ddp.protocol import STRATEGY_NAMES, Ack, Envelope
 
 from ..control import new_command
 from ..exporters import write_exports
+from ..heatmap import HEATMAP_METRICS
 from ..session import Session
 from .feeds import Feed, ReplayFeed
 from .screens.help_screen import HelpScreen
 from .screens.strategy_picker import StrategyPicker, SwitchChoice
 from .snapshot import Snapshot, SnapshotBuilder
 from .widgets.header_bar import HeaderBar
+from .widgets.rank_heatmap import RankHeatmap
 from .widgets.ranks_table import RanksTable
 from .widgets.segment_bars_view import SegmentBarsView
 from .widgets.segments_table import SegmentsTable
@@ -62,6 +64,7 @@ class DashboardApp(App[None]):
         Binding("right_square_bracket", "accum(1)", "accum+1", show=False),
         Binding("left_square_bracket", "accum(-1)", "accum-1", show=False),
         Binding("e", "export", "export"),
+        Binding("h", "heatmap_metric", "heatmap", show=False),
         Binding("greater_than_sign", "speed(2.0)", "faster", show=False),
         Binding("less_than_sign", "speed(0.5)", "slower", show=False),
     ]
@@ -77,6 +80,8 @@ class DashboardApp(App[None]):
         self.builder = SnapshotBuilder(self.session)
         self.selected_step: int | None = None  # None: follow the latest step
         self.selected_rank: int | None = None
+        self.heatmap_metric = next(iter(HEATMAP_METRICS))
+        self.open_nodes: set[int] = set()  # heatmap nodes shown a row per rank (a large job starts collapsed)
         self.snapshot: Snapshot | None = None
         self.pending_switches: dict[str, str] = {}
         self.notices: deque[tuple[float, str]] = deque(maxlen=6)
@@ -89,6 +94,7 @@ class DashboardApp(App[None]):
         self.ranks_table, self.segments_table = RanksTable(id="ranks"), SegmentsTable(id="segments")
         self.device_panel, self.trends_panel = SparklineList(id="devices"), SparklineList(id="trends")
         self.segment_bars = SegmentBarsView(id="segment-bars")
+        self.heatmap_view = RankHeatmap(id="heatmap")
         self.warnings_panel = WarningsPanel(id="warnings")
         yield self.header_bar
         with VerticalScroll(id="timeline-box"):
@@ -100,6 +106,8 @@ class DashboardApp(App[None]):
                     yield self.device_panel
                 with TabPane("Loss & step time", id="trends-tab"):
                     yield self.trends_panel
+                with TabPane("Heatmap", id="heatmap-tab"), VerticalScroll():
+                    yield self.heatmap_view
         with Horizontal(id="bottom"):
             yield self.segments_table
             yield self.segment_bars
@@ -134,7 +142,8 @@ class DashboardApp(App[None]):
     def refresh_frame(self) -> None:
         started = time.perf_counter()
         self.ingest_arrived()
-        self.snapshot = snapshot = self.builder.build(self.selected_step)
+        self.snapshot = snapshot = self.builder.build(self.selected_step, heatmap_metric=self.heatmap_metric,
+                                                      open_nodes=self.open_nodes)
         self.header_bar.show(snapshot.header, self.feed.description)
         self.timeline_view.show(snapshot.timeline, self.selected_rank)
         self.ranks_table.show(snapshot.ranks)
@@ -142,6 +151,7 @@ class DashboardApp(App[None]):
         self.trends_panel.show((Series("loss (mean over ranks)", snapshot.loss), Series("step time", snapshot.step_ms, " ms")))
         self.segments_table.show(snapshot.segments)
         self.segment_bars.show(snapshot.segments)
+        self.heatmap_view.show(snapshot.heatmap)
         now = time.monotonic()
         notices = tuple(text for at, text in self.notices if now - at < NOTICE_S)
         self.warnings_panel.show(snapshot.warnings, snapshot.notes + notices)
@@ -163,6 +173,19 @@ class DashboardApp(App[None]):
     # -- actions -----------------------------------------------------------------------------------
     def on_ranks_table_rank_selected(self, message: RanksTable.RankSelected) -> None:
         self.selected_rank = None if self.selected_rank == message.rank else message.rank
+
+    def on_rank_heatmap_row_clicked(self, message: RankHeatmap.RowClicked) -> None:
+        """In a job shown a row per node, a click opens that node (or closes it from one of its
+        ranks); where every rank has a row, it selects the rank, as the ranks table does."""
+        if self.snapshot is not None and self.snapshot.heatmap is not None and self.snapshot.heatmap.collapsible:
+            self.open_nodes.symmetric_difference_update({message.row.node})
+        else:
+            rank = message.row.ranks[0]
+            self.selected_rank = None if self.selected_rank == rank else rank
+
+    def action_heatmap_metric(self) -> None:
+        metrics = list(HEATMAP_METRICS)
+        self.heatmap_metric = metrics[(metrics.index(self.heatmap_metric) + 1) % len(metrics)]
 
     def action_help(self) -> None:
         self.push_screen(HelpScreen())

@@ -8,15 +8,19 @@ running one is recomputed at most once a second, so a long run does not slow the
 from __future__ import annotations
 
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
 from ddpwatch import metrics
+from ddpwatch.heatmap import Heatmap, build_heatmap
 from ddpwatch.session import Segment, Session
 from instrumented_ddp.protocol import COMM_KINDS, COMPUTE_KINDS, StepReport
 
 SEGMENT_REFRESH_S = 1.0
 TREND_POINTS = 120
+HEATMAP_STEPS = 60  # recent steps the heatmap holds; it draws as many as fit
+EVERY_RANK_A_ROW_UP_TO = 32  # ranks; a larger job's heatmap starts one row per node
 RATE_STEPS = 20  # the header's samples/s is over this many recent complete steps
 
 
@@ -112,6 +116,7 @@ class Snapshot:
     segments: tuple[SegmentRow, ...]
     warnings: tuple[str, ...]  # errors and warnings: a desync first
     notes: tuple[str, ...] = ()  # worth knowing, not wrong: late reports, why a device is read as it is
+    heatmap: Heatmap | None = None  # ranks (or nodes) x recent steps
 
 
 @dataclass(frozen=True)
@@ -187,7 +192,10 @@ class SnapshotBuilder:
                 del self._summaries[old]
         return out
 
-    def build(self, selected_step: int | None = None, now: float | None = None) -> Snapshot:
+    def build(self, selected_step: int | None = None, now: float | None = None, heatmap_metric: str = "exposed",
+              open_nodes: Collection[int] = ()) -> Snapshot:
+        """``open_nodes``: nodes whose heatmap rows the user opened (a job above
+        ``EVERY_RANK_A_ROW_UP_TO`` ranks starts with one row per node)."""
         now = time.monotonic() if now is None else now
         session = self.session
         latest = session.latest_complete_step()
@@ -211,9 +219,20 @@ class SnapshotBuilder:
             segments=tuple(self._segment_row(segment, now) for segment in session.segments),
             warnings=tuple(self._warnings(step, now)),
             notes=tuple(self._notes()),
+            heatmap=self._heatmap(heatmap_metric, open_nodes),
         )
 
     # -- parts -------------------------------------------------------------------------------------
+    def _heatmap(self, metric: str, open_nodes: Collection[int]) -> Heatmap | None:
+        session = self.session
+        if not session.ranks:
+            return None
+        steps = sorted(session.reports)[-HEATMAP_STEPS:]
+        node_of = {rank: state.hello.node_rank if state.hello else 0 for rank, state in session.ranks.items()}
+        waits = {step: self.waits_of(step) for step in steps} if metric == "wait" else {}
+        expanded = None if len(node_of) <= EVERY_RANK_A_ROW_UP_TO else open_nodes
+        return build_heatmap(metric, steps, {step: session.step_figures(step) for step in steps}, waits, node_of, expanded)
+
     def _header(self, step: int | None, following: bool, trend: list[StepSummary], now: float) -> HeaderData:
         session = self.session
         hello = next((s.hello for _, s in sorted(session.ranks.items()) if s.hello), None)

@@ -18,7 +18,8 @@ KEYS = [
     ("1 … 6", "switch to simple, ga, hook, async, bucket, ddp"),
     ("+ / -", "double / halve bucket_mb (switches)"),
     ("] / [", "grad_accum + 1 / - 1 (switches)"),
-    ("e", "export summary.json/.md/.csv, trace.json and an SVG screenshot"),
+    ("e", "export summary.json/.md/.csv/.svg, trace.json and an SVG screenshot"),
+    ("h", "heatmap tab: exposed comm % / step time / waited ms"),
     ("> / <", "replay: twice / half the speed"),
     ("mouse", "click a rank row to highlight it in the timeline; click tabs; scroll any panel"),
 ]

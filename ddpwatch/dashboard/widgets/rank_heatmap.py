@@ -1,0 +1,79 @@
+"""The heatmap tab: a row per rank (or per node, collapsed) and a cell per recent step, coloured
+from the lowest to the highest value shown (``ddpwatch/heatmap.py`` builds the grid)."""
+
+from __future__ import annotations
+
+from rich.segment import Segment
+from rich.style import Style
+from textual.events import Click
+from textual.message import Message
+from textual.strip import Strip
+from textual.widget import Widget
+
+from ...heatmap import HEATMAP_METRICS, Heatmap, HeatRow, level
+
+LABEL_WIDTH = 12
+#: Low to high: cool to hot.
+RAMP = tuple(Style(color=c) for c in ("rgb(40,70,140)", "rgb(50,120,180)", "rgb(70,170,160)",
+                                      "rgb(220,200,60)", "rgb(240,130,40)", "rgb(230,50,50)"))
+MISSING = Style(color="rgb(90,90,90)")
+TEXT = Style(color="rgb(200,200,200)")
+
+
+class RankHeatmap(Widget):
+    """One ``Strip`` per line: a title with the scale, then the rows; the newest step at the right."""
+
+    DEFAULT_CSS = "RankHeatmap { height: auto; }"
+
+    class RowClicked(Message):
+        """A row was clicked: the app opens or closes its node, or selects its rank."""
+
+        def __init__(self, row: HeatRow) -> None:
+            super().__init__()
+            self.row = row
+
+    def __init__(self, *, id: str | None = None) -> None:  # noqa: A002 (Textual's name)
+        super().__init__(id=id)
+        self.data: Heatmap | None = None
+
+    def show(self, data: Heatmap | None) -> None:
+        if data == self.data:
+            return
+        rows_changed = (len(data.rows) if data else 0) != (len(self.data.rows) if self.data else 0)
+        self.data = data
+        self.refresh(layout=rows_changed)
+
+    def get_content_height(self, container, viewport, width: int) -> int:  # noqa: ANN001 (Textual's signature)
+        return 2 + (len(self.data.rows) if self.data else 0)
+
+    def render_line(self, y: int) -> Strip:
+        width = self.size.width
+        data = self.data
+        if data is None or not data.rows:
+            return Strip([Segment("no steps yet" if y == 0 else "", TEXT)]).crop(0, width)
+        if y == 0:
+            title = f"{HEATMAP_METRICS[data.metric]}  ·  {data.low:.1f} "
+            segments = [Segment(title, TEXT), *(Segment("█", style) for style in RAMP), Segment(f" {data.high:.1f}   h: switch", TEXT)]
+            return Strip(segments).crop(0, width)
+        if y == 1:
+            steps = data.steps[-self._columns(width):]
+            return Strip([Segment(f"{'steps':<{LABEL_WIDTH}}{steps[0]}…{steps[-1]}" if steps else "", MISSING)]).crop(0, width)
+        index = y - 2
+        if index >= len(data.rows):
+            return Strip.blank(width)
+        row = data.rows[index]
+        segments = [Segment(row.label[: LABEL_WIDTH - 1].ljust(LABEL_WIDTH), TEXT)]
+        for value in row.values[-self._columns(width):]:
+            if value is None:
+                segments.append(Segment("·", MISSING))
+            else:
+                segments.append(Segment("█", RAMP[level(value, data.low, data.high, len(RAMP))]))
+        return Strip(segments).crop(0, width)
+
+    @staticmethod
+    def _columns(width: int) -> int:
+        return max(1, width - LABEL_WIDTH)
+
+    def on_click(self, event: Click) -> None:
+        if self.data is not None and 0 <= event.y - 2 < len(self.data.rows):
+            self.post_message(self.RowClicked(self.data.rows[event.y - 2]))

@@ -44,7 +44,7 @@ __all__ = [
     "DesyncRange", "Figures", "Interval", "SegmentAccumulator", "SegmentFigures", "SpanLike", "StepFigures",
     "StepRecordLike", "StepTimes", "StepWaits", "Straggler", "algbw_gbps", "bus_factor", "busbw_gbps", "calls_text",
     "clip", "counted", "cross_rank_waits", "find_desync", "find_straggler", "intersect", "merge", "segment_figures",
-    "step_figures", "step_times", "straggler", "subtract", "total_length", "union", "waiting_intervals",
+    "step_figures", "step_times", "straggler", "subtract", "total_length", "union", "waited_for", "waiting_intervals",
 ]
 
 COMPUTE_KINDS = frozenset({"forward", "backward", "optimizer"})
@@ -243,6 +243,22 @@ def cross_rank_waits(records_of_one_step: Mapping[int, StepRecordLike]) -> dict[
         return {rank: 0.0 for rank in records_of_one_step}
     _, durations, transfer = paired
     return {rank: 1000.0 * sum(d[key] - t for key, t in transfer.items()) for rank, d in durations.items()}
+
+
+def waited_for(records_of_one_step: Mapping[int, StepRecordLike]) -> dict[int, float]:
+    """Milliseconds the other ranks spent waiting for each rank. In each all-reduce the rank with
+    the shortest duration arrived last (ties: the lowest rank), and every other rank's waiting
+    in that call is put down to it; so the totals over ranks equal :func:`cross_rank_waits`'s."""
+    totals = {rank: 0.0 for rank in records_of_one_step}
+    paired = _paired_calls(records_of_one_step)
+    if paired is None:
+        return totals
+    _, durations, transfer = paired
+    ranks = sorted(durations)
+    for key, t in transfer.items():
+        last = min(ranks, key=lambda rank: durations[rank][key])  # the first of equals: the lowest rank
+        totals[last] += 1000.0 * sum(durations[rank][key] - t for rank in ranks)
+    return totals
 
 
 def waiting_intervals(records_of_one_step: Mapping[int, StepRecordLike]) -> dict[int, list[Interval]]:

@@ -353,3 +353,23 @@ async def test_heatmap_of_a_large_job_starts_a_row_per_node_and_a_click_opens_on
         await pilot.pause(0.3)
         labels = [row.label for row in heatmap.data.rows]
         assert labels == ["node 0 ×8", *(f"r{r}" for r in range(8, 16)), *(f"node {n} ×8" for n in range(2, 8))]
+
+
+async def test_stragglers_tab_names_the_rank_the_others_waited_for_and_how_long() -> None:
+    def rank1_arrives_late(report: StepReport) -> StepReport:
+        # rank 1 enters every all-reduce 2 ms late and leaves with the others: they wait 2 ms a call
+        if report.rank != 1:
+            return report
+        spans = [s._replace(start=s.start + 0.002) if s.kind == "all_reduce" else s for s in report.spans]
+        return replace(report, spans=spans)
+
+    app = DashboardApp(StaticFeed(session_messages(edit=rank1_arrives_late)), export_on_exit=False)
+    async with app.run_test(size=(160, 50)) as pilot:
+        await pilot.pause(0.4)
+        (row,) = app.snapshot.stragglers
+        # steps 1-10: 4 calls a step under simple (1-5), 2 under bucket (6-10): 30 calls x 2 ms / 10 steps
+        assert (row.rank, row.first_step, row.last_step) == (1, 1, 10)
+        assert row.waited_for_ms == pytest.approx(6.0)
+        app.query_one("#side", TabbedContent).active = "stragglers-tab"
+        await pilot.pause(0.2)
+        assert str(app.query_one("#stragglers").render()).startswith("rank 1 (node 0): the others waited 6.0 ms a step")

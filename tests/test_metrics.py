@@ -32,6 +32,7 @@ from ddpwatch.metrics import (
     step_figures,
     step_times,
     straggler,
+    waited_for,
     waiting_intervals,
 )
 
@@ -284,6 +285,18 @@ def test_waiting_is_the_leading_part_of_each_call_before_the_shared_transfer():
     assert waiting[1] == [(ms(10), approx(ms(12)))]
     assert waiting[2] == [(ms(2), approx(ms(4))), (ms(9), approx(ms(10)))]
     assert waiting_intervals({3: recs[0]}) == {3: []}  # alone, nobody to wait for
+
+
+def test_waits_are_put_down_to_the_rank_that_arrived_last_in_each_call():
+    # call 0: rank1 is shortest (1 ms): rank0 waited 4, rank2 2 -> 6 ms for rank1;
+    # call 1: rank0 is shortest (2 ms): rank1 waited 2, rank2 1 -> 3 ms for rank0
+    waited = waited_for(three_ranks_two_calls())
+    assert waited == approx({0: 3, 1: 6, 2: 0})
+    assert sum(waited.values()) == approx(sum(cross_rank_waits(three_ranks_two_calls()).values()))
+    # equal durations: the lowest rank is named, and nobody waited anyway
+    even = {r: record(0, 5, span("all_reduce", 0, 2), rank=r) for r in (4, 2)}
+    assert waited_for(even) == {4: 0.0, 2: 0.0}
+    assert waited_for({1: even[2]}) == {1: 0.0}
 
 
 def test_single_rank_or_balanced_ranks_have_no_straggler():

@@ -33,6 +33,7 @@ from .widgets.ranks_table import RanksTable
 from .widgets.segment_bars_view import SegmentBarsView
 from .widgets.segments_table import SegmentsTable
 from .widgets.sparkline_list import Series, SparklineList
+from .widgets.stragglers_panel import StragglersPanel
 from .widgets.timeline_view import TimelineView
 from .widgets.warnings_panel import WarningsPanel
 
@@ -95,6 +96,7 @@ class DashboardApp(App[None]):
         self.device_panel, self.trends_panel = SparklineList(id="devices"), SparklineList(id="trends")
         self.segment_bars = SegmentBarsView(id="segment-bars")
         self.heatmap_view = RankHeatmap(id="heatmap")
+        self.stragglers_panel = StragglersPanel(id="stragglers", markup=False)
         self.warnings_panel = WarningsPanel(id="warnings")
         yield self.header_bar
         with VerticalScroll(id="timeline-box"):
@@ -108,6 +110,8 @@ class DashboardApp(App[None]):
                     yield self.trends_panel
                 with TabPane("Heatmap", id="heatmap-tab"), VerticalScroll():
                     yield self.heatmap_view
+                with TabPane("Stragglers", id="stragglers-tab"):
+                    yield self.stragglers_panel
         with Horizontal(id="bottom"):
             yield self.segments_table
             yield self.segment_bars
@@ -152,6 +156,7 @@ class DashboardApp(App[None]):
         self.segments_table.show(snapshot.segments)
         self.segment_bars.show(snapshot.segments)
         self.heatmap_view.show(snapshot.heatmap)
+        self.stragglers_panel.show(snapshot.stragglers)
         now = time.monotonic()
         notices = tuple(text for at, text in self.notices if now - at < NOTICE_S)
         self.warnings_panel.show(snapshot.warnings, snapshot.notes + notices)

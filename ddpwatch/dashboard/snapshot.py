@@ -21,6 +21,7 @@ SEGMENT_REFRESH_S = 1.0
 TREND_POINTS = 120
 HEATMAP_STEPS = 60  # recent steps the heatmap holds; it draws as many as fit
 EVERY_RANK_A_ROW_UP_TO = 32  # ranks; a larger job's heatmap starts one row per node
+TOP_STRAGGLERS = 8  # ranks listed in the stragglers tab
 RATE_STEPS = 20  # the header's samples/s is over this many recent complete steps
 
 
@@ -106,6 +107,16 @@ class SegmentRow:
 
 
 @dataclass(frozen=True)
+class StragglerRow:
+    rank: int
+    node: int
+    waited_for_ms: float  # by the other ranks together, per step, over first_step..last_step
+    share_pct: float  # of those steps' wall time
+    first_step: int
+    last_step: int
+
+
+@dataclass(frozen=True)
 class Snapshot:
     header: HeaderData
     timeline: TimelineData | None
@@ -117,6 +128,7 @@ class Snapshot:
     warnings: tuple[str, ...]  # errors and warnings: a desync first
     notes: tuple[str, ...] = ()  # worth knowing, not wrong: late reports, why a device is read as it is
     heatmap: Heatmap | None = None  # ranks (or nodes) x recent steps
+    stragglers: tuple[StragglerRow, ...] = ()  # the ranks the others waited for longest, recently
 
 
 @dataclass(frozen=True)
@@ -157,6 +169,7 @@ class SnapshotBuilder:
     _segment_rows: dict[int, tuple[float, tuple[Any, ...], SegmentRow]] = field(default_factory=dict)
     _summaries: dict[int, StepSummary] = field(default_factory=dict)
     _waits: dict[int, tuple[int, dict[int, float]]] = field(default_factory=dict)  # step -> (ranks seen, waits)
+    _waited_for: dict[int, tuple[int, dict[int, float]]] = field(default_factory=dict)  # step -> (ranks seen, waited for)
     _shown_step: tuple[Any, ...] = ()  # (step, reports) the timeline and desync below were made from
     _timeline: TimelineData | None = None
     _desync: metrics.Desync | None = None
@@ -174,6 +187,17 @@ class SnapshotBuilder:
             self._waits[step] = cached  # type: ignore[index]
             for old in [s for s in self._waits if s not in self.session.reports]:
                 del self._waits[old]
+        return cached[1]
+
+    def waited_for_of(self, step: int) -> dict[int, float]:
+        """``metrics.waited_for`` of a step's counted reports, cached like ``waits_of``."""
+        reports = self.session.reports.get(step, {})
+        cached = self._waited_for.get(step)
+        if cached is None or cached[0] != len(reports):
+            counted = self.session.counted_reports(step) if reports else {}
+            cached = self._waited_for[step] = (len(reports), metrics.waited_for(counted) if counted else {})
+            for old in [s for s in self._waited_for if s not in self.session.reports]:
+                del self._waited_for[old]
         return cached[1]
 
     def summary_of(self, step: int) -> StepSummary:
@@ -220,6 +244,7 @@ class SnapshotBuilder:
             warnings=tuple(self._warnings(step, now)),
             notes=tuple(self._notes()),
             heatmap=self._heatmap(heatmap_metric, open_nodes),
+            stragglers=self._top_stragglers(step),
         )
 
     # -- parts -------------------------------------------------------------------------------------
@@ -366,22 +391,42 @@ class SnapshotBuilder:
         return metrics.DesyncRange.combine([self.session.desync_range(),
                                             metrics.DesyncRange.of(pending) if pending is not None else None])
 
+    def _recent_complete_steps(self, step: int | None) -> list[int]:
+        """The last ``metrics.STRAGGLER_STEPS`` kept steps up to the shown one that every rank
+        reported, newest first: the window both straggler views judge over."""
+        world = self.session.world_size
+        complete: list[int] = []
+        if world < 2:
+            return complete
+        for s in sorted(self.session.reports, reverse=True):
+            if (step is None or s <= step) and self.summary_of(s).ranks >= world:
+                complete.append(s)
+                if len(complete) == metrics.STRAGGLER_STEPS:
+                    break
+        return complete
+
     def _straggler(self, step: int | None) -> metrics.Straggler | None:
         """``metrics.find_straggler`` over the last complete steps up to the shown one: the rule
         the exports' straggler_rank follows too."""
-        world = self.session.world_size
-        if world < 2:
-            return None
-        complete: list[metrics.StepWaits] = []
-        for s in sorted(self.session.reports, reverse=True):
-            if step is not None and s > step:
-                continue
-            summary = self.summary_of(s)
-            if summary.ranks >= world:
-                complete.append(metrics.StepWaits(s, self.waits_of(s), 1000 * summary.wall_s))
-                if len(complete) == metrics.STRAGGLER_STEPS:
-                    break
-        return metrics.find_straggler(complete)
+        return metrics.find_straggler(metrics.StepWaits(s, self.waits_of(s), 1000 * self.summary_of(s).wall_s)
+                                      for s in self._recent_complete_steps(step))
+
+    def _top_stragglers(self, step: int | None, count: int = TOP_STRAGGLERS) -> tuple[StragglerRow, ...]:
+        """The ranks the others waited for longest over the same window (``metrics.waited_for``),
+        whether or not one of them crosses the straggler rule's threshold."""
+        steps = self._recent_complete_steps(step)
+        if not steps:
+            return ()
+        totals: dict[int, float] = {}
+        for s in steps:
+            for rank, waited in self.waited_for_of(s).items():
+                totals[rank] = totals.get(rank, 0.0) + waited
+        wall_ms = sum(1000 * self.summary_of(s).wall_s for s in steps)
+        top = sorted((rank for rank, waited in totals.items() if waited > 0), key=lambda r: (-totals[r], r))[:count]
+        nodes = {rank: state.hello.node_rank if state.hello else 0 for rank, state in self.session.ranks.items()}
+        return tuple(StragglerRow(rank, nodes.get(rank, 0), totals[rank] / len(steps),
+                                  100 * totals[rank] / wall_ms if wall_ms > 0 else 0.0, min(steps), max(steps))
+                     for rank in top)
 
 
 def timeline_of(step: int, reports: dict[int, StepReport],

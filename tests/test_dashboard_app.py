@@ -338,21 +338,29 @@ async def test_heatmap_tab_gives_every_rank_a_row_and_h_switches_its_metric() ->
         assert app.selected_rank == 1
 
 
-async def test_heatmap_of_a_large_job_starts_a_row_per_node_and_a_click_opens_one() -> None:
-    world = 64
+async def test_a_large_job_shows_a_row_per_node_and_the_timeline_draws_picked_ranks() -> None:
+    world = 80  # above 64 ranks the timeline draws the slowest, the fastest and the selected rank
     hellos = {rank: replace(hello(rank, world_size=world), node_rank=rank // 8) for rank in range(world)}
     app = DashboardApp(StaticFeed(session_messages(steps=4, world_size=world, hellos=hellos)), export_on_exit=False)
     async with app.run_test(size=(160, 50)) as pilot:
         await pilot.pause(0.5)
         app.query_one("#side", TabbedContent).active = "heatmap-tab"
         await pilot.pause(0.2)
+        timeline = app.query_one(TimelineView).data  # every rank's step equally long: rank 0 is both
+        assert timeline is not None and timeline.reported == world and timeline.roles == ((0, "slowest+fastest"),)
         heatmap = app.query_one(RankHeatmap)
         assert heatmap.data is not None and heatmap.data.collapsible
-        assert [row.label for row in heatmap.data.rows] == [f"node {n} ×8" for n in range(8)]
+        assert [row.label for row in heatmap.data.rows] == [f"node {n} ×8" for n in range(10)]
         await pilot.click(RankHeatmap, offset=(2, 2 + 1))  # node 1
         await pilot.pause(0.3)
         labels = [row.label for row in heatmap.data.rows]
-        assert labels == ["node 0 ×8", *(f"r{r}" for r in range(8, 16)), *(f"node {n} ×8" for n in range(2, 8))]
+        assert labels == ["node 0 ×8", *(f"r{r}" for r in range(8, 16)), *(f"node {n} ×8" for n in range(2, 10))]
+        await pilot.click(RankHeatmap, offset=(2, 2 + 3))  # rank 9's row: closes node 1 again
+        await pilot.pause(0.3)
+        assert len(heatmap.data.rows) == 10
+        app.selected_rank = 40  # as a click in the ranks table does: the timeline draws it too
+        await pilot.pause(0.3)
+        assert app.query_one(TimelineView).data.roles == ((0, "slowest+fastest"), (40, "selected"))
 
 
 async def test_stragglers_tab_names_the_rank_the_others_waited_for_and_how_long() -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ddpwatch.dashboard.snapshot import timeline_of
+from ddpwatch.dashboard.snapshot import pick_timeline_ranks, timeline_of
 from instrumented_ddp.protocol import Span, StepReport
 
 
@@ -33,3 +33,24 @@ def test_waiting_hidden_behind_compute_is_not_exposed() -> None:
     lanes = {lane.rank: lane for lane in timeline_of(4, {0: r0, 1: r1}).ranks}
     assert lanes[0].exposed == ((0.050, 0.060),)
     assert lanes[0].exposed_waiting == ()
+
+
+def test_a_large_job_draws_the_slowest_fastest_and_selected_ranks_judged_against_all() -> None:
+    from ddpwatch.metrics import step_figures
+
+    # 20 ranks, rank r's step lasting 100 + r ms except rank 7 (150 ms, the slowest); rank 12
+    # enters the all-reduce at 70 ms, the last, so its 10 ms are the transfer everyone shares.
+    def rank_report(rank: int) -> StepReport:
+        enter = 0.070 if rank == 12 else 0.050
+        end = 0.150 if rank == 7 else 0.100 + rank / 1000
+        return report(rank, [Span("backward", 0.0, enter), Span("all_reduce", enter, 0.080, True, 400, "p0", "float32")], end)
+
+    reports = {rank: rank_report(rank) for rank in range(20)}
+    figures = {rank: step_figures(r) for rank, r in reports.items()}
+    roles = pick_timeline_ranks(figures, selected=3)
+    assert roles == ((0, "fastest"), (3, "selected"), (7, "slowest"))
+    data = timeline_of(4, reports, None, roles)
+    assert [lane.rank for lane in data.ranks] == [0, 3, 7] and data.reported == 20 and data.roles == roles
+    start, end = data.ranks[0].exposed_waiting[0]  # waited 50-70 ms for rank 12, which is not drawn
+    assert (round(start, 9), round(end, 9)) == (0.050, 0.070)
+    assert pick_timeline_ranks({}, None) == ()

@@ -147,7 +147,7 @@ class DashboardApp(App[None]):
         started = time.perf_counter()
         self.ingest_arrived()
         self.snapshot = snapshot = self.builder.build(self.selected_step, heatmap_metric=self.heatmap_metric,
-                                                      open_nodes=self.open_nodes)
+                                                      open_nodes=self.open_nodes, selected_rank=self.selected_rank)
         self.header_bar.show(snapshot.header, self.feed.description)
         self.timeline_view.show(snapshot.timeline, self.selected_rank)
         self.ranks_table.show(snapshot.ranks)

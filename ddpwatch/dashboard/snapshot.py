@@ -22,6 +22,7 @@ TREND_POINTS = 120
 HEATMAP_STEPS = 60  # recent steps the heatmap holds; it draws as many as fit
 EVERY_RANK_A_ROW_UP_TO = 32  # ranks; a larger job's heatmap starts one row per node
 TOP_STRAGGLERS = 8  # ranks listed in the stragglers tab
+EVERY_RANK_IN_THE_TIMELINE_UP_TO = 64  # ranks (it scrolls); above, the timeline draws the slowest, fastest and selected
 RATE_STEPS = 20  # the header's samples/s is over this many recent complete steps
 
 
@@ -50,6 +51,8 @@ class TimelineData:
     strategy: str
     span_s: float
     ranks: tuple[RankLanes, ...]
+    reported: int = 0  # ranks that reported the step; more than ``ranks`` when only some are drawn
+    roles: tuple[tuple[int, str], ...] = ()  # (rank, why it is drawn) when only some are
 
 
 @dataclass(frozen=True)
@@ -217,9 +220,10 @@ class SnapshotBuilder:
         return out
 
     def build(self, selected_step: int | None = None, now: float | None = None, heatmap_metric: str = "exposed",
-              open_nodes: Collection[int] = ()) -> Snapshot:
+              open_nodes: Collection[int] = (), selected_rank: int | None = None) -> Snapshot:
         """``open_nodes``: nodes whose heatmap rows the user opened (a job above
-        ``EVERY_RANK_A_ROW_UP_TO`` ranks starts with one row per node)."""
+        ``EVERY_RANK_A_ROW_UP_TO`` ranks starts with one row per node); ``selected_rank``: drawn in
+        the timeline of a job too large to draw every rank."""
         now = time.monotonic() if now is None else now
         session = self.session
         latest = session.latest_complete_step()
@@ -227,9 +231,10 @@ class SnapshotBuilder:
         reports = session.reports.get(step, {}) if step is not None else {}
         waits = self.waits_of(step)
         figures = session.step_figures(step) if step is not None else {}
-        if (step, len(reports)) != self._shown_step:
-            self._shown_step = (step, len(reports))
-            self._timeline = timeline_of(step, reports, {r: f.times for r, f in figures.items()}) \
+        roles = pick_timeline_ranks(figures, selected_rank) if len(reports) > EVERY_RANK_IN_THE_TIMELINE_UP_TO else None
+        if (step, len(reports), roles) != self._shown_step:
+            self._shown_step = (step, len(reports), roles)
+            self._timeline = timeline_of(step, reports, {r: f.times for r, f in figures.items()}, roles) \
                 if step is not None and reports else None
             self._desync = metrics.find_desync(session.counted_reports(step)) if reports else None  # type: ignore[arg-type]
         trend = self.summaries(sorted(session.reports)[-TREND_POINTS:])
@@ -429,12 +434,32 @@ class SnapshotBuilder:
                      for rank in top)
 
 
-def timeline_of(step: int, reports: dict[int, StepReport],
-                times: dict[int, metrics.StepTimes] | None = None) -> TimelineData:
-    """All ranks of one step on one axis, put on the lowest rank's clock by
+def pick_timeline_ranks(figures: dict[int, metrics.StepFigures], selected: int | None) -> tuple[tuple[int, str], ...]:
+    """The ranks a large job's timeline draws, with why: the slowest and the fastest by step
+    time (ties: the lowest rank) and the selected one, in rank order."""
+    roles: dict[int, list[str]] = {}
+    if figures:
+        slowest = max(figures, key=lambda rank: (figures[rank].step_ms, -rank))
+        fastest = min(figures, key=lambda rank: (figures[rank].step_ms, rank))
+        roles.setdefault(slowest, []).append("slowest")
+        roles.setdefault(fastest, []).append("fastest")
+    if selected is not None:
+        roles.setdefault(selected, []).append("selected")
+    return tuple((rank, "+".join(why)) for rank, why in sorted(roles.items()))
+
+
+def timeline_of(step: int, reports: dict[int, StepReport], times: dict[int, metrics.StepTimes] | None = None,
+                roles: tuple[tuple[int, str], ...] | None = None) -> TimelineData:
+    """The ranks of one step on one axis, put on the lowest drawn rank's clock by
     ``metrics.ClockAlignment`` over this one step: aligned at the end of each rank's last
     all-reduce (every rank leaves it together), ranks without one at their step start.
-    ``times``: ranks' step times already known (from their step figures); the rest are read."""
+    ``times``: ranks' step times already known (from their step figures); the rest are read.
+    ``roles``: only these ranks are drawn (a large job); the waiting in their collectives is
+    still judged against every rank that reported."""
+    waiting = metrics.waiting_intervals(reports)
+    reported = len(reports)
+    if roles is not None:
+        reports = {rank: reports[rank] for rank, _ in roles if rank in reports} or reports
     known = times or {}
     clocks = metrics.ClockAlignment(reference=min(reports))
     clocks.add_step({rank: known[rank] if rank in known else metrics.step_times(report) for rank, report in reports.items()})
@@ -442,9 +467,9 @@ def timeline_of(step: int, reports: dict[int, StepReport],
     shift = {rank: offsets.get(rank, 0.0) for rank in reports}
     origin = min(r.start + shift[rank] for rank, r in reports.items())
     end = max(r.end + shift[rank] for rank, r in reports.items())
-    waiting = metrics.waiting_intervals(reports)
     lanes = [_lanes(rank, reports[rank], shift[rank] - origin, waiting[rank]) for rank in sorted(reports)]
-    return TimelineData(step, next(iter(reports.values())).strategy, max(end - origin, 1e-9), tuple(lanes))
+    return TimelineData(step, next(iter(reports.values())).strategy, max(end - origin, 1e-9), tuple(lanes),
+                        reported, tuple(role for role in roles or () if role[0] in reports))
 
 
 def _lanes(rank: int, report: StepReport, offset: float, waiting: list[tuple[float, float]]) -> RankLanes:

@@ -43,7 +43,8 @@ class TimelineView(Widget):
 
     def show(self, data: TimelineData | None, selected_rank: int | None = None) -> None:
         changed = data is not self.data or selected_rank != self.selected_rank
-        rows_changed = (data is None) != (self.data is None) or (data and self.data and len(data.ranks) != len(self.data.ranks))
+        rows_changed = (data is None) != (self.data is None) or (data and self.data and (
+            (len(data.ranks), bool(data.roles)) != (len(self.data.ranks), bool(self.data.roles))))
         self.data, self.selected_rank = data, selected_rank
         if rows_changed:
             self.refresh(layout=True)
@@ -51,7 +52,7 @@ class TimelineView(Widget):
             self.refresh()
 
     def get_content_height(self, container, viewport, width: int) -> int:  # noqa: ANN001
-        return 3 + 2 * (len(self.data.ranks) if self.data else 1)
+        return 3 + 2 * (len(self.data.ranks) if self.data else 1) + (1 if self.data and self.data.roles else 0)
 
     def render_line(self, y: int) -> Strip:
         width = self.size.width
@@ -65,6 +66,8 @@ class TimelineView(Widget):
             return self._lane(rank, compute=(y - 1) % 2 == 0, width=width)
         if y == lanes + 1:
             return self._legend(width)
+        if y == lanes + 2 and self.data.roles:
+            return self._drawn_ranks(width)
         return Strip.blank(width)
 
     # -- lines -------------------------------------------------------------------------------------
@@ -136,6 +139,13 @@ class TimelineView(Widget):
                 for column in self._column_range(start, end, columns):
                     cells[column] = ("▆", STYLES[style])
         return cells
+
+    def _drawn_ranks(self, width: int) -> Strip:
+        """Which ranks a large job's timeline draws, and why."""
+        assert self.data is not None
+        why = ", ".join(f"r{rank} {role}" for rank, role in self.data.roles)
+        text = f"{len(self.data.ranks)} of {self.data.reported} ranks drawn: {why} (select a rank in the ranks table or heatmap to add it)"
+        return Strip([Segment(" " * (LABEL_WIDTH + 1)), Segment(text, STYLES["label"])]).crop(0, width)
 
     def _legend(self, width: int) -> Strip:
         segments = [Segment(" " * (LABEL_WIDTH + 1))]

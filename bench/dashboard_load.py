@@ -1,6 +1,7 @@
 """The live dashboard under load: 64 simulated ranks at a realistic step rate, for a while.
 
-    python bench/dashboard_load.py [--ranks 64] [--seconds 60] [--step-s 0.1]
+    python bench/dashboard_load.py [--ranks 64] [--seconds 60] [--step-s 0.1] [--spans 64]
+    python bench/dashboard_load.py --ranks 1024 --step-s 1 --spans 300   # a large job's stream
 
 Sender processes pace each simulated rank at one step report per ``--step-s`` (plus heartbeats
 and device samples, as real ranks send) into the dashboard's own live feed; the dashboard runs
@@ -34,10 +35,10 @@ from instrumented_ddp.protocol import encode  # noqa: E402
 from instrumented_ddp.telemetry import routing_id  # noqa: E402
 
 
-def paced_sender(address: str, ranks: list[int], world: int, steps: int, step_s: float) -> None:
+def paced_sender(address: str, ranks: list[int], world: int, steps: int, step_s: float, spans: int) -> None:
     context = zmq.Context()
     sockets = {rank: context.socket(zmq.DEALER) for rank in ranks}
-    streams = {rank: rank_stream(rank, world, steps, 64) for rank in ranks}
+    streams = {rank: rank_stream(rank, world, steps, spans) for rank in ranks}
     seqs = dict.fromkeys(ranks, 0)
     for rank, dealer in sockets.items():
         dealer.setsockopt(zmq.ROUTING_ID, routing_id("bench", rank))
@@ -67,7 +68,7 @@ async def watch(args: argparse.Namespace, directory: Path) -> None:
     app = DashboardApp(LiveFeed(address, directory / "session.ddpwatch"), export_on_exit=False)
     steps = int(args.seconds / args.step_s)
     groups = [list(range(args.ranks))[i :: args.senders] for i in range(args.senders)]
-    senders = [mp.get_context("spawn").Process(target=paced_sender, args=(address, g, args.ranks, steps, args.step_s))
+    senders = [mp.get_context("spawn").Process(target=paced_sender, args=(address, g, args.ranks, steps, args.step_s, args.spans))
                for g in groups]
     for process in senders:  # before the app takes the terminal: they connect once it listens
         process.start()
@@ -83,9 +84,10 @@ async def watch(args: argparse.Namespace, directory: Path) -> None:
         elapsed = time.monotonic() - started
         session = app.session
         spans = sum(len(r.spans) for ranks in session.reports.values() for r in ranks.values())
-        print(f"ddpwatch dashboard under load: {args.ranks} ranks x {steps} steps, one every {args.step_s:g} s")
+        print(f"ddpwatch dashboard under load: {args.ranks} ranks x {steps} steps, one every {args.step_s:g} s, "
+              f"{args.spans} spans a report")
         print(f"  messages received   {session.messages:,} in {elapsed:.1f} s = {session.messages / elapsed:,.0f}/s "
-              f"(~{session.messages / elapsed * 62:,.0f} spans/s); rejected {sum(session.rejected.values())}, "
+              f"({args.ranks * steps * args.spans / elapsed:,.0f} spans/s); rejected {sum(session.rejected.values())}, "
               f"lost {sum(s.lost_messages for s in session.ranks.values())}")
         print(f"  frames              {app.frames} = {app.frames / elapsed:.1f}/s, our frame code "
               f"{1000 * app.frame_seconds / max(app.frames, 1):.1f} ms on average")
@@ -102,6 +104,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--step-s", type=float, default=0.1)
     parser.add_argument("--senders", type=int, default=2)
+    parser.add_argument("--spans", type=int, default=64, help="spans per step report (a 7B DDP job: hundreds of buckets)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as directory:
         asyncio.run(watch(args, Path(directory)))

@@ -86,8 +86,11 @@ async def watch(args: argparse.Namespace, directory: Path) -> None:
         spans = sum(len(r.spans) for ranks in session.reports.values() for r in ranks.values())
         print(f"ddpwatch dashboard under load: {args.ranks} ranks x {steps} steps, one every {args.step_s:g} s, "
               f"{args.spans} spans a report")
-        print(f"  messages received   {session.messages:,} in {elapsed:.1f} s = {session.messages / elapsed:,.0f}/s "
-              f"({args.ranks * steps * args.spans / elapsed:,.0f} spans/s); rejected {sum(session.rejected.values())}, "
+        sent = args.ranks * (steps + -(-steps // 10) + -(-steps // 2) + 2)  # reports, heartbeats, samples, hello, goodbye
+        print(f"  messages received   {session.messages:,} of {sent:,} sent, in {elapsed:.1f} s = "
+              f"{session.messages / elapsed:,.0f}/s (~{session.messages * args.ranks * steps / sent * args.spans / elapsed:,.0f} "
+              f"spans/s, reports being that share of the messages); "
+              f"rejected {sum(session.rejected.values())}, "
               f"lost {sum(s.lost_messages for s in session.ranks.values())}")
         print(f"  frames              {app.frames} = {app.frames / elapsed:.1f}/s, our frame code "
               f"{1000 * app.frame_seconds / max(app.frames, 1):.1f} ms on average")

@@ -18,6 +18,7 @@ from ddpwatch.session import Segment, Session
 from instrumented_ddp.protocol import COMM_KINDS, COMPUTE_KINDS, StepReport
 
 SEGMENT_REFRESH_S = 1.0
+HEATMAP_REFRESH_S = 1.0
 TREND_POINTS = 120
 HEATMAP_STEPS = 60  # recent steps the heatmap holds; it draws as many as fit
 EVERY_RANK_A_ROW_UP_TO = 32  # ranks; a larger job's heatmap starts one row per node
@@ -175,6 +176,7 @@ class SnapshotBuilder:
     _waited_for: dict[int, tuple[int, dict[int, float]]] = field(default_factory=dict)  # step -> (ranks seen, waited for)
     _shown_step: tuple[Any, ...] = ()  # (step, reports) the timeline and desync below were made from
     _timeline: TimelineData | None = None
+    _heatmap_made: tuple[float, Any, Heatmap | None] = (0.0, None, None)  # (made at, (metric, open nodes), grid)
     _desync: metrics.Desync | None = None
     _devices: dict[int, tuple[float, DeviceSeries]] = field(default_factory=dict)  # rank -> (newest sample, series)
     _rate: tuple[float, tuple[StepSummary, ...], tuple[float, float | None]] = (0.0, (), (0.0, None))  # (made at, from, result)
@@ -248,20 +250,28 @@ class SnapshotBuilder:
             segments=tuple(self._segment_row(segment, now) for segment in session.segments),
             warnings=tuple(self._warnings(step, now)),
             notes=tuple(self._notes()),
-            heatmap=self._heatmap(heatmap_metric, open_nodes),
+            heatmap=self._heatmap(heatmap_metric, open_nodes, now),
             stragglers=self._top_stragglers(step),
         )
 
     # -- parts -------------------------------------------------------------------------------------
-    def _heatmap(self, metric: str, open_nodes: Collection[int]) -> Heatmap | None:
+    def _heatmap(self, metric: str, open_nodes: Collection[int], now: float) -> Heatmap | None:
+        """Remade at most once a second (at 1,024 ranks a grid is 60 x 1,024 cells, ~30 ms),
+        at once when the user switches the metric or opens or closes a node."""
         session = self.session
         if not session.ranks:
             return None
+        made_at, made_for, grid = self._heatmap_made
+        wanted = (metric, frozenset(open_nodes))
+        if grid is not None and made_for == wanted and now - made_at < HEATMAP_REFRESH_S:
+            return grid
         steps = sorted(session.reports)[-HEATMAP_STEPS:]
         node_of = {rank: state.hello.node_rank if state.hello else 0 for rank, state in session.ranks.items()}
         waits = {step: self.waits_of(step) for step in steps} if metric == "wait" else {}
         expanded = None if len(node_of) <= EVERY_RANK_A_ROW_UP_TO else open_nodes
-        return build_heatmap(metric, steps, {step: session.step_figures(step) for step in steps}, waits, node_of, expanded)
+        grid = build_heatmap(metric, steps, {step: session.step_figures(step) for step in steps}, waits, node_of, expanded)
+        self._heatmap_made = (now, wanted, grid)
+        return grid
 
     def _header(self, step: int | None, following: bool, trend: list[StepSummary], now: float) -> HeaderData:
         session = self.session

@@ -174,7 +174,7 @@ class SnapshotBuilder:
     _summaries: dict[int, StepSummary] = field(default_factory=dict)
     _waits: dict[int, tuple[int, dict[int, float]]] = field(default_factory=dict)  # step -> (ranks seen, waits)
     _waited_for: dict[int, tuple[int, dict[int, float]]] = field(default_factory=dict)  # step -> (ranks seen, waited for)
-    _shown_step: tuple[Any, ...] = ()  # (step, reports) the timeline and desync below were made from
+    _shown_step: tuple[Any, ...] = ()  # (step, reports, ranks drawn) the timeline and desync below were made from
     _timeline: TimelineData | None = None
     _heatmap_made: tuple[float, Any, Heatmap | None] = (0.0, None, None)  # (made at, (metric, open nodes), grid)
     _desync: metrics.Desync | None = None

@@ -45,6 +45,7 @@ __all__ = [
     "StepRecordLike", "StepTimes", "StepWaits", "Straggler", "algbw_gbps", "bus_factor", "busbw_gbps", "calls_text",
     "clip", "counted", "cross_rank_waits", "find_desync", "find_straggler", "intersect", "merge", "segment_figures",
     "step_figures", "step_times", "straggler", "subtract", "total_length", "union", "waited_for", "waiting_intervals",
+    "waits_both_ways",
 ]
 
 COMPUTE_KINDS = frozenset({"forward", "backward", "optimizer"})
@@ -246,19 +247,29 @@ def cross_rank_waits(records_of_one_step: Mapping[int, StepRecordLike]) -> dict[
 
 
 def waited_for(records_of_one_step: Mapping[int, StepRecordLike]) -> dict[int, float]:
-    """Milliseconds the other ranks spent waiting for each rank. In each all-reduce the rank with
-    the shortest duration arrived last (ties: the lowest rank), and every other rank's waiting
-    in that call is put down to it; so the totals over ranks equal :func:`cross_rank_waits`'s."""
-    totals = {rank: 0.0 for rank in records_of_one_step}
+    """Milliseconds the other ranks spent waiting for each rank (see :func:`waits_both_ways`)."""
+    return waits_both_ways(records_of_one_step)[1]
+
+
+def waits_both_ways(records_of_one_step: Mapping[int, StepRecordLike]) -> tuple[dict[int, float], dict[int, float]]:
+    """(:func:`cross_rank_waits`, what the others waited for each rank) from one pairing pass.
+    In each all-reduce the rank with the shortest duration arrived last (ties: the lowest rank),
+    and every other rank's waiting in that call is put down to it; so the second totals over
+    ranks equal the first's."""
+    waited = {rank: 0.0 for rank in records_of_one_step}
+    waited_on = dict(waited)
     paired = _paired_calls(records_of_one_step)
     if paired is None:
-        return totals
+        return waited, waited_on
     _, durations, transfer = paired
     ranks = sorted(durations)
     for key, t in transfer.items():
+        in_call = {rank: 1000.0 * (durations[rank][key] - t) for rank in ranks}
+        for rank, ms in in_call.items():
+            waited[rank] += ms
         last = min(ranks, key=lambda rank: durations[rank][key])  # the first of equals: the lowest rank
-        totals[last] += 1000.0 * sum(durations[rank][key] - t for rank in ranks)
-    return totals
+        waited_on[last] += sum(in_call.values())
+    return waited, waited_on
 
 
 def waiting_intervals(records_of_one_step: Mapping[int, StepRecordLike]) -> dict[int, list[Interval]]:

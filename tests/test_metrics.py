@@ -34,6 +34,7 @@ from ddpwatch.metrics import (
     straggler,
     waited_for,
     waiting_intervals,
+    waits_both_ways,
 )
 
 approx = pytest.approx
@@ -599,3 +600,9 @@ def test_segment_hidden_communication_is_the_mean_share_of_the_window_compute_ra
     assert s.hidden_comm_pct == approx(10)
     assert s.overlap_pct == approx(25)  # (50 + 0) / 2
     assert s.compute_pct == approx(65)  # (80 + 50) / 2
+
+
+def test_both_ways_is_the_waits_and_the_waited_for_from_one_pass():
+    recs = three_ranks_two_calls()
+    assert waits_both_ways(recs) == (approx(cross_rank_waits(recs)), approx({0: 3, 1: 6, 2: 0}))
+    assert waits_both_ways({}) == ({}, {})

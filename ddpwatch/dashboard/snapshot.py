@@ -172,8 +172,7 @@ class SnapshotBuilder:
     session: Session
     _segment_rows: dict[int, tuple[float, tuple[Any, ...], SegmentRow]] = field(default_factory=dict)
     _summaries: dict[int, StepSummary] = field(default_factory=dict)
-    _waits: dict[int, tuple[int, dict[int, float]]] = field(default_factory=dict)  # step -> (ranks seen, waits)
-    _waited_for: dict[int, tuple[int, dict[int, float]]] = field(default_factory=dict)  # step -> (ranks seen, waited for)
+    _waits: dict[int, tuple[int, dict[int, float], dict[int, float]]] = field(default_factory=dict)  # step -> (ranks seen, waited, waited for)
     _shown_step: tuple[Any, ...] = ()  # (step, reports, ranks drawn) the timeline and desync below were made from
     _timeline: TimelineData | None = None
     _heatmap_made: tuple[float, Any, Heatmap | None] = (0.0, None, None)  # (made at, (metric, open nodes), grid)
@@ -182,28 +181,26 @@ class SnapshotBuilder:
     _rate: tuple[float, tuple[StepSummary, ...], tuple[float, float | None]] = (0.0, (), (0.0, None))  # (made at, from, result)
 
     def waits_of(self, step: int | None) -> dict[int, float]:
-        """Cross-rank waits of a step's counted reports, computed once per set of reports (the
-        straggler check looks at the last ten steps every frame)."""
+        """Cross-rank waits of a step's counted reports (the straggler check looks at the last
+        ten steps every frame): see ``_waits_both_ways``."""
+        return self._waits_both_ways(step)[0]
+
+    def waited_for_of(self, step: int) -> dict[int, float]:
+        """How long the other ranks waited for each rank in a step (the stragglers tab)."""
+        return self._waits_both_ways(step)[1]
+
+    def _waits_both_ways(self, step: int | None) -> tuple[dict[int, float], dict[int, float]]:
+        """``metrics.waits_both_ways`` of a step's counted reports: one pairing pass for both,
+        made once per set of reports (at 1,024 ranks a pass is ~60 ms)."""
         reports = self.session.reports.get(step, {}) if step is not None else {}
         cached = self._waits.get(step)  # type: ignore[arg-type]
         if cached is None or cached[0] != len(reports):
             counted = self.session.counted_reports(step) if reports else {}  # type: ignore[arg-type]
-            cached = (len(reports), metrics.cross_rank_waits(counted) if counted else {})
+            cached = (len(reports), *(metrics.waits_both_ways(counted) if counted else ({}, {})))
             self._waits[step] = cached  # type: ignore[index]
             for old in [s for s in self._waits if s not in self.session.reports]:
                 del self._waits[old]
-        return cached[1]
-
-    def waited_for_of(self, step: int) -> dict[int, float]:
-        """``metrics.waited_for`` of a step's counted reports, cached like ``waits_of``."""
-        reports = self.session.reports.get(step, {})
-        cached = self._waited_for.get(step)
-        if cached is None or cached[0] != len(reports):
-            counted = self.session.counted_reports(step) if reports else {}
-            cached = self._waited_for[step] = (len(reports), metrics.waited_for(counted) if counted else {})
-            for old in [s for s in self._waited_for if s not in self.session.reports]:
-                del self._waited_for[old]
-        return cached[1]
+        return cached[1], cached[2]
 
     def summary_of(self, step: int) -> StepSummary:
         """One kept step's summary, remade only when the step got another report."""

@@ -134,6 +134,29 @@ def test_dashboard_main_screen_snapshot(snap_compare) -> None:  # noqa: ANN001
     assert snap_compare(app, terminal_size=(160, 48), run_before=settle)
 
 
+@pytest.mark.parametrize("world", [64, 1024])
+def test_heatmap_tab_snapshot_of_a_large_job(snap_compare, world: int) -> None:  # noqa: ANN001
+    """One row per node of 8; every fifth rank's all-reduces start 3 ms later, so the nodes holding
+    one read hotter in "waited"; the timeline draws picked ranks at 1,024."""
+    def late(report: StepReport) -> StepReport:
+        if report.rank % 5:
+            return report
+        return replace(report, spans=[s._replace(start=s.start + 0.003) if s.kind == "all_reduce" else s
+                                      for s in report.spans])
+
+    async def settle(pilot) -> None:  # noqa: ANN001
+        app.feed.stop()  # every message queued
+        app.query_one("#side", TabbedContent).active = "heatmap-tab"
+        await pilot.press("h", "h")  # exposed -> step -> wait
+        await pilot.pause(1.1)  # past the heatmap's once-a-second remake: the next frame draws it whole
+        app.refresh_frame()
+        await pilot.pause(0.3)
+
+    hellos = {rank: replace(hello(rank, world_size=world), node_rank=rank // 8) for rank in range(world)}
+    app = DashboardApp(StaticFeed(session_messages(steps=4, world_size=world, hellos=hellos, edit=late)), export_on_exit=False)
+    assert snap_compare(app, terminal_size=(160, 48), run_before=settle)
+
+
 def test_impossible_values_are_rejected_by_kind_and_the_valid_stream_is_kept() -> None:
     from dataclasses import replace
 

@@ -263,7 +263,7 @@ class SnapshotBuilder:
         if grid is not None and made_for == wanted and now - made_at < HEATMAP_REFRESH_S:
             return grid
         steps = sorted(session.reports)[-HEATMAP_STEPS:]
-        node_of = {rank: state.hello.node_rank if state.hello else 0 for rank, state in session.ranks.items()}
+        node_of = self._node_of()
         waits = {step: self.waits_of(step) for step in steps} if metric == "wait" else {}
         expanded = None if len(node_of) <= EVERY_RANK_A_ROW_UP_TO else open_nodes
         grid = build_heatmap(metric, steps, {step: session.step_figures(step) for step in steps}, waits, node_of, expanded)
@@ -403,6 +403,11 @@ class SnapshotBuilder:
         return metrics.DesyncRange.combine([self.session.desync_range(),
                                             metrics.DesyncRange.of(pending) if pending is not None else None])
 
+    def _node_of(self) -> dict[int, int]:
+        """Each rank's node as its hello said (0 until the hello came): the heatmap's and the
+        stragglers tab's grouping."""
+        return {rank: state.hello.node_rank if state.hello else 0 for rank, state in self.session.ranks.items()}
+
     def _recent_complete_steps(self, step: int | None) -> list[int]:
         """The last ``metrics.STRAGGLER_STEPS`` kept steps up to the shown one that every rank
         reported, newest first: the window both straggler views judge over."""
@@ -435,7 +440,7 @@ class SnapshotBuilder:
                 totals[rank] = totals.get(rank, 0.0) + waited
         wall_ms = sum(1000 * self.summary_of(s).wall_s for s in steps)
         top = sorted((rank for rank, waited in totals.items() if waited > 0), key=lambda r: (-totals[r], r))[:count]
-        nodes = {rank: state.hello.node_rank if state.hello else 0 for rank, state in self.session.ranks.items()}
+        nodes = self._node_of()
         return tuple(StragglerRow(rank, nodes.get(rank, 0), totals[rank] / len(steps),
                                   100 * totals[rank] / wall_ms if wall_ms > 0 else 0.0, min(steps), max(steps))
                      for rank in top)

@@ -1,9 +1,10 @@
 """The product's figures, computed one way for the dashboard, the recorder and the exporter.
 
 Keeping every definition in one pure module is what lets a number on the live
-screen be compared with the same number in an exported report.  Spans and step
-records are duck-typed (see :class:`SpanLike`, :class:`StepRecordLike`) so this
-module depends on nothing else in the project.
+screen be compared with the same number in an exported report.  One rank's step
+figures live in ``instrumented_ddp.step_figures`` (re-exported here), since the
+ranks compute them too; this module adds everything across ranks and steps.
+Spans and step records are duck-typed (see :class:`SpanLike`, :class:`StepRecordLike`).
 
 Conventions, chosen so that no caller ever sees NaN or a ZeroDivisionError:
 
@@ -37,81 +38,39 @@ from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
-from ddpwatch.intervals import Interval, clip, intersect, merge, subtract, total_length, union
+from instrumented_ddp.intervals import Interval, clip, intersect, merge, subtract, total_length, union
+from instrumented_ddp.step_figures import (
+    BLOCKING_KINDS,
+    COMM_KINDS,
+    COMPUTE_KINDS,
+    CallTimes,
+    SpanLike,
+    StepFigures,
+    StepRecordLike,
+    StepTimes,
+    _all_reduces,
+    _length,
+    algbw_gbps,
+    bus_factor,
+    busbw_gbps,
+    call_times,
+    counted,
+    step_figures,
+    step_times,
+)
 
 __all__ = [
-    "BLOCKING_KINDS", "COMM_KINDS", "COMPUTE_KINDS", "STRAGGLER_SHARE", "STRAGGLER_STEPS", "ClockAlignment", "Desync",
+    "BLOCKING_KINDS", "COMM_KINDS", "COMPUTE_KINDS", "CallTimes", "STRAGGLER_SHARE", "STRAGGLER_STEPS", "ClockAlignment", "Desync",
     "DesyncRange", "Figures", "Interval", "SegmentAccumulator", "SegmentFigures", "SpanLike", "StepFigures",
-    "StepRecordLike", "StepTimes", "StepWaits", "Straggler", "algbw_gbps", "bus_factor", "busbw_gbps", "calls_text",
+    "StepRecordLike", "StepTimes", "StepWaits", "Straggler", "algbw_gbps", "bus_factor", "busbw_gbps", "call_times", "calls_text",
     "clip", "counted", "cross_rank_waits", "find_desync", "find_straggler", "intersect", "merge", "segment_figures",
     "step_figures", "step_times", "straggler", "subtract", "total_length", "union", "waited_for", "waiting_intervals",
     "waits_both_ways",
 ]
 
-COMPUTE_KINDS = frozenset({"forward", "backward", "optimizer"})
-COMM_KINDS = frozenset({"all_reduce", "broadcast"})
-# A blocking span of one of these kinds means the main thread sat waiting on the
-# network; if it happened inside e.g. a backward hook, it is not compute.
-BLOCKING_KINDS = COMM_KINDS | {"wait"}
-_BYTES_PER_GB = 1e9  # nccl-tests reports decimal GB/s
 STRAGGLER_STEPS = 10  # a straggler is judged over this many complete steps: one step is noise
 STRAGGLER_SHARE = 0.10  # ... and only when the others waited over this share of the step time for it
 ALIGNMENT_STEPS = 512  # clock-offset samples kept per rank: a median over them, in bounded memory
-
-
-class SpanLike(Protocol):
-    @property
-    def kind(self) -> str: ...
-    @property
-    def start(self) -> float: ...
-    @property
-    def end(self) -> float: ...
-    @property
-    def blocking(self) -> bool: ...
-    @property
-    def nbytes(self) -> int: ...
-    @property
-    def tag(self) -> str: ...
-
-
-class StepRecordLike(Protocol):
-    @property
-    def rank(self) -> int: ...
-    @property
-    def step(self) -> int: ...
-    @property
-    def start(self) -> float: ...
-    @property
-    def end(self) -> float: ...
-    @property
-    def spans(self) -> Sequence[SpanLike]: ...
-    @property
-    def samples(self) -> int: ...
-    @property
-    def tokens(self) -> int: ...
-
-
-def _length(start: float, end: float) -> float:
-    """Raw duration; faulty (reversed or non-finite) times count as no time at all."""
-    d = end - start
-    return d if math.isfinite(d) and d > 0 else 0.0
-
-
-def _pct(part: float, whole: float) -> float:
-    return 100.0 * part / whole if whole > 0 else 0.0
-
-
-def _all_reduces(record: StepRecordLike) -> list[SpanLike]:
-    """In issue order: the fallback that lines calls up across ranks when they carry no tag."""
-    return sorted((s for s in record.spans if s.kind == "all_reduce"), key=lambda s: s.start)
-
-
-def counted(record: Any) -> bool:
-    """Whether a report may enter any figure. Excluded steps (native DDP's first iteration, a
-    wrap-time broadcast) are not representative; unresolved ones hold only the spans whose marks
-    resolved, so their percentages, waits and call counts would be false (a missing collective
-    would even read as a desync). One rule, so every figure leaves out the same reports."""
-    return not getattr(record, "excluded", False) and not getattr(record, "unresolved", False)
 
 
 def calls_text(calls_per_rank_per_step: float) -> str:
@@ -119,109 +78,6 @@ def calls_text(calls_per_rank_per_step: float) -> str:
     number as one ("57"), a mean that is not whole with up to two decimals ("56.5")."""
     text = f"{calls_per_rank_per_step:.2f}".rstrip("0").rstrip(".")
     return text if text not in ("", "-0") else "0"
-
-
-# --- bandwidth (nccl-tests definitions, see nccl-tests doc/PERFORMANCE.md) -------------
-
-
-def algbw_gbps(nbytes: int, seconds: float) -> float | None:
-    """S/t.  None for an empty payload or a non-positive time, which measure no link."""
-    if nbytes <= 0 or not (math.isfinite(seconds) and seconds > 0):
-        return None
-    return nbytes / seconds / _BYTES_PER_GB
-
-
-def bus_factor(kind: str, world_size: int) -> float | None:
-    """Turns algbw into the per-link rate so that numbers compare across world sizes.
-
-    all_reduce moves 2(n-1)/n of the payload over each link (ring lower bound);
-    broadcast moves it once.  One rank gives 0 for all_reduce, as nccl-tests does.
-    None for an unknown kind or a world size below 1.
-    """
-    if world_size < 1:
-        return None
-    if kind == "all_reduce":
-        return 2.0 * (world_size - 1) / world_size
-    if kind == "broadcast":
-        return 1.0
-    return None
-
-
-def busbw_gbps(nbytes: int, seconds: float, world_size: int, kind: str = "all_reduce") -> float | None:
-    alg, factor = algbw_gbps(nbytes, seconds), bus_factor(kind, world_size)
-    return None if alg is None or factor is None else alg * factor
-
-
-# --- one rank, one step ----------------------------------------------------------------
-
-
-class StepTimes(NamedTuple):
-    """What aligning ranks needs from one rank's step, on that rank's own clock."""
-
-    start: float
-    end: float
-    anchor: float | None  # end of the step's last all-reduce: every rank leaves it at the same moment
-
-
-def step_times(record: StepRecordLike) -> StepTimes:
-    """The same times ``step_figures`` keeps, for a caller that has only the record."""
-    ends = [s.end for s in record.spans if s.kind == "all_reduce" and math.isfinite(s.end)]
-    return StepTimes(record.start, record.end, max(ends) if ends else None)
-
-
-@dataclass(frozen=True)
-class StepFigures:
-    """One rank's step, kept whole so segments aggregate from it rather than re-scan spans."""
-
-    rank: int
-    step: int
-    step_ms: float
-    compute_pct: float
-    non_compute_pct: float  # exposed communication
-    idle_pct: float
-    overlap_pct: float
-    comm_overhead_pct: float  # merged communication wall clock
-    all_reduce_calls: int
-    all_reduce_ms: float  # sum of raw durations; concurrent buckets each count
-    algbw_gbps: tuple[float, ...]  # per measurable all_reduce, in issue order
-    busbw_gbps: float | None  # median over this step; None without a world size
-    samples: int
-    tokens: int
-    times: StepTimes  # window and alignment anchor, so aligning ranks never reads the spans again
-
-
-def step_figures(record: StepRecordLike, world_size: int | None = None) -> StepFigures:
-    lo, hi = record.start, record.end
-    window = _length(lo, hi)
-    spans = list(record.spans)
-    compute = [(s.start, s.end) for s in spans if s.kind in COMPUTE_KINDS]
-    blocked = [(s.start, s.end) for s in spans if s.blocking and s.kind in BLOCKING_KINDS]
-    comm = [(s.start, s.end) for s in spans if s.kind in COMM_KINDS]
-    c = clip(subtract(compute, blocked), lo, hi)  # "blocked is not busy"
-    m = clip(comm, lo, hi)
-    c_len, m_len = total_length(c), total_length(m)
-    busy = total_length(union(c, m))
-
-    ars = _all_reduces(record)
-    alg = tuple(a for a in (algbw_gbps(s.nbytes, _length(s.start, s.end)) for s in ars) if a is not None)
-    factor = bus_factor("all_reduce", world_size) if world_size is not None else None
-    return StepFigures(
-        rank=record.rank,
-        step=record.step,
-        step_ms=1000.0 * window,
-        compute_pct=_pct(c_len, window),
-        non_compute_pct=_pct(busy - c_len, window),
-        idle_pct=_pct(max(window - busy, 0.0), window),
-        overlap_pct=_pct(total_length(intersect(c, m)), m_len),
-        comm_overhead_pct=_pct(m_len, window),
-        all_reduce_calls=len(ars),
-        all_reduce_ms=1000.0 * sum(_length(s.start, s.end) for s in ars),
-        algbw_gbps=alg,
-        busbw_gbps=float(np.median(alg)) * factor if alg and factor is not None else None,
-        samples=max(int(record.samples), 0),
-        tokens=max(int(record.tokens), 0),
-        times=StepTimes(record.start, record.end, max((s.end for s in ars if math.isfinite(s.end)), default=None)),
-    )
 
 
 # --- across ranks, one step ------------------------------------------------------------

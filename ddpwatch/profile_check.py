@@ -93,7 +93,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ddpwatch.intervals import Interval
+from instrumented_ddp.intervals import Interval
 from ddpwatch.metrics import step_figures
 from instrumented_ddp.protocol import Span, StepReport
 

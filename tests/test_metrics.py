@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from ddpwatch.intervals import clip, intersect, merge, subtract, total_length, union
+from instrumented_ddp.intervals import clip, intersect, merge, subtract, total_length, union
 from ddpwatch.metrics import (
     STRAGGLER_STEPS,
     ClockAlignment,

@@ -175,7 +175,7 @@ def clock_offsets(session: Session) -> dict[int, float]:
         return {}
     clocks = metrics.ClockAlignment(reference=0 if 0 in ranks else ranks[0], keep=None)
     for step in sorted(session.reports):
-        clocks.add_step({rank: metrics.step_times(rep) for rank, rep in session.reports[step].items()})
+        clocks.add_step(session.step_times(step))
     offsets = clocks.offsets()
     return {rank: offsets.get(rank, 0.0) for rank in ranks}
 

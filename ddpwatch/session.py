@@ -23,8 +23,10 @@ from instrumented_ddp.protocol import (
     Hello,
     Span,
     StepReport,
+    StepSummary,
     SwitchCommand,
 )
+from instrumented_ddp.step_figures import report_without_spans, summary_calls, summary_figures
 
 FOLD_LAG = 20  # a step still missing a rank this far behind the newest is folded as it is
 LOST_AFTER_S = 2.5  # heartbeats come every second: a killed rank shows as lost within 3 s
@@ -139,6 +141,9 @@ class RankState:
     last_step: int = 0  # the newest step it is known to have passed (reports and heartbeats)
     last_reported: int = -1  # the newest step it sent a report for
     reported: StepSet = field(default_factory=StepSet)
+    summarized: StepSet = field(default_factory=StepSet)  # ... of which first as a StepSummary
+    detailed: StepSet = field(default_factory=StepSet)  # ... whose spans came after the summary
+    details_unused: int = 0  # spans that came after the session forgot their step
     late: int = 0  # reports for a step it had already passed (not rejected: see Session.ingest)
     late_unused: int = 0  # ... of which came after the session had folded their step
     unresolved: int = 0  # reports whose timing marks never all resolved (left out of the figures)
@@ -159,8 +164,10 @@ class Session:
     def __init__(self, keep_steps: int | None = None) -> None:
         self.keep_steps = keep_steps
         self._folded_steps: set[int] = set()
-        self._figures: dict[int, dict[int, metrics.StepFigures]] = {}
-        self._declared_world = 0  # step -> rank -> figures (kept steps)
+        self._figures: dict[int, dict[int, metrics.StepFigures]] = {}  # step -> rank -> figures (kept steps)
+        self._calls: dict[int, dict[int, metrics.CallTimes]] = {}  # step -> rank -> all-reduces (kept steps)
+        self._times: dict[int, dict[int, metrics.StepTimes]] = {}  # step -> rank -> window and anchor (kept steps)
+        self._declared_world = 0
         self._unfolded: list[int] = []  # steps with reports not yet folded, oldest first
         self.ranks: dict[int, RankState] = defaultdict(RankState)
         self.reports: dict[int, dict[int, StepReport]] = defaultdict(dict)  # step -> rank -> report
@@ -194,7 +201,7 @@ class Session:
             rank.hello = message
             self.session_id = message.session
             self._declared_world = max((r.hello.world_size for r in self.ranks.values() if r.hello), default=0)
-        elif isinstance(message, StepReport):
+        elif isinstance(message, (StepReport, StepSummary)):
             self._receive_report(rank, message)
         elif isinstance(message, DeviceSample):
             rank.devices.append(message)
@@ -225,15 +232,31 @@ class Session:
             return "rank_mismatch"
         if isinstance(message, Hello) and not 0 <= message.rank < message.world_size:
             return "unknown_rank"
-        if isinstance(message, StepReport) and envelope.rank in self.ranks:
+        if isinstance(message, (StepReport, StepSummary)) and envelope.rank in self.ranks:
             state = self.ranks[envelope.rank]
             if message.step in state.reported:
-                return "step_repeated"
+                return None if self._is_detail(state, message) else "step_repeated"
             if message.step < state.last_reported - STEP_REORDER_SLACK:
                 return "step_backwards"
         return None
 
-    def _receive_report(self, rank: RankState, report: StepReport) -> None:
+    @staticmethod
+    def _is_detail(rank: RankState, message: StepReport | StepSummary) -> bool:
+        """The spans of a step the rank sent as a summary (the dashboard asked for them since):
+        the step's figures are in already, so only its spans are new."""
+        return isinstance(message, StepReport) and message.step in rank.summarized and message.step not in rank.detailed
+
+    def _receive_detail(self, rank: RankState, report: StepReport) -> None:
+        """Put the spans in the kept report; its figures stay as the summary gave them (equal by
+        construction: one ``step_figures``). A step the session forgot gets nothing, and is counted."""
+        rank.detailed.add(report.step)
+        kept = self.reports.get(report.step, {})
+        if report.rank not in kept:
+            rank.details_unused += 1
+            return
+        kept[report.rank] = replace(report, spans=PackedSpans(report.spans))
+
+    def _receive_report(self, rank: RankState, report: StepReport | StepSummary) -> None:
         """Count what a report says about its rank, then use it if its step is still open.
 
         Late: the rank had passed the step by more than the reorder slack, or the session had
@@ -241,6 +264,9 @@ class Session:
         once folded (every other rank reported it ``FOLD_LAG`` steps ago, or the session forgot
         it), the segment's running figures cannot take it back in, so it is counted and dropped.
         """
+        if self._is_detail(rank, report):
+            self._receive_detail(rank, report)  # type: ignore[arg-type]
+            return
         folded = report.step in self._folded_steps
         if folded or report.step < rank.last_step - STEP_REORDER_SLACK:
             rank.late += 1
@@ -248,6 +274,8 @@ class Session:
         if report.unresolved:
             rank.unresolved += 1
         rank.reported.add(report.step)
+        if isinstance(report, StepSummary):
+            rank.summarized.add(report.step)
         rank.last_reported = max(rank.last_reported, report.step)
         rank.last_step = max(rank.last_step, report.step)
         if not folded:
@@ -257,12 +285,25 @@ class Session:
         message asks for it."""
         return self._declared_world
 
-    def _add_report(self, report: StepReport) -> None:
+    def _add_report(self, message: StepReport | StepSummary) -> None:
         # Figured while the spans are still Span objects: packed, each reading makes them again.
         # A report that enters no figure gets none: the ranks table shows a dash for it.
-        figures = self._figures.setdefault(report.step, {})
-        if metrics.counted(report):
-            figures[report.rank] = metrics.step_figures(report, self.world_size)
+        # A summary comes figured by its rank, with the same code.
+        figures = self._figures.setdefault(message.step, {})
+        if isinstance(message, StepSummary):
+            calls = summary_calls(message)
+            if metrics.counted(message):
+                figures[message.rank] = summary_figures(message, calls)
+            report = report_without_spans(message)
+            times = metrics.StepTimes(message.start, message.end, message.anchor)
+        else:
+            calls = metrics.call_times(message)
+            if metrics.counted(message):
+                figures[message.rank] = metrics.step_figures(message, self.world_size)
+            report = message
+            times = metrics.step_times(message)
+        self._calls.setdefault(report.step, {})[report.rank] = calls
+        self._times.setdefault(report.step, {})[report.rank] = times
         report = replace(report, spans=PackedSpans(report.spans))
         if report.step not in self.reports:
             bisect.insort(self._unfolded, report.step)
@@ -275,6 +316,8 @@ class Session:
                 self._fold(oldest)
                 del self.reports[oldest]
                 self._figures.pop(oldest, None)
+                self._calls.pop(oldest, None)
+                self._times.pop(oldest, None)
 
     def _place_report(self, report: StepReport) -> None:
         for segment in self.segments:
@@ -299,17 +342,37 @@ class Session:
         elif step in self._unfolded:
             self._unfolded.remove(step)
         self._folded_steps.add(step)
-        reports = self.counted_reports(step)
+        figures = self.step_figures(step)
         segment = self.segment_of(step)
-        if segment is not None and reports:
+        if segment is not None and figures:
             if segment.folded is None:
                 segment.folded = metrics.SegmentAccumulator(self.world_size)
-            segment.folded.add_step(reports, self.step_figures(step))
+            segment.folded.add_step(figures, self.counted_calls(step))
 
     def step_figures(self, step: int) -> dict[int, metrics.StepFigures]:
         """Each rank's figures for a kept step, computed once as its report arrived (the fold, the
         ranks table and the exports all ask); reports that are not ``metrics.counted`` have none."""
         return self._figures.get(step, {})
+
+    def step_times(self, step: int) -> dict[int, metrics.StepTimes]:
+        """A kept step's windows and alignment anchors of every report, by rank (a summary's too)."""
+        return self._times.get(step, {})
+
+    def step_calls(self, step: int) -> dict[int, metrics.CallTimes]:
+        """A kept step's all-reduces of every report, counted or not (the timeline draws both)."""
+        return self._calls.get(step, {})
+
+    def counted_calls(self, step: int) -> dict[int, metrics.CallTimes]:
+        """A kept step's all-reduces (``metrics.call_times``) of the reports that may enter a
+        figure, by rank: what waits, the straggler and a desync are judged from."""
+        figured, calls = self._figures.get(step, {}), self._calls.get(step, {})
+        return {rank: calls[rank] for rank in figured if rank in calls}
+
+    def has_spans(self, step: int, rank: int) -> bool:
+        """Whether the kept report holds its spans (sent in full, or asked for after its summary)."""
+        report = self.reports.get(step, {}).get(rank)
+        return report is not None and (rank not in self.ranks or step not in self.ranks[rank].summarized
+                                       or step in self.ranks[rank].detailed)
 
     def counted_reports(self, step: int) -> dict[int, StepReport]:
         """A kept step's reports that may enter a figure (``metrics.counted``), by rank."""
@@ -374,11 +437,14 @@ class Session:
         """Folded steps plus the few still waiting for a rank; the live dashboard leaves those out
         (``include_pending=False``): at 64 ranks there is always one, and adding it costs a copy.
         ``per_rank=False`` leaves ``per_rank`` empty, for a caller that shows only the totals."""
-        pending = [r for step in self._unfolded if segment.first_step <= step <= segment.last_step
-                   for r in self.counted_reports(step).values()] if include_pending else []
+        pending = [step for step in self._unfolded if segment.first_step <= step <= segment.last_step
+                   and self.step_figures(step)] if include_pending else []
         if segment.folded is not None and not pending:
             return segment.folded.figures(per_rank)
-        return metrics.segment_figures(pending, self.world_size, segment.folded, per_rank)
+        accumulator = segment.folded.copy() if segment.folded is not None else metrics.SegmentAccumulator(self.world_size)
+        for step in pending:
+            accumulator.add_step(self.step_figures(step), self.counted_calls(step))
+        return accumulator.figures(per_rank)
 
     def latest_complete_step(self) -> int | None:
         """The newest step every live rank has reported."""

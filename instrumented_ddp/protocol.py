@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import struct
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any, ClassVar, NamedTuple
 
@@ -102,6 +103,53 @@ class StepReport:
 
 
 @dataclass(frozen=True)
+class StepSummary:
+    """One rank's step as figures it computed itself (``instrumented_ddp.step_figures``), sent in
+    place of the full ``StepReport`` when the dashboard has not asked for this rank's spans: a
+    few hundred bytes where a large job's report holds hundreds of spans. It carries everything
+    the figures across ranks need: the step window and alignment anchor, and each all-reduce's
+    tag and duration (waits, the straggler, a desync). Durations and bandwidths travel as packed
+    little-endian float64 (``pack_floats``), bit for bit what the rank computed."""
+
+    TYPE: ClassVar[str] = "summary"
+    rank: int
+    step: int
+    strategy: str
+    settings: dict[str, Any]
+    start: float
+    end: float
+    samples: int
+    tokens: int
+    compute_pct: float
+    non_compute_pct: float
+    idle_pct: float
+    overlap_pct: float
+    comm_overhead_pct: float
+    anchor: float | None  # end of the step's last all-reduce (None: no all-reduce)
+    busbw_gbps: float | None
+    all_reduce_tags: list[str]
+    all_reduce_seconds: bytes  # float64 per all-reduce, issue order
+    algbw_gbps: bytes  # float64 per measurable all-reduce, issue order
+    loss: float | None = None
+    excluded: bool = False
+    unresolved: bool = False
+
+
+@dataclass(frozen=True)
+class SpanRequest:
+    """What the dashboard (or recorder) wants of one rank's spans; the rank sends a full
+    ``StepReport`` for a step when ``full`` is set, when ``sample_every`` divides the step, or
+    when the step is in ``pinned_steps`` and still held (a step the user pinned), and a
+    ``StepSummary`` otherwise. Sent again every few seconds, so a rank that missed one, or a
+    new listener, is set right; a rank that never got one sends everything."""
+
+    TYPE: ClassVar[str] = "span_request"
+    full: bool
+    sample_every: int = 0
+    pinned_steps: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
 class Heartbeat:
     TYPE: ClassVar[str] = "heartbeat"
     rank: int
@@ -151,8 +199,20 @@ class Goodbye:
     reason: str = "finished"
 
 
-Message = Hello | StepReport | Heartbeat | DeviceSample | SwitchCommand | Ack | Goodbye
-MESSAGE_TYPES: dict[str, type] = {cls.TYPE: cls for cls in (Hello, StepReport, Heartbeat, DeviceSample, SwitchCommand, Ack, Goodbye)}
+Message = Hello | StepReport | StepSummary | Heartbeat | DeviceSample | SwitchCommand | SpanRequest | Ack | Goodbye
+MESSAGE_TYPES: dict[str, type] = {cls.TYPE: cls for cls in (
+    Hello, StepReport, StepSummary, Heartbeat, DeviceSample, SwitchCommand, SpanRequest, Ack, Goodbye)}
+MAX_REQUESTED_STEPS = 64  # steps one SpanRequest may name
+
+
+def pack_floats(values: Any) -> bytes:
+    """Little-endian float64, whatever the host's byte order."""
+    values = tuple(values)
+    return struct.pack(f"<{len(values)}d", *values)
+
+
+def unpack_floats(data: bytes) -> tuple[float, ...]:
+    return struct.unpack(f"<{len(data) // 8}d", data)
 
 
 @dataclass(frozen=True)
@@ -215,7 +275,8 @@ def _is_number(value: Any) -> bool:
     return (isinstance(value, (int, float)) and not isinstance(value, bool)) and math.isfinite(value)
 
 
-_CHECKS: dict[type, Any] = {int: _is_int, float: _is_number, str: lambda v: isinstance(v, str), bool: lambda v: isinstance(v, bool)}
+_CHECKS: dict[type, Any] = {int: _is_int, float: _is_number, str: lambda v: isinstance(v, str), bool: lambda v: isinstance(v, bool),
+                            bytes: lambda v: isinstance(v, bytes)}
 
 
 def _build(cls: type, body: dict[str, Any]) -> Message:
@@ -234,6 +295,13 @@ def _build(cls: type, body: dict[str, Any]) -> Message:
             raise ProtocolError("invalid", "step ends before it starts")
         if values["step"] < 0 or values["samples"] < 0 or values["tokens"] < 0:
             raise ProtocolError("invalid", "negative step, samples or tokens")
+    if cls is StepSummary:
+        _check_summary(values)
+    if cls is SpanRequest:
+        if values.get("sample_every", 0) < 0 or not all(_is_int(v) and v >= 0 for v in values.get("pinned_steps", [])):
+            raise ProtocolError("invalid", "span_request: a negative or non-integer step")
+        if len(values.get("pinned_steps", [])) > MAX_REQUESTED_STEPS:
+            raise ProtocolError("invalid", f"span_request: over {MAX_REQUESTED_STEPS} steps")
     if cls is Hello:
         values["parameter_layout"] = [_layout_row(row) for row in values.get("parameter_layout", [])]
     if "rank" in values and values["rank"] < 0:
@@ -250,9 +318,31 @@ _FIELD_TYPES: dict[str, Any] = {
     "grad_accum": (int, type(None)), "session": str, "host": str, "device": str, "backend": str, "strategy": str,
     "command_id": str, "reason": str, "detail": str, "kind": str, "start": float, "end": float, "time": float,
     "loss": (float, type(None)), "bucket_mb": (float, type(None)), "excluded": bool, "unresolved": bool, "applied": bool,
-    "device_note": str,
+    "device_note": str, "compute_pct": float, "non_compute_pct": float, "idle_pct": float, "overlap_pct": float,
+    "comm_overhead_pct": float, "anchor": (float, type(None)), "busbw_gbps": (float, type(None)),
+    "all_reduce_tags": list, "all_reduce_seconds": bytes, "algbw_gbps": bytes, "full": bool, "sample_every": int,
+    "pinned_steps": list,
     "settings": dict, "readings": dict, "spans": list, "parameter_layout": list, "bucket_layout": list,
 }
+
+
+def _check_summary(values: dict[str, Any]) -> None:
+    """A summary's figures must be ones a rank could have computed: percentages in [0, 100]
+    (a hair of float rounding over), one duration per tag, every number finite."""
+    if values["end"] < values["start"]:
+        raise ProtocolError("invalid", "step ends before it starts")
+    if values["step"] < 0 or values["samples"] < 0 or values["tokens"] < 0:
+        raise ProtocolError("invalid", "negative step, samples or tokens")
+    for name in ("compute_pct", "non_compute_pct", "idle_pct", "overlap_pct", "comm_overhead_pct"):
+        if not -1e-6 <= values[name] <= 100.0 + 1e-6:
+            raise ProtocolError("invalid", f"summary.{name} is not a percentage")
+    tags, seconds, algbw = values["all_reduce_tags"], values["all_reduce_seconds"], values["algbw_gbps"]
+    if not all(isinstance(tag, str) for tag in tags):
+        raise ProtocolError("invalid", "summary.all_reduce_tags holds a non-string")
+    if len(seconds) != 8 * len(tags) or len(algbw) % 8 or len(algbw) > len(seconds):
+        raise ProtocolError("invalid", "summary: durations do not match the tags")
+    if not all(math.isfinite(v) and v >= 0 for v in unpack_floats(seconds) + unpack_floats(algbw)):
+        raise ProtocolError("invalid", "summary: a negative or non-finite duration or bandwidth")
 
 
 def _check_field(cls: type, name: str, value: Any) -> None:

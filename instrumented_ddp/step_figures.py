@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
 from .intervals import clip, intersect, subtract, total_length, union
+from .protocol import StepReport, StepSummary, pack_floats, unpack_floats
 
 COMPUTE_KINDS = frozenset({"forward", "backward", "optimizer"})
 COMM_KINDS = frozenset({"all_reduce", "broadcast"})
@@ -201,3 +202,44 @@ def step_figures(record: StepRecordLike, world_size: int | None = None) -> StepF
         times=StepTimes(record.start, record.end, max((s.end for s in ars if math.isfinite(s.end)), default=None)),
     )
 
+
+
+# --- at the edge: a rank's step as a summary, and back ------------------------------------
+
+
+def summarize(report: StepReport, world_size: int) -> StepSummary:
+    """What a rank sends instead of its spans: its own ``step_figures`` and its all-reduces'
+    tags and durations. ``summary_figures`` and ``summary_calls`` give back exactly what
+    ``step_figures`` and ``call_times`` give from the full report."""
+    f = step_figures(report, world_size)
+    calls = call_times(report)
+    return StepSummary(
+        rank=report.rank, step=report.step, strategy=report.strategy, settings=report.settings,
+        start=report.start, end=report.end, samples=f.samples, tokens=f.tokens,
+        compute_pct=f.compute_pct, non_compute_pct=f.non_compute_pct, idle_pct=f.idle_pct,
+        overlap_pct=f.overlap_pct, comm_overhead_pct=f.comm_overhead_pct, anchor=f.times.anchor,
+        busbw_gbps=f.busbw_gbps, all_reduce_tags=list(calls.tags), all_reduce_seconds=pack_floats(calls.seconds),
+        algbw_gbps=pack_floats(f.algbw_gbps), loss=report.loss, excluded=report.excluded, unresolved=report.unresolved,
+    )
+
+
+def summary_calls(summary: StepSummary) -> CallTimes:
+    return CallTimes(tuple(summary.all_reduce_tags), unpack_floats(summary.all_reduce_seconds))
+
+
+def summary_figures(summary: StepSummary, calls: CallTimes | None = None) -> StepFigures:
+    calls = summary_calls(summary) if calls is None else calls
+    return StepFigures(
+        rank=summary.rank, step=summary.step, step_ms=1000.0 * _length(summary.start, summary.end),
+        compute_pct=summary.compute_pct, non_compute_pct=summary.non_compute_pct, idle_pct=summary.idle_pct,
+        overlap_pct=summary.overlap_pct, comm_overhead_pct=summary.comm_overhead_pct,
+        all_reduce_calls=len(calls.tags), all_reduce_ms=1000.0 * sum(calls.seconds),
+        algbw_gbps=unpack_floats(summary.algbw_gbps), busbw_gbps=summary.busbw_gbps,
+        samples=summary.samples, tokens=summary.tokens, times=StepTimes(summary.start, summary.end, summary.anchor),
+    )
+
+
+def report_without_spans(summary: StepSummary) -> StepReport:
+    """The report a summary stands for, its spans not (yet) known: what the receiver keeps."""
+    return StepReport(summary.rank, summary.step, summary.strategy, summary.settings, summary.start, summary.end, [],
+                      summary.samples, summary.tokens, summary.loss, summary.excluded, summary.unresolved)

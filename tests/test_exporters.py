@@ -334,7 +334,6 @@ def test_the_recorder_says_a_desync_and_the_late_and_unresolved_counts_when_it_s
     import zmq
 
     from ddpwatch.recorder import StopRule, record
-    from instrumented_ddp.protocol import encode
     from launch import free_port
     from synthetic_session import session_messages
 

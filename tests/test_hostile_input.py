@@ -98,10 +98,10 @@ def test_step_figures_stay_in_range_and_add_up_for_any_timeline(window: tuple[fl
 @given(calls=st.lists(st.lists(st.tuples(st.sampled_from(["", "p0", "p1", "b0", "state"]), st.floats(0, 10)), max_size=8),
                       min_size=2, max_size=4))
 def test_waits_are_never_negative_for_any_tags_and_durations(calls: list) -> None:
-    from ddpwatch.metrics import cross_rank_waits
+    from ddpwatch.metrics import calls_of, cross_rank_waits
 
     records = {rank: StepReport(rank, 1, "simple", {}, 0.0, 100.0,
                                 [Span("all_reduce", float(i), float(i) + d, False, 0, tag) for i, (tag, d) in enumerate(spans)], 1, 1)
                for rank, spans in enumerate(calls)}
-    waits = cross_rank_waits(records)
+    waits = cross_rank_waits(calls_of(records))
     assert sorted(waits) == list(range(len(calls))) and all(w >= 0.0 for w in waits.values())

@@ -25,6 +25,7 @@ from ddpwatch.metrics import (
     busbw_gbps,
     calls_text,
     counted,
+    calls_of,
     cross_rank_waits,
     find_desync,
     find_straggler,
@@ -271,7 +272,7 @@ def three_ranks_two_calls() -> dict[int, Record]:
 def test_cross_rank_wait_splits_duration_into_transfer_and_wait_and_names_straggler():
     # waits: rank0 4+0 = 4, rank1 0+2 = 2, rank2 2+1 = 3
     # rank1 waited least -> it is the one the others wait for
-    waits = cross_rank_waits(three_ranks_two_calls())
+    waits = cross_rank_waits(calls_of(three_ranks_two_calls()))
     assert waits == approx({0: 4, 1: 2, 2: 3})
     assert straggler(waits) == 1
 
@@ -281,28 +282,28 @@ def test_waiting_is_the_leading_part_of_each_call_before_the_shared_transfer():
     # rank0 [0,5) waits [0,4), [10,12) none; rank1 [4,5) none, [10,14) waits [10,12);
     # rank2 [2,5) waits [2,4), [9,12) waits [9,10)
     recs = three_ranks_two_calls()
-    waiting = waiting_intervals(recs)
+    waiting = waiting_intervals(calls_of(recs), recs)
     assert waiting[0] == [(ms(0), approx(ms(4)))]
     assert waiting[1] == [(ms(10), approx(ms(12)))]
     assert waiting[2] == [(ms(2), approx(ms(4))), (ms(9), approx(ms(10)))]
-    assert waiting_intervals({3: recs[0]}) == {3: []}  # alone, nobody to wait for
+    assert waiting_intervals(calls_of({3: recs[0]}), {3: recs[0]}) == {3: []}  # alone, nobody to wait for
 
 
 def test_waits_are_put_down_to_the_rank_that_arrived_last_in_each_call():
     # call 0: rank1 is shortest (1 ms): rank0 waited 4, rank2 2 -> 6 ms for rank1;
     # call 1: rank0 is shortest (2 ms): rank1 waited 2, rank2 1 -> 3 ms for rank0
-    waited = waited_for(three_ranks_two_calls())
+    waited = waited_for(calls_of(three_ranks_two_calls()))
     assert waited == approx({0: 3, 1: 6, 2: 0})
-    assert sum(waited.values()) == approx(sum(cross_rank_waits(three_ranks_two_calls()).values()))
+    assert sum(waited.values()) == approx(sum(cross_rank_waits(calls_of(three_ranks_two_calls())).values()))
     # equal durations: the lowest rank is named, and nobody waited anyway
     even = {r: record(0, 5, span("all_reduce", 0, 2), rank=r) for r in (4, 2)}
-    assert waited_for(even) == {4: 0.0, 2: 0.0}
-    assert waited_for({1: even[2]}) == {1: 0.0}
+    assert waited_for(calls_of(even)) == {4: 0.0, 2: 0.0}
+    assert waited_for(calls_of({1: even[2]})) == {1: 0.0}
 
 
 def test_single_rank_or_balanced_ranks_have_no_straggler():
-    assert cross_rank_waits({3: record(0, 5, span("all_reduce", 0, 5), rank=3)}) == {3: 0.0}
-    assert cross_rank_waits({}) == {}
+    assert cross_rank_waits(calls_of({3: record(0, 5, span("all_reduce", 0, 5), rank=3)})) == {3: 0.0}
+    assert cross_rank_waits(calls_of({})) == {}
     assert straggler({0: 0.0, 1: 0.0}) is None
     assert straggler({0: 1.0, 1: 1.2}, tolerance_ms=0.5) is None
     assert straggler({0: 1.0}) is None
@@ -314,16 +315,16 @@ def test_desync_reports_step_and_counts_per_rank():
                   span("all_reduce", 2, 3), rank=1, step=7),
         0: record(0, 9, span("all_reduce", 0, 1), span("all_reduce", 1, 2), rank=0, step=7),
     }
-    assert find_desync(recs) == Desync(step=7, calls_per_rank={0: 2, 1: 3})
+    assert find_desync(calls_of(recs), 7) == Desync(step=7, calls_per_rank={0: 2, 1: 3})
     # waits are only matched over the common prefix of 2 calls (equal durations -> 0)
-    assert cross_rank_waits(recs) == approx({0: 0, 1: 0})
+    assert cross_rank_waits(calls_of(recs)) == approx({0: 0, 1: 0})
 
 
 def test_equal_call_counts_or_no_records_is_not_a_desync():
     recs = {r: record(0, 9, span("all_reduce", 0, 1), span("broadcast", 1, 2), rank=r)
             for r in range(3)}
-    assert find_desync(recs) is None
-    assert find_desync({}) is None
+    assert find_desync(calls_of(recs), 0) is None
+    assert find_desync({}, 0) is None
 
 
 # --- a segment --------------------------------------------------------------------------------
@@ -509,7 +510,7 @@ def test_waits_pair_calls_by_tag_so_a_missing_call_does_not_shift_the_later_pair
                   span("all_reduce", 5, 6, tag="p2"), rank=0),
         1: record(0, 20, span("all_reduce", 0, 3, tag="p0"), span("all_reduce", 5, 7, tag="p2"), rank=1),
     }
-    assert cross_rank_waits(recs) == approx({0: 0, 1: 2})
+    assert cross_rank_waits(calls_of(recs)) == approx({0: 0, 1: 2})
 
 
 def test_a_tag_repeated_in_a_step_pairs_its_kth_call_and_untagged_calls_pair_by_position():
@@ -522,7 +523,7 @@ def test_a_tag_repeated_in_a_step_pairs_its_kth_call_and_untagged_calls_pair_by_
         1: record(0, 50, span("all_reduce", 0, 2, tag="p0"), span("all_reduce", 5, 6, tag="b0"),
                   span("all_reduce", 10, 11, tag="p0"), span("all_reduce", 20, 25), rank=1),
     }
-    assert cross_rank_waits(recs) == approx({0: 3, 1: 4})
+    assert cross_rank_waits(calls_of(recs)) == approx({0: 3, 1: 4})
 
 
 # --- the straggler rule ------------------------------------------------------------------------
@@ -604,5 +605,5 @@ def test_segment_hidden_communication_is_the_mean_share_of_the_window_compute_ra
 
 def test_both_ways_is_the_waits_and_the_waited_for_from_one_pass():
     recs = three_ranks_two_calls()
-    assert waits_both_ways(recs) == (approx(cross_rank_waits(recs)), approx({0: 3, 1: 6, 2: 0}))
-    assert waits_both_ways({}) == ({}, {})
+    assert waits_both_ways(calls_of(recs)) == (approx(cross_rank_waits(calls_of(recs))), approx({0: 3, 1: 6, 2: 0}))
+    assert waits_both_ways(calls_of({})) == ({}, {})

@@ -27,11 +27,14 @@ from instrumented_ddp.protocol import (
     Hello,
     ProtocolError,
     Span,
+    SpanRequest,
     StepReport,
     SwitchCommand,
     decode,
     encode,
+    pack_floats,
 )
+from instrumented_ddp.step_figures import summarize
 
 HELLO = Hello(
     rank=1, world_size=2, session="abc123", host="node-7", pid=4242, device="cpu", backend="gloo",
@@ -51,9 +54,13 @@ STEP = StepReport(
     ],
     samples=8, tokens=1024, loss=2.75, excluded=True,
 )
+SUMMARY = summarize(STEP, world_size=2)
 MESSAGES: list[Any] = [
     HELLO,
     STEP,
+    SUMMARY,
+    SpanRequest(full=False, sample_every=20, pinned_steps=[5, 6]),
+    SpanRequest(full=True),
     Heartbeat(rank=0, time=1_700_000_000.5, step=3),
     DeviceSample(rank=0, time=12.5, kind="gpu", readings={"gpu_util_pct": 87.0, "mem_used_bytes": 2.0e9}),
     SwitchCommand(command_id="cmd-1", strategy="bucket", bucket_mb=12.5, grad_accum=4),
@@ -298,6 +305,41 @@ def test_unknown_span_kind_is_rejected_as_invalid(kind: Any) -> None:
 )
 def test_malformed_span_is_rejected_as_invalid(span: Any) -> None:
     assert _category(_with_body(STEP, spans=[span])) == "invalid"
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"all_reduce_seconds": pack_floats([0.1, 0.2])},  # two durations, one tag
+        {"all_reduce_seconds": b"\x00" * 7},  # not whole float64s
+        {"all_reduce_seconds": pack_floats([-0.1])},
+        {"all_reduce_seconds": pack_floats([math.nan])},
+        {"algbw_gbps": pack_floats([math.inf])},
+        {"algbw_gbps": pack_floats([1.0, 2.0])},  # more bandwidths than all-reduces
+        {"all_reduce_tags": [3]},
+        {"compute_pct": 101.0},
+        {"idle_pct": -0.5},
+        {"end": 9.0},  # before its start
+        {"tokens": -1},
+        {"busbw_gbps": "fast"},
+        {"all_reduce_seconds": [0.1]},  # a list, not packed bytes
+    ],
+    ids=lambda c: next(iter(c)),
+)
+def test_a_summary_no_rank_could_have_computed_is_rejected_as_invalid(changes: dict[str, Any]) -> None:
+    assert SUMMARY.all_reduce_tags == ["p3"]
+    assert _category(_with_body(SUMMARY, **changes)) == "invalid"
+
+
+@pytest.mark.parametrize("changes", [{"pinned_steps": [-1]}, {"pinned_steps": [1.5]}, {"pinned_steps": list(range(65))},
+                                     {"sample_every": -2}, {"full": 1}], ids=lambda c: repr(c)[:24])
+def test_a_malformed_span_request_is_rejected_as_invalid(changes: dict[str, Any]) -> None:
+    assert _category(_with_body(SpanRequest(full=False), **changes)) == "invalid"
+
+
+def test_summary_durations_travel_bit_for_bit() -> None:
+    summary = replace(SUMMARY, all_reduce_tags=["b0", "b1"], all_reduce_seconds=pack_floats([0.1 + 0.2, 1e-9]))
+    assert decode(encode(summary)).message.all_reduce_seconds == pack_floats([0.30000000000000004, 1e-9])
 
 
 def test_message_over_the_cap_is_rejected_as_oversized() -> None:

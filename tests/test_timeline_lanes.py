@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ddpwatch.dashboard.snapshot import pick_timeline_ranks, timeline_of
+from ddpwatch.metrics import calls_of
 from instrumented_ddp.protocol import Span, StepReport
 
 
@@ -17,7 +18,7 @@ def test_exposed_all_reduce_splits_into_waiting_for_the_other_rank_and_transfer(
     # waited 50-70 for rank 1 to arrive. Nothing computes beside it: all of it is exposed.
     r0 = report(0, [Span("backward", 0.0, 0.050), Span("all_reduce", 0.050, 0.080, True, 400, "p0", "float32")])
     r1 = report(1, [Span("backward", 0.0, 0.070), Span("all_reduce", 0.070, 0.080, True, 400, "p0", "float32")])
-    lanes = {lane.rank: lane for lane in timeline_of(4, {0: r0, 1: r1}).ranks}
+    lanes = {lane.rank: lane for lane in timeline_of(4, {0: r0, 1: r1}, calls_of({0: r0, 1: r1})).ranks}
     assert lanes[0].exposed == ((0.050, 0.080),)
     assert len(lanes[0].exposed_waiting) == 1
     start, end = lanes[0].exposed_waiting[0]
@@ -30,7 +31,7 @@ def test_waiting_hidden_behind_compute_is_not_exposed() -> None:
     # waiting (rank 1 enters at 40 and transfers 40-60), 20-40 is hidden, so nothing exposed waits.
     r0 = report(0, [Span("backward", 0.0, 0.050), Span("all_reduce", 0.020, 0.060, False, 400, "b0", "float32")])
     r1 = report(1, [Span("backward", 0.0, 0.040), Span("all_reduce", 0.040, 0.060, False, 400, "b0", "float32")])
-    lanes = {lane.rank: lane for lane in timeline_of(4, {0: r0, 1: r1}).ranks}
+    lanes = {lane.rank: lane for lane in timeline_of(4, {0: r0, 1: r1}, calls_of({0: r0, 1: r1})).ranks}
     assert lanes[0].exposed == ((0.050, 0.060),)
     assert lanes[0].exposed_waiting == ()
 
@@ -49,7 +50,7 @@ def test_a_large_job_draws_the_slowest_fastest_and_selected_ranks_judged_against
     figures = {rank: step_figures(r) for rank, r in reports.items()}
     roles = pick_timeline_ranks(figures, selected=3)
     assert roles == ((0, "fastest"), (3, "selected"), (7, "slowest"))
-    data = timeline_of(4, reports, None, roles)
+    data = timeline_of(4, reports, calls_of(reports), None, roles)
     assert [lane.rank for lane in data.ranks] == [0, 3, 7] and data.reported == 20 and data.roles == roles
     start, end = data.ranks[0].exposed_waiting[0]  # waited 50-70 ms for rank 12, which is not drawn
     assert (round(start, 9), round(end, 9)) == (0.050, 0.070)

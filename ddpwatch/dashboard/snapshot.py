@@ -195,12 +195,16 @@ class SnapshotBuilder:
         reports = self.session.reports.get(step, {}) if step is not None else {}
         cached = self._waits.get(step)  # type: ignore[arg-type]
         if cached is None or cached[0] != len(reports):
-            counted = self.session.counted_reports(step) if reports else {}  # type: ignore[arg-type]
+            counted = self.session.counted_calls(step) if reports else {}  # type: ignore[arg-type]
             cached = (len(reports), *(metrics.waits_both_ways(counted) if counted else ({}, {})))
             self._waits[step] = cached  # type: ignore[index]
             for old in [s for s in self._waits if s not in self.session.reports]:
                 del self._waits[old]
         return cached[1], cached[2]
+
+    def _with_spans(self, step: int, reports: dict[int, StepReport]) -> dict[int, StepReport]:
+        """The step's reports that hold spans: a rank that sent only its summary has none to draw."""
+        return {rank: report for rank, report in reports.items() if self.session.has_spans(step, rank)}
 
     def summary_of(self, step: int) -> StepSummary:
         """One kept step's summary, remade only when the step got another report."""
@@ -233,9 +237,9 @@ class SnapshotBuilder:
         roles = pick_timeline_ranks(figures, selected_rank) if len(reports) > EVERY_RANK_IN_THE_TIMELINE_UP_TO else None
         if (step, len(reports), roles) != self._shown_step:
             self._shown_step = (step, len(reports), roles)
-            self._timeline = timeline_of(step, reports, {r: f.times for r, f in figures.items()}, roles) \
-                if step is not None and reports else None
-            self._desync = metrics.find_desync(session.counted_reports(step)) if reports else None  # type: ignore[arg-type]
+            self._timeline = timeline_of(step, self._with_spans(step, reports), session.step_calls(step),  # type: ignore[arg-type]
+                                         session.step_times(step), roles) if step is not None and reports else None
+            self._desync = metrics.find_desync(session.counted_calls(step), step) if reports else None  # type: ignore[arg-type]
         trend = self.summaries(sorted(session.reports)[-TREND_POINTS:])
         return Snapshot(
             header=self._header(step, selected_step is None or selected_step == latest, trend, now),
@@ -460,18 +464,22 @@ def pick_timeline_ranks(figures: dict[int, metrics.StepFigures], selected: int |
     return tuple((rank, "+".join(why)) for rank, why in sorted(roles.items()))
 
 
-def timeline_of(step: int, reports: dict[int, StepReport], times: dict[int, metrics.StepTimes] | None = None,
-                roles: tuple[tuple[int, str], ...] | None = None) -> TimelineData:
+def timeline_of(step: int, reports: dict[int, StepReport], calls: dict[int, metrics.CallTimes],
+                times: dict[int, metrics.StepTimes] | None = None,
+                roles: tuple[tuple[int, str], ...] | None = None) -> TimelineData | None:
     """The ranks of one step on one axis, put on the lowest drawn rank's clock by
     ``metrics.ClockAlignment`` over this one step: aligned at the end of each rank's last
     all-reduce (every rank leaves it together), ranks without one at their step start.
-    ``times``: ranks' step times already known (from their step figures); the rest are read.
-    ``roles``: only these ranks are drawn (a large job); the waiting in their collectives is
-    still judged against every rank that reported."""
-    waiting = metrics.waiting_intervals(reports)
-    reported = len(reports)
+    ``times``: ranks' step times already known (``Session.step_times``); the rest are read.
+    ``reports``: the ranks whose spans are at hand (None when no rank's are); ``calls``: every
+    reporting rank's all-reduces, against which the waiting in the drawn ranks' collectives is
+    judged. ``roles``: only these ranks are drawn (a large job)."""
+    reported = max(len(reports), len(calls))
     if roles is not None:
         reports = {rank: reports[rank] for rank, _ in roles if rank in reports} or reports
+    if not reports:
+        return None
+    waiting = metrics.waiting_intervals(calls, reports)
     known = times or {}
     clocks = metrics.ClockAlignment(reference=min(reports))
     clocks.add_step({rank: known[rank] if rank in known else metrics.step_times(report) for rank, report in reports.items()})
@@ -479,7 +487,7 @@ def timeline_of(step: int, reports: dict[int, StepReport], times: dict[int, metr
     shift = {rank: offsets.get(rank, 0.0) for rank in reports}
     origin = min(r.start + shift[rank] for rank, r in reports.items())
     end = max(r.end + shift[rank] for rank, r in reports.items())
-    lanes = [_lanes(rank, reports[rank], shift[rank] - origin, waiting[rank]) for rank in sorted(reports)]
+    lanes = [_lanes(rank, reports[rank], shift[rank] - origin, waiting.get(rank, [])) for rank in sorted(reports)]
     return TimelineData(step, next(iter(reports.values())).strategy, max(end - origin, 1e-9), tuple(lanes),
                         reported, tuple(role for role in roles or () if role[0] in reports))
 

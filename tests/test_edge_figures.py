@@ -1,0 +1,105 @@
+"""Figures computed at the edge equal figures computed centrally.
+
+A rank that sends a ``StepSummary`` (its own ``step_figures`` and its all-reduces' tags and
+durations) instead of its spans must leave the dashboard, the recorder and the exports with
+exactly the numbers the full spans give: the same session fed both ways is compared field by
+field, not within a tolerance.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from synthetic_session import session_messages, step_report
+
+from ddpwatch.receiver import ingest
+from ddpwatch.session import Session
+from instrumented_ddp.protocol import Span, StepReport, StepSummary, decode, encode
+from instrumented_ddp.step_figures import call_times, step_figures, summarize, summary_calls, summary_figures
+
+WORLD = 64
+
+
+def uneven(report: StepReport) -> StepReport | None:
+    """Ranks that differ: all-reduces that last longer on some ranks (they waited: the others
+    arrived late), rank 9 always last (a straggler), one excluded step, one step where rank 3
+    skipped a collective (a desync)."""
+    stretch = 0.006 * (1 + report.rank % 5) if report.rank != 9 else 0.0
+    spans = [s._replace(end=s.end + stretch) if s.kind == "all_reduce" else s for s in report.spans]
+    if report.step == 4 and report.rank == 3:
+        spans = [s for s in spans if s.tag != "p2"]
+    return replace(report, spans=spans, excluded=report.step == 2)
+
+
+def as_summary(report: StepReport) -> StepSummary | None:
+    edited = uneven(report)
+    return summarize(edited, WORLD) if edited is not None else None
+
+
+def fed(messages: list[bytes]) -> Session:
+    session = Session()
+    ingest(session, messages)
+    return session
+
+
+def test_a_summary_gives_back_what_step_figures_and_call_times_give_from_the_spans() -> None:
+    report = uneven(step_report(5, 7, "bucket"))
+    summary = decode(encode(summarize(report, WORLD))).message
+    assert summary_figures(summary) == step_figures(report, WORLD)
+    assert summary_calls(summary) == call_times(report)
+
+
+def test_64_ranks_summarized_at_the_edge_give_the_central_figures_exactly() -> None:
+    central = fed(session_messages(steps=12, world_size=WORLD, edit=uneven))
+    edge = fed(session_messages(steps=12, world_size=WORLD, edit=as_summary))
+    assert [s.label for s in edge.segments] == [s.label for s in central.segments]
+    for a, b in zip(central.segments, edge.segments):
+        central_figures, edge_figures = central.segment_figures(a), edge.segment_figures(b)
+        assert edge_figures.as_dict() == central_figures.as_dict()
+    assert central.desync_range() == edge.desync_range() is not None
+    assert central.segment_figures(central.segments[0]).straggler_rank == 9
+    assert edge.rejected == central.rejected == {}
+
+
+def test_a_session_fed_summaries_and_full_reports_mixed_gives_the_same_figures() -> None:
+    central = fed(session_messages(steps=12, world_size=WORLD, edit=uneven))
+    mixed = fed(session_messages(steps=12, world_size=WORLD,
+                                 edit=lambda r: uneven(r) if r.rank in (0, 9) or r.step % 5 == 0 else as_summary(r)))
+    for a, b in zip(central.segments, mixed.segments):
+        assert mixed.segment_figures(b).as_dict() == central.segment_figures(a).as_dict()
+
+
+def test_spans_asked_for_after_the_summary_join_the_kept_report_without_refolding() -> None:
+    summary = summarize(step_report(1, 3, "simple"), 2)
+    full = step_report(1, 3, "simple")
+    session = fed([encode(summary, 0), encode(replace(summary, step=4), 1)])
+    assert not session.has_spans(3, 1) and session.reports[3][1].spans == []
+    figures = session.step_figures(3)[1]
+    assert ingest(session, [encode(full, 2)])
+    assert session.has_spans(3, 1) and session.reports[3][1].spans == full.spans
+    assert session.step_figures(3)[1] == figures
+    assert session.ranks[1].reported.runs == 1 and session.rejected == {}
+    ingest(session, [encode(full, 3)])  # the same spans again: a repeat, not a detail
+    assert session.rejected == {"step_repeated": 1}
+
+
+def test_spans_for_a_step_the_session_forgot_are_counted_not_kept() -> None:
+    session = Session(keep_steps=2)
+    ingest(session, [encode(summarize(step_report(0, step, "simple"), 1), step) for step in range(1, 6)])
+    ingest(session, [encode(step_report(0, 1, "simple"), 9)])
+    assert session.ranks[0].details_unused == 1 and 1 not in session.reports and session.rejected == {}
+
+
+@pytest.mark.parametrize("kind", ["summary", "report"])
+def test_a_second_summary_or_a_report_of_a_step_sent_in_full_is_a_repeat(kind: str) -> None:
+    full = step_report(0, 3, "simple")
+    again = summarize(full, 1) if kind == "summary" else full
+    session = fed([encode(full, 0), encode(again, 1)])
+    assert session.rejected == {"step_repeated": 1}
+
+
+def test_an_unresolved_summary_is_counted_and_enters_no_figure() -> None:
+    report = replace(step_report(0, 3, "simple"), unresolved=True, spans=[Span("forward", 100.6, 100.7)])
+    session = fed([encode(summarize(report, 1), 0)])
+    assert session.ranks[0].unresolved == 1 and session.step_figures(3) == {}

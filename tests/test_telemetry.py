@@ -15,7 +15,8 @@ from ddpwatch.receiver import TelemetryReceiver, ingest
 from ddpwatch.session import Session
 from ddpwatch.session_file import SESSION_FILE_NAME, SessionWriter, read_session_file
 from instrumented_ddp import telemetry
-from instrumented_ddp.protocol import Envelope, Goodbye, Heartbeat, Hello, Span, StepReport, decode, encode
+from instrumented_ddp.protocol import Envelope, Goodbye, Heartbeat, Hello, Span, SpanRequest, StepReport, StepSummary, decode, encode
+from instrumented_ddp.step_figures import summarize
 from instrumented_ddp.telemetry import TelemetryPublisher
 from launch import wait_for
 
@@ -122,6 +123,39 @@ def test_receiver_gets_hello_on_connection_reports_in_order_and_goodbye(quiet_pu
     assert collector.peers == {telemetry.routing_id(HELLO.session, HELLO.rank)}
     assert all(e.dropped == publisher.dropped == 0 for e in envelopes)
     assert publisher.unsent_before_connect == 2
+
+
+@pytest.mark.timeout(60)
+def test_a_rank_sends_the_spans_asked_for_and_summaries_of_the_rest(quiet_publisher: None) -> None:
+    address = _free_address()
+    receiver = TelemetryReceiver(address)
+    publisher = TelemetryPublisher(address, HELLO)
+    collector = Collector(receiver)
+
+    def steps_got(kind: type) -> list[int]:
+        return [e.message.step for e in collector.envelopes if isinstance(e.message, kind)]
+
+    try:
+        assert collector.until(lambda got: any(isinstance(e.message, Hello) for e in got))
+        publisher.publish(_report(1))  # nobody asked yet: spans
+        assert collector.until(lambda got: steps_got(StepReport) == [1])
+        peer = telemetry.routing_id(HELLO.session, HELLO.rank)
+        receiver.send(peer, encode(SpanRequest(full=False, sample_every=3)))
+        assert wait_for(lambda: not publisher.span_request.full)
+        for step in range(2, 8):
+            publisher.publish(_report(step))
+        assert collector.until(lambda got: len(steps_got(StepSummary)) == 4 and steps_got(StepReport) == [1, 3, 6])
+        assert steps_got(StepSummary) == [2, 4, 5, 7]
+        summary = next(e.message for e in collector.envelopes if isinstance(e.message, StepSummary))
+        assert summary == summarize(_report(2), HELLO.world_size)
+        for _ in range(2):  # a pin repeated: each step's spans go out once
+            receiver.send(peer, encode(SpanRequest(full=False, sample_every=3, pinned_steps=[4, 6, 99])))
+        assert collector.until(lambda got: steps_got(StepReport) == [1, 3, 6, 4])
+        assert not collector.until(lambda got: len(steps_got(StepReport)) > 4, seconds=0.5)
+        assert publisher.summaries_sent == 4
+    finally:
+        publisher.close(steps=0, timeout_s=0.2)
+        receiver.close()
 
 
 def test_receiver_on_a_busy_address_raises_oserror() -> None:

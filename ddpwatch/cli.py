@@ -36,6 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
     record.add_argument("--idle-exit", type=float, default=15.0, help="stop when every rank is silent this long")
     record.add_argument("--max-message-bytes", type=int, default=DEFAULT_MAX_MESSAGE_BYTES)
     record.add_argument("--keys", type=Path, help="CURVE key directory (made if missing); needed beyond loopback")
+    record.add_argument("--sample", type=int, metavar="N", help="ask the ranks for the spans of every N-th step only "
+                        "(summaries of the rest: figures exact, timelines sampled); default: every span")
 
     switch = commands.add_parser("switch", help="ask a running session to switch strategy (through the dashboard or recorder)")
     switch.add_argument("strategy", help="simple, ga, hook, async, bucket or ddp")
@@ -131,12 +133,12 @@ def run_demo(args: argparse.Namespace) -> int:
 def run_record(args: argparse.Namespace) -> int:
     from .recorder import StopRule, record
 
-    for flag in ("until_steps", "until_seconds"):
+    for flag in ("until_steps", "until_seconds", "sample"):
         value = getattr(args, flag)
         if value is not None and value <= 0:
             raise ValueError(f"--{flag.replace('_', '-')} must be positive")
     record(args.listen, args.out, StopRule(args.until_steps, args.until_seconds, args.idle_exit), args.max_message_bytes,
-           keys=server_keys(args))
+           keys=server_keys(args), sample_every=args.sample)
     return 0
 
 

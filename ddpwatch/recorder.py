@@ -18,6 +18,7 @@ from .exporters import write_exports
 from .receiver import TelemetryReceiver, ingest
 from .session import Session
 from .session_file import SESSION_FILE_NAME, SessionWriter, read_session_file
+from .span_requests import SpanRequester, SpanWish
 
 
 @dataclass
@@ -49,10 +50,14 @@ def record(
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     log=lambda line: print(line, file=sys.stderr, flush=True),
     keys: ServerKeys | None = None,
+    sample_every: int | None = None,
 ) -> Session:
+    """Every rank's every span by default, so a recording loses nothing; ``sample_every``: the
+    spans of every N-th step only, summaries (exact figures) of the rest."""
     session = Session()
     receiver = TelemetryReceiver(listen, max_message_bytes, keys)
     relay = SwitchRelay(receiver.send)
+    requester = SpanRequester(receiver.send, SpanWish.everything() if sample_every is None else SpanWish.sampled(sample_every))
     writer = SessionWriter(out_dir / SESSION_FILE_NAME)
     stop_requested: list[str] = []
 
@@ -71,9 +76,11 @@ def record(
                 for peer, data in batch:
                     for envelope in ingest(session, [data], writer, max_message_bytes=max_message_bytes):
                         relay.note(peer, envelope)
+                        requester.note(peer, envelope)
             for _ in range(receiver.take_refused_handshakes()):
                 session.reject("unauthenticated")
             relay.tick()
+            requester.tick()
             writer.flush_if_due()
             reason = stop_requested[0] if stop_requested else rule.reached(session, started, last_message)
     finally:

@@ -175,6 +175,7 @@ class Session:
         self.acks: list[Ack] = []
         self.rejected: Counter[str] = Counter()
         self.messages = 0
+        self.details = 0  # spans received after their step's summary (a view that drew the step redraws it)
         self.session_id = ""
 
     # -- feeding ---------------------------------------------------------------------------------
@@ -255,6 +256,7 @@ class Session:
             rank.details_unused += 1
             return
         kept[report.rank] = replace(report, spans=PackedSpans(report.spans))
+        self.details += 1
 
     def _receive_report(self, rank: RankState, report: StepReport | StepSummary) -> None:
         """Count what a report says about its rank, then use it if its step is still open.

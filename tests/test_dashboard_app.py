@@ -22,7 +22,7 @@ from ddpwatch.dashboard.widgets.segments_table import SegmentsTable
 from ddpwatch.dashboard.widgets.timeline_view import TimelineView
 from ddpwatch.receiver import ingest
 from ddpwatch.session import Session
-from instrumented_ddp.protocol import Ack, Heartbeat, StepReport, SwitchCommand, decode, encode
+from instrumented_ddp.protocol import Ack, Heartbeat, SpanRequest, StepReport, SwitchCommand, decode, encode
 from instrumented_ddp.telemetry import routing_id
 from synthetic_session import hello, session_messages, step_report
 
@@ -106,13 +106,18 @@ async def test_key_press_sends_the_switch_to_rank_0_and_reports_its_ack(tmp_path
             rank0.send(encode(hello(0)))
             await pilot.pause(0.5)
             await pilot.press("5")  # bucket
-            command = None
+            command, span_requests = None, []
             deadline = time.monotonic() + 10
             while command is None and time.monotonic() < deadline:
                 if rank0.poll(100):
-                    command = decode(rank0.recv()).message
+                    message = decode(rank0.recv()).message
+                    if isinstance(message, SpanRequest):
+                        span_requests.append(message)
+                    else:
+                        command = message
                 await pilot.pause(0.05)
             assert isinstance(command, SwitchCommand) and command.strategy == "bucket"
+            assert span_requests[0] == SpanRequest(full=True)  # two ranks: every span, as before summaries
             rank0.send(encode(Ack(0, command.command_id, True, 7), seq=1))
             await pilot.pause(0.5)
             assert any("switched to bucket at step 7" in text for _, text in app.notices)

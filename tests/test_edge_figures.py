@@ -103,3 +103,21 @@ def test_an_unresolved_summary_is_counted_and_enters_no_figure() -> None:
     report = replace(step_report(0, 3, "simple"), unresolved=True, spans=[Span("forward", 100.6, 100.7)])
     session = fed([encode(summarize(report, 1), 0)])
     assert session.ranks[0].unresolved == 1 and session.step_figures(3) == {}
+
+
+def test_a_sampled_recording_exports_the_central_figures_and_the_sampled_steps_spans(tmp_path) -> None:  # noqa: ANN001
+    import json
+
+    from ddpwatch.exporters import write_exports
+
+    central = fed(session_messages(steps=12, world_size=4, edit=uneven))
+    sampled = fed(session_messages(steps=12, world_size=4,
+                                   edit=lambda r: uneven(r) if r.step % 5 == 0 else summarize(uneven(r), 4)))
+    write_exports(central, tmp_path / "central")
+    write_exports(sampled, tmp_path / "sampled")
+    figures = [json.loads((tmp_path / name / "summary.json").read_text())["segments"] for name in ("central", "sampled")]
+    assert figures[0] == figures[1]
+    trace = json.loads((tmp_path / "sampled" / "trace.json").read_text())
+    windows = {e["args"]["step"] for e in trace["traceEvents"] if e.get("name", "").startswith("step ")}
+    spans = {e["args"]["step"] for e in trace["traceEvents"] if "blocking" in e.get("args", {})}
+    assert windows == set(range(1, 13)) and spans == {5, 10}  # every step's window (from summaries), sampled spans

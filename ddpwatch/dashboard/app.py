@@ -23,10 +23,11 @@ from ..control import new_command
 from ..exporters import write_exports
 from ..heatmap import HEATMAP_METRICS
 from ..session import Session
+from ..span_requests import SAMPLE_EVERY_STEPS, SpanWish
 from .feeds import Feed, ReplayFeed
 from .screens.help_screen import HelpScreen
 from .screens.strategy_picker import StrategyPicker, SwitchChoice
-from .snapshot import Snapshot, SnapshotBuilder
+from .snapshot import EVERY_RANK_IN_THE_TIMELINE_UP_TO, Snapshot, SnapshotBuilder, pick_timeline_ranks
 from .widgets.header_bar import HeaderBar
 from .widgets.rank_heatmap import RankHeatmap
 from .widgets.ranks_table import RanksTable
@@ -157,11 +158,25 @@ class DashboardApp(App[None]):
         self.segment_bars.show(snapshot.segments)
         self.heatmap_view.show(snapshot.heatmap)
         self.stragglers_panel.show(snapshot.stragglers)
+        self.feed.want_spans(self.span_wish())
         now = time.monotonic()
         notices = tuple(text for at, text in self.notices if now - at < NOTICE_S)
         self.warnings_panel.show(snapshot.warnings, snapshot.notes + notices)
         self.frames += 1
         self.frame_seconds += time.perf_counter() - started
+
+    def span_wish(self) -> SpanWish:
+        """Every span of a job small enough to draw every rank (as before summaries existed).
+        Above that: every step of the ranks the timeline draws, their spans of the step on
+        screen (held by the ranks: a rank just become the slowest still sends it), a whole step
+        every ``SAMPLE_EVERY_STEPS``, and every rank's spans of a step the user paused on."""
+        if self.session.world_size <= EVERY_RANK_IN_THE_TIMELINE_UP_TO:
+            return SpanWish.everything()
+        step = self.selected_step if self.selected_step is not None else self.session.latest_complete_step()
+        figures = self.session.step_figures(step) if step is not None else {}
+        drawn = {rank for rank, _ in pick_timeline_ranks(figures, self.selected_rank)}
+        return SpanWish.sampled(SAMPLE_EVERY_STEPS, drawn, () if step is None else (step,),
+                                None if self.selected_step is not None else drawn)
 
     def notify_user(self, text: str) -> None:
         self.notices.append((time.monotonic(), text))

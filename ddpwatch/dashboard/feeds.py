@@ -19,6 +19,7 @@ from ..auth import ServerKeys
 from ..control import SwitchRelay
 from ..receiver import TelemetryReceiver, log_and_decode
 from ..session_file import SessionWriter, read_session_file
+from ..span_requests import SpanRequester, SpanWish
 
 Item = Envelope | ProtocolError
 
@@ -64,6 +65,9 @@ class Feed:
     def request_switch(self, command: SwitchCommand) -> None:
         raise RuntimeError("this feed cannot switch strategies")
 
+    def want_spans(self, wish: SpanWish) -> None:
+        """What the app wants of the ranks' spans; only a live feed can ask the ranks."""
+
     def _run(self) -> None:
         raise NotImplementedError
 
@@ -81,10 +85,14 @@ class LiveFeed(Feed):
         self.max_message_bytes = max_message_bytes
         self._outbox: queue.Queue[SwitchCommand] = queue.Queue()
         self.relay = SwitchRelay(self.receiver.send)
+        self.requester = SpanRequester(self.receiver.send)
         self.description = f"listening on {address}{' (CURVE)' if keys else ''} · recording {session_file}"
 
     def request_switch(self, command: SwitchCommand) -> None:
         self._outbox.put(command)
+
+    def want_spans(self, wish: SpanWish) -> None:
+        self.requester.want(wish)  # one attribute, read by the feed thread at its next tick
 
     def _run(self) -> None:
         writer = SessionWriter(self.session_file)
@@ -94,6 +102,7 @@ class LiveFeed(Feed):
                     item = log_and_decode(data, writer, self.max_message_bytes)
                     if isinstance(item, Envelope):
                         self.relay.note(peer, item)
+                        self.requester.note(peer, item)
                         if isinstance(item.message, SwitchCommand):
                             continue  # a request from `ddpwatch switch`: relayed, not shown
                     self._arrived(item)
@@ -102,6 +111,7 @@ class LiveFeed(Feed):
                 while not self._outbox.empty():
                     self.relay.request(self._outbox.get_nowait())
                 self.relay.tick()
+                self.requester.tick()
                 writer.flush_if_due()
         finally:
             writer.close()

@@ -235,8 +235,8 @@ class SnapshotBuilder:
         waits = self.waits_of(step)
         figures = session.step_figures(step) if step is not None else {}
         roles = pick_timeline_ranks(figures, selected_rank) if len(reports) > EVERY_RANK_IN_THE_TIMELINE_UP_TO else None
-        if (step, len(reports), roles) != self._shown_step:
-            self._shown_step = (step, len(reports), roles)
+        if (step, len(reports), roles, session.details) != self._shown_step:
+            self._shown_step = (step, len(reports), roles, session.details)
             self._timeline = timeline_of(step, self._with_spans(step, reports), session.step_calls(step),  # type: ignore[arg-type]
                                          session.step_times(step), roles) if step is not None and reports else None
             self._desync = metrics.find_desync(session.counted_calls(step), step) if reports else None  # type: ignore[arg-type]
@@ -476,7 +476,7 @@ def timeline_of(step: int, reports: dict[int, StepReport], calls: dict[int, metr
     judged. ``roles``: only these ranks are drawn (a large job)."""
     reported = max(len(reports), len(calls))
     if roles is not None:
-        reports = {rank: reports[rank] for rank, _ in roles if rank in reports} or reports
+        reports = {rank: reports[rank] for rank, _ in roles if rank in reports}  # whose spans came
     if not reports:
         return None
     waiting = metrics.waiting_intervals(calls, reports)

@@ -1,0 +1,67 @@
+"""What listeners ask of the ranks' spans (``ddpwatch.span_requests``) and what the dashboard asks."""
+
+from __future__ import annotations
+
+import pytest
+from synthetic_session import session_messages
+
+from ddpwatch.dashboard.app import DashboardApp
+from ddpwatch.dashboard.feeds import StaticFeed
+from ddpwatch.span_requests import RESEND_EVERY_S, SAMPLE_EVERY_STEPS, SpanRequester, SpanWish
+from instrumented_ddp.protocol import Envelope, Heartbeat, SpanRequest, SwitchCommand, decode
+
+
+class Outbox:
+    def __init__(self) -> None:
+        self.sent: list[tuple[bytes, SpanRequest]] = []
+
+    def send(self, peer: bytes, data: bytes) -> bool:
+        self.sent.append((peer, decode(data).message))  # type: ignore[arg-type]
+        return True
+
+
+def heard(requester: SpanRequester, rank: int) -> None:
+    requester.note(f"peer-{rank}".encode(), Envelope(Heartbeat(rank, 0.0, 1), rank, 0, 0))
+
+
+def test_each_rank_heard_from_gets_its_request_again_only_when_it_changes_or_is_due() -> None:
+    outbox = Outbox()
+    requester = SpanRequester(outbox.send)
+    for rank in (0, 1, 2):
+        heard(requester, rank)
+    requester.note(b"switch-client", Envelope(SwitchCommand("c", "ddp"), -1, 0, 0))  # not a rank
+    assert requester.tick(now=10.0) == 3 and [m for _, m in outbox.sent] == [SpanRequest(full=True)] * 3
+    assert requester.tick(now=10.5) == 0
+    requester.want(SpanWish.sampled(20, full_ranks={1}, pinned_steps={7}, pinned_ranks={1, 2}))
+    outbox.sent.clear()
+    assert requester.tick(now=11.0) == 3
+    assert dict(outbox.sent) == {b"peer-0": SpanRequest(False, 20, []), b"peer-1": SpanRequest(True, 20, [7]),
+                                 b"peer-2": SpanRequest(False, 20, [7])}
+    assert requester.tick(now=11.0 + RESEND_EVERY_S / 2) == 0
+    assert requester.tick(now=11.0 + RESEND_EVERY_S) == 3  # repeated: a rank that missed it is set right
+
+
+def test_a_pinned_step_without_ranks_named_goes_to_every_rank() -> None:
+    wish = SpanWish.sampled(5, full_ranks=(), pinned_steps=(9, 3))
+    assert [wish.request_for(rank) for rank in (0, 40)] == [SpanRequest(False, 5, [3, 9])] * 2
+    assert SpanWish.everything().request_for(3) == SpanRequest(full=True)
+
+
+@pytest.mark.timeout(60)
+async def test_the_dashboard_asks_every_span_of_a_small_job_and_the_drawn_ranks_of_a_large_one() -> None:
+    small = DashboardApp(StaticFeed(session_messages(steps=3)), export_on_exit=False)
+    async with small.run_test(size=(160, 50)) as pilot:
+        await pilot.pause(0.3)
+        assert small.span_wish() == SpanWish.everything()
+
+    large = DashboardApp(StaticFeed(session_messages(steps=6, world_size=80)), export_on_exit=False)
+    async with large.run_test(size=(160, 50)) as pilot:
+        await pilot.pause(0.5)
+        step = large.session.latest_complete_step()
+        figures = large.session.step_figures(step)
+        slowest = max(figures, key=lambda r: (figures[r].step_ms, -r))
+        fastest = min(figures, key=lambda r: (figures[r].step_ms, r))
+        wish = large.span_wish()
+        assert wish == SpanWish.sampled(SAMPLE_EVERY_STEPS, {slowest, fastest}, (step,), {slowest, fastest})
+        await pilot.press("space")  # paused on a step: every rank's spans of it
+        assert large.span_wish().pinned_ranks is None and large.span_wish().pinned_steps == (large.selected_step,)

@@ -289,12 +289,10 @@ def _build(cls: type, body: dict[str, Any]) -> Message:
         values[spec.name] = body[spec.name]
     for name, value in values.items():
         _check_field(cls, name, value)
+    if cls in (StepReport, StepSummary):
+        _check_step(values)
     if cls is StepReport:
         values["spans"] = [_span(item) for item in values["spans"]]
-        if values["end"] < values["start"]:
-            raise ProtocolError("invalid", "step ends before it starts")
-        if values["step"] < 0 or values["samples"] < 0 or values["tokens"] < 0:
-            raise ProtocolError("invalid", "negative step, samples or tokens")
     if cls is StepSummary:
         _check_summary(values)
     if cls is SpanRequest:
@@ -326,13 +324,16 @@ _FIELD_TYPES: dict[str, Any] = {
 }
 
 
-def _check_summary(values: dict[str, Any]) -> None:
-    """A summary's figures must be ones a rank could have computed: percentages in [0, 100]
-    (a hair of float rounding over), one duration per tag, every number finite."""
+def _check_step(values: dict[str, Any]) -> None:
     if values["end"] < values["start"]:
         raise ProtocolError("invalid", "step ends before it starts")
     if values["step"] < 0 or values["samples"] < 0 or values["tokens"] < 0:
         raise ProtocolError("invalid", "negative step, samples or tokens")
+
+
+def _check_summary(values: dict[str, Any]) -> None:
+    """A summary's figures must be ones a rank could have computed: percentages in [0, 100]
+    (a hair of float rounding over), one duration per tag, every number finite."""
     for name in ("compute_pct", "non_compute_pct", "idle_pct", "overlap_pct", "comm_overhead_pct"):
         if not -1e-6 <= values[name] <= 100.0 + 1e-6:
             raise ProtocolError("invalid", f"summary.{name} is not a percentage")

@@ -54,6 +54,7 @@ from instrumented_ddp.step_figures import (
     busbw_gbps,
     call_times,
     counted,
+    figures_and_calls,
     step_figures,
     step_times,
 )
@@ -62,7 +63,7 @@ __all__ = [
     "BLOCKING_KINDS", "COMM_KINDS", "COMPUTE_KINDS", "CallTimes", "STRAGGLER_SHARE", "STRAGGLER_STEPS", "ClockAlignment", "Desync",
     "DesyncRange", "Figures", "Interval", "SegmentAccumulator", "SegmentFigures", "SpanLike", "StepFigures",
     "StepRecordLike", "StepTimes", "StepWaits", "Straggler", "algbw_gbps", "bus_factor", "busbw_gbps", "call_times", "calls_of", "calls_text",
-    "clip", "counted", "cross_rank_waits", "find_desync", "find_straggler", "intersect", "merge", "segment_figures",
+    "clip", "counted", "cross_rank_waits", "figures_and_calls", "find_desync", "find_straggler", "intersect", "merge", "segment_figures",
     "step_figures", "step_times", "straggler", "subtract", "total_length", "union", "waited_for", "waiting_intervals",
     "waits_both_ways",
 ]
@@ -598,7 +599,6 @@ def segment_figures(records: Iterable[StepRecordLike], world_size: int,
         by_step[step][rank] = rec
     accumulator = folded.copy() if folded is not None else SegmentAccumulator(world_size)
     for step in sorted(by_step):
-        records_of_step = by_step[step]
-        accumulator.add_step({rank: step_figures(rec, world_size) for rank, rec in records_of_step.items()},
-                             calls_of(records_of_step))
+        both = {rank: figures_and_calls(rec, world_size) for rank, rec in by_step[step].items()}
+        accumulator.add_step({rank: f for rank, (f, _) in both.items()}, {rank: c for rank, (_, c) in both.items()})
     return accumulator.figures(per_rank)

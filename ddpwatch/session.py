@@ -299,9 +299,9 @@ class Session:
             report = report_without_spans(message)
             times = metrics.StepTimes(message.start, message.end, message.anchor)
         else:
-            calls = metrics.call_times(message)
+            step_figures, calls = metrics.figures_and_calls(message, self.world_size)
             if metrics.counted(message):
-                figures[message.rank] = metrics.step_figures(message, self.world_size)
+                figures[message.rank] = step_figures
             report = message
             times = metrics.step_times(message)
         self._calls.setdefault(report.step, {})[report.rank] = calls

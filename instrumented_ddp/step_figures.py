@@ -86,8 +86,12 @@ class CallTimes(NamedTuple):
 
 
 def call_times(record: StepRecordLike) -> CallTimes:
-    calls = _all_reduces(record)
-    return CallTimes(tuple(getattr(s, "tag", "") or "" for s in calls), tuple(_length(s.start, s.end) for s in calls))
+    return _call_times(_all_reduces(record))
+
+
+def _call_times(all_reduces: Sequence[SpanLike]) -> CallTimes:
+    return CallTimes(tuple(getattr(s, "tag", "") or "" for s in all_reduces),
+                     tuple(_length(s.start, s.end) for s in all_reduces))
 
 
 def counted(record: Any) -> bool:
@@ -170,6 +174,13 @@ class StepFigures:
 
 
 def step_figures(record: StepRecordLike, world_size: int | None = None) -> StepFigures:
+    return figures_and_calls(record, world_size)[0]
+
+
+def figures_and_calls(record: StepRecordLike, world_size: int | None = None) -> tuple[StepFigures, CallTimes]:
+    """``step_figures`` and ``call_times`` from one pass over the all-reduces: a receiver or a
+    rank's sender needs both of every report, and the call count and all-reduce time are then
+    read from the very durations a ``StepSummary`` carries."""
     lo, hi = record.start, record.end
     window = _length(lo, hi)
     spans = list(record.spans)
@@ -182,9 +193,10 @@ def step_figures(record: StepRecordLike, world_size: int | None = None) -> StepF
     busy = total_length(union(c, m))
 
     ars = _all_reduces(record)
-    alg = tuple(a for a in (algbw_gbps(s.nbytes, _length(s.start, s.end)) for s in ars) if a is not None)
+    calls = _call_times(ars)
+    alg = tuple(a for a in (algbw_gbps(s.nbytes, seconds) for s, seconds in zip(ars, calls.seconds)) if a is not None)
     factor = bus_factor("all_reduce", world_size) if world_size is not None else None
-    return StepFigures(
+    figures = StepFigures(
         rank=record.rank,
         step=record.step,
         step_ms=1000.0 * window,
@@ -193,15 +205,15 @@ def step_figures(record: StepRecordLike, world_size: int | None = None) -> StepF
         idle_pct=_pct(max(window - busy, 0.0), window),
         overlap_pct=_pct(total_length(intersect(c, m)), m_len),
         comm_overhead_pct=_pct(m_len, window),
-        all_reduce_calls=len(ars),
-        all_reduce_ms=1000.0 * sum(_length(s.start, s.end) for s in ars),
+        all_reduce_calls=len(calls.seconds),
+        all_reduce_ms=1000.0 * sum(calls.seconds),
         algbw_gbps=alg,
         busbw_gbps=float(statistics.median(alg)) * factor if alg and factor is not None else None,
         samples=max(int(record.samples), 0),
         tokens=max(int(record.tokens), 0),
         times=StepTimes(record.start, record.end, max((s.end for s in ars if math.isfinite(s.end)), default=None)),
     )
-
+    return figures, calls
 
 
 # --- at the edge: a rank's step as a summary, and back ------------------------------------
@@ -211,8 +223,7 @@ def summarize(report: StepReport, world_size: int) -> StepSummary:
     """What a rank sends instead of its spans: its own ``step_figures`` and its all-reduces'
     tags and durations. ``summary_figures`` and ``summary_calls`` give back exactly what
     ``step_figures`` and ``call_times`` give from the full report."""
-    f = step_figures(report, world_size)
-    calls = call_times(report)
+    f, calls = figures_and_calls(report, world_size)
     return StepSummary(
         rank=report.rank, step=report.step, strategy=report.strategy, settings=report.settings,
         start=report.start, end=report.end, samples=f.samples, tokens=f.tokens,
@@ -233,7 +244,7 @@ def summary_figures(summary: StepSummary, calls: CallTimes | None = None) -> Ste
         rank=summary.rank, step=summary.step, step_ms=1000.0 * _length(summary.start, summary.end),
         compute_pct=summary.compute_pct, non_compute_pct=summary.non_compute_pct, idle_pct=summary.idle_pct,
         overlap_pct=summary.overlap_pct, comm_overhead_pct=summary.comm_overhead_pct,
-        all_reduce_calls=len(calls.tags), all_reduce_ms=1000.0 * sum(calls.seconds),
+        all_reduce_calls=len(calls.seconds), all_reduce_ms=1000.0 * sum(calls.seconds),
         algbw_gbps=unpack_floats(summary.algbw_gbps), busbw_gbps=summary.busbw_gbps,
         samples=summary.samples, tokens=summary.tokens, times=StepTimes(summary.start, summary.end, summary.anchor),
     )

@@ -289,23 +289,17 @@ class Session:
 
     def _add_report(self, message: StepReport | StepSummary) -> None:
         # Figured while the spans are still Span objects: packed, each reading makes them again.
-        # A report that enters no figure gets none: the ranks table shows a dash for it.
+        # A report that enters no figure keeps none: the ranks table shows a dash for it.
         # A summary comes figured by its rank, with the same code.
-        figures = self._figures.setdefault(message.step, {})
         if isinstance(message, StepSummary):
             calls = summary_calls(message)
-            if metrics.counted(message):
-                figures[message.rank] = summary_figures(message, calls)
-            report = report_without_spans(message)
-            times = metrics.StepTimes(message.start, message.end, message.anchor)
+            figures, report = summary_figures(message, calls), report_without_spans(message)
         else:
-            step_figures, calls = metrics.figures_and_calls(message, self.world_size)
-            if metrics.counted(message):
-                figures[message.rank] = step_figures
-            report = message
-            times = metrics.step_times(message)
+            (figures, calls), report = metrics.figures_and_calls(message, self.world_size), message
+        if metrics.counted(message):
+            self._figures.setdefault(message.step, {})[message.rank] = figures
         self._calls.setdefault(report.step, {})[report.rank] = calls
-        self._times.setdefault(report.step, {})[report.rank] = times
+        self._times.setdefault(report.step, {})[report.rank] = figures.times
         report = replace(report, spans=PackedSpans(report.spans))
         if report.step not in self.reports:
             bisect.insort(self._unfolded, report.step)
@@ -375,10 +369,6 @@ class Session:
         report = self.reports.get(step, {}).get(rank)
         return report is not None and (rank not in self.ranks or step not in self.ranks[rank].summarized
                                        or step in self.ranks[rank].detailed)
-
-    def counted_reports(self, step: int) -> dict[int, StepReport]:
-        """A kept step's reports that may enter a figure (``metrics.counted``), by rank."""
-        return {rank: r for rank, r in self.reports.get(step, {}).items() if metrics.counted(r)}
 
     def is_folded(self, step: int) -> bool:
         """Whether the step is already in its segment's running figures."""

@@ -133,7 +133,7 @@ def test_unresolved_reports_are_counted_per_rank_and_enter_no_figure() -> None:
         feed(report)
     assert session.ranks[1].unresolved == 2 and session.ranks[0].unresolved == 0
     assert 1 not in session.step_figures(2) and 0 in session.step_figures(2)
-    assert sorted(session.counted_reports(2)) == [0]
+    assert sorted(session.counted_calls(2)) == [0]
     figures = session.segment_figures(session.segments[0])
     assert figures.desync is None and figures.desyncs == ()  # partial spans are not a desync
     assert (figures.per_rank[0].steps, figures.per_rank[1].steps) == (4, 2)

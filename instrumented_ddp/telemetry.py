@@ -10,11 +10,8 @@ The same socket carries control the other way: the dashboard's ROUTER addresses 
 routing id, and the sender thread hands any command it receives to ``commands``, which the
 training loop reads at an optimizer-step boundary.
 
-What a step report costs the listener grows with the spans in it, so the sender thread sends a
-step's full spans only where the listener asked for them (a ``SpanRequest``: every step, every
-N-th step, or steps the user pinned, from the last ``HELD_STEPS`` kept here), and otherwise a
-``StepSummary``: the step's figures, computed here by the same ``step_figures`` the dashboard
-runs on full spans. Until a listener says otherwise, every step goes out in full.
+Each step report goes out as its full spans or as a summary, as the listener asked
+(``span_policy``); the summary is figured on the sender thread, never on the training thread.
 """
 
 from __future__ import annotations
@@ -22,7 +19,6 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 
 import zmq
@@ -41,11 +37,10 @@ from .protocol import (
     decode,
     encode,
 )
-from .step_figures import summarize
+from .span_policy import SpanPolicy
 
 HEARTBEAT_EVERY_S = 1.0
 HELLO_EVERY_S = 2.0  # a dashboard started late learns who the ranks are within this
-HELD_STEPS = 64  # recent step reports kept, so a pinned step's spans can still be sent
 
 
 class TelemetryPublisher:
@@ -72,9 +67,7 @@ class TelemetryPublisher:
         self._context = zmq.Context()
         self.commands: queue.Queue[SwitchCommand] = queue.Queue(maxsize=64)
         self.rejected_commands = 0
-        self.span_request = SpanRequest(full=True)  # the listener's latest wish; set on the sender thread
-        self.summaries_sent = 0
-        self._held: deque[tuple[StepReport, list[bool]]] = deque(maxlen=HELD_STEPS)  # (report, [spans sent])
+        self.spans = SpanPolicy(hello.world_size)  # spans or a summary per step; used on the sender thread
         self._socket = self._context.socket(zmq.DEALER)
         self._socket.setsockopt(zmq.ROUTING_ID, routing_id(hello.session, hello.rank))
         self._socket.setsockopt(zmq.LINGER, 0)
@@ -128,9 +121,8 @@ class TelemetryPublisher:
             if message is None:
                 return
             if isinstance(message, StepReport):
-                self._send_step(message)
-            else:
-                self._send(message)
+                message = self.spans.message_for(message)
+            self._send(message)
 
     def _receive_commands(self) -> None:
         while self._socket.poll(0, zmq.POLLIN):
@@ -145,38 +137,8 @@ class TelemetryPublisher:
                 except queue.Full:
                     self.rejected_commands += 1
             elif isinstance(message, SpanRequest):
-                self.span_request = message
-                self._send_pinned(set(message.pinned_steps))
-
-    # -- spans or a summary ------------------------------------------------------------------------
-    def wants_spans(self, step: int) -> bool:
-        request = self.span_request
-        return request.full or (request.sample_every > 0 and step % request.sample_every == 0)
-
-    def _send_step(self, report: StepReport) -> None:
-        """The report itself where its spans are wanted, else its summary (figured here, off the
-        training thread); kept either way for a later pin."""
-        sent = [self.wants_spans(report.step)]
-        self._held.append((report, sent))
-        if sent[0]:
-            self._send(report)
-            return
-        try:
-            summary = summarize(report, self.hello.world_size)
-        except Exception:  # a report the figures cannot take: sent whole, the receiver judges it
-            sent[0] = True
-            self._send(report)
-            return
-        self._send(summary)
-        self.summaries_sent += 1
-
-    def _send_pinned(self, steps: set[int]) -> None:
-        """The spans of pinned steps still held and not sent in full yet (a request is repeated
-        every few seconds: each step's spans go out once)."""
-        for report, sent in self._held:
-            if report.step in steps and not sent[0]:
-                sent[0] = True
-                self._send(report)
+                for report in self.spans.on_request(message):
+                    self._send(report)
 
     def _dashboard_connected(self) -> bool:
         connected = False

@@ -141,7 +141,7 @@ def test_a_rank_sends_the_spans_asked_for_and_summaries_of_the_rest(quiet_publis
         assert collector.until(lambda got: steps_got(StepReport) == [1])
         peer = telemetry.routing_id(HELLO.session, HELLO.rank)
         receiver.send(peer, encode(SpanRequest(full=False, sample_every=3)))
-        assert wait_for(lambda: not publisher.span_request.full)
+        assert wait_for(lambda: not publisher.spans.request.full)
         for step in range(2, 8):
             publisher.publish(_report(step))
         assert collector.until(lambda got: len(steps_got(StepSummary)) == 4 and steps_got(StepReport) == [1, 3, 6])
@@ -152,7 +152,7 @@ def test_a_rank_sends_the_spans_asked_for_and_summaries_of_the_rest(quiet_publis
             receiver.send(peer, encode(SpanRequest(full=False, sample_every=3, pinned_steps=[4, 6, 99])))
         assert collector.until(lambda got: steps_got(StepReport) == [1, 3, 6, 4])
         assert not collector.until(lambda got: len(steps_got(StepReport)) > 4, seconds=0.5)
-        assert publisher.summaries_sent == 4
+        assert publisher.spans.summaries == 4
     finally:
         publisher.close(steps=0, timeout_s=0.2)
         receiver.close()

@@ -9,10 +9,11 @@ input: anything malformed raises ``ProtocolError`` with a category the receiver 
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import struct
-from dataclasses import MISSING, asdict, dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, ClassVar, NamedTuple
 
 import msgpack
@@ -224,14 +225,19 @@ class Envelope:
 
 
 def encode(message: Message, seq: int = 0, dropped: int = 0) -> bytes:
-    body = asdict(message)
-    if isinstance(message, StepReport):
-        body["spans"] = [list(span) for span in message.spans]
+    # A shallow map of the fields: msgpack writes tuples (spans, layout entries) as arrays, and
+    # no message nests a dataclass, so ``asdict``'s deep copy (most of a summary's cost) is not needed.
+    body = {name: getattr(message, name) for name in _field_names(type(message))}
     rank = getattr(message, "rank", -1)
     return msgpack.packb(
         {"v": PROTOCOL_VERSION, "type": message.TYPE, "rank": rank, "seq": seq, "dropped": dropped, "body": body},
         use_bin_type=True,
     )
+
+
+@functools.cache
+def _field_names(cls: type) -> tuple[str, ...]:
+    return tuple(spec.name for spec in fields(cls))
 
 
 def decode(data: bytes, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Envelope:

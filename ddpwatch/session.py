@@ -199,9 +199,7 @@ class Session:
         rank.sender_dropped = max(rank.sender_dropped, envelope.dropped)
         rank.last_seen = now
         if isinstance(message, Hello):
-            rank.hello = message
-            self.session_id = message.session
-            self._declared_world = max((r.hello.world_size for r in self.ranks.values() if r.hello), default=0)
+            self._note_hello(rank, message)
         elif isinstance(message, (StepReport, StepSummary)):
             self._receive_report(rank, message)
         elif isinstance(message, DeviceSample):
@@ -212,6 +210,16 @@ class Session:
             self.acks.append(message)
         elif isinstance(message, Goodbye):
             rank.goodbye = message
+
+    def _note_hello(self, rank: RankState, hello: Hello) -> None:
+        """Ranks repeat their hello every few seconds (1,024 ranks: 500 a second): the declared
+        world is recomputed over all ranks only when the largest may have shrunk."""
+        previous, rank.hello = rank.hello, hello
+        self.session_id = hello.session
+        if hello.world_size >= self._declared_world:
+            self._declared_world = hello.world_size
+        elif previous is not None and previous.world_size == self._declared_world:
+            self._declared_world = max((r.hello.world_size for r in self.ranks.values() if r.hello), default=0)
 
     def reject(self, category: str) -> None:
         self.rejected[category] += 1

@@ -138,3 +138,20 @@ def test_unresolved_reports_are_counted_per_rank_and_enter_no_figure() -> None:
     assert figures.desync is None and figures.desyncs == ()  # partial spans are not a desync
     assert (figures.per_rank[0].steps, figures.per_rank[1].steps) == (4, 2)
     assert figures.all_reduce_calls == 4 and figures.all_reduce_calls_total == 24
+
+
+def test_the_declared_world_follows_the_hellos_including_a_smaller_one_repeated() -> None:
+    session = Session()
+
+    def heartbeat_from(rank: int) -> str | None:
+        return session.ingest(Envelope(Heartbeat(rank, 1.0, 0), rank, 100, 0))
+
+    for rank in (0, 1):
+        session.ingest(Envelope(hello(rank, world_size=8), rank, 0, 0))
+    assert heartbeat_from(6) is None
+    session.ingest(Envelope(hello(0, world_size=4), 0, 1, 0))  # one rank's repeated hello: the largest still stands
+    assert heartbeat_from(6) is None
+    session.ingest(Envelope(hello(1, world_size=4), 1, 1, 0))  # every hello now declares 4 ranks
+    assert heartbeat_from(6) == "unknown_rank"
+    session.ingest(Envelope(hello(1, world_size=8), 1, 2, 0))
+    assert heartbeat_from(6) is None

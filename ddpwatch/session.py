@@ -11,6 +11,7 @@ import time
 from collections import Counter, defaultdict, deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
+from sys import intern
 from typing import Any, overload
 
 from ddpwatch import metrics
@@ -26,8 +27,10 @@ from instrumented_ddp.protocol import (
     StepSummary,
     SwitchCommand,
 )
-from instrumented_ddp.step_figures import report_without_spans, summary_calls, summary_figures
+from instrumented_ddp.step_figures import call_times, float_array, report_without_spans, summary_calls, summary_figures
 
+MAX_TAG_SEQUENCES = 256  # distinct all-reduce tag sequences shared before starting over (see ``Session._shared``)
+MIN_DETAIL_STEPS = 8  # steps whose details a session with ``detail_rank_steps`` keeps, however many ranks
 FOLD_LAG = 20  # a step still missing a rank this far behind the newest is folded as it is
 LOST_AFTER_S = 2.5  # heartbeats come every second: a killed rank shows as lost within 3 s
 STEP_REORDER_SLACK = 2  # a report this many steps behind the rank's newest is neither late nor backwards
@@ -84,7 +87,9 @@ class PackedSpans(Sequence[Span]):
     __slots__ = ("_rows",)
 
     def __init__(self, spans: Iterable[Span]) -> None:
-        self._rows = tuple(tuple(span) for span in spans)
+        # Kinds, tags and dtypes repeat in every report of every rank: one string object each.
+        self._rows = tuple((intern(kind), start, end, blocking, nbytes, intern(tag), intern(dtype))
+                           for kind, start, end, blocking, nbytes, tag, dtype in spans)
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -106,6 +111,10 @@ class PackedSpans(Sequence[Span]):
 
     def __repr__(self) -> str:
         return f"PackedSpans({list(self)!r})"
+
+
+NO_SPANS = PackedSpans(())
+NO_FLOATS = float_array(())
 
 
 @dataclass
@@ -159,15 +168,27 @@ class Session:
     cost O(ranks), not O(steps). With ``keep_steps`` (the dashboard) only that many recent steps'
     reports stay in memory, for the timeline and trends; without it (the recorder) every report
     is kept for the exports.
+
+    With ``detail_rank_steps`` as well, a folded step's details (its spans, each all-reduce's
+    duration, each call's bandwidth) are kept for only that many reports' worth of recent steps
+    (at least ``MIN_DETAIL_STEPS``); its figures, window and cross-rank waits stay for all
+    ``keep_steps``. A 64-rank job keeps every detail of 120 steps; a 1,024-rank job sending 300
+    all-reduces a step would otherwise hold ~2 GiB of them. A step pinned later gets its spans
+    back from the ranks.
     """
 
-    def __init__(self, keep_steps: int | None = None) -> None:
+    def __init__(self, keep_steps: int | None = None, detail_rank_steps: int | None = None) -> None:
         self.keep_steps = keep_steps
+        self.detail_rank_steps = detail_rank_steps
+        self._detail_steps: deque[int] = deque()  # kept steps whose details are kept, in arrival order
+        self._details_forgotten: set[int] = set()
+        self._waits: dict[int, tuple[int, dict[int, float], dict[int, float]]] = {}  # step -> (reports, waited, waited for)
         self._folded_steps: set[int] = set()
         self._figures: dict[int, dict[int, metrics.StepFigures]] = {}  # step -> rank -> figures (kept steps)
         self._calls: dict[int, dict[int, metrics.CallTimes]] = {}  # step -> rank -> all-reduces (kept steps)
         self._times: dict[int, dict[int, metrics.StepTimes]] = {}  # step -> rank -> window and anchor (kept steps)
         self._declared_world = 0
+        self._tag_sequences: dict[tuple[str, ...], tuple[str, ...]] = {}  # see ``_shared``
         self._unfolded: list[int] = []  # steps with reports not yet folded, oldest first
         self.ranks: dict[int, RankState] = defaultdict(RankState)
         self.reports: dict[int, dict[int, StepReport]] = defaultdict(dict)  # step -> rank -> report
@@ -264,6 +285,8 @@ class Session:
             rank.details_unused += 1
             return
         kept[report.rank] = replace(report, spans=PackedSpans(report.spans))
+        if report.step in self._details_forgotten:  # pinned after its details were forgotten
+            self._calls.setdefault(report.step, {})[report.rank] = call_times(report)
         self.details += 1
 
     def _receive_report(self, rank: RankState, report: StepReport | StepSummary) -> None:
@@ -306,7 +329,9 @@ class Session:
             (figures, calls), report = metrics.figures_and_calls(message, self.world_size), message
         if metrics.counted(message):
             self._figures.setdefault(message.step, {})[message.rank] = figures
-        self._calls.setdefault(report.step, {})[report.rank] = calls
+        if report.step not in self._calls:
+            self._detail_steps.append(report.step)
+        self._calls.setdefault(report.step, {})[report.rank] = calls._replace(tags=self._shared(calls.tags))
         self._times.setdefault(report.step, {})[report.rank] = figures.times
         report = replace(report, spans=PackedSpans(report.spans))
         if report.step not in self.reports:
@@ -322,6 +347,55 @@ class Session:
                 self._figures.pop(oldest, None)
                 self._calls.pop(oldest, None)
                 self._times.pop(oldest, None)
+                self._waits.pop(oldest, None)
+                self._details_forgotten.discard(oldest)
+        self._forget_old_details()
+
+    def _forget_old_details(self) -> None:
+        if self.detail_rank_steps is None:
+            return
+        keep = max(MIN_DETAIL_STEPS, self.detail_rank_steps // max(self.world_size, 1))
+        while len(self._detail_steps) > keep and self._detail_steps[0] in self._folded_steps:
+            self._forget_details(self._detail_steps.popleft())
+
+    def _forget_details(self, step: int) -> None:
+        """Drop a folded step's spans, durations and bandwidths; its waits are made first."""
+        if step not in self.reports:
+            self._calls.pop(step, None)
+            return
+        self.step_waits(step)
+        self._calls.pop(step, None)
+        self._details_forgotten.add(step)
+        kept = self.reports[step]
+        for rank, report in kept.items():
+            if len(report.spans):
+                kept[rank] = replace(report, spans=NO_SPANS)
+        figures = self._figures.get(step, {})
+        for rank, f in figures.items():
+            if len(f.algbw_gbps):
+                figures[rank] = replace(f, algbw_gbps=NO_FLOATS)
+
+    def step_waits(self, step: int) -> tuple[dict[int, float], dict[int, float]]:
+        """``metrics.waits_both_ways`` of a kept step's counted calls: how long each rank waited
+        for others, and how long the others waited for it. Made once per set of reports (at 1,024
+        ranks a pass is ~60 ms), and kept after the step's calls are forgotten."""
+        seen = len(self.reports.get(step, {}))
+        cached = self._waits.get(step)
+        if cached is None or (cached[0] != seen and step in self._calls):
+            counted = self.counted_calls(step)
+            cached = (seen, *(metrics.waits_both_ways(counted) if counted else ({}, {})))
+            if step in self.reports:
+                self._waits[step] = cached
+        return cached[1], cached[2]
+
+    def _shared(self, tags: tuple[str, ...]) -> tuple[str, ...]:
+        """One tuple for every rank and step that issued the same calls (a 1,024-rank job's 300
+        tags would otherwise be held 1,024 times a step), and pairing calls across ranks then
+        compares a tuple with itself. Bounded: a job issues few distinct sequences of calls."""
+        shared = self._tag_sequences.setdefault(tags, tags)
+        if len(self._tag_sequences) > MAX_TAG_SEQUENCES:
+            self._tag_sequences.clear()
+        return shared
 
     def _place_report(self, report: StepReport) -> None:
         for segment in self.segments:
@@ -373,10 +447,12 @@ class Session:
         return {rank: calls[rank] for rank in figured if rank in calls}
 
     def has_spans(self, step: int, rank: int) -> bool:
-        """Whether the kept report holds its spans (sent in full, or asked for after its summary)."""
+        """Whether the kept report holds its spans (sent in full, or asked for after its summary,
+        and not forgotten since)."""
         report = self.reports.get(step, {}).get(rank)
-        return report is not None and (rank not in self.ranks or step not in self.ranks[rank].summarized
-                                       or step in self.ranks[rank].detailed)
+        if report is None or (step in self._details_forgotten and not len(report.spans)):
+            return False
+        return rank not in self.ranks or step not in self.ranks[rank].summarized or step in self.ranks[rank].detailed
 
     def is_folded(self, step: int) -> bool:
         """Whether the step is already in its segment's running figures."""

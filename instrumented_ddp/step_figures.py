@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+import sys
+from array import array
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
 from .intervals import clip, intersect, subtract, total_length, union
-from .protocol import StepReport, StepSummary, pack_floats, unpack_floats
+from .protocol import StepReport, StepSummary
 
 COMPUTE_KINDS = frozenset({"forward", "backward", "optimizer"})
 COMM_KINDS = frozenset({"all_reduce", "broadcast"})
@@ -77,12 +79,34 @@ def _all_reduces(record: StepRecordLike) -> list[SpanLike]:
     return sorted((s for s in record.spans if s.kind == "all_reduce"), key=lambda s: s.start)
 
 
+def float_array(values: Iterable[float]) -> array[float]:
+    """Durations and bandwidths are kept as C doubles: a listener holds a step's 300 all-reduces
+    for 1,024 ranks and 120 steps (as Python floats in tuples, ~2 GiB; as arrays, 8 bytes each)."""
+    return array("d", values)
+
+
+def floats_from_wire(data: bytes) -> array[float]:
+    """A ``StepSummary``'s packed little-endian float64 (``protocol.pack_floats``), without making
+    a Python float of each."""
+    values = array("d", data[: len(data) - len(data) % 8])
+    if sys.byteorder == "big":
+        values.byteswap()
+    return values
+
+
+def floats_to_wire(values: array[float]) -> bytes:
+    if sys.byteorder == "big":
+        values = array("d", values)
+        values.byteswap()
+    return values.tobytes()
+
+
 class CallTimes(NamedTuple):
     """One rank's all-reduces of one step, in issue order: what pairing calls across ranks needs
     (waits, the straggler, a desync), and all a ``StepSummary`` carries of its collectives."""
 
     tags: tuple[str, ...]
-    seconds: tuple[float, ...]  # raw durations (``_length``)
+    seconds: array[float]  # raw durations (``_length``)
 
 
 def call_times(record: StepRecordLike) -> CallTimes:
@@ -91,7 +115,7 @@ def call_times(record: StepRecordLike) -> CallTimes:
 
 def _call_times(all_reduces: Sequence[SpanLike]) -> CallTimes:
     return CallTimes(tuple(getattr(s, "tag", "") or "" for s in all_reduces),
-                     tuple(_length(s.start, s.end) for s in all_reduces))
+                     float_array(_length(s.start, s.end) for s in all_reduces))
 
 
 def counted(record: Any) -> bool:
@@ -166,7 +190,7 @@ class StepFigures:
     comm_overhead_pct: float  # merged communication wall clock
     all_reduce_calls: int
     all_reduce_ms: float  # sum of raw durations; concurrent buckets each count
-    algbw_gbps: tuple[float, ...]  # per measurable all_reduce, in issue order
+    algbw_gbps: array[float]  # per measurable all_reduce, in issue order
     busbw_gbps: float | None  # median over this step; None without a world size
     samples: int
     tokens: int
@@ -194,7 +218,7 @@ def figures_and_calls(record: StepRecordLike, world_size: int | None = None) -> 
 
     ars = _all_reduces(record)
     calls = _call_times(ars)
-    alg = tuple(a for a in (algbw_gbps(s.nbytes, seconds) for s, seconds in zip(ars, calls.seconds)) if a is not None)
+    alg = float_array(a for a in (algbw_gbps(s.nbytes, seconds) for s, seconds in zip(ars, calls.seconds)) if a is not None)
     factor = bus_factor("all_reduce", world_size) if world_size is not None else None
     figures = StepFigures(
         rank=record.rank,
@@ -229,13 +253,13 @@ def summarize(report: StepReport, world_size: int) -> StepSummary:
         start=report.start, end=report.end, samples=f.samples, tokens=f.tokens,
         compute_pct=f.compute_pct, non_compute_pct=f.non_compute_pct, idle_pct=f.idle_pct,
         overlap_pct=f.overlap_pct, comm_overhead_pct=f.comm_overhead_pct, anchor=f.times.anchor,
-        busbw_gbps=f.busbw_gbps, all_reduce_tags=list(calls.tags), all_reduce_seconds=pack_floats(calls.seconds),
-        algbw_gbps=pack_floats(f.algbw_gbps), loss=report.loss, excluded=report.excluded, unresolved=report.unresolved,
+        busbw_gbps=f.busbw_gbps, all_reduce_tags=list(calls.tags), all_reduce_seconds=floats_to_wire(calls.seconds),
+        algbw_gbps=floats_to_wire(f.algbw_gbps), loss=report.loss, excluded=report.excluded, unresolved=report.unresolved,
     )
 
 
 def summary_calls(summary: StepSummary) -> CallTimes:
-    return CallTimes(tuple(summary.all_reduce_tags), unpack_floats(summary.all_reduce_seconds))
+    return CallTimes(tuple(summary.all_reduce_tags), floats_from_wire(summary.all_reduce_seconds))
 
 
 def summary_figures(summary: StepSummary, calls: CallTimes | None = None) -> StepFigures:
@@ -245,7 +269,7 @@ def summary_figures(summary: StepSummary, calls: CallTimes | None = None) -> Ste
         compute_pct=summary.compute_pct, non_compute_pct=summary.non_compute_pct, idle_pct=summary.idle_pct,
         overlap_pct=summary.overlap_pct, comm_overhead_pct=summary.comm_overhead_pct,
         all_reduce_calls=len(calls.seconds), all_reduce_ms=1000.0 * sum(calls.seconds),
-        algbw_gbps=unpack_floats(summary.algbw_gbps), busbw_gbps=summary.busbw_gbps,
+        algbw_gbps=floats_from_wire(summary.algbw_gbps), busbw_gbps=summary.busbw_gbps,
         samples=summary.samples, tokens=summary.tokens, times=StepTimes(summary.start, summary.end, summary.anchor),
     )
 

@@ -183,7 +183,7 @@ def test_empty_step_is_all_idle_with_no_comm():
     f = step_figures(record(0, 5), world_size=4)
     assert pcts(f) == approx((0, 0, 100, 0, 0))
     assert (f.all_reduce_calls, f.all_reduce_ms, f.step_ms) == (0, 0.0, approx(5))
-    assert f.algbw_gbps == () and f.busbw_gbps is None
+    assert len(f.algbw_gbps) == 0 and f.busbw_gbps is None
 
 
 def test_compute_only_step_has_zero_overlap_not_nan():
@@ -607,3 +607,21 @@ def test_both_ways_is_the_waits_and_the_waited_for_from_one_pass():
     recs = three_ranks_two_calls()
     assert waits_both_ways(calls_of(recs)) == (approx(cross_rank_waits(calls_of(recs))), approx({0: 3, 1: 6, 2: 0}))
     assert waits_both_ways(calls_of({})) == ({}, {})
+
+
+def test_a_float_ring_holds_the_last_values_oldest_first_as_it_grows_and_wraps() -> None:
+    from ddpwatch.metrics import FloatRing
+
+    ring = FloatRing(size=5)
+    assert len(ring) == 0 and list(ring.values()) == []
+    ring.extend([1.0, 2.0])
+    ring.append(3.0)
+    assert list(ring.values()) == [1.0, 2.0, 3.0]
+    ring.extend([4.0, 5.0, 6.0, 7.0])  # past the size: the oldest go
+    assert len(ring) == 5 and list(ring.values()) == [3.0, 4.0, 5.0, 6.0, 7.0]
+    ring.extend(float(v) for v in range(10, 22))  # more at once than it holds
+    assert list(ring.values()) == [17.0, 18.0, 19.0, 20.0, 21.0]
+    big = FloatRing(size=200)
+    big.extend(float(v) for v in range(150))  # grows from its first small buffer
+    big.extend(float(v) for v in range(150, 260))
+    assert list(big.values()) == [float(v) for v in range(60, 260)]

@@ -9,6 +9,7 @@ from dataclasses import replace
 from ddpwatch.receiver import ingest
 from ddpwatch.session import PackedSpans, Session
 from instrumented_ddp.protocol import Envelope, Heartbeat, Span
+from instrumented_ddp.step_figures import call_times
 from synthetic_session import hello, session_messages, step_report
 
 
@@ -155,3 +156,56 @@ def test_the_declared_world_follows_the_hellos_including_a_smaller_one_repeated(
     assert heartbeat_from(6) == "unknown_rank"
     session.ingest(Envelope(hello(1, world_size=8), 1, 2, 0))
     assert heartbeat_from(6) is None
+
+
+def test_ranks_that_issued_the_same_calls_share_one_tuple_of_tags() -> None:
+    session = Session()
+    for rank in (0, 1):
+        session.ingest(Envelope(hello(rank, "bucket"), rank, 0, 0))
+    for rank in (0, 1):
+        session.ingest(Envelope(step_report(rank, 3, "bucket"), rank, 1, 0))
+    calls = session.step_calls(3)
+    assert calls[0].tags == call_times(step_report(0, 3, "bucket")).tags
+    assert calls[0].tags is calls[1].tags
+
+
+def test_a_session_with_a_detail_window_forgets_old_steps_spans_and_durations_but_not_their_figures_or_waits() -> None:
+    from ddpwatch.session import MIN_DETAIL_STEPS
+
+    full, windowed = Session(keep_steps=100), Session(keep_steps=100, detail_rank_steps=1)
+    messages = session_messages(steps=MIN_DETAIL_STEPS + 6, world_size=3, goodbye=False)
+    ingest(full, messages)
+    ingest(windowed, messages)
+    steps = sorted(full.reports)
+    old, recent = steps[:6], steps[6:]
+    for step in steps:
+        assert windowed.step_waits(step) == full.step_waits(step)
+        for rank, figures in full.step_figures(step).items():
+            kept = windowed.step_figures(step)[rank]
+            assert replace(kept, algbw_gbps=figures.algbw_gbps) == figures
+            assert len(kept.algbw_gbps) == (0 if step in old else len(figures.algbw_gbps))
+    assert all(not windowed.has_spans(step, rank) and not windowed.step_calls(step) for step in old for rank in range(3))
+    assert all(windowed.has_spans(step, 0) and windowed.step_calls(step) == full.step_calls(step) for step in recent)
+    assert windowed.segment_figures(windowed.segments[-1]) == full.segment_figures(full.segments[-1])
+
+
+def test_spans_pinned_after_their_details_were_forgotten_come_back_with_their_durations() -> None:
+    from ddpwatch.session import MIN_DETAIL_STEPS
+    from instrumented_ddp.step_figures import summarize
+
+    session = Session(keep_steps=100, detail_rank_steps=1)
+    seq = {0: 0, 1: 0}
+
+    def send(rank: int, message: object) -> None:
+        session.ingest(Envelope(message, rank, seq[rank], 0))  # type: ignore[arg-type]
+        seq[rank] += 1
+
+    for rank in (0, 1):
+        send(rank, hello(rank, "bucket"))
+    for step in range(1, MIN_DETAIL_STEPS + 4):
+        for rank in (0, 1):
+            send(rank, summarize(step_report(rank, step, "bucket"), 2))
+    assert not session.step_calls(1) and not session.has_spans(1, 0)
+    send(0, step_report(0, 1, "bucket"))  # the user pinned step 1
+    assert session.has_spans(1, 0) and not session.has_spans(1, 1)
+    assert session.step_calls(1) == {0: call_times(step_report(0, 1, "bucket"))}

@@ -41,6 +41,7 @@ from .widgets.warnings_panel import WarningsPanel
 FRAME_INTERVAL_S = 0.1
 NOTICE_S = 10.0
 KEEP_STEPS = 120  # steps whose reports stay in memory (timeline, trends); older ones live on in the segment figures
+DETAIL_RANK_STEPS = 64 * KEEP_STEPS  # reports whose spans and all-reduce durations stay (see Session): all of 64 ranks'
 # Python's cycle collector scans every tracked object in a full pass: here ~500 ns each. With the
 # default threshold (10 younger passes) a full pass came more than once a second at 64 ranks and
 # took 40-240 ms, dropping frames. Objects made before the first frame (imports, widgets) are
@@ -78,7 +79,7 @@ class DashboardApp(App[None]):
         self.out_dir = out_dir
         self.frame_interval_s = frame_interval_s
         self.export_on_exit = export_on_exit
-        self.session = Session(keep_steps=KEEP_STEPS)
+        self.session = Session(keep_steps=KEEP_STEPS, detail_rank_steps=DETAIL_RANK_STEPS)
         self.builder = SnapshotBuilder(self.session)
         self.selected_step: int | None = None  # None: follow the latest step
         self.selected_rank: int | None = None

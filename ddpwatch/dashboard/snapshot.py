@@ -172,7 +172,6 @@ class SnapshotBuilder:
     session: Session
     _segment_rows: dict[int, tuple[float, tuple[Any, ...], SegmentRow]] = field(default_factory=dict)
     _summaries: dict[int, StepSummary] = field(default_factory=dict)
-    _waits: dict[int, tuple[int, dict[int, float], dict[int, float]]] = field(default_factory=dict)  # step -> (ranks seen, waited, waited for)
     _shown_step: tuple[Any, ...] = ()  # (step, reports, ranks drawn) the timeline and desync below were made from
     _timeline: TimelineData | None = None
     _heatmap_made: tuple[float, Any, Heatmap | None] = (0.0, None, None)  # (made at, (metric, open nodes), grid)
@@ -182,7 +181,7 @@ class SnapshotBuilder:
 
     def waits_of(self, step: int | None) -> dict[int, float]:
         """Cross-rank waits of a step's counted reports (the straggler check looks at the last
-        ten steps every frame): see ``_waits_both_ways``."""
+        ten steps every frame): see ``Session.step_waits``."""
         return self._waits_both_ways(step)[0]
 
     def waited_for_of(self, step: int) -> dict[int, float]:
@@ -190,17 +189,7 @@ class SnapshotBuilder:
         return self._waits_both_ways(step)[1]
 
     def _waits_both_ways(self, step: int | None) -> tuple[dict[int, float], dict[int, float]]:
-        """``metrics.waits_both_ways`` of a step's counted reports: one pairing pass for both,
-        made once per set of reports (at 1,024 ranks a pass is ~60 ms)."""
-        reports = self.session.reports.get(step, {}) if step is not None else {}
-        cached = self._waits.get(step)  # type: ignore[arg-type]
-        if cached is None or cached[0] != len(reports):
-            counted = self.session.counted_calls(step) if reports else {}  # type: ignore[arg-type]
-            cached = (len(reports), *(metrics.waits_both_ways(counted) if counted else ({}, {})))
-            self._waits[step] = cached  # type: ignore[index]
-            for old in [s for s in self._waits if s not in self.session.reports]:
-                del self._waits[old]
-        return cached[1], cached[2]
+        return self.session.step_waits(step) if step is not None else ({}, {})
 
     def _with_spans(self, step: int, reports: dict[int, StepReport]) -> dict[int, StepReport]:
         """The step's reports that hold spans: a rank that sent only its summary has none to draw."""

@@ -409,3 +409,18 @@ async def test_stragglers_tab_names_the_rank_the_others_waited_for_and_how_long(
         app.query_one("#side", TabbedContent).active = "stragglers-tab"
         await pilot.pause(0.2)
         assert str(app.query_one("#stragglers").render()).startswith("rank 1 (node 0): the others waited 6.0 ms a step")
+
+
+def test_a_frame_folds_in_what_its_budget_allows_and_the_next_frames_the_rest() -> None:
+    feed = StaticFeed(session_messages(steps=20))
+    app = DashboardApp(feed, export_on_exit=False)
+    feed._run()
+    app.ingest_arrived(budget_s=0.0)  # the first message always goes in: a frame never folds nothing
+    assert app.session.messages == 1
+    while app._arrivals or feed._items:
+        app.ingest_arrived(budget_s=0.001)
+    everything = DashboardApp(StaticFeed(session_messages(steps=20)), export_on_exit=False)
+    everything.feed._run()  # type: ignore[attr-defined]
+    everything.ingest_arrived()
+    assert app.session.messages == everything.session.messages == len(session_messages(steps=20))
+    assert app.session.step_figures(20) == everything.session.step_figures(20)

@@ -24,7 +24,7 @@ from ..exporters import write_exports
 from ..heatmap import HEATMAP_METRICS
 from ..session import Session
 from ..span_requests import SAMPLE_EVERY_STEPS, SpanWish
-from .feeds import Feed, ReplayFeed
+from .feeds import Arrival, Feed, ReplayFeed
 from .screens.help_screen import HelpScreen
 from .screens.strategy_picker import StrategyPicker, SwitchChoice
 from .snapshot import EVERY_RANK_IN_THE_TIMELINE_UP_TO, Snapshot, SnapshotBuilder, pick_timeline_ranks
@@ -39,6 +39,7 @@ from .widgets.timeline_view import TimelineView
 from .widgets.warnings_panel import WarningsPanel
 
 FRAME_INTERVAL_S = 0.1
+INGEST_BUDGET_S = 0.06  # a frame folds in messages for at most this long (see ingest_arrived)
 NOTICE_S = 10.0
 KEEP_STEPS = 120  # steps whose reports stay in memory (timeline, trends); older ones live on in the segment figures
 DETAIL_RANK_STEPS = 64 * KEEP_STEPS  # reports whose spans and all-reduce durations stay (see Session): all of 64 ranks'
@@ -90,6 +91,7 @@ class DashboardApp(App[None]):
         self.notices: deque[tuple[float, str]] = deque(maxlen=6)
         self.frames = 0
         self.frame_seconds = 0.0
+        self._arrivals: deque[Arrival] = deque()  # drained from the feed, not folded in yet
 
     def compose(self) -> ComposeResult:
         # Kept as attributes: the frame timer draws into them even while a modal screen is on top.
@@ -137,17 +139,27 @@ class DashboardApp(App[None]):
             write_exports(self.session, self.out_dir)
 
     # -- the frame ---------------------------------------------------------------------------------
-    def ingest_arrived(self) -> None:
-        for arrived_at, item in self.feed.drain():
+    def ingest_arrived(self, budget_s: float | None = None) -> None:
+        """Fold in what arrived; with ``budget_s``, only as much as that time allows, the rest
+        at the next frames. A 1,024-rank job's sampled full step (every rank's spans at once,
+        about a second of folding) then slows the frames for a while instead of freezing the
+        screen; each message is dated by its arrival, so a late fold does not make a rank look
+        alive longer."""
+        self._arrivals.extend(self.feed.drain())
+        deadline = None if budget_s is None else time.perf_counter() + budget_s
+        while self._arrivals:  # at least one a frame, however small the budget
+            arrived_at, item = self._arrivals.popleft()
             if isinstance(item, Envelope):
                 if self.session.ingest(item, arrived_at) is None and isinstance(item.message, Ack):
                     self._acknowledged(item.message)
             else:
                 self.session.reject(item.category)
+            if deadline is not None and time.perf_counter() >= deadline:
+                return
 
     def refresh_frame(self) -> None:
         started = time.perf_counter()
-        self.ingest_arrived()
+        self.ingest_arrived(INGEST_BUDGET_S)
         self.snapshot = snapshot = self.builder.build(self.selected_step, heatmap_metric=self.heatmap_metric,
                                                       open_nodes=self.open_nodes, selected_rank=self.selected_rank)
         self.header_bar.show(snapshot.header, self.feed.description)

@@ -121,7 +121,7 @@ def paced_sender(address: str, ranks: list[int], world: int, steps: int, step_s:
     for rank in simulated:
         rank.read_requests()
         rank.send(Goodbye(rank.rank, steps))
-    sent.put((sum(r.sent for r in simulated), sum(r.policy.summaries for r in simulated)))
+    sent.put((sum(r.sent for r in simulated), sum(r.policy.summaries for r in simulated), time.process_time()))
     context.destroy(linger=5000)
 
 
@@ -145,7 +145,7 @@ async def watch(args: argparse.Namespace, directory: Path) -> None:
     for process in senders:  # before the app takes the terminal: they connect once it listens
         process.start()
     async with app.run_test(size=(200, 60)) as pilot:
-        started, samples = time.monotonic(), []
+        started, samples, cpu_started = time.monotonic(), [], time.process_time()
         while any(p.is_alive() for p in senders) or not app.session.finished:
             await pilot.pause(5.0)
             samples.append((time.monotonic() - started, rss_mib(), app.frames, app.frame_seconds))
@@ -155,8 +155,9 @@ async def watch(args: argparse.Namespace, directory: Path) -> None:
         for process in senders:
             process.join(5)
         elapsed = time.monotonic() - started
+        dashboard_cpu = time.process_time() - cpu_started
         session = app.session
-        sent, summaries = sum(t[0] for t in totals), sum(t[1] for t in totals)
+        sent, summaries, senders_cpu = (sum(t[i] for t in totals) for i in range(3))
         spans = sum(len(r.spans) for ranks in session.reports.values() for r in ranks.values())
         print(f"ddpwatch dashboard under load: {args.ranks} ranks x {steps} steps, one every {args.step_s:g} s, "
               f"{args.collectives} all-reduces a step")
@@ -164,8 +165,11 @@ async def watch(args: argparse.Namespace, directory: Path) -> None:
               f"{session.messages / elapsed:,.0f}/s; steps sent as summaries {summaries:,} of {args.ranks * steps:,}, "
               f"spans sent after their summary (pinned) {session.details:,}; "
               f"rejected {sum(session.rejected.values())}, lost {sum(s.lost_messages for s in session.ranks.values())}")
+        print(f"  CPU                 dashboard {dashboard_cpu / elapsed:.0%} of a core, its {args.senders} senders "
+              f"{senders_cpu / elapsed:.0%} (the ranks' share of the work: summaries, encoding)")
         print(f"  frames              {app.frames} = {app.frames / elapsed:.1f}/s, our frame code "
-              f"{1000 * app.frame_seconds / max(app.frames, 1):.1f} ms on average")
+              f"{1000 * app.frame_seconds / max(app.frames, 1):.1f} ms on average, of which folding in arrivals "
+              f"{1000 * app.ingest_seconds / max(app.frames, 1):.1f} ms; left to fold at the end {len(app._arrivals):,}")
         print(f"  steps kept in memory {len(session.reports)} (spans {spans:,}); session file "
               f"{(directory / 'session.ddpwatch').stat().st_size / 2**20:.1f} MiB")
         print("  RSS over the run     " + ", ".join(f"{t:.0f}s {rss:.0f} MiB" for t, rss, _, _ in samples))

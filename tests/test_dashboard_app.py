@@ -424,3 +424,15 @@ def test_a_frame_folds_in_what_its_budget_allows_and_the_next_frames_the_rest() 
     everything.ingest_arrived()
     assert app.session.messages == everything.session.messages == len(session_messages(steps=20))
     assert app.session.step_figures(20) == everything.session.step_figures(20)
+
+
+@pytest.mark.parametrize("world_size", [2, 6])
+def test_a_few_lost_ranks_are_warned_of_one_by_one_and_many_in_one_line(world_size: int) -> None:
+    session = Session()
+    ingest(session, session_messages(steps=2, world_size=world_size, goodbye=False))
+    later = max(state.last_seen for state in session.ranks.values()) + 10.0
+    lost = [w for w in SnapshotBuilder(session).build(now=later).warnings if "lost" in w]
+    if world_size == 2:
+        assert lost == ["rank 0 lost: nothing heard from it for 10.0 s", "rank 1 lost: nothing heard from it for 10.0 s"]
+    else:
+        assert lost == ["6 ranks lost: nothing heard from them for 10-10 s: ranks 0-5"]

@@ -10,16 +10,19 @@ from __future__ import annotations
 import time
 from collections.abc import Collection
 from dataclasses import dataclass, field, replace
+from itertools import islice
 from typing import Any, NamedTuple
 
 from ddpwatch import metrics
 from ddpwatch.heatmap import Heatmap, build_heatmap
+from ddpwatch.rank_lists import FEW_RANKS, ranks_text
 from ddpwatch.session import Segment, Session
 from instrumented_ddp.protocol import COMM_KINDS, COMPUTE_KINDS, StepReport
 
 SEGMENT_REFRESH_S = 1.0
 HEATMAP_REFRESH_S = 1.0
 TREND_POINTS = 120
+DEVICE_REFRESH_S = 1.0  # a rank's device series is remade at most this often
 HEATMAP_STEPS = 60  # recent steps the heatmap holds; it draws as many as fit
 EVERY_RANK_A_ROW_UP_TO = 32  # ranks; a larger job's heatmap starts one row per node
 TOP_STRAGGLERS = 8  # ranks listed in the stragglers tab
@@ -176,7 +179,7 @@ class SnapshotBuilder:
     _timeline: TimelineData | None = None
     _heatmap_made: tuple[float, Any, Heatmap | None] = (0.0, None, None)  # (made at, (metric, open nodes), grid)
     _desync: metrics.Desync | None = None
-    _devices: dict[int, tuple[float, DeviceSeries]] = field(default_factory=dict)  # rank -> (newest sample, series)
+    _devices: dict[int, tuple[float, float, DeviceSeries]] = field(default_factory=dict)  # rank -> (newest sample, made at, series)
     _rate: tuple[float, tuple[StepSummary, ...], tuple[float, float | None]] = (0.0, (), (0.0, None))  # (made at, from, result)
 
     def waits_of(self, step: int | None) -> dict[int, float]:
@@ -234,7 +237,7 @@ class SnapshotBuilder:
             header=self._header(step, selected_step is None or selected_step == latest, trend, now),
             timeline=self._timeline,
             ranks=tuple(self._rank_row(rank, figures.get(rank), waits.get(rank), now) for rank in sorted(session.ranks)),
-            devices=tuple(self._device_series(rank) for rank in sorted(session.ranks)),
+            devices=tuple(self._device_series(rank, now) for rank in sorted(session.ranks)),
             loss=tuple(s.loss for s in trend if s.loss is not None),
             step_ms=tuple(s.step_ms for s in trend if s.ranks),
             segments=tuple(self._segment_row(segment, now) for segment in session.segments),
@@ -312,19 +315,20 @@ class SnapshotBuilder:
             dropped=state.sender_dropped + state.lost_messages,
         )
 
-    def _device_series(self, rank: int) -> DeviceSeries:
-        """Rebuilt only when the rank sent a new sample."""
+    def _device_series(self, rank: int, now: float) -> DeviceSeries:
+        """Rebuilt when the rank sent a new sample, at most once a second (a rank samples at
+        5 Hz: at 1,024 ranks, rebuilding every series every frame took 40 ms of it)."""
         devices = self.session.ranks[rank].devices
         newest = devices[-1].time if devices else -1.0
         cached = self._devices.get(rank)
-        if cached is not None and cached[0] == newest:
-            return cached[1]
-        samples = list(devices)[-TREND_POINTS:]
+        if cached is not None and (cached[0] == newest or now - cached[1] < DEVICE_REFRESH_S):
+            return cached[2]
+        samples = list(islice(reversed(devices), TREND_POINTS))[::-1]
         gpu = bool(samples) and samples[-1].kind == "gpu"
         key = "gpu_util_pct" if gpu else "process_cpu_pct"
         values = tuple(s.readings[key] for s in samples if key in s.readings)
         series = DeviceSeries(rank, "GPU util %" if gpu else "CPU % (no GPU)", values)
-        self._devices[rank] = (newest, series)
+        self._devices[rank] = (newest, now, series)
         return series
 
     def _segment_row(self, segment: Segment, now: float) -> SegmentRow:
@@ -351,20 +355,24 @@ class SnapshotBuilder:
         desync = self._desync_range(step)
         if desync is not None:
             lines.append(desync.describe())
-        for rank in sorted(session.ranks):
-            if session.status(rank, now) == "lost":
-                silent = now - session.ranks[rank].last_seen
-                lines.append(f"rank {rank} lost: nothing heard from it for {silent:.1f} s")
+        lines += self._lost_ranks(now)
         straggler = self._straggler(step)
         if straggler is not None:
             lines.append(straggler.describe())
-        for rank, state in sorted(session.ranks.items()):
-            if state.unresolved:
-                lines.append(f"rank {rank}: {state.unresolved} step{'s' if state.unresolved != 1 else ''} sent unresolved "
-                             "(timing marks never completed; left out of the figures)")
+        unresolved = {rank: state.unresolved for rank, state in sorted(session.ranks.items()) if state.unresolved}
+        if len(unresolved) > FEW_RANKS:
+            lines.append(f"{len(unresolved)} ranks sent {sum(unresolved.values())} steps unresolved (timing marks never "
+                         f"completed; left out of the figures): ranks {ranks_text(unresolved)}")
+        for rank, n in unresolved.items() if len(unresolved) <= FEW_RANKS else ():
+            lines.append(f"rank {rank}: {n} step{'s' if n != 1 else ''} sent unresolved "
+                         "(timing marks never completed; left out of the figures)")
         dropped = {r: s.sender_dropped for r, s in session.ranks.items() if s.sender_dropped}
         lost = {r: s.lost_messages for r, s in session.ranks.items() if s.lost_messages}
-        if dropped or lost:
+        if len(dropped) + len(lost) > FEW_RANKS:
+            parts = [f"{sum(d.values())} {what} by {len(d)} rank{'s' if len(d) != 1 else ''} ({ranks_text(d)})"
+                     for d, what in ((dropped, "discarded"), (lost, "lost in transit")) if d]
+            lines.append("telemetry dropped: " + ", ".join(parts) + " (training was not slowed)")
+        elif dropped or lost:
             parts = [f"rank {r} discarded {n}" for r, n in sorted(dropped.items())]
             parts += [f"{n} from rank {r} lost in transit" for r, n in sorted(lost.items())]
             lines.append("telemetry dropped: " + ", ".join(parts) + " (training was not slowed)")
@@ -373,6 +381,17 @@ class SnapshotBuilder:
             kinds = ", ".join(f"{n} {k}" for k, n in sorted(session.rejected.items()))
             lines.append(f"rejected {rejected} malformed message(s): {kinds}")
         return lines
+
+    def _lost_ranks(self, now: float) -> list[str]:
+        """A line per lost rank, or one line for many (a node gone takes eight at once, and a
+        thousand lines would each change every frame)."""
+        session = self.session
+        silent = {rank: now - state.last_seen for rank, state in sorted(session.ranks.items())
+                  if session.status(rank, now) == "lost"}
+        if len(silent) <= FEW_RANKS:
+            return [f"rank {rank} lost: nothing heard from it for {s:.1f} s" for rank, s in silent.items()]
+        return [f"{len(silent)} ranks lost: nothing heard from them for {min(silent.values()):.0f}-"
+                f"{max(silent.values()):.0f} s: ranks {ranks_text(silent)}"]
 
     def _notes(self) -> list[str]:
         """Not faults: reports that came late (heartbeats run ahead of reports still resolving),

@@ -329,7 +329,7 @@ class Session:
             (figures, calls), report = metrics.figures_and_calls(message, self.world_size), message
         if metrics.counted(message):
             self._figures.setdefault(message.step, {})[message.rank] = figures
-        if report.step not in self._calls:
+        if report.step not in self._calls and self.detail_rank_steps is not None:
             self._detail_steps.append(report.step)
         self._calls.setdefault(report.step, {})[report.rank] = calls._replace(tags=self._shared(calls.tags))
         self._times.setdefault(report.step, {})[report.rank] = figures.times
@@ -352,7 +352,7 @@ class Session:
         self._forget_old_details()
 
     def _forget_old_details(self) -> None:
-        if self.detail_rank_steps is None:
+        if self.detail_rank_steps is None:  # then nothing is queued in ``_detail_steps``
             return
         keep = max(MIN_DETAIL_STEPS, self.detail_rank_steps // max(self.world_size, 1))
         while len(self._detail_steps) > keep and self._detail_steps[0] in self._folded_steps:
@@ -360,8 +360,7 @@ class Session:
 
     def _forget_details(self, step: int) -> None:
         """Drop a folded step's spans, durations and bandwidths; its waits are made first."""
-        if step not in self.reports:
-            self._calls.pop(step, None)
+        if step not in self.reports:  # forgotten whole already (``keep_steps``)
             return
         self.step_waits(step)
         self._calls.pop(step, None)

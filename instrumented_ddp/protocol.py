@@ -12,7 +12,9 @@ from __future__ import annotations
 import functools
 import json
 import math
-import struct
+import sys
+from array import array
+from collections.abc import Iterable
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, ClassVar, NamedTuple
 
@@ -206,14 +208,21 @@ MESSAGE_TYPES: dict[str, type] = {cls.TYPE: cls for cls in (
 MAX_REQUESTED_STEPS = 64  # steps one SpanRequest may name
 
 
-def pack_floats(values: Any) -> bytes:
+def pack_floats(values: Iterable[float]) -> bytes:
     """Little-endian float64, whatever the host's byte order."""
-    values = tuple(values)
-    return struct.pack(f"<{len(values)}d", *values)
+    packed = array("d", values)
+    if sys.byteorder == "big":
+        packed.byteswap()
+    return packed.tobytes()
 
 
-def unpack_floats(data: bytes) -> tuple[float, ...]:
-    return struct.unpack(f"<{len(data) // 8}d", data)
+def unpack_floats(data: bytes) -> array[float]:
+    """``pack_floats`` undone, as C doubles: a listener keeps a 1,024-rank job's durations without
+    making a Python float of each. ``data``'s length must be a multiple of 8."""
+    values = array("d", data)
+    if sys.byteorder == "big":
+        values.byteswap()
+    return values
 
 
 @dataclass(frozen=True)

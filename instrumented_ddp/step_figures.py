@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import math
 import statistics
-import sys
 from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
 from .intervals import clip, intersect, subtract, total_length, union
-from .protocol import StepReport, StepSummary
+from .protocol import StepReport, StepSummary, pack_floats, unpack_floats
 
 COMPUTE_KINDS = frozenset({"forward", "backward", "optimizer"})
 COMM_KINDS = frozenset({"all_reduce", "broadcast"})
@@ -83,22 +82,6 @@ def float_array(values: Iterable[float]) -> array[float]:
     """Durations and bandwidths are kept as C doubles: a listener holds a step's 300 all-reduces
     for 1,024 ranks and 120 steps (as Python floats in tuples, ~2 GiB; as arrays, 8 bytes each)."""
     return array("d", values)
-
-
-def floats_from_wire(data: bytes) -> array[float]:
-    """A ``StepSummary``'s packed little-endian float64 (``protocol.pack_floats``), without making
-    a Python float of each."""
-    values = array("d", data[: len(data) - len(data) % 8])
-    if sys.byteorder == "big":
-        values.byteswap()
-    return values
-
-
-def floats_to_wire(values: array[float]) -> bytes:
-    if sys.byteorder == "big":
-        values = array("d", values)
-        values.byteswap()
-    return values.tobytes()
 
 
 class CallTimes(NamedTuple):
@@ -253,13 +236,13 @@ def summarize(report: StepReport, world_size: int) -> StepSummary:
         start=report.start, end=report.end, samples=f.samples, tokens=f.tokens,
         compute_pct=f.compute_pct, non_compute_pct=f.non_compute_pct, idle_pct=f.idle_pct,
         overlap_pct=f.overlap_pct, comm_overhead_pct=f.comm_overhead_pct, anchor=f.times.anchor,
-        busbw_gbps=f.busbw_gbps, all_reduce_tags=list(calls.tags), all_reduce_seconds=floats_to_wire(calls.seconds),
-        algbw_gbps=floats_to_wire(f.algbw_gbps), loss=report.loss, excluded=report.excluded, unresolved=report.unresolved,
+        busbw_gbps=f.busbw_gbps, all_reduce_tags=list(calls.tags), all_reduce_seconds=pack_floats(calls.seconds),
+        algbw_gbps=pack_floats(f.algbw_gbps), loss=report.loss, excluded=report.excluded, unresolved=report.unresolved,
     )
 
 
 def summary_calls(summary: StepSummary) -> CallTimes:
-    return CallTimes(tuple(summary.all_reduce_tags), floats_from_wire(summary.all_reduce_seconds))
+    return CallTimes(tuple(summary.all_reduce_tags), unpack_floats(summary.all_reduce_seconds))
 
 
 def summary_figures(summary: StepSummary, calls: CallTimes | None = None) -> StepFigures:
@@ -269,7 +252,7 @@ def summary_figures(summary: StepSummary, calls: CallTimes | None = None) -> Ste
         compute_pct=summary.compute_pct, non_compute_pct=summary.non_compute_pct, idle_pct=summary.idle_pct,
         overlap_pct=summary.overlap_pct, comm_overhead_pct=summary.comm_overhead_pct,
         all_reduce_calls=len(calls.seconds), all_reduce_ms=1000.0 * sum(calls.seconds),
-        algbw_gbps=floats_from_wire(summary.algbw_gbps), busbw_gbps=summary.busbw_gbps,
+        algbw_gbps=unpack_floats(summary.algbw_gbps), busbw_gbps=summary.busbw_gbps,
         samples=summary.samples, tokens=summary.tokens, times=StepTimes(summary.start, summary.end, summary.anchor),
     )
 

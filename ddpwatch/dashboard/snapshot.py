@@ -363,9 +363,9 @@ class SnapshotBuilder:
         if len(unresolved) > FEW_RANKS:
             lines.append(f"{len(unresolved)} ranks sent {sum(unresolved.values())} steps unresolved (timing marks never "
                          f"completed; left out of the figures): ranks {ranks_text(unresolved)}")
-        for rank, n in unresolved.items() if len(unresolved) <= FEW_RANKS else ():
-            lines.append(f"rank {rank}: {n} step{'s' if n != 1 else ''} sent unresolved "
-                         "(timing marks never completed; left out of the figures)")
+        else:
+            lines += [f"rank {rank}: {n} step{'s' if n != 1 else ''} sent unresolved "
+                      "(timing marks never completed; left out of the figures)" for rank, n in unresolved.items()]
         dropped = {r: s.sender_dropped for r, s in session.ranks.items() if s.sender_dropped}
         lost = {r: s.lost_messages for r, s in session.ranks.items() if s.lost_messages}
         if len(dropped) + len(lost) > FEW_RANKS:

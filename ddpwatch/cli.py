@@ -49,7 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     doctor = commands.add_parser("doctor", help="check ddpwatch's GPU figures on this machine against torch.profiler, NVML, overhead")
     doctor.add_argument("--strategies", default="bucket,ddp", help="strategies of the profiled runs (comma-separated)")
-    doctor.add_argument("--overhead-steps", type=int, default=20, help="timed steps per mode in the overhead checks")
+    doctor.add_argument("--overhead-steps", type=int, default=20, help="timed steps per mode in the overhead checks (0: none)")
+    doctor.add_argument("--ranks", type=int, help="ranks of the profiled runs (default: one per GPU, at most 2); "
+                        "more than the GPUs share them, to see collectives on a one-GPU machine")
     doctor.add_argument("--keep", type=Path, help="keep each run's session and profiler traces here")
 
     summary = commands.add_parser("summary", help="print the comparison table of a recorded session")
@@ -165,10 +167,12 @@ def run_doctor(args: argparse.Namespace) -> int:
     strategies = [name.strip() for name in args.strategies.split(",") if name.strip()]
     if not strategies or any(name not in STRATEGY_NAMES for name in strategies):
         raise ValueError(f"--strategies takes names from {', '.join(STRATEGY_NAMES)}, not {args.strategies!r}")
-    if args.overhead_steps < 4:
-        raise ValueError("--overhead-steps must be at least 4")
+    if args.overhead_steps != 0 and args.overhead_steps < 4:
+        raise ValueError("--overhead-steps must be 0 (no overhead runs) or at least 4")
+    if args.ranks is not None and not 1 <= args.ranks <= 8:
+        raise ValueError(f"--ranks must be 1 to 8, not {args.ranks}")
     try:
-        return doctor(strategies, args.overhead_steps, args.keep)
+        return doctor(strategies, args.overhead_steps, args.keep, args.ranks)
     except RuntimeError as error:  # the probe or a run failed outright
         print(f"ddpwatch doctor: error: {error}", file=sys.stderr)
         return 2

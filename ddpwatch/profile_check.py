@@ -406,6 +406,7 @@ class PairedCollective:
     ddpwatch_ms: float
     profiler_ms: float
     end_difference_us: float  # kernel end - shifted span end, under the step's offset
+    start_difference_us: float = 0.0  # kernel start - shifted span start: NCCL's launch lead, a late start
 
     @property
     def error(self) -> float:
@@ -512,7 +513,8 @@ def _compare_step(trace: ProfilerTrace, report: StepReport, number: int, offset_
     for kind, (ss, ks) in sorted(_by_kind_sorted(spans, inside).items()):
         for index, (span, kernel) in enumerate(_pair(ss, ks, offset_us), start=1):
             pairs.append(PairedCollective(report.step, kind, index, span.duration * 1e3, kernel.duration_us / 1e3,
-                                          kernel.end_us - (span.end * _US_PER_S + offset_us)))
+                                          kernel.end_us - (span.end * _US_PER_S + offset_us),
+                                          kernel.start_us - (span.start * _US_PER_S + offset_us)))
     ours = step_figures(report)
     theirs = step_figures(_kernel_report(report, trace.kernels, offset_us))
     window = trace.steps[number]

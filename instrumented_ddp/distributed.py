@@ -7,7 +7,9 @@ checksum and the telemetry run one code path whatever the world size.
 from __future__ import annotations
 
 import os
+import socket
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -39,6 +41,26 @@ def resolve_device(choice: str, local_rank: int) -> torch.device:
     return torch.device("cuda", local_rank % torch.cuda.device_count())
 
 
+def gpu_sharing_env(local_rank: int, local_world_size: int, world_size: int, device_count: int,
+                    environ: Mapping[str, str], hostname: str) -> dict[str, str]:
+    """The environment that lets more ranks than GPUs on a node run NCCL, or ``{}`` if none is needed.
+
+    NCCL refuses two ranks of one communicator on one GPU ("Duplicate GPU detected"), judging
+    "one GPU" by bus id on one host, and a host by ``NCCL_HOSTID`` where that is set. So each
+    rank that shares a GPU is given its own host id: NCCL then joins the ranks through its
+    socket transport, as if they were on different machines, and the GPU time-slices their
+    kernels. Right for checking what is counted and timed (``ddpwatch doctor --ranks 2`` on a
+    one-GPU machine), wrong for judging speed. One node only talks over loopback; a user's own
+    ``NCCL_HOSTID`` or ``NCCL_SOCKET_IFNAME`` is kept.
+    """
+    if device_count < 1 or local_world_size <= device_count or "NCCL_HOSTID" in environ:
+        return {}
+    sharing = {"NCCL_HOSTID": f"{hostname}-ddpwatch-local-rank-{local_rank}"}
+    if world_size == local_world_size and "NCCL_SOCKET_IFNAME" not in environ:
+        sharing["NCCL_SOCKET_IFNAME"] = "lo"
+    return sharing
+
+
 def launched_by_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
@@ -50,6 +72,14 @@ def init_distributed(device_choice: str = "auto", timeout_s: float = 300.0) -> D
     backend = "nccl" if device.type == "cuda" else "gloo"
     if device.type == "cuda":
         torch.cuda.set_device(device)
+        local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        sharing = gpu_sharing_env(local_rank, local_world_size, int(os.environ.get("WORLD_SIZE", "1")),
+                                  torch.cuda.device_count(), os.environ, socket.gethostname())
+        os.environ.update(sharing)
+        if sharing and local_rank == 0:
+            print(f"{local_world_size} ranks share {torch.cuda.device_count()} GPU(s) on this node: each rank is its own "
+                  "NCCL host (NCCL_HOSTID), so collectives go through sockets and kernels time-slice - "
+                  "right for checking ddpwatch's counts and timings, not for speed", file=sys.stderr, flush=True)
     timeout = timedelta(seconds=timeout_s)
     if launched_by_torchrun():
         dist.init_process_group(backend, timeout=timeout)

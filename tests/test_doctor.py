@@ -118,18 +118,41 @@ def _probe(devices: int) -> dict[str, Any]:
             "nvml": {"note": "", "samples": [busy_sample()]}, "sync_check": {"steps": 8, "syncs": 0, "examples": []}}
 
 
-@pytest.mark.parametrize(("devices", "failing", "status"), [(2, (), 0), (2, ("Compute%",), 1), (1, ("Overlap%",), 0)])
-def test_doctor_runs_both_timing_modes_on_two_gpus_and_exits_by_the_verdict(
-        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], devices: int, failing: tuple[str, ...], status: int) -> None:
-    runs: list[tuple[int, str, bool]] = []
+def test_ranks_sharing_a_gpu_report_its_time_figures_unchecked_and_check_the_collectives() -> None:
+    shared = profile_sections("2 ranks sharing 1 GPU(s) bucket", [comparison(0, "Compute%", "Overlap%")], world_size=2,
+                              sharing_gpus=True)
+    assert [c.name for c in shared[0].checks] == ["profiled steps reported", "collectives per step", "collective duration",
+                                                  "device syncs per step"]
+    assert shared[0].passed and sum("time-slice one GPU" in note for note in shared[0].notes) == 2
+    (failing,) = profile_sections("2 ranks sharing 1 GPU(s) bucket", [comparison(0, "collective duration")], world_size=2,
+                                  sharing_gpus=True)
+    assert not failing.passed
 
-    unwatched = {rank: {3: ("cudaStreamSynchronize",)} for rank in range(devices)}
 
-    def fake_unwatched(workdir: Path, world_size: int, strategy: str) -> dict[int, dict[int, tuple[str, ...]]]:
+def test_ranks_sharing_a_gpu_split_its_batch() -> None:
+    assert doctor_module.batch_per_rank(2, 2) == doctor_module.BATCH_PER_RANK
+    assert doctor_module.batch_per_rank(2, 1) == doctor_module.BATCH_PER_RANK // 2
+    assert doctor_module.batch_per_rank(3, 2) == doctor_module.BATCH_PER_RANK // 2
+
+
+@pytest.mark.parametrize(("devices", "ranks", "failing", "status"),
+                         [(2, None, (), 0), (2, None, ("Compute%",), 1), (1, None, ("Overlap%",), 0),
+                          (1, 2, ("Compute%",), 0), (1, 2, ("collectives per step",), 1)])
+def test_doctor_runs_both_timing_modes_on_two_ranks_and_exits_by_the_verdict(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], devices: int, ranks: int | None,
+        failing: tuple[str, ...], status: int) -> None:
+    runs: list[tuple[int, str, bool | None]] = []
+
+    world = ranks or devices
+    unwatched = {rank: {3: ("cudaStreamSynchronize",)} for rank in range(world)}
+
+    def fake_unwatched(workdir: Path, world_size: int, gpus: int, strategy: str) -> dict[int, dict[int, tuple[str, ...]]]:
+        assert gpus == devices
         runs.append((world_size, strategy, None))
         return unwatched
 
-    def fake_run(workdir: Path, world_size: int, strategy: str, nccl_timing: bool, reference: Any) -> list[RankComparison]:
+    def fake_run(workdir: Path, world_size: int, gpus: int, strategy: str, nccl_timing: bool,
+                 reference: Any) -> list[RankComparison]:
         assert reference is unwatched  # each watched run's syncs are held against the unwatched twin
         runs.append((world_size, strategy, nccl_timing))
         return [comparison(rank, *failing) for rank in range(world_size)]
@@ -142,13 +165,28 @@ def test_doctor_runs_both_timing_modes_on_two_gpus_and_exits_by_the_verdict(
     monkeypatch.setattr(doctor_module, "unwatched_syncs", fake_unwatched)
     monkeypatch.setattr(doctor_module, "profiled_run", fake_run)
     monkeypatch.setattr(doctor_module, "run_overhead", fake_overhead)
-    assert doctor_module.doctor(["bucket"]) == status
-    expected_runs = ([(2, "bucket", None), (2, "bucket", True), (2, "bucket", False)] if devices == 2
+    assert doctor_module.doctor(["bucket"], ranks=ranks) == status
+    expected_runs = ([(2, "bucket", None), (2, "bucket", True), (2, "bucket", False)] if world == 2
                      else [(1, "bucket", None), (1, "bucket", True)])
     assert runs == expected_runs
     out = capsys.readouterr().out
     assert "NVIDIA H100 80GB HBM3" in out and ("verdict: PASS" in out) == (status == 0)
     assert "tiny model, every kernel a launch" in out and "hook 1.044" in out
+    assert ("2 ranks sharing 1 GPU(s) bucket, NCCL timing off, rank 1" in out) == (ranks == 2)
+
+
+def test_doctor_without_overhead_steps_runs_no_overhead(monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(doctor_module, "run_probe", lambda: _probe(1))
+    monkeypatch.setattr(doctor_module, "unwatched_syncs", lambda *args: {})
+    monkeypatch.setattr(doctor_module, "profiled_run", lambda *args: [comparison(0)])
+
+    def no_overhead(*args: Any) -> str:
+        raise AssertionError("overhead ran with overhead_steps=0")
+
+    monkeypatch.setattr(doctor_module, "run_overhead", no_overhead)
+    assert doctor_module.doctor(["bucket"], overhead_steps=0) == 0
+    assert "overhead" not in capsys.readouterr().out
 
 
 def test_doctor_on_a_machine_without_a_gpu_says_so_in_one_line() -> None:
@@ -156,3 +194,12 @@ def test_doctor_on_a_machine_without_a_gpu_says_so_in_one_line() -> None:
                             timeout=120)
     assert result.returncode == 2
     assert result.stdout.strip().count("\n") == 0 and "no CUDA GPU on this machine" in result.stdout
+
+
+@pytest.mark.parametrize("argv", [["--ranks", "0"], ["--overhead-steps", "2"]])
+def test_doctor_refuses_a_bad_flag_in_one_line(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    from ddpwatch.cli import main
+
+    assert main(["doctor", *argv]) != 0
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and argv[0] in err

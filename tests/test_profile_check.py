@@ -242,7 +242,7 @@ def test_a_faithful_run_passes_every_check() -> None:
         assert row.syncs == ()
     # 3 ms and 1 ms on both sides, kernel ends exactly where ddpwatch's spans end.
     assert sorted({(round(p.ddpwatch_ms, 6), round(p.profiler_ms, 6)) for p in result.pairs}) == [(1.0, 1.0), (3.0, 3.0)]
-    assert all(abs(p.end_difference_us) < 1e-3 for p in result.pairs)
+    assert all(abs(p.end_difference_us) < 1e-3 and abs(p.start_difference_us) < 1e-3 for p in result.pairs)
     text = render_checks([result])
     assert "verdict: PASS - all 6 checks held on 1 rank(s)" in text
     assert "FAIL" not in text
@@ -337,6 +337,18 @@ def test_a_duration_30_percent_off_fails_only_the_duration() -> None:
     assert duration.ddpwatch == pytest.approx(1.3) and duration.profiler == pytest.approx(1.0)
     assert "step 5 all_reduce #2 (+30.0 %)" in duration.detail  # the 2nd all-reduce of step 5, in order of end
     assert "1 outside" in duration.detail
+    (late,) = [p for p in result.pairs if p.step == 5 and p.index == 2]
+    assert late.start_difference_us == pytest.approx(300.0) and late.end_difference_us == pytest.approx(0.0, abs=1e-3)
+
+
+def test_a_short_collective_within_the_floor_passes() -> None:
+    """The same 0.3 ms too early a start, with a floor of 500 µs: an absolute difference under the
+    floor passes whatever its share (NCCL's start event leads its kernel by tens of µs)."""
+    spans = standard_spans(5)
+    spans[3] = spans[3]._replace(start=sec(5, 6.7))
+    result = compare_rank(parse_trace(standard_trace()), replace_report(standard_reports(), report(5, spans)),
+                          duration_floor_us=500.0)
+    assert checks(result)["collective duration"].passed
 
 
 def test_a_compute_share_8_points_off_fails_only_compute() -> None:

@@ -187,8 +187,9 @@ async def watch(args: argparse.Namespace, directory: Path) -> None:
         print(f"  CPU                 dashboard {dashboard_cpu / elapsed:.0%} of a core, its {args.senders} senders "
               f"{senders_cpu / elapsed:.0%} (the ranks' share of the work: summaries, encoding)")
         print(f"  frames              {app.frames} = {app.frames / elapsed:.1f}/s, our frame code "
-              f"{1000 * app.frame_seconds / max(app.frames, 1):.1f} ms on average, of which folding in arrivals "
-              f"{1000 * app.ingest_seconds / max(app.frames, 1):.1f} ms; left to fold at the end {len(app._arrivals):,}")
+              f"{1000 * app.frame_seconds / max(app.frames, 1):.1f} ms on average; left to fold at the end {len(app._arrivals):,}")
+        print("  frame code by part  " + ", ".join(f"{part} {1000 * seconds / max(app.frames, 1):.1f} ms"
+                                                  for part, seconds in app.frame_parts.items()))
         print(f"  steps kept in memory {len(session.reports)} (spans {spans:,}); session file "
               f"{(directory / 'session.ddpwatch').stat().st_size / 2**20:.1f} MiB")
         print("  RSS over the run     " + ", ".join(f"{t:.0f}s {rss:.0f} MiB" for t, rss, _, _ in samples))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import gc
 import time
-from collections import deque
+from collections import Counter, deque
 from pathlib import Path
 
 from textual.app import App, ComposeResult
@@ -91,7 +91,7 @@ class DashboardApp(App[None]):
         self.notices: deque[tuple[float, str]] = deque(maxlen=6)
         self.frames = 0
         self.frame_seconds = 0.0  # our code's time in frames (bench/dashboard_load.py reports it) ...
-        self.ingest_seconds = 0.0  # ... of which folding in arrivals
+        self.frame_parts: Counter[str] = Counter()  # ... by part: "ingest", "build", then each panel's show
         self._arrivals: deque[Arrival] = deque()  # drained from the feed, not folded in yet
 
     def compose(self) -> ComposeResult:
@@ -159,24 +159,40 @@ class DashboardApp(App[None]):
                 return
 
     def refresh_frame(self) -> None:
-        started = time.perf_counter()
+        started = clock = time.perf_counter()
+        parts = self.frame_parts
+
+        def timed(part: str) -> None:
+            nonlocal clock
+            now = time.perf_counter()
+            parts[part] += now - clock
+            clock = now
+
         self.ingest_arrived(INGEST_BUDGET_S)
-        self.ingest_seconds += time.perf_counter() - started
+        timed("ingest")
         self.snapshot = snapshot = self.builder.build(self.selected_step, heatmap_metric=self.heatmap_metric,
                                                       open_nodes=self.open_nodes, selected_rank=self.selected_rank)
+        timed("build")
         self.header_bar.show(snapshot.header, self.feed.description)
+        timed("header")
         self.timeline_view.show(snapshot.timeline, self.selected_rank)
+        timed("timeline")
         self.ranks_table.show(snapshot.ranks)
+        timed("ranks table")
         self.device_panel.show(tuple(Series(f"rank {d.rank} {d.label}", d.values, "%") for d in snapshot.devices))
         self.trends_panel.show((Series("loss (mean over ranks)", snapshot.loss), Series("step time", snapshot.step_ms, " ms")))
+        timed("devices, trends")
         self.segments_table.show(snapshot.segments)
         self.segment_bars.show(snapshot.segments)
+        timed("segments")
         self.heatmap_view.show(snapshot.heatmap)
         self.stragglers_panel.show(snapshot.stragglers)
+        timed("heatmap, stragglers")
         self.feed.want_spans(self.span_wish())
         now = time.monotonic()
         notices = tuple(text for at, text in self.notices if now - at < NOTICE_S)
         self.warnings_panel.show(snapshot.warnings, snapshot.notes + notices)
+        timed("requests, warnings")
         self.frames += 1
         self.frame_seconds += time.perf_counter() - started
 

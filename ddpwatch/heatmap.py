@@ -51,32 +51,57 @@ def cell_value(metric: str, figures: StepFigures | None, waited_ms: float | None
     raise ValueError(f"unknown heatmap metric {metric!r}; one of {', '.join(HEATMAP_METRICS)}")
 
 
-def build_heatmap(metric: str, steps: Sequence[int], figures_by_step: Mapping[int, Mapping[int, StepFigures]],
-                  waits_by_step: Mapping[int, Mapping[int, float]], node_of: Mapping[int, int],
-                  expanded: Collection[int] | None = None) -> Heatmap:
+@dataclass(frozen=True)
+class RowLayout:
+    """A row's place in the grid before any value: its label, node and ranks."""
+    label: str
+    node: int
+    ranks: tuple[int, ...]
+
+
+def row_layout(node_of: Mapping[int, int], expanded: Collection[int] | None = None) -> tuple[RowLayout, ...]:
     """Rows in (node, rank) order over the ranks in ``node_of``. ``expanded``: the nodes shown
     a row per rank; None shows every rank (a small job), an empty set one row per node."""
     by_node: dict[int, list[int]] = {}
     for rank in sorted(node_of, key=lambda r: (node_of[r], r)):
         by_node.setdefault(node_of[rank], []).append(rank)
-
-    def value(rank: int, step: int) -> float | None:
-        waits = waits_by_step.get(step, {})
-        return cell_value(metric, figures_by_step.get(step, {}).get(rank), waits.get(rank))
-
-    rows: list[HeatRow] = []
+    rows: list[RowLayout] = []
     for node, ranks in by_node.items():
         if expanded is None or node in expanded:
-            rows += [HeatRow(f"r{rank}", node, (rank,), tuple(value(rank, s) for s in steps)) for rank in ranks]
+            rows += [RowLayout(f"r{rank}", node, (rank,)) for rank in ranks]
         else:
-            worst = []
-            for step in steps:
-                known = [v for v in (value(rank, step) for rank in ranks) if v is not None]
-                worst.append(max(known) if known else None)
-            rows.append(HeatRow(f"node {node} ×{len(ranks)}", node, tuple(ranks), tuple(worst)))
-    shown = [v for row in rows for v in row.values if v is not None]
-    return Heatmap(metric, tuple(steps), tuple(rows), min(shown, default=0.0), max(shown, default=0.0),
-                   collapsible=expanded is not None)
+            rows.append(RowLayout(f"node {node} ×{len(ranks)}", node, tuple(ranks)))
+    return tuple(rows)
+
+
+def heat_column(metric: str, layout: Sequence[RowLayout], figures: Mapping[int, StepFigures],
+                waits: Mapping[int, float]) -> tuple[float | None, ...]:
+    """One step's cell per row: a rank's value, or a collapsed node's worst. A finished step's
+    column does not change, so the dashboard keeps it and computes only the new steps'."""
+    column: list[float | None] = []
+    for row in layout:
+        known = [v for v in (cell_value(metric, figures.get(rank), waits.get(rank)) for rank in row.ranks) if v is not None]
+        column.append(max(known) if known else None)
+    return tuple(column)
+
+
+def assemble_heatmap(metric: str, steps: Sequence[int], layout: Sequence[RowLayout],
+                     columns: Sequence[Sequence[float | None]], collapsible: bool) -> Heatmap:
+    """The grid from one column per step (in ``steps`` order), rows in ``layout`` order."""
+    rows = tuple(HeatRow(row.label, row.node, row.ranks, tuple(values))
+                 for row, values in zip(layout, zip(*columns) if columns else ((),) * len(layout)))
+    shown = [v for column in columns for v in column if v is not None]
+    return Heatmap(metric, tuple(steps), rows, min(shown, default=0.0), max(shown, default=0.0), collapsible=collapsible)
+
+
+def build_heatmap(metric: str, steps: Sequence[int], figures_by_step: Mapping[int, Mapping[int, StepFigures]],
+                  waits_by_step: Mapping[int, Mapping[int, float]], node_of: Mapping[int, int],
+                  expanded: Collection[int] | None = None) -> Heatmap:
+    """Rows in (node, rank) order over the ranks in ``node_of``. ``expanded``: the nodes shown
+    a row per rank; None shows every rank (a small job), an empty set one row per node."""
+    layout = row_layout(node_of, expanded)
+    columns = [heat_column(metric, layout, figures_by_step.get(step, {}), waits_by_step.get(step, {})) for step in steps]
+    return assemble_heatmap(metric, steps, layout, columns, collapsible=expanded is not None)
 
 
 def level(value: float, low: float, high: float, levels: int) -> int:

@@ -436,3 +436,22 @@ def test_a_few_lost_ranks_are_warned_of_one_by_one_and_many_in_one_line(world_si
         assert lost == ["rank 0 lost: nothing heard from it for 10.0 s", "rank 1 lost: nothing heard from it for 10.0 s"]
     else:
         assert lost == ["6 ranks lost: nothing heard from them for 10-10 s: ranks 0-5"]
+
+
+@pytest.mark.parametrize("metric", ["exposed", "wait"])
+def test_the_heatmap_kept_column_by_column_equals_one_made_from_scratch(metric: str) -> None:
+    """Columns are kept per step and remade only when their step gains a report: fed in two
+    halves (step 6 half-reported at the first build), the grid equals one built whole."""
+    world = 40
+    hellos = {rank: replace(hello(rank, world_size=world), node_rank=rank // 8) for rank in range(world)}
+    messages = session_messages(steps=8, world_size=world, hellos=hellos, edit=straggling(3.0))
+    session = Session(None)
+    builder = SnapshotBuilder(session)
+    half = len(messages) * 2 // 3
+    ingest(session, messages[:half])
+    assert 0 < len(session.reports[6]) < world
+    builder.build(now=100.0, heatmap_metric=metric, open_nodes={1})
+    ingest(session, messages[half:])
+    kept = builder.build(now=102.0, heatmap_metric=metric, open_nodes={1}).heatmap
+    whole = SnapshotBuilder(session).build(now=102.0, heatmap_metric=metric, open_nodes={1}).heatmap
+    assert kept == whole and len(kept.rows) == 4 + 8 and kept.steps == tuple(range(1, 9))

@@ -102,13 +102,14 @@ class DashboardApp(App[None]):
         self.segment_bars = SegmentBarsView(id="segment-bars")
         self.heatmap_view = RankHeatmap(id="heatmap")
         self.stragglers_panel = StragglersPanel(id="stragglers", markup=False)
+        self.side_tabs = TabbedContent(id="side")
         self.warnings_panel = WarningsPanel(id="warnings")
         yield self.header_bar
         with VerticalScroll(id="timeline-box"):
             yield self.timeline_view
         with Horizontal(id="middle"):
             yield self.ranks_table
-            with TabbedContent(id="side"):
+            with self.side_tabs:
                 with TabPane("Devices", id="devices-tab"):
                     yield self.device_panel
                 with TabPane("Loss & step time", id="trends-tab"):
@@ -170,8 +171,10 @@ class DashboardApp(App[None]):
 
         self.ingest_arrived(INGEST_BUDGET_S)
         timed("ingest")
+        side_tab = self.side_tabs.active.removesuffix("-tab")
         self.snapshot = snapshot = self.builder.build(self.selected_step, heatmap_metric=self.heatmap_metric,
-                                                      open_nodes=self.open_nodes, selected_rank=self.selected_rank)
+                                                      open_nodes=self.open_nodes, selected_rank=self.selected_rank,
+                                                      side_tab=side_tab)
         timed("build")
         self.header_bar.show(snapshot.header, self.feed.description)
         timed("header")
@@ -179,15 +182,18 @@ class DashboardApp(App[None]):
         timed("timeline")
         self.ranks_table.show(snapshot.ranks)
         timed("ranks table")
-        self.device_panel.show(tuple(Series(f"rank {d.rank} {d.label}", d.values, "%") for d in snapshot.devices))
-        self.trends_panel.show((Series("loss (mean over ranks)", snapshot.loss), Series("step time", snapshot.step_ms, " ms")))
-        timed("devices, trends")
+        if side_tab == "devices":  # the side panel's hidden tabs are drawn when they are shown
+            self.device_panel.show(tuple(Series(f"rank {d.rank} {d.label}", d.values, "%") for d in snapshot.devices))
+        elif side_tab == "trends":
+            self.trends_panel.show((Series("loss (mean over ranks)", snapshot.loss), Series("step time", snapshot.step_ms, " ms")))
+        elif side_tab == "heatmap":
+            self.heatmap_view.show(snapshot.heatmap)
+        elif side_tab == "stragglers":
+            self.stragglers_panel.show(snapshot.stragglers)
+        timed(side_tab)
         self.segments_table.show(snapshot.segments)
         self.segment_bars.show(snapshot.segments)
         timed("segments")
-        self.heatmap_view.show(snapshot.heatmap)
-        self.stragglers_panel.show(snapshot.stragglers)
-        timed("heatmap, stragglers")
         self.feed.want_spans(self.span_wish())
         now = time.monotonic()
         notices = tuple(text for at, text in self.notices if now - at < NOTICE_S)

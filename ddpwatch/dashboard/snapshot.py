@@ -21,6 +21,7 @@ from instrumented_ddp.protocol import COMM_KINDS, COMPUTE_KINDS, StepReport
 
 SEGMENT_REFRESH_S = 1.0
 HEATMAP_REFRESH_S = 1.0
+SIDE_TABS = ("devices", "trends", "heatmap", "stragglers")  # the side panel's tabs, one on screen at a time
 TREND_POINTS = 120
 DEVICE_REFRESH_S = 1.0  # a rank's device series is remade at most this often
 HEATMAP_STEPS = 60  # recent steps the heatmap holds; it draws as many as fit
@@ -217,10 +218,13 @@ class SnapshotBuilder:
         return out
 
     def build(self, selected_step: int | None = None, now: float | None = None, heatmap_metric: str = "exposed",
-              open_nodes: Collection[int] = (), selected_rank: int | None = None) -> Snapshot:
+              open_nodes: Collection[int] = (), selected_rank: int | None = None, side_tab: str | None = None) -> Snapshot:
         """``open_nodes``: nodes whose heatmap rows the user opened (a job above
         ``EVERY_RANK_A_ROW_UP_TO`` ranks starts with one row per node); ``selected_rank``: drawn in
-        the timeline of a job too large to draw every rank."""
+        the timeline of a job too large to draw every rank; ``side_tab``: the one of
+        ``SIDE_TABS`` on screen, the others' parts left empty (None: all made). At 1,024 ranks the
+        device series and the heatmap cost more than the rest of a frame's snapshot together:
+        what is not on screen is not made."""
         now = time.monotonic() if now is None else now
         session = self.session
         latest = session.latest_complete_step()
@@ -239,14 +243,14 @@ class SnapshotBuilder:
             header=self._header(step, selected_step is None or selected_step == latest, trend, now),
             timeline=self._timeline,
             ranks=tuple(self._rank_row(rank, figures.get(rank), waits.get(rank), now) for rank in sorted(session.ranks)),
-            devices=tuple(self._device_series(rank, now) for rank in sorted(session.ranks)),
+            devices=tuple(self._device_series(rank, now) for rank in sorted(session.ranks)) if side_tab in (None, "devices") else (),
             loss=tuple(s.loss for s in trend if s.loss is not None),
             step_ms=tuple(s.step_ms for s in trend if s.ranks),
             segments=tuple(self._segment_row(segment, now) for segment in session.segments),
             warnings=tuple(self._warnings(step, now)),
             notes=tuple(self._notes()),
-            heatmap=self._heatmap(heatmap_metric, open_nodes, now),
-            stragglers=self._top_stragglers(step),
+            heatmap=self._heatmap(heatmap_metric, open_nodes, now) if side_tab in (None, "heatmap") else None,
+            stragglers=self._top_stragglers(step) if side_tab in (None, "stragglers") else (),
         )
 
     # -- parts -------------------------------------------------------------------------------------

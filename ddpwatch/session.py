@@ -158,6 +158,7 @@ class RankState:
     unresolved: int = 0  # reports whose timing marks never all resolved (left out of the figures)
     goodbye: Goodbye | None = None
     devices: deque[DeviceSample] = field(default_factory=lambda: deque(maxlen=600))
+    devices_received: int = 0  # ever appended to ``devices``: how many are new since a count
 
 
 class Session:
@@ -225,6 +226,7 @@ class Session:
             self._receive_report(rank, message)
         elif isinstance(message, DeviceSample):
             rank.devices.append(message)
+            rank.devices_received += 1
         elif isinstance(message, Heartbeat):
             rank.last_step = max(rank.last_step, message.step)
         elif isinstance(message, Ack):

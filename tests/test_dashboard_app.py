@@ -459,3 +459,41 @@ def test_the_heatmap_kept_column_by_column_equals_one_made_from_scratch(metric: 
     kept = builder.build(now=102.0, heatmap_metric=metric, open_nodes={1}).heatmap
     whole = SnapshotBuilder(session).build(now=102.0, heatmap_metric=metric, open_nodes={1}).heatmap
     assert kept == whole and len(kept.rows) == 4 + 8 and kept.steps == tuple(range(1, 9))
+
+
+def test_a_device_series_taken_in_sample_by_sample_is_its_last_points() -> None:
+    """A series is extended by the samples new since it was last made (at most once a second),
+    and begun again when the rank's readings change kind (CPU, then a GPU)."""
+    from ddpwatch.dashboard.snapshot import TREND_POINTS
+    from instrumented_ddp.protocol import DeviceSample
+
+    session = Session(None)
+    builder = SnapshotBuilder(session)
+    seq = iter(range(10_000))
+
+    def samples(first: int, count: int, kind: str = "gpu") -> list[bytes]:
+        key = "gpu_util_pct" if kind == "gpu" else "process_cpu_pct"
+        return [encode(DeviceSample(0, float(i), kind, {key: float(i % 97)}), next(seq), 0) for i in range(first, first + count)]
+
+    ingest(session, [encode(hello(0, world_size=1), next(seq), 0), *samples(0, 30, "cpu")])
+    (series,) = builder.build(now=10.0).devices
+    assert series.label == "CPU % (no GPU)" and series.values == tuple(float(i % 97) for i in range(30))
+    ingest(session, samples(30, 200, "cpu"))
+    assert builder.build(now=10.5).devices == (series,)  # within the second: as it was
+    (series,) = builder.build(now=11.0).devices
+    assert series.label == "CPU % (no GPU)" and series.values == tuple(float(i % 97) for i in range(230 - TREND_POINTS, 230))
+    ingest(session, samples(230, 5, "gpu"))
+    (series,) = builder.build(now=12.0).devices
+    assert series.label == "GPU util %" and series.values == tuple(float(i % 97) for i in range(230, 235))
+
+
+def test_a_ranks_table_row_is_kept_until_what_it_shows_changes() -> None:
+    session = Session(None)
+    ingest(session, session_messages(steps=3, goodbye=False))
+    builder = SnapshotBuilder(session)
+    arrived = max(state.last_seen for state in session.ranks.values())
+    first = builder.build(now=arrived + 0.1).ranks
+    again = builder.build(now=arrived + 0.2).ranks
+    assert all(a is b for a, b in zip(first, again))
+    later = builder.build(now=arrived + 10.0).ranks  # silent for 10 s: lost, and the row says so
+    assert [row.status for row in later] == ["lost", "lost"] and later[0] is not first[0]

@@ -7,7 +7,8 @@ Run from a clone (it runs ``train.py`` and ``bench/overhead.py``, as ``ddpwatch 
    and the device synchronisations ``torch.cuda.set_sync_debug_mode`` counts in watched steps.
    No CUDA: one line, exit 2, nothing checked.
 2. Profiled runs of ``train.py --model small`` on NCCL (two ranks where there are two GPUs, else
-   one), recorded by ``ddpwatch record`` while ``torch.profiler`` traces steps 4-8 of the same
+   one; ``ranks=2`` on one GPU makes them share it, which checks the collectives but not the GPU
+   time figures, see ``profile_sections``), recorded by ``ddpwatch record`` while ``torch.profiler`` traces steps 4-8 of the same
    run; ``profile_check`` holds ddpwatch's figures against the profiler's CUDA kernels:
    collectives per step exactly, each collective's duration within 20 %, Compute% and
    Overlap% within 5 points, and no device sync that watching adds: the same script is also

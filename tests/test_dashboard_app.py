@@ -497,3 +497,28 @@ def test_a_ranks_table_row_is_kept_until_what_it_shows_changes() -> None:
     assert all(a is b for a, b in zip(first, again))
     later = builder.build(now=arrived + 10.0).ranks  # silent for 10 s: lost, and the row says so
     assert [row.status for row in later] == ["lost", "lost"] and later[0] is not first[0]
+
+
+async def test_a_large_jobs_ranks_table_has_a_row_per_node_opened_by_enter() -> None:
+    world = 80  # above 64 ranks: a row per node of 8
+    hellos = {rank: replace(hello(rank, world_size=world), node_rank=rank // 8) for rank in range(world)}
+    app = DashboardApp(StaticFeed(session_messages(steps=4, world_size=world, hellos=hellos)), export_on_exit=False)
+    async with app.run_test(size=(160, 50)) as pilot:
+        await pilot.pause(0.5)
+        table = app.ranks_table
+        assert table.row_count == 10 and table.rows[1][:2] == ("▸ 8 ranks", "1")
+        table.focus()
+        table.cursor_row = 1
+        await pilot.press("enter")  # opens node 1: its row, then its 8 ranks
+        await pilot.pause(0.3)
+        assert table.row_count == 18 and table.rows[1][0] == "▾ 8 ranks"
+        assert [cells[0] for cells in table.rows[2:10]] == [str(rank) for rank in range(8, 16)]
+        assert app.open_nodes == {1}  # the heatmap's open nodes too
+        table.cursor_row = 3
+        await pilot.press("enter")  # a rank's row selects the rank
+        await pilot.pause(0.1)
+        assert app.selected_rank == 9
+        table.cursor_row = 1
+        await pilot.press("enter")  # the node's row again closes it
+        await pilot.pause(0.3)
+        assert table.row_count == 10 and app.open_nodes == set()

@@ -231,6 +231,10 @@ class DashboardApp(App[None]):
     def on_ranks_table_rank_selected(self, message: RanksTable.RankSelected) -> None:
         self.selected_rank = None if self.selected_rank == message.rank else message.rank
 
+    def on_ranks_table_node_toggled(self, message: RanksTable.NodeToggled) -> None:
+        """A node opened in the ranks table is opened in the heatmap too: one set of open nodes."""
+        self.open_nodes.symmetric_difference_update({message.node})
+
     def on_rank_heatmap_row_clicked(self, message: RankHeatmap.RowClicked) -> None:
         """In a job shown a row per node, a click opens that node (or closes it from one of its
         ranks); where every rank has a row, it selects the rank, as the ranks table does."""

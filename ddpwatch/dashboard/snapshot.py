@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 from ddpwatch import metrics
 from ddpwatch.heatmap import Heatmap, RowLayout, assemble_heatmap, heat_column, row_layout
 from ddpwatch.rank_lists import FEW_RANKS, ranks_text
+from ddpwatch.rank_rows import RankRow, rows_by_node
 from ddpwatch.session import Segment, Session
 from instrumented_ddp.protocol import COMM_KINDS, COMPUTE_KINDS, StepReport
 
@@ -73,24 +74,6 @@ class HeaderData:
     eta_s: float | None
     samples_per_s: float
     following: bool  # the latest step, or a step the user chose
-
-
-@dataclass(frozen=True)
-class RankRow:
-    rank: int
-    node: int | None
-    host: str
-    device: str
-    status: str
-    step: int
-    step_ms: float | None
-    compute_pct: float | None
-    non_compute_pct: float | None
-    overlap_pct: float | None
-    waited_ms: float | None
-    utilization: str
-    memory: str
-    dropped: int
 
 
 @dataclass(frozen=True)
@@ -255,7 +238,7 @@ class SnapshotBuilder:
         return Snapshot(
             header=self._header(step, selected_step is None or selected_step == latest, trend, now),
             timeline=self._timeline,
-            ranks=tuple(self._rank_row(rank, figures.get(rank), waits.get(rank), now) for rank in sorted(session.ranks)),
+            ranks=self._ranks(figures, waits, open_nodes, now),
             devices=tuple(self._device_series(rank, now) for rank in sorted(session.ranks)) if side_tab in (None, "devices") else (),
             loss=tuple(s.loss for s in trend if s.loss is not None),
             step_ms=tuple(s.step_ms for s in trend if s.ranks),
@@ -336,6 +319,13 @@ class SnapshotBuilder:
                 result = (sum(s.samples for s in complete) / wall, wall / len(complete))
         self._rate = (now, complete, result)
         return result
+
+    def _ranks(self, figures: dict[int, metrics.StepFigures], waits: dict[int, float], open_nodes: Collection[int],
+               now: float) -> tuple[RankRow, ...]:
+        """A row per rank up to ``EVERY_RANK_IN_THE_TIMELINE_UP_TO`` ranks; above, a row per node,
+        its ranks' rows below it where the user opened it (``rank_rows.rows_by_node``)."""
+        rows = tuple(self._rank_row(rank, figures.get(rank), waits.get(rank), now) for rank in sorted(self.session.ranks))
+        return rows if len(rows) <= EVERY_RANK_IN_THE_TIMELINE_UP_TO else rows_by_node(rows, open_nodes)
 
     def _rank_row(self, rank: int, figures: metrics.StepFigures | None, waited_s: float | None, now: float) -> RankRow:
         """Kept while nothing it shows changed: at 1,024 ranks most rows are the same from one

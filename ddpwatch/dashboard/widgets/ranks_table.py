@@ -1,4 +1,5 @@
-"""One row per rank; selecting a row highlights that rank in the timeline.
+"""One row per rank (a large job: per node, opened to its ranks); selecting a rank's row
+highlights that rank in the timeline, choosing a node's row opens or closes it.
 
 Drawn line by line (Textual's line API) rather than with a ``DataTable``: a DataTable renders
 every visible cell through Rich again whenever any one cell changes, and at 64 ranks some cell
@@ -18,7 +19,7 @@ from textual.reactive import reactive
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from ..snapshot import RankRow
+from ddpwatch.rank_rows import RankRow
 
 COLUMNS = ("rank", "node", "host", "device", "status", "step", "step ms", "Compute%", "Non_Compute%", "Overlap%",
            "waited ms", "utilization", "memory", "dropped")
@@ -33,7 +34,9 @@ def _num(value: float | None, digits: int = 1) -> str:
 
 
 def row_cells(row: RankRow) -> tuple[str, ...]:
-    return (str(row.rank), "?" if row.node is None else str(row.node), row.host, row.device, row.status,
+    """A node's row names how many ranks it stands for, with ▸ (closed) or ▾ (opened)."""
+    rank = f"{'▾' if row.opened else '▸'} {len(row.group)} ranks" if row.group else str(row.rank)
+    return (rank, "?" if row.node is None else str(row.node), row.host, row.device, row.status,
             str(row.step), _num(row.step_ms), _num(row.compute_pct), _num(row.non_compute_pct),
             _num(row.overlap_pct), _num(row.waited_ms), row.utilization, row.memory, str(row.dropped))
 
@@ -65,10 +68,18 @@ class RanksTable(ScrollView, can_focus=True):
             super().__init__()
             self.rank = rank
 
+    class NodeToggled(Message):
+        """A node's row chosen: open it to its ranks, or close it."""
+
+        def __init__(self, node: int) -> None:
+            super().__init__()
+            self.node = node
+
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
         self.rows: list[tuple[str, ...]] = []
         self.ranks: list[int] = []
+        self.nodes: list[int | None] = []  # per row: the node a node's row stands for, None on a rank's row
         self.widths = [len(name) for name in COLUMNS]
         self._strips: dict[int, tuple[tuple[object, ...], Strip]] = {}  # row index -> (what it shows, line)
 
@@ -81,6 +92,7 @@ class RanksTable(ScrollView, can_focus=True):
         if cells == self.rows:
             return
         self.rows, self.ranks = cells, [row.rank for row in rows]
+        self.nodes = [row.node if row.group else None for row in rows]
         widths = [max([len(name)] + [len(c[i]) for c in cells]) for i, name in enumerate(COLUMNS)]
         if widths != self.widths or self.virtual_size.height != len(cells) + 1:
             self.widths = widths
@@ -136,7 +148,11 @@ class RanksTable(ScrollView, can_focus=True):
 
     def action_select(self) -> None:
         if self.rows:
-            self.post_message(self.RankSelected(self.ranks[self.cursor_row]))
+            self._choose(self.cursor_row)
+
+    def _choose(self, index: int) -> None:
+        node = self.nodes[index]
+        self.post_message(self.RankSelected(self.ranks[index]) if node is None else self.NodeToggled(node))
 
     def on_click(self, event: Click) -> None:
         offset = event.get_content_offset(self)
@@ -145,7 +161,7 @@ class RanksTable(ScrollView, can_focus=True):
         index = int(self.scroll_y) + offset.y - 1
         if 0 <= index < len(self.rows):
             self.cursor_row = index
-            self.post_message(self.RankSelected(self.ranks[index]))
+            self._choose(index)
 
     def on_focus(self) -> None:
         self.refresh()  # the cursor's colour says whether the keys go here

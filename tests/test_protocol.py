@@ -315,6 +315,8 @@ def test_malformed_span_is_rejected_as_invalid(span: Any) -> None:
         {"all_reduce_seconds": pack_floats([-0.1])},
         {"all_reduce_seconds": pack_floats([math.nan])},
         {"algbw_gbps": pack_floats([math.inf])},
+        {"algbw_gbps": pack_floats([-math.inf])},
+        {"all_reduce_tags": [True]},
         {"algbw_gbps": pack_floats([1.0, 2.0])},  # more bandwidths than all-reduces
         {"all_reduce_tags": [3]},
         {"compute_pct": 101.0},

@@ -5,7 +5,8 @@
 
 Sender processes simulate the ranks, one DEALER socket each, at a real rank's rates: a step every
 ``--step-s`` with ``--collectives`` all-reduces (plus five phase spans), a heartbeat every
-``HEARTBEAT_EVERY_S``, a device sample every ``SAMPLE_EVERY_S``, the hello every ``HELLO_EVERY_S``.
+``HEARTBEAT_EVERY_S``, a device sample every ``SAMPLE_EVERY_S`` (or as seldom as the listener asks,
+as a real rank's sampler does), the hello every ``HELLO_EVERY_S``.
 Each simulated rank answers the dashboard's span requests with the ranks' own ``SpanPolicy``
 (full spans where asked, else a summary it figures itself), so what arrives is what a real job
 of that size would send. The dashboard runs headless (Textual's test driver) at its normal
@@ -118,6 +119,8 @@ def paced_sender(address: str, ranks: list[int], world: int, steps: int, step_s:
     every = {"sample": SAMPLE_EVERY_S, "heartbeat": HEARTBEAT_EVERY_S, "hello": HELLO_EVERY_S, "step": step_s}
     started, tick, step = time.monotonic(), 0, 0
     while step < steps:
+        # as a real rank's sampler does: as often as the listener asks, never more often than its own rate
+        every["sample"] = max(SAMPLE_EVERY_S, simulated[0].policy.request.device_every_s)
         now = tick * tick_s
         now_due = {kind for kind, at in due.items() if now >= at - 1e-9}
         for rank in simulated:

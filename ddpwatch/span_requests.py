@@ -20,6 +20,9 @@ RESEND_EVERY_S = 2.0
 #: A large job's dashboard wants every rank's spans of one step in this many: the recorder can
 #: rebuild a whole step's timeline that often, and ``ddpwatch replay`` shows it.
 SAMPLE_EVERY_STEPS = 25
+#: ... and a device sample of each rank every this many seconds (a rank's own rate is 5 a second):
+#: a sparkline per rank still moves, and the messages a 1,024-rank job sends fall by half.
+LARGE_JOB_DEVICE_EVERY_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -32,6 +35,7 @@ class SpanWish:
     sample_every: int = 0
     pinned_steps: tuple[int, ...] = field(default_factory=tuple)
     pinned_ranks: frozenset[int] | None = None
+    device_every_s: float = 0.0  # seconds between a rank's device samples (0: the rank's own rate)
 
     @classmethod
     def everything(cls) -> SpanWish:
@@ -39,14 +43,15 @@ class SpanWish:
 
     @classmethod
     def sampled(cls, every: int, full_ranks: Collection[int] = (), pinned_steps: Collection[int] = (),
-                pinned_ranks: Collection[int] | None = None) -> SpanWish:
+                pinned_ranks: Collection[int] | None = None, device_every_s: float = 0.0) -> SpanWish:
         return cls(frozenset(full_ranks), every, tuple(sorted(pinned_steps)),
-                   None if pinned_ranks is None else frozenset(pinned_ranks))
+                   None if pinned_ranks is None else frozenset(pinned_ranks), device_every_s)
 
     def request_for(self, rank: int) -> SpanRequest:
         full = self.full_ranks is None or rank in self.full_ranks
         pinned = self.pinned_ranks is None or rank in self.pinned_ranks
-        return SpanRequest(full=full, sample_every=self.sample_every, pinned_steps=list(self.pinned_steps) if pinned else [])
+        return SpanRequest(full=full, sample_every=self.sample_every, pinned_steps=list(self.pinned_steps) if pinned else [],
+                           device_every_s=self.device_every_s)
 
 
 class SpanRequester:

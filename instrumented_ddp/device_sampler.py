@@ -239,6 +239,11 @@ class DeviceSampler:
         self._stop.set()
         self._thread.join(2 * self.every_s)
 
+    def sample_every(self, seconds: float) -> None:
+        """As often as the listener asks (``SpanRequest.device_every_s``), never more often than
+        the default; 0 puts the default back. Read by the thread at its next wait."""
+        self.every_s = max(SAMPLE_EVERY_S, seconds)
+
     def sample(self) -> DeviceSample:
         return DeviceSample(self.rank, time.perf_counter(), self.reader.kind, self.reader.read())
 

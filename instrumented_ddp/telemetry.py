@@ -68,6 +68,8 @@ class TelemetryPublisher:
         self.commands: queue.Queue[SwitchCommand] = queue.Queue(maxsize=64)
         self.rejected_commands = 0
         self.spans = SpanPolicy(hello.world_size)  # spans or a summary per step; used on the sender thread
+        #: Told the device-sample interval each span request asks for (the rank's sampler), if set.
+        self.on_device_rate: Callable[[float], None] | None = None
         self._socket = self._context.socket(zmq.DEALER)
         self._socket.setsockopt(zmq.ROUTING_ID, routing_id(hello.session, hello.rank))
         self._socket.setsockopt(zmq.LINGER, 0)
@@ -139,6 +141,8 @@ class TelemetryPublisher:
             elif isinstance(message, SpanRequest):
                 for report in self.spans.on_request(message):
                     self._send(report)
+                if self.on_device_rate is not None:
+                    self.on_device_rate(message.device_every_s)
 
     def _dashboard_connected(self) -> bool:
         connected = False

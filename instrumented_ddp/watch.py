@@ -108,6 +108,7 @@ class Watch:
         watch._control = control_group()
         watch.publisher = TelemetryPublisher(address, hello, current_step=lambda: watch.steps, keys=keys)
         watch.sampler = DeviceSampler(context.rank, reader, watch.publisher.publish).start()
+        watch.publisher.on_device_rate = watch.sampler.sample_every
         return watch
 
     def update_hello(self, **changes: Any) -> None:

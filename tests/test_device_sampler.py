@@ -390,3 +390,15 @@ def test_sampler_survives_a_reader_that_raises() -> None:
         sampler.stop()
     assert published[0].readings == {"process_cpu_pct": 3.0}
 
+
+
+def test_a_listener_can_ask_for_fewer_samples_never_more() -> None:
+    from instrumented_ddp.device_sampler import SAMPLE_EVERY_S, CpuReader, DeviceSampler
+
+    sampler = DeviceSampler(0, CpuReader(), lambda sample: None)  # not started: no thread
+    sampler.sample_every(1.0)
+    assert sampler.every_s == 1.0
+    sampler.sample_every(0.01)
+    assert sampler.every_s == SAMPLE_EVERY_S
+    sampler.sample_every(0.0)  # the listener's default: the rank's own rate
+    assert sampler.every_s == SAMPLE_EVERY_S

@@ -334,7 +334,8 @@ def test_a_summary_no_rank_could_have_computed_is_rejected_as_invalid(changes: d
 
 
 @pytest.mark.parametrize("changes", [{"pinned_steps": [-1]}, {"pinned_steps": [1.5]}, {"pinned_steps": list(range(65))},
-                                     {"sample_every": -2}, {"full": 1}], ids=lambda c: repr(c)[:24])
+                                     {"sample_every": -2}, {"full": 1}, {"device_every_s": -1.0},
+                                     {"device_every_s": 61.0}, {"device_every_s": "1"}], ids=lambda c: repr(c)[:24])
 def test_a_malformed_span_request_is_rejected_as_invalid(changes: dict[str, Any]) -> None:
     assert _category(_with_body(SpanRequest(full=False), **changes)) == "invalid"
 

@@ -7,7 +7,7 @@ from synthetic_session import session_messages
 
 from ddpwatch.dashboard.app import DashboardApp
 from ddpwatch.dashboard.feeds import StaticFeed
-from ddpwatch.span_requests import RESEND_EVERY_S, SAMPLE_EVERY_STEPS, SpanRequester, SpanWish
+from ddpwatch.span_requests import LARGE_JOB_DEVICE_EVERY_S, RESEND_EVERY_S, SAMPLE_EVERY_STEPS, SpanRequester, SpanWish
 from instrumented_ddp.protocol import Envelope, Heartbeat, SpanRequest, SwitchCommand, decode
 
 
@@ -62,6 +62,8 @@ async def test_the_dashboard_asks_every_span_of_a_small_job_and_the_drawn_ranks_
         slowest = max(figures, key=lambda r: (figures[r].step_ms, -r))
         fastest = min(figures, key=lambda r: (figures[r].step_ms, r))
         wish = large.span_wish()
-        assert wish == SpanWish.sampled(SAMPLE_EVERY_STEPS, {slowest, fastest}, (step,), {slowest, fastest})
+        assert wish == SpanWish.sampled(SAMPLE_EVERY_STEPS, {slowest, fastest}, (step,), {slowest, fastest},
+                                        LARGE_JOB_DEVICE_EVERY_S)
+        assert wish.request_for(5).device_every_s == 1.0  # a device sample a second, not five
         await pilot.press("space")  # paused on a step: every rank's spans of it
         assert large.span_wish().pinned_ranks is None and large.span_wish().pinned_steps == (large.selected_step,)

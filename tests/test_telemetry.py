@@ -130,6 +130,8 @@ def test_a_rank_sends_the_spans_asked_for_and_summaries_of_the_rest(quiet_publis
     address = _free_address()
     receiver = TelemetryReceiver(address)
     publisher = TelemetryPublisher(address, HELLO)
+    rates: list[float] = []
+    publisher.on_device_rate = rates.append  # the rank's sampler, in Watch
     collector = Collector(receiver)
 
     def steps_got(kind: type) -> list[int]:
@@ -140,8 +142,9 @@ def test_a_rank_sends_the_spans_asked_for_and_summaries_of_the_rest(quiet_publis
         publisher.publish(_report(1))  # nobody asked yet: spans
         assert collector.until(lambda got: steps_got(StepReport) == [1])
         peer = telemetry.routing_id(HELLO.session, HELLO.rank)
-        receiver.send(peer, encode(SpanRequest(full=False, sample_every=3)))
+        receiver.send(peer, encode(SpanRequest(full=False, sample_every=3, device_every_s=1.0)))
         assert wait_for(lambda: not publisher.spans.request.full)
+        assert wait_for(lambda: rates == [1.0])
         for step in range(2, 8):
             publisher.publish(_report(step))
         assert collector.until(lambda got: len(steps_got(StepSummary)) == 4 and steps_got(StepReport) == [1, 3, 6])

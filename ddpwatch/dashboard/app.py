@@ -23,7 +23,7 @@ from ..control import new_command
 from ..exporters import write_exports
 from ..heatmap import HEATMAP_METRICS
 from ..session import Session
-from ..span_requests import SAMPLE_EVERY_STEPS, SpanWish
+from ..span_requests import LARGE_JOB_DEVICE_EVERY_S, SAMPLE_EVERY_STEPS, SpanWish
 from .feeds import Arrival, Feed, ReplayFeed
 from .screens.help_screen import HelpScreen
 from .screens.strategy_picker import StrategyPicker, SwitchChoice
@@ -206,14 +206,15 @@ class DashboardApp(App[None]):
         """Every span of a job small enough to draw every rank (as before summaries existed).
         Above that: every step of the ranks the timeline draws, their spans of the step on
         screen (held by the ranks: a rank just become the slowest still sends it), a whole step
-        every ``SAMPLE_EVERY_STEPS``, and every rank's spans of a step the user paused on."""
+        every ``SAMPLE_EVERY_STEPS``, every rank's spans of a step the user paused on, and a
+        device sample a second."""
         if self.session.world_size <= EVERY_RANK_IN_THE_TIMELINE_UP_TO:
             return SpanWish.everything()
         step = self.selected_step if self.selected_step is not None else self.session.latest_complete_step()
         figures = self.session.step_figures(step) if step is not None else {}
         drawn = {rank for rank, _ in pick_timeline_ranks(figures, self.selected_rank)}
         return SpanWish.sampled(SAMPLE_EVERY_STEPS, drawn, () if step is None else (step,),
-                                None if self.selected_step is not None else drawn)
+                                None if self.selected_step is not None else drawn, LARGE_JOB_DEVICE_EVERY_S)
 
     def notify_user(self, text: str) -> None:
         self.notices.append((time.monotonic(), text))

@@ -421,3 +421,10 @@ def test_decode_of_arbitrary_packed_structures_returns_an_envelope_or_raises_pro
 def test_decode_of_packed_structures_with_a_scalar_type_returns_an_envelope_or_raises_protocol_error(value: Any) -> None:
     # The same property minus the known unhashable-'type' leak, so everything behind it stays covered.
     _decode_or_reject(_pack(value))
+
+
+@pytest.mark.parametrize("value", [0.0, -0.0, 0.004, 1e305], ids=["zero", "minus-zero", "4ms", "huge"])
+def test_a_summary_of_non_negative_finite_durations_is_accepted(value: float) -> None:
+    """The quick byte check sends -0.0 and values past 2**1009 to the exact one, which takes them."""
+    envelope = decode(_with_body(SUMMARY, all_reduce_seconds=pack_floats([value]), algbw_gbps=pack_floats([value])))
+    assert type(envelope.message) is type(SUMMARY)

@@ -522,3 +522,23 @@ async def test_a_large_jobs_ranks_table_has_a_row_per_node_opened_by_enter() -> 
         await pilot.press("enter")  # the node's row again closes it
         await pilot.pause(0.3)
         assert table.row_count == 10 and app.open_nodes == set()
+
+
+def test_the_header_rate_aligned_step_by_step_equals_it_aligned_afresh() -> None:
+    """Each step is aligned once as it enters the window: fed in two halves, with rank 1's clock
+    5 s ahead, the header still reads 2 ranks x 10 steps x 4 samples over 1.97 s (see above)."""
+    def clock_ahead(report: StepReport) -> StepReport:
+        if report.rank != 1:
+            return report
+        return replace(report, start=report.start + 5, end=report.end + 5,
+                       spans=[s._replace(start=s.start + 5, end=s.end + 5) for s in report.spans])
+
+    messages = session_messages(edit=clock_ahead)
+    session = Session(None)
+    builder = SnapshotBuilder(session)
+    ingest(session, messages[: len(messages) // 2])
+    builder.build(now=100.0)
+    ingest(session, messages[len(messages) // 2:])
+    stepwise = builder.build(now=102.0).header.samples_per_s
+    assert stepwise == pytest.approx(80 / 1.97)
+    assert stepwise == pytest.approx(SnapshotBuilder(session).build(now=102.0).header.samples_per_s)

@@ -180,6 +180,7 @@ class SnapshotBuilder:
     _devices: dict[int, _KeptSeries] = field(default_factory=dict)
     _rank_rows: dict[int, tuple[tuple[Any, ...], RankRow]] = field(default_factory=dict)  # rank -> (what it showed, row)
     _rate: tuple[float, tuple[StepSummary, ...], tuple[float, float | None]] = (0.0, (), (0.0, None))  # (made at, from, result)
+    _rate_clocks: tuple[int, metrics.ClockAlignment, set[int]] | None = None  # (window, its alignment, steps in it)
 
     def waits_of(self, step: int | None) -> dict[int, float]:
         """Cross-rank waits of a step's counted reports (the straggler check looks at the last
@@ -301,9 +302,10 @@ class SnapshotBuilder:
     def _recent_rate(self, trend: list[StepSummary], now: float, window: int = RATE_STEPS) -> tuple[float, float | None]:
         """Global samples/s and seconds per step over the last ``window`` complete steps: the
         samples over the wall time from the first one's start to the last one's end, ranks on one
-        clock (``metrics.ClockAlignment``, as the segments' samples/s), so the time between steps
-        counts. Aligning 20 steps of 64 ranks takes ~3 ms, so it is remade when those steps
-        changed, at most once a second (like the running segment's figures)."""
+        clock (``metrics.ClockAlignment``, as the segments' samples/s, offsets over the last
+        ``window`` steps), so the time between steps counts. Remade when those steps changed, at
+        most once a second (like the running segment's figures); each step is aligned once, when
+        it first enters the window (aligning 20 steps of 1,024 ranks afresh took ~100 ms)."""
         complete = tuple(s for s in trend[-window:] if s.ranks >= self.session.world_size)
         made_at, made_from, result = self._rate
         same = len(made_from) == len(complete) and all(a is b for a, b in zip(made_from, complete))
@@ -311,10 +313,18 @@ class SnapshotBuilder:
             return result
         result = (0.0, None)
         if len(complete) >= 2:
-            clocks = metrics.ClockAlignment()
+            if self._rate_clocks is None or self._rate_clocks[0] != window:
+                self._rate_clocks = (window, metrics.ClockAlignment(keep=window), set())
+            _, clocks, aligned = self._rate_clocks
             for summary in complete:
-                clocks.add_step(summary.times)
-            wall = clocks.wall_s()
+                if summary.step not in aligned:
+                    clocks.add_step(summary.times)
+                    aligned.add(summary.step)
+            aligned.intersection_update(range(complete[0].step, complete[-1].step + 1))
+            offsets = clocks.offsets()
+            starts = [t.start + offsets[r] for r, t in complete[0].times.items() if r in offsets and math.isfinite(t.start)]
+            ends = [t.end + offsets[r] for r, t in complete[-1].times.items() if r in offsets and math.isfinite(t.end)]
+            wall = max(ends) - min(starts) if starts and ends else 0.0
             if wall > 0:
                 result = (sum(s.samples for s in complete) / wall, wall / len(complete))
         self._rate = (now, complete, result)

@@ -24,7 +24,6 @@ from instrumented_ddp.protocol import COMM_KINDS, COMPUTE_KINDS, StepReport
 
 SEGMENT_REFRESH_S = 1.0
 HEATMAP_REFRESH_S = 1.0
-SIDE_TABS = ("devices", "trends", "heatmap", "stragglers")  # the side panel's tabs, one on screen at a time
 TREND_POINTS = 120
 DEVICE_REFRESH_S = 1.0  # a rank's device series is remade at most this often
 HEATMAP_STEPS = 60  # recent steps the heatmap holds; it draws as many as fit
@@ -218,8 +217,9 @@ class SnapshotBuilder:
               open_nodes: Collection[int] = (), selected_rank: int | None = None, side_tab: str | None = None) -> Snapshot:
         """``open_nodes``: nodes whose heatmap rows the user opened (a job above
         ``EVERY_RANK_A_ROW_UP_TO`` ranks starts with one row per node); ``selected_rank``: drawn in
-        the timeline of a job too large to draw every rank; ``side_tab``: the one of
-        ``SIDE_TABS`` on screen, the others' parts left empty (None: all made). At 1,024 ranks the
+        the timeline of a job too large to draw every rank; ``side_tab``: the side
+        panel's tab on screen ("devices", "trends", "heatmap" or "stragglers"), the others'
+        parts left empty (None: all made). At 1,024 ranks the
         device series and the heatmap cost more than the rest of a frame's snapshot together:
         what is not on screen is not made."""
         now = time.monotonic() if now is None else now

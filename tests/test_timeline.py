@@ -595,3 +595,45 @@ def test_ddp_records_its_per_forward_buffer_broadcast_inside_forward(one_rank_gr
             assert buffers.nbytes == sum(b.numel() * b.element_size() for b in model.buffers())
     finally:
         instrumented_ddp.unwrap(wrapped)
+
+
+class _FakeGradBucket:
+    """What DDP hands a communication hook: the bucket's flat buffer and its index."""
+
+    def __init__(self, values: list[float]) -> None:
+        self._buffer = torch.tensor(values)
+
+    def buffer(self) -> torch.Tensor:
+        return self._buffer
+
+    def index(self) -> int:
+        return 0
+
+
+@pytest.mark.parametrize(("backend", "expected_op", "expected_buffer"), [
+    ("gloo", dist.ReduceOp.SUM, [1.0, 2.0]),  # gloo has no average: the hook divides, then sums
+    ("nccl", dist.ReduceOp.AVG, [2.0, 4.0]),  # NCCL averages inside: no extra pass over the bucket
+])
+def test_timed_ddp_hook_averages_as_the_backend_allows(one_rank_group: None, monkeypatch: pytest.MonkeyPatch,
+                                                        backend: str, expected_op: Any, expected_buffer: list[float]) -> None:
+    """DDP's C++ default divides while copying gradients into a bucket; the timed hook must not
+    add a second pass where the backend can average (bit-equal to plain DDP on an H100, README)."""
+    from instrumented_ddp.strategies import native
+
+    monkeypatch.setattr(native.dist, "get_backend", lambda group=None: backend)
+    wrapped = instrumented_ddp.wrap(nn.Linear(2, 1), "ddp", timeline=StepTimeline(0))
+    try:
+        wrapped.world_size = 2
+        issued: list[tuple[torch.Tensor, Any]] = []
+
+        def all_reduce(tensor: torch.Tensor, *, tag: str, async_op: bool, op: Any = dist.ReduceOp.SUM) -> Any:
+            issued.append((tensor.clone(), op))
+            return dist.all_reduce(tensor, async_op=True)  # one rank: a sum is the identity
+
+        monkeypatch.setattr(wrapped, "_all_reduce", all_reduce)
+        future = wrapped._timed_all_reduce_hook()(None, _FakeGradBucket([2.0, 4.0]))
+        (sent, op), = issued
+        assert op == expected_op and sent.tolist() == expected_buffer
+        assert future.wait().tolist() == expected_buffer
+    finally:
+        instrumented_ddp.unwrap(wrapped)

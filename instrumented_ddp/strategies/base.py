@@ -122,12 +122,15 @@ class DataParallelStrategy(nn.Module):
             for tensor, synced in zip(group, _unflatten_dense_tensors(flat, group)):
                 tensor.data.copy_(synced)
 
-    def _all_reduce(self, tensor: torch.Tensor, *, tag: str, async_op: bool) -> dist.Work | None:
-        """Sum ``tensor`` across ranks in place; the caller divides by the world size."""
-        return self._collective("all_reduce", tensor, tag=tag, async_op=async_op)
+    def _all_reduce(self, tensor: torch.Tensor, *, tag: str, async_op: bool,
+                    op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM) -> dist.Work | None:
+        """Reduce ``tensor`` across ranks in place; with the default sum the caller divides by
+        the world size."""
+        return self._collective("all_reduce", tensor, tag=tag, async_op=async_op, op=op)
 
     def _collective(
-        self, kind: str, tensor: torch.Tensor, *, tag: str, async_op: bool, src: int = 0
+        self, kind: str, tensor: torch.Tensor, *, tag: str, async_op: bool, src: int = 0,
+        op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM,
     ) -> dist.Work | None:
         """The one place a collective is issued and timed.
 
@@ -140,7 +143,7 @@ class DataParallelStrategy(nn.Module):
         nbytes = tensor.numel() * tensor.element_size()
         span = self.timeline.open_collective(kind, nbytes, tag, str(tensor.dtype).removeprefix("torch."), not async_op)
         if kind == "all_reduce":
-            work = dist.all_reduce(tensor, group=self.process_group, async_op=async_op)
+            work = dist.all_reduce(tensor, op=op, group=self.process_group, async_op=async_op)
         else:
             work = dist.broadcast(tensor, src=src, group=self.process_group, async_op=async_op)
         self.timeline.close_collective(span, work)

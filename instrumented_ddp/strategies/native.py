@@ -7,6 +7,7 @@ from contextlib import contextmanager
 from typing import Any, ClassVar
 
 import torch
+import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from ..timeline import NULL_TIMELINE
@@ -63,12 +64,21 @@ class NativeDDP(DataParallelStrategy):
 
     def _timed_all_reduce_hook(self) -> Callable[..., torch.futures.Future]:
         """DDP checks a hook's annotations against real types, which postponed (string)
-        annotations are not; hence an unannotated closure."""
+        annotations are not; hence an unannotated closure.
+
+        DDP's C++ default divides each gradient by the world size while it copies it into its
+        bucket (one pass); a hook gets the bucket already filled, so dividing it is a second pass
+        over every gradient, a cost watching would add. NCCL averages inside the all-reduce
+        (``ReduceOp.AVG``), so there the hook makes no extra pass; gloo has no average, so there
+        it divides first, as DDP's own Python default hook does."""
+        averaging = averaging_op(self.process_group)
 
         def timed_all_reduce(state, bucket):  # noqa: ANN001, ANN202
             self._last_bucket_at = self.timeline.stamp()
-            buffer = bucket.buffer().div_(self.world_size)
-            work = self._collective("all_reduce", buffer, tag=f"b{bucket.index()}", async_op=True)
+            buffer = bucket.buffer()
+            if averaging is None:
+                buffer.div_(self.world_size)
+            work = self._all_reduce(buffer, tag=f"b{bucket.index()}", async_op=True, op=averaging or dist.ReduceOp.SUM)
             return work.get_future().then(lambda future: future.value()[0])
 
         return timed_all_reduce
@@ -114,3 +124,9 @@ class NativeDDP(DataParallelStrategy):
     def no_sync(self) -> Iterator[None]:
         with self.ddp.no_sync(), super().no_sync():
             yield
+
+
+def averaging_op(process_group: dist.ProcessGroup | None) -> dist.ReduceOp.RedOpType | None:
+    """``ReduceOp.AVG`` where the group's backend averages inside the all-reduce (NCCL), else
+    None: the caller divides and sums (gloo refuses AVG)."""
+    return dist.ReduceOp.AVG if dist.get_backend(process_group) == "nccl" else None

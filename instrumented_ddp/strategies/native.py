@@ -24,7 +24,7 @@ class NativeDDP(DataParallelStrategy):
     and the state dict keeps the bare model's keys under ``module.``.
 
     When timed, each bucket goes through a communication hook that does what DDP's default
-    all-reduce hook does (divide, async all-reduce) through ``_collective``. DDP waits for its
+    all-reduce does (average, async) through ``_collective``. DDP waits for its
     last buckets inside ``backward()`` itself: the time from the last bucket's launch (DDP
     launches it as soon as its last gradient is ready, so that is when backward's compute ended)
     to the end of backward is recorded as a blocking ``wait`` (blocked is not busy). DDP's first

@@ -32,6 +32,7 @@ from dataclasses import replace
 from multiprocessing.queues import Queue
 from pathlib import Path
 
+import psutil
 import zmq
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -41,6 +42,7 @@ from ingest import LAYOUT, SETTINGS, step_report  # noqa: E402  (the same realis
 
 from ddpwatch.dashboard.app import DashboardApp  # noqa: E402
 from ddpwatch.dashboard.feeds import LiveFeed  # noqa: E402
+from ddpwatch.dashboard.process_feed import ProcessFeed  # noqa: E402
 from ddpwatch.demo import free_loopback_address  # noqa: E402
 from instrumented_ddp.device_sampler import SAMPLE_EVERY_S  # noqa: E402
 from instrumented_ddp.protocol import (  # noqa: E402
@@ -157,7 +159,8 @@ def rss_mib() -> float:
 
 async def watch(args: argparse.Namespace, directory: Path) -> None:
     address = free_loopback_address()
-    app = DashboardApp(LiveFeed(address, directory / "session.ddpwatch"), export_on_exit=False)
+    feed = (ProcessFeed if args.feed == "process" else LiveFeed)(address, directory / "session.ddpwatch")
+    app = DashboardApp(feed, export_on_exit=False)
     steps = int(args.seconds / args.step_s)
     groups = [list(range(args.ranks))[i :: args.senders] for i in range(args.senders)]
     spawn = mp.get_context("spawn")
@@ -168,6 +171,8 @@ async def watch(args: argparse.Namespace, directory: Path) -> None:
         process.start()
     async with app.run_test(size=(200, 60)) as pilot:
         started, samples, cpu_started = time.monotonic(), [], time.process_time()
+        receiver = psutil.Process(feed.pid) if isinstance(feed, ProcessFeed) and feed.pid else None
+        receiver_cpu_started = sum(receiver.cpu_times()[:2]) if receiver else 0.0
         while any(p.is_alive() for p in senders) or not app.session.finished:
             await pilot.pause(5.0)
             samples.append((time.monotonic() - started, rss_mib(), app.frames, app.frame_seconds))
@@ -178,6 +183,7 @@ async def watch(args: argparse.Namespace, directory: Path) -> None:
             process.join(5)
         elapsed = time.monotonic() - started
         dashboard_cpu = time.process_time() - cpu_started
+        receiver_cpu = sum(receiver.cpu_times()[:2]) - receiver_cpu_started if receiver else 0.0
         session = app.session
         sent, summaries, senders_cpu = (sum(t[i] for t in totals) for i in range(3))
         spans = sum(len(r.spans) for ranks in session.reports.values() for r in ranks.values())
@@ -187,7 +193,8 @@ async def watch(args: argparse.Namespace, directory: Path) -> None:
               f"{session.messages / elapsed:,.0f}/s; steps sent as summaries {summaries:,} of {args.ranks * steps:,}, "
               f"spans sent after their summary (pinned) {session.details:,}; "
               f"rejected {sum(session.rejected.values())}, lost {sum(s.lost_messages for s in session.ranks.values())}")
-        print(f"  CPU                 dashboard {dashboard_cpu / elapsed:.0%} of a core, its {args.senders} senders "
+        print(f"  CPU                 dashboard {dashboard_cpu / elapsed:.0%} of a core (UI), its receiver process "
+              f"{receiver_cpu / elapsed:.0%}, its {args.senders} senders "
               f"{senders_cpu / elapsed:.0%} (the ranks' share of the work: summaries, encoding)")
         print(f"  frames              {app.frames} = {app.frames / elapsed:.1f}/s, our frame code "
               f"{1000 * app.frame_seconds / max(app.frames, 1):.1f} ms on average; left to fold at the end {len(app._arrivals):,}")
@@ -195,7 +202,9 @@ async def watch(args: argparse.Namespace, directory: Path) -> None:
                                                   for part, seconds in app.frame_parts.items()))
         print(f"  steps kept in memory {len(session.reports)} (spans {spans:,}); session file "
               f"{(directory / 'session.ddpwatch').stat().st_size / 2**20:.1f} MiB")
-        print("  RSS over the run     " + ", ".join(f"{t:.0f}s {rss:.0f} MiB" for t, rss, _, _ in samples))
+        print(f"  RSS over the run ({args.feed} feed" + (", UI process; the receiver's at the end "
+              f"{receiver.memory_info().rss / 2**20:.0f} MiB)  " if receiver else ")  ")
+              + ", ".join(f"{t:.0f}s {rss:.0f} MiB" for t, rss, _, _ in samples))
         windows = zip([(0.0, 0.0, 0, 0.0), *samples], samples)
         print("  frames/s, 5 s windows " + ", ".join(f"{(f1 - f0) / (t1 - t0):.1f}" for (t0, _, f0, _), (t1, _, f1, _) in windows))
 
@@ -207,6 +216,8 @@ def main() -> None:
     parser.add_argument("--step-s", type=float, default=0.1)
     parser.add_argument("--senders", type=int, default=2)
     parser.add_argument("--collectives", type=int, default=59, help="all-reduces per step (a 7B DDP job: hundreds of buckets)")
+    parser.add_argument("--feed", default="process", choices=["process", "thread"],
+                        help="the receiver in its own process (as `ddpwatch` runs it) or a thread of the UI's (LiveFeed)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as directory:
         asyncio.run(watch(args, Path(directory)))

@@ -88,11 +88,11 @@ def server_keys(args: argparse.Namespace):  # noqa: ANN201 - ServerKeys | None, 
 
 def run_dashboard(args: argparse.Namespace) -> int:
     from .dashboard.app import DashboardApp
-    from .dashboard.feeds import LiveFeed
+    from .dashboard.process_feed import ProcessFeed
     from .session_file import SESSION_FILE_NAME
 
     out_dir = args.out or default_session_dir()
-    feed = LiveFeed(args.listen, out_dir / SESSION_FILE_NAME, args.max_message_bytes, server_keys(args))
+    feed = ProcessFeed(args.listen, out_dir / SESSION_FILE_NAME, args.max_message_bytes, server_keys(args))
     DashboardApp(feed, out_dir).run()
     print(f"session recorded in {out_dir}")
     return 0
@@ -114,7 +114,7 @@ def run_replay(args: argparse.Namespace) -> int:
 
 def run_demo(args: argparse.Namespace) -> int:
     from .dashboard.app import DashboardApp
-    from .dashboard.feeds import LiveFeed
+    from .dashboard.process_feed import ProcessFeed
     from .demo import free_loopback_address, start_training, stop_training
     from .session_file import SESSION_FILE_NAME
 
@@ -124,7 +124,7 @@ def run_demo(args: argparse.Namespace) -> int:
     address = free_loopback_address()
     training = start_training(address, out_dir / "train.log", args.nproc, args.steps, args.strategy)
     try:
-        feed = LiveFeed(address, out_dir / SESSION_FILE_NAME)  # ZeroMQ's threads start here, after the fork
+        feed = ProcessFeed(address, out_dir / SESSION_FILE_NAME)  # ZeroMQ's threads start in its child process
         DashboardApp(feed, out_dir).run()
     finally:
         stop_training(training)

@@ -12,7 +12,7 @@ from collections import Counter, defaultdict, deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from sys import intern
-from typing import Any, overload
+from typing import Any, NamedTuple, overload
 
 from ddpwatch import metrics
 from instrumented_ddp.protocol import (
@@ -117,6 +117,28 @@ NO_SPANS = PackedSpans(())
 NO_FLOATS = float_array(())
 
 
+class PreparedReport(NamedTuple):
+    """What the session figures from a step report before it folds it in: the rank's figures,
+    its collectives' times, and the report as kept (spans packed; a summary's none). Pure, so a
+    receiver process can figure it off the UI's core (``dashboard/process_feed.py``)."""
+
+    figures: metrics.StepFigures
+    calls: metrics.CallTimes
+    report: StepReport
+    world_size: int  # the world it was figured for: a session of another size figures again
+
+
+def prepare_report(message: StepReport | StepSummary, world_size: int) -> PreparedReport:
+    """A summary comes figured by its rank (the same ``step_figures`` code); a full report is
+    figured here, while its spans are still ``Span`` objects (packed, each reading makes them again)."""
+    if isinstance(message, StepSummary):
+        calls = summary_calls(message)
+        figures, report = summary_figures(message, calls), report_without_spans(message)
+    else:
+        (figures, calls), report = metrics.figures_and_calls(message, world_size), message
+    return PreparedReport(figures, calls, replace(report, spans=PackedSpans(report.spans)), world_size)
+
+
 @dataclass
 class Segment:
     """A run of consecutive steps under one strategy and settings."""
@@ -201,9 +223,10 @@ class Session:
         self.session_id = ""
 
     # -- feeding ---------------------------------------------------------------------------------
-    def ingest(self, envelope: Envelope, received_at: float | None = None) -> str | None:
+    def ingest(self, envelope: Envelope, received_at: float | None = None, prepared: PreparedReport | None = None) -> str | None:
         """Fold one decoded message in; returns the rejection category of a well-formed message
-        whose values cannot be true here (and counts it), else None."""
+        whose values cannot be true here (and counts it), else None. ``prepared``: a step report's
+        ``prepare_report``, made elsewhere (used when figured for this session's world size)."""
         now = time.monotonic() if received_at is None else received_at
         message = envelope.message
         if isinstance(message, SwitchCommand):
@@ -223,7 +246,7 @@ class Session:
         if isinstance(message, Hello):
             self._note_hello(rank, message)
         elif isinstance(message, (StepReport, StepSummary)):
-            self._receive_report(rank, message)
+            self._receive_report(rank, message, prepared)
         elif isinstance(message, DeviceSample):
             rank.devices.append(message)
             rank.devices_received += 1
@@ -278,7 +301,7 @@ class Session:
         the step's figures are in already, so only its spans are new."""
         return isinstance(message, StepReport) and message.step in rank.summarized and message.step not in rank.detailed
 
-    def _receive_detail(self, rank: RankState, report: StepReport) -> None:
+    def _receive_detail(self, rank: RankState, report: StepReport, prepared: PreparedReport | None = None) -> None:
         """Put the spans in the kept report; its figures stay as the summary gave them (equal by
         construction: one ``step_figures``). A step the session forgot gets nothing, and is counted."""
         rank.detailed.add(report.step)
@@ -286,12 +309,12 @@ class Session:
         if report.rank not in kept:
             rank.details_unused += 1
             return
-        kept[report.rank] = replace(report, spans=PackedSpans(report.spans))
+        kept[report.rank] = prepared.report if prepared is not None else replace(report, spans=PackedSpans(report.spans))
         if report.step in self._details_forgotten:  # pinned after its details were forgotten
             self._calls.setdefault(report.step, {})[report.rank] = call_times(report)
         self.details += 1
 
-    def _receive_report(self, rank: RankState, report: StepReport | StepSummary) -> None:
+    def _receive_report(self, rank: RankState, report: StepReport | StepSummary, prepared: PreparedReport | None = None) -> None:
         """Count what a report says about its rank, then use it if its step is still open.
 
         Late: the rank had passed the step by more than the reorder slack, or the session had
@@ -300,7 +323,7 @@ class Session:
         it), the segment's running figures cannot take it back in, so it is counted and dropped.
         """
         if self._is_detail(rank, report):
-            self._receive_detail(rank, report)  # type: ignore[arg-type]
+            self._receive_detail(rank, report, prepared)  # type: ignore[arg-type]
             return
         folded = report.step in self._folded_steps
         if folded or report.step < rank.last_step - STEP_REORDER_SLACK:
@@ -314,28 +337,23 @@ class Session:
         rank.last_reported = max(rank.last_reported, report.step)
         rank.last_step = max(rank.last_step, report.step)
         if not folded:
-            self._add_report(report)
+            self._add_report(report, prepared)
     def _declared_world_size(self) -> int:
         """The world the hellos declare (0 before any): kept up to date on each hello, since every
         message asks for it."""
         return self._declared_world
 
-    def _add_report(self, message: StepReport | StepSummary) -> None:
-        # Figured while the spans are still Span objects: packed, each reading makes them again.
+    def _add_report(self, message: StepReport | StepSummary, prepared: PreparedReport | None = None) -> None:
         # A report that enters no figure keeps none: the ranks table shows a dash for it.
-        # A summary comes figured by its rank, with the same code.
-        if isinstance(message, StepSummary):
-            calls = summary_calls(message)
-            figures, report = summary_figures(message, calls), report_without_spans(message)
-        else:
-            (figures, calls), report = metrics.figures_and_calls(message, self.world_size), message
+        if prepared is None or prepared.world_size != self.world_size:
+            prepared = prepare_report(message, self.world_size)
+        figures, calls, report = prepared.figures, prepared.calls, prepared.report
         if metrics.counted(message):
             self._figures.setdefault(message.step, {})[message.rank] = figures
         if report.step not in self._calls and self.detail_rank_steps is not None:
             self._detail_steps.append(report.step)
         self._calls.setdefault(report.step, {})[report.rank] = calls._replace(tags=self._shared(calls.tags))
         self._times.setdefault(report.step, {})[report.rank] = figures.times
-        report = replace(report, spans=PackedSpans(report.spans))
         if report.step not in self.reports:
             bisect.insort(self._unfolded, report.step)
         self.reports[report.step][report.rank] = report

@@ -39,6 +39,10 @@ class ProtocolError(ValueError):
         self.category = category
         self.detail = detail
 
+    def __reduce__(self) -> tuple[type[ProtocolError], tuple[str, str]]:
+        """Pickled as made (the dashboard's receiver process hands rejections over)."""
+        return type(self), (self.category, self.detail)
+
 
 class Span(NamedTuple):
     """One interval on a rank's clock (seconds). ``blocking``: the main thread sat in it."""

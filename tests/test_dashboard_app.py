@@ -12,7 +12,8 @@ from textual.widgets import Static, TabbedContent
 
 from ddpwatch import exporters
 from ddpwatch.dashboard.app import DashboardApp
-from ddpwatch.dashboard.feeds import LiveFeed, StaticFeed
+from ddpwatch.dashboard.feeds import StaticFeed
+from ddpwatch.dashboard.process_feed import ProcessFeed
 from ddpwatch.dashboard.screens.help_screen import HelpScreen
 from ddpwatch.dashboard.snapshot import Snapshot, SnapshotBuilder
 from ddpwatch.dashboard.widgets.rank_heatmap import RankHeatmap
@@ -94,7 +95,7 @@ async def test_malformed_messages_are_counted_and_shown() -> None:
 @pytest.mark.timeout(60)
 async def test_key_press_sends_the_switch_to_rank_0_and_reports_its_ack(tmp_path) -> None:  # noqa: ANN001
     address = free_address()
-    feed = LiveFeed(address, tmp_path / "session.ddpwatch")
+    feed = ProcessFeed(address, tmp_path / "session.ddpwatch")  # the live feed `ddpwatch` runs
     context = zmq.Context()
     rank0 = context.socket(zmq.DEALER)
     rank0.setsockopt(zmq.ROUTING_ID, routing_id("fixed-session", 0))

@@ -150,9 +150,9 @@ class DashboardApp(App[None]):
         self._arrivals.extend(self.feed.drain())
         deadline = None if budget_s is None else time.perf_counter() + budget_s
         while self._arrivals:  # at least one a frame, however small the budget
-            arrived_at, item = self._arrivals.popleft()
+            arrived_at, item, prepared = self._arrivals.popleft()
             if isinstance(item, Envelope):
-                if self.session.ingest(item, arrived_at) is None and isinstance(item.message, Ack):
+                if self.session.ingest(item, arrived_at, prepared) is None and isinstance(item.message, Ack):
                     self._acknowledged(item.message)
             else:
                 self.session.reject(item.category)

@@ -18,6 +18,7 @@ from instrumented_ddp.protocol import DEFAULT_MAX_MESSAGE_BYTES, Envelope, Proto
 from ..auth import ServerKeys
 from ..control import SwitchRelay
 from ..receiver import TelemetryReceiver, log_and_decode
+from ..session import PreparedReport
 from ..session_file import SessionWriter, read_session_file
 from ..span_requests import SpanRequester, SpanWish
 
@@ -25,12 +26,14 @@ Item = Envelope | ProtocolError
 
 
 class Arrival(NamedTuple):
-    """An item and when it arrived (``time.monotonic()`` on the feed's thread). A rank is lost
-    after a silence measured from arrivals, not from when the UI got round to folding them in
-    (a frame late, or a long garbage collection later)."""
+    """An item and when it arrived (``time.monotonic()`` on the feed's thread or process: one
+    clock across processes). A rank is lost after a silence measured from arrivals, not from when
+    the UI got round to folding them in (a frame late, or a long garbage collection later).
+    ``prepared``: a step report's figures, where the feed figured them (``ProcessFeed``)."""
 
     at: float
     item: Item
+    prepared: PreparedReport | None = None
 
 
 class Feed:

@@ -1,0 +1,197 @@
+"""The live feed in a process of its own: receiving, recording, decoding and figuring off the UI's core.
+
+At 1,024 ranks a dashboard receives ~3,000 messages a second. In one process, decoding them
+(a step summary ~80-100 us, a hello ~70 us, a full 300-collective report ~0.7 ms) and figuring each
+report before the session can fold it (a summary ~100 us, a full report ~1 ms) took the GIL for
+about 0.4 s of every second, beside the frames. Here a child process binds the socket, appends every
+message to the session file as it comes, decodes it, relays switch commands and span requests,
+and figures each step report with the session's own ``prepare_report``; the UI process gets
+batches of ``Arrival``s (pickled: a summary with its figures loads in ~45 us) and folds them,
+figures included, in a fraction of the time.
+
+Nothing is dropped between the two: the child blocks on a full pipe, and the parent stops reading
+while ``MAX_BACKLOG`` arrivals wait to be folded, so a dashboard that cannot keep up holds its
+backlog in ZeroMQ's queues (bounded; overflow counted by the ranks as dropped), never in an
+unbounded list of decoded messages.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import pickle
+import threading
+import time
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from instrumented_ddp.protocol import DEFAULT_MAX_MESSAGE_BYTES, Envelope, Hello, ProtocolError, StepReport, StepSummary, SwitchCommand
+
+from ..auth import ServerKeys
+from ..control import SwitchRelay
+from ..receiver import TelemetryReceiver, log_and_decode
+from ..session import prepare_report
+from ..session_file import SessionWriter
+from ..span_requests import SpanRequester, SpanWish
+from .feeds import Arrival, Feed
+
+#: Arrivals the UI may have waiting before the feed stops reading from the child (a 1,024-rank
+#: job sends ~3,000 a second; a sampled full step is 1,024 reports at once).
+MAX_BACKLOG = 20_000
+BATCH_MAX = 64  # arrivals per pickled batch: loading one holds the UI's GIL (64 full reports: ~9 ms)
+START_TIMEOUT_S = 30.0  # a spawned child imports the dashboard's modules before it binds
+STOP_TIMEOUT_S = 5.0
+
+
+class ProcessFeed(Feed):
+    """``LiveFeed``'s work done by a child process; the same interface to the app."""
+
+    can_switch = True
+
+    def __init__(self, address: str, session_file: Path, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+                 keys: ServerKeys | None = None) -> None:
+        super().__init__()
+        self.session_file = session_file
+        self.description = f"listening on {address}{' (CURVE)' if keys else ''} · recording {session_file}"
+        self._send_lock = threading.Lock()
+        self._wish: SpanWish | None = None
+        context = mp.get_context("spawn")  # a fork would copy the parent's threads' locks and ZeroMQ state
+        self._connection, child_end = context.Pipe(duplex=True)
+        self._process = context.Process(target=serve, args=(address, session_file, max_message_bytes, keys, child_end),
+                                        name="ddpwatch-receiver", daemon=True)
+        self._process.start()
+        child_end.close()
+        # The child binds: an address in use or refused is raised here, as LiveFeed raises it.
+        if not self._connection.poll(START_TIMEOUT_S):
+            self._process.kill()
+            raise OSError(f"cannot listen on {address}: the receiver process did not start within {START_TIMEOUT_S:g} s")
+        try:
+            status, detail = self._connection.recv()
+        except EOFError:
+            status, detail = "error", f"cannot listen on {address}: the receiver process ended at start (exit code {self._process.exitcode})"
+        if status != "ready":
+            self._process.join(STOP_TIMEOUT_S)
+            raise OSError(detail)
+
+    @property
+    def pid(self) -> int | None:
+        """The receiver process (``bench/dashboard_load.py`` reports its CPU beside the UI's)."""
+        return self._process.pid
+
+    def request_switch(self, command: SwitchCommand) -> None:
+        self._tell("switch", command)
+
+    def want_spans(self, wish: SpanWish) -> None:
+        if wish != self._wish:  # asked every frame; sent when it changes
+            self._wish = wish
+            self._tell("wish", wish)
+
+    def _tell(self, kind: str, value: Any) -> None:
+        with self._send_lock:
+            try:
+                self._connection.send((kind, value))
+            except (OSError, ValueError):  # the child is gone: the feed thread says so
+                pass
+
+    def stop(self) -> None:
+        """The child receives what is queued, records it, hands it over and exits; the feed thread
+        reads to its last batch, so what arrived before the stop is folded (and exported)."""
+        self._stop.set()
+        self._tell("stop", None)
+        if self._thread is not None:
+            self._thread.join(STOP_TIMEOUT_S)
+        self._process.join(STOP_TIMEOUT_S)
+        if self._process.is_alive():
+            self._process.kill()
+        self._connection.close()
+
+    def _run(self) -> None:
+        while True:
+            while len(self._items) >= MAX_BACKLOG and not self._stop.is_set():  # the UI is behind: the
+                time.sleep(0.01)  # child, then ZeroMQ's bounded queues, hold the rest
+            try:
+                data = self._connection.recv_bytes()
+            except (EOFError, OSError):
+                self._arrived(ProtocolError("receiver_gone", "the receiver process ended"))
+                return
+            batch: list[Arrival] | None = pickle.loads(data)
+            if batch is None:  # the child's last word after a stop
+                return
+            self._items.extend(batch)
+
+
+def serve(address: str, session_file: Path, max_message_bytes: int, keys: ServerKeys | None, connection: Connection) -> None:
+    """The child: bind, then receive, record, decode, figure and hand over until told to stop."""
+    try:
+        receiver = TelemetryReceiver(address, max_message_bytes, keys)
+    except OSError as error:
+        connection.send(("error", str(error)))
+        return
+    connection.send(("ready", ""))
+    writer = SessionWriter(session_file)
+    relay, requester = SwitchRelay(receiver.send), SpanRequester(receiver.send)
+    world = WorldSize()
+    stopping = False
+    try:
+        while True:
+            batch: list[Arrival] = []
+            for peer, data in receiver.receive(timeout_ms=0 if stopping else 20):
+                arrival = _arrival(data, writer, max_message_bytes, world, relay, requester, peer)
+                if arrival is not None:
+                    batch.append(arrival)
+            for _ in range(receiver.take_refused_handshakes()):
+                batch.append(Arrival(time.monotonic(), ProtocolError("unauthenticated", "a peer without the CURVE key was refused")))
+            for start in range(0, len(batch), BATCH_MAX):
+                connection.send_bytes(pickle.dumps(batch[start:start + BATCH_MAX], protocol=pickle.HIGHEST_PROTOCOL))
+            if stopping and not batch:
+                break
+            while not stopping and connection.poll(0):
+                kind, value = connection.recv()
+                if kind == "switch":
+                    relay.request(value)
+                elif kind == "wish":
+                    requester.want(value)
+                elif kind == "stop":
+                    stopping = True
+            relay.tick()
+            requester.tick()
+            writer.flush_if_due()
+        connection.send_bytes(pickle.dumps(None))
+    except (BrokenPipeError, EOFError, OSError):  # the parent is gone: nobody to hand anything to
+        pass
+    finally:
+        writer.close()
+        receiver.close()
+
+
+class WorldSize:
+    """The world the ranks' hellos declare, as the session counts it (the largest), for figuring
+    a full report here; the session refigures a report whose world turns out different."""
+
+    def __init__(self) -> None:
+        self.declared = 0
+
+    def note(self, hello: Hello) -> None:
+        self.declared = max(self.declared, hello.world_size)
+
+
+def _arrival(data: bytes, writer: SessionWriter, max_message_bytes: int, world: WorldSize, relay: SwitchRelay,
+             requester: SpanRequester, peer: bytes) -> Arrival | None:
+    arrived_at = time.monotonic()
+    item = log_and_decode(data, writer, max_message_bytes)
+    if not isinstance(item, Envelope):
+        return Arrival(arrived_at, item)
+    relay.note(peer, item)
+    requester.note(peer, item)
+    message = item.message
+    if isinstance(message, SwitchCommand):
+        return None  # a request from `ddpwatch switch`: relayed, not shown
+    if isinstance(message, Hello) and 0 <= message.rank < message.world_size:
+        world.note(message)
+    prepared = None
+    if isinstance(message, (StepReport, StepSummary)) and world.declared:
+        try:
+            prepared = prepare_report(message, world.declared)
+        except Exception:  # figures the session would also fail on: it judges the message itself
+            prepared = None
+    return Arrival(arrived_at, item, prepared)

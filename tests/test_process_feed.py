@@ -1,0 +1,93 @@
+"""The live feed's receiver process: what it hands the UI is every message, recorded, decoded and
+figured exactly as the session would figure it in one process."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import zmq
+
+from ddpwatch.dashboard.feeds import Arrival
+from ddpwatch.dashboard.process_feed import ProcessFeed
+from ddpwatch.demo import free_loopback_address
+from ddpwatch.receiver import ingest
+from ddpwatch.session import Session
+from ddpwatch.session_file import read_session_file
+from instrumented_ddp.protocol import Envelope, ProtocolError, SpanRequest, StepReport, decode, encode
+from instrumented_ddp.span_policy import SpanPolicy
+from instrumented_ddp.telemetry import routing_id
+from synthetic_session import session_messages
+
+
+def _with_summaries(messages: list[bytes]) -> list[bytes]:
+    """Every other step as its rank's summary, as a large job's ranks send them."""
+    policy = SpanPolicy(2)
+    policy.on_request(SpanRequest(full=False, sample_every=2))
+    edited = []
+    for data in messages:
+        envelope = decode(data)
+        if isinstance(envelope.message, StepReport):
+            data = encode(policy.message_for(envelope.message), envelope.seq, envelope.dropped)
+        edited.append(data)
+    return edited
+
+
+@pytest.mark.timeout(60)
+def test_process_feed_hands_over_every_message_recorded_and_figured_as_one_process_would(tmp_path: Path) -> None:
+    messages = _with_summaries(session_messages(steps=8))
+    address = free_loopback_address()
+    feed = ProcessFeed(address, tmp_path / "session.ddpwatch")
+    feed.start()
+    context = zmq.Context()
+    arrivals: list[Arrival] = []
+    try:
+        ranks = {}
+        for rank in (0, 1):
+            ranks[rank] = context.socket(zmq.DEALER)
+            ranks[rank].setsockopt(zmq.ROUTING_ID, routing_id("fixed-session", rank))
+            ranks[rank].setsockopt(zmq.LINGER, 0)
+            ranks[rank].connect(address)
+        for data in messages:
+            ranks[decode(data).rank].send(data)
+        ranks[1].send(b"\xc1garbage")  # rejected, counted, and handed over as such
+        deadline = time.monotonic() + 30
+        while len(arrivals) < len(messages) + 1 and time.monotonic() < deadline:
+            arrivals += feed.drain()
+            time.sleep(0.02)
+    finally:
+        feed.stop()
+        context.destroy(linger=0)
+    (rejected,) = [a for a in arrivals if isinstance(a.item, ProtocolError)]  # the ranks' sockets interleave
+    arrivals.remove(rejected)
+    assert isinstance(rejected.item, ProtocolError) and rejected.item.category == "garbage" and rejected.prepared is None
+    assert len(arrivals) == len(messages) and all(isinstance(a.item, Envelope) for a in arrivals)
+    reports = [a for a in arrivals if isinstance(a.item, Envelope) and hasattr(a.item.message, "step")]
+    assert len(reports) == 16 and all(a.prepared is not None for a in reports)  # every report figured in the child
+    assert sum(type(a.item.message).__name__ == "StepSummary" for a in reports) == 8
+
+    handed_over, in_one_process = Session(), Session()
+    for arrival in arrivals:
+        assert handed_over.ingest(arrival.item, arrival.at, arrival.prepared) is None  # type: ignore[arg-type]
+    ingest(in_one_process, messages)
+    assert sorted(handed_over.reports) == sorted(in_one_process.reports) == list(range(1, 9))
+    for step in range(1, 9):
+        assert handed_over.step_figures(step) == in_one_process.step_figures(step)
+        assert handed_over.step_calls(step) == in_one_process.step_calls(step)
+        assert handed_over.reports[step] == in_one_process.reports[step]
+    recorded = sorted(data for _, data in read_session_file(tmp_path / "session.ddpwatch"))
+    assert recorded == sorted([*messages, b"\xc1garbage"])  # the child recorded every message as it came
+
+
+def test_process_feed_says_in_one_line_when_it_cannot_listen(tmp_path: Path) -> None:
+    address = free_loopback_address()
+    context = zmq.Context()
+    taken = context.socket(zmq.ROUTER)
+    taken.setsockopt(zmq.LINGER, 0)
+    taken.bind(address)
+    try:
+        with pytest.raises(OSError, match=f"cannot listen on {address}: Address already in use"):
+            ProcessFeed(address, tmp_path / "session.ddpwatch")
+    finally:
+        context.destroy(linger=0)

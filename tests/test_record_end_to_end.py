@@ -1,13 +1,21 @@
-"""Timing through torchrun and ``ddpwatch record``: exact collective counts, true overlap, exports."""
+"""Training through torchrun, recorded by ``ddpwatch record``: every strategy trains with identical
+replicas, exact collective counts, true overlap, exports.
+
+Each distinct run is made once per module (``recordings``) and every test that needs it reads it:
+a torchrun run is ~14 s on two cores, and a run is worth several assertions."""
 
 from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
+import torch
 
+import instrumented_ddp
 from ddpwatch.recorder import load_session
 from ddpwatch.session import Session
 from launch import REPO_ROOT, Recorder, run_torchrun
@@ -16,15 +24,61 @@ TRAIN = str(REPO_ROOT / "train.py")
 PARAMETER_TENSORS = 57  # the tiny SmolLM2: embeddings, 6 layers x 9, final norm, score
 
 
-def record_training(tmp_path: Path, *train_args: str, steps: int = 4) -> tuple[Session, dict]:
+class Recording(NamedTuple):
+    session: Session
+    summary: dict
+    stdout: str  # train.py's, rank 0's lines included
+    directory: Path  # the recorder's: session file and exports
+    final: Path  # train.py --save-final
+
+
+Record = Callable[..., Recording]
+
+
+@pytest.fixture(scope="module")
+def recordings(tmp_path_factory: pytest.TempPathFactory) -> Record:
+    """``record(*train_args)``: a 4-step, 2-rank run of train.py watched by ``ddpwatch record``,
+    made the first time those arguments are asked for."""
+    made: dict[tuple[str, ...], Recording] = {}
+
+    def record(*train_args: str) -> Recording:
+        if train_args not in made:
+            made[train_args] = record_training(tmp_path_factory.mktemp("run"), *train_args)
+        return made[train_args]
+
+    return record
+
+
+def record_training(tmp_path: Path, *train_args: str, steps: int = 4) -> Recording:
+    final = tmp_path / "final.pt"
     with Recorder(tmp_path / "session", "--idle-exit", "20") as recorder:
         result = run_torchrun([TRAIN, "--steps", str(steps), "--batch-size", "8", "--log-every", "2",
-                               "--watch", recorder.address, *train_args])
-        assert result.returncode == 0, result.stderr[-3000:]
+                               "--watch", recorder.address, "--save-final", str(final), *train_args])
+        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
         log = recorder.wait()
     assert "every rank said goodbye" in log, log
     summary = json.loads((tmp_path / "session" / "summary.json").read_text())
-    return load_session(tmp_path / "session" / "session.ddpwatch"), summary
+    return Recording(load_session(tmp_path / "session" / "session.ddpwatch"), summary, result.stdout, tmp_path / "session", final)
+
+
+#: The run each strategy is proven on below (the same arguments: the same run).
+STRATEGY_RUNS = {
+    "simple": ("--strategy", "simple", "--grad-accum", "1"), "ga": ("--strategy", "ga", "--grad-accum", "2"),
+    "hook": ("--strategy", "hook", "--grad-accum", "1"), "async": ("--strategy", "async", "--grad-accum", "1"),
+    "bucket": ("--strategy", "bucket", "--bucket-mb", "1"), "ddp": ("--strategy", "ddp", "--bucket-mb", "1"),
+}
+
+
+def test_every_strategy_has_a_recorded_run() -> None:
+    assert sorted(STRATEGY_RUNS) == sorted(instrumented_ddp.STRATEGY_NAMES)
+
+
+@pytest.mark.parametrize("strategy", list(STRATEGY_RUNS))
+def test_every_strategy_trains_under_torchrun_with_identical_replicas(recordings: Record, strategy: str) -> None:
+    run = recordings(*STRATEGY_RUNS[strategy])
+    assert "parameters identical on all 2 rank(s)" in run.stdout
+    assert "step 4/4" in run.stdout
+    assert torch.load(run.final)["score.weight"].shape == (5, 192)
 
 
 def all_reduce_calls(session: Session) -> dict[int, Counter]:
@@ -40,8 +94,8 @@ def all_reduce_calls(session: Session) -> dict[int, Counter]:
     ("ga", 2, PARAMETER_TENSORS),  # one synchronising micro-step in two
     ("simple", 2, 2 * PARAMETER_TENSORS),  # the baseline reduces after every micro-step
 ])
-def test_all_reduce_count_per_step_is_exact_on_both_ranks(tmp_path: Path, strategy: str, grad_accum: int, per_step: int) -> None:
-    session, summary = record_training(tmp_path, "--strategy", strategy, "--grad-accum", str(grad_accum))
+def test_all_reduce_count_per_step_is_exact_on_both_ranks(recordings: Record, strategy: str, grad_accum: int, per_step: int) -> None:
+    session, summary, *_ = recordings("--strategy", strategy, "--grad-accum", str(grad_accum))
     counts = all_reduce_calls(session)
     assert sorted(counts) == [1, 2, 3, 4]
     for step, per_rank in counts.items():
@@ -54,8 +108,8 @@ def test_all_reduce_count_per_step_is_exact_on_both_ranks(tmp_path: Path, strate
     assert segment["desyncs"] == []
 
 
-def test_bucket_reduces_once_per_bucket_and_overlaps_backward(tmp_path: Path) -> None:
-    session, summary = record_training(tmp_path, "--strategy", "bucket", "--bucket-mb", "1")
+def test_bucket_reduces_once_per_bucket_and_overlaps_backward(recordings: Record) -> None:
+    session, summary, *_ = recordings(*STRATEGY_RUNS["bucket"])
     buckets = len(session.ranks[0].hello.bucket_layout)
     assert buckets > 1
     assert all(c == Counter({0: buckets, 1: buckets}) for c in all_reduce_calls(session).values())
@@ -63,10 +117,10 @@ def test_bucket_reduces_once_per_bucket_and_overlaps_backward(tmp_path: Path) ->
     assert_async_collectives_complete_during_backward(session)
 
 
-def test_async_and_ddp_overlap_while_simple_does_not(tmp_path: Path) -> None:
+def test_async_and_ddp_overlap_while_simple_does_not(recordings: Record) -> None:
     overlaps = {}
-    for strategy, extra in (("simple", []), ("async", []), ("ddp", ["--bucket-mb", "1"])):
-        session, summary = record_training(tmp_path / strategy, "--strategy", strategy, *extra)
+    for strategy in ("simple", "async", "ddp"):
+        session, summary, *_ = recordings(*STRATEGY_RUNS[strategy])
         overlaps[strategy] = summary["segments"][0]["overlap_pct"]
         if strategy != "simple":
             assert_async_collectives_complete_during_backward(session)
@@ -74,8 +128,8 @@ def test_async_and_ddp_overlap_while_simple_does_not(tmp_path: Path) -> None:
     assert overlaps["async"] > 0 and overlaps["ddp"] > 0, overlaps
 
 
-def test_native_ddp_first_iteration_is_excluded_and_buckets_counted(tmp_path: Path) -> None:
-    session, summary = record_training(tmp_path, "--strategy", "ddp", "--bucket-mb", "1")
+def test_native_ddp_first_iteration_is_excluded_and_buckets_counted(recordings: Record) -> None:
+    session, summary, *_ = recordings(*STRATEGY_RUNS["ddp"])
     assert all(report.excluded == (step == 1) for step, ranks in session.reports.items() for report in ranks.values())
     counts = all_reduce_calls(session)
     assert counts[1] == Counter({0: 1, 1: 1})  # one bucket holding every gradient, before the rebuild
@@ -102,12 +156,12 @@ def assert_async_collectives_complete_during_backward(session: Session) -> None:
     raise AssertionError("no asynchronous all-reduce completed while backward went on")
 
 
-def test_exports_are_valid_and_summary_prints_the_table(tmp_path: Path) -> None:
+def test_exports_are_valid_and_summary_prints_the_table(recordings: Record) -> None:
     import subprocess
     import sys
 
-    session, summary = record_training(tmp_path, "--strategy", "async")
-    trace = json.loads((tmp_path / "session" / "trace.json").read_text())
+    session, summary, _, directory, _ = recordings(*STRATEGY_RUNS["async"])
+    trace = json.loads((directory / "trace.json").read_text())
     names = {e["args"]["name"] for e in trace["traceEvents"] if e.get("ph") == "M" and e["name"] == "process_name"}
     assert len(names) == 2 and all(name.startswith("rank ") for name in names)
     for key in ("strategy", "world_size", "first_step", "last_step", "compute_pct", "non_compute_pct", "idle_pct",
@@ -116,7 +170,7 @@ def test_exports_are_valid_and_summary_prints_the_table(tmp_path: Path) -> None:
         assert key in summary["segments"][0], key
     segment = summary["segments"][0]
     assert segment["compute_pct"] + segment["non_compute_pct"] + segment["idle_pct"] == pytest.approx(100)
-    printed = subprocess.run([sys.executable, "-m", "ddpwatch.cli", "summary", str(tmp_path / "session")],
+    printed = subprocess.run([sys.executable, "-m", "ddpwatch.cli", "summary", str(directory)],
                              capture_output=True, text=True, cwd=REPO_ROOT, check=True).stdout
     assert "| Compute% | Non_Compute% | Idle% | Overlap% | Comm_overhead% |" in printed
     assert "| async" in printed

@@ -134,7 +134,8 @@ def paced_sender(address: str, ranks: list[int], world: int, steps: int, step_s:
             if "heartbeat" in now_due:
                 rank.send(Heartbeat(rank.rank, 1000.0 + now, step))
             if "step" in now_due:
-                rank.send(rank.policy.message_for(step_report(rank.rank, step, collectives + PHASE_SPANS)))
+                for message in rank.policy.messages_for(step_report(rank.rank, step, collectives + PHASE_SPANS)):
+                    rank.send(message)
         for kind in now_due:
             due[kind] += every[kind]
         step += "step" in now_due

@@ -87,6 +87,9 @@ class PackedSpans(Sequence[Span]):
     __slots__ = ("_rows",)
 
     def __init__(self, spans: Iterable[Span]) -> None:
+        if isinstance(spans, PackedSpans):  # packed already (by the dashboard's receiver process)
+            self._rows = spans._rows
+            return
         # Kinds, tags and dtypes repeat in every report of every rank: one string object each.
         self._rows = tuple((intern(kind), start, end, blocking, nbytes, intern(tag), intern(dtype))
                            for kind, start, end, blocking, nbytes, tag, dtype in spans)

@@ -3,8 +3,9 @@
 What a step report costs the listener grows with the spans in it, so a rank sends a step's full
 spans only where the listener asked for them (a ``SpanRequest``: every step, every N-th step, or
 steps the user pinned, from the last ``HELD_STEPS`` kept here), and otherwise a ``StepSummary``:
-the step's figures, computed by the same ``step_figures`` the dashboard runs on full spans. Until
-a listener says otherwise, every step goes out in full.
+the step's figures, computed by the same ``step_figures`` the dashboard runs on full spans (a
+sampled step: its summary, then its spans). Until a listener says otherwise, every step goes out
+in full.
 
 Pure (no socket, no thread): the rank's sender thread runs it, and ``bench/dashboard_load.py``'s
 simulated ranks run the same policy, so the bench's stream is what a real job's would be.
@@ -35,20 +36,27 @@ class SpanPolicy:
         request = self.request
         return request.full or (request.sample_every > 0 and step % request.sample_every == 0)
 
-    def message_for(self, report: StepReport) -> StepReport | StepSummary:
-        """The report itself where its spans are wanted, else its summary; held either way for a
-        later pin."""
-        sent = [self.wants_spans(report.step)]
+    def messages_for(self, report: StepReport) -> list[StepReport | StepSummary]:
+        """What to send for a finished step, held either way for a later pin: the report alone
+        where the listener wants every span (``full``); else its summary, followed by the report
+        on a sampled step. A sampled step's figures then come from the rank, like every other
+        step's, and its spans are only kept by the listener: at 1,024 ranks a sampled step is
+        1,024 reports at once, whose figures (~1 ms each) the listener no longer computes."""
+        request = self.request
+        sent = [request.full]
         self._held.append((report, sent))
-        if sent[0]:
-            return report
+        if request.full:
+            return [report]
         try:
             summary = self._summarize(report, self.world_size)
         except Exception:  # a report the figures cannot take: sent whole, the receiver judges it
             sent[0] = True
-            return report
+            return [report]
         self.summaries += 1
-        return summary
+        if self.wants_spans(report.step):
+            sent[0] = True
+            return [summary, report]
+        return [summary]
 
     def on_request(self, request: SpanRequest) -> list[StepReport]:
         """Take the listener's new wish; returns the pinned steps' reports still held and not sent

@@ -122,9 +122,8 @@ class TelemetryPublisher:
                 continue
             if message is None:
                 return
-            if isinstance(message, StepReport):
-                message = self.spans.message_for(message)
-            self._send(message)
+            for outgoing in self.spans.messages_for(message) if isinstance(message, StepReport) else [message]:
+                self._send(outgoing)
 
     def _receive_commands(self) -> None:
         while self._socket.poll(0, zmq.POLLIN):

@@ -22,15 +22,16 @@ from synthetic_session import session_messages
 
 
 def _with_summaries(messages: list[bytes]) -> list[bytes]:
-    """Every other step as its rank's summary, as a large job's ranks send them."""
+    """What a large job's ranks send: summaries, and on every other step the spans after it."""
     policy = SpanPolicy(2)
     policy.on_request(SpanRequest(full=False, sample_every=2))
-    edited = []
+    edited, seq = [], {0: 0, 1: 0}
     for data in messages:
         envelope = decode(data)
-        if isinstance(envelope.message, StepReport):
-            data = encode(policy.message_for(envelope.message), envelope.seq, envelope.dropped)
-        edited.append(data)
+        outgoing = policy.messages_for(envelope.message) if isinstance(envelope.message, StepReport) else [envelope.message]
+        for message in outgoing:
+            edited.append(encode(message, seq[envelope.rank], envelope.dropped))
+            seq[envelope.rank] += 1
     return edited
 
 
@@ -64,13 +65,15 @@ def test_process_feed_hands_over_every_message_recorded_and_figured_as_one_proce
     assert isinstance(rejected.item, ProtocolError) and rejected.item.category == "garbage" and rejected.prepared is None
     assert len(arrivals) == len(messages) and all(isinstance(a.item, Envelope) for a in arrivals)
     reports = [a for a in arrivals if isinstance(a.item, Envelope) and hasattr(a.item.message, "step")]
-    assert len(reports) == 16 and all(a.prepared is not None for a in reports)  # every report figured in the child
-    assert sum(type(a.item.message).__name__ == "StepSummary" for a in reports) == 8
+    summaries_and_reports = [a for a in reports if a.prepared is not None]  # figured in the child ...
+    assert len(reports) == 24 and len(summaries_and_reports) == 16  # ... all but the spans sent after a summary
+    assert sum(type(a.item.message).__name__ == "StepSummary" for a in reports) == 16  # 8 steps x 2 ranks
 
     handed_over, in_one_process = Session(), Session()
     for arrival in arrivals:
         assert handed_over.ingest(arrival.item, arrival.at, arrival.prepared) is None  # type: ignore[arg-type]
     ingest(in_one_process, messages)
+    assert in_one_process.details == handed_over.details == 8  # steps 2, 4, 6, 8 of both: spans after the summary
     assert sorted(handed_over.reports) == sorted(in_one_process.reports) == list(range(1, 9))
     for step in range(1, 9):
         assert handed_over.step_figures(step) == in_one_process.step_figures(step)

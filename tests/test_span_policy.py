@@ -17,25 +17,27 @@ def _report(step: int) -> StepReport:
 
 def test_every_step_goes_out_whole_until_the_listener_asks_otherwise() -> None:
     policy = SpanPolicy(world_size=2)
-    assert [policy.message_for(_report(step)) for step in range(3)] == [_report(step) for step in range(3)]
+    assert [policy.messages_for(_report(step)) for step in range(3)] == [[_report(step)] for step in range(3)]
     assert policy.summaries == 0
 
 
-def test_a_sampling_request_sends_every_nth_step_whole_and_summaries_between() -> None:
+def test_a_sampling_request_sends_a_summary_of_every_step_and_every_nth_steps_spans_after_it() -> None:
     policy = SpanPolicy(world_size=2)
     assert policy.on_request(SpanRequest(full=False, sample_every=3)) == []
-    sent = [policy.message_for(_report(step)) for step in range(7)]
-    assert [type(m).__name__ for m in sent] == ["StepReport", "StepSummary", "StepSummary", "StepReport",
-                                                "StepSummary", "StepSummary", "StepReport"]
-    assert sent[1] == summarize(_report(1), 2)  # the same figures the dashboard would compute
-    assert policy.summaries == 4
+    sent = [policy.messages_for(_report(step)) for step in range(7)]
+    assert [[type(m).__name__ for m in messages] for messages in sent] == [
+        ["StepSummary", "StepReport"], ["StepSummary"], ["StepSummary"], ["StepSummary", "StepReport"],
+        ["StepSummary"], ["StepSummary"], ["StepSummary", "StepReport"]]
+    assert sent[1] == [summarize(_report(1), 2)]  # the same figures the dashboard would compute
+    assert sent[3] == [summarize(_report(3), 2), _report(3)]  # the spans follow, for the listener to keep
+    assert policy.summaries == 7
 
 
 def test_a_pinned_step_still_held_goes_out_whole_once() -> None:
     policy = SpanPolicy(world_size=2)
     policy.on_request(SpanRequest(full=False))
     for step in range(5):
-        assert isinstance(policy.message_for(_report(step)), StepSummary)
+        assert [type(m) for m in policy.messages_for(_report(step))] == [StepSummary]
     request = SpanRequest(full=False, pinned_steps=[1, 3, 99])
     assert policy.on_request(request) == [_report(1), _report(3)]
     assert policy.on_request(request) == []  # the request is resent every few seconds
@@ -43,9 +45,9 @@ def test_a_pinned_step_still_held_goes_out_whole_once() -> None:
 
 def test_a_step_already_sent_whole_is_not_sent_again_when_pinned() -> None:
     policy = SpanPolicy(world_size=2)
-    policy.message_for(_report(0))  # whole: nobody asked yet
+    policy.messages_for(_report(0))  # whole: nobody asked yet
     policy.on_request(SpanRequest(full=False))
-    policy.message_for(_report(1))
+    policy.messages_for(_report(1))
     assert policy.on_request(SpanRequest(full=False, pinned_steps=[0, 1])) == [_report(1)]
 
 
@@ -53,7 +55,7 @@ def test_only_the_last_held_steps_can_be_pinned() -> None:
     policy = SpanPolicy(world_size=2)
     policy.on_request(SpanRequest(full=False))
     for step in range(HELD_STEPS + 2):
-        policy.message_for(_report(step))
+        policy.messages_for(_report(step))
     assert policy.on_request(SpanRequest(full=False, pinned_steps=[0, 1, 2])) == [_report(2)]
 
 
@@ -63,5 +65,5 @@ def test_a_report_the_figures_cannot_take_goes_out_whole() -> None:
     odd = StepReport(rank=1, step=0, strategy="hook", settings={}, start=0.0, end=1.0,
                      spans=[Span("forward", "0.5", 1.0)],  # type: ignore[arg-type]  # a start no figure can subtract from
                      samples=1, tokens=1, loss=1.0)
-    assert policy.message_for(odd) is odd
+    assert policy.messages_for(odd) == [odd]
     assert policy.summaries == 0

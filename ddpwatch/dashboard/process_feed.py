@@ -21,16 +21,19 @@ import multiprocessing as mp
 import pickle
 import threading
 import time
+from collections import defaultdict, deque
+from dataclasses import replace
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
 from instrumented_ddp.protocol import DEFAULT_MAX_MESSAGE_BYTES, Envelope, Hello, ProtocolError, StepReport, StepSummary, SwitchCommand
+from instrumented_ddp.span_policy import HELD_STEPS
 
 from ..auth import ServerKeys
 from ..control import SwitchRelay
 from ..receiver import TelemetryReceiver, log_and_decode
-from ..session import prepare_report
+from ..session import PackedSpans, prepare_report
 from ..session_file import SessionWriter
 from ..span_requests import SpanRequester, SpanWish
 from .feeds import Arrival, Feed
@@ -165,11 +168,14 @@ def serve(address: str, session_file: Path, max_message_bytes: int, keys: Server
 
 
 class WorldSize:
-    """The world the ranks' hellos declare, as the session counts it (the largest), for figuring
-    a full report here; the session refigures a report whose world turns out different."""
+    """What the child knows of the job to figure reports as the session would: the world the
+    ranks' hellos declare, as the session counts it (the largest; the session refigures a report
+    whose world turns out different), and each rank's recent summarized steps (the spans that
+    follow one are kept, not figured)."""
 
     def __init__(self) -> None:
         self.declared = 0
+        self.summarized: defaultdict[int, deque[int]] = defaultdict(lambda: deque(maxlen=HELD_STEPS))
 
     def note(self, hello: Hello) -> None:
         self.declared = max(self.declared, hello.world_size)
@@ -188,10 +194,17 @@ def _arrival(data: bytes, writer: SessionWriter, max_message_bytes: int, world: 
         return None  # a request from `ddpwatch switch`: relayed, not shown
     if isinstance(message, Hello) and 0 <= message.rank < message.world_size:
         world.note(message)
+    if isinstance(message, StepSummary):
+        world.summarized[message.rank].append(message.step)
+    elif isinstance(message, StepReport) and message.step in world.summarized.get(message.rank, ()):
+        # The spans of a step already summarized: the session keeps them and figures nothing.
+        return Arrival(arrived_at, replace(item, message=replace(message, spans=PackedSpans(message.spans))))
     prepared = None
     if isinstance(message, (StepReport, StepSummary)) and world.declared:
         try:
             prepared = prepare_report(message, world.declared)
         except Exception:  # figures the session would also fail on: it judges the message itself
-            prepared = None
+            return Arrival(arrived_at, item)
+        if isinstance(message, StepReport):  # its spans go over once, packed (named tuples pickle slowly)
+            item = replace(item, message=prepared.report)
     return Arrival(arrived_at, item, prepared)

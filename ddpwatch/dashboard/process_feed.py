@@ -42,6 +42,9 @@ from .feeds import Arrival, Feed
 #: job sends ~3,000 a second; a sampled full step is 1,024 reports at once).
 MAX_BACKLOG = 20_000
 BATCH_MAX = 64  # arrivals per pickled batch: loading one holds the UI's GIL (64 full reports: ~9 ms)
+#: Messages taken from the socket at a time: what waits beyond them waits in ZeroMQ's queue as
+#: bytes, not decoded here (10,000 decoded full reports held at once took this process to 1.4 GiB).
+RECEIVE_MAX = 256
 START_TIMEOUT_S = 30.0  # a spawned child imports the dashboard's modules before it binds
 STOP_TIMEOUT_S = 5.0
 
@@ -138,7 +141,7 @@ def serve(address: str, session_file: Path, max_message_bytes: int, keys: Server
     try:
         while True:
             batch: list[Arrival] = []
-            for peer, data in receiver.receive(timeout_ms=0 if stopping else 20):
+            for peer, data in receiver.receive(timeout_ms=0 if stopping else 20, limit=RECEIVE_MAX):
                 arrival = _arrival(data, writer, max_message_bytes, world, relay, requester, peer)
                 if arrival is not None:
                     batch.append(arrival)

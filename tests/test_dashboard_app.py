@@ -500,6 +500,24 @@ def test_a_ranks_table_row_is_kept_until_what_it_shows_changes() -> None:
     assert [row.status for row in later] == ["lost", "lost"] and later[0] is not first[0]
 
 
+
+def test_a_large_jobs_rows_are_remade_at_most_twice_a_second_and_at_once_for_a_new_view() -> None:
+    world = 80  # above 64 ranks: a row per node of 8
+    hellos = {rank: replace(hello(rank, world_size=world), node_rank=rank // 8) for rank in range(world)}
+    session = Session(None)
+    ingest(session, session_messages(steps=3, goodbye=False, world_size=world, hellos=hellos))
+    builder = SnapshotBuilder(session)
+    arrived = max(state.last_seen for state in session.ranks.values())
+    first = builder.build(now=arrived + 2.3)
+    assert {row.status for row in first.ranks} == {"live"}
+    soon = builder.build(now=arrived + 2.6)  # silent 2.6 s: lost, but the rows are 0.3 s old
+    assert soon.ranks is first.ranks and soon.devices is first.devices
+    assert any("80 ranks lost" in line for line in soon.warnings)  # the warnings are made every frame
+    opened = builder.build(now=arrived + 2.7, open_nodes={0})  # a node opened: remade at once
+    assert len(opened.ranks) == 18 and {row.status for row in opened.ranks} == {"lost"}
+    later = builder.build(now=arrived + 3.3, open_nodes={0})  # half a second on
+    assert later.ranks is not opened.ranks and later.ranks == opened.ranks
+
 async def test_a_large_jobs_ranks_table_has_a_row_per_node_opened_by_enter() -> None:
     world = 80  # above 64 ranks: a row per node of 8
     hellos = {rank: replace(hello(rank, world_size=world), node_rank=rank // 8) for rank in range(world)}

@@ -94,3 +94,37 @@ def test_process_feed_says_in_one_line_when_it_cannot_listen(tmp_path: Path) -> 
             ProcessFeed(address, tmp_path / "session.ddpwatch")
     finally:
         context.destroy(linger=0)
+
+
+@pytest.mark.timeout(60)
+def test_a_ui_behind_holds_a_bounded_backlog_and_loses_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """While ``MAX_BACKLOG`` arrivals wait to be folded the feed stops reading: the child, then
+    ZeroMQ, hold the rest, and all of it comes once the UI drains again."""
+    from ddpwatch.dashboard import process_feed
+
+    monkeypatch.setattr(process_feed, "MAX_BACKLOG", 10)
+    messages = session_messages(steps=20)  # 2 hellos, 40 reports, 40 device samples, 2 goodbyes
+    address = free_loopback_address()
+    feed = ProcessFeed(address, tmp_path / "session.ddpwatch")
+    feed.start()
+    context = zmq.Context()
+    arrivals: list[Arrival] = []
+    try:
+        ranks = {}
+        for rank in (0, 1):
+            ranks[rank] = context.socket(zmq.DEALER)
+            ranks[rank].setsockopt(zmq.ROUTING_ID, routing_id("fixed-session", rank))
+            ranks[rank].connect(address)
+        for data in messages:
+            ranks[decode(data).rank].send(data)
+        time.sleep(1.0)  # the UI folds nothing for a second
+        assert len(feed._items) < 10 + process_feed.BATCH_MAX  # one batch past the bound at most
+        deadline = time.monotonic() + 30
+        while len(arrivals) < len(messages) and time.monotonic() < deadline:
+            arrivals += feed.drain()
+            time.sleep(0.02)
+    finally:
+        feed.stop()
+        context.destroy(linger=0)
+    assert [(a.item.rank, a.item.seq) for a in arrivals if a.item.rank == 0] == [(0, seq) for seq in range(len(messages) // 2)]
+    assert len(arrivals) == len(messages)

@@ -26,6 +26,10 @@ SEGMENT_REFRESH_S = 1.0
 HEATMAP_REFRESH_S = 1.0
 TREND_POINTS = 120
 DEVICE_REFRESH_S = 1.0  # a rank's device series is remade at most this often
+#: Above ``EVERY_RANK_IN_THE_TIMELINE_UP_TO`` ranks the per-rank parts (ranks table, device
+#: series) are remade at most this often, and at once when the step shown or the opened nodes
+#: change: at 1,024 ranks, walking every rank each frame to find what changed was 30 ms of it.
+LARGE_JOB_ROWS_REFRESH_S = 0.5
 HEATMAP_STEPS = 60  # recent steps the heatmap holds; it draws as many as fit
 EVERY_RANK_A_ROW_UP_TO = 32  # ranks; a larger job's heatmap starts one row per node
 TOP_STRAGGLERS = 8  # ranks listed in the stragglers tab
@@ -180,6 +184,9 @@ class SnapshotBuilder:
     _rank_rows: dict[int, tuple[tuple[Any, ...], RankRow]] = field(default_factory=dict)  # rank -> (what it showed, row)
     _rate: tuple[float, tuple[StepSummary, ...], tuple[float, float | None]] = (0.0, (), (0.0, None))  # (made at, from, result)
     _rate_clocks: tuple[int, metrics.ClockAlignment, set[int]] | None = None  # (window, its alignment, steps in it)
+    _ranks_made: tuple[float, Any, tuple[RankRow, ...]] = (0.0, None, ())  # (made at, (step, nodes opened), rows)
+    _devices_made: tuple[float, tuple[DeviceSeries, ...]] = (0.0, ())  # (made at, series): large jobs
+    _straggler_made: tuple[Any, metrics.Straggler | None] = (None, None)  # (steps it was found over, straggler)
 
     def waits_of(self, step: int | None) -> dict[int, float]:
         """Cross-rank waits of a step's counted reports (the straggler check looks at the last
@@ -239,8 +246,8 @@ class SnapshotBuilder:
         return Snapshot(
             header=self._header(step, selected_step is None or selected_step == latest, trend, now),
             timeline=self._timeline,
-            ranks=self._ranks(figures, waits, open_nodes, now),
-            devices=tuple(self._device_series(rank, now) for rank in sorted(session.ranks)) if side_tab in (None, "devices") else (),
+            ranks=self._ranks(step, figures, waits, open_nodes, now),
+            devices=self._all_device_series(now) if side_tab in (None, "devices") else (),
             loss=tuple(s.loss for s in trend if s.loss is not None),
             step_ms=tuple(s.step_ms for s in trend if s.ranks),
             segments=tuple(self._segment_row(segment, now) for segment in session.segments),
@@ -330,12 +337,22 @@ class SnapshotBuilder:
         self._rate = (now, complete, result)
         return result
 
-    def _ranks(self, figures: dict[int, metrics.StepFigures], waits: dict[int, float], open_nodes: Collection[int],
-               now: float) -> tuple[RankRow, ...]:
+    def _ranks(self, step: int | None, figures: dict[int, metrics.StepFigures], waits: dict[int, float],
+               open_nodes: Collection[int], now: float) -> tuple[RankRow, ...]:
         """A row per rank up to ``EVERY_RANK_IN_THE_TIMELINE_UP_TO`` ranks; above, a row per node,
-        its ranks' rows below it where the user opened it (``rank_rows.rows_by_node``)."""
+        its ranks' rows below it where the user opened it (``rank_rows.rows_by_node``), remade at
+        most every ``LARGE_JOB_ROWS_REFRESH_S``."""
+        large = len(self.session.ranks) > EVERY_RANK_IN_THE_TIMELINE_UP_TO
+        made_at, made_for, kept = self._ranks_made
+        view = (step, frozenset(open_nodes))
+        if large and made_for == view and now - made_at < LARGE_JOB_ROWS_REFRESH_S:
+            return kept
         rows = tuple(self._rank_row(rank, figures.get(rank), waits.get(rank), now) for rank in sorted(self.session.ranks))
-        return rows if len(rows) <= EVERY_RANK_IN_THE_TIMELINE_UP_TO else rows_by_node(rows, open_nodes)
+        if not large:
+            return rows
+        grouped = rows_by_node(rows, open_nodes)
+        self._ranks_made = (now, view, grouped)
+        return grouped
 
     def _rank_row(self, rank: int, figures: metrics.StepFigures | None, waited_s: float | None, now: float) -> RankRow:
         """Kept while nothing it shows changed: at 1,024 ranks most rows are the same from one
@@ -360,6 +377,16 @@ class SnapshotBuilder:
         )
         self._rank_rows[rank] = (key, row)
         return row
+
+    def _all_device_series(self, now: float) -> tuple[DeviceSeries, ...]:
+        """Every rank's series; a large job's remade at most every ``LARGE_JOB_ROWS_REFRESH_S``."""
+        ranks = sorted(self.session.ranks)
+        made_at, kept = self._devices_made
+        if len(ranks) > EVERY_RANK_IN_THE_TIMELINE_UP_TO and len(kept) == len(ranks) and now - made_at < LARGE_JOB_ROWS_REFRESH_S:
+            return kept
+        series = tuple(self._device_series(rank, now) for rank in ranks)
+        self._devices_made = (now, series)
+        return series
 
     def _device_series(self, rank: int, now: float) -> DeviceSeries:
         """Remade when the rank sent a new sample, at most once a second, from the samples new
@@ -488,9 +515,13 @@ class SnapshotBuilder:
 
     def _straggler(self, step: int | None) -> metrics.Straggler | None:
         """``metrics.find_straggler`` over the last complete steps up to the shown one: the rule
-        the exports' straggler_rank follows too."""
-        return metrics.find_straggler(metrics.StepWaits(s, self.waits_of(s), 1000 * self.summary_of(s).wall_s)
-                                      for s in self._recent_complete_steps(step))
+        the exports' straggler_rank follows too. Found once per set of steps (a complete step's
+        waits are final; at 1,024 ranks a search is ~7 ms)."""
+        steps = tuple(self._recent_complete_steps(step))
+        if self._straggler_made[0] != steps:
+            found = metrics.find_straggler(metrics.StepWaits(s, self.waits_of(s), 1000 * self.summary_of(s).wall_s) for s in steps)
+            self._straggler_made = (steps, found)
+        return self._straggler_made[1]
 
     def _top_stragglers(self, step: int | None, count: int = TOP_STRAGGLERS) -> tuple[StragglerRow, ...]:
         """The ranks the others waited for longest over the same window (``metrics.waited_for``),

@@ -38,9 +38,10 @@ from ..session_file import SessionWriter
 from ..span_requests import SpanRequester, SpanWish
 from .feeds import Arrival, Feed
 
-#: Arrivals the UI may have waiting before the feed stops reading from the child (a 1,024-rank
-#: job sends ~3,000 a second; a sampled full step is 1,024 reports at once).
-MAX_BACKLOG = 20_000
+#: Arrivals the UI may have waiting before the feed stops reading from the child: a 1,024-rank
+#: job sends ~2,600 a second, and a sampled step 2,048 at once (summaries, then spans). Decoded
+#: and figured they take ~25 KB each; what waits beyond them waits as bytes (~7 KB a summary).
+MAX_BACKLOG = 4096
 BATCH_MAX = 64  # arrivals per pickled batch: loading one holds the UI's GIL (64 full reports: ~9 ms)
 #: Messages taken from the socket at a time: what waits beyond them waits in ZeroMQ's queue as
 #: bytes, not decoded here (10,000 decoded full reports held at once took this process to 1.4 GiB).

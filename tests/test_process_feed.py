@@ -35,6 +35,19 @@ def _with_summaries(messages: list[bytes]) -> list[bytes]:
     return edited
 
 
+def _send_as_ranks(context: zmq.Context, address: str, messages: list[bytes]) -> dict[int, zmq.Socket]:
+    """Each message from its rank's own socket, as ranks send them."""
+    ranks = {}
+    for rank in (0, 1):
+        ranks[rank] = context.socket(zmq.DEALER)
+        ranks[rank].setsockopt(zmq.ROUTING_ID, routing_id("fixed-session", rank))
+        ranks[rank].setsockopt(zmq.LINGER, 0)
+        ranks[rank].connect(address)
+    for data in messages:
+        ranks[decode(data).rank].send(data)
+    return ranks
+
+
 @pytest.mark.timeout(60)
 def test_process_feed_hands_over_every_message_recorded_and_figured_as_one_process_would(tmp_path: Path) -> None:
     messages = _with_summaries(session_messages(steps=8))
@@ -44,14 +57,7 @@ def test_process_feed_hands_over_every_message_recorded_and_figured_as_one_proce
     context = zmq.Context()
     arrivals: list[Arrival] = []
     try:
-        ranks = {}
-        for rank in (0, 1):
-            ranks[rank] = context.socket(zmq.DEALER)
-            ranks[rank].setsockopt(zmq.ROUTING_ID, routing_id("fixed-session", rank))
-            ranks[rank].setsockopt(zmq.LINGER, 0)
-            ranks[rank].connect(address)
-        for data in messages:
-            ranks[decode(data).rank].send(data)
+        ranks = _send_as_ranks(context, address, messages)
         ranks[1].send(b"\xc1garbage")  # rejected, counted, and handed over as such
         deadline = time.monotonic() + 30
         while len(arrivals) < len(messages) + 1 and time.monotonic() < deadline:
@@ -110,13 +116,7 @@ def test_a_ui_behind_holds_a_bounded_backlog_and_loses_nothing(tmp_path: Path, m
     context = zmq.Context()
     arrivals: list[Arrival] = []
     try:
-        ranks = {}
-        for rank in (0, 1):
-            ranks[rank] = context.socket(zmq.DEALER)
-            ranks[rank].setsockopt(zmq.ROUTING_ID, routing_id("fixed-session", rank))
-            ranks[rank].connect(address)
-        for data in messages:
-            ranks[decode(data).rank].send(data)
+        _send_as_ranks(context, address, messages)
         time.sleep(1.0)  # the UI folds nothing for a second
         assert len(feed._items) < 10 + process_feed.BATCH_MAX  # one batch past the bound at most
         deadline = time.monotonic() + 30

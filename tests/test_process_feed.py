@@ -4,6 +4,7 @@ figured exactly as the session would figure it in one process."""
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -35,37 +36,55 @@ def _with_summaries(messages: list[bytes]) -> list[bytes]:
     return edited
 
 
-def _send_as_ranks(context: zmq.Context, address: str, messages: list[bytes]) -> dict[int, zmq.Socket]:
-    """Each message from its rank's own socket, as ranks send them."""
-    ranks = {}
-    for rank in (0, 1):
-        ranks[rank] = context.socket(zmq.DEALER)
-        ranks[rank].setsockopt(zmq.ROUTING_ID, routing_id("fixed-session", rank))
-        ranks[rank].setsockopt(zmq.LINGER, 0)
-        ranks[rank].connect(address)
-    for data in messages:
-        ranks[decode(data).rank].send(data)
-    return ranks
+class Ranks:
+    """Two ranks' sockets, each message sent from its rank's own, as ranks send them. Kept
+    here: a socket collected with messages unsent drops them."""
+
+    def __init__(self, context: zmq.Context, address: str) -> None:
+        self.sockets = {}
+        for rank in (0, 1):
+            self.sockets[rank] = context.socket(zmq.DEALER)
+            self.sockets[rank].setsockopt(zmq.ROUTING_ID, routing_id("fixed-session", rank))
+            self.sockets[rank].setsockopt(zmq.LINGER, 0)
+            self.sockets[rank].connect(address)
+
+    def send(self, messages: list[bytes]) -> None:
+        for data in messages:
+            self.sockets[decode(data).rank].send(data)
 
 
-@pytest.mark.timeout(60)
-def test_process_feed_hands_over_every_message_recorded_and_figured_as_one_process_would(tmp_path: Path) -> None:
-    messages = _with_summaries(session_messages(steps=8))
+@pytest.fixture
+def listening(tmp_path: Path) -> Iterator[tuple[ProcessFeed, Ranks]]:
+    """A started feed (its session file in ``tmp_path``) and two ranks connected to it."""
     address = free_loopback_address()
     feed = ProcessFeed(address, tmp_path / "session.ddpwatch")
     feed.start()
     context = zmq.Context()
-    arrivals: list[Arrival] = []
     try:
-        ranks = _send_as_ranks(context, address, messages)
-        ranks[1].send(b"\xc1garbage")  # rejected, counted, and handed over as such
-        deadline = time.monotonic() + 30
-        while len(arrivals) < len(messages) + 1 and time.monotonic() < deadline:
-            arrivals += feed.drain()
-            time.sleep(0.02)
+        yield feed, Ranks(context, address)
     finally:
         feed.stop()
         context.destroy(linger=0)
+
+
+def _drain(feed: ProcessFeed, count: int) -> list[Arrival]:
+    arrivals: list[Arrival] = []
+    deadline = time.monotonic() + 30
+    while len(arrivals) < count and time.monotonic() < deadline:
+        arrivals += feed.drain()
+        time.sleep(0.02)
+    return arrivals
+
+
+@pytest.mark.timeout(60)
+def test_process_feed_hands_over_every_message_recorded_and_figured_as_one_process_would(
+        tmp_path: Path, listening: tuple[ProcessFeed, Ranks]) -> None:
+    feed, ranks = listening
+    messages = _with_summaries(session_messages(steps=8))
+    ranks.send(messages)
+    ranks.sockets[1].send(b"\xc1garbage")  # rejected, counted, and handed over as such
+    arrivals = _drain(feed, len(messages) + 1)
+    feed.stop()  # the session file is complete once the child closed it
     (rejected,) = [a for a in arrivals if isinstance(a.item, ProtocolError)]  # the ranks' sockets interleave
     arrivals.remove(rejected)
     assert isinstance(rejected.item, ProtocolError) and rejected.item.category == "garbage" and rejected.prepared is None
@@ -103,28 +122,19 @@ def test_process_feed_says_in_one_line_when_it_cannot_listen(tmp_path: Path) -> 
 
 
 @pytest.mark.timeout(60)
-def test_a_ui_behind_holds_a_bounded_backlog_and_loses_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_ui_behind_holds_a_bounded_backlog_and_loses_nothing(listening: tuple[ProcessFeed, Ranks],
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """While ``MAX_BACKLOG`` arrivals wait to be folded the feed stops reading: the child, then
     ZeroMQ, hold the rest, and all of it comes once the UI drains again."""
     from ddpwatch.dashboard import process_feed
 
     monkeypatch.setattr(process_feed, "MAX_BACKLOG", 10)
+    feed, ranks = listening
     messages = session_messages(steps=20)  # 2 hellos, 40 reports, 40 device samples, 2 goodbyes
-    address = free_loopback_address()
-    feed = ProcessFeed(address, tmp_path / "session.ddpwatch")
-    feed.start()
-    context = zmq.Context()
-    arrivals: list[Arrival] = []
-    try:
-        _send_as_ranks(context, address, messages)
-        time.sleep(1.0)  # the UI folds nothing for a second
-        assert len(feed._items) < 10 + process_feed.BATCH_MAX  # one batch past the bound at most
-        deadline = time.monotonic() + 30
-        while len(arrivals) < len(messages) and time.monotonic() < deadline:
-            arrivals += feed.drain()
-            time.sleep(0.02)
-    finally:
-        feed.stop()
-        context.destroy(linger=0)
+    ranks.send(messages)
+    time.sleep(1.0)  # the UI folds nothing for a second
+    assert len(feed._items) < 10 + process_feed.BATCH_MAX  # one batch past the bound at most
+    arrivals = _drain(feed, len(messages))
+    assert not [a.item for a in arrivals if isinstance(a.item, ProtocolError)]
     assert [(a.item.rank, a.item.seq) for a in arrivals if a.item.rank == 0] == [(0, seq) for seq in range(len(messages) // 2)]
     assert len(arrivals) == len(messages)

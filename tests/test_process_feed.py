@@ -138,3 +138,13 @@ def test_a_ui_behind_holds_a_bounded_backlog_and_loses_nothing(listening: tuple[
     assert not [a.item for a in arrivals if isinstance(a.item, ProtocolError)]
     assert [(a.item.rank, a.item.seq) for a in arrivals if a.item.rank == 0] == [(0, seq) for seq in range(len(messages) // 2)]
     assert len(arrivals) == len(messages)
+
+
+def test_a_receiver_process_that_dies_is_said_where_the_address_was(listening: tuple[ProcessFeed, Ranks]) -> None:
+    feed, _ = listening
+    assert feed.description.startswith("listening on tcp://127.0.0.1:")
+    feed._process.kill()
+    deadline = time.monotonic() + 10
+    while "ended" not in feed.description and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert feed.description.startswith("the receiver process ended (exit code -9): nothing more is received;")

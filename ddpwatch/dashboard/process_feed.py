@@ -115,11 +115,14 @@ class ProcessFeed(Feed):
     def _run(self) -> None:
         while True:
             while len(self._items) >= MAX_BACKLOG and not self._stop.is_set():  # the UI is behind: the
-                time.sleep(0.01)  # child, then ZeroMQ's bounded queues, hold the rest
+                time.sleep(0.01)  # child, then ZeroMQ's queues, hold the rest
             try:
                 data = self._connection.recv_bytes()
             except (EOFError, OSError):
-                self._arrived(ProtocolError("receiver_gone", "the receiver process ended"))
+                if not self._stop.is_set():  # said where the address is (the header), for as long as it lasts
+                    self._process.join(1.0)
+                    self.description = (f"the receiver process ended (exit code {self._process.exitcode}): nothing more "
+                                        f"is received; {self.session_file} holds what came before")
                 return
             batch: list[Arrival] | None = pickle.loads(data)
             if batch is None:  # the child's last word after a stop

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ddpwatch.dashboard.feeds import LiveFeed
+from ddpwatch.dashboard.process_feed import ProcessFeed
 from ddpwatch.switch_client import request_switch
 from instrumented_ddp.protocol import Envelope, Hello, StepReport
 from launch import REPO_ROOT, Recorder, free_port, start_torchrun, stop
@@ -67,7 +67,7 @@ def test_dashboard_started_late_and_restarted_picks_the_run_up(tmp_path: Path) -
     try:
         for attempt in ("late", "restarted"):
             time.sleep(8 if attempt == "late" else 1)  # training has started before any dashboard
-            feed = LiveFeed(address, tmp_path / attempt / "session.ddpwatch")
+            feed = ProcessFeed(address, tmp_path / attempt / "session.ddpwatch")  # the live feed `ddpwatch` runs
             feed.start()
             got: list[Envelope] = []
             deadline = time.monotonic() + 20
@@ -75,7 +75,7 @@ def test_dashboard_started_late_and_restarted_picks_the_run_up(tmp_path: Path) -
                 {e.message.rank for e in got if isinstance(e.message, Hello)} == {0, 1}
                 and sum(isinstance(e.message, StepReport) for e in got) >= 4
             ):
-                got += [item for _, item in feed.drain() if isinstance(item, Envelope)]
+                got += [arrival.item for arrival in feed.drain() if isinstance(arrival.item, Envelope)]
                 time.sleep(0.1)
             feed.stop()  # the dashboard goes away while training continues
             assert {e.message.rank for e in got if isinstance(e.message, Hello)} == {0, 1}, attempt

@@ -625,3 +625,23 @@ def test_a_float_ring_holds_the_last_values_oldest_first_as_it_grows_and_wraps()
     big.extend(float(v) for v in range(150))  # grows from its first small buffer
     big.extend(float(v) for v in range(150, 260))
     assert list(big.values()) == [float(v) for v in range(60, 260)]
+
+
+def test_a_float_ring_takes_values_one_by_one_and_as_c_doubles_as_it_takes_any_iterable() -> None:
+    """The fast paths (a value written in place; an ``array('d')`` read as a buffer) keep the
+    same last values, oldest first, through growing and wrapping."""
+    from array import array
+
+    from ddpwatch.metrics import FloatRing
+
+    one_by_one, as_arrays, as_lists = FloatRing(size=100), FloatRing(size=100), FloatRing(size=100)
+    for start in range(0, 250, 7):
+        chunk = [float(v) for v in range(start, start + 7)]
+        for value in chunk:
+            one_by_one.append(value)
+        as_arrays.extend(array("d", chunk))
+        as_lists.extend(chunk)
+    expected = [float(v) for v in range(152, 252)]
+    assert list(one_by_one.values()) == list(as_arrays.values()) == list(as_lists.values()) == expected
+    as_arrays.extend(array("d"))  # nothing to add
+    assert list(as_arrays.values()) == expected

@@ -78,7 +78,8 @@ class Watch:
         self.publisher = publisher
         self.sampler = sampler
         self.steps = 0
-        self._applied: set[str] = set()  # command ids already applied: a resend is only re-acknowledged
+        self._applied: set[str] = set()  # command ids agreed on: a resend is never announced again ...
+        self._acks: dict[str, Ack] = {}  # ... only answered with this rank's ack of it, once there is one
         self._control: dist.ProcessGroup | None = None  # see control_group
         self._announced: tuple[Any, torch.Tensor, SwitchCommand | None] | None = None  # see agree_on_command
         self._boundaries = 0  # optimizer-step boundaries seen: the same count on every rank
@@ -177,17 +178,25 @@ class Watch:
         return box[0], interval
 
     def _next_new_command(self) -> SwitchCommand | None:
+        """The next command not agreed on yet. The dashboard resends a command until it hears an
+        ack: a resend of one agreed on gets the ack again, as it was (applied or refused, the step
+        it landed on), or nothing while the ack is still to come (the resend met the command at
+        the boundary where it lands). An ack made up here could claim a step the switch had not
+        reached: ranks killed at that ack then looked switched a step early."""
         assert self.publisher is not None
         while not self.publisher.commands.empty():
             command = self.publisher.commands.get_nowait()
             if command.command_id not in self._applied:
                 return command
-            self.publisher.publish(Ack(0, command.command_id, True, self.steps, "already applied"))
+            if command.command_id in self._acks:
+                self.publisher.publish(self._acks[command.command_id])
         return None
 
     def acknowledge(self, command: SwitchCommand, applied: bool, step: int, detail: str = "") -> None:
         if self.publisher is not None:
-            self.publisher.publish(Ack(self.publisher.hello.rank, command.command_id, applied, step, detail))
+            ack = Ack(self.publisher.hello.rank, command.command_id, applied, step, detail)
+            self._acks[command.command_id] = ack
+            self.publisher.publish(ack)
 
     def step_done(self) -> list[StepReport]:
         """Send the reports whose timings have resolved; returns them (for tests and logging)."""

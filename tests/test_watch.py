@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from instrumented_ddp import watch as watch_module
-from instrumented_ddp.protocol import Span, StepReport, SwitchCommand
+from instrumented_ddp.protocol import Ack, Span, StepReport, SwitchCommand
 from instrumented_ddp.watch import Watch, control_group, turn_on_nccl_timing
 
 
@@ -85,9 +85,19 @@ def test_rank0_announces_the_command_it_heard_and_does_not_announce_it_twice(mon
     watch.publisher.commands.put(command)
     assert watch.agree_on_command() is None
     assert watch._announced is not None and watch._announced[2] == command
+    published: list[Ack] = []
+    watch.publisher.publish = published.append
+    watch.publisher.hello = SimpleNamespace(rank=0)
     watch.publisher.commands.put(command)  # resent by the dashboard before the switch landed
     assert watch.agree_on_command() == command
-    assert watch._announced is not None and watch._announced[2] is None  # already applied: only re-acknowledged
+    assert watch._announced is not None and watch._announced[2] is None  # agreed on: never announced again
+    assert published == []  # ... and not acknowledged for a step the switch has not reached yet
+    watch.acknowledge(command, True, step=7)  # the switch landed on step 7 (train.py's ack)
+    watch.steps = 9
+    watch.publisher.commands.put(command)  # resent again, the ack lost on the way
+    fake.flags.append(0)
+    watch.agree_on_command()
+    assert published == [Ack(0, "c1", True, 7), Ack(0, "c1", True, 7)]  # the same ack, the step it landed on
 
 
 def test_ranks_skip_the_boundaries_between_agreements_rank0_announced(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -39,15 +39,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from instrumented_ddp.intervals import (
-    Interval,
-    clip,
-    intersect,
-    merge,
-    subtract,
-    total_length,
-    union,
-)
+from instrumented_ddp.intervals import Interval, clip, intersect, merge, subtract, total_length, union
 from instrumented_ddp.step_figures import (
     BLOCKING_KINDS,
     COMM_KINDS,

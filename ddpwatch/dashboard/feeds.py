@@ -75,50 +75,83 @@ class Feed:
         raise NotImplementedError
 
 
+class Listener:
+    """The socket side of a live feed, for whichever thread or process owns it: binds at once
+    (an error reaches the caller), records every message to the session file as it comes (the
+    file is opened by the first ``receive``), decodes it, and relays switch commands and span
+    requests. ``LiveFeed`` runs it on a thread, ``ProcessFeed`` in a child process."""
+
+    def __init__(self, address: str, session_file: Path, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+                 keys: ServerKeys | None = None) -> None:
+        self.receiver = TelemetryReceiver(address, max_message_bytes, keys)
+        self.max_message_bytes = max_message_bytes
+        self.relay = SwitchRelay(self.receiver.send)
+        self.requester = SpanRequester(self.receiver.send)
+        self._session_file = session_file
+        self._writer: SessionWriter | None = None
+
+    def receive(self, timeout_ms: int, limit: int = 10_000) -> list[Arrival]:
+        """What came within ``timeout_ms`` (up to ``limit`` messages), recorded and decoded, and a
+        rejection for each handshake refused; a request from ``ddpwatch switch`` is relayed, not
+        returned."""
+        if self._writer is None:
+            self._writer = SessionWriter(self._session_file)
+        arrivals: list[Arrival] = []
+        for peer, data in self.receiver.receive(timeout_ms, limit):
+            arrived_at = time.monotonic()
+            item = log_and_decode(data, self._writer, self.max_message_bytes)
+            if isinstance(item, Envelope):
+                self.relay.note(peer, item)
+                self.requester.note(peer, item)
+                if isinstance(item.message, SwitchCommand):
+                    continue
+            arrivals.append(Arrival(arrived_at, item))
+        for _ in range(self.receiver.take_refused_handshakes()):
+            arrivals.append(Arrival(time.monotonic(), ProtocolError("unauthenticated", "a peer without the CURVE key was refused")))
+        return arrivals
+
+    def tick(self) -> None:
+        """Resend what is due (switch commands until acknowledged, span requests) and flush the file."""
+        self.relay.tick()
+        self.requester.tick()
+        if self._writer is not None:
+            self._writer.flush_if_due()
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+        self.receiver.close()
+
+
 class LiveFeed(Feed):
-    """Listens where ranks send; records every message to the session file; relays switches."""
+    """A ``Listener`` on the feed's thread, in the UI's process (``ProcessFeed`` is what
+    ``ddpwatch`` runs; the load bench compares the two)."""
 
     can_switch = True
 
     def __init__(self, address: str, session_file: Path, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
                  keys: ServerKeys | None = None) -> None:
         super().__init__()
-        self.receiver = TelemetryReceiver(address, max_message_bytes, keys)  # binds now: errors reach the caller
+        self.listener = Listener(address, session_file, max_message_bytes, keys)  # binds now: errors reach the caller
         self.session_file = session_file
-        self.max_message_bytes = max_message_bytes
         self._outbox: queue.Queue[SwitchCommand] = queue.Queue()
-        self.relay = SwitchRelay(self.receiver.send)
-        self.requester = SpanRequester(self.receiver.send)
         self.description = f"listening on {address}{' (CURVE)' if keys else ''} · recording {session_file}"
 
     def request_switch(self, command: SwitchCommand) -> None:
         self._outbox.put(command)
 
     def want_spans(self, wish: SpanWish) -> None:
-        self.requester.want(wish)  # one attribute, read by the feed thread at its next tick
+        self.listener.requester.want(wish)  # one attribute, read by the feed thread at its next tick
 
     def _run(self) -> None:
-        writer = SessionWriter(self.session_file)
         try:
             while not self._stop.is_set():
-                for peer, data in self.receiver.receive(timeout_ms=50):
-                    item = log_and_decode(data, writer, self.max_message_bytes)
-                    if isinstance(item, Envelope):
-                        self.relay.note(peer, item)
-                        self.requester.note(peer, item)
-                        if isinstance(item.message, SwitchCommand):
-                            continue  # a request from `ddpwatch switch`: relayed, not shown
-                    self._arrived(item)
-                for _ in range(self.receiver.take_refused_handshakes()):
-                    self._arrived(ProtocolError("unauthenticated", "a peer without the CURVE key was refused"))
+                self._items.extend(self.listener.receive(timeout_ms=50))
                 while not self._outbox.empty():
-                    self.relay.request(self._outbox.get_nowait())
-                self.relay.tick()
-                self.requester.tick()
-                writer.flush_if_due()
+                    self.listener.relay.request(self._outbox.get_nowait())
+                self.listener.tick()
         finally:
-            writer.close()
-            self.receiver.close()
+            self.listener.close()
 
 
 class ReplayFeed(Feed):

@@ -27,16 +27,13 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from instrumented_ddp.protocol import DEFAULT_MAX_MESSAGE_BYTES, Envelope, Hello, ProtocolError, StepReport, StepSummary, SwitchCommand
+from instrumented_ddp.protocol import DEFAULT_MAX_MESSAGE_BYTES, Envelope, Hello, StepReport, StepSummary, SwitchCommand
 from instrumented_ddp.span_policy import HELD_STEPS
 
 from ..auth import ServerKeys
-from ..control import SwitchRelay
-from ..receiver import TelemetryReceiver, log_and_decode
 from ..session import PackedSpans, prepare_report
-from ..session_file import SessionWriter
-from ..span_requests import SpanRequester, SpanWish
-from .feeds import Arrival, Feed
+from ..span_requests import SpanWish
+from .feeds import Arrival, Feed, Listener
 
 #: Arrivals the UI may have waiting before the feed stops reading from the child: a 1,024-rank
 #: job sends ~2,600 a second, and a sampled step 2,048 at once (summaries, then spans). Decoded
@@ -51,7 +48,8 @@ STOP_TIMEOUT_S = 5.0
 
 
 class ProcessFeed(Feed):
-    """``LiveFeed``'s work done by a child process; the same interface to the app."""
+    """A ``Listener`` in a child process, which also figures each step report; the same
+    interface to the app as ``LiveFeed``."""
 
     can_switch = True
 
@@ -133,24 +131,16 @@ class ProcessFeed(Feed):
 def serve(address: str, session_file: Path, max_message_bytes: int, keys: ServerKeys | None, connection: Connection) -> None:
     """The child: bind, then receive, record, decode, figure and hand over until told to stop."""
     try:
-        receiver = TelemetryReceiver(address, max_message_bytes, keys)
+        listener = Listener(address, session_file, max_message_bytes, keys)
     except OSError as error:
         connection.send(("error", str(error)))
         return
     connection.send(("ready", ""))
-    writer = SessionWriter(session_file)
-    relay, requester = SwitchRelay(receiver.send), SpanRequester(receiver.send)
-    world = WorldSize()
+    job = KnownJob()
     stopping = False
     try:
         while True:
-            batch: list[Arrival] = []
-            for peer, data in receiver.receive(timeout_ms=0 if stopping else 20, limit=RECEIVE_MAX):
-                arrival = _arrival(data, writer, max_message_bytes, world, relay, requester, peer)
-                if arrival is not None:
-                    batch.append(arrival)
-            for _ in range(receiver.take_refused_handshakes()):
-                batch.append(Arrival(time.monotonic(), ProtocolError("unauthenticated", "a peer without the CURVE key was refused")))
+            batch = [job.prepared(arrival) for arrival in listener.receive(timeout_ms=0 if stopping else 20, limit=RECEIVE_MAX)]
             for start in range(0, len(batch), BATCH_MAX):
                 connection.send_bytes(pickle.dumps(batch[start:start + BATCH_MAX], protocol=pickle.HIGHEST_PROTOCOL))
             if stopping and not batch:
@@ -158,60 +148,48 @@ def serve(address: str, session_file: Path, max_message_bytes: int, keys: Server
             while not stopping and connection.poll(0):
                 kind, value = connection.recv()
                 if kind == "switch":
-                    relay.request(value)
+                    listener.relay.request(value)
                 elif kind == "wish":
-                    requester.want(value)
+                    listener.requester.want(value)
                 elif kind == "stop":
                     stopping = True
-            relay.tick()
-            requester.tick()
-            writer.flush_if_due()
+            listener.tick()
         connection.send_bytes(pickle.dumps(None))
     except (BrokenPipeError, EOFError, OSError):  # the parent is gone: nobody to hand anything to
         pass
     finally:
-        writer.close()
-        receiver.close()
+        listener.close()
 
 
-class WorldSize:
+class KnownJob:
     """What the child knows of the job to figure reports as the session would: the world the
     ranks' hellos declare, as the session counts it (the largest; the session refigures a report
     whose world turns out different), and each rank's recent summarized steps (the spans that
     follow one are kept, not figured)."""
 
     def __init__(self) -> None:
-        self.declared = 0
+        self.declared_world = 0
         self.summarized: defaultdict[int, deque[int]] = defaultdict(lambda: deque(maxlen=HELD_STEPS))
 
-    def note(self, hello: Hello) -> None:
-        self.declared = max(self.declared, hello.world_size)
-
-
-def _arrival(data: bytes, writer: SessionWriter, max_message_bytes: int, world: WorldSize, relay: SwitchRelay,
-             requester: SpanRequester, peer: bytes) -> Arrival | None:
-    arrived_at = time.monotonic()
-    item = log_and_decode(data, writer, max_message_bytes)
-    if not isinstance(item, Envelope):
-        return Arrival(arrived_at, item)
-    relay.note(peer, item)
-    requester.note(peer, item)
-    message = item.message
-    if isinstance(message, SwitchCommand):
-        return None  # a request from `ddpwatch switch`: relayed, not shown
-    if isinstance(message, Hello) and 0 <= message.rank < message.world_size:
-        world.note(message)
-    if isinstance(message, StepSummary):
-        world.summarized[message.rank].append(message.step)
-    elif isinstance(message, StepReport) and message.step in world.summarized.get(message.rank, ()):
-        # The spans of a step already summarized: the session keeps them and figures nothing.
-        return Arrival(arrived_at, replace(item, message=replace(message, spans=PackedSpans(message.spans))))
-    prepared = None
-    if isinstance(message, (StepReport, StepSummary)) and world.declared:
+    def prepared(self, arrival: Arrival) -> Arrival:
+        """The arrival with its step report figured (``prepare_report``) and its spans packed."""
+        item = arrival.item
+        if not isinstance(item, Envelope):
+            return arrival
+        message = item.message
+        if isinstance(message, Hello) and 0 <= message.rank < message.world_size:
+            self.declared_world = max(self.declared_world, message.world_size)
+        if isinstance(message, StepSummary):
+            self.summarized[message.rank].append(message.step)
+        elif isinstance(message, StepReport) and message.step in self.summarized.get(message.rank, ()):
+            # The spans of a step already summarized: the session keeps them and figures nothing.
+            return arrival._replace(item=replace(item, message=replace(message, spans=PackedSpans(message.spans))))
+        if not isinstance(message, (StepReport, StepSummary)) or not self.declared_world:
+            return arrival
         try:
-            prepared = prepare_report(message, world.declared)
+            prepared = prepare_report(message, self.declared_world)
         except Exception:  # figures the session would also fail on: it judges the message itself
-            return Arrival(arrived_at, item)
+            return arrival
         if isinstance(message, StepReport):  # its spans go over once, packed (named tuples pickle slowly)
             item = replace(item, message=prepared.report)
-    return Arrival(arrived_at, item, prepared)
+        return Arrival(arrival.at, item, prepared)

@@ -611,27 +611,28 @@ class _FakeGradBucket:
 
 
 @pytest.mark.parametrize(("backend", "expected_op", "expected_buffer"), [
-    ("gloo", dist.ReduceOp.SUM, [1.0, 2.0]),  # gloo has no average: the hook divides, then sums
+    ("gloo", dist.ReduceOp.SUM, [1.0, 2.0]),  # gloo has no average: the hook scales by 1/n, then sums
     ("nccl", dist.ReduceOp.AVG, [2.0, 4.0]),  # NCCL averages inside: no extra pass over the bucket
 ])
 def test_timed_ddp_hook_averages_as_the_backend_allows(one_rank_group: None, monkeypatch: pytest.MonkeyPatch,
                                                         backend: str, expected_op: Any, expected_buffer: list[float]) -> None:
-    """DDP's C++ default divides while copying gradients into a bucket; the timed hook must not
-    add a second pass where the backend can average (bit-equal to plain DDP on an H100, README)."""
-    from instrumented_ddp.strategies import native
+    """DDP's C++ default scales gradients while copying them into a bucket; the timed hook must
+    not add a second pass where the backend can average (bit-equal to plain DDP on an H100, README)."""
+    from instrumented_ddp import ddp_timing
 
-    monkeypatch.setattr(native.dist, "get_backend", lambda group=None: backend)
+    monkeypatch.setattr(ddp_timing.dist, "get_backend", lambda group=None: backend)
+    monkeypatch.setattr(ddp_timing.dist, "get_world_size", lambda group=None: 2)
     wrapped = instrumented_ddp.wrap(nn.Linear(2, 1), "ddp", timeline=StepTimeline(0))
     try:
-        wrapped.world_size = 2
         issued: list[tuple[torch.Tensor, Any]] = []
 
-        def all_reduce(tensor: torch.Tensor, *, tag: str, async_op: bool, op: Any = dist.ReduceOp.SUM) -> Any:
+        def all_reduce(tensor: torch.Tensor, *, op: Any = dist.ReduceOp.SUM, group: Any = None, async_op: bool = False) -> Any:
             issued.append((tensor.clone(), op))
-            return dist.all_reduce(tensor, async_op=True)  # one rank: a sum is the identity
+            return dist.distributed_c10d.all_reduce(tensor, async_op=True)  # one rank: a sum is the identity
 
-        monkeypatch.setattr(wrapped, "_all_reduce", all_reduce)
-        future = wrapped._timed_all_reduce_hook()(None, _FakeGradBucket([2.0, 4.0]))
+        monkeypatch.setattr(ddp_timing.timed_collective.__globals__["dist"], "all_reduce", all_reduce)
+        timing = ddp_timing.DDPTiming(wrapped.ddp, StepTimeline(0))
+        future = timing._all_reduce_hook()(None, _FakeGradBucket([2.0, 4.0]))
         (sent, op), = issued
         assert op == expected_op and sent.tolist() == expected_buffer
         assert future.wait().tolist() == expected_buffer

@@ -1,0 +1,108 @@
+"""What a torch ``DistributedDataParallel`` gets when it is watched.
+
+Shared by the ``ddp`` strategy, which builds its own DDP, and by ``attach``, which watches the
+one a user built: every bucket's all-reduce goes through a communication hook that does what
+DDP's default does, timed; DDP's per-forward buffer broadcast is timed; and the time from the
+last bucket's launch to the end of backward is a blocking ``wait``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from .collectives import timed_collective
+from .timeline import NULL_TIMELINE, NullTimeline, StepTimeline
+
+
+class DDPTiming:
+    """The timed communication hook and buffer broadcast of one ``DistributedDataParallel``.
+
+    DDP waits for its last buckets inside ``backward()`` itself. It launches a bucket as soon as
+    the bucket's last gradient is ready, so the last launch is where backward's compute ended;
+    from there to the end of backward is recorded as a blocking ``wait`` (blocked is not busy)
+    when ``backward_ended`` is called. A model with buffers has them broadcast from rank 0 at the
+    start of every forward (``broadcast_buffers=True``, DDP's default): that broadcast is a
+    blocking ``broadcast`` span tagged ``buffers`` inside forward, not forward compute.
+    """
+
+    def __init__(self, ddp: DistributedDataParallel, timeline: StepTimeline | NullTimeline) -> None:
+        self.ddp = ddp
+        self.timeline = timeline
+        self.process_group: dist.ProcessGroup | None = getattr(ddp, "process_group", None)
+        self.world_size = dist.get_world_size(self.process_group)
+        self.last_bucket_at: Any = None  # the stamp of this backward's last bucket launch, if any
+
+    def install(self) -> None:
+        """Register the hook (DDP takes one, and keeps it for good) and time the buffer broadcast."""
+        self.ddp.register_comm_hook(state=None, hook=self._all_reduce_hook())
+        self.ddp._distributed_broadcast_coalesced = self._timed_buffer_broadcast(self.ddp._distributed_broadcast_coalesced)
+
+    def stop_timing(self) -> None:
+        """DDP cannot drop a communication hook: from now on it averages as before, untimed."""
+        self.timeline = NULL_TIMELINE
+        self.last_bucket_at = None
+        self.ddp.__dict__.pop("_distributed_broadcast_coalesced", None)  # the class's own method again
+
+    def backward_ended(self) -> bool:
+        """Called when backward has ended (DDP's in-backward wait ends about now). Records the
+        wait after the last bucket; True when this backward reduced gradients (not ``no_sync``)."""
+        if self.last_bucket_at is None:
+            return False
+        self.timeline.add_span("wait", self.last_bucket_at, self.timeline.stamp(), blocking=True)
+        self.last_bucket_at = None
+        return True
+
+    def _all_reduce_hook(self) -> Callable[..., torch.futures.Future]:
+        """DDP checks a hook's annotations against real types, which postponed (string)
+        annotations are not; hence an unannotated closure.
+
+        DDP's C++ default multiplies each gradient by 1/world size while it copies it into its
+        bucket (one pass) and sums. A hook gets the bucket already filled: multiplying it then is
+        a second pass over every gradient, the same product bit for bit. NCCL averages inside
+        the all-reduce (``ReduceOp.AVG``: NCCL's pre-multiplied sum by 1/n for floating types), so
+        there the hook makes no extra pass; gloo has no average, so there it multiplies first, as
+        DDP's own Python default hook does."""
+        averaging = averaging_op(self.process_group)
+        scale = 1.0 / self.world_size
+
+        def timed_all_reduce(state, bucket):  # noqa: ANN001, ANN202
+            timeline = self.timeline
+            if timeline is not NULL_TIMELINE:
+                self.last_bucket_at = timeline.stamp()
+            buffer = bucket.buffer()
+            if averaging is None:
+                buffer.mul_(scale)
+            work = timed_collective(timeline, "all_reduce", buffer, tag=f"b{bucket.index()}", async_op=True,
+                                    group=self.process_group, op=averaging or dist.ReduceOp.SUM)
+            return work.get_future().then(lambda future: future.value()[0])
+
+        return timed_all_reduce
+
+    def _timed_buffer_broadcast(self, untimed: Callable[..., None]) -> Callable[..., None]:
+        """DDP's per-forward buffer sync goes through this one method of the instance
+        (``_sync_buffers`` -> ``_default_broadcast_coalesced`` -> here). It returns once the
+        broadcast is done (on NCCL, once the current stream waits for it), so it is timed like
+        any synchronous collective."""
+
+        def timed_broadcast(tensors, buffer_size, authoritative_rank=0):  # noqa: ANN001, ANN202
+            timeline = self.timeline
+            nbytes = sum(t.numel() * t.element_size() for t in tensors)
+            dtypes = {str(t.dtype).removeprefix("torch.") for t in tensors}
+            span = timeline.open_collective("broadcast", nbytes, "buffers", ",".join(sorted(dtypes)), True)
+            try:
+                untimed(tensors, buffer_size, authoritative_rank)
+            finally:
+                timeline.close_collective(span, None)
+
+        return timed_broadcast
+
+
+def averaging_op(process_group: dist.ProcessGroup | None) -> dist.ReduceOp.RedOpType | None:
+    """``ReduceOp.AVG`` where the group's backend averages inside the all-reduce (NCCL), else
+    None: the caller scales and sums (gloo refuses AVG)."""
+    return dist.ReduceOp.AVG if dist.get_backend(process_group) == "nccl" else None

@@ -4,6 +4,10 @@
     ...
     model = instrumented_ddp.unwrap(model)   # the bare model again, no hooks left
 
+A loop ddpwatch did not write is watched with one line after its own DDP wrap:
+
+    watch = instrumented_ddp.attach(ddp_model, optimizer, address="tcp://127.0.0.1:5555")
+
 The strategies (and torch) load on first use, so ``ddpwatch`` can import
 ``instrumented_ddp.protocol`` without importing torch.
 """
@@ -15,8 +19,10 @@ from typing import TYPE_CHECKING, Any
 from .protocol import STRATEGY_NAMES
 
 if TYPE_CHECKING:
+    import torch
     from torch import nn
 
+    from .attachment import Attachment
     from .strategies import DataParallelStrategy
 
 
@@ -38,6 +44,13 @@ def unwrap(model: nn.Module) -> nn.Module:
     return model.unwrap() if isinstance(model, DataParallelStrategy) else model
 
 
+def attach(model: nn.Module, optimizer: torch.optim.Optimizer, **options: Any) -> Attachment:
+    """Watch a user's own ``DistributedDataParallel`` loop (see ``instrumented_ddp.attachment``)."""
+    from .attachment import attach as attach_to
+
+    return attach_to(model, optimizer, **options)
+
+
 def __getattr__(name: str) -> Any:
     if name == "DataParallelStrategy":
         from .strategies import DataParallelStrategy
@@ -46,4 +59,4 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'instrumented_ddp' has no attribute {name!r}")
 
 
-__all__ = ["STRATEGY_NAMES", "DataParallelStrategy", "unwrap", "wrap"]
+__all__ = ["STRATEGY_NAMES", "DataParallelStrategy", "attach", "unwrap", "wrap"]

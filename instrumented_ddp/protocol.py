@@ -84,6 +84,9 @@ class Hello:
     #: Why this rank's device samples are not what its device would suggest (a CUDA rank that
     #: cannot use NVML says why here and sends CPU readings); empty when all is as expected.
     device_note: str = ""
+    #: False for a run ddpwatch did not start (``instrumented_ddp.attach``): its loop is the
+    #: user's, so it cannot re-wrap the model at a step boundary, and the dashboard offers no switch.
+    switchable: bool = True
 
 
 @dataclass(frozen=True)
@@ -365,7 +368,7 @@ _FIELD_TYPES: dict[str, Any] = {
     "grad_accum": (int, type(None)), "session": str, "host": str, "device": str, "backend": str, "strategy": str,
     "command_id": str, "reason": str, "detail": str, "kind": str, "start": float, "end": float, "time": float,
     "loss": (float, type(None)), "bucket_mb": (float, type(None)), "excluded": bool, "unresolved": bool, "applied": bool,
-    "device_note": str, "compute_pct": float, "non_compute_pct": float, "idle_pct": float, "overlap_pct": float,
+    "device_note": str, "switchable": bool, "compute_pct": float, "non_compute_pct": float, "idle_pct": float, "overlap_pct": float,
     "comm_overhead_pct": float, "anchor": (float, type(None)), "busbw_gbps": (float, type(None)),
     "all_reduce_tags": list, "all_reduce_seconds": bytes, "algbw_gbps": bytes, "full": bool, "sample_every": int,
     "pinned_steps": list, "device_every_s": float,

@@ -287,20 +287,28 @@ class StepTimeline:
         except Exception as error:  # e.g. a future that refuses callbacks: the span cannot end
             span.fail(error)
 
-    def end_step(self, samples: int, tokens: int, loss: Any = None, excluded: bool = False) -> None:
-        """``loss`` may be a device tensor: it is captured without waiting for the device and read
-        once the step's marks resolved. A step that carries collectives issued outside any step
-        (the wrap-time state broadcast after a switch) is excluded from the statistics: it is
-        not a step of the strategy alone."""
+    def end_step(self, samples: int, tokens: Any, loss: Any = None, excluded: bool = False,
+                 settings: dict[str, Any] | None = None) -> None:
+        """``loss`` and ``tokens`` may be device tensors: they are captured without waiting for the
+        device and read once the step's marks resolved. ``settings`` known only at the end (the
+        micro-steps of an attached loop) are added to those given at ``begin_step``. A step that
+        carries collectives issued outside any step (the wrap-time state broadcast after a
+        switch) is excluded from the statistics: it is not a step of the strategy alone."""
         step = self._current
         if step is None:
             return
         step.loss = self.clock.capture(loss) if loss is not None else None
-        step.end, step.samples, step.tokens = self.clock.stamp(), samples, tokens
+        step.tokens = tokens if isinstance(tokens, int) else self.clock.capture(tokens)
+        step.end, step.samples = self.clock.stamp(), samples
+        step.settings.update(settings or {})
         step.excluded = excluded or step.carries_outside_spans
         with self._lock:
             self._pending.append(step)
         self._current = None
+
+    @property
+    def in_step(self) -> bool:
+        return self._current is not None
 
     def _spans(self) -> list[_PendingSpan]:
         return self._current.spans if self._current is not None else self._outside_step
@@ -355,9 +363,10 @@ class StepTimeline:
         spans = self._start_when_a_worker_was_free(resolved, self.clock.worker_threads)
         first = min([start, *(s.start for s in spans)])
         loss = None if step.loss is None or unresolved else float(step.loss)
+        tokens = step.tokens if isinstance(step.tokens, int) else 0 if unresolved else int(step.tokens)
         return StepReport(
             rank=self.rank, step=step.step, strategy=step.strategy, settings=step.settings, start=first,
-            end=max(end, first), spans=spans, samples=step.samples, tokens=step.tokens, loss=loss,
+            end=max(end, first), spans=spans, samples=step.samples, tokens=tokens, loss=loss,
             excluded=step.excluded, unresolved=unresolved,
         )
 
@@ -391,7 +400,8 @@ class NullTimeline:
     def begin_step(self, step: int, strategy: str, settings: dict[str, Any]) -> None:
         pass
 
-    def end_step(self, samples: int, tokens: int, loss: Any = None, excluded: bool = False) -> None:
+    def end_step(self, samples: int, tokens: Any, loss: Any = None, excluded: bool = False,
+                 settings: dict[str, Any] | None = None) -> None:
         pass
 
     def completed_reports(self) -> list[StepReport]:

@@ -94,7 +94,9 @@ class Watch:
 
     @classmethod
     def start(cls, address: str, context: DistributedContext, hello_fields: dict[str, Any],
-              keys: ClientKeys | None = None) -> Watch:
+              keys: ClientKeys | None = None, switchable: bool = True) -> Watch:
+        """A collective: every rank calls it. ``switchable=False`` (a loop ddpwatch did not start)
+        makes no control group and tells the dashboard, which then offers no switch."""
         on_gpu = context.device.type == "cuda"
         clock = CudaEventClock(torch, nccl_timing=turn_on_nccl_timing(context.backend)) if on_gpu else HostClock()
         timeline = StepTimeline(context.rank, clock)
@@ -103,10 +105,10 @@ class Watch:
             rank=context.rank, world_size=context.world_size, session=shared_session_id(), host=socket.gethostname(),
             pid=os.getpid(), device=str(context.device), backend=context.backend,
             node_rank=int(os.environ.get("GROUP_RANK", "0")), local_rank=context.local_rank, device_note=device_note,
-            **hello_fields,
+            switchable=switchable, **hello_fields,
         )
         watch = cls(timeline)
-        watch._control = control_group()
+        watch._control = control_group() if switchable else None
         watch.publisher = TelemetryPublisher(address, hello, current_step=lambda: watch.steps, keys=keys)
         watch.sampler = DeviceSampler(context.rank, reader, watch.publisher.publish).start()
         watch.publisher.on_device_rate = watch.sampler.sample_every
@@ -191,6 +193,15 @@ class Watch:
             if command.command_id in self._acks:
                 self.publisher.publish(self._acks[command.command_id])
         return None
+
+    def refuse_commands(self, reason: str) -> None:
+        """A run that cannot switch answers every command it heard with a refusal, so whoever
+        asked (the dashboard, ``ddpwatch switch``) hears why at once instead of resending."""
+        if self.publisher is None:
+            return
+        while not self.publisher.commands.empty():
+            command = self.publisher.commands.get_nowait()
+            self.acknowledge(command, False, self.steps + 1, reason)
 
     def acknowledge(self, command: SwitchCommand, applied: bool, step: int, detail: str = "") -> None:
         if self.publisher is not None:

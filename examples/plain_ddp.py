@@ -1,0 +1,99 @@
+"""
+PyTorch's DDP tutorial loop, watched by ddpwatch with one added line (``instrumented_ddp.attach``).
+
+    ddpwatch &                                                   # the dashboard, listening
+    torchrun --nproc_per_node=2 examples/plain_ddp.py            # CPU (gloo) or one GPU per rank (NCCL)
+    torchrun --nproc_per_node=2 examples/plain_ddp.py --grad-accum 4 --bucket-mb 1
+
+The model is the tutorial's ToyModel made deeper (``--layers``) so that DDP has several buckets
+to show; the data is random, the same on every run. Everything but the ``attach`` and ``detach``
+lines is the loop you already have.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from contextlib import nullcontext
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import instrumented_ddp
+from instrumented_ddp.distributed import exit_process
+from instrumented_ddp.protocol import DEFAULT_ADDRESS
+
+
+class ToyModel(nn.Module):
+    def __init__(self, width: int, layers: int) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(10, width), nn.ReLU(),
+                                 *(m for _ in range(layers) for m in (nn.Linear(width, width), nn.ReLU())))
+        self.head = nn.Linear(width, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.net(x))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="PyTorch's DDP tutorial loop, watched by ddpwatch")
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--batch-size", type=int, default=32, help="per rank, per micro-step")
+    parser.add_argument("--grad-accum", type=int, default=1, help="micro-steps per optimizer step (no_sync before the last)")
+    parser.add_argument("--width", type=int, default=512)
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--bucket-mb", type=float, default=25.0, help="DDP's bucket_cap_mb")
+    parser.add_argument("--watch", default=DEFAULT_ADDRESS, metavar="ADDRESS", help="where ddpwatch listens")
+    parser.add_argument("--no-watch", action="store_true", help="the same loop without attach")
+    parser.add_argument("--save-final", default=None, metavar="FILE", help="rank 0 saves the final parameters here")
+    parser.add_argument("--profile", default=None, metavar="DIR", help="torch.profiler traces of steps 4-8, one per rank")
+    args = parser.parse_args()
+
+    on_gpu = torch.cuda.is_available()
+    dist.init_process_group("nccl" if on_gpu else "gloo")
+    rank = dist.get_rank()
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if on_gpu else torch.device("cpu")
+    if on_gpu:
+        torch.cuda.set_device(device)
+
+    torch.manual_seed(0)
+    model = ToyModel(args.width, args.layers).to(device)
+    ddp_model = DDP(model, device_ids=[device.index] if on_gpu else None, bucket_cap_mb=args.bucket_mb)
+    loss_fn = nn.MSELoss()
+    optimizer = torch.optim.SGD(ddp_model.parameters(), lr=0.001)
+    watch = None if args.no_watch else instrumented_ddp.attach(ddp_model, optimizer, address=args.watch)  # <- ddpwatch
+
+    data = torch.Generator().manual_seed(1 + rank)
+    profiler = None
+    if args.profile:
+        profiler = torch.profiler.profile(
+            schedule=torch.profiler.schedule(wait=2, warmup=1, active=5, repeat=1),
+            on_trace_ready=torch.profiler.tensorboard_trace_handler(args.profile, worker_name=f"rank{rank}"))
+        profiler.start()
+    for step in range(args.steps):
+        optimizer.zero_grad()
+        for micro in range(args.grad_accum):
+            inputs = torch.randn(args.batch_size, 10, generator=data).to(device)
+            labels = torch.randn(args.batch_size, 5, generator=data).to(device)
+            with ddp_model.no_sync() if micro < args.grad_accum - 1 else nullcontext():
+                loss = loss_fn(ddp_model(inputs), labels) / args.grad_accum
+                loss.backward()
+        optimizer.step()
+        if profiler is not None:
+            profiler.step()
+    if profiler is not None:
+        profiler.stop()
+
+    if watch is not None:
+        watch.detach()  # <- ddpwatch: goodbye now (the end of the process would send it too)
+    if args.save_final and rank == 0:
+        torch.save(model.state_dict(), args.save_final)
+    dist.barrier()
+    dist.destroy_process_group()
+    exit_process(0)  # skips a gloo teardown race at interpreter exit (see instrumented_ddp.distributed)
+
+
+if __name__ == "__main__":
+    main()

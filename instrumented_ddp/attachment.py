@@ -1,0 +1,281 @@
+"""Watch a training loop ddpwatch did not write: one line after the user's own DDP wrap.
+
+    model = DistributedDataParallel(model, device_ids=[local_rank])
+    watch = instrumented_ddp.attach(model, optimizer, address="tcp://127.0.0.1:5555")
+    ...  # the loop, unchanged
+    watch.detach()  # or let the process end: goodbye is sent either way
+
+Where the phases come from, since the loop is not ours to mark:
+
+- a step ends when the optimizer's ``step()`` returns (its post-hook), and the next one begins
+  there: the gap until the next forward (the data loader, ``zero_grad``, a scheduler, logging)
+  is recorded as ``data``;
+- ``forward`` is the DDP module's forward (its pre- and post-hooks; DDP's buffer broadcast inside
+  it is a collective of its own). Only forwards with gradients enabled count: an evaluation under
+  ``torch.no_grad()`` is not a training step;
+- ``backward`` starts when the first gradient reaches one of the forward's outputs (a tensor hook:
+  a module's full-backward hooks see only tensor outputs, and a Hugging Face model returns a
+  ``ModelOutput``) and ends in a callback queued on the autograd engine, which runs once DDP's own
+  end-of-backward work (waiting for the last buckets) is done;
+- ``optimizer`` is the optimizer's ``step()``, between its pre- and post-hooks;
+- every bucket's all-reduce goes through ``DDPTiming``'s hook, which does what DDP's default does,
+  bit for bit. DDP's first iteration (one bucket of everything, before DDP rebuilds its buckets)
+  is excluded from the statistics, as for the ``ddp`` strategy.
+
+An attached run cannot switch strategies: the loop is the user's. Its hello says so, the
+dashboard offers no switch, and a switch command is answered with a refusal.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from .ddp_timing import DDPTiming
+from .distributed import DistributedContext
+from .protocol import DEFAULT_ADDRESS, address_problem, is_loopback, load_client_keys
+from .watch import Watch, parameter_layout
+
+NOT_SWITCHABLE = "this run was not started by ddpwatch: switching is off"
+
+
+class AttachError(RuntimeError):
+    """A misuse of ``attach``, said in one line that names the fix; nothing was changed."""
+
+
+def attach(model: nn.Module, optimizer: torch.optim.Optimizer, *, address: str = DEFAULT_ADDRESS,
+           watch_key: str | None = None) -> Attachment:
+    """Watch ``model``, a ``DistributedDataParallel`` the caller built, and the ``optimizer`` that
+    steps it. Every rank calls it once, after wrapping and before the first backward (it is a
+    collective: the ranks agree on a session id). ``watch_key``: the dashboard's ``client.json``
+    when ``address`` is beyond loopback. Raises ``AttachError`` (one line) on a misuse, having
+    changed nothing."""
+    problem = attach_problem(model, optimizer)
+    if problem is None:
+        problem = address_problem(address)
+        if problem is None and watch_key is None and not is_loopback(address):
+            problem = f"address {address} is not loopback: pass watch_key= (the dashboard's client.json)"
+    if problem is not None:
+        raise AttachError(f"instrumented_ddp.attach: {problem}")
+    try:
+        keys = load_client_keys(watch_key) if watch_key is not None else None
+    except ValueError as error:
+        raise AttachError(f"instrumented_ddp.attach: {error}") from None
+    assert isinstance(model, DistributedDataParallel)
+    return Attachment(model, innermost_optimizer(optimizer), address, keys)
+
+
+def attach_problem(model: Any, optimizer: Any) -> str | None:
+    """What is wrong with attaching to ``model`` and ``optimizer``, in words that name the fix."""
+    if not dist.is_available() or not dist.is_initialized():
+        return "no process group: call torch.distributed.init_process_group() (torchrun sets it up) before attach"
+    if not isinstance(model, DistributedDataParallel):
+        kind = type(model).__name__
+        if isinstance(model, nn.Module):
+            return (f"the model is a {kind}, not DistributedDataParallel: wrap it first, "
+                    "model = DistributedDataParallel(model), and attach that")
+        return f"the model is a {kind}, not a DistributedDataParallel module"
+    if getattr(model, "_ddpwatch_attached", False):
+        return "this DistributedDataParallel is already attached: call attach once per model"
+    hook = existing_comm_hook(model)
+    if hook is not None:
+        return (f"this DistributedDataParallel already has the communication hook {hook!r}, and DDP takes only one: "
+                "ddpwatch times each bucket through its own hook (which does what DDP's default does); "
+                "remove the register_comm_hook call to watch this run")
+    inner = innermost_optimizer(optimizer)
+    if not isinstance(inner, torch.optim.Optimizer):
+        return f"the optimizer is a {type(optimizer).__name__}, not a torch.optim.Optimizer: pass the one that steps this model"
+    if training_began(model):
+        return "training has already begun (gradients exist): call attach right after wrapping in DDP, before the first backward"
+    return None
+
+
+def existing_comm_hook(ddp: DistributedDataParallel) -> str | None:
+    """The name of a communication hook already registered (Python or built-in), or None."""
+    if ddp._comm_hooks:
+        hook = ddp._comm_hooks[0][0]
+        return getattr(hook, "__qualname__", repr(hook))
+    name = ddp._get_ddp_logging_data().get("comm_hook")
+    return str(name) if name else None
+
+
+def training_began(ddp: DistributedDataParallel) -> bool:
+    """A gradient exists, or DDP has prepared a second training forward (its ``iteration`` counts
+    forwards with gradients after the first): a backward has run."""
+    if any(p.grad is not None for p in ddp.module.parameters()):
+        return True
+    return int(ddp._get_ddp_logging_data().get("iteration", 0)) > 0
+
+
+def innermost_optimizer(optimizer: Any) -> Any:
+    """The torch optimizer under wrappers such as Accelerate's ``AcceleratedOptimizer`` (which
+    keeps it as ``.optimizer`` and calls its ``step()``): its step hooks are the ones that fire."""
+    seen = 0
+    while isinstance(getattr(optimizer, "optimizer", None), torch.optim.Optimizer) and seen < 8:
+        optimizer, seen = optimizer.optimizer, seen + 1
+    return optimizer
+
+
+def batch_size_and_tokens(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, Any]:
+    """Samples and tokens of one forward's inputs, read from shapes (no device sync): samples are
+    the leading size of the first tensor (``input_ids`` first); tokens are the attention mask's
+    sum where there is one (a device tensor, read when the step resolves), else the positions
+    of an integer ``input_ids``, else 0."""
+    tensors = [t for t in _tensors([kwargs.get("input_ids"), *args, *kwargs.values()]) if t.dim() > 0]
+    samples = int(tensors[0].shape[0]) if tensors else 0
+    mask = kwargs.get("attention_mask")
+    if isinstance(mask, torch.Tensor):
+        return samples, mask.sum()
+    ids = kwargs.get("input_ids", args[0] if args else None)
+    if isinstance(ids, torch.Tensor) and not ids.is_floating_point():
+        return samples, ids.numel()
+    return samples, 0
+
+
+def _tensors(values: Iterable[Any]) -> list[torch.Tensor]:
+    return [value for value in values if isinstance(value, torch.Tensor)]
+
+
+def _output_tensors(output: Any) -> list[torch.Tensor]:
+    """The top-level tensors of a forward's output that backward can reach: a tensor, a tuple or
+    list, a dict or a Hugging Face ``ModelOutput`` (a dict)."""
+    if isinstance(output, torch.Tensor):
+        values: Iterable[Any] = [output]
+    elif isinstance(output, dict):
+        values = output.values()
+    elif isinstance(output, (tuple, list)):
+        values = output
+    else:
+        values = []
+    return [t for t in _tensors(values) if t.requires_grad]
+
+
+class Attachment:
+    """The hooks ``attach`` installed on one DDP model and its optimizer, and the watch they feed."""
+
+    def __init__(self, ddp: DistributedDataParallel, optimizer: torch.optim.Optimizer, address: str, keys: Any) -> None:
+        self.ddp, self.optimizer = ddp, optimizer
+        self.device = next(ddp.module.parameters()).device
+        context = DistributedContext(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")),
+                                     self.device, dist.get_backend(ddp.process_group))
+        self.watch = Watch.start(address, context, {
+            "strategy": "ddp", "settings": self._settings(1),
+            "model_parameters": sum(p.numel() for p in ddp.module.parameters()),
+            "parameter_layout": parameter_layout(ddp.module),
+        }, keys=keys, switchable=False)
+        self.timeline = self.watch.timeline
+        self.timing = DDPTiming(ddp, self.timeline)
+        self.timing.install()
+        self._steps = 0
+        self._synced_backwards = 0
+        self._micro_steps = 0
+        self._samples = 0
+        self._tokens: Any = 0
+        self._losses: list[torch.Tensor] = []
+        self._data_from: Any = None  # when the gap before this step's first forward began
+        self._forward_from: Any = None
+        self._backward_from: Any = None
+        self._optimizer_from: Any = None
+        self._handles = [
+            ddp.register_forward_pre_hook(self._before_forward, with_kwargs=True),
+            ddp.register_forward_hook(self._after_forward, with_kwargs=True),
+            optimizer.register_step_pre_hook(self._before_optimizer_step),
+            optimizer.register_step_post_hook(self._after_optimizer_step),
+        ]
+        ddp._ddpwatch_attached = True
+        atexit.register(self.detach)
+
+    @property
+    def publisher(self) -> Any:
+        return self.watch.publisher
+
+    def detach(self, reason: str = "finished") -> None:
+        """Remove the hooks and say goodbye. DDP keeps its communication hook (it cannot drop
+        one), which goes on averaging as DDP's default does, untimed. Safe to call twice."""
+        if not self._handles:
+            return
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        self.timing.stop_timing()
+        self.ddp._ddpwatch_attached = False
+        atexit.unregister(self.detach)
+        self.watch.close(reason)
+
+    def _settings(self, micro_steps: int) -> dict[str, Any]:
+        return {"bucket_mb": self.ddp.bucket_bytes_cap / 2**20, "grad_accum": micro_steps}
+
+    # -- the hooks ---------------------------------------------------------------------------------
+    def _begin_step(self) -> None:
+        self._steps += 1
+        self.timeline.begin_step(self._steps, "ddp", self._settings(1))
+        self._micro_steps, self._samples, self._tokens, self._losses = 0, 0, 0, []
+
+    def _before_forward(self, _module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if not torch.is_grad_enabled():
+            return
+        if not self.timeline.in_step:
+            self._begin_step()
+            self._data_from = None
+        now = self.timeline.stamp()
+        if self._data_from is not None:
+            self.timeline.add_span("data", self._data_from, now, blocking=False)
+            self._data_from = None
+        samples, tokens = batch_size_and_tokens(args, kwargs)
+        self._samples += samples
+        self._tokens = self._tokens + tokens  # an int, or a device tensor once a mask was summed
+        self._forward_from = now
+
+    def _after_forward(self, _module: nn.Module, _args: tuple[Any, ...], _kwargs: dict[str, Any], output: Any) -> None:
+        if self._forward_from is None:
+            return
+        self.timeline.add_span("forward", self._forward_from, self.timeline.stamp(), blocking=False)
+        self._forward_from = None
+        self._micro_steps += 1
+        loss = getattr(output, "loss", None) if not isinstance(output, torch.Tensor) else None
+        if isinstance(loss, torch.Tensor) and loss.numel() == 1:
+            self._losses.append(loss.detach())
+        self._backward_from = None
+        for tensor in _output_tensors(output):
+            tensor.register_hook(self._gradient_reached_output)
+
+    def _gradient_reached_output(self, _gradient: torch.Tensor) -> None:
+        """The first output gradient of this backward: backward has begun. The callback queued
+        here runs when the engine ends the backward, before DDP's own (queued later, when the
+        last bucket is launched), so it queues the one that stamps the end after DDP's."""
+        if self._backward_from is not None:
+            return
+        self._backward_from = self.timeline.stamp()
+        engine = torch.autograd.Variable._execution_engine
+        engine.queue_callback(lambda: engine.queue_callback(self._backward_ended))
+
+    def _backward_ended(self) -> None:
+        if self._backward_from is None or not self.timeline.in_step:
+            return
+        self.timeline.add_span("backward", self._backward_from, self.timeline.stamp(), blocking=False)
+        if self.timing.backward_ended():
+            self._synced_backwards += 1
+
+    def _before_optimizer_step(self, _optimizer: Any, _args: Any, _kwargs: Any) -> None:
+        self._optimizer_from = self.timeline.stamp() if self.timeline.in_step else None
+
+    def _after_optimizer_step(self, _optimizer: Any, _args: Any, _kwargs: Any) -> None:
+        if self._optimizer_from is None:
+            return
+        self.timeline.add_span("optimizer", self._optimizer_from, self.timeline.stamp(), blocking=False)
+        loss = torch.stack(self._losses).mean() if self._losses else None
+        self.timeline.end_step(self._samples, self._tokens, loss, excluded=self._synced_backwards <= 1,
+                               settings={"grad_accum": max(1, self._micro_steps)})
+        if self._steps == 1 and self.publisher is not None:
+            self.watch.update_hello(global_batch=self._samples * dist.get_world_size())
+        self.watch.step_done()
+        self.watch.refuse_commands(NOT_SWITCHABLE)
+        self._begin_step()
+        self._data_from = self.timeline.stamp()

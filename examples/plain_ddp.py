@@ -89,6 +89,10 @@ def main() -> None:
 
     if watch is not None:
         watch.detach()  # <- ddpwatch: goodbye now (the end of the process would send it too)
+    if rank == 0:  # what ddpwatch's all-reduces per step should match: DDP's own buckets
+        logged = ddp_model._get_ddp_logging_data()
+        sizes = logged.get("rebuilt_bucket_sizes") or logged["bucket_sizes"]
+        print(f"DDP reduced gradients in {len(sizes.split(','))} bucket(s) of {sizes} bytes")
     if args.save_final and rank == 0:
         torch.save(model.state_dict(), args.save_final)
     dist.barrier()

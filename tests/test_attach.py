@@ -1,0 +1,246 @@
+"""``instrumented_ddp.attach``: a user's own DDP loop watched in one line, and each misuse refused
+in one line with nothing changed. In one process over a one-rank gloo group; the two-rank runs
+through torchrun are in ``test_attach_end_to_end.py``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel
+
+import instrumented_ddp
+from instrumented_ddp import attachment
+from instrumented_ddp.attachment import NOT_SWITCHABLE, AttachError, Attachment, batch_size_and_tokens
+from instrumented_ddp.protocol import Ack, Goodbye, Hello, StepReport, SwitchCommand
+from launch import free_port
+
+
+@pytest.fixture
+def one_rank_group() -> Iterator[None]:
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+class Output(dict):
+    """What a Hugging Face model returns: a dict whose items are also attributes."""
+
+    __getattr__ = dict.get
+
+
+class TinyClassifier(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(50, 16)
+        self.body = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 16))
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor) -> Output:
+        logits = self.head(self.body(self.embed(input_ids)).mean(dim=1))
+        return Output(loss=nn.functional.cross_entropy(logits, labels), logits=logits)
+
+
+def make_ddp(bucket_mb: float = 0.001) -> tuple[DistributedDataParallel, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    ddp = DistributedDataParallel(TinyClassifier(), bucket_cap_mb=bucket_mb)
+    return ddp, torch.optim.AdamW(ddp.parameters(), lr=1e-3)
+
+
+def batch(seed: int) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    mask = torch.ones(4, 6, dtype=torch.long)
+    mask[0, 4:] = 0  # two padding positions: tokens are the mask's sum, 22
+    return {"input_ids": torch.randint(0, 50, (4, 6), generator=generator), "attention_mask": mask,
+            "labels": torch.randint(0, 3, (4,), generator=generator)}
+
+
+def train(ddp: DistributedDataParallel, optimizer: torch.optim.Optimizer, steps: int, grad_accum: int = 1) -> None:
+    """The user's loop: nothing in it knows about ddpwatch."""
+    for step in range(steps):
+        optimizer.zero_grad()
+        for micro in range(grad_accum):
+            with ddp.no_sync() if micro < grad_accum - 1 else torch.enable_grad():
+                (ddp(**batch(step * grad_accum + micro)).loss / grad_accum).backward()
+        optimizer.step()
+
+
+def untouched(ddp: DistributedDataParallel, optimizer: torch.optim.Optimizer, comm_hooks: int = 0) -> bool:
+    return (not ddp._forward_hooks and not ddp._forward_pre_hooks and len(ddp._comm_hooks) == comm_hooks
+            and not optimizer._optimizer_step_pre_hooks and not optimizer._optimizer_step_post_hooks)
+
+
+@pytest.fixture
+def sent(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Every message an attachment publishes, in order."""
+    messages: list[Any] = []
+    original = Attachment.__init__
+
+    def init(self: Attachment, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        monkeypatch.setattr(self.watch.publisher, "publish", messages.append)
+
+    monkeypatch.setattr(Attachment, "__init__", init)
+    return messages
+
+
+def attach_for_test(ddp: DistributedDataParallel, optimizer: torch.optim.Optimizer) -> Attachment:
+    return instrumented_ddp.attach(ddp, optimizer, address=f"tcp://127.0.0.1:{free_port()}")  # nobody listens
+
+
+def test_an_attached_loop_reports_every_phase_of_every_step(one_rank_group: None, sent: list[Any]) -> None:
+    ddp, optimizer = make_ddp()
+    watch = attach_for_test(ddp, optimizer)
+    try:
+        train(ddp, optimizer, steps=4, grad_accum=2)
+    finally:
+        watch.detach()
+    reports = [m for m in sent if isinstance(m, StepReport)]
+    assert [r.step for r in reports] == [1, 2, 3, 4]
+    assert [r.excluded for r in reports] == [True, False, False, False]  # DDP's first iteration
+    buckets = len(ddp._get_ddp_logging_data()["rebuilt_bucket_sizes"].split(","))  # after DDP's first iteration
+    assert buckets == 3
+    for report in reports:
+        assert report.strategy == "ddp" and report.settings["grad_accum"] == 2
+        assert report.samples == 8 and report.tokens == 2 * 22 and report.loss is not None
+        kinds = [s.kind for s in report.spans]
+        assert kinds.count("forward") == kinds.count("backward") == 2 and kinds.count("optimizer") == 1
+        assert kinds.count("all_reduce") == (1 if report.excluded else buckets)  # DDP's first: one bucket of all
+        assert kinds.count("wait") == 1  # no_sync: one backward of the two communicates
+        assert ("data" in kinds) == (report.step > 1)  # the gap after the previous step's optimizer
+        forward, backward = (next(s for s in report.spans if s.kind == k) for k in ("forward", "backward"))
+        (optimizer_span,) = [s for s in report.spans if s.kind == "optimizer"]
+        assert forward.end <= backward.start and backward.end <= optimizer_span.start
+        (wait,) = [s for s in report.spans if s.kind == "wait"]
+        last_backward = [s for s in report.spans if s.kind == "backward"][-1]
+        assert wait.blocking and last_backward.start <= wait.start and abs(wait.end - last_backward.end) < 1e-3
+        assert report.start <= report.spans[0].start and optimizer_span.end <= report.end
+    hellos = [m for m in sent if isinstance(m, Hello)]
+    assert hellos and not hellos[-1].switchable and hellos[-1].global_batch == 8
+    assert isinstance(sent[-1], Goodbye)
+
+
+def test_the_attached_hook_leaves_parameters_bitwise_those_of_plain_ddp(one_rank_group: None) -> None:
+    watched, watched_optimizer = make_ddp()
+    plain, plain_optimizer = make_ddp()
+    watch = attach_for_test(watched, watched_optimizer)
+    try:
+        train(watched, watched_optimizer, steps=3, grad_accum=2)
+    finally:
+        watch.detach()
+    train(plain, plain_optimizer, steps=3, grad_accum=2)
+    for a, b in zip(watched.parameters(), plain.parameters(), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_an_attached_run_refuses_a_switch_and_says_why(one_rank_group: None, sent: list[Any]) -> None:
+    ddp, optimizer = make_ddp()
+    watch = attach_for_test(ddp, optimizer)
+    try:
+        watch.publisher.commands.put(SwitchCommand("c1", "bucket", 5.0, None))
+        train(ddp, optimizer, steps=1)
+    finally:
+        watch.detach()
+    (ack,) = [m for m in sent if isinstance(m, Ack)]
+    assert not ack.applied and ack.command_id == "c1" and ack.detail == NOT_SWITCHABLE
+
+
+def test_detach_removes_the_hooks_and_ddp_averages_on_untimed(one_rank_group: None, sent: list[Any]) -> None:
+    ddp, optimizer = make_ddp()
+    watch = attach_for_test(ddp, optimizer)
+    train(ddp, optimizer, steps=2)
+    watch.detach()
+    watch.detach()  # twice is harmless
+    reports = len([m for m in sent if isinstance(m, StepReport)])
+    assert untouched(ddp, optimizer, comm_hooks=1)  # DDP cannot drop a communication hook
+    assert "_distributed_broadcast_coalesced" not in ddp.__dict__
+    train(ddp, optimizer, steps=2)
+    assert len([m for m in sent if isinstance(m, StepReport)]) == reports
+    assert not watch.timing.timeline.has_pending()
+
+
+MISUSES = {
+    "a module that is not DDP": ("not DistributedDataParallel: wrap it first", lambda ddp, opt: (ddp.module, opt)),
+    "DDP with a Python hook": ("already has the communication hook 'allreduce_hook'",
+                               lambda ddp, opt: (ddp.register_comm_hook(None, default_hooks.allreduce_hook), (ddp, opt))[1]),
+    "DDP with a built-in hook": ("already has the communication hook 'BuiltinCommHookType.ALLREDUCE'",
+                                 lambda ddp, opt: (ddp._register_builtin_comm_hook(dist.BuiltinCommHookType.ALLREDUCE), (ddp, opt))[1]),
+    "after the first backward": ("training has already begun", lambda ddp, opt: (train(ddp, opt, steps=1), (ddp, opt))[1]),
+    "an optimizer that is not one": ("not a torch.optim.Optimizer", lambda ddp, opt: (ddp, object())),
+}
+
+
+@pytest.mark.parametrize("misuse", MISUSES)
+def test_each_misuse_gets_one_line_naming_the_fix_and_changes_nothing(one_rank_group: None, misuse: str) -> None:
+    expected, set_up = MISUSES[misuse]
+    ddp, optimizer = make_ddp()
+    model, given_optimizer = set_up(ddp, optimizer)
+    hooks_before = len(ddp._comm_hooks)
+    with pytest.raises(AttachError) as caught:
+        instrumented_ddp.attach(model, given_optimizer, address=f"tcp://127.0.0.1:{free_port()}")
+    message = str(caught.value)
+    assert message.startswith("instrumented_ddp.attach: ") and "\n" not in message and expected in message
+    assert untouched(ddp, optimizer, comm_hooks=hooks_before)
+    train(ddp, optimizer, steps=1)  # the run goes on as before
+
+
+def test_attaching_twice_or_beyond_loopback_without_keys_is_refused(one_rank_group: None) -> None:
+    ddp, optimizer = make_ddp()
+    with pytest.raises(AttachError, match="not loopback: pass watch_key="):
+        instrumented_ddp.attach(ddp, optimizer, address="tcp://10.1.2.3:5555")
+    assert untouched(ddp, optimizer)
+    watch = attach_for_test(ddp, optimizer)
+    try:
+        with pytest.raises(AttachError, match="already attached"):
+            attach_for_test(ddp, optimizer)
+    finally:
+        watch.detach()
+
+
+def test_attach_without_a_process_group_says_how_to_make_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(attachment.dist, "is_initialized", lambda: False)
+    with pytest.raises(AttachError, match=r"no process group: call torch.distributed.init_process_group\(\)"):
+        instrumented_ddp.attach(nn.Linear(2, 2), torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=0.1))
+
+
+def test_an_accelerate_style_optimizer_wrapper_is_seen_through(one_rank_group: None, sent: list[Any]) -> None:
+    """Accelerate's ``AcceleratedOptimizer`` keeps the torch optimizer as ``.optimizer`` and
+    calls its ``step()``: the step hooks go on that one."""
+    ddp, optimizer = make_ddp()
+
+    class Wrapped:
+        def __init__(self, inner: torch.optim.Optimizer) -> None:
+            self.optimizer = inner
+
+        def step(self) -> None:
+            self.optimizer.step()
+
+        def zero_grad(self) -> None:
+            self.optimizer.zero_grad()
+
+    watch = attach_for_test(ddp, Wrapped(optimizer))  # type: ignore[arg-type]
+    try:
+        train(ddp, Wrapped(optimizer), steps=2)  # type: ignore[arg-type]
+    finally:
+        watch.detach()
+    assert [m.step for m in sent if isinstance(m, StepReport)] == [1, 2]
+
+
+@pytest.mark.parametrize(("args", "kwargs", "expected"), [
+    ((), {"input_ids": torch.zeros(4, 7, dtype=torch.long), "attention_mask": torch.ones(4, 7)}, (4, 28.0)),
+    ((torch.zeros(3, 5, dtype=torch.long),), {}, (3, 15)),  # token ids with no mask: every position
+    ((torch.zeros(8, 10),), {}, (8, 0)),  # features, not tokens
+    ((), {"labels": torch.zeros(2)}, (2, 0)),
+    ((), {}, (0, 0)),
+])
+def test_samples_and_tokens_come_from_the_forwards_inputs(args: tuple[Any, ...], kwargs: dict[str, Any],
+                                                         expected: tuple[int, float]) -> None:
+    samples, tokens = batch_size_and_tokens(args, kwargs)
+    assert (samples, float(tokens)) == expected

@@ -1,0 +1,92 @@
+"""The examples a user copies, run as they would run them: torchrun, two gloo ranks, recorded by
+``ddpwatch record``. One watched run per example serves every assertion about it."""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from ddpwatch.recorder import load_session
+from ddpwatch.session import Session
+from instrumented_ddp.step_figures import step_figures
+from launch import REPO_ROOT, Recorder, run_torchrun
+
+PROFILED_STEPS = range(4, 9)  # the examples' profiler schedule: wait 2, warmup 1, active 5
+PLAIN_DDP = [str(REPO_ROOT / "examples" / "plain_ddp.py"), "--steps", "12", "--bucket-mb", "1", "--grad-accum", "2"]
+
+
+@dataclass
+class ExampleRuns:
+    session: Session
+    summary: dict
+    buckets: int  # DDP's own count, printed by the example from _get_ddp_logging_data()
+    watched_final: Path
+    unwatched_final: Path
+    profile: Path
+
+
+@pytest.fixture(scope="module")
+def plain_ddp_runs(tmp_path_factory: pytest.TempPathFactory) -> ExampleRuns:
+    out = tmp_path_factory.mktemp("plain_ddp")
+    with Recorder(out / "session", "--idle-exit", "20") as recorder:
+        watched = run_torchrun([*PLAIN_DDP, "--watch", recorder.address, "--save-final", str(out / "watched.pt"),
+                                "--profile", str(out / "profile")])
+        assert watched.returncode == 0, watched.stderr[-3000:]
+        recorder.wait()
+    unwatched = run_torchrun([*PLAIN_DDP, "--no-watch", "--save-final", str(out / "unwatched.pt")])
+    assert unwatched.returncode == 0, unwatched.stderr[-3000:]
+    buckets = int(re.search(r"DDP reduced gradients in (\d+) bucket", watched.stdout).group(1))
+    return ExampleRuns(load_session(out / "session" / "session.ddpwatch"), json.loads((out / "session" / "summary.json").read_text()),
+                       buckets, out / "watched.pt", out / "unwatched.pt", out / "profile")
+
+
+def test_plain_ddp_all_reduces_per_step_are_ddps_buckets_on_every_rank(plain_ddp_runs: ExampleRuns) -> None:
+    runs = plain_ddp_runs
+    assert runs.buckets > 1
+    (segment,) = runs.summary["segments"]
+    assert segment["strategy"] == "ddp" and segment["settings"] == {"bucket_mb": 1.0, "grad_accum": 2}
+    assert segment["excluded_steps"] == [1] and segment["all_reduce_calls"] == runs.buckets
+    for step in range(2, 13):
+        counts = {rank: sum(s.kind == "all_reduce" for s in report.spans) for rank, report in runs.session.reports[step].items()}
+        assert counts == {0: runs.buckets, 1: runs.buckets}, step
+    for figures in [segment, *segment["per_rank"].values()]:
+        assert figures["compute_pct"] + figures["non_compute_pct"] + figures["idle_pct"] == pytest.approx(100.0)
+    assert all(not rank.hello.switchable for rank in runs.session.ranks.values())
+
+
+def test_plain_ddp_parameters_are_bitwise_those_of_the_loop_without_attach(plain_ddp_runs: ExampleRuns) -> None:
+    watched, unwatched = torch.load(plain_ddp_runs.watched_final), torch.load(plain_ddp_runs.unwatched_final)
+    assert watched.keys() == unwatched.keys()
+    assert all(torch.equal(watched[name], unwatched[name]) for name in watched)
+
+
+def test_plain_ddp_all_reduces_and_overlap_hold_against_the_profiler(plain_ddp_runs: ExampleRuns) -> None:
+    """Each rank's recorded all-reduces of the profiled steps against the profiler's gloo events:
+    the same count, durations close, and the Overlap% figured from the profiler's intervals
+    (put on ddpwatch's clock) within 5 points of ddpwatch's own."""
+    runs = plain_ddp_runs
+    for rank in (0, 1):
+        (trace_file,) = runs.profile.glob(f"rank{rank}.*.json")
+        events = json.loads(trace_file.read_text())["traceEvents"]
+        profiled = sorted((e for e in events if e.get("name") == "gloo:all_reduce"), key=lambda e: e["ts"])
+        reports = [runs.session.reports[step][rank] for step in PROFILED_STEPS]
+        reports = [replace(report, spans=list(report.spans)) for report in reports]  # the same Span objects each read
+        recorded = sorted((s for report in reports for s in report.spans if s.kind == "all_reduce"), key=lambda s: s.start)
+        assert len(recorded) == len(profiled) == runs.buckets * len(PROFILED_STEPS)
+        typical = statistics.median(event["dur"] for event in profiled)
+        differences = [abs(span.duration * 1e6 - event["dur"]) for span, event in zip(recorded, profiled)]
+        assert statistics.median(differences) < max(0.5 * typical, 100.0), (statistics.median(differences), typical)
+        offset_us = statistics.median(e["ts"] + e["dur"] - s.end * 1e6 for s, e in zip(recorded, profiled))
+        profiler_interval = {id(span): ((e["ts"] - offset_us) / 1e6, (e["ts"] + e["dur"] - offset_us) / 1e6)
+                             for span, e in zip(recorded, profiled)}
+        ours = [step_figures(report).overlap_pct for report in reports]
+        theirs = [step_figures(replace(report, spans=[
+            s._replace(start=profiler_interval[id(s)][0], end=profiler_interval[id(s)][1]) if s.kind == "all_reduce" else s
+            for s in report.spans])).overlap_pct for report in reports]
+        assert abs(statistics.mean(ours) - statistics.mean(theirs)) < 5.0, (ours, theirs)

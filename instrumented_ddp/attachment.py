@@ -40,10 +40,10 @@ from torch.nn.parallel import DistributedDataParallel
 
 from .ddp_timing import DDPTiming
 from .distributed import DistributedContext
-from .protocol import DEFAULT_ADDRESS, address_problem, is_loopback, load_client_keys
+from .protocol import DEFAULT_ADDRESS, NOT_SWITCHABLE, address_problem, is_loopback, load_client_keys
 from .watch import Watch, parameter_layout
 
-NOT_SWITCHABLE = "this run was not started by ddpwatch: switching is off"
+__all__ = ["NOT_SWITCHABLE", "AttachError", "Attachment", "attach"]
 
 
 class AttachError(RuntimeError):

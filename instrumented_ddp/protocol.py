@@ -24,6 +24,8 @@ PROTOCOL_VERSION = 1
 MAX_DEVICE_EVERY_S = 60.0  # the slowest device sampling a listener may ask of a rank
 DEFAULT_MAX_MESSAGE_BYTES = 8 * 1024 * 1024
 DEFAULT_ADDRESS = "tcp://127.0.0.1:5555"
+#: What a run that cannot switch (``Hello.switchable`` False) answers, and the dashboard says.
+NOT_SWITCHABLE = "this run was not started by ddpwatch: switching is off"
 
 STRATEGY_NAMES = ("simple", "ga", "hook", "async", "bucket", "ddp")  # what users type; instrumented_ddp agrees
 COMPUTE_KINDS = ("forward", "backward", "optimizer")

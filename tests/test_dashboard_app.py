@@ -23,7 +23,7 @@ from ddpwatch.dashboard.widgets.segments_table import SegmentsTable
 from ddpwatch.dashboard.widgets.timeline_view import TimelineView
 from ddpwatch.receiver import ingest
 from ddpwatch.session import Session
-from instrumented_ddp.protocol import Ack, Heartbeat, SpanRequest, StepReport, SwitchCommand, decode, encode
+from instrumented_ddp.protocol import NOT_SWITCHABLE, Ack, Heartbeat, SpanRequest, StepReport, SwitchCommand, decode, encode
 from instrumented_ddp.telemetry import routing_id
 from synthetic_session import hello, session_messages, step_report
 
@@ -561,3 +561,23 @@ def test_the_header_rate_aligned_step_by_step_equals_it_aligned_afresh() -> None
     stepwise = builder.build(now=102.0).header.samples_per_s
     assert stepwise == pytest.approx(80 / 1.97)
     assert stepwise == pytest.approx(SnapshotBuilder(session).build(now=102.0).header.samples_per_s)
+
+
+async def test_a_run_ddpwatch_did_not_start_offers_no_switch_and_says_why() -> None:
+    """An attached run's hello says it cannot switch: no switch keys in the footer, the header
+    says why, and a switch asked for anyway (the picker was open) is not sent."""
+    hellos = {rank: replace(hello(rank), switchable=False) for rank in (0, 1)}
+    feed = StaticFeed(session_messages(steps=4, hellos=hellos))
+    feed.can_switch = True  # live, as far as the feed goes
+    sent: list[object] = []
+    feed.request_switch = sent.append  # type: ignore[method-assign]
+    app = DashboardApp(feed, export_on_exit=False)
+    async with app.run_test(size=(160, 50)) as pilot:
+        await pilot.pause(0.4)
+        assert not app.snapshot.header.switchable
+        assert NOT_SWITCHABLE in str(app.header_bar.query_one("#header-text").render())
+        assert app.check_action("pick_strategy", ()) is False and app.check_action("help", ()) is True
+        assert "switch" not in {active.binding.description for active in app.screen.active_bindings.values()}
+        await pilot.press("s", "5", "plus")
+        app.request_switch("bucket", bucket_mb=5.0)
+        assert not sent and any(NOT_SWITCHABLE in text for _, text in app.notices)

@@ -17,7 +17,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, VerticalScroll
 from textual.widgets import Footer, TabbedContent, TabPane
 
-from instrumented_ddp.protocol import STRATEGY_NAMES, Ack, Envelope
+from instrumented_ddp.protocol import NOT_SWITCHABLE, STRATEGY_NAMES, Ack, Envelope
 
 from ..control import new_command
 from ..exporters import write_exports
@@ -49,6 +49,10 @@ DETAIL_RANK_STEPS = 64 * KEEP_STEPS  # reports whose spans and all-reduce durati
 # frozen out of it; 100 younger passes make a full pass about every 6 s. Textual's strips form
 # reference cycles, so waiting much longer lets their garbage pile up (1.4 MiB/s at 1000).
 FULL_COLLECTION_AFTER = 100
+
+
+#: The actions that ask the run to switch (keys hidden for a run that cannot).
+SWITCH_ACTIONS = frozenset({"pick_strategy", "switch_to", "bucket", "accum"})
 
 
 class DashboardApp(App[None]):
@@ -88,6 +92,7 @@ class DashboardApp(App[None]):
         self.open_nodes: set[int] = set()  # heatmap nodes shown a row per rank (a large job starts collapsed)
         self.snapshot: Snapshot | None = None
         self.pending_switches: dict[str, str] = {}
+        self.run_is_switchable = True  # False for a run ddpwatch did not start (its hello says so)
         self.notices: deque[tuple[float, str]] = deque(maxlen=6)
         self.frames = 0
         self.frame_seconds = 0.0  # our code's time in frames (bench/dashboard_load.py reports it) ...
@@ -177,6 +182,9 @@ class DashboardApp(App[None]):
                                                       side_tab=side_tab)
         timed("build")
         self.header_bar.show(snapshot.header, self.feed.description)
+        if snapshot.header.switchable != self.run_is_switchable:
+            self.run_is_switchable = snapshot.header.switchable
+            self.refresh_bindings()  # the switch keys are offered, or not (check_action)
         timed("header")
         self.timeline_view.show(snapshot.timeline, self.selected_rank)
         timed("timeline")
@@ -275,9 +283,16 @@ class DashboardApp(App[None]):
             return "", None, None
         return hello.strategy, hello.settings.get("bucket_mb"), hello.settings.get("grad_accum")
 
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """A run ddpwatch did not start cannot switch: its switch keys are not offered."""
+        return self.run_is_switchable or action not in SWITCH_ACTIONS
+
     def request_switch(self, strategy: str, bucket_mb: float | None = None, grad_accum: int | None = None) -> None:
         if not self.feed.can_switch:
             self.notify_user("this is a replay: switching needs a live run")
+            return
+        if not self.run_is_switchable:
+            self.notify_user(NOT_SWITCHABLE)
             return
         command = new_command(strategy, bucket_mb, grad_accum)
         self.pending_switches[command.command_id] = strategy

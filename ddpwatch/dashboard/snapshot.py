@@ -77,6 +77,7 @@ class HeaderData:
     eta_s: float | None
     samples_per_s: float
     following: bool  # the latest step, or a step the user chose
+    switchable: bool = True  # False: a run ddpwatch did not start (``attach``), whose loop cannot re-wrap
 
 
 @dataclass(frozen=True)
@@ -304,7 +305,7 @@ class SnapshotBuilder:
         done = max((s.last_step for s in session.ranks.values()), default=0)
         eta = (total - done) * step_s if step_s and total else None
         return HeaderData(session.session_id or "waiting for a run…", session.world_size, strategy, settings,
-                          step or 0, total, eta, rate, following)
+                          step or 0, total, eta, rate, following, hello.switchable if hello else True)
 
     def _recent_rate(self, trend: list[StepSummary], now: float, window: int = RATE_STEPS) -> tuple[float, float | None]:
         """Global samples/s and seconds per step over the last ``window`` complete steps: the

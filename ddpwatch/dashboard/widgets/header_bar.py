@@ -6,6 +6,8 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal
 from textual.widgets import ProgressBar, Static
 
+from instrumented_ddp.protocol import NOT_SWITCHABLE
+
 from ..snapshot import HeaderData
 
 
@@ -30,6 +32,7 @@ class HeaderBar(Horizontal):
             f"[b]ddpwatch[/b] {data.session} · {data.world_size} rank(s) · [b]{data.strategy}[/b]{settings} · "
             f"step {data.step}/{data.total_steps or '?'} · {format_eta(data.eta_s)} · "
             f"{data.samples_per_s:.1f} samples/s\n[i]{mode}[/i] · [dim]{source}[/dim]"
+            + ("" if data.switchable else f" · [b]{NOT_SWITCHABLE}[/b]")
         )
         if text != getattr(self, "_shown", None):  # fixed size (see dashboard.tcss): no layout pass
             self._shown = text

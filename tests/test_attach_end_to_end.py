@@ -18,7 +18,10 @@ from instrumented_ddp.step_figures import step_figures
 from launch import REPO_ROOT, Recorder, run_torchrun
 
 PROFILED_STEPS = range(4, 9)  # the examples' profiler schedule: wait 2, warmup 1, active 5
-PLAIN_DDP = [str(REPO_ROOT / "examples" / "plain_ddp.py"), "--steps", "12", "--bucket-mb", "1", "--grad-accum", "2"]
+EXAMPLES = {  # each with two buckets or more and an accumulation (no_sync) in every step
+    "plain_ddp": [str(REPO_ROOT / "examples" / "plain_ddp.py"), "--steps", "12", "--bucket-mb", "1", "--grad-accum", "2"],
+    "hf_trainer": [str(REPO_ROOT / "examples" / "hf_trainer.py"), "--steps", "12", "--bucket-mb", "1", "--grad-accum", "2"],
+}
 
 
 @dataclass
@@ -31,23 +34,25 @@ class ExampleRuns:
     profile: Path
 
 
-@pytest.fixture(scope="module")
-def plain_ddp_runs(tmp_path_factory: pytest.TempPathFactory) -> ExampleRuns:
-    out = tmp_path_factory.mktemp("plain_ddp")
+@pytest.fixture(scope="module", params=list(EXAMPLES))
+def example_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> ExampleRuns:
+    """The example watched (and profiled), and the same example without ddpwatch."""
+    command = EXAMPLES[request.param]
+    out = tmp_path_factory.mktemp(request.param)
     with Recorder(out / "session", "--idle-exit", "20") as recorder:
-        watched = run_torchrun([*PLAIN_DDP, "--watch", recorder.address, "--save-final", str(out / "watched.pt"),
+        watched = run_torchrun([*command, "--watch", recorder.address, "--save-final", str(out / "watched.pt"),
                                 "--profile", str(out / "profile")])
         assert watched.returncode == 0, watched.stderr[-3000:]
         recorder.wait()
-    unwatched = run_torchrun([*PLAIN_DDP, "--no-watch", "--save-final", str(out / "unwatched.pt")])
+    unwatched = run_torchrun([*command, "--no-watch", "--save-final", str(out / "unwatched.pt")])
     assert unwatched.returncode == 0, unwatched.stderr[-3000:]
     buckets = int(re.search(r"DDP reduced gradients in (\d+) bucket", watched.stdout).group(1))
     return ExampleRuns(load_session(out / "session" / "session.ddpwatch"), json.loads((out / "session" / "summary.json").read_text()),
                        buckets, out / "watched.pt", out / "unwatched.pt", out / "profile")
 
 
-def test_plain_ddp_all_reduces_per_step_are_ddps_buckets_on_every_rank(plain_ddp_runs: ExampleRuns) -> None:
-    runs = plain_ddp_runs
+def test_all_reduces_per_step_are_ddps_buckets_on_every_rank(example_runs: ExampleRuns) -> None:
+    runs = example_runs
     assert runs.buckets > 1
     (segment,) = runs.summary["segments"]
     assert segment["strategy"] == "ddp" and segment["settings"] == {"bucket_mb": 1.0, "grad_accum": 2}
@@ -60,17 +65,17 @@ def test_plain_ddp_all_reduces_per_step_are_ddps_buckets_on_every_rank(plain_ddp
     assert all(not rank.hello.switchable for rank in runs.session.ranks.values())
 
 
-def test_plain_ddp_parameters_are_bitwise_those_of_the_loop_without_attach(plain_ddp_runs: ExampleRuns) -> None:
-    watched, unwatched = torch.load(plain_ddp_runs.watched_final), torch.load(plain_ddp_runs.unwatched_final)
+def test_parameters_are_bitwise_those_of_the_run_without_ddpwatch(example_runs: ExampleRuns) -> None:
+    watched, unwatched = torch.load(example_runs.watched_final), torch.load(example_runs.unwatched_final)
     assert watched.keys() == unwatched.keys()
     assert all(torch.equal(watched[name], unwatched[name]) for name in watched)
 
 
-def test_plain_ddp_all_reduces_and_overlap_hold_against_the_profiler(plain_ddp_runs: ExampleRuns) -> None:
+def test_all_reduces_and_overlap_hold_against_the_profiler(example_runs: ExampleRuns) -> None:
     """Each rank's recorded all-reduces of the profiled steps against the profiler's gloo events:
     the same count, durations close, and the Overlap% figured from the profiler's intervals
     (put on ddpwatch's clock) within 5 points of ddpwatch's own."""
-    runs = plain_ddp_runs
+    runs = example_runs
     for rank in (0, 1):
         (trace_file,) = runs.profile.glob(f"rank{rank}.*.json")
         events = json.loads(trace_file.read_text())["traceEvents"]

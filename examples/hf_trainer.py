@@ -1,0 +1,95 @@
+"""
+A Hugging Face ``Trainer`` watched by ddpwatch: one ``add_callback`` line.
+
+    ddpwatch &                                                    # the dashboard, listening
+    torchrun --nproc_per_node=2 examples/hf_trainer.py            # CPU (gloo) or one GPU per rank
+    torchrun --nproc_per_node=2 examples/hf_trainer.py --grad-accum 2 --bucket-mb 1
+
+The model is ddpwatch's tiny SmolLM2-shaped classifier and the data its built-in reviews, so it
+runs offline; swap in your own model and dataset, the callback line stays the same.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+
+import datasets
+import torch
+from transformers import Trainer, TrainerCallback, TrainingArguments
+
+from instrumented_ddp import data, models
+from instrumented_ddp.distributed import exit_process
+from instrumented_ddp.integrations import DDPWatchCallback
+from instrumented_ddp.protocol import DEFAULT_ADDRESS
+
+
+class ProfileSteps(TrainerCallback):
+    """torch.profiler over optimizer steps 4-8, one trace per rank (to hold ddpwatch against)."""
+
+    def __init__(self, directory: str) -> None:
+        rank = int(os.environ.get("RANK", "0"))
+        self.profiler = torch.profiler.profile(
+            schedule=torch.profiler.schedule(wait=2, warmup=1, active=5, repeat=1),
+            on_trace_ready=torch.profiler.tensorboard_trace_handler(directory, worker_name=f"rank{rank}"))
+
+    def on_train_begin(self, *args: object, **kwargs: object) -> None:
+        self.profiler.start()
+
+    def on_step_end(self, *args: object, **kwargs: object) -> None:
+        self.profiler.step()
+
+    def on_train_end(self, *args: object, **kwargs: object) -> None:
+        self.profiler.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="A Hugging Face Trainer watched by ddpwatch")
+    parser.add_argument("--steps", type=int, default=100, help="optimizer steps")
+    parser.add_argument("--batch-size", type=int, default=8, help="per rank, per micro-step")
+    parser.add_argument("--grad-accum", type=int, default=1)
+    parser.add_argument("--bucket-mb", type=float, default=None, help="DDP's bucket_cap_mb (default: DDP's 25)")
+    parser.add_argument("--watch", default=DEFAULT_ADDRESS, metavar="ADDRESS", help="where ddpwatch listens")
+    parser.add_argument("--no-watch", action="store_true", help="the same Trainer without the callback")
+    parser.add_argument("--save-final", default=None, metavar="FILE", help="rank 0 saves the final parameters here")
+    parser.add_argument("--profile", default=None, metavar="DIR", help="torch.profiler traces of steps 4-8, one per rank")
+    args = parser.parse_args()
+
+    datasets.disable_progress_bars()
+    reviews = data.make_builtin_reviews(n_train=2000, n_test=200)
+    tokenizer = data.build_tokenizer(reviews["train"]["text"])
+    train_set = data.tokenize_reviews(reviews, tokenizer, max_length=64)["train"]
+    torch.manual_seed(0)
+    model = models.build_built_in_model("tiny", len(tokenizer), data.NUM_LABELS, tokenizer.pad_token_id)
+
+    training = TrainingArguments(
+        output_dir=tempfile.mkdtemp(prefix="hf_trainer_"), max_steps=args.steps, learning_rate=5e-4,
+        per_device_train_batch_size=args.batch_size, gradient_accumulation_steps=args.grad_accum,
+        ddp_bucket_cap_mb=args.bucket_mb, ddp_find_unused_parameters=False,  # every parameter gets a gradient
+        use_cpu=not torch.cuda.is_available(),
+        save_strategy="no", report_to=[], logging_steps=max(1, args.steps // 10), disable_tqdm=True, seed=0,
+    )
+    trainer = Trainer(model=model, args=training, train_dataset=train_set)
+    if not args.no_watch:
+        trainer.add_callback(DDPWatchCallback(trainer, address=args.watch))  # <- ddpwatch
+    if args.profile:
+        trainer.add_callback(ProfileSteps(args.profile))
+    trainer.train()
+
+    rank = int(os.environ.get("RANK", "0"))
+    if rank == 0:
+        logged = trainer.model_wrapped._get_ddp_logging_data()  # what ddpwatch's all-reduces should match
+        sizes = logged.get("rebuilt_bucket_sizes") or logged["bucket_sizes"]
+        print(f"DDP reduced gradients in {len(sizes.split(','))} bucket(s) of {sizes} bytes")
+        if args.save_final:
+            torch.save(model.state_dict(), args.save_final)
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
+    sys.stdout.flush()
+    exit_process(0)  # skips a gloo teardown race at interpreter exit (see instrumented_ddp.distributed)
+
+
+if __name__ == "__main__":
+    main()

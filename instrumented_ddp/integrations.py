@@ -1,0 +1,64 @@
+"""ddpwatch inside a Hugging Face ``Trainer``: one callback that attaches to the DDP it builds.
+
+    trainer = Trainer(model=model, args=args, train_dataset=train)
+    trainer.add_callback(DDPWatchCallback(trainer, address="tcp://127.0.0.1:5555"))
+    trainer.train()
+
+What this relies on, checked against transformers 5.23 and accelerate 1.15 (``test_hf_trainer``
+pins it):
+
+- ``Trainer`` wraps the model in ``DistributedDataParallel`` inside ``train()``, through
+  ``accelerator.prepare``, and sets ``trainer.model_wrapped`` to it before ``on_train_begin``: that
+  is the first event at which the DDP exists, so the callback attaches there. The callbacks are
+  handed the *unwrapped* model, never the Trainer, hence the trainer given to the callback.
+- Its optimizer is Accelerate's ``AcceleratedOptimizer``, whose ``step()`` calls the torch
+  optimizer's (kept as ``.optimizer``) once per optimizer step; ``attach`` hooks that one.
+- With gradient accumulation the Trainer runs the micro-batches before the last under DDP's
+  ``no_sync``, and forward goes through the DDP wrapper; evaluation runs the unwrapped model, so
+  it is not counted as training (its time falls in the ``data`` gap before the next step).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+from transformers import TrainerCallback
+
+from .attachment import AttachError, Attachment, attach
+from .protocol import DEFAULT_ADDRESS
+
+
+class DDPWatchCallback(TrainerCallback):
+    """Attaches ddpwatch to the Trainer's DDP model at ``on_train_begin``; detaches at
+    ``on_train_end``. A run with no process group (one process) is trained as usual, with one
+    line saying there is nothing to watch."""
+
+    def __init__(self, trainer: Any = None, *, address: str = DEFAULT_ADDRESS, watch_key: str | None = None) -> None:
+        self.trainer = trainer
+        self.address = address
+        self.watch_key = watch_key
+        self.attachment: Attachment | None = None
+
+    def set_trainer(self, trainer: Any) -> None:
+        """For a callback made before its Trainer (as transformers' own ``JITCheckpointCallback``)."""
+        self.trainer = trainer
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, optimizer: Any = None, **kwargs: Any) -> None:
+        if self.trainer is None:
+            raise AttachError("DDPWatchCallback: it needs the Trainer, whose DDP model the callbacks are not given: "
+                              "trainer.add_callback(DDPWatchCallback(trainer, address=...))")
+        wrapped = getattr(self.trainer, "model_wrapped", None)
+        if not isinstance(wrapped, DistributedDataParallel) and not (dist.is_available() and dist.is_initialized()):
+            print("ddpwatch: one process, no DistributedDataParallel: nothing to watch (launch with torchrun)",
+                  file=sys.stderr, flush=True)
+            return
+        self.attachment = attach(wrapped, optimizer if optimizer is not None else self.trainer.optimizer,
+                                 address=self.address, watch_key=self.watch_key)
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.attachment is not None:
+            self.attachment.detach()
+            self.attachment = None

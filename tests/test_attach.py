@@ -244,3 +244,25 @@ def test_samples_and_tokens_come_from_the_forwards_inputs(args: tuple[Any, ...],
                                                          expected: tuple[int, float]) -> None:
     samples, tokens = batch_size_and_tokens(args, kwargs)
     assert (samples, float(tokens)) == expected
+
+
+def test_the_trainer_callback_without_its_trainer_says_how_to_give_it() -> None:
+    from instrumented_ddp.integrations import DDPWatchCallback
+
+    with pytest.raises(AttachError, match=r"trainer.add_callback\(DDPWatchCallback\(trainer, address=...\)\)"):
+        DDPWatchCallback().on_train_begin(None, None, None)
+
+
+def test_the_trainer_callback_in_one_process_trains_on_and_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    """``python script.py`` with no torchrun: the Trainer does not wrap, there is no group."""
+    from instrumented_ddp.integrations import DDPWatchCallback
+
+    class OneProcessTrainer:
+        model_wrapped = nn.Linear(2, 2)
+        optimizer = torch.optim.SGD(model_wrapped.parameters(), lr=0.1)
+
+    callback = DDPWatchCallback(OneProcessTrainer())
+    callback.on_train_begin(None, None, None)
+    callback.on_train_end(None, None, None)
+    assert callback.attachment is None
+    assert capsys.readouterr().err == "ddpwatch: one process, no DistributedDataParallel: nothing to watch (launch with torchrun)\n"

@@ -10,7 +10,8 @@ timeline and a publisher streaming to an address where no dashboard listens (the
 one with timing off (``--no-watch``), and their steps alternate, so drift in machine load hits
 both alike. A watched step does all a watched train.py step does: the command agreement, the
 timeline, publishing the reports that resolved. Printed per strategy: the median step times, the
-median of the paired ratios (goal: at most 1.02) and a 90 % interval for it.
+median of the paired ratios (goal: at most 1.02) and a 90 % interval for it. ``attach`` is a
+user's own loop on torch's DDP, attached against not attached (see ``attached_and_plain_ddp``).
 
 What watching costs is host time: a few microseconds per mark and per collective, about a
 millisecond per step for the agreement and the report. A step the host is the bottleneck of
@@ -28,13 +29,16 @@ from __future__ import annotations
 
 import argparse
 import copy
-import os
+import functools
 import math
+import os
 import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
@@ -59,18 +63,33 @@ def measure(args: argparse.Namespace) -> None:
     watches = {"watched": Watch.start(f"tcp://127.0.0.1:{args.port}", context, {
         "strategy": "bench", "settings": {}, "model_parameters": 0}), "plain": Watch.disabled()}
     watched = watches["watched"]
-    rows = []
-    for strategy in args.strategies.split(","):
+
+    def timed_rounds(step_of: dict[str, Callable[[int], None]]) -> dict[str, list[float]]:
+        """Blocks of steps, the modes alternating; a step's time is its block's over its length."""
         times: dict[str, list[float]] = {"watched": [], "plain": []}
-        models = {mode: instrumented_ddp.wrap(copy.deepcopy(model), strategy, bucket_mb=1.0, timeline=watches[mode].timeline)
-                  for mode in watches}
-        optimizers = {mode: torch.optim.AdamW(models[mode].parameters(), lr=1e-4) for mode in models}
         for round_ in range(2 * (args.steps // block + 2)):  # the first round of each mode is warm-up
             mode = "watched" if round_ % 2 == 0 else "plain"
-            wrapped, watch, optimizer = models[mode], watches[mode], optimizers[mode]
-            timeline = watch.timeline
             started = time.perf_counter()
             for step in range(round_ * block, (round_ + 1) * block):
+                step_of[mode](step)
+            if on_gpu:
+                torch.cuda.synchronize()
+            if round_ >= 2:
+                times[mode].append((time.perf_counter() - started) / block)
+        return times
+
+    rows = []
+    for strategy in args.strategies.split(","):
+        if strategy == "attach":
+            times = timed_rounds(attached_and_plain_ddp(model, batch, context, args.port))
+        else:
+            models = {mode: instrumented_ddp.wrap(copy.deepcopy(model), strategy, bucket_mb=1.0, timeline=watches[mode].timeline)
+                      for mode in watches}
+            optimizers = {mode: torch.optim.AdamW(models[mode].parameters(), lr=1e-4) for mode in models}
+
+            def watched_train_step(mode: str, step: int) -> None:
+                wrapped, watch, optimizer = models[mode], watches[mode], optimizers[mode]
+                timeline = watch.timeline
                 watch.agree_on_command()
                 timeline.begin_step(step, strategy, {})
                 loss = wrapped(**batch).loss
@@ -82,12 +101,10 @@ def measure(args: argparse.Namespace) -> None:
                     optimizer.zero_grad(set_to_none=False)
                 timeline.end_step(args.micro_batch, args.micro_batch * args.seq_len, loss.detach())
                 watch.step_done()
-            if on_gpu:
-                torch.cuda.synchronize()
-            if round_ >= 2:
-                times[mode].append((time.perf_counter() - started) / block)
-        for wrapped in models.values():
-            instrumented_ddp.unwrap(wrapped)
+
+            times = timed_rounds({mode: functools.partial(watched_train_step, mode) for mode in watches})
+            for wrapped in models.values():
+                instrumented_ddp.unwrap(wrapped)
         watched_ms, plain_ms = (1000 * statistics.median(times[m]) for m in ("watched", "plain"))
         ratio, low, high = median_with_interval([w / p for w, p in zip(times["watched"], times["plain"])])
         rows.append((strategy, watched_ms, plain_ms, ratio, low, high))
@@ -100,6 +117,28 @@ def measure(args: argparse.Namespace) -> None:
             print(f"{strategy:8} {watched_ms:11.1f} {plain_ms:9.1f} {ratio:6.3f} {low:6.3f}-{high:6.3f}")
     shutdown_distributed()
     exit_process(0)
+
+
+def attached_and_plain_ddp(model: Any, batch: dict[str, Any], context: Any, port: int) -> dict[str, Callable[[int], None]]:
+    """``attach``: a user's own loop on a DDP model with ddpwatch attached, against the same loop
+    on an identical DDP model without it. The loop is the user's: nothing in it is ddpwatch's."""
+    import torch
+    from torch.nn.parallel import DistributedDataParallel
+
+    import instrumented_ddp
+
+    device_ids = [context.device.index] if context.device.type == "cuda" else None
+    models = {mode: DistributedDataParallel(copy.deepcopy(model), device_ids=device_ids, bucket_cap_mb=1.0)
+              for mode in ("watched", "plain")}
+    optimizers = {mode: torch.optim.AdamW(models[mode].parameters(), lr=1e-4) for mode in models}
+    instrumented_ddp.attach(models["watched"], optimizers["watched"], address=f"tcp://127.0.0.1:{port}")
+
+    def user_step(mode: str, _step: int) -> None:
+        models[mode](**batch).loss.backward()
+        optimizers[mode].step()
+        optimizers[mode].zero_grad(set_to_none=False)
+
+    return {mode: functools.partial(user_step, mode) for mode in models}
 
 
 def median_with_interval(ratios: list[float], z: float = 1.645) -> tuple[float, float, float]:
@@ -123,7 +162,8 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, default=2, help="processes (not --nproc: torchrun 2.11 reads that as its own --nproc-per-node)")
     parser.add_argument("--port", type=int, default=5599, help="where no dashboard listens")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    parser.add_argument("--strategies", default="simple,ga,hook,async,bucket,ddp", help="comma-separated")
+    parser.add_argument("--strategies", default="simple,ga,hook,async,bucket,ddp,attach",
+                        help="comma-separated; 'attach' is a user's own DDP loop with instrumented_ddp.attach")
     parser.add_argument("--block", type=int, default=5, help="steps per alternating block on a GPU")
     args = parser.parse_args()
     if "RANK" in os.environ:

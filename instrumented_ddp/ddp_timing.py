@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from .collectives import timed_collective
+from .collectives import timed_all_reduce_result
 from .timeline import NULL_TIMELINE, NullTimeline, StepTimeline
 
 
@@ -77,9 +77,8 @@ class DDPTiming:
             buffer = bucket.buffer()
             if averaging is None:
                 buffer.mul_(scale)
-            work = timed_collective(timeline, "all_reduce", buffer, tag=f"b{bucket.index()}", async_op=True,
-                                    group=self.process_group, op=averaging or dist.ReduceOp.SUM)
-            return work.get_future().then(lambda future: future.value()[0])
+            return timed_all_reduce_result(timeline, buffer, tag=f"b{bucket.index()}", group=self.process_group,
+                                           op=averaging or dist.ReduceOp.SUM)
 
         return timed_all_reduce
 

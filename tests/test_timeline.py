@@ -275,15 +275,21 @@ def test_cuda_step_stays_pending_until_its_events_complete(gpu: FakeGpu, host_ti
     assert report.start == pytest.approx(100.0) and report.end == pytest.approx(100.042)
 
 
-def _three_back_to_back_buckets(gpu: FakeGpu, timeline: StepTimeline, nccl_timing: bool) -> list[FakeNcclWork]:
-    """Backward hands NCCL a 4 ms bucket at 1, 2 and 3 ms: they run 1-5, 5-9 and 9-13 ms."""
+def _three_back_to_back_buckets(gpu: FakeGpu, timeline: StepTimeline, nccl_timing: bool,
+                                through_ddp_hook: bool = False) -> list[FakeNcclWork]:
+    """Backward hands NCCL a 4 ms bucket at 1, 2 and 3 ms: they run 1-5, 5-9 and 9-13 ms.
+    ``through_ddp_hook``: closed as DDP's communication hook closes them, the future it returns
+    doing the timing too."""
     group = FakeProcessGroupNccl(gpu, timing=nccl_timing)
     timeline.begin_step(1, "bucket", {})
     for index in range(3):
         gpu.host_ms = 1.0 + index
         span = timeline.open_collective("all_reduce", 1 << 20, f"b{index}", "float32", blocking=False)
         work = group.all_reduce(transfer_ms=4.0)
-        timeline.close_collective(span, work)
+        if through_ddp_hook:
+            timeline.close_collective_with_result(span, work)
+        else:
+            timeline.close_collective(span, work)
     gpu.host_ms = 3.5
     with timeline.phase("wait", blocking=True):
         for work in group.works:
@@ -292,12 +298,15 @@ def _three_back_to_back_buckets(gpu: FakeGpu, timeline: StepTimeline, nccl_timin
     return group.works
 
 
+@pytest.mark.parametrize("through_ddp_hook", [False, True], ids=["strategy", "ddp-hook"])
 @pytest.mark.parametrize("nccl_timing", [False, True], ids=["queue-replay", "nccl-timing"])
-def test_back_to_back_nccl_buckets_read_their_transfer_not_their_queueing(gpu: FakeGpu, host_time: FakeHostTime, nccl_timing: bool) -> None:
+def test_back_to_back_nccl_buckets_read_their_transfer_not_their_queueing(gpu: FakeGpu, host_time: FakeHostTime, nccl_timing: bool,
+                                                                          through_ddp_hook: bool) -> None:
     """The future is complete at enqueue, so a duration read in the callback raises and every
-    span used to start at its issue time: 4, 7 and 10 ms for three 4 ms transfers."""
+    span used to start at its issue time: 4, 7 and 10 ms for three 4 ms transfers. A DDP hook
+    must hand DDP a ``.then`` future anyway: that one callback also does the timing."""
     timeline = _cuda_timeline(gpu, nccl_timing)
-    works = _three_back_to_back_buckets(gpu, timeline, nccl_timing)
+    works = _three_back_to_back_buckets(gpu, timeline, nccl_timing, through_ddp_hook)
     gpu.done_ms = 12.0  # the last bucket is still running
     assert timeline.completed_reports() == []
     gpu.done_ms = 13.0
@@ -306,7 +315,8 @@ def test_back_to_back_nccl_buckets_read_their_transfer_not_their_queueing(gpu: F
     collectives = _kinds(report, "all_reduce")
     assert [(round(s.start * 1e3, 6), round(s.end * 1e3, 6)) for s in collectives] == [(1.0, 5.0), (5.0, 9.0), (9.0, 13.0)]
     assert [work.early_duration_reads for work in works] == [0, 0, 0]  # never read before completion
-    assert gpu.pool_streams == (0 if nccl_timing else 3)  # with NCCL's durations, no .then callback at all
+    # with NCCL's durations no .then for timing at all; a DDP hook's own .then is the only one
+    assert gpu.pool_streams == (3 if through_ddp_hook or not nccl_timing else 0)
     (wait,) = _kinds(report, "wait")  # the compute stream sat from 3.5 ms until the last bucket ended
     assert (round(wait.start * 1e3, 6), round(wait.end * 1e3, 6)) == (3.5, 13.0)
 
@@ -630,7 +640,7 @@ def test_timed_ddp_hook_averages_as_the_backend_allows(one_rank_group: None, mon
             issued.append((tensor.clone(), op))
             return dist.distributed_c10d.all_reduce(tensor, async_op=True)  # one rank: a sum is the identity
 
-        monkeypatch.setattr(ddp_timing.timed_collective.__globals__["dist"], "all_reduce", all_reduce)
+        monkeypatch.setattr(ddp_timing.timed_all_reduce_result.__globals__["dist"], "all_reduce", all_reduce)
         timing = ddp_timing.DDPTiming(wrapped.ddp, StepTimeline(0))
         future = timing._all_reduce_hook()(None, _FakeGradBucket([2.0, 4.0]))
         (sent, op), = issued

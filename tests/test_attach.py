@@ -4,7 +4,11 @@ through torchrun are in ``test_attach_end_to_end.py``."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,10 +19,11 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
 import instrumented_ddp
+from ddpwatch.recorder import load_session
 from instrumented_ddp import attachment
 from instrumented_ddp.attachment import NOT_SWITCHABLE, AttachError, Attachment, batch_size_and_tokens
 from instrumented_ddp.protocol import Ack, Goodbye, Hello, StepReport, SwitchCommand
-from launch import free_port
+from launch import REPO_ROOT, Recorder, free_port
 
 
 @pytest.fixture
@@ -266,3 +271,30 @@ def test_the_trainer_callback_in_one_process_trains_on_and_says_so(capsys: pytes
     callback.on_train_end(None, None, None)
     assert callback.attachment is None
     assert capsys.readouterr().err == "ddpwatch: one process, no DistributedDataParallel: nothing to watch (launch with torchrun)\n"
+
+
+END_WITHOUT_DETACH = """
+import sys
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+import instrumented_ddp
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+ddp = DistributedDataParallel(torch.nn.Linear(4, 2))
+optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
+instrumented_ddp.attach(ddp, optimizer, address=sys.argv[1])
+for _ in range(3):
+    ddp(torch.randn(8, 4)).sum().backward()
+    optimizer.step()
+    optimizer.zero_grad()
+"""
+
+
+def test_the_end_of_the_process_says_goodbye_without_detach(tmp_path: Path) -> None:
+    """A user who never calls ``detach``: the recorder still hears every step and the goodbye."""
+    with Recorder(tmp_path / "session", "--idle-exit", "20") as recorder:
+        subprocess.run([sys.executable, "-c", END_WITHOUT_DETACH, recorder.address], cwd=REPO_ROOT,
+                       env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, timeout=120)
+        assert "every rank said goodbye" in recorder.wait()
+    session = load_session(tmp_path / "session" / "session.ddpwatch")
+    assert sorted(session.reports) == [1, 2, 3] and not session.ranks[0].hello.switchable

@@ -10,6 +10,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from ..bucket_plan import TensorSize, plan_bucket_strategy
 from .base import DataParallelStrategy
 
 
@@ -32,28 +33,15 @@ class GradientBucket:
 
 def plan_buckets(parameters: list[nn.Parameter], cap_bytes: int) -> list[list[nn.Parameter]]:
     """Reverse parameter order (roughly the order backward produces gradients), as PyTorch's
-    Reducer does, split where a bucket would pass ``cap_bytes`` or change device or dtype.
+    Reducer does, split where a bucket would pass ``cap_bytes`` or change device or dtype
+    (``bucket_plan.plan_bucket_strategy``, the rule the advisor simulates too).
 
     The plan depends only on the model, so every rank builds the same buckets and launches them
     in the same order whatever order its hooks fire in — the seed blog's version built buckets
     in hook-firing order and could pair mismatched gradients across ranks.
     """
-    plan: list[list[nn.Parameter]] = []
-    current: list[nn.Parameter] = []
-    current_bytes = 0
-    for parameter in reversed(parameters):
-        size = parameter.numel() * parameter.element_size()
-        compatible = not current or (
-            current[0].device == parameter.device and current[0].dtype == parameter.dtype
-        )
-        if current and (not compatible or current_bytes + size > cap_bytes):
-            plan.append(current)
-            current, current_bytes = [], 0
-        current.append(parameter)
-        current_bytes += size
-    if current:
-        plan.append(current)
-    return plan
+    sizes = [TensorSize(p.numel() * p.element_size(), f"{p.device}/{p.dtype}") for p in parameters]
+    return [[parameters[index] for index in bucket] for bucket in plan_bucket_strategy(sizes, cap_bytes)]
 
 
 class BucketedAsyncHook(DataParallelStrategy):

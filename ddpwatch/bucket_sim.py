@@ -1,0 +1,112 @@
+"""What another bucket cap would do to this run's step: backward replayed, buckets re-planned.
+
+The seed's simulation (``004``, "step time vs bucket size") with the run's own numbers: each
+gradient becomes ready when the run measured it, buckets are planned with the exact rule of the
+strategy (``instrumented_ddp.bucket_plan``), a bucket launches when its last gradient is ready
+and every earlier bucket has launched, and its all-reduce costs what the run's fitted
+``CostModel`` says, on the backend's FIFO workers (NCCL: one stream; gloo: its worker threads).
+Too small a cap pays the latency per call many times; too large a cap leaves one large
+all-reduce exposed after backward. Pure: no torch, no UI.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from instrumented_ddp.bucket_plan import TensorSize, plan_bucket_strategy, plan_ddp
+
+from .cost_model import CostModel
+
+MIB = 1024 * 1024
+DDP_DEFAULT_CAP_BYTES = 25 * MIB
+GRID_MIN_BYTES, GRID_MAX_BYTES = 1024, 2 * 1024**3
+
+
+@dataclass(frozen=True)
+class BackwardProfile:
+    """One step as the run measured it, the part the cap does not change held fixed."""
+
+    tensors: tuple[TensorSize, ...]  # the trainable parameters, module order
+    ready_s: tuple[float, ...]  # per tensor, when its gradient was ready, from backward's start
+    backward_s: float  # backward's compute, start to last gradient
+    other_s: float = 0.0  # the rest of the step (data, forward, optimizer)
+
+
+@dataclass(frozen=True)
+class Prediction:
+    cap_bytes: int
+    step_s: float
+    exposed_s: float  # communication still running after backward's compute ended
+    calls: int
+    bucket_bytes: tuple[int, ...]  # in launch order
+    extrapolated: bool  # a bucket size the cost model never saw
+
+    @property
+    def cap_mb(self) -> float:
+        return self.cap_bytes / MIB
+
+
+def simulate(profile: BackwardProfile, model: CostModel, cap_bytes: int, *, rule: str = "bucket",
+             workers: int = 1, first_cap_bytes: int | None = None) -> Prediction:
+    """The step at ``cap_bytes``. ``rule``: ``bucket`` (our strategy) or ``ddp`` (planned in the
+    order gradients became ready, its first bucket capped by ``first_cap_bytes``, the cap itself
+    when None, as DDP does when ``bucket_cap_mb`` is given). ``workers``: collectives the backend
+    runs at once (NCCL 1, gloo 2)."""
+    if rule == "bucket":
+        plan = plan_bucket_strategy(profile.tensors, cap_bytes)
+    elif rule == "ddp":
+        order = sorted(range(len(profile.tensors)), key=lambda i: (profile.ready_s[i], -i))
+        plan = plan_ddp(profile.tensors, order, cap_bytes, cap_bytes if first_cap_bytes is None else first_cap_bytes)
+    else:
+        raise ValueError(f"rule must be 'bucket' or 'ddp', not {rule!r}")
+    free_at = [0.0] * max(1, workers)
+    launched, comm_end = 0.0, 0.0
+    sizes = []
+    for bucket in plan:
+        nbytes = sum(profile.tensors[i].nbytes for i in bucket)
+        sizes.append(nbytes)
+        launched = max(launched, max(profile.ready_s[i] for i in bucket))  # in order, once all its gradients are
+        start = max(launched, heapq.heappop(free_at))
+        end = start + model.seconds(nbytes)
+        heapq.heappush(free_at, end)
+        comm_end = max(comm_end, end)
+    exposed = max(0.0, comm_end - profile.backward_s)
+    return Prediction(cap_bytes, profile.other_s + profile.backward_s + exposed, exposed, len(plan), tuple(sizes),
+                      any(model.extrapolated(n) for n in sizes))
+
+
+def cap_grid(current_cap_bytes: int | None = None) -> list[int]:
+    """1 KB to 2 GB in steps of √2 (43 caps), plus the current cap and PyTorch's 25 MB."""
+    steps = round(2 * math.log2(GRID_MAX_BYTES / GRID_MIN_BYTES))
+    caps = {round(GRID_MIN_BYTES * 2 ** (k / 2)) for k in range(steps + 1)} | {DDP_DEFAULT_CAP_BYTES}
+    if current_cap_bytes:
+        caps.add(current_cap_bytes)
+    return sorted(caps)
+
+
+def sweep(profile: BackwardProfile, model: CostModel, caps: Sequence[int], **options: object) -> list[Prediction]:
+    return [simulate(profile, model, cap, **options) for cap in caps]  # type: ignore[arg-type]
+
+
+def best(predictions: Sequence[Prediction]) -> Prediction:
+    """The fastest step; among caps within 0.1 % of it, the largest (fewer calls for the same time)."""
+    fastest = min(p.step_s for p in predictions)
+    return max((p for p in predictions if p.step_s <= fastest * 1.001), key=lambda p: p.cap_bytes)
+
+
+def describe(prediction: Prediction, model: CostModel) -> str:
+    """What limits the step at this cap, in words: the latency paid per call, or the last
+    all-reduce left exposed after backward."""
+    if not prediction.calls:
+        return "no gradients to reduce"
+    latency = prediction.calls * model.alpha_s
+    mean_mb = sum(prediction.bucket_bytes) / prediction.calls / MIB
+    if prediction.exposed_s <= 0:
+        return f"all communication hidden behind backward: {prediction.calls} calls of {mean_mb:.2g} MB"
+    last_mb = prediction.bucket_bytes[-1] / MIB
+    if latency >= prediction.exposed_s:
+        return f"latency-bound: {prediction.calls} calls of {mean_mb:.2g} MB ({latency * 1e3:.3g} ms of per-call latency)"
+    return f"one exposed {last_mb:.2g} MB all-reduce after backward ({prediction.exposed_s * 1e3:.3g} ms exposed)"

@@ -15,7 +15,7 @@ import torch
 from ddpwatch.recorder import load_session
 from ddpwatch.session import Session
 from instrumented_ddp.step_figures import step_figures
-from launch import REPO_ROOT, Recorder, run_torchrun
+from launch import REPO_ROOT, Recorder, free_port, run_torchrun
 
 PROFILED_STEPS = range(4, 9)  # the examples' profiler schedule: wait 2, warmup 1, active 5
 EXAMPLES = {  # each with two buckets or more and an accumulation (no_sync) in every step
@@ -95,3 +95,14 @@ def test_all_reduces_and_overlap_hold_against_the_profiler(example_runs: Example
             s._replace(start=profiler_interval[id(s)][0], end=profiler_interval[id(s)][1]) if s.kind == "all_reduce" else s
             for s in report.spans])).overlap_pct for report in reports]
         assert abs(statistics.mean(ours) - statistics.mean(theirs)) < 5.0, (ours, theirs)
+
+
+@pytest.mark.parametrize("view", [False, True], ids=["copied-gradients", "gradient-as-bucket-view"])
+def test_attached_hook_is_bitwise_plain_ddp_at_a_world_size_that_is_not_a_power_of_two(view: bool) -> None:
+    """Three ranks: scaling by 1/3 and dividing by 3 round differently, so the hook must do what
+    DDP's default does for the model's gradient layout (multiply while copying; divide in place
+    where gradients are views of the bucket)."""
+    result = run_torchrun([str(REPO_ROOT / "tests" / "workers" / "attach_bitwise.py"), "--address", f"tcp://127.0.0.1:{free_port()}",
+                           *(["--gradient-as-bucket-view"] if view else [])], nproc=3)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "bitwise equal on every rank: True" in result.stdout

@@ -25,6 +25,7 @@ import numpy as np
 from ddpwatch import metrics
 from ddpwatch.segment_bars import bars_svg, segment_bar
 from ddpwatch.session import Session
+from instrumented_ddp.protocol import READY_KIND
 
 __all__ = ["chrome_trace", "clock_offsets", "summary", "summary_csv", "summary_markdown", "summary_svg", "write_exports"]
 
@@ -214,6 +215,8 @@ def chrome_trace(session: Session) -> dict[str, Any]:
                   {"step": step, "strategy": rep.strategy, "excluded": rep.excluded, "unresolved": rep.unresolved,
                    "samples": rep.samples})
             for span in sorted(rep.spans, key=lambda s: (s.start, -s.end)):
+                if span.kind == READY_KIND:  # a mark for the bucket advisor, not an interval
+                    continue
                 lane = _LANES.get(span.kind, "data")
                 args: dict[str, Any] = {"step": step, "blocking": span.blocking}
                 if lane == "communication":

@@ -11,6 +11,7 @@ import torch.distributed as dist
 def timed_collective(
     timeline: Any, kind: str, tensor: torch.Tensor, *, tag: str, async_op: bool,
     group: dist.ProcessGroup | None = None, src: int = 0, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM,
+    marks_ready: bool = False,
 ) -> dist.Work | None:
     """Issue an ``all_reduce`` or a ``broadcast`` of ``tensor`` and record it on ``timeline``.
 
@@ -19,8 +20,12 @@ def timed_collective(
     completes when the collective does, with no work object or completion callback to pay
     for (on one H100 host, 16 us a call against 58 us through ``async_op=True`` and ``.then``).
     An asynchronous one is closed on its work: the clock times its end (``CudaEventClock``).
+    ``marks_ready``: issued the moment its gradient became ready (a per-parameter hook), so its
+    issue stamp also marks that gradient ready (``StepTimeline.mark_ready``).
     """
     span = _open(timeline, kind, tensor, tag, blocking=not async_op)
+    if marks_ready and span is not None:
+        timeline.mark_ready(tag, span.nbytes, at=span.start)
     if kind == "all_reduce":
         work = dist.all_reduce(tensor, op=op, group=group, async_op=async_op)
     else:

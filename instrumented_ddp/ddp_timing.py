@@ -72,9 +72,10 @@ class DDPTiming:
 
         def timed_all_reduce(state, bucket):  # noqa: ANN001, ANN202
             timeline = self.timeline
-            if timeline is not NULL_TIMELINE:
-                self.last_bucket_at = timeline.stamp()
             buffer = bucket.buffer()
+            if timeline is not NULL_TIMELINE:  # DDP calls the hook in bucket order, once a bucket is ready
+                self.last_bucket_at = timeline.stamp()
+                timeline.mark_ready(f"b{bucket.index()}", buffer.numel() * buffer.element_size(), at=self.last_bucket_at)
             if averaging is None:
                 buffer.mul_(scale)
             return timed_all_reduce_result(timeline, buffer, tag=f"b{bucket.index()}", group=self.process_group,

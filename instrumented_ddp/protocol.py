@@ -30,7 +30,11 @@ NOT_SWITCHABLE = "this run was not started by ddpwatch: switching is off"
 STRATEGY_NAMES = ("simple", "ga", "hook", "async", "bucket", "ddp")  # what users type; instrumented_ddp agrees
 COMPUTE_KINDS = ("forward", "backward", "optimizer")
 COMM_KINDS = ("all_reduce", "broadcast")
-SPAN_KINDS = (*COMPUTE_KINDS, *COMM_KINDS, "wait", "data")
+#: A zero-length mark: when the gradients of parameter ``p<i>`` or bucket ``b<i>`` (the hello's
+#: ``bucket_layout``) were all ready in backward, ``nbytes`` of them; the bucket advisor replays
+#: backward from these. Not compute, not communication: no figure counts it.
+READY_KIND = "ready"
+SPAN_KINDS = (*COMPUTE_KINDS, *COMM_KINDS, "wait", "data", READY_KIND)
 
 
 class ProtocolError(ValueError):

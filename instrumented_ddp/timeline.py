@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from typing import Any, Protocol
 
-from .protocol import COMM_KINDS, Span, StepReport
+from .protocol import COMM_KINDS, READY_KIND, Span, StepReport
 
 Stamp = Any  # a float (host clock) or whatever a clock's resolve() understands
 
@@ -314,6 +314,13 @@ class StepTimeline:
         self._spans().append(span)
         return span
 
+    def mark_ready(self, tag: str, nbytes: int, at: Stamp = None) -> None:
+        """Gradients ``tag`` (``p<i>``, ``b<i>``) were all ready at ``at`` (a stamp made for
+        something else at that moment, so a GPU records no extra event), or now."""
+        span = _PendingSpan(READY_KIND, self.clock.stamp() if at is None else at, False, nbytes, tag)
+        span.complete(span.start)
+        self._spans().append(span)
+
     def close_collective(self, span: _PendingSpan, work: Any | None) -> None:
         """Synchronous (``work`` is None): ends now. Asynchronous: ends when the work completes."""
         if work is None:
@@ -461,6 +468,9 @@ class NullTimeline:
 
     def open_collective(self, kind: str, nbytes: int, tag: str, dtype: str, blocking: bool) -> None:
         return None
+
+    def mark_ready(self, tag: str, nbytes: int, at: Any = None) -> None:
+        pass
 
     def close_collective(self, span: Any, work: Any | None) -> None:
         pass

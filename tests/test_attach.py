@@ -275,6 +275,7 @@ def test_the_trainer_callback_in_one_process_trains_on_and_says_so(capsys: pytes
 
 END_WITHOUT_DETACH = """
 import sys
+import time
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
@@ -282,7 +283,10 @@ import instrumented_ddp
 dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
 ddp = DistributedDataParallel(torch.nn.Linear(4, 2))
 optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
-instrumented_ddp.attach(ddp, optimizer, address=sys.argv[1])
+watch = instrumented_ddp.attach(ddp, optimizer, address=sys.argv[1])
+deadline = time.monotonic() + 30
+while watch.publisher.sent == 0 and time.monotonic() < deadline:  # connected (nothing is queued before)
+    time.sleep(0.01)
 for _ in range(3):
     ddp(torch.randn(8, 4)).sum().backward()
     optimizer.step()

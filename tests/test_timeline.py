@@ -576,7 +576,22 @@ def test_async_strategy_reports_non_blocking_all_reduces_and_a_blocking_wait(one
     waits = _kinds(report, "wait")
     assert len(waits) == 1 and waits[0].blocking
     assert waits[0].start >= backward.end
-    assert all(span.kind in {"forward", "backward", "wait", *COMM_KINDS} for span in report.spans)
+    assert all(span.kind in {"forward", "backward", "wait", "ready", *COMM_KINDS} for span in report.spans)
+
+
+@pytest.mark.parametrize(("strategy", "prefix"), [("hook", "p"), ("async", "p"), ("bucket", "b"), ("ddp", "b")])
+def test_gradient_ready_marks_cover_every_gradient_once_inside_backward(one_rank_group: None, strategy: str, prefix: str) -> None:
+    """What the bucket advisor replays backward from: per parameter where a hook reduces each
+    one (the collective's own issue stamp), per bucket where buckets are (when the last of its
+    gradients arrived; for DDP, when it handed the bucket to the hook)."""
+    report, _ = _run_one_step(strategy)
+    (backward,) = _kinds(report, "backward")
+    ready = _kinds(report, "ready")
+    assert ready and all(s.start == s.end and not s.blocking and backward.start <= s.start <= backward.end for s in ready)
+    assert {s.tag[0] for s in ready} == {prefix} and len({s.tag for s in ready}) == len(ready)
+    assert sum(s.nbytes for s in ready) == (4 * 8 + 8 + 8 + 1) * 4  # every float32 gradient, once
+    issued = {s.tag: s for s in _kinds(report, "all_reduce")}
+    assert all(s.start <= issued[s.tag].start for s in ready)  # ready before (or as) its all-reduce starts
 
 
 def test_ddp_records_its_per_forward_buffer_broadcast_inside_forward(one_rank_group: None) -> None:

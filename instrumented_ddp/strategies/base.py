@@ -124,18 +124,18 @@ class DataParallelStrategy(nn.Module):
                 tensor.data.copy_(synced)
 
     def _all_reduce(self, tensor: torch.Tensor, *, tag: str, async_op: bool,
-                    op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM) -> dist.Work | None:
+                    op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM, marks_ready: bool = False) -> dist.Work | None:
         """Reduce ``tensor`` across ranks in place; with the default sum the caller divides by
-        the world size."""
-        return self._collective("all_reduce", tensor, tag=tag, async_op=async_op, op=op)
+        the world size. ``marks_ready``: issued as its gradient became ready (see ``timed_collective``)."""
+        return self._collective("all_reduce", tensor, tag=tag, async_op=async_op, op=op, marks_ready=marks_ready)
 
     def _collective(
         self, kind: str, tensor: torch.Tensor, *, tag: str, async_op: bool, src: int = 0,
-        op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM,
+        op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM, marks_ready: bool = False,
     ) -> dist.Work | None:
         """Issue and time a collective in this strategy's group (see ``timed_collective``)."""
         return timed_collective(self.timeline, kind, tensor, tag=tag, async_op=async_op, group=self.process_group,
-                                src=src, op=op)
+                                src=src, op=op, marks_ready=marks_ready)
 
     def _wait_all(self, works: list[dist.Work | None]) -> None:
         """Block until outstanding collectives finish; that blocked time is a ``wait`` span."""

@@ -97,6 +97,8 @@ class BucketedAsyncHook(DataParallelStrategy):
         bucket, position = self._location[id(parameter)]
         self._place_gradient_in_view(bucket, position)
         bucket.ready.add(position)
+        if len(bucket.ready) == len(bucket.parameters):
+            self.timeline.mark_ready(f"b{bucket.index}", bucket.nbytes)
         self._launch_ready_buckets()
 
     def _place_gradient_in_view(self, bucket: GradientBucket, position: int) -> None:

@@ -42,11 +42,11 @@ class PerParameterHook(DataParallelStrategy):
 
     def _on_gradient_ready(self, parameter: torch.Tensor) -> None:
         if self._sync_enabled:
-            self._reduce(parameter)
+            self._reduce(parameter, ready=True)
 
-    def _reduce(self, parameter: torch.Tensor) -> None:
+    def _reduce(self, parameter: torch.Tensor, ready: bool = False) -> None:
         index = self._index_of[id(parameter)]
-        work = self._all_reduce(self._gradient_or_zeros(parameter), tag=f"p{index}", async_op=self.async_op)
+        work = self._all_reduce(self._gradient_or_zeros(parameter), tag=f"p{index}", async_op=self.async_op, marks_ready=ready)
         self._pending.append((parameter, work))
         self._reduced.add(index)
 

@@ -1,0 +1,180 @@
+"""The bucket-size advisor's reading of a session: the backward it replays, the cost model it
+fits, and the sweep it returns. Pure (no torch, no UI): the dashboard's panel and ``ddpwatch
+tune`` both call ``advise``.
+
+From a step report: backward starts where the backward span holding the gradient-ready marks
+starts; a ``p<i>`` mark gives parameter i's ready time, a ``b<i>`` mark bucket i's, whose members
+come from the hello's ``bucket_layout`` or, where a run sends none (DDP's own buckets), are
+taken in reverse module order until the mark's bytes are covered (DDP's rebuilt order is the
+order gradients became ready, which for a model run layer by layer is that). Inside a bucket
+the gradients are spread from the previous mark to this one in proportion to their bytes: the
+one approximation here, since a bucket's earlier gradients are not marked. The step's other
+time (data, forward, optimizer, gaps) is what is left of the step once backward and the
+communication after it are taken out, held fixed at every cap.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter, defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from instrumented_ddp.bucket_plan import TensorSize
+from instrumented_ddp.protocol import READY_KIND, StepReport
+
+from .bucket_sim import MIB, BackwardProfile, Prediction, best, cap_grid, describe, sweep
+from .cost_model import CostModel, TransferSample, fit_cost_model
+
+#: Bytes per element of the dtypes a parameter layout names (torch's names, less "torch.").
+ITEM_BYTES = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1,
+              "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1}
+PROFILE_STEPS = 5  # recent steps whose ready times (per tensor, the median) make the profile
+FIT_STEPS = 40  # recent complete steps whose collectives fit the cost model
+ADVISED_STRATEGIES = ("bucket", "ddp")
+
+
+def layout_tensors(parameter_layout: Sequence[tuple[str, int, str]]) -> tuple[TensorSize, ...]:
+    return tuple(TensorSize(numel * ITEM_BYTES.get(dtype, 4), dtype) for _, numel, dtype in parameter_layout)
+
+
+def ready_times(report: StepReport, tensors: Sequence[TensorSize], bucket_layout: Sequence[Sequence[int]] = ()
+                ) -> tuple[list[float], float] | None:
+    """Each tensor's gradient-ready time from the start of the backward that communicated, and
+    that start on the rank's clock; None when the report has no marks or leaves a tensor out."""
+    marks = sorted((s for s in report.spans if s.kind == READY_KIND), key=lambda s: s.start)
+    backwards = [s for s in report.spans if s.kind == "backward" and marks and s.start <= marks[0].start]
+    if not marks or not backwards:
+        return None
+    origin = max(s.start for s in backwards)
+    ready: list[float | None] = [None] * len(tensors)
+    unmarked = list(reversed(range(len(tensors))))  # DDP's order, where no layout says otherwise
+    previous = 0.0
+    for mark in marks:
+        at = mark.start - origin
+        number = int(mark.tag[1:]) if mark.tag[1:].isdigit() else -1
+        if mark.tag.startswith("p") and 0 <= number < len(tensors):
+            members = [number]
+        elif mark.tag.startswith("b") and number < len(bucket_layout):
+            members = list(bucket_layout[number])
+        elif mark.tag.startswith("b"):
+            members, covered = [], 0
+            while unmarked and covered < mark.nbytes:
+                index = unmarked.pop(0)
+                if ready[index] is None:
+                    members.append(index)
+                    covered += tensors[index].nbytes
+        else:
+            return None
+        total = sum(tensors[i].nbytes for i in members) or 1
+        done = 0
+        for index in members:
+            done += tensors[index].nbytes
+            ready[index] = previous + (at - previous) * done / total
+        previous = at
+    if any(t is None for t in ready):
+        return None
+    return [float(t) for t in ready], origin  # type: ignore[arg-type]
+
+
+def backward_profile(reports: Sequence[StepReport], tensors: Sequence[TensorSize],
+                     bucket_layout: Sequence[Sequence[int]] = ()) -> BackwardProfile | None:
+    """The median over ``reports`` (one rank's recent steps) of each tensor's ready time, of the
+    end of backward's compute (the last gradient) and of the step's other time."""
+    per_step: list[list[float]] = []
+    others: list[float] = []
+    for report in reports:
+        found = ready_times(report, tensors, bucket_layout)
+        if found is None:
+            continue
+        ready, origin = found
+        tail = [origin + max(ready)] + [s.end for s in report.spans if s.kind in ("all_reduce", "wait") and s.end > origin]
+        others.append(max(0.0, (report.end - report.start) - (max(tail) - origin)))
+        per_step.append(ready)
+    if not per_step:
+        return None
+    ready = tuple(statistics.median(times) for times in zip(*per_step))
+    return BackwardProfile(tuple(tensors), ready, max(ready), statistics.median(others))
+
+
+def transfer_samples_of(steps: Sequence[Mapping[int, StepReport]], world_size: int) -> list[TransferSample]:
+    """Each all-reduce of each step every rank reported, paired across ranks by tag and
+    occurrence: its bytes and its shortest duration over the ranks (the transfer; the rest of a
+    longer one was waiting for the slowest rank)."""
+    samples: list[TransferSample] = []
+    for reports in steps:
+        if len(reports) < world_size:
+            continue
+        durations: dict[tuple[str, int], list[float]] = defaultdict(list)
+        sizes: dict[tuple[str, int], int] = {}
+        for report in reports.values():
+            seen: Counter[str] = Counter()
+            for span in report.spans:
+                if span.kind == "all_reduce":
+                    key = (span.tag, seen[span.tag])
+                    seen[span.tag] += 1
+                    durations[key].append(span.end - span.start)
+                    sizes[key] = span.nbytes
+        samples.extend(TransferSample(sizes[key], min(d)) for key, d in durations.items() if len(d) == len(reports))
+    return samples
+
+
+@dataclass(frozen=True)
+class MeasuredCap:
+    """A segment the run actually trained at a cap: its median step time."""
+
+    strategy: str
+    cap_bytes: int
+    step_s: float
+    steps: int
+
+
+@dataclass(frozen=True)
+class Advice:
+    strategy: str  # the rule simulated: the current segment's strategy
+    workers: int  # collectives the backend runs at once (NCCL 1, gloo 2)
+    current: Prediction
+    default: Prediction  # PyTorch's 25 MB
+    best: Prediction
+    predictions: tuple[Prediction, ...]  # the grid, 1 KB to 2 GB
+    model: CostModel
+    measured: tuple[MeasuredCap, ...]
+    words: str  # what limits the step at the current cap
+
+    @property
+    def gain(self) -> float:
+        """The predicted step time saved by the best cap, as a share of the current one."""
+        return 1.0 - self.best.step_s / self.current.step_s if self.current.step_s > 0 else 0.0
+
+
+def workers_of(backend: str) -> int:
+    """NCCL runs a group's collectives one at a time on its stream; gloo on its 2 worker threads."""
+    return 1 if backend == "nccl" else 2
+
+
+def advise(*, strategy: str, cap_mb: float, backend: str, world_size: int, profile_reports: Sequence[StepReport],
+           fit_steps: Sequence[Mapping[int, StepReport]], parameter_layout: Sequence[tuple[str, int, str]],
+           bucket_layout: Sequence[Sequence[int]] = (), measured: Sequence[MeasuredCap] = (),
+           caps: Sequence[int] | None = None) -> Advice | str:
+    """The sweep for the run as it is now, or a line saying what is missing."""
+    if strategy not in ADVISED_STRATEGIES:
+        return f"the advisor predicts bucket and ddp runs; this segment is {strategy}: switch to bucket to see it"
+    tensors = layout_tensors(parameter_layout)
+    if not tensors:
+        return "waiting for the ranks' hello (the model's parameter layout)"
+    profile = backward_profile(profile_reports, tensors, bucket_layout)
+    if profile is None:
+        return "waiting for a step with gradient-ready marks (steps after the first of a segment)"
+    model = fit_cost_model(transfer_samples_of(fit_steps, world_size), world_size)
+    if model is None:
+        return ("needs all-reduces of two sizes or more on two ranks or more to fit the cost model"
+                if world_size > 1 else "one rank: no transfer to model")
+    current_bytes = max(1, int(cap_mb * MIB))
+    options: dict[str, Any] = {"rule": strategy, "workers": workers_of(backend)}
+    predictions = sweep(profile, model, caps or cap_grid(current_bytes), **options)
+    by_cap = {p.cap_bytes: p for p in predictions}
+    current = by_cap.get(current_bytes) or sweep(profile, model, [current_bytes], **options)[0]
+    default = by_cap.get(25 * MIB) or sweep(profile, model, [25 * MIB], **options)[0]
+    return Advice(strategy, options["workers"], current, default, best(predictions), tuple(predictions), model,
+                  tuple(measured), describe(current, model))

@@ -1,0 +1,116 @@
+"""The advisor's reading of a session, worked by hand: ready times from the marks, the profile
+and its other time, transfer samples paired across ranks, and the advice or why there is none."""
+
+from __future__ import annotations
+
+import pytest
+
+from ddpwatch.advisor import (
+    Advice,
+    MeasuredCap,
+    advise,
+    backward_profile,
+    layout_tensors,
+    ready_times,
+    transfer_samples_of,
+)
+from instrumented_ddp.protocol import Span, StepReport
+
+MIB = 1024 * 1024
+LAYOUT = [(f"layer{i}.weight", MIB // 4, "float32") for i in range(4)]  # four 1 MiB tensors
+TENSORS = layout_tensors(LAYOUT)
+
+
+def bucket_step(rank: int = 0, step: int = 3, marks: str = "b", transfer_s: tuple[float, float] = (0.016, 0.016)) -> StepReport:
+    """The simulator tests' backward on a rank's clock: backward from 0.100 s; [p3,p2] complete at
+    0.120 (b0), [p1,p0] at 0.140 (b1, where compute ends); on one stream the all-reduces run
+    0.120-0.136 and 0.140-0.156, the wait 0.140-0.156; the step 0.000-0.170."""
+    spans = [Span("forward", 0.01, 0.1), Span("backward", 0.1, 0.156)]
+    if marks == "b":
+        spans += [Span("ready", 0.12, 0.12, False, 2 * MIB, "b0"), Span("ready", 0.14, 0.14, False, 2 * MIB, "b1")]
+    elif marks == "p":
+        spans += [Span("ready", 0.1 + 0.01 * (4 - i), 0.1 + 0.01 * (4 - i), False, MIB, f"p{i}") for i in range(4)]
+    spans += [Span("all_reduce", 0.12, 0.12 + transfer_s[0], False, 2 * MIB, "b0", "float32"),
+              Span("all_reduce", 0.14, 0.14 + transfer_s[1], False, 2 * MIB, "b1", "float32"),
+              Span("wait", 0.14, 0.156, True), Span("optimizer", 0.156, 0.17)]
+    return StepReport(rank=rank, step=step, strategy="bucket", settings={"bucket_mb": 2.0}, start=0.0, end=0.17,
+                      spans=spans, samples=4, tokens=0)
+
+
+@pytest.mark.parametrize(("marks", "layout"), [("b", [[3, 2], [1, 0]]), ("b", []), ("p", [])],
+                         ids=["buckets-with-layout", "ddp-buckets-by-bytes", "per-parameter"])
+def test_ready_times_spread_a_bucket_between_marks_by_bytes(marks: str, layout: list[list[int]]) -> None:
+    """b0 at 20 ms holds p3 and p2: p3 at 10 ms (half its bytes since 0), p2 at 20; b1 at 40 ms:
+    p1 at 30, p0 at 40. Without a layout (DDP) the members are the reverse module order, 2 MiB
+    each; per-parameter marks say the same directly."""
+    found = ready_times(bucket_step(marks=marks), TENSORS, layout)
+    assert found is not None
+    ready, origin = found
+    assert origin == 0.1 and ready == pytest.approx([0.04, 0.03, 0.02, 0.01])
+
+
+def test_a_report_without_marks_or_missing_a_tensor_has_no_ready_times() -> None:
+    assert ready_times(bucket_step(marks=""), TENSORS) is None
+    assert ready_times(bucket_step(marks="b"), TENSORS + TENSORS[:1], [[3, 2], [1, 0]]) is None  # a 5th never marked
+
+
+def test_the_profile_holds_the_rest_of_the_step_fixed() -> None:
+    """Backward's compute is 40 ms (the last mark); the communication ends 56 ms after backward
+    began, so the rest of the 170 ms step is 170 - 56 = 114 ms."""
+    profile = backward_profile([bucket_step(step=s) for s in (3, 4, 5)], TENSORS, [[3, 2], [1, 0]])
+    assert profile is not None
+    assert profile.backward_s == pytest.approx(0.04) and profile.other_s == pytest.approx(0.114)
+
+
+def test_transfer_samples_pair_calls_across_ranks_and_keep_the_shortest() -> None:
+    """Rank 1's b1 took 30 ms where rank 0's took 16: 14 ms of it waited for rank 0."""
+    steps = [{0: bucket_step(0), 1: bucket_step(1, transfer_s=(0.016, 0.030))}, {0: bucket_step(0, step=4)}]
+    samples = transfer_samples_of(steps, world_size=2)  # the second step lacks rank 1: left out
+    assert [(s.nbytes, round(s.seconds, 6)) for s in samples] == [(2 * MIB, 0.016), (2 * MIB, 0.016)]
+
+
+def two_sized_steps() -> list[dict[int, StepReport]]:
+    """All-reduces of 1 and 3 MiB costing 12 ms + 2 ms per MiB on both ranks: 14 and 18 ms."""
+    def report(rank: int) -> StepReport:
+        spans = [Span("all_reduce", 0.0, 0.014, False, MIB, "b0"), Span("all_reduce", 0.02, 0.038, False, 3 * MIB, "b1")]
+        return StepReport(rank=rank, step=1, strategy="bucket", settings={}, start=0.0, end=0.1, spans=spans, samples=1, tokens=0)
+
+    return [{0: report(0), 1: report(1)}]
+
+
+def test_advice_at_a_cap_the_run_trains_predicts_the_step_it_measured_and_finds_the_valley() -> None:
+    """The model fitted from 14 ms at 1 MiB and 18 ms at 3 MiB is 12 ms + 2 ms/MiB: at the run's
+    own 2 MiB the predicted step is 114 + 40 + 16 = 170 ms, the step measured; 1 MiB would make
+    four calls (26 ms exposed: 180 ms) and 4 MiB one exposed call (20 ms: 174 ms)."""
+    measured = [MeasuredCap("bucket", 2 * MIB, 0.17, 20)]
+    advice = advise(strategy="bucket", cap_mb=2.0, backend="nccl", world_size=2,
+                    profile_reports=[bucket_step(step=s) for s in (3, 4, 5)], fit_steps=two_sized_steps(),
+                    parameter_layout=LAYOUT, bucket_layout=[[3, 2], [1, 0]], measured=measured, caps=[MIB, 2 * MIB, 4 * MIB])
+    assert isinstance(advice, Advice)
+    assert advice.model.alpha_s == pytest.approx(0.012)
+    assert advice.current.step_s == pytest.approx(0.17) and advice.best.cap_bytes == 2 * MIB and advice.gain == pytest.approx(0.0)
+    assert [round(p.step_s, 6) for p in advice.predictions] == [0.18, 0.17, 0.174]
+    assert advice.default.cap_bytes == 25 * MIB and advice.default.step_s == pytest.approx(0.174)
+    assert advice.workers == 1 and advice.measured == tuple(measured)
+
+
+def test_gloos_workers_make_the_smaller_cap_the_advice() -> None:
+    advice = advise(strategy="bucket", cap_mb=2.0, backend="gloo", world_size=2,
+                    profile_reports=[bucket_step()], fit_steps=two_sized_steps(), parameter_layout=LAYOUT,
+                    bucket_layout=[[3, 2], [1, 0]], caps=[MIB, 2 * MIB, 4 * MIB])
+    assert isinstance(advice, Advice) and advice.workers == 2
+    assert advice.best.cap_bytes == MIB and advice.gain == pytest.approx(1 - 0.168 / 0.17)  # 114 + 40 + 14 ms
+
+
+@pytest.mark.parametrize(("changes", "says"), [
+    ({"strategy": "async"}, "this segment is async"),
+    ({"parameter_layout": []}, "waiting for the ranks' hello"),
+    ({"profile_reports": [bucket_step(marks="")]}, "gradient-ready marks"),
+    ({"fit_steps": []}, "two sizes or more"),
+    ({"world_size": 1}, "one rank"),
+])
+def test_without_what_it_needs_the_advisor_says_what_is_missing(changes: dict, says: str) -> None:
+    arguments = dict(strategy="bucket", cap_mb=2.0, backend="gloo", world_size=2, profile_reports=[bucket_step()],
+                     fit_steps=two_sized_steps(), parameter_layout=LAYOUT, bucket_layout=[[3, 2], [1, 0]])
+    advice = advise(**{**arguments, **changes})
+    assert isinstance(advice, str) and says in advice

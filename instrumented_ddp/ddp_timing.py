@@ -36,6 +36,9 @@ class DDPTiming:
         self.process_group: dist.ProcessGroup | None = getattr(ddp, "process_group", None)
         self.world_size = dist.get_world_size(self.process_group)
         self.last_bucket_at: Any = None  # the stamp of this backward's last bucket launch, if any
+        #: Whether DDP's gradients are views of its buckets by now (``gradient_as_bucket_view``,
+        #: after the first backward that reduced): DDP's default then divides in place.
+        self.gradients_are_views = False
 
     def install(self) -> None:
         """Register the hook (DDP takes one, and keeps it for good) and time the buffer broadcast."""
@@ -55,6 +58,7 @@ class DDPTiming:
             return False
         self.timeline.add_span("wait", self.last_bucket_at, self.timeline.stamp(), blocking=True)
         self.last_bucket_at = None
+        self.gradients_are_views = bool(getattr(self.ddp, "gradient_as_bucket_view", False))
         return True
 
     def _all_reduce_hook(self) -> Callable[..., torch.futures.Future]:
@@ -62,11 +66,16 @@ class DDPTiming:
         annotations are not; hence an unannotated closure.
 
         DDP's C++ default multiplies each gradient by 1/world size while it copies it into its
-        bucket (one pass) and sums. A hook gets the bucket already filled: multiplying it then is
-        a second pass over every gradient, the same product bit for bit. NCCL averages inside
-        the all-reduce (``ReduceOp.AVG``: NCCL's pre-multiplied sum by 1/n for floating types), so
-        there the hook makes no extra pass; gloo has no average, so there it multiplies first, as
-        DDP's own Python default hook does."""
+        bucket (one pass) and sums; where the gradient already is a view of the bucket
+        (``gradient_as_bucket_view=True``, after the first backward) it divides the bucket in
+        place instead. A hook gets the bucket already filled: scaling it then is a second pass
+        over every gradient, the same result bit for bit when it multiplies or divides as DDP
+        would have (1/3 and /3 round differently). A run in view mode that sets gradients to
+        None every step (``zero_grad()``'s default) makes DDP copy again, which the hook cannot
+        see: there the last bit may differ at a world size that is not a power of two. NCCL
+        averages inside the all-reduce (``ReduceOp.AVG``: NCCL's pre-multiplied sum by 1/n for
+        floating types), so there the hook makes no extra pass; gloo has no average, so there it
+        scales first, as DDP's own Python default hook does."""
         averaging = averaging_op(self.process_group)
         scale = 1.0 / self.world_size
 
@@ -76,7 +85,9 @@ class DDPTiming:
             if timeline is not NULL_TIMELINE:  # DDP calls the hook in bucket order, once a bucket is ready
                 self.last_bucket_at = timeline.stamp()
                 timeline.mark_ready(f"b{bucket.index()}", buffer.numel() * buffer.element_size(), at=self.last_bucket_at)
-            if averaging is None:
+            if averaging is None and self.gradients_are_views:
+                buffer.div_(self.world_size)
+            elif averaging is None:
                 buffer.mul_(scale)
             return timed_all_reduce_result(timeline, buffer, tag=f"b{bucket.index()}", group=self.process_group,
                                            op=averaging or dist.ReduceOp.SUM)

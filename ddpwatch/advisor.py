@@ -26,6 +26,8 @@ from instrumented_ddp.protocol import READY_KIND, StepReport
 
 from .bucket_sim import MIB, BackwardProfile, Prediction, best, cap_grid, describe, sweep
 from .cost_model import CostModel, TransferSample, fit_cost_model
+from .metrics import counted
+from .session import Session
 
 #: Bytes per element of the dtypes a parameter layout names (torch's names, less "torch.").
 ITEM_BYTES = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1,
@@ -176,5 +178,42 @@ def advise(*, strategy: str, cap_mb: float, backend: str, world_size: int, profi
     by_cap = {p.cap_bytes: p for p in predictions}
     current = by_cap.get(current_bytes) or sweep(profile, model, [current_bytes], **options)[0]
     default = by_cap.get(25 * MIB) or sweep(profile, model, [25 * MIB], **options)[0]
-    return Advice(strategy, options["workers"], current, default, best(predictions), tuple(predictions), model,
-                  tuple(measured), describe(current, model))
+    top = best(predictions)
+    words = describe(current, model)
+    if current.step_s <= top.step_s * 1.01:
+        words = f"the current cap is within 1 % of the predicted best; {words}"
+    return Advice(strategy, options["workers"], current, default, top, tuple(predictions), model, tuple(measured), words)
+
+
+def advice_for_session(session: Session) -> Advice | str:
+    """``advise`` on what a session holds: the current segment's strategy and cap, the first
+    rank's recent counted reports of that segment for the profile, the recent steps every rank
+    reported for the cost model, and each bucket/ddp segment's median step as a measured cap."""
+    if not session.segments:
+        return "waiting for the run's first steps"
+    segment = session.segments[-1]
+    hello = next((state.hello for _, state in sorted(session.ranks.items()) if state.hello), None)
+    if hello is None:
+        return "waiting for the ranks' hello (the model's parameter layout)"
+    steps = [step for step in sorted(session.reports) if segment.first_step <= step <= segment.last_step]
+    first_rank = min((rank for step in steps for rank in session.reports[step]), default=0)
+    profile_reports = [session.reports[step][first_rank] for step in steps
+                       if first_rank in session.reports[step] and counted(session.reports[step][first_rank])]
+    fit_steps = [session.reports[step] for step in sorted(session.reports)[-FIT_STEPS:]]
+    return advise(strategy=segment.strategy, cap_mb=float(segment.settings.get("bucket_mb") or 25.0),
+                  backend=hello.backend, world_size=session.world_size, profile_reports=profile_reports[-PROFILE_STEPS:],
+                  fit_steps=fit_steps, parameter_layout=hello.parameter_layout, bucket_layout=hello.bucket_layout,
+                  measured=measured_caps(session))
+
+
+def measured_caps(session: Session) -> list[MeasuredCap]:
+    """Every bucket or ddp segment with counted steps: its cap and its median step."""
+    measured = []
+    for segment in session.segments:
+        cap_mb = segment.settings.get("bucket_mb")
+        if segment.strategy not in ADVISED_STRATEGIES or not cap_mb:
+            continue
+        figures = session.segment_figures(segment, include_pending=False, per_rank=False)
+        if figures.steps:
+            measured.append(MeasuredCap(segment.strategy, int(float(cap_mb) * MIB), figures.step_ms_p50 / 1e3, figures.steps))
+    return measured

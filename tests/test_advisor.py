@@ -114,3 +114,20 @@ def test_without_what_it_needs_the_advisor_says_what_is_missing(changes: dict, s
                      fit_steps=two_sized_steps(), parameter_layout=LAYOUT, bucket_layout=[[3, 2], [1, 0]])
     advice = advise(**{**arguments, **changes})
     assert isinstance(advice, str) and says in advice
+
+
+def test_the_plot_puts_the_best_lowest_the_measured_where_measured_and_the_caps_on_a_log_axis() -> None:
+    """43 columns, 1 KB to 2 GB: a factor of 2 is 2 columns (42 columns for 21 doublings)."""
+    from ddpwatch.advisor_plot import BEST, CURRENT_COLUMN, DEFAULT_COLUMN, MEASURED, plot
+
+    advice = advise(strategy="bucket", cap_mb=2.0, backend="nccl", world_size=2, profile_reports=[bucket_step()],
+                    fit_steps=two_sized_steps(), parameter_layout=LAYOUT, bucket_layout=[[3, 2], [1, 0]],
+                    measured=[MeasuredCap("bucket", 32 * MIB, 0.180, 10)])
+    assert isinstance(advice, Advice)
+    picture = plot(advice, width=43, height=5)
+    column_of = {1024: 0, 2 * MIB: 22, int(2**21.5): 23, 25 * MIB: 29, 32 * MIB: 30}  # 2·log2(cap / 1 KB)
+    assert picture.rows[-1][column_of[int(2**21.5)]] == BEST and picture.bottom_ms == pytest.approx(170.0)
+    assert picture.rows[0][column_of[32 * MIB]] == MEASURED and picture.top_ms == pytest.approx(180.0)
+    assert all(row[column_of[2 * MIB]] in (CURRENT_COLUMN, "•") for row in picture.rows)
+    assert sum(row[column_of[25 * MIB]] == DEFAULT_COLUMN for row in picture.rows) >= 3
+    assert picture.x_axis.startswith("1K") and picture.x_axis[column_of[32 * MIB]:].startswith("32M")

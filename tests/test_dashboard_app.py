@@ -581,3 +581,40 @@ async def test_a_run_ddpwatch_did_not_start_offers_no_switch_and_says_why() -> N
         await pilot.press("s", "5", "plus")
         app.request_switch("bucket", bucket_mb=5.0)
         assert not sent and any(NOT_SWITCHABLE in text for _, text in app.notices)
+
+
+async def test_the_advisor_tab_draws_the_sweep_and_b_switches_to_its_best_cap() -> None:
+    """The advisor tests' run (tests/test_advisor.py) on two NCCL ranks: a cost model of 12 ms +
+    2 ms/MiB from calls of 1 and 3 MiB; caps from 2 MiB up to 3 MiB pair the four 1 MiB gradients
+    (16 ms exposed, the least), so the best is the largest grid cap below 3 MiB: 2^21.5 bytes."""
+    from test_advisor import LAYOUT, MIB, bucket_step
+
+    hellos = [replace(hello(rank, strategy="bucket"), backend="nccl", parameter_layout=LAYOUT, bucket_layout=[[3, 2], [1, 0]],
+                      settings={"grad_accum": 1, "bucket_mb": 2.0}) for rank in (0, 1)]
+    messages = [encode(h, seq=0) for h in hellos]
+    for step in range(1, 7):
+        for rank in (0, 1):
+            report = bucket_step(rank, step)
+            sizes = {"b0": (MIB, 0.014), "b1": (3 * MIB, 0.018)}
+            spans = [s._replace(nbytes=sizes[s.tag][0], end=s.start + sizes[s.tag][1]) if s.kind == "all_reduce" else s
+                     for s in report.spans]
+            shift = step * 0.2
+            report = replace(report, start=report.start + shift, end=report.end + shift, settings={"bucket_mb": 2.0, "grad_accum": 1},
+                             spans=[s._replace(start=s.start + shift, end=s.end + shift) for s in spans])
+            messages.append(encode(report, seq=step))
+    feed = StaticFeed(messages)
+    feed.can_switch = True
+    sent: list[SwitchCommand] = []
+    feed.request_switch = sent.append  # type: ignore[method-assign]
+    app = DashboardApp(feed, export_on_exit=False)
+    async with app.run_test(size=(200, 60)) as pilot:
+        await pilot.pause(0.4)
+        app.side_tabs.active = "advisor-tab"
+        await pilot.pause(0.4)
+        shown = str(app.advisor_panel.render())
+        assert "one exposed" in shown or "latency-bound" in shown, shown
+        assert "best 2.83 MB" in shown and "b: switch to bucket at 2.83 MB" in shown
+        assert "cost model: 12 ms + S /" in shown and "◆" in shown and "★" in shown
+        await pilot.press("b")
+        (command,) = sent
+        assert command.strategy == "bucket" and command.bucket_mb == pytest.approx(2**21.5 / 2**20)

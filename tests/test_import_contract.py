@@ -12,7 +12,8 @@ from launch import REPO_ROOT
 
 #: What both sides import: the wire schema and one rank's step figures (computed at the edge by
 #: the ranks, centrally by ddpwatch from full spans).
-SHARED_GROUND = {"instrumented_ddp.protocol", "instrumented_ddp.intervals", "instrumented_ddp.step_figures"}
+SHARED_GROUND = {"instrumented_ddp.protocol", "instrumented_ddp.intervals", "instrumented_ddp.step_figures",
+                 "instrumented_ddp.bucket_plan"}  # the bucket rule: the strategy uses it, the advisor simulates it
 
 
 def modules_loaded_by(statement: str) -> set[str]:

@@ -28,6 +28,7 @@ from .feeds import Arrival, Feed, ReplayFeed
 from .screens.help_screen import HelpScreen
 from .screens.strategy_picker import StrategyPicker, SwitchChoice
 from .snapshot import EVERY_RANK_IN_THE_TIMELINE_UP_TO, Snapshot, SnapshotBuilder, pick_timeline_ranks
+from .widgets.advisor_panel import AdvisorPanel
 from .widgets.header_bar import HeaderBar
 from .widgets.rank_heatmap import RankHeatmap
 from .widgets.ranks_table import RanksTable
@@ -52,7 +53,7 @@ FULL_COLLECTION_AFTER = 100
 
 
 #: The actions that ask the run to switch (keys hidden for a run that cannot).
-SWITCH_ACTIONS = frozenset({"pick_strategy", "switch_to", "bucket", "accum"})
+SWITCH_ACTIONS = frozenset({"pick_strategy", "switch_to", "bucket", "accum", "apply_advice"})
 
 
 class DashboardApp(App[None]):
@@ -73,6 +74,7 @@ class DashboardApp(App[None]):
         Binding("left_square_bracket", "accum(-1)", "accum-1", show=False),
         Binding("e", "export", "export"),
         Binding("h", "heatmap_metric", "heatmap", show=False),
+        Binding("b", "apply_advice", "best bucket", show=False),
         Binding("greater_than_sign", "speed(2.0)", "faster", show=False),
         Binding("less_than_sign", "speed(0.5)", "slower", show=False),
     ]
@@ -107,6 +109,7 @@ class DashboardApp(App[None]):
         self.segment_bars = SegmentBarsView(id="segment-bars")
         self.heatmap_view = RankHeatmap(id="heatmap")
         self.stragglers_panel = StragglersPanel(id="stragglers", markup=False)
+        self.advisor_panel = AdvisorPanel(id="advisor", markup=False)
         self.side_tabs = TabbedContent(id="side")
         self.warnings_panel = WarningsPanel(id="warnings")
         yield self.header_bar
@@ -123,6 +126,8 @@ class DashboardApp(App[None]):
                     yield self.heatmap_view
                 with TabPane("Stragglers", id="stragglers-tab"):
                     yield self.stragglers_panel
+                with TabPane("Advisor", id="advisor-tab"):
+                    yield self.advisor_panel
         with Horizontal(id="bottom"):
             yield self.segments_table
             yield self.segment_bars
@@ -198,6 +203,8 @@ class DashboardApp(App[None]):
             self.heatmap_view.show(snapshot.heatmap)
         elif side_tab == "stragglers":
             self.stragglers_panel.show(snapshot.stragglers)
+        elif side_tab == "advisor":
+            self.advisor_panel.show(snapshot.advice, self.run_is_switchable)
         timed(side_tab)
         self.segments_table.show(snapshot.segments)
         self.segment_bars.show(snapshot.segments)
@@ -316,6 +323,14 @@ class DashboardApp(App[None]):
         strategy, bucket_mb, _ = self.current_settings()
         if strategy:
             self.request_switch(strategy, bucket_mb=max((bucket_mb or 25.0) * factor, 0.001))
+
+    def action_apply_advice(self) -> None:
+        """The advisor's predicted best cap, applied live (a switch to the segment's strategy)."""
+        advice = self.builder.advice(time.monotonic())
+        if isinstance(advice, str):
+            self.notify_user(f"bucket advisor: {advice}")
+            return
+        self.request_switch(advice.strategy, bucket_mb=advice.best.cap_bytes / 2**20)
 
     def action_accum(self, delta: int) -> None:
         strategy, _, grad_accum = self.current_settings()

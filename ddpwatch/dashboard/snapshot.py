@@ -16,6 +16,7 @@ from itertools import islice
 from typing import Any, NamedTuple
 
 from ddpwatch import metrics
+from ddpwatch.advisor import Advice, advice_for_session
 from ddpwatch.heatmap import Heatmap, RowLayout, assemble_heatmap, heat_column, row_layout
 from ddpwatch.rank_lists import FEW_RANKS, ranks_text
 from ddpwatch.rank_rows import RankRow, rows_by_node
@@ -24,6 +25,7 @@ from instrumented_ddp.protocol import COMM_KINDS, COMPUTE_KINDS, StepReport
 
 SEGMENT_REFRESH_S = 1.0
 HEATMAP_REFRESH_S = 1.0
+ADVICE_REFRESH_S = 1.0  # the advisor's sweep is remade at most this often
 TREND_POINTS = 120
 DEVICE_REFRESH_S = 1.0  # a rank's device series is remade at most this often
 #: Above ``EVERY_RANK_IN_THE_TIMELINE_UP_TO`` ranks the per-rank parts (ranks table, device
@@ -126,6 +128,7 @@ class Snapshot:
     notes: tuple[str, ...] = ()  # worth knowing, not wrong: late reports, why a device is read as it is
     heatmap: Heatmap | None = None  # ranks (or nodes) x recent steps
     stragglers: tuple[StragglerRow, ...] = ()  # the ranks the others waited for longest, recently
+    advice: Advice | str | None = None  # the bucket advisor's sweep, or what it still needs
 
 
 @dataclass(frozen=True)
@@ -188,6 +191,7 @@ class SnapshotBuilder:
     _ranks_made: tuple[float, Any, tuple[RankRow, ...]] = (0.0, None, ())  # (made at, (step, nodes opened), rows)
     _devices_made: tuple[float, tuple[DeviceSeries, ...]] = (0.0, ())  # (made at, series): large jobs
     _straggler_made: tuple[Any, metrics.Straggler | None] = (None, None)  # (steps it was found over, straggler)
+    _advice_made: tuple[float, Any, Advice | str | None] = (-1.0, None, None)  # (made at, (steps, segments), advice)
 
     def waits_of(self, step: int | None) -> dict[int, float]:
         """Cross-rank waits of a step's counted reports (the straggler check looks at the last
@@ -226,8 +230,8 @@ class SnapshotBuilder:
         """``open_nodes``: nodes whose heatmap rows the user opened (a job above
         ``EVERY_RANK_A_ROW_UP_TO`` ranks starts with one row per node); ``selected_rank``: drawn in
         the timeline of a job too large to draw every rank; ``side_tab``: the side
-        panel's tab on screen ("devices", "trends", "heatmap" or "stragglers"), the others'
-        parts left empty (None: all made). At 1,024 ranks the
+        panel's tab on screen ("devices", "trends", "heatmap", "stragglers" or "advisor"), the
+        others' parts left empty (None: all made). At 1,024 ranks the
         device series and the heatmap cost more than the rest of a frame's snapshot together:
         what is not on screen is not made."""
         now = time.monotonic() if now is None else now
@@ -256,7 +260,17 @@ class SnapshotBuilder:
             notes=tuple(self._notes()),
             heatmap=self._heatmap(heatmap_metric, open_nodes, now) if side_tab in (None, "heatmap") else None,
             stragglers=self._top_stragglers(step) if side_tab in (None, "stragglers") else (),
+            advice=self.advice(now) if side_tab in (None, "advisor") else None,
         )
+
+    def advice(self, now: float) -> Advice | str:
+        """Remade at most once a second, and only when a step or segment came since."""
+        made_at, made_from, advice = self._advice_made
+        wanted = (self.session.latest_complete_step(), len(self.session.segments))
+        if advice is None or (wanted != made_from and now - made_at >= ADVICE_REFRESH_S):
+            advice = advice_for_session(self.session)
+            self._advice_made = (now, wanted, advice)
+        return advice
 
     # -- parts -------------------------------------------------------------------------------------
     def _heatmap(self, metric: str, open_nodes: Collection[int], now: float) -> Heatmap | None:

@@ -20,6 +20,7 @@ KEYS = [
     ("] / [", "grad_accum + 1 / - 1 (switches)"),
     ("e", "export summary.json/.md/.csv/.svg, trace.json and an SVG screenshot"),
     ("h", "heatmap tab: exposed comm % / step time / waited ms"),
+    ("b", "advisor tab: switch to the predicted best bucket cap"),
     ("> / <", "replay: twice / half the speed"),
     ("mouse", "click a rank row to highlight it in the timeline; click tabs; scroll any panel"),
 ]

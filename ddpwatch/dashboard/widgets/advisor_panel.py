@@ -1,0 +1,64 @@
+"""The advisor tab: the predicted step time against the bucket cap (``advisor_plot``), what
+limits the step now in words, the fitted cost model, the caps the run measured, and the key
+that applies the predicted best."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.widgets import Static
+
+from ...advisor import Advice
+from ...advisor_plot import BEST, CURRENT_COLUMN, DEFAULT_COLUMN, EXTRAPOLATED, MEASURED, PREDICTED, plot
+from ...bucket_sim import MIB
+
+STYLES = {PREDICTED: "cyan", EXTRAPOLATED: "dim cyan", BEST: "bold green", MEASURED: "bold magenta",
+          CURRENT_COLUMN: "yellow", DEFAULT_COLUMN: "dim"}
+LABEL_WIDTH = 10
+PLOT_ROWS = 9
+
+
+class AdvisorPanel(Static):
+    def show(self, advice: Advice | str | None, switchable: bool = True) -> None:
+        width = max(20, self.size.width - LABEL_WIDTH - 1)
+        key = (advice, switchable, width)
+        if key != getattr(self, "_shown", None):
+            self._shown = key
+            self.update(render_advice(advice, width, switchable))
+
+
+def megabytes(nbytes: int) -> str:
+    return f"{nbytes / MIB:.3g} MB"
+
+
+def render_advice(advice: Advice | str | None, width: int, switchable: bool = True) -> Text:
+    if advice is None:
+        return Text("")
+    if isinstance(advice, str):
+        return Text(f"bucket advisor: {advice}")
+    model, now, top = advice.model, advice.current, advice.best
+    text = Text()
+    text.append(advice.words + "\n", "bold")
+    text.append(f"now {megabytes(now.cap_bytes)}: {now.step_s * 1e3:.1f} ms predicted · ")
+    change = f"{-advice.gain:+.1%}" if advice.gain >= 0.0005 else "as now"
+    text.append(f"best {megabytes(top.cap_bytes)}: {top.step_s * 1e3:.1f} ms ({change})", "green")
+    text.append(f" · 25 MB: {advice.default.step_s * 1e3:.1f} ms\n")
+    text.append(f"cost model: {model.alpha_s * 1e3:.3g} ms + S / {model.busbw_gbps:.3g} GB/s bus bandwidth, fitted on "
+                f"{model.samples} calls of {megabytes(model.min_bytes)}-{megabytes(model.max_bytes)}, "
+                f"median error {model.relative_error:.0%}" + (" (through 0: latency not seen)" if model.through_origin else "")
+                + "\n", "dim")
+    picture = plot(advice, width, PLOT_ROWS)
+    for index, row in enumerate(picture.rows):
+        label = f"{picture.top_ms:.1f} ms" if index == 0 else f"{picture.bottom_ms:.1f} ms" if index == len(picture.rows) - 1 else ""
+        text.append(label.rjust(LABEL_WIDTH) + " ", "dim")
+        for char in row:
+            text.append(char, STYLES.get(char, ""))
+        text.append("\n")
+    text.append(" " * (LABEL_WIDTH + 1) + picture.x_axis + "\n", "dim")
+    text.append(f"{PREDICTED} predicted  {EXTRAPOLATED} beyond the sizes seen  {BEST} best  {MEASURED} measured  "
+                f"{CURRENT_COLUMN} now  {DEFAULT_COLUMN} 25 MB\n", "dim")
+    if advice.measured:
+        text.append("measured: " + " · ".join(f"{m.strategy} {megabytes(m.cap_bytes)} {m.step_s * 1e3:.1f} ms ({m.steps} steps)"
+                                              for m in advice.measured) + "\n")
+    if switchable:
+        text.append(f"b: switch to {advice.strategy} at {megabytes(top.cap_bytes)}", "bold")
+    return text

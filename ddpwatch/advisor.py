@@ -168,10 +168,10 @@ def advise(*, strategy: str, cap_mb: float, backend: str, world_size: int, profi
     profile = backward_profile(profile_reports, tensors, bucket_layout)
     if profile is None:
         return "waiting for a step with gradient-ready marks (steps after the first of a segment)"
-    model = fit_cost_model(transfer_samples_of(fit_steps, world_size), world_size)
+    samples = transfer_samples_of(fit_steps, world_size)
+    model = fit_cost_model(samples, world_size)
     if model is None:
-        return ("needs all-reduces of two sizes or more on two ranks or more to fit the cost model"
-                if world_size > 1 else "one rank: no transfer to model")
+        return why_no_model(samples, world_size)
     current_bytes = max(1, int(cap_mb * MIB))
     options: dict[str, Any] = {"rule": strategy, "workers": workers_of(backend)}
     predictions = sweep(profile, model, caps or cap_grid(current_bytes), **options)
@@ -183,6 +183,16 @@ def advise(*, strategy: str, cap_mb: float, backend: str, world_size: int, profi
     if current.step_s <= top.step_s * 1.01:
         words = f"the current cap is within 1 % of the predicted best; {words}"
     return Advice(strategy, options["workers"], current, default, top, tuple(predictions), model, tuple(measured), words)
+
+
+def why_no_model(samples: Sequence[TransferSample], world_size: int) -> str:
+    if world_size < 2:
+        return "one rank: no transfer to model"
+    sizes = sorted({s.nbytes for s in samples})
+    if len(sizes) < 2:
+        return "needs all-reduces of two sizes or more to fit the cost model: run another cap (+ / -)"
+    return (f"the all-reduces of {sizes[0] / MIB:.3g}-{sizes[-1] / MIB:.3g} MB did not take longer as they grew "
+            "(too narrow a range, or ranks sharing cores): run another cap (+ / -) to widen it")
 
 
 def advice_for_session(session: Session) -> Advice | str:

@@ -3,6 +3,8 @@ and its other time, transfer samples paired across ranks, and the advice or why 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from ddpwatch.advisor import (
@@ -107,6 +109,8 @@ def test_gloos_workers_make_the_smaller_cap_the_advice() -> None:
     ({"parameter_layout": []}, "waiting for the ranks' hello"),
     ({"profile_reports": [bucket_step(marks="")]}, "gradient-ready marks"),
     ({"fit_steps": []}, "two sizes or more"),
+    ({"fit_steps": [{r: replace(s, spans=[x._replace(end=x.start + 0.02) for x in s.spans]) for r, s in two_sized_steps()[0].items()}]},
+     "did not take longer as they grew"),
     ({"world_size": 1}, "one rank"),
 ])
 def test_without_what_it_needs_the_advisor_says_what_is_missing(changes: dict, says: str) -> None:

@@ -195,7 +195,7 @@ def why_no_model(samples: Sequence[TransferSample], world_size: int) -> str:
             "(too narrow a range, or ranks sharing cores): run another cap (+ / -) to widen it")
 
 
-def advice_for_session(session: Session) -> Advice | str:
+def advice_for_session(session: Session, caps: Sequence[int] | None = None) -> Advice | str:
     """``advise`` on what a session holds: the current segment's strategy and cap, the first
     rank's recent counted reports of that segment for the profile, the recent steps every rank
     reported for the cost model, and each bucket/ddp segment's median step as a measured cap."""
@@ -213,7 +213,7 @@ def advice_for_session(session: Session) -> Advice | str:
     return advise(strategy=segment.strategy, cap_mb=float(segment.settings.get("bucket_mb") or 25.0),
                   backend=hello.backend, world_size=session.world_size, profile_reports=profile_reports[-PROFILE_STEPS:],
                   fit_steps=fit_steps, parameter_layout=hello.parameter_layout, bucket_layout=hello.bucket_layout,
-                  measured=measured_caps(session))
+                  measured=measured_caps(session), caps=caps)
 
 
 def measured_caps(session: Session) -> list[MeasuredCap]:

@@ -47,6 +47,16 @@ def build_parser() -> argparse.ArgumentParser:
     switch.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the acknowledgement")
     switch.add_argument("--key", help="CURVE client keys (client.json) of a dashboard beyond loopback")
 
+    tune = commands.add_parser("tune", help="sweep bucket caps on a running job with live switches: the advisor's "
+                                            "predictions against the measured step times")
+    tune.add_argument("--listen", default=DEFAULT_ADDRESS, help=f"address to listen on, as for record (default {DEFAULT_ADDRESS})")
+    tune.add_argument("--out", type=Path, required=True, help="directory for the session file, exports and tune.json")
+    tune.add_argument("--sizes", type=bucket_sizes, help="caps in MB, comma-separated (default: the predicted best and its neighbours)")
+    tune.add_argument("--steps-per-size", type=int, default=10, help="counted steps measured at each cap (at least 2)")
+    tune.add_argument("--strategy", default="bucket", choices=["bucket", "ddp"], help="what to switch to at each cap")
+    tune.add_argument("--wait", type=float, default=120.0, help="seconds to wait for a run to connect")
+    tune.add_argument("--idle-exit", type=float, default=30.0, help="stop when every rank is silent this long")
+    tune.add_argument("--keys", type=Path, help="CURVE key directory (made if missing); needed beyond loopback")
     doctor = commands.add_parser("doctor", help="check ddpwatch's GPU figures on this machine against torch.profiler, NVML, overhead")
     doctor.add_argument("--strategies", default="bucket,ddp", help="strategies of the profiled runs (comma-separated)")
     doctor.add_argument("--overhead-steps", type=int, default=20, help="timed steps per mode in the overhead checks (0: none)")
@@ -178,6 +188,35 @@ def run_doctor(args: argparse.Namespace) -> int:
         return 2
 
 
+def bucket_sizes(text: str) -> list[float]:
+    """``--sizes``: positive megabytes, comma-separated."""
+    try:
+        sizes = [float(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of MB") from None
+    if not sizes or any(not size > 0 for size in sizes):
+        raise argparse.ArgumentTypeError("every cap must be a positive number of MB")
+    return sizes
+
+
+def run_tune(args: argparse.Namespace) -> int:
+    from .recorder import StopRule, record
+    from .tune import SweepDriver, table, write_results
+
+    if args.steps_per_size < 2:
+        print("ddpwatch tune: error: --steps-per-size must be at least 2", file=sys.stderr)
+        return 2
+    driver = SweepDriver(args.strategy, args.steps_per_size, args.sizes, connect_timeout_s=args.wait)
+    args.out.mkdir(parents=True, exist_ok=True)
+    record(args.listen, args.out, StopRule(idle_exit_s=args.idle_exit), keys=server_keys(args), drive=driver)
+    if driver.failure:
+        print(f"ddpwatch tune: error: {driver.failure}", file=sys.stderr)
+        return 2
+    write_results(args.out, driver.results, driver.start_mb)
+    print("\n".join(table(driver.results, driver.start_mb)))
+    return 0 if len(driver.results) > 1 else 1
+
+
 def run_switch(args: argparse.Namespace) -> int:
     from .switch_client import request_switch
 
@@ -192,7 +231,7 @@ def run_switch(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"dashboard": run_dashboard, "record": run_record, "summary": run_summary, "switch": run_switch,
+COMMANDS = {"dashboard": run_dashboard, "record": run_record, "summary": run_summary, "switch": run_switch, "tune": run_tune,
             "replay": run_replay, "demo": run_demo, "doctor": run_doctor}
 
 if __name__ == "__main__":

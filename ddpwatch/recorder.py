@@ -5,6 +5,7 @@ from __future__ import annotations
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -51,9 +52,12 @@ def record(
     log=lambda line: print(line, file=sys.stderr, flush=True),
     keys: ServerKeys | None = None,
     sample_every: int | None = None,
+    drive: Callable[[Session, SwitchRelay], str | None] | None = None,
 ) -> Session:
     """Every rank's every span by default, so a recording loses nothing; ``sample_every``: the
-    spans of every N-th step only, summaries (exact figures) of the rest."""
+    spans of every N-th step only, summaries (exact figures) of the rest. ``drive``: called
+    after each receive with the session and the switch relay (``ddpwatch tune`` switches the run
+    through it); a line it returns ends the recording, said as the reason."""
     session = Session()
     receiver = TelemetryReceiver(listen, max_message_bytes, keys)
     relay = SwitchRelay(receiver.send)
@@ -83,6 +87,8 @@ def record(
             requester.tick()
             writer.flush_if_due()
             reason = stop_requested[0] if stop_requested else rule.reached(session, started, last_message)
+            if reason is None and drive is not None:
+                reason = drive(session, relay)
     finally:
         writer.close()
         receiver.close()

@@ -1,0 +1,215 @@
+"""``ddpwatch tune``: drive a running job through bucket caps with live switches, measure each,
+and hold the advisor's predictions against what was measured.
+
+It listens like ``ddpwatch record`` (the ranks stream to it, and it records the session), and
+switches the run through the same relay the dashboard uses. Each cap's prediction is made
+*before* the run is switched to it, from what the run had measured until then; each cap's
+measured step time is the median of that segment's steps after its first (the first carries
+the switch). Without ``--sizes`` it runs the predicted best and its neighbours (half and
+twice), probing a quarter and four times the starting cap first when the cost model cannot be
+fitted from the starting cap alone. At the end it switches the run to the measured best.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from instrumented_ddp.protocol import NOT_SWITCHABLE
+
+from .advisor import Advice, advice_for_session
+from .bucket_sim import MIB
+from .control import SwitchRelay, new_command
+from .session import Segment, Session
+
+TUNE_FILE_NAME = "tune.json"
+
+
+@dataclass
+class TunedCap:
+    cap_mb: float
+    predicted_ms: float | None  # None: no cost model could be fitted before it ran
+    measured_ms: float | None = None
+    steps: int = 0
+
+    @property
+    def error(self) -> float | None:
+        """(predicted − measured) / measured."""
+        if self.predicted_ms is None or not self.measured_ms:
+            return None
+        return (self.predicted_ms - self.measured_ms) / self.measured_ms
+
+
+@dataclass
+class SweepDriver:
+    """The state machine ``record`` calls after each receive (see ``recorder.record``)."""
+
+    strategy: str
+    steps_per_size: int
+    sizes: list[float] | None = None  # MB; None: the predicted best and its neighbours
+    log: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)
+    results: list[TunedCap] = field(default_factory=list)
+    failure: str | None = None  # why the sweep could not run (the command exits 2)
+    start_mb: float | None = None
+    _queue: list[float] = field(default_factory=list)
+    _planned: bool = False
+    _probed: bool = False
+    _waiting_for: tuple[str, TunedCap | None] | None = None  # (command id, the cap it measures)
+    _final: bool = False
+    connect_timeout_s: float = 120.0
+    _started: float | None = None
+
+    def __call__(self, session: Session, relay: SwitchRelay) -> str | None:
+        now = time.monotonic()
+        self._started = now if self._started is None else self._started
+        hello = next((s.hello for _, s in sorted(session.ranks.items()) if s.hello), None)
+        if hello is None and now - self._started > self.connect_timeout_s:
+            self.failure = f"no run connected within {self.connect_timeout_s:g} s: nothing switched"
+            return self.failure
+        if hello is not None and not hello.switchable:
+            self.failure = f"the run cannot switch ({NOT_SWITCHABLE}): nothing switched"
+            return self.failure
+        if session.finished:
+            return "the run ended before the sweep did"
+        if self._waiting_for is not None:
+            return self._follow(session, relay)
+        segment = session.segments[-1] if session.segments else None
+        if segment is None or _counted_steps(session, segment) < self.steps_per_size:
+            return None
+        if self.start_mb is None:
+            self.start_mb = float(segment.settings.get("bucket_mb") or 25.0)
+            start = TunedCap(self.start_mb, _predicted_ms(session, self.start_mb))
+            self._measure(session, segment, start)
+            self.results.append(start)
+        if not self._planned:
+            self._plan(session)
+        if self._queue:
+            self._switch_to(self._queue.pop(0), session, relay)
+            return None
+        if not self._final:
+            return self._finish(relay)
+        return "sweep done"
+
+    def _plan(self, session: Session) -> None:
+        """The sizes to run: given, or the predicted best and its neighbours once a model fits."""
+        assert self.start_mb is not None
+        if self.sizes is not None:
+            self._queue, self._planned = [s for s in self.sizes if s != self.start_mb], True
+            return
+        advice = advice_for_session(session)
+        if isinstance(advice, Advice):
+            best = advice.best.cap_bytes / MIB
+            self._queue = [mb for mb in (best / 2, best, best * 2) if not self._ran(mb)]
+            self._planned = True
+            self.log(f"ddpwatch tune: predicted best {best:.3g} MB ({advice.words}); running it and its neighbours")
+        elif not self._probed:
+            self._queue, self._probed = [self.start_mb / 4, self.start_mb * 4], True
+            self.log(f"ddpwatch tune: no cost model yet ({advice}); probing {self.start_mb / 4:.3g} and {self.start_mb * 4:.3g} MB")
+        else:
+            self._planned = True
+            self.log(f"ddpwatch tune: still no cost model ({advice}); the sweep ends with what it measured")
+
+    def _ran(self, cap_mb: float) -> bool:
+        return any(abs(r.cap_mb - cap_mb) <= 1e-9 * cap_mb for r in self.results)
+
+    def _switch_to(self, cap_mb: float, session: Session, relay: SwitchRelay) -> None:
+        tuned = TunedCap(cap_mb, _predicted_ms(session, cap_mb))
+        command = new_command(self.strategy, bucket_mb=cap_mb)
+        relay.request(command)
+        self._waiting_for = (command.command_id, tuned)
+        predicted = f"{tuned.predicted_ms:.1f} ms predicted" if tuned.predicted_ms is not None else "no prediction yet"
+        self.log(f"ddpwatch tune: switching to {self.strategy} at {cap_mb:.3g} MB ({predicted})")
+
+    def _follow(self, session: Session, relay: SwitchRelay) -> str | None:
+        """After a switch: its acknowledgement, then the steps that measure it."""
+        assert self._waiting_for is not None
+        command_id, tuned = self._waiting_for
+        ack = next((a for a in relay.acks if a.command_id == command_id and a.rank == 0), None)
+        if ack is None:
+            return None
+        if not ack.applied:
+            self.failure = f"rank 0 refused the switch: {ack.detail}"
+            return self.failure
+        if tuned is None:  # the final switch to the best: done
+            self._waiting_for = None
+            return "sweep done"
+        segment = next((s for s in reversed(session.segments) if s.first_step >= ack.step), None)
+        if segment is None or _counted_steps(session, segment) < self.steps_per_size:
+            return None
+        self._measure(session, segment, tuned)
+        self.results.append(tuned)
+        self.log(f"ddpwatch tune: {tuned.cap_mb:.3g} MB measured {tuned.measured_ms:.1f} ms over {tuned.steps} steps")
+        self._waiting_for = None
+        if not self._queue and not self._planned:
+            self._plan(session)
+        return None
+
+    def _measure(self, session: Session, segment: Segment, tuned: TunedCap) -> None:
+        figures = session.segment_figures(segment, per_rank=False)
+        tuned.measured_ms, tuned.steps = figures.step_ms_p50, figures.steps
+
+    def _finish(self, relay: SwitchRelay) -> str | None:
+        """Leave the run at the measured best."""
+        self._final = True
+        measured = [r for r in self.results if r.measured_ms]
+        best = min(measured, key=lambda r: r.measured_ms or 0.0)
+        if best.cap_mb == self.results[-1].cap_mb:
+            return "sweep done"
+        command = new_command(self.strategy, bucket_mb=best.cap_mb)
+        relay.request(command)
+        self._waiting_for = (command.command_id, None)
+        self.log(f"ddpwatch tune: leaving the run at the measured best, {best.cap_mb:.3g} MB")
+        return None
+
+
+def _counted_steps(session: Session, segment: Segment) -> int:
+    return session.segment_figures(segment, per_rank=False).steps
+
+
+def _predicted_ms(session: Session, cap_mb: float) -> float | None:
+    advice = advice_for_session(session, caps=[max(1, int(cap_mb * MIB))])
+    return advice.predictions[0].step_s * 1e3 if isinstance(advice, Advice) else None
+
+
+def table(results: Sequence[TunedCap], start_mb: float | None) -> list[str]:
+    """The sweep as printed and written: cap, predicted, measured, error; then the measured best
+    and its gain over the starting cap, and the prediction's median absolute error."""
+    lines = [f"{'cap MB':>8} {'predicted ms':>13} {'measured ms':>12} {'error':>7}"]
+    for r in sorted(results, key=lambda r: r.cap_mb):
+        predicted = f"{r.predicted_ms:.1f}" if r.predicted_ms is not None else "—"
+        measured = f"{r.measured_ms:.1f}" if r.measured_ms is not None else "—"
+        error = f"{r.error:+.1%}" if r.error is not None else "—"
+        lines.append(f"{r.cap_mb:8.3g} {predicted:>13} {measured:>12} {error:>7}")
+    measured_caps = [r for r in results if r.measured_ms]
+    if measured_caps:
+        best = min(measured_caps, key=lambda r: r.measured_ms or 0.0)
+        start = next((r for r in results if r.cap_mb == start_mb), None)
+        gain = f", {1 - (best.measured_ms or 0) / start.measured_ms:.1%} faster than the starting {start.cap_mb:.3g} MB" \
+            if start is not None and start.measured_ms else ""
+        lines.append(f"measured best: {best.cap_mb:.3g} MB at {best.measured_ms:.1f} ms{gain}")
+        predicted = [r for r in results if r.predicted_ms is not None]
+        if predicted:
+            predicted_best = min(predicted, key=lambda r: r.predicted_ms or 0.0)
+            errors = sorted(abs(r.error) for r in predicted if r.error is not None)
+            median = errors[len(errors) // 2] if len(errors) % 2 else sum(errors[len(errors) // 2 - 1:len(errors) // 2 + 1]) / 2
+            lines.append(f"predicted best among these: {predicted_best.cap_mb:.3g} MB; median |error| {median:.1%}")
+    return lines
+
+
+def write_results(out_dir: Path, results: Sequence[TunedCap], start_mb: float | None) -> None:
+    """``tune.json``, and the same table in summary.json (``tune``) and summary.md."""
+    rows = [{**asdict(r), "error": r.error} for r in results]
+    (out_dir / TUNE_FILE_NAME).write_text(json.dumps({"start_mb": start_mb, "caps": rows}, indent=1))
+    summary_json = out_dir / "summary.json"
+    if summary_json.exists():
+        summary = json.loads(summary_json.read_text())
+        summary["tune"] = {"start_mb": start_mb, "caps": rows}
+        summary_json.write_text(json.dumps(summary, indent=1))
+    summary_md = out_dir / "summary.md"
+    if summary_md.exists():
+        lines = table(results, start_mb)
+        summary_md.write_text(summary_md.read_text() + "\n## ddpwatch tune\n\n```\n" + "\n".join(lines) + "\n```\n")

@@ -1,0 +1,128 @@
+"""``ddpwatch tune``'s sweep against a made-up run: the switches it asks for, in order, what it
+measures for each cap, the prediction made before each switch, the table, and the refusals."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import replace
+
+import pytest
+
+from ddpwatch.receiver import ingest
+from ddpwatch.session import Session
+from ddpwatch.tune import SweepDriver, TunedCap, table
+from instrumented_ddp.protocol import Ack, SwitchCommand, encode
+from launch import REPO_ROOT
+from synthetic_session import hello
+from test_advisor import LAYOUT, bucket_step
+
+
+class FakeRelay:
+    """What the sweep needs of ``control.SwitchRelay``: requests out, acknowledgements in."""
+
+    def __init__(self) -> None:
+        self.requested: list[SwitchCommand] = []
+        self.acks: list[Ack] = []
+
+    def request(self, command: SwitchCommand, requester: bytes | None = None) -> None:
+        self.requested.append(command)
+
+
+class MadeUpRun:
+    """Two ranks stepping 0.2 s apart; at ``step_ms`` per cap, the step's end moved accordingly."""
+
+    def __init__(self, session: Session, step_ms: dict[float, float], switchable: bool = True) -> None:
+        self.session, self.step_ms, self.step, self.seq = session, step_ms, 0, 0
+        for rank in (0, 1):
+            self.send(replace(hello(rank, strategy="bucket"), parameter_layout=LAYOUT, bucket_layout=[[3, 2], [1, 0]],
+                              settings={"grad_accum": 1, "bucket_mb": 0.25}, switchable=switchable))
+
+    def send(self, message: object) -> None:
+        self.seq += 1
+        ingest(self.session, [encode(message, seq=self.seq)])  # type: ignore[arg-type]
+
+    def steps(self, count: int, cap_mb: float) -> None:
+        for _ in range(count):
+            self.step += 1
+            shift = self.step * 0.5
+            for rank in (0, 1):
+                report = bucket_step(rank, self.step)
+                report = replace(report, start=shift, end=shift + self.step_ms[cap_mb] / 1e3, settings={"bucket_mb": cap_mb, "grad_accum": 1},
+                                 spans=[s._replace(start=s.start + shift, end=s.end + shift) for s in report.spans])
+                self.send(report)
+
+
+def test_the_sweep_switches_to_each_size_in_turn_and_measures_it_after_its_acknowledgement() -> None:
+    session, relay = Session(), FakeRelay()
+    run = MadeUpRun(session, {0.25: 200.0, 1.0: 180.0, 4.0: 190.0})
+    driver = SweepDriver("bucket", steps_per_size=3, sizes=[1.0, 4.0], log=lambda line: None)
+    run.steps(2, 0.25)
+    assert driver(session, relay) is None and not relay.requested  # the starting cap: 3 steps to measure
+    run.steps(2, 0.25)
+    assert driver(session, relay) is None
+    (first,) = relay.requested
+    assert (first.strategy, first.bucket_mb) == ("bucket", 1.0)
+    run.steps(3, 0.25)  # the switch not acknowledged yet: nothing more happens
+    assert driver(session, relay) is None and len(relay.requested) == 1
+    relay.acks.append(Ack(0, first.command_id, True, run.step + 1))
+    run.steps(3, 1.0)
+    assert driver(session, relay) is None  # 1 MB measured ...
+    assert driver(session, relay) is None and relay.requested[-1].bucket_mb == 4.0  # ... and on to 4 MB
+    relay.acks.append(Ack(0, relay.requested[-1].command_id, True, run.step + 1))
+    run.steps(3, 4.0)
+    driver(session, relay)
+    assert driver(session, relay) is None and relay.requested[-1].bucket_mb == 1.0  # left at the measured best
+    relay.acks.append(Ack(0, relay.requested[-1].command_id, True, run.step + 1))
+    assert driver(session, relay) == "sweep done"
+    assert [(r.cap_mb, r.measured_ms) for r in driver.results] == [(0.25, pytest.approx(200.0)), (1.0, pytest.approx(180.0)),
+                                                                  (4.0, pytest.approx(190.0))]
+    assert all(r.predicted_ms is None for r in driver.results)  # one size of all-reduce: no cost model fits
+
+
+def test_a_run_that_cannot_switch_or_refuses_ends_the_sweep_with_nothing_switched() -> None:
+    session, relay = Session(), FakeRelay()
+    MadeUpRun(session, {0.25: 200.0}, switchable=False)
+    driver = SweepDriver("bucket", steps_per_size=3, sizes=[1.0], log=lambda line: None)
+    assert "cannot switch" in (driver(session, relay) or "") and driver.failure and not relay.requested
+
+    session, relay = Session(), FakeRelay()
+    run = MadeUpRun(session, {0.25: 200.0})
+    run.steps(4, 0.25)
+    driver = SweepDriver("bucket", steps_per_size=3, sizes=[1.0], log=lambda line: None)
+    driver(session, relay)
+    relay.acks.append(Ack(0, relay.requested[0].command_id, False, 5, "bucket size must be positive"))
+    assert driver(session, relay) == "rank 0 refused the switch: bucket size must be positive"
+
+
+def test_the_table_gives_each_cap_its_error_the_measured_best_and_the_median_error() -> None:
+    """Errors: (190 - 200) / 200 = -5 %, (170 - 180) / 180 = -5.6 %, (209 - 190) / 190 = +10 %:
+    median |error| 5.6 %. Best measured: 1 MB, 10 % faster than the starting 0.25 MB."""
+    results = [TunedCap(0.25, 190.0, 200.0, 8), TunedCap(4.0, 209.0, 190.0, 8), TunedCap(1.0, 170.0, 180.0, 8)]
+    lines = table(results, start_mb=0.25)
+    assert lines[1].split() == ["0.25", "190.0", "200.0", "-5.0%"]
+    assert lines[2].split() == ["1", "170.0", "180.0", "-5.6%"]
+    assert lines[4] == "measured best: 1 MB at 180.0 ms, 10.0% faster than the starting 0.25 MB"
+    assert lines[5] == "predicted best among these: 1 MB; median |error| 5.6%"
+
+
+@pytest.mark.parametrize(("flags", "says"), [
+    (["--sizes", "1,-2"], "every cap must be a positive number of MB"),
+    (["--sizes", "one"], "is not a comma-separated list of MB"),
+    (["--strategy", "async"], "invalid choice: 'async'"),
+    (["--steps-per-size", "1"], "--steps-per-size must be at least 2"),
+])
+def test_bad_flags_get_one_line_and_exit_2(tmp_path, flags: list[str], says: str) -> None:  # noqa: ANN001
+    result = subprocess.run([sys.executable, "-m", "ddpwatch.cli", "tune", "--out", str(tmp_path), *flags],
+                            cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and says in result.stderr
+    assert len(result.stderr.strip().splitlines()[-1]) > 0
+
+
+def test_no_run_connecting_is_one_line_and_exit_2(tmp_path) -> None:  # noqa: ANN001
+    from launch import free_port
+
+    result = subprocess.run([sys.executable, "-m", "ddpwatch.cli", "tune", "--listen", f"tcp://127.0.0.1:{free_port()}",
+                             "--out", str(tmp_path), "--wait", "1"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == "ddpwatch tune: error: no run connected within 1 s: nothing switched"

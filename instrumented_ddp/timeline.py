@@ -56,6 +56,20 @@ def _first_tensor(future: Any) -> Any:
     return future.value()[0]
 
 
+def _ending_then_first_tensor(span: _PendingSpan, stamp: Callable[[], Stamp]) -> Callable[[Any], Any]:
+    """A ``.then`` callback that ends ``span`` at ``stamp()`` (never raising on the backend's
+    thread: a span that cannot be stamped fails, and its step says so) and hands the tensor on."""
+
+    def completed(future: Any) -> Any:
+        try:
+            span.complete(stamp())
+        except Exception as error:
+            span.fail(error)
+        return future.value()[0]
+
+    return completed
+
+
 class HostClock:
     """CPU/gloo: ``perf_counter`` now; a collective's end from its future's completion callback.
 
@@ -96,15 +110,7 @@ class HostClock:
     def result_on_completion(self, work: Any, span: _PendingSpan) -> Any:
         """A future of the work's tensor that also stamps the span's end: one callback on gloo's
         thread for both, where a DDP hook would otherwise add a second (``.then``) to the first."""
-
-        def completed(future: Any) -> Any:
-            try:
-                span.complete(time.perf_counter())
-            except Exception as error:
-                span.fail(error)
-            return future.value()[0]
-
-        return work.get_future().then(completed)
+        return work.get_future().then(_ending_then_first_tensor(span, time.perf_counter))
 
 
 class CudaEventClock:
@@ -217,15 +223,7 @@ class CudaEventClock:
         if self.nccl_timing:
             span.complete_after(work)
             return work.get_future().then(_first_tensor)
-
-        def completed(future: Any) -> Any:
-            try:
-                span.complete(self.stamp())
-            except Exception as error:
-                span.fail(error)
-            return future.value()[0]
-
-        return work.get_future().then(completed)
+        return work.get_future().then(_ending_then_first_tensor(span, self.stamp))
 
 
 class _PendingSpan:

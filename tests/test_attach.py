@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,15 +23,6 @@ from instrumented_ddp import attachment
 from instrumented_ddp.attachment import NOT_SWITCHABLE, AttachError, Attachment, batch_size_and_tokens
 from instrumented_ddp.protocol import Ack, Goodbye, Hello, StepReport, SwitchCommand
 from launch import REPO_ROOT, Recorder, free_port
-
-
-@pytest.fixture
-def one_rank_group() -> Iterator[None]:
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 class Output(dict):

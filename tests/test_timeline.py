@@ -4,7 +4,7 @@ and a step report waits until every mark of its step has resolved."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -517,15 +517,6 @@ def _raising(message: str) -> Callable[..., Any]:
 
 
 # -- a real strategy on a one-rank gloo group ---------------------------------------------------------
-
-
-@pytest.fixture
-def one_rank_group() -> Iterator[None]:
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def _run_one_step(strategy: str) -> tuple[StepReport, int]:

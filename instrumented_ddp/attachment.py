@@ -169,7 +169,7 @@ class Attachment:
             "strategy": "ddp", "settings": self._settings(1),
             "model_parameters": sum(p.numel() for p in ddp.module.parameters()),
             "parameter_layout": parameter_layout(ddp.module),
-        }, keys=keys, switchable=False)
+        }, keys=keys, switchable=False, collective_group=ddp.process_group)
         self.timeline = self.watch.timeline
         self.timing = DDPTiming(ddp, self.timeline)
         self.timing.install()

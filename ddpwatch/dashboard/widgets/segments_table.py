@@ -26,13 +26,16 @@ class SegmentsTable(DataTable):
                   f"{r.samples_per_s:.1f}"] for r in rows]
         if cells == self._shown:
             return
-        if len(self._shown) != len(cells):
-            self.clear()
+        shrank = len(self._shown) != len(cells) or any(
+            len(cell) < len(old) for row, shown in zip(cells, self._shown) for cell, old in zip(row, shown))
+        if shrank:  # widths from what is shown now: a column never keeps the width of a value gone
+            self.clear(columns=True)
+            self.add_columns(*COLUMNS)
             for index, row in enumerate(cells):
                 self.add_row(*row, key=str(index))
         else:
             for index, (row, shown) in enumerate(zip(cells, self._shown)):
                 for column, cell, old in zip(self.columns, row, shown):
-                    if cell != old:  # a longer step range or figure widens its column
+                    if cell != old:  # only longer or as long: the column is as wide as what it shows
                         self.update_cell(str(index), column, cell, update_width=True)
         self._shown = cells

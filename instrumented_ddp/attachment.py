@@ -45,6 +45,10 @@ from .watch import Watch, parameter_layout
 
 __all__ = ["NOT_SWITCHABLE", "AttachError", "Attachment", "attach"]
 
+#: Steps in which the hello learns DDP's rebuilt buckets (its logging data has them a few
+#: iterations in); past these the advisor takes them by bytes in reverse module order.
+BUCKET_LAYOUT_STEPS = 20
+
 
 class AttachError(RuntimeError):
     """A misuse of ``attach``, said in one line that names the fix; nothing was changed."""
@@ -183,6 +187,7 @@ class Attachment:
         self._forward_from: Any = None
         self._backward_from: Any = None
         self._optimizer_from: Any = None
+        self._bucket_layout_sent = False
         self._handles = [
             ddp.register_forward_pre_hook(self._before_forward, with_kwargs=True),
             ddp.register_forward_hook(self._after_forward, with_kwargs=True),
@@ -275,6 +280,9 @@ class Attachment:
                                settings={"grad_accum": max(1, self._micro_steps)})
         if self._steps == 1 and self.publisher is not None:
             self.watch.update_hello(global_batch=self._samples * dist.get_world_size())
+        if not self._bucket_layout_sent and self._steps <= BUCKET_LAYOUT_STEPS and (layout := self.timing.rebuilt_bucket_layout()):
+            self.watch.update_hello(bucket_layout=layout)  # which parameters each b<i> holds: the advisor reads it
+            self._bucket_layout_sent = True
         self.watch.step_done()
         self.watch.refuse_commands(NOT_SWITCHABLE)
         self._begin_step()

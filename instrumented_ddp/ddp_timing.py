@@ -51,6 +51,12 @@ class DDPTiming:
         self.last_bucket_at = None
         self.ddp.__dict__.pop("_distributed_broadcast_coalesced", None)  # the class's own method again
 
+    def rebuilt_bucket_layout(self) -> list[list[int]]:
+        """DDP's buckets once it has rebuilt them in gradient-ready order (its logging data says so
+        a few iterations in): the parameter indices of each, bucket ``b<i>`` the i-th; [] before."""
+        text = self.ddp._get_ddp_logging_data().get("rebuilt_per_bucket_param_indices")
+        return [[int(i) for i in bucket.split()] for bucket in str(text).split(",")] if text else []
+
     def backward_ended(self) -> bool:
         """Called when backward has ended (DDP's in-backward wait ends about now). Records the
         wait after the last bucket; True when this backward reduced gradients (not ``no_sync``)."""

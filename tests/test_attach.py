@@ -119,6 +119,10 @@ def test_an_attached_loop_reports_every_phase_of_every_step(one_rank_group: None
         assert report.start <= report.spans[0].start and optimizer_span.end <= report.end
     hellos = [m for m in sent if isinstance(m, Hello)]
     assert hellos and not hellos[-1].switchable and hellos[-1].global_batch == 8
+    # DDP's own buckets (gradient-ready order: the head's first), every parameter once
+    assert len(hellos[-1].bucket_layout) == buckets
+    assert sorted(i for bucket in hellos[-1].bucket_layout for i in bucket) == list(range(len(list(ddp.parameters()))))
+    assert hellos[-1].bucket_layout[0][0] == len(list(ddp.parameters())) - 1
     assert isinstance(sent[-1], Goodbye)
 
 

@@ -56,15 +56,26 @@ def _first_tensor(future: Any) -> Any:
     return future.value()[0]
 
 
-def _ending_then_first_tensor(span: _PendingSpan, stamp: Callable[[], Stamp]) -> Callable[[Any], Any]:
-    """A ``.then`` callback that ends ``span`` at ``stamp()`` (never raising on the backend's
-    thread: a span that cannot be stamped fails, and its step says so) and hands the tensor on."""
+def _ending(span: _PendingSpan, stamp: Callable[[], Stamp]) -> Callable[[Any], None]:
+    """A completion callback that ends ``span`` at ``stamp()``, never raising on the backend's
+    thread: a span that cannot be stamped fails, and its step says so (a raising callback would
+    leave the span open forever)."""
 
-    def completed(future: Any) -> Any:
+    def completed(_future: Any) -> None:
         try:
             span.complete(stamp())
         except Exception as error:
             span.fail(error)
+
+    return completed
+
+
+def _ending_then_first_tensor(span: _PendingSpan, stamp: Callable[[], Stamp]) -> Callable[[Any], Any]:
+    """A ``.then`` callback that ends ``span`` (``_ending``) and hands the tensor on."""
+    ending = _ending(span, stamp)
+
+    def completed(future: Any) -> Any:
+        ending(future)
         return future.value()[0]
 
     return completed
@@ -99,18 +110,12 @@ class HostClock:
         return value
 
     def on_completion(self, work: Any, span: _PendingSpan) -> None:
-        def completed(_future: Any) -> None:
-            try:
-                span.complete(time.perf_counter())
-            except Exception as error:  # never raise on gloo's thread; the step reports it
-                span.fail(error)
-
-        work.get_future().add_done_callback(completed)
+        work.get_future().add_done_callback(_ending(span, self.stamp))
 
     def result_on_completion(self, work: Any, span: _PendingSpan) -> Any:
         """A future of the work's tensor that also stamps the span's end: one callback on gloo's
         thread for both, where a DDP hook would otherwise add a second (``.then``) to the first."""
-        return work.get_future().then(_ending_then_first_tensor(span, time.perf_counter))
+        return work.get_future().then(_ending_then_first_tensor(span, self.stamp))
 
 
 class CudaEventClock:
@@ -207,14 +212,7 @@ class CudaEventClock:
         if self.nccl_timing:
             span.complete_after(work)
             return
-
-        def completed(_future: Any) -> None:
-            try:
-                span.complete(self.stamp())
-            except Exception as error:  # a raising callback would leave the span open forever
-                span.fail(error)
-
-        work.get_future().then(completed)
+        work.get_future().then(_ending(span, self.stamp))
 
     def result_on_completion(self, work: Any, span: _PendingSpan) -> Any:
         """A future of the work's tensor (what a DDP hook returns) that also times the span: with

@@ -9,7 +9,7 @@ time spent waiting for a straggler does not read as a slow link). Pure: no torch
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -68,9 +68,3 @@ def fit_cost_model(samples: Iterable[TransferSample], world_size: int, kind: str
     return CostModel(world_size, alpha, 1.0 / slope, factor, len(points), min(n for n, _ in points),
                      max(n for n, _ in points), statistics.fmean(r * r for r in residuals) ** 0.5,
                      statistics.median(relative) if relative else 0.0, through_origin)
-
-
-def transfer_samples(nbytes_by_call: Sequence[int], seconds_by_rank: Sequence[Sequence[float]]) -> list[TransferSample]:
-    """One step's samples: the i-th call's bytes and its shortest duration over the ranks (the
-    rest of a longer duration was waiting for the slowest rank, not moving bytes)."""
-    return [TransferSample(nbytes, min(durations)) for nbytes, durations in zip(nbytes_by_call, zip(*seconds_by_rank))]

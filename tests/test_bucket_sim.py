@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from ddpwatch.bucket_sim import BackwardProfile, best, cap_grid, describe, simulate, sweep
-from ddpwatch.cost_model import CostModel, TransferSample, fit_cost_model, transfer_samples
+from ddpwatch.cost_model import CostModel, TransferSample, fit_cost_model
 from instrumented_ddp.bucket_plan import DDP_DEFAULT_FIRST_BUCKET_BYTES, TensorSize, plan_bucket_strategy, plan_ddp
 
 MIB = 1024 * 1024
@@ -64,11 +64,6 @@ def test_a_negative_latency_is_refitted_through_the_origin() -> None:
 ])
 def test_samples_that_cannot_make_a_model_make_none(samples: list[TransferSample], world_size: int) -> None:
     assert fit_cost_model(samples, world_size) is None
-
-
-def test_a_calls_transfer_is_its_shortest_duration_over_the_ranks() -> None:
-    """Rank 1 entered the second call 3 ms late: rank 0's 4 ms was 3 ms of waiting."""
-    assert transfer_samples([100, 200], [[0.001, 0.004], [0.002, 0.001]]) == [TransferSample(100, 0.001), TransferSample(200, 0.001)]
 
 
 # -- the simulator --------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ fitted from the starting cap alone. At the end it switches the run to the measur
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -194,9 +195,9 @@ def table(results: Sequence[TunedCap], start_mb: float | None) -> list[str]:
         predicted = [r for r in results if r.predicted_ms is not None]
         if predicted:
             predicted_best = min(predicted, key=lambda r: r.predicted_ms or 0.0)
-            errors = sorted(abs(r.error) for r in predicted if r.error is not None)
-            median = errors[len(errors) // 2] if len(errors) % 2 else sum(errors[len(errors) // 2 - 1:len(errors) // 2 + 1]) / 2
-            lines.append(f"predicted best among these: {predicted_best.cap_mb:.3g} MB; median |error| {median:.1%}")
+            errors = [abs(r.error) for r in predicted if r.error is not None]
+            median = f"{statistics.median(errors):.1%}" if errors else "—"
+            lines.append(f"predicted best among these: {predicted_best.cap_mb:.3g} MB; median |error| {median}")
     return lines
 
 

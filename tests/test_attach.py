@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -86,17 +88,24 @@ def sent(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     return messages
 
 
-def attach_for_test(ddp: DistributedDataParallel, optimizer: torch.optim.Optimizer) -> Attachment:
+def attach_for_test(ddp: DistributedDataParallel, optimizer: Any) -> Attachment:
     return instrumented_ddp.attach(ddp, optimizer, address=f"tcp://127.0.0.1:{free_port()}")  # nobody listens
+
+
+@contextmanager
+def attached(ddp: DistributedDataParallel, optimizer: Any) -> Iterator[Attachment]:
+    """Attached for the block, detached after it whatever happens."""
+    watch = attach_for_test(ddp, optimizer)
+    try:
+        yield watch
+    finally:
+        watch.detach()
 
 
 def test_an_attached_loop_reports_every_phase_of_every_step(one_rank_group: None, sent: list[Any]) -> None:
     ddp, optimizer = make_ddp()
-    watch = attach_for_test(ddp, optimizer)
-    try:
+    with attached(ddp, optimizer):
         train(ddp, optimizer, steps=4, grad_accum=2)
-    finally:
-        watch.detach()
     reports = [m for m in sent if isinstance(m, StepReport)]
     assert [r.step for r in reports] == [1, 2, 3, 4]
     assert [r.excluded for r in reports] == [True, False, False, False]  # DDP's first iteration
@@ -129,11 +138,8 @@ def test_an_attached_loop_reports_every_phase_of_every_step(one_rank_group: None
 def test_the_attached_hook_leaves_parameters_bitwise_those_of_plain_ddp(one_rank_group: None) -> None:
     watched, watched_optimizer = make_ddp()
     plain, plain_optimizer = make_ddp()
-    watch = attach_for_test(watched, watched_optimizer)
-    try:
+    with attached(watched, watched_optimizer):
         train(watched, watched_optimizer, steps=3, grad_accum=2)
-    finally:
-        watch.detach()
     train(plain, plain_optimizer, steps=3, grad_accum=2)
     for a, b in zip(watched.parameters(), plain.parameters(), strict=True):
         assert torch.equal(a, b)
@@ -141,12 +147,9 @@ def test_the_attached_hook_leaves_parameters_bitwise_those_of_plain_ddp(one_rank
 
 def test_an_attached_run_refuses_a_switch_and_says_why(one_rank_group: None, sent: list[Any]) -> None:
     ddp, optimizer = make_ddp()
-    watch = attach_for_test(ddp, optimizer)
-    try:
+    with attached(ddp, optimizer) as watch:
         watch.publisher.commands.put(SwitchCommand("c1", "bucket", 5.0, None))
         train(ddp, optimizer, steps=1)
-    finally:
-        watch.detach()
     (ack,) = [m for m in sent if isinstance(m, Ack)]
     assert not ack.applied and ack.command_id == "c1" and ack.detail == NOT_SWITCHABLE
 
@@ -195,12 +198,9 @@ def test_attaching_twice_or_beyond_loopback_without_keys_is_refused(one_rank_gro
     with pytest.raises(AttachError, match="not loopback: pass watch_key="):
         instrumented_ddp.attach(ddp, optimizer, address="tcp://10.1.2.3:5555")
     assert untouched(ddp, optimizer)
-    watch = attach_for_test(ddp, optimizer)
-    try:
+    with attached(ddp, optimizer):
         with pytest.raises(AttachError, match="already attached"):
             attach_for_test(ddp, optimizer)
-    finally:
-        watch.detach()
 
 
 def test_attach_without_a_process_group_says_how_to_make_one(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -224,11 +224,8 @@ def test_an_accelerate_style_optimizer_wrapper_is_seen_through(one_rank_group: N
         def zero_grad(self) -> None:
             self.optimizer.zero_grad()
 
-    watch = attach_for_test(ddp, Wrapped(optimizer))  # type: ignore[arg-type]
-    try:
+    with attached(ddp, Wrapped(optimizer)):
         train(ddp, Wrapped(optimizer), steps=2)  # type: ignore[arg-type]
-    finally:
-        watch.detach()
     assert [m.step for m in sent if isinstance(m, StepReport)] == [1, 2]
 
 

@@ -1,5 +1,5 @@
 """
-Train a small transformer with one of six data-parallel strategies, watched by ddpwatch.
+Train a small transformer with one of nine data-parallel strategies, watched by ddpwatch.
 
     python train.py                                           # one process, CPU or one GPU
     torchrun --nproc_per_node=2 train.py --strategy async     # two ranks on this machine
@@ -27,6 +27,7 @@ import torch
 
 import instrumented_ddp
 from instrumented_ddp.distributed import DistributedContext, exit_process, init_distributed, shutdown_distributed
+from instrumented_ddp.memory import MemorySampler
 from instrumented_ddp.protocol import DEFAULT_ADDRESS, address_problem, is_loopback, load_client_keys
 from instrumented_ddp.replicas import gather_digests, ranks_that_differ
 from instrumented_ddp.watch import Watch, parameter_layout
@@ -126,8 +127,9 @@ def evaluate(model: torch.nn.Module, loader, device: torch.device) -> float:
     return (counts[0] / counts[1]).item()
 
 
-def switch_strategy(model, command, args: argparse.Namespace, context: DistributedContext, watch: Watch):
-    """Re-wrap the model at this optimizer-step boundary; every rank runs this with the same command."""
+def switch_strategy(model, optimizer, command, args: argparse.Namespace, context: DistributedContext, watch: Watch):
+    """Re-wrap the model at this optimizer-step boundary, with a new optimizer holding the old
+    one's state (gathered from shards or scattered to them); every rank runs this with the same command."""
     grad_accum = command.grad_accum or (2 if command.strategy == "ga" and args.grad_accum == 1 else args.grad_accum)
     bucket_mb = command.bucket_mb or args.bucket_mb
     problem = (
@@ -137,14 +139,16 @@ def switch_strategy(model, command, args: argparse.Namespace, context: Distribut
     )
     if problem:
         watch.acknowledge(command, False, watch.steps + 1, problem)
-        return model, f"switch to {command.strategy} refused: {problem}"
+        return model, optimizer, f"switch to {command.strategy} refused: {problem}"
+    carried = model.full_optimizer_state()  # Adam's moments, whole, whichever strategy sharded them
     bare = instrumented_ddp.unwrap(model)  # every earlier step already finished its communication
     model = instrumented_ddp.wrap(bare, command.strategy, bucket_mb=bucket_mb, timeline=watch.timeline)
+    optimizer = model.make_optimizer(torch.optim.AdamW, lr=args.lr, state=carried)
     args.strategy, args.bucket_mb, args.grad_accum = command.strategy, bucket_mb, grad_accum
     watch.update_hello(strategy=command.strategy, settings={"grad_accum": grad_accum, "bucket_mb": bucket_mb},
                        bucket_layout=getattr(model, "bucket_layout", []))
     watch.acknowledge(command, True, watch.steps + 1)
-    return model, f"switched to {command.strategy} (bucket_mb={bucket_mb:g}, grad_accum={grad_accum})"
+    return model, optimizer, f"switched to {command.strategy} (bucket_mb={bucket_mb:g}, grad_accum={grad_accum})"
 
 
 def loss_text(watch: Watch, loss: torch.Tensor, grad_accum: int) -> str:
@@ -197,8 +201,9 @@ def main(argv: list[str] | None = None) -> int:
     timeline = watch.timeline
     model = instrumented_ddp.wrap(model, args.strategy, bucket_mb=args.bucket_mb, timeline=timeline)
     watch.update_hello(bucket_layout=getattr(model, "bucket_layout", []))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    optimizer = model.make_optimizer(torch.optim.AdamW, lr=args.lr)  # the sharded strategies shard it
     batches = endless(train_loader, sampler)
+    memory = MemorySampler()  # bytes held per rank, every few steps, for the memory columns
     profiler = start_profiler(args.profile, context) if args.profile else None
     say(
         f"{args.strategy}: {context.world_size} rank(s) on {context.device.type} ({context.backend}), "
@@ -211,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
         for step in range(1, args.steps + 1):
             command = watch.agree_on_command()  # a switch asked for from ddpwatch, the same on every rank
             if command is not None:
-                model, detail = switch_strategy(model, command, args, context, watch)
+                model, optimizer, detail = switch_strategy(model, optimizer, command, args, context, watch)
                 say(f"step {step}: {detail}")
             timeline.begin_step(step, model.name, {**model.settings, "grad_accum": args.grad_accum})
             with timeline.phase("data"):
@@ -229,7 +234,8 @@ def main(argv: list[str] | None = None) -> int:
             with timeline.phase("optimizer"):
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=False)  # keeps bucket gradient views in place
-            timeline.end_step(samples, tokens, loss.detach() * args.grad_accum, excluded=model.excluded_from_statistics)
+            timeline.end_step(samples, tokens, loss.detach() * args.grad_accum, excluded=model.excluded_from_statistics,
+                              memory=memory.sample(model) if not args.no_watch else None)
             watch.step_done()
             if profiler is not None:
                 profiler.step()
@@ -246,9 +252,9 @@ def main(argv: list[str] | None = None) -> int:
         profiler.stop()
     watch.close()
 
-    accuracy = evaluate(model.module, eval_loader, context.device)
+    bare = instrumented_ddp.unwrap(model)  # whole parameters again, also after a sharded strategy
+    accuracy = evaluate(bare, eval_loader, context.device)
     say(f"eval accuracy {accuracy:.3f} (chance 0.200)")
-    bare = instrumented_ddp.unwrap(model)
     differing = ranks_that_differ(gather_digests(bare))
     if differing:
         say(f"train.py: error: parameters differ from rank 0 on rank(s) {', '.join(map(str, differing))}")

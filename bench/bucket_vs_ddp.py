@@ -42,7 +42,7 @@ def measure(args: argparse.Namespace) -> None:
     batch = {"input_ids": torch.randint(1, 4096, (args.micro_batch, args.seq_len)),
              "labels": torch.randint(0, 5, (args.micro_batch,))}
     wrapped = {name: instrumented_ddp.wrap(copy.deepcopy(model), name, bucket_mb=args.bucket_mb) for name in ("bucket", "ddp")}
-    optimizers = {name: torch.optim.AdamW(wrapped[name].parameters(), lr=1e-4) for name in wrapped}
+    optimizers = {name: wrapped[name].make_optimizer(torch.optim.AdamW, lr=1e-4) for name in wrapped}
     times: dict[str, list[float]] = {name: [] for name in wrapped}
     for round_ in range(2 * (args.steps + 3)):
         name = ("bucket", "ddp")[round_ % 2]

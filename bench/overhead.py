@@ -85,7 +85,7 @@ def measure(args: argparse.Namespace) -> None:
         else:
             models = {mode: instrumented_ddp.wrap(copy.deepcopy(model), strategy, bucket_mb=1.0, timeline=watches[mode].timeline)
                       for mode in watches}
-            optimizers = {mode: torch.optim.AdamW(models[mode].parameters(), lr=1e-4) for mode in models}
+            optimizers = {mode: models[mode].make_optimizer(torch.optim.AdamW, lr=1e-4) for mode in models}
 
             def watched_train_step(mode: str, step: int) -> None:
                 wrapped, watch, optimizer = models[mode], watches[mode], optimizers[mode]

@@ -31,7 +31,8 @@ __all__ = ["chrome_trace", "clock_offsets", "summary", "summary_csv", "summary_m
 
 CALLS_COLUMN = "all_reduce calls / rank / step"  # the dashboard's segments table says the same
 COLUMNS = ("Segment", "Steps", "Compute%", "Non_Compute%", "Idle%", "Overlap%", "Comm_overhead%",
-           CALLS_COLUMN, "all_reduce_ms", "step ms p50", "step ms p95", "samples/s", "busbw GB/s")
+           CALLS_COLUMN, "all_reduce_ms", "step ms p50", "step ms p95", "samples/s", "busbw GB/s",
+           "other collectives / rank / step", "held P/G/O MiB")
 _FIGURE_KEYS = ("compute_pct", "non_compute_pct", "idle_pct", "overlap_pct", "comm_overhead_pct")
 _LANES = {"forward": "compute", "backward": "compute", "optimizer": "compute", "all_reduce": "communication",
           "broadcast": "communication", "wait": "wait", "data": "data"}
@@ -104,7 +105,11 @@ def _row(seg: dict[str, Any], digits: int | None) -> list[Any]:
             *(num(seg.get(k)) for k in _FIGURE_KEYS),
             metrics.calls_text(calls) if digits is not None else round(calls, 6),
             num(seg.get("all_reduce_ms")), num(seg.get("step_ms_p50")), num(seg.get("step_ms_p95")),
-            num(seg.get("samples_per_s")), num(seg.get("busbw_gbps"))]
+            num(seg.get("samples_per_s")), num(seg.get("busbw_gbps")),
+            metrics.kinds_text(seg.get("calls_by_kind") or {}) if digits is not None
+            else json.dumps(seg.get("calls_by_kind") or {}, sort_keys=True),
+            metrics.held_text(seg.get("memory") or {}) if digits is not None
+            else json.dumps(seg.get("memory") or {}, sort_keys=True)]
 
 
 def summary_markdown(summary: dict[str, Any]) -> str:
@@ -123,6 +128,9 @@ def summary_markdown(summary: dict[str, Any]) -> str:
               f"{CALLS_COLUMN} is the all-reduces each rank issued in one step (a mean over ranks and steps; "
               "summary.json's all_reduce_calls_total is the whole count over every rank and step); the other "
               "figures are per rank per step (mean); step ms is each step's slowest rank.",
+              "Other collectives are the reduce-scatters (RS), all-gathers (AG) and broadcasts (BC) each rank "
+              "issued in one step (mean). held P/G/O MiB is the parameters, gradients and optimizer state the "
+              "fullest rank held at a measured step end (every 10 steps), counted from the tensors it holds.",
               "samples/s counts every rank's samples over the wall time from the segment's first step start to "
               "its last step end, the ranks put on one clock by the end of each step's last all-reduce: the time "
               "between steps counts.",

@@ -81,6 +81,26 @@ def calls_text(calls_per_rank_per_step: float) -> str:
     return text if text not in ("", "-0") else "0"
 
 
+#: How the segments table and summary.md name the collectives that are not all-reduces.
+KIND_SHORT = {"reduce_scatter": "RS", "all_gather": "AG", "broadcast": "BC"}
+
+
+def kinds_text(calls_by_kind: Mapping[str, float]) -> str:
+    """Calls per rank per step of every kind but all-reduce (which has its own column), as
+    ``RS 3 AG 5``; a dash when there are none."""
+    parts = [f"{KIND_SHORT.get(kind, kind)} {calls_text(n)}" for kind, n in sorted(calls_by_kind.items())
+             if kind != "all_reduce" and n > 0]
+    return " ".join(parts) or "—"
+
+
+def held_text(memory: Mapping[str, int]) -> str:
+    """Parameters/gradients/optimizer state held, MiB, as ``9.3/9.3/18.6``: the seed's staircase
+    (DDP, ZeRO-1, ZeRO-2, FSDP) read across a row; a dash before any measurement."""
+    if not memory:
+        return "—"
+    return "/".join(f"{memory.get(kind, 0) / 2**20:.1f}" for kind in ("parameters", "gradients", "optimizer_state"))
+
+
 # --- across ranks, one step ------------------------------------------------------------
 
 
@@ -258,23 +278,36 @@ class Desync:
 
     step: int
     calls_per_rank: dict[int, int]
+    kind: str = "all_reduce"  # the collective whose counts differ (the first such, all_reduce first)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Desync:
         """From summary.json, whose keys are strings."""
-        return cls(int(data["step"]), {int(r): int(n) for r, n in data["calls_per_rank"].items()})
+        return cls(int(data["step"]), {int(r): int(n) for r, n in data["calls_per_rank"].items()},
+                   str(data.get("kind", "all_reduce")))
 
 
-def find_desync(calls_of_one_step: Mapping[int, CallTimes], step: int) -> Desync | None:
-    """Ranks issuing different numbers of all-reduces in a step will hang or corrupt gradients."""
+def find_desync(calls_of_one_step: Mapping[int, CallTimes], step: int,
+                kinds_of_one_step: Mapping[int, Mapping[str, int]] | None = None) -> Desync | None:
+    """Ranks issuing different numbers of any collective in a step will hang or corrupt
+    gradients: all-reduces (from ``calls_of_one_step``), then every other kind the ranks
+    counted (``StepFigures.calls_by_kind``), in ``COMM_KINDS`` order."""
     calls = {rank: len(c.tags) for rank, c in sorted(calls_of_one_step.items())}
-    if len(set(calls.values())) <= 1:
-        return None
-    return Desync(step=step, calls_per_rank=calls)
+    if len(set(calls.values())) > 1:
+        return Desync(step=step, calls_per_rank=calls)
+    for kind in sorted({k for counts in (kinds_of_one_step or {}).values() for k in counts} - {"all_reduce"}):
+        counts = {rank: int(c.get(kind, 0)) for rank, c in sorted((kinds_of_one_step or {}).items())}
+        if len(set(counts.values())) > 1:
+            return Desync(step=step, calls_per_rank=counts, kind=kind)
+    return None
 
 
 def _counts(desync: Desync) -> str:
     return ", ".join(f"rank {r}: {n}" for r, n in sorted(desync.calls_per_rank.items()))
+
+
+def _kind_name(desync: Desync) -> str:
+    return desync.kind.replace("_", "-")
 
 
 @dataclass(frozen=True)
@@ -311,10 +344,10 @@ class DesyncRange:
     def describe(self) -> str:
         """The one sentence the dashboard's warnings and summary.md both print."""
         if self.first_step == self.last_step:
-            return (f"DESYNC at step {self.first_step}: the ranks issued different all-reduce counts "
+            return (f"DESYNC at step {self.first_step}: the ranks issued different {_kind_name(self.first)} counts "
                     f"({_counts(self.first)})")
         return (f"DESYNC at steps {self.first_step}-{self.last_step} ({self.steps} steps): the ranks issued different "
-                f"all-reduce counts (step {self.first_step}: {_counts(self.first)}; "
+                f"{_kind_name(self.first)} counts (step {self.first_step}: {_counts(self.first)}; "
                 f"step {self.last_step}: {_counts(self.last)})")
 
     @classmethod
@@ -420,6 +453,9 @@ class Figures:
     tokens_per_s: float
     busbw_gbps: float | None  # median over every measurable all_reduce
     waited_for_others_ms: float  # mean
+    calls_by_kind: dict[str, float]  # per rank per step, every collective kind
+    #: The most any rank held at a measured step end (``StepReport.memory``), per memory kind.
+    memory: dict[str, int]
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -512,6 +548,8 @@ class _Running:
     tokens: int = 0
     walls_ms: FloatRing = field(default_factory=FloatRing)
     algbw: FloatRing = field(default_factory=FloatRing)
+    calls_by_kind: Counter[str] = field(default_factory=Counter)
+    memory: dict[str, int] = field(default_factory=dict)
 
     def add_record(self, f: StepFigures, waited_ms: float) -> None:
         """Zero-length windows are left out of the percentage means: they carry no time."""
@@ -527,6 +565,9 @@ class _Running:
                 self.talking += 1
                 self.overlap += f.overlap_pct
         self.calls_total += f.all_reduce_calls
+        self.calls_by_kind.update(f.calls_by_kind)
+        for kind, nbytes in f.memory.items():
+            self.memory[kind] = max(nbytes, self.memory.get(kind, 0))
         self.all_reduce_ms += f.all_reduce_ms
         self.waited_ms += waited_ms
         self.samples += f.samples
@@ -562,6 +603,8 @@ class _Running:
             tokens_per_s=self.tokens / wall_s if wall_s > 0 else 0.0,
             busbw_gbps=float(np.median(self.algbw.values())) * factor if len(self.algbw) and factor is not None else None,
             waited_for_others_ms=mean(self.waited_ms, self.records),
+            calls_by_kind={kind: mean(float(n), self.records) for kind, n in sorted(self.calls_by_kind.items())},
+            memory=dict(self.memory),
         )
 
 
@@ -590,7 +633,7 @@ class SegmentAccumulator:
             return
         waits = cross_rank_waits(calls)
         step = next(iter(figures.values())).step
-        desync = find_desync(calls, step)
+        desync = find_desync(calls, step, {rank: f.calls_by_kind for rank, f in figures.items()})
         if desync is not None:
             self.desync = DesyncRange.of(desync) if self.desync is None else self.desync.including(desync)
             if len(self.desyncs) < 100:

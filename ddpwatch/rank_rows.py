@@ -32,6 +32,7 @@ class RankRow:
     utilization: str
     memory: str
     dropped: int
+    held: str = ""  # parameters/gradients/optimizer state the rank holds (``held_text``)
     group: tuple[int, ...] = ()  # a node's row: the ranks it stands for (empty: one rank's row)
     opened: bool = False  # a node's row whose ranks are shown below it
 

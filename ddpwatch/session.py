@@ -184,6 +184,8 @@ class RankState:
     goodbye: Goodbye | None = None
     devices: deque[DeviceSample] = field(default_factory=lambda: deque(maxlen=600))
     devices_received: int = 0  # ever appended to ``devices``: how many are new since a count
+    memory: dict[str, int] = field(default_factory=dict)  # bytes held, from its newest report that measured them
+    memory_step: int = -1
 
 
 class Session:
@@ -339,6 +341,8 @@ class Session:
             rank.summarized.add(report.step)
         rank.last_reported = max(rank.last_reported, report.step)
         rank.last_step = max(rank.last_step, report.step)
+        if report.memory and report.step >= rank.memory_step:
+            rank.memory, rank.memory_step = dict(report.memory), report.step
         if not folded:
             self._add_report(report, prepared)
     def _declared_world_size(self) -> int:

@@ -11,9 +11,11 @@ import torch.distributed as dist
 def timed_collective(
     timeline: Any, kind: str, tensor: torch.Tensor, *, tag: str, async_op: bool,
     group: dist.ProcessGroup | None = None, src: int = 0, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM,
-    marks_ready: bool = False,
+    marks_ready: bool = False, output: torch.Tensor | None = None,
 ) -> dist.Work | None:
-    """Issue an ``all_reduce`` or a ``broadcast`` of ``tensor`` and record it on ``timeline``.
+    """Issue an ``all_reduce`` or a ``broadcast`` of ``tensor`` in place, or a ``reduce_scatter``
+    of ``tensor`` into the shard ``output`` or an ``all_gather`` of the shard ``tensor`` into
+    ``output``, and record it on ``timeline``. Its bytes are the whole tensor's (``protocol.COMM_KINDS``).
 
     A synchronous collective ends at the mark made right after the call: on a GPU that mark
     is an event on the current stream, which the call made wait for NCCL's end event, so it
@@ -23,13 +25,20 @@ def timed_collective(
     ``marks_ready``: issued the moment its gradient became ready (a per-parameter hook), so its
     issue stamp also marks that gradient ready (``StepTimeline.mark_ready``).
     """
-    span = _open(timeline, kind, tensor, tag, blocking=not async_op)
+    whole = output if kind == "all_gather" else tensor
+    span = _open(timeline, kind, whole, tag, blocking=not async_op)
     if marks_ready and span is not None:
         timeline.mark_ready(tag, span.nbytes, at=span.start)
     if kind == "all_reduce":
         work = dist.all_reduce(tensor, op=op, group=group, async_op=async_op)
-    else:
+    elif kind == "broadcast":
         work = dist.broadcast(tensor, src=src, group=group, async_op=async_op)
+    elif kind == "reduce_scatter":
+        work = dist.reduce_scatter_single(output, tensor, op=op, group=group, async_op=async_op)
+    elif kind == "all_gather":
+        work = dist.all_gather_single(output, tensor, group=group, async_op=async_op)
+    else:
+        raise ValueError(f"unknown collective {kind!r}")
     timeline.close_collective(span, work)
     return work
 

@@ -27,9 +27,12 @@ DEFAULT_ADDRESS = "tcp://127.0.0.1:5555"
 #: What a run that cannot switch (``Hello.switchable`` False) answers, and the dashboard says.
 NOT_SWITCHABLE = "this run was not started by ddpwatch: switching is off"
 
-STRATEGY_NAMES = ("simple", "ga", "hook", "async", "bucket", "ddp")  # what users type; instrumented_ddp agrees
+#: What users type; instrumented_ddp agrees. The last three shard state (ZeRO-1, ZeRO-2, FSDP2).
+STRATEGY_NAMES = ("simple", "ga", "hook", "async", "bucket", "ddp", "zero1", "zero2", "fsdp")
 COMPUTE_KINDS = ("forward", "backward", "optimizer")
-COMM_KINDS = ("all_reduce", "broadcast")
+#: Collectives. ``nbytes`` of a ``reduce_scatter`` is its input, of an ``all_gather`` its output:
+#: the whole tensor, as nccl-tests counts them, so bandwidths compare across kinds.
+COMM_KINDS = ("all_reduce", "broadcast", "reduce_scatter", "all_gather")
 #: A zero-length mark: when the gradients of parameter ``p<i>`` or bucket ``b<i>`` (the hello's
 #: ``bucket_layout``) were all ready in backward, ``nbytes`` of them; the bucket advisor replays
 #: backward from these. Not compute, not communication: no figure counts it.
@@ -117,6 +120,9 @@ class StepReport:
     loss: float | None = None
     excluded: bool = False
     unresolved: bool = False
+    #: Bytes the rank held at the step's end (``instrumented_ddp.memory``: ``parameters``,
+    #: ``gradients``, ``optimizer_state``, ``peak``), measured every few steps; empty otherwise.
+    memory: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -150,6 +156,8 @@ class StepSummary:
     loss: float | None = None
     excluded: bool = False
     unresolved: bool = False
+    calls_by_kind: dict[str, int] = field(default_factory=dict)  # every collective kind's calls
+    memory: dict[str, int] = field(default_factory=dict)  # as in ``StepReport``
 
 
 @dataclass(frozen=True)
@@ -347,6 +355,8 @@ def _build(cls: type, body: dict[str, Any]) -> Message:
             raise ProtocolError("invalid", f"{cls.TYPE}.{name} has a bad value {value!r:.40}")
     if cls in (StepReport, StepSummary):
         _check_step(values)
+        for name in ("calls_by_kind", "memory"):
+            _check_counts(cls.TYPE, name, values.get(name, {}))
     if cls is StepReport:
         values["spans"] = [_span(item) for item in values["spans"]]
     if cls is StepSummary:
@@ -377,7 +387,7 @@ _FIELD_TYPES: dict[str, Any] = {
     "device_note": str, "switchable": bool, "compute_pct": float, "non_compute_pct": float, "idle_pct": float, "overlap_pct": float,
     "comm_overhead_pct": float, "anchor": (float, type(None)), "busbw_gbps": (float, type(None)),
     "all_reduce_tags": list, "all_reduce_seconds": bytes, "algbw_gbps": bytes, "full": bool, "sample_every": int,
-    "pinned_steps": list, "device_every_s": float,
+    "pinned_steps": list, "device_every_s": float, "calls_by_kind": dict, "memory": dict,
     "settings": dict, "readings": dict, "spans": list, "parameter_layout": list, "bucket_layout": list,
 }
 
@@ -387,6 +397,16 @@ def _check_step(values: dict[str, Any]) -> None:
         raise ProtocolError("invalid", "step ends before it starts")
     if values["step"] < 0 or values["samples"] < 0 or values["tokens"] < 0:
         raise ProtocolError("invalid", "negative step, samples or tokens")
+
+
+MEMORY_KINDS = ("parameters", "gradients", "optimizer_state", "peak")
+
+
+def _check_counts(message: str, name: str, counts: dict[Any, Any]) -> None:
+    """A few named non-negative integers: collective kinds' calls, or memory kinds' bytes."""
+    known = COMM_KINDS if name == "calls_by_kind" else MEMORY_KINDS
+    if not all(key in known and _is_int(value) and value >= 0 for key, value in counts.items()):
+        raise ProtocolError("invalid", f"{message}.{name} holds an unknown name or a bad count")
 
 
 def _check_summary(values: dict[str, Any]) -> None:

@@ -17,14 +17,15 @@ import math
 import statistics
 from array import array
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
 from .intervals import clip, intersect, subtract, total_length, union
 from .protocol import StepReport, StepSummary, pack_floats, unpack_floats
 
 COMPUTE_KINDS = frozenset({"forward", "backward", "optimizer"})
-COMM_KINDS = frozenset({"all_reduce", "broadcast"})
+COMM_KINDS = frozenset({"all_reduce", "broadcast", "reduce_scatter", "all_gather"})
 # A blocking span of one of these kinds means the main thread sat waiting on the
 # network; if it happened inside e.g. a backward hook, it is not compute.
 BLOCKING_KINDS = COMM_KINDS | {"wait"}
@@ -123,14 +124,17 @@ def algbw_gbps(nbytes: int, seconds: float) -> float | None:
 def bus_factor(kind: str, world_size: int) -> float | None:
     """Turns algbw into the per-link rate so that numbers compare across world sizes.
 
-    all_reduce moves 2(n-1)/n of the payload over each link (ring lower bound);
-    broadcast moves it once.  One rank gives 0 for all_reduce, as nccl-tests does.
-    None for an unknown kind or a world size below 1.
+    all_reduce moves 2(n-1)/n of the payload over each link (ring lower bound); reduce_scatter
+    and all_gather, whose payload is the whole (unsharded) tensor, (n-1)/n; broadcast moves it
+    once.  One rank gives 0 for all but broadcast, as nccl-tests does.  None for an unknown
+    kind or a world size below 1.
     """
     if world_size < 1:
         return None
     if kind == "all_reduce":
         return 2.0 * (world_size - 1) / world_size
+    if kind in ("reduce_scatter", "all_gather"):
+        return (world_size - 1) / world_size
     if kind == "broadcast":
         return 1.0
     return None
@@ -178,6 +182,10 @@ class StepFigures:
     samples: int
     tokens: int
     times: StepTimes  # window and alignment anchor, so aligning ranks never reads the spans again
+    #: Calls of each collective kind this step (``all_reduce`` included, kinds with none left out).
+    calls_by_kind: dict[str, int] = field(default_factory=dict)
+    #: Bytes this rank held at the step's end, when it measured them (``StepReport.memory``).
+    memory: dict[str, int] = field(default_factory=dict)
 
 
 def step_figures(record: StepRecordLike, world_size: int | None = None) -> StepFigures:
@@ -219,6 +227,8 @@ def figures_and_calls(record: StepRecordLike, world_size: int | None = None) -> 
         samples=max(int(record.samples), 0),
         tokens=max(int(record.tokens), 0),
         times=StepTimes(record.start, record.end, max((s.end for s in ars if math.isfinite(s.end)), default=None)),
+        calls_by_kind=dict(Counter(s.kind for s in spans if s.kind in COMM_KINDS)),
+        memory=dict(getattr(record, "memory", None) or {}),
     )
     return figures, calls
 
@@ -238,6 +248,7 @@ def summarize(report: StepReport, world_size: int) -> StepSummary:
         overlap_pct=f.overlap_pct, comm_overhead_pct=f.comm_overhead_pct, anchor=f.times.anchor,
         busbw_gbps=f.busbw_gbps, all_reduce_tags=list(calls.tags), all_reduce_seconds=pack_floats(calls.seconds),
         algbw_gbps=pack_floats(f.algbw_gbps), loss=report.loss, excluded=report.excluded, unresolved=report.unresolved,
+        calls_by_kind=f.calls_by_kind, memory=f.memory,
     )
 
 
@@ -254,10 +265,12 @@ def summary_figures(summary: StepSummary, calls: CallTimes | None = None) -> Ste
         all_reduce_calls=len(calls.seconds), all_reduce_ms=1000.0 * sum(calls.seconds),
         algbw_gbps=unpack_floats(summary.algbw_gbps), busbw_gbps=summary.busbw_gbps,
         samples=summary.samples, tokens=summary.tokens, times=StepTimes(summary.start, summary.end, summary.anchor),
+        calls_by_kind=dict(summary.calls_by_kind) or ({"all_reduce": len(calls.seconds)} if calls.seconds else {}),
+        memory=dict(summary.memory),
     )
 
 
 def report_without_spans(summary: StepSummary) -> StepReport:
     """The report a summary stands for, its spans not (yet) known: what the receiver keeps."""
     return StepReport(summary.rank, summary.step, summary.strategy, summary.settings, summary.start, summary.end, [],
-                      summary.samples, summary.tokens, summary.loss, summary.excluded, summary.unresolved)
+                      summary.samples, summary.tokens, summary.loss, summary.excluded, summary.unresolved, summary.memory)

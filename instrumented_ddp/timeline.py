@@ -28,6 +28,7 @@ from contextlib import contextmanager, nullcontext
 from typing import Any, Protocol
 
 from .protocol import COMM_KINDS, READY_KIND, Span, StepReport
+from .work_waiter import WORK_WAITER
 
 Stamp = Any  # a float (host clock) or whatever a clock's resolve() understands
 
@@ -110,7 +111,12 @@ class HostClock:
         return value
 
     def on_completion(self, work: Any, span: _PendingSpan) -> None:
-        work.get_future().add_done_callback(_ending(span, self.stamp))
+        try:
+            future = work.get_future()
+        except RuntimeError:  # gloo's reduce-scatter: no future; a thread waits on it instead
+            WORK_WAITER.watch(work, lambda: span.complete(self.stamp()), span.fail)
+            return
+        future.add_done_callback(_ending(span, self.stamp))
 
     def result_on_completion(self, work: Any, span: _PendingSpan) -> Any:
         """A future of the work's tensor that also stamps the span's end: one callback on gloo's
@@ -264,6 +270,7 @@ class _PendingStep:
         self.samples = self.tokens = 0
         self.loss: Any = None
         self.excluded = False
+        self.memory: dict[str, int] = {}
         self.carries_outside_spans = bool(spans)  # it starts with marks made before it began (a wrap-time broadcast)
 
 
@@ -337,10 +344,11 @@ class StepTimeline:
             return work.get_future().then(_first_tensor)
 
     def end_step(self, samples: int, tokens: Any, loss: Any = None, excluded: bool = False,
-                 settings: dict[str, Any] | None = None) -> None:
+                 settings: dict[str, Any] | None = None, memory: dict[str, int] | None = None) -> None:
         """``loss`` and ``tokens`` may be device tensors: they are captured without waiting for the
         device and read once the step's marks resolved. ``settings`` known only at the end (the
-        micro-steps of an attached loop) are added to those given at ``begin_step``. A step that
+        micro-steps of an attached loop) are added to those given at ``begin_step``. ``memory``:
+        the bytes the rank holds now (``memory.sampled_memory``), when measured. A step that
         carries collectives issued outside any step (the wrap-time state broadcast after a
         switch) is excluded from the statistics: it is not a step of the strategy alone."""
         step = self._current
@@ -351,6 +359,7 @@ class StepTimeline:
         step.end, step.samples = self.clock.stamp(), samples
         step.settings.update(settings or {})
         step.excluded = excluded or step.carries_outside_spans
+        step.memory = memory or {}
         with self._lock:
             self._pending.append(step)
         self._current = None
@@ -416,7 +425,7 @@ class StepTimeline:
         return StepReport(
             rank=self.rank, step=step.step, strategy=step.strategy, settings=step.settings, start=first,
             end=max(end, first), spans=spans, samples=step.samples, tokens=tokens, loss=loss,
-            excluded=step.excluded, unresolved=unresolved,
+            excluded=step.excluded, unresolved=unresolved, memory=step.memory,
         )
 
     @staticmethod
@@ -450,7 +459,7 @@ class NullTimeline:
         pass
 
     def end_step(self, samples: int, tokens: Any, loss: Any = None, excluded: bool = False,
-                 settings: dict[str, Any] | None = None) -> None:
+                 settings: dict[str, Any] | None = None, memory: dict[str, int] | None = None) -> None:
         pass
 
     def completed_reports(self) -> list[StepReport]:

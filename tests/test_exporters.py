@@ -170,8 +170,8 @@ def test_a_desync_stays_in_the_exports_after_its_step_was_forgotten() -> None:
     session = make_session(desync=True, keep_steps=2)
     assert 1 not in session.reports  # the dashboard keeps only its last steps
     data = exporters.summary(session)
-    expected = {"first_step": 1, "last_step": 1, "steps": 1, "first": {"step": 1, "calls_per_rank": {"0": 2, "1": 1}},
-                "last": {"step": 1, "calls_per_rank": {"0": 2, "1": 1}}}
+    counts = {"step": 1, "calls_per_rank": {"0": 2, "1": 1}, "kind": "all_reduce"}
+    expected = {"first_step": 1, "last_step": 1, "steps": 1, "first": counts, "last": counts}
     assert data["desync"] == expected and data["segments"][0]["desync"] == expected
     assert "DESYNC at step 1" in exporters.summary_markdown(data)
 
@@ -217,7 +217,8 @@ def test_markdown_table(data: dict) -> None:
     lines = text.splitlines()
     assert lines[0].startswith("# ")
     header = ("| Segment | Steps | Compute% | Non_Compute% | Idle% | Overlap% | Comm_overhead% "
-              "| all_reduce calls / rank / step | all_reduce_ms | step ms p50 | step ms p95 | samples/s | busbw GB/s |")
+              "| all_reduce calls / rank / step | all_reduce_ms | step ms p50 | step ms p95 | samples/s | busbw GB/s "
+              "| other collectives / rank / step | held P/G/O MiB |")
     assert header in lines
     rows = [line for line in lines[lines.index(header) + 2:] if line.startswith("| ")]
     assert len(rows) == 2
@@ -225,6 +226,7 @@ def test_markdown_table(data: dict) -> None:
     assert cells[:3] == ["simple (grad_accum=1)", "0-2", "70.71"]
     assert cells[7] == "2"  # per rank per step, as in summary.json and on the dashboard (was 6.0: over 3 steps)
     assert [c.strip() for c in rows[1].strip("|").split("|")][7] == "2"
+    assert cells[-2:] == ["—", "—"]  # no reduce-scatter, all-gather or broadcast; memory not measured
     assert "Comm_overhead%" in text.split(header)[1] and "excluded" in text
     assert "DESYNC" not in text
 

@@ -327,6 +327,26 @@ def test_equal_call_counts_or_no_records_is_not_a_desync():
     assert find_desync({}, 0) is None
 
 
+def test_a_reduce_scatter_count_that_differs_is_a_desync_of_that_kind():
+    """ZeRO-2 and FSDP issue no all-reduce: a rank skipping a reduce-scatter is as fatal."""
+    recs = [record(0, 9, span("reduce_scatter", 0, 1), span("all_gather", 1, 2), rank=0, step=3),
+            record(0, 9, span("reduce_scatter", 0, 1), span("reduce_scatter", 1, 2), span("all_gather", 2, 3),
+                   rank=1, step=3)]
+    s = segment_figures(recs, world_size=2)
+    assert s.desyncs == (Desync(3, {0: 1, 1: 2}, kind="reduce_scatter"),)
+    assert "different reduce-scatter counts (rank 0: 1, rank 1: 2)" in s.desync.describe()
+    assert s.calls_by_kind == {"all_gather": 1.0, "reduce_scatter": 1.5}  # per rank per step
+    assert s.all_reduce_calls == 0
+
+
+def test_every_collective_kind_counts_as_communication_with_its_bus_factor():
+    f = step_figures(record(0, 10, span("all_gather", 0, 4, nbytes=4_000_000), span("forward", 0, 10), rank=0))
+    assert f.comm_overhead_pct == approx(40.0) and f.overlap_pct == approx(100.0)
+    assert f.calls_by_kind == {"all_gather": 1}
+    assert bus_factor("reduce_scatter", 4) == bus_factor("all_gather", 4) == approx(0.75)
+    assert bus_factor("all_gather", 1) == 0.0
+
+
 # --- a segment --------------------------------------------------------------------------------
 
 
@@ -421,7 +441,7 @@ def test_segment_collects_desyncs_and_replaces_repeated_records():
     s = segment_figures(recs, world_size=2)
     assert s.desyncs == (Desync(0, {0: 1, 1: 2}), Desync(1, {0: 1, 1: 0}))
     assert s.all_reduce_calls_total == 4  # 1 + 2 + 1 + 0
-    assert s.as_dict()["desyncs"][1] == {"step": 1, "calls_per_rank": {0: 1, 1: 0}}
+    assert s.as_dict()["desyncs"][1] == {"step": 1, "calls_per_rank": {0: 1, 1: 0}, "kind": "all_reduce"}
 
 
 def test_segment_overlap_mean_skips_steps_without_comm_and_zero_windows_skip_percentages():

@@ -103,6 +103,8 @@ class SegmentRow:
     step_ms_p50: float
     samples_per_s: float
     hidden_comm_pct: float = 0.0  # the part of Compute% that communication ran beside (the bars)
+    other_calls: str = "—"  # reduce-scatters, all-gathers, broadcasts per rank per step (``metrics.kinds_text``)
+    held: str = "—"  # the most a rank held, parameters/gradients/optimizer state (``metrics.held_text``)
 
 
 @dataclass(frozen=True)
@@ -376,7 +378,7 @@ class SnapshotBuilder:
         hello = state.hello
         status = self.session.status(rank, now)
         key = (figures, waited_s, status, hello, state.devices_received, state.last_step,
-               state.sender_dropped + state.lost_messages)
+               state.sender_dropped + state.lost_messages, state.memory_step)
         kept = self._rank_rows.get(rank)
         if kept is not None and kept[0] == key:
             return kept[1]
@@ -388,7 +390,7 @@ class SnapshotBuilder:
             step_ms=figures.step_ms if figures else None, compute_pct=figures.compute_pct if figures else None,
             non_compute_pct=figures.non_compute_pct if figures else None, overlap_pct=figures.overlap_pct if figures else None,
             waited_ms=waited_s, utilization=utilization, memory=memory,
-            dropped=state.sender_dropped + state.lost_messages,
+            dropped=state.sender_dropped + state.lost_messages, held=metrics.held_text(state.memory),
         )
         self._rank_rows[rank] = (key, row)
         return row
@@ -440,7 +442,8 @@ class SnapshotBuilder:
         f = self.session.segment_figures(segment, include_pending=False, per_rank=False)
         row = SegmentRow(segment.label, steps, f.compute_pct, f.non_compute_pct,
                          f.idle_pct, f.overlap_pct, f.comm_overhead_pct, f.all_reduce_calls, f.all_reduce_ms,
-                         f.step_ms_p50, f.samples_per_s, f.hidden_comm_pct)
+                         f.step_ms_p50, f.samples_per_s, f.hidden_comm_pct,
+                         metrics.kinds_text(f.calls_by_kind), metrics.held_text(f.memory))
         self._segment_rows[segment.index] = (now, key, row)
         return row
 

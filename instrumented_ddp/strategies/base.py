@@ -1,8 +1,9 @@
 """What every data-parallel strategy shares.
 
-A strategy wraps a model so that the training loop can stay the same for all six: it calls the
+A strategy wraps a model so that the training loop can stay the same for all nine: it calls the
 wrapper like the model, runs ``backward`` and then ``finish_gradient_sync()`` after every backward,
-and uses ``no_sync()`` for the micro-steps of an accumulation that should not communicate. What a
+uses ``no_sync()`` for the micro-steps of an accumulation that should not communicate, and gets
+its optimizer from ``make_optimizer`` (the sharded strategies own theirs). What a
 strategy changes is only *when* and *how* gradients are averaged; everything else lives here so the
 subclasses read as the seed blog's diff between one approach and the next.
 
@@ -23,11 +24,17 @@ from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from ..collectives import timed_collective
+from ..memory import reset_peak
 from ..timeline import NULL_TIMELINE, NullTimeline, StepTimeline
 
 
+#: One dict per trainable parameter: each optimizer state entry whole (AdamW: ``step``,
+#: ``exp_avg``, ``exp_avg_sq``), what a switch hands from one strategy's optimizer to the next.
+FullOptimizerState = list[dict[str, torch.Tensor]]
+
+
 class DataParallelStrategy(nn.Module):
-    """Base of the six strategies: broadcast at wrap time, ``no_sync``, ``unwrap``."""
+    """Base of the nine strategies: broadcast at wrap time, ``no_sync``, ``make_optimizer``, ``unwrap``."""
 
     name: ClassVar[str]
     #: True when the strategy averages after every micro-step even while accumulating (the seed
@@ -54,9 +61,11 @@ class DataParallelStrategy(nn.Module):
         self.world_size = dist.get_world_size(process_group)
         self._sync_enabled = True
         self._attached = False
+        self._optimizer: torch.optim.Optimizer | None = None
         self._broadcast_state()
         self._attach()
         self._attached = True
+        reset_peak(next(module.parameters(), torch.empty(0)).device)
 
     # -- what the training loop calls ------------------------------------------------------------
     def forward(self, *args: Any, **kwargs: Any) -> Any:
@@ -97,6 +106,45 @@ class DataParallelStrategy(nn.Module):
             self._attached = False
         return self.module
 
+    # -- the optimizer: over the whole model, or over this rank's shard ---------------------------
+    def make_optimizer(self, optimizer_class: type[torch.optim.Optimizer], *, state: FullOptimizerState | None = None,
+                       **options: Any) -> torch.optim.Optimizer:
+        """The optimizer of this strategy, ``optimizer_class(parameters, **options)``: over every
+        parameter for the replicated strategies, over this rank's shard for the sharded ones,
+        which is why the strategy makes it. ``state``: what ``full_optimizer_state`` gave before a
+        switch, so the moments of an element-wise optimizer (AdamW) carry over unchanged."""
+        optimizer = optimizer_class(self.optimized_parameters(), **options)
+        self._optimizer = optimizer
+        if state is not None:
+            self._load_full_optimizer_state(optimizer, state)
+        return optimizer
+
+    def full_optimizer_state(self) -> FullOptimizerState:
+        """Per trainable parameter (``trainable_parameters`` order), its optimizer state whole, on
+        every rank: a collective for the sharded strategies, which gather their shards."""
+        optimizer = self._optimizer
+        if optimizer is None:
+            return []
+        return [dict(optimizer.state.get(p, {})) for p in self.trainable_parameters()]
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer | None:
+        """The one ``make_optimizer`` made last, if any."""
+        return self._optimizer
+
+    def optimized_parameters(self) -> list[nn.Parameter]:
+        """What this rank's optimizer steps: the model's parameters, or this rank's shards of them."""
+        return self.trainable_parameters()
+
+    def held_parameters(self) -> list[torch.Tensor]:
+        """Every parameter tensor this rank holds (``memory.held_memory`` counts each storage once)."""
+        return [*self.module.parameters(), *self.optimized_parameters()]
+
+    def _load_full_optimizer_state(self, optimizer: torch.optim.Optimizer, state: FullOptimizerState) -> None:
+        for parameter, entries in zip(self.trainable_parameters(), state, strict=True):
+            if entries:
+                optimizer.state[parameter] = {k: v.to(parameter.device) for k, v in entries.items()}
+
     # -- what subclasses specialise -------------------------------------------------------------
     def _attach(self) -> None:
         """Install hooks; called once at wrap time."""
@@ -131,11 +179,11 @@ class DataParallelStrategy(nn.Module):
 
     def _collective(
         self, kind: str, tensor: torch.Tensor, *, tag: str, async_op: bool, src: int = 0,
-        op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM, marks_ready: bool = False,
+        op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM, marks_ready: bool = False, output: torch.Tensor | None = None,
     ) -> dist.Work | None:
         """Issue and time a collective in this strategy's group (see ``timed_collective``)."""
         return timed_collective(self.timeline, kind, tensor, tag=tag, async_op=async_op, group=self.process_group,
-                                src=src, op=op, marks_ready=marks_ready)
+                                src=src, op=op, marks_ready=marks_ready, output=output)
 
     def _wait_all(self, works: list[dist.Work | None]) -> None:
         """Block until outstanding collectives finish; that blocked time is a ``wait`` span."""

@@ -20,15 +20,31 @@ class GradientBucket:
 
     index: int
     parameters: list[nn.Parameter]
-    buffer: torch.Tensor
-    views: list[torch.Tensor]
+    numel: int  # of the flat buffer: the gradients', or more where a strategy pads it
+    buffer: torch.Tensor | None = None
+    views: list[torch.Tensor] = field(default_factory=list)
     ready: set[int] = field(default_factory=set)
     work: dist.Work | None = None
     launched: bool = False
 
     @property
     def nbytes(self) -> int:
-        return self.buffer.numel() * self.buffer.element_size()
+        return self.numel * self.parameters[0].element_size()
+
+    def allocate(self) -> None:
+        """A zeroed flat buffer, and each parameter's gradient-shaped view of it, in order."""
+        first = self.parameters[0]
+        self.buffer = torch.zeros(self.numel, dtype=first.dtype, device=first.device)
+        self.views, offset = [], 0
+        for parameter in self.parameters:
+            self.views.append(self.buffer[offset : offset + parameter.numel()].view_as(parameter))
+            offset += parameter.numel()
+
+    def release(self) -> None:
+        """Drop the buffer and the gradients that are views of it (``zero2``, once they are sent)."""
+        for parameter in self.parameters:
+            parameter.grad = None
+        self.buffer, self.views = None, []
 
 
 def plan_buckets(parameters: list[nn.Parameter], cap_bytes: int) -> list[list[nn.Parameter]]:
@@ -66,18 +82,12 @@ class BucketedAsyncHook(DataParallelStrategy):
         self.buckets: list[GradientBucket] = []
         self._location: dict[int, tuple[GradientBucket, int]] = {}
         for index, members in enumerate(plan_buckets(self.trainable_parameters(), cap_bytes)):
-            buffer = torch.zeros(
-                sum(p.numel() for p in members), dtype=members[0].dtype, device=members[0].device
-            )
-            views, offset = [], 0
-            for position, parameter in enumerate(members):
-                view = buffer[offset : offset + parameter.numel()].view_as(parameter)
-                offset += parameter.numel()
+            bucket = GradientBucket(index, members, self._buffer_numel(sum(p.numel() for p in members)))
+            bucket.allocate()
+            for parameter, view in zip(members, bucket.views):
                 if parameter.grad is not None:
                     view.copy_(parameter.grad)
                     parameter.grad = view
-                views.append(view)
-            bucket = GradientBucket(index, members, buffer, views)
             for position, parameter in enumerate(members):
                 self._location[id(parameter)] = (bucket, position)
             self.buckets.append(bucket)
@@ -85,6 +95,10 @@ class BucketedAsyncHook(DataParallelStrategy):
         self._handles: list[RemovableHandle] = [
             p.register_post_accumulate_grad_hook(self._on_gradient_ready) for p in self.trainable_parameters()
         ]
+
+    def _buffer_numel(self, gradient_numel: int) -> int:
+        """Elements of a bucket's flat buffer holding ``gradient_numel`` gradients (ZeRO pads it)."""
+        return gradient_numel
 
     def _detach(self) -> None:
         for handle in self._handles:
@@ -102,6 +116,8 @@ class BucketedAsyncHook(DataParallelStrategy):
         self._launch_ready_buckets()
 
     def _place_gradient_in_view(self, bucket: GradientBucket, position: int) -> None:
+        if bucket.buffer is None:
+            bucket.allocate()
         parameter, view = bucket.parameters[position], bucket.views[position]
         if parameter.grad is None:
             view.zero_()
@@ -118,6 +134,10 @@ class BucketedAsyncHook(DataParallelStrategy):
                 return
             self._launch(bucket)
 
+    def _average(self, bucket: GradientBucket) -> None:
+        """The bucket's collective summed it: divide by the world size."""
+        bucket.buffer.div_(self.world_size)
+
     def _launch(self, bucket: GradientBucket) -> None:
         bucket.work = self._all_reduce(bucket.buffer, tag=f"b{bucket.index}", async_op=True)
         bucket.launched = True
@@ -133,7 +153,7 @@ class BucketedAsyncHook(DataParallelStrategy):
             self._launch(bucket)
         self._wait_all([bucket.work for bucket in self.buckets])
         for bucket in self.buckets:
-            bucket.buffer.div_(self.world_size)
+            self._average(bucket)
             bucket.ready.clear()
             bucket.work, bucket.launched = None, False
         self._next_to_launch = 0

@@ -51,8 +51,9 @@ def rank_slice(batch: dict, rank: int, world_size: int) -> dict:
 
 def train(model: nn.Module, steps: list[list[dict]], rank: int, world_size: int, timeline: StepTimeline | None = None) -> None:
     """The training loop every strategy shares (as in train.py)."""
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     wrapped = isinstance(model, instrumented_ddp.DataParallelStrategy)
+    optimizer = (model.make_optimizer(torch.optim.AdamW, lr=1e-2) if wrapped
+                 else torch.optim.AdamW(model.parameters(), lr=1e-2))
     for number, micro_batches in enumerate(steps, start=1):
         if timeline is not None:
             timeline.begin_step(number, model.name, model.settings)

@@ -22,7 +22,7 @@ from textual.strip import Strip
 from ddpwatch.rank_rows import RankRow
 
 COLUMNS = ("rank", "node", "host", "device", "status", "step", "step ms", "Compute%", "Non_Compute%", "Overlap%",
-           "waited ms", "utilization", "memory", "dropped")
+           "waited ms", "utilization", "memory", "held P/G/O MiB", "dropped")
 STATUS_COLUMN = COLUMNS.index("status")
 STATUS_STYLE = {"live": Style(color="green"), "finished": Style(color="blue"), "lost": Style(color="red", bold=True)}
 NUMERIC = frozenset(range(COLUMNS.index("step"), COLUMNS.index("waited ms") + 1)) | {COLUMNS.index("dropped")}
@@ -38,7 +38,7 @@ def row_cells(row: RankRow) -> tuple[str, ...]:
     rank = f"{'▾' if row.opened else '▸'} {len(row.group)} ranks" if row.group else str(row.rank)
     return (rank, "?" if row.node is None else str(row.node), row.host, row.device, row.status,
             str(row.step), _num(row.step_ms), _num(row.compute_pct), _num(row.non_compute_pct),
-            _num(row.overlap_pct), _num(row.waited_ms), row.utilization, row.memory, str(row.dropped))
+            _num(row.overlap_pct), _num(row.waited_ms), row.utilization, row.memory, row.held, str(row.dropped))
 
 
 class RanksTable(ScrollView, can_focus=True):

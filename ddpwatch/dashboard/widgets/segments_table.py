@@ -10,8 +10,11 @@ from ..snapshot import SegmentRow
 # "calls/rank/step": all-reduce calls per rank per step, what summary.json's all_reduce_calls and
 # summary.md's "all_reduce calls / rank / step" mean; that long a name would push samples/s off a
 # 160-column screen.
+# "other calls": reduce-scatters (RS), all-gathers (AG), broadcasts (BC) per rank per step;
+# "held P/G/O MiB": parameters/gradients/optimizer state the fullest rank held (the sharded
+# strategies' staircase).
 COLUMNS = ("segment", "steps", "Compute%", "Non_Compute%", "Idle%", "Overlap%", "Comm_overhead%",
-           "calls/rank/step", "all_reduce_ms", "step ms p50", "samples/s")
+           "calls/rank/step", "all_reduce_ms", "step ms p50", "samples/s", "other calls", "held P/G/O MiB")
 
 
 class SegmentsTable(DataTable):
@@ -23,7 +26,7 @@ class SegmentsTable(DataTable):
     def show(self, rows: tuple[SegmentRow, ...]) -> None:
         cells = [[r.label, r.steps, *(f"{v:.2f}" for v in (r.compute_pct, r.non_compute_pct, r.idle_pct, r.overlap_pct,
                   r.comm_overhead_pct)), calls_text(r.all_reduce_calls), f"{r.all_reduce_ms:.1f}", f"{r.step_ms_p50:.1f}",
-                  f"{r.samples_per_s:.1f}"] for r in rows]
+                  f"{r.samples_per_s:.1f}", r.other_calls, r.held] for r in rows]
         if cells == self._shown:
             return
         shrank = len(self._shown) != len(cells) or any(

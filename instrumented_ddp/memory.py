@@ -1,0 +1,98 @@
+"""What a rank holds, measured from the tensors it holds: the staircase DDP -> ZeRO-1 -> ZeRO-2 -> FSDP.
+
+Bytes are counted per storage, once: a parameter that is a view of a flat buffer (``zero1``),
+a gradient that is a view of a bucket (``bucket``), a shard's gradient that is a slice of it,
+all count the buffer once. A ``DTensor`` counts its local shard. Padding a strategy adds to
+make shards equal is held, so it is counted. ``peak`` is what the allocator saw at its highest
+since the strategy was wrapped (``torch.cuda.max_memory_allocated``) on a GPU, and the resident
+set of the process on a CPU (there is no per-tensor peak there).
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, NamedTuple
+
+import torch
+from torch.distributed.tensor import DTensor
+
+if TYPE_CHECKING:
+    from .strategies.base import DataParallelStrategy
+
+
+class MemoryHeld(NamedTuple):
+    parameters: int
+    gradients: int
+    optimizer_state: int
+    peak: int  # bytes; see the module docstring for what it is on each device
+
+
+def storage_bytes(tensors: Iterable[torch.Tensor | None]) -> int:
+    """Bytes of the distinct storages behind ``tensors`` (``None`` and empty ones hold nothing)."""
+    seen: set[int] = set()
+    total = 0
+    for tensor in tensors:
+        if tensor is None:
+            continue
+        if isinstance(tensor, DTensor):
+            tensor = tensor._local_tensor
+        storage = tensor.untyped_storage()
+        if storage.nbytes() == 0 or storage.data_ptr() in seen:
+            continue
+        seen.add(storage.data_ptr())
+        total += storage.nbytes()
+    return total
+
+
+def held_memory(strategy: DataParallelStrategy) -> MemoryHeld:
+    """This rank's bytes of parameters, gradients and optimizer state, and its peak."""
+    parameters = strategy.held_parameters()
+    gradients = [p.grad for p in parameters] + [p.grad for p in strategy.optimized_parameters()]
+    optimizer = strategy.optimizer
+    state = [] if optimizer is None else [v for entries in optimizer.state.values() for v in entries.values()
+                                          if isinstance(v, torch.Tensor)]
+    return MemoryHeld(storage_bytes(parameters), storage_bytes(gradients), storage_bytes(state),
+                      peak_bytes(parameters[0].device if parameters else torch.device("cpu")))
+
+
+def peak_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device)
+    return resident_bytes()
+
+
+def reset_peak(device: torch.device) -> None:
+    """A new strategy starts a new peak (a switch would otherwise inherit the last one's)."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def resident_bytes() -> int:
+    """The process's resident set now, from ``/proc/self/statm``; the lifetime peak elsewhere."""
+    try:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+class MemorySampler:
+    """``held_memory`` for the step reports, every ``every`` steps of a strategy: the count walks
+    every parameter, gradient and state tensor, so not every step. A strategy's first reading is
+    at its second step, the first one its segment counts (the first carries the wrap-time
+    broadcast, or DDP's first iteration, and is left out of the figures)."""
+
+    def __init__(self, every: int = 10) -> None:
+        self.every = every
+        self._strategy: DataParallelStrategy | None = None
+        self._steps = 0
+
+    def sample(self, strategy: DataParallelStrategy) -> dict[str, int] | None:
+        if strategy is not self._strategy:
+            self._strategy, self._steps = strategy, 0
+        self._steps += 1
+        if self._steps % self.every != 2 % self.every:
+            return None
+        return held_memory(strategy)._asdict()

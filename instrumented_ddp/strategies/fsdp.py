@@ -1,0 +1,137 @@
+"""``fsdp``: PyTorch's own FSDP2 (``fully_shard``), the native sharded reference, as ``ddp`` is for ours."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, ClassVar
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter  # FSDP2's comm interfaces
+from torch.distributed.tensor import DTensor, distribute_tensor
+
+from ..collectives import timed_collective
+from ..timeline import NULL_TIMELINE
+from .base import DataParallelStrategy, FullOptimizerState
+
+
+class _EmptyBuffers:
+    """What FSDP's default comms allocate: a plain tensor per call."""
+
+    def allocate(self, size: Any, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        return torch.empty(*size, dtype=dtype, device=device)
+
+
+class TimedAllGather(_EmptyBuffers, AllGather):
+    """FSDP's all-gather of one unit's parameters, issued as the default does and timed.
+
+    FSDP calls it on its own all-gather stream (on a GPU), so the span's end mark lands on that
+    stream after the collective: the same synchronous-call timing as a wrap-time broadcast.
+    """
+
+    def __init__(self, timeline: Any, unit: int) -> None:
+        self.timeline, self.tag = timeline, f"u{unit}"
+
+    def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: dist.ProcessGroup,
+                 async_op: bool = False) -> dist.Work | None:
+        return timed_collective(self.timeline, "all_gather", input_tensor, output=output_tensor, tag=self.tag,
+                                async_op=async_op, group=group)
+
+
+class TimedReduceScatter(_EmptyBuffers, ReduceScatter):
+    """FSDP's reduce-scatter of one unit's gradients (on its reduce-scatter stream), timed."""
+
+    def __init__(self, timeline: Any, unit: int) -> None:
+        self.timeline, self.tag = timeline, f"u{unit}"
+
+    def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: dist.ProcessGroup,
+                 op: Any, async_op: bool = False) -> dist.Work | None:
+        return timed_collective(self.timeline, "reduce_scatter", input_tensor, output=output_tensor, tag=self.tag,
+                                async_op=async_op, group=group, op=op)
+
+
+def sharding_units(module: nn.Module) -> list[nn.Module]:
+    """One FSDP unit per decoder layer (a Hugging Face model's ``model.layers``, or any
+    ``ModuleList``'s children), then the root, which takes what is left (embeddings, head)."""
+    layers = next((m for m in module.modules() if isinstance(m, nn.ModuleList)), None)
+    return [*(layers if layers is not None else []), module]
+
+
+class FullyShardedFSDP2(DataParallelStrategy):
+    """Parameters, gradients and optimizer state are all sharded: each unit's parameters are
+    all-gathered before its forward and again before its backward, freed after each, and its
+    gradients reduce-scattered as backward leaves it. Every all-gather and reduce-scatter goes
+    through ``TimedAllGather``/``TimedReduceScatter`` (``set_custom_all_gather``), so no profiler
+    is needed to see them. A parameter that gets no gradient on any rank is left out of the
+    reduce-scatter and not stepped (FSDP's rule); one that gets a gradient on some ranks only
+    is not supported by FSDP.
+
+    FSDP changes the module it shards (its class, its parameters become ``DTensor`` shards) and
+    has no way back, so the strategy shards a copy and empties the original's tensors; ``unwrap``
+    all-gathers the shards into the original and drops the copy, leaving no hook behind.
+    """
+
+    name: ClassVar[str] = "fsdp"
+
+    def _attach(self) -> None:
+        sharded = copy.deepcopy(self.module)
+        units = sharding_units(sharded)
+        device = next(self.module.parameters()).device
+        mesh = DeviceMesh.from_group(self.process_group or dist.group.WORLD, device_type=device.type)
+        for unit in units:
+            fully_shard(unit, mesh=mesh)
+        if self.timeline is not NULL_TIMELINE:
+            for index, unit in enumerate(units):
+                assert isinstance(unit, FSDPModule)
+                unit.set_custom_all_gather(TimedAllGather(self.timeline, index))
+                unit.set_custom_reduce_scatter(TimedReduceScatter(self.timeline, index))
+        object.__setattr__(self, "sharded", sharded)  # not a submodule: the state dict stays the bare model's
+        for tensor in [*self.module.parameters(), *self.module.buffers()]:  # the copy holds them now
+            tensor.data = torch.empty(0, dtype=tensor.dtype, device=tensor.device)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        with self.timeline.phase("forward"):
+            return self.sharded(*args, **kwargs)
+
+    @contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """FSDP keeps accumulating unsharded gradients and reduce-scatters at the next synced backward."""
+        self.sharded.set_requires_gradient_sync(False)
+        try:
+            with super().no_sync():
+                yield
+        finally:
+            self.sharded.set_requires_gradient_sync(True)
+
+    def optimized_parameters(self) -> list[nn.Parameter]:
+        return [p for p in self.sharded.parameters() if p.requires_grad]
+
+    @torch.no_grad()
+    def _detach(self) -> None:
+        sharded = self.sharded
+        for original, shard in zip(self.module.parameters(), sharded.parameters(), strict=True):
+            original.data = shard.full_tensor() if isinstance(shard, DTensor) else shard.detach().clone()
+        for original, buffer in zip(self.module.buffers(), sharded.buffers(), strict=True):
+            original.data = buffer.detach().clone()
+        object.__delattr__(self, "sharded")
+
+    def full_optimizer_state(self) -> FullOptimizerState:
+        """Each DTensor state entry all-gathered whole (a collective), per parameter."""
+        optimizer = self._optimizer
+        if optimizer is None:
+            return []
+        return [{key: value.full_tensor() if isinstance(value, DTensor) else value.clone()
+                 for key, value in optimizer.state.get(p, {}).items()} for p in self.optimized_parameters()]
+
+    def _load_full_optimizer_state(self, optimizer: torch.optim.Optimizer, state: FullOptimizerState) -> None:
+        for parameter, entries in zip(self.optimized_parameters(), state, strict=True):
+            if entries:
+                optimizer.state[parameter] = {
+                    key: distribute_tensor(value.to(parameter.device), parameter.device_mesh, parameter.placements)
+                    if value.dim() > 0 else value.clone() for key, value in entries.items()
+                }

@@ -1,0 +1,45 @@
+"""``zero2``: ``zero1`` with the gradients sharded too (ZeRO stage 2)."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+
+from .bucket import GradientBucket
+from .zero1 import ShardedOptimizerState
+
+
+class ShardedGradients(ShardedOptimizerState):
+    """Each bucket is reduce-scattered instead of all-reduced, as soon as its gradients are
+    ready in backward (overlapped, as in ``bucket``): a rank receives only the sum of its own
+    slice, half the traffic of an all-reduce, and releases the bucket's full gradients once
+    the slice has arrived, so between steps it holds 1/N of the gradients. During backward a
+    bucket's full buffer exists from its first ready gradient until its reduce-scatter is done.
+    A parameter that got no gradient is reduced as zeros, as in ``bucket``.
+    """
+
+    name: ClassVar[str] = "zero2"
+
+    def _attach(self) -> None:
+        super()._attach()
+        self.gradient_shards = [torch.zeros_like(shard.shard) for shard in self.shards]
+        for bucket in self.buckets:
+            bucket.release()
+
+    def _launch(self, bucket: GradientBucket) -> None:
+        bucket.work = self._collective("reduce_scatter", bucket.buffer, output=self.gradient_shards[bucket.index],
+                                       tag=f"b{bucket.index}", async_op=True)
+        bucket.launched = True
+        self._next_to_launch += 1
+
+    def _average(self, bucket: GradientBucket) -> None:
+        self.gradient_shards[bucket.index].div_(self.world_size)
+        bucket.release()
+
+    def _point_shard_gradients(self) -> None:
+        for shard, gradient in zip(self.shards, self.gradient_shards, strict=True):
+            shard.shard.grad = gradient
+
+    def _zero_full_gradients(self) -> None:
+        """Released when their slices arrived: there is nothing left to zero."""

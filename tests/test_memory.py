@@ -1,0 +1,62 @@
+"""Bytes a rank holds, counted from its tensors: each storage once, and how they are shown and sent."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ddpwatch.metrics import held_text, kinds_text
+from instrumented_ddp.memory import MemorySampler, storage_bytes
+from instrumented_ddp.protocol import ProtocolError, StepSummary, decode, encode
+
+
+def test_views_of_one_buffer_count_it_once_and_empty_or_missing_tensors_nothing() -> None:
+    flat = torch.zeros(100)
+    views = [flat[:40].view(4, 10), flat[40:]]
+    assert storage_bytes([*views, flat, None, torch.empty(0)]) == 400
+    assert storage_bytes([torch.zeros(3, dtype=torch.float64), torch.zeros(3)]) == 24 + 12
+
+
+def test_sampler_measures_a_strategys_second_step_then_every_tenth() -> None:
+    class Strategy:  # what held_memory reads
+        def __init__(self) -> None:
+            self.weight = torch.nn.Parameter(torch.zeros(8))
+            self.optimizer = None
+
+        def held_parameters(self) -> list[torch.Tensor]:
+            return [self.weight]
+
+        def optimized_parameters(self) -> list[torch.Tensor]:
+            return [self.weight]
+
+    sampler, first, second = MemorySampler(every=10), Strategy(), Strategy()
+    measured = [step for step in range(1, 25) if sampler.sample(first) is not None]
+    assert measured == [2, 12, 22]
+    assert sampler.sample(second) is None  # a switch starts the count again
+    held = sampler.sample(second)
+    assert held is not None and held["peak"] > 0  # the resident set, on a CPU
+    assert (held["parameters"], held["gradients"], held["optimizer_state"]) == (32, 0, 0)
+
+
+def test_texts_read_the_staircase_and_the_other_collectives() -> None:
+    mib = 2**20
+    assert held_text({"parameters": 10 * mib, "gradients": 5 * mib, "optimizer_state": 2 * mib // 2, "peak": 1}) == "10.0/5.0/1.0"
+    assert held_text({}) == "—"
+    assert kinds_text({"all_reduce": 3.0, "reduce_scatter": 2.0, "all_gather": 4.5}) == "AG 4.5 RS 2"
+    assert kinds_text({"all_reduce": 3.0}) == "—"
+
+
+def summary(**extra: object) -> dict:
+    return {"rank": 0, "step": 1, "strategy": "zero2", "settings": {}, "start": 0.0, "end": 1.0, "samples": 1,
+            "tokens": 1, "compute_pct": 50.0, "non_compute_pct": 10.0, "idle_pct": 40.0, "overlap_pct": 0.0,
+            "comm_overhead_pct": 10.0, "anchor": None, "busbw_gbps": None, "all_reduce_tags": [],
+            "all_reduce_seconds": b"", "algbw_gbps": b"", **extra}
+
+
+def test_summaries_carry_calls_by_kind_and_memory_and_refuse_unknown_names() -> None:
+    good = StepSummary(**summary(calls_by_kind={"reduce_scatter": 3}, memory={"parameters": 10, "peak": 99}))
+    assert decode(encode(good, seq=0)).message == good
+    for bad in ({"calls_by_kind": {"all_to_all": 1}}, {"memory": {"parameters": -1}}, {"memory": {"weights": 5}},
+                {"calls_by_kind": {"all_gather": 1.5}}):
+        with pytest.raises(ProtocolError, match="unknown name or a bad count"):
+            decode(encode(StepSummary(**summary(**bad)), seq=0))

@@ -1,0 +1,99 @@
+"""ZeRO-1, ZeRO-2 and FSDP2 give what one process gives, in float64, on 2 and 3 ranks: the final
+parameters, the gradient slice each rank holds, and a run switched through five strategies with
+its optimizer state carried; and each holds the share of memory its stage promises."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from launch import REPO_ROOT, describe_failure, run_ranks
+from workers.sharded_runs import LR, SWITCHES
+from workers.strategy_runs import global_micro_batches, make_model, rank_slice
+
+WORKER = REPO_ROOT / "tests" / "workers" / "sharded_runs.py"
+STEPS, GLOBAL_BATCH = 5, 12
+SHARDED = [f"{strategy}:{accum}" for strategy in ("zero1", "zero2", "fsdp") for accum in (1, 2)]
+RUNS = [*SHARDED, "ddp:1", "switched:1"]
+TIGHT = {"rtol": 1e-9, "atol": 1e-12}
+
+
+def reference(grad_accum: int, world_size: int) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """One process, float64, the whole global batch: first-step gradients and final parameters.
+
+    The batch goes through in the ranks' slices and their gradients are summed, then divided by
+    the world size, as the ranks do: Hugging Face's RMSNorm computes in float32 even in a float64
+    model, so scaling each slice's loss by 1/3 instead would differ by ~1e-8 (by nothing at 1/2,
+    a power of two), which Adam then carries into every parameter."""
+    model = make_model(seed=1234).double()  # rank 0's initial parameters, which every strategy starts from
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+    first: dict[str, torch.Tensor] = {}
+    for number, micro_batches in enumerate(global_micro_batches(7, STEPS, grad_accum, GLOBAL_BATCH)):
+        for batch in micro_batches:
+            for rank in range(world_size):
+                (model(**rank_slice(batch, rank, world_size)).loss / len(micro_batches)).backward()
+        for parameter in model.parameters():
+            parameter.grad /= world_size
+        if number == 0:
+            first = {name: p.grad.clone() for name, p in model.named_parameters()}
+        optimizer.step()
+        optimizer.zero_grad()
+    return first, model.state_dict()
+
+
+@pytest.fixture(scope="module", params=[2, 3], ids=["2ranks", "3ranks"])
+def ranks_results(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    out = tmp_path_factory.mktemp("sharded") / "runs"
+    results = run_ranks(WORKER, ["--out", str(out), "--steps", str(STEPS), "--global-batch", str(GLOBAL_BATCH),
+                                 "--runs", *RUNS], world_size=request.param)
+    assert all(r.returncode == 0 for r in results), describe_failure(results)
+    return [torch.load(out.with_suffix(f".rank{rank}.pt")) for rank in range(request.param)]
+
+
+@pytest.mark.parametrize("run", [*SHARDED, "switched:1"])
+def test_final_parameters_equal_one_process(ranks_results: list[dict], run: str) -> None:
+    _, expected = reference(int(run.split(":")[1]), len(ranks_results))
+    for rank, results in enumerate(ranks_results):
+        for name, tensor in results[run]["state"].items():
+            torch.testing.assert_close(tensor, expected[name], **TIGHT, msg=f"{run} rank {rank} {name}")
+
+
+@pytest.mark.parametrize("run", SHARDED)
+def test_each_rank_holds_its_slice_of_the_averaged_gradients(ranks_results: list[dict], run: str) -> None:
+    first, _ = reference(int(run.split(":")[1]), len(ranks_results))
+    world_size = len(ranks_results)
+    for rank, results in enumerate(ranks_results):
+        held = results[run]["gradients"]
+        if "fsdp" in held:
+            for name, local in held["fsdp"].items():  # FSDP2 shards dim 0 as torch.chunk does
+                torch.testing.assert_close(local, torch.chunk(first[name], world_size)[rank], **TIGHT, msg=f"{run} {name}")
+            continue
+        for bucket in held["flat"]:
+            whole = torch.cat([first[name].reshape(-1) for name, _, _ in bucket["members"]])
+            whole = torch.cat([whole, whole.new_zeros(bucket["grad"].numel() * world_size - whole.numel())])
+            expected = whole[bucket["start"] : bucket["start"] + bucket["grad"].numel()]
+            torch.testing.assert_close(bucket["grad"], expected, **TIGHT, msg=f"{run} rank {rank}")
+
+
+def test_switched_run_ends_where_the_unswitched_one_does(ranks_results: list[dict]) -> None:
+    assert len(SWITCHES) == STEPS  # one step under each strategy
+    for results in ranks_results:
+        for name, tensor in results["switched:1"]["state"].items():
+            torch.testing.assert_close(tensor, results["ddp:1"]["state"][name], **TIGHT, msg=name)
+
+
+@pytest.mark.parametrize("strategy, sharded", [
+    ("zero1", {"optimizer_state"}), ("zero2", {"optimizer_state", "gradients"}),
+    ("fsdp", {"optimizer_state", "gradients", "parameters"}),
+])
+def test_memory_staircase(ranks_results: list[dict], strategy: str, sharded: set[str]) -> None:
+    """Measured bytes: a sharded kind ~1/N of ddp's (shards are padded to equal size), the others as ddp's."""
+    world_size = len(ranks_results)
+    for rank, results in enumerate(ranks_results):
+        ddp, held = results["ddp:1"]["held"], results[f"{strategy}:1"]["held"]
+        for kind in ("parameters", "gradients", "optimizer_state"):
+            ratio = held[kind] / ddp[kind]
+            if kind in sharded:
+                assert 1 / world_size * 0.9 <= ratio <= 1 / world_size * 1.12, (rank, kind, ratio)
+            else:
+                assert 0.99 <= ratio <= 1.12, (rank, kind, ratio)

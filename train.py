@@ -199,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         "total_steps": args.steps, "global_batch": args.batch_size,
     }, keys=args.watch_keys)
     timeline = watch.timeline
+    parameters = sum(p.numel() for p in model.parameters())  # before a sharded strategy holds them
     model = instrumented_ddp.wrap(model, args.strategy, bucket_mb=args.bucket_mb, timeline=timeline)
     watch.update_hello(bucket_layout=getattr(model, "bucket_layout", []))
     optimizer = model.make_optimizer(torch.optim.AdamW, lr=args.lr)  # the sharded strategies shard it
@@ -207,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     profiler = start_profiler(args.profile, context) if args.profile else None
     say(
         f"{args.strategy}: {context.world_size} rank(s) on {context.device.type} ({context.backend}), "
-        f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters, global batch {args.batch_size} "
+        f"{parameters / 1e6:.2f} M parameters, global batch {args.batch_size} "
         f"in {args.grad_accum} micro-step(s); " + ("not watched" if args.no_watch else f"streaming to {args.watch}")
     )
 

@@ -8,6 +8,11 @@ import torch
 import torch.distributed as dist
 
 
+#: torch 2.13 names them ``*_single`` and deprecates the ``*_tensor`` names, which are all torch < 2.13 has.
+reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
 def timed_collective(
     timeline: Any, kind: str, tensor: torch.Tensor, *, tag: str, async_op: bool,
     group: dist.ProcessGroup | None = None, src: int = 0, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM,
@@ -34,13 +39,43 @@ def timed_collective(
     elif kind == "broadcast":
         work = dist.broadcast(tensor, src=src, group=group, async_op=async_op)
     elif kind == "reduce_scatter":
-        work = dist.reduce_scatter_single(output, tensor, op=op, group=group, async_op=async_op)
+        work = reduce_scatter(output, tensor, op=op, group=group, async_op=async_op)
     elif kind == "all_gather":
-        work = dist.all_gather_single(output, tensor, group=group, async_op=async_op)
+        work = all_gather(output, tensor, group=group, async_op=async_op)
     else:
         raise ValueError(f"unknown collective {kind!r}")
+    if kind == "reduce_scatter" and work is not None and span is not None and not _gives_future(work):
+        return EndsWhenWaited(work, lambda: timeline.close_collective(span, None))
     timeline.close_collective(span, work)
     return work
+
+
+def _gives_future(work: dist.Work) -> bool:
+    try:
+        work.get_future()
+    except RuntimeError:  # "Work::getFuture not implemented"
+        return False
+    return True
+
+
+class EndsWhenWaited:
+    """gloo's reduce-scatter returns a ``Work`` with no future (torch 2.13): nothing can call back
+    when it completes, and waiting on it from a second thread races the copy into the output
+    that its ``wait`` does. So its span ends when the rank's own ``wait()`` returns: a late end
+    when the rank waits after it finished (gloo does most of it inside the call anyway)."""
+
+    def __init__(self, work: dist.Work, on_waited: Any) -> None:
+        self.work, self._on_waited = work, on_waited
+
+    def wait(self, *args: Any, **kwargs: Any) -> bool:
+        done = self.work.wait(*args, **kwargs)
+        if self._on_waited is not None:
+            self._on_waited()
+            self._on_waited = None
+        return done
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.work, name)
 
 
 def timed_all_reduce_result(timeline: Any, tensor: torch.Tensor, *, tag: str, group: dist.ProcessGroup | None,

@@ -28,7 +28,6 @@ from contextlib import contextmanager, nullcontext
 from typing import Any, Protocol
 
 from .protocol import COMM_KINDS, READY_KIND, Span, StepReport
-from .work_waiter import WORK_WAITER
 
 Stamp = Any  # a float (host clock) or whatever a clock's resolve() understands
 
@@ -111,12 +110,7 @@ class HostClock:
         return value
 
     def on_completion(self, work: Any, span: _PendingSpan) -> None:
-        try:
-            future = work.get_future()
-        except RuntimeError:  # gloo's reduce-scatter: no future; a thread waits on it instead
-            WORK_WAITER.watch(work, lambda: span.complete(self.stamp()), span.fail)
-            return
-        future.add_done_callback(_ending(span, self.stamp))
+        work.get_future().add_done_callback(_ending(span, self.stamp))
 
     def result_on_completion(self, work: Any, span: _PendingSpan) -> Any:
         """A future of the work's tensor that also stamps the span's end: one callback on gloo's

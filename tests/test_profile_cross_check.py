@@ -38,3 +38,25 @@ def test_recorded_all_reduces_match_the_profilers_gloo_events(tmp_path: Path, st
         recorded_total = sum(span.duration for span in recorded) * 1e6
         profiled_total = sum(event["dur"] for event in profiled)
         assert abs(recorded_total - profiled_total) < 0.25 * profiled_total, (recorded_total, profiled_total)
+
+
+#: The profiler's name of each collective of ours on gloo. gloo has no reduce-scatter of its own:
+#: ``_reduce_scatter_base`` runs a whole all-reduce inside (the trace shows a gloo:all_reduce in it).
+PROFILER_NAMES = {"all_gather": "gloo:all_gather", "reduce_scatter": "c10d::_reduce_scatter_base_"}
+
+
+def test_fsdp_all_gathers_and_reduce_scatters_match_the_profilers_count(tmp_path: Path) -> None:
+    """FSDP2's own collectives, seen through its custom-comm hooks, one for one against the profiler."""
+    with Recorder(tmp_path / "session", "--idle-exit", "20") as recorder:
+        result = run_torchrun([str(REPO_ROOT / "train.py"), "--strategy", "fsdp", "--steps", "9", "--batch-size", "8",
+                               "--log-every", "9", "--profile", str(tmp_path / "profile"), "--watch", recorder.address])
+        assert result.returncode == 0, result.stderr[-3000:]
+        recorder.wait()
+    session = load_session(tmp_path / "session" / "session.ddpwatch")
+    for rank in (0, 1):
+        (trace_file,) = (tmp_path / "profile").glob(f"rank{rank}.*.json")
+        events = json.loads(trace_file.read_text())["traceEvents"]
+        for kind, name in PROFILER_NAMES.items():
+            profiled = [e for e in events if e.get("name") == name]
+            recorded = [s for step in PROFILED_STEPS for s in session.reports[step][rank].spans if s.kind == kind]
+            assert len(recorded) == len(profiled) > 0, (rank, kind, len(recorded), len(profiled))

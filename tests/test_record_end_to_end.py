@@ -66,6 +66,8 @@ STRATEGY_RUNS = {
     "simple": ("--strategy", "simple", "--grad-accum", "1"), "ga": ("--strategy", "ga", "--grad-accum", "2"),
     "hook": ("--strategy", "hook", "--grad-accum", "1"), "async": ("--strategy", "async", "--grad-accum", "1"),
     "bucket": ("--strategy", "bucket", "--bucket-mb", "1"), "ddp": ("--strategy", "ddp", "--bucket-mb", "1"),
+    "zero1": ("--strategy", "zero1", "--bucket-mb", "1"), "zero2": ("--strategy", "zero2", "--bucket-mb", "1"),
+    "fsdp": ("--strategy", "fsdp",),
 }
 
 
@@ -106,6 +108,37 @@ def test_all_reduce_count_per_step_is_exact_on_both_ranks(recordings: Record, st
     assert segment["all_reduce_calls"] == per_step  # per rank per step
     assert segment["all_reduce_calls_total"] == 2 * 3 * per_step
     assert segment["desyncs"] == []
+
+
+def calls_by_kind(session: Session, step: int, rank: int) -> Counter:
+    return Counter(s.kind for s in session.reports[step][rank].spans if s.kind in COLLECTIVE_KINDS)
+
+
+COLLECTIVE_KINDS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast")
+DECODER_LAYERS = 6  # the tiny SmolLM2: FSDP shards each layer and the root
+
+
+@pytest.mark.parametrize("strategy", ["zero1", "zero2", "fsdp"])
+def test_sharded_strategies_issue_exact_collectives_of_each_kind_and_hold_their_share(recordings: Record, strategy: str) -> None:
+    session, summary, *_ = recordings(*STRATEGY_RUNS[strategy])
+    buckets = len(session.ranks[0].hello.bucket_layout)
+    expected = {
+        "zero1": Counter(all_reduce=buckets, all_gather=buckets),  # bucket's all-reduces, then the updated shards
+        "zero2": Counter(reduce_scatter=buckets, all_gather=buckets),
+        # each layer gathered for forward and again for backward; the root stays gathered between them
+        "fsdp": Counter(all_gather=2 * DECODER_LAYERS + 1, reduce_scatter=DECODER_LAYERS + 1),
+    }[strategy]
+    for step in (2, 3, 4):  # step 1 also carries the wrap-time broadcast
+        assert calls_by_kind(session, step, 0) == calls_by_kind(session, step, 1) == expected, step
+    (segment,) = summary["segments"]
+    assert segment["calls_by_kind"] == {kind: float(n) for kind, n in sorted(expected.items())}
+    assert segment["desyncs"] == []
+    ddp = recordings(*STRATEGY_RUNS["ddp"]).summary["segments"][0]["memory"]
+    halved = {"zero1": {"optimizer_state"}, "zero2": {"optimizer_state", "gradients"},
+              "fsdp": {"optimizer_state", "gradients", "parameters"}}[strategy]
+    for kind in ("parameters", "gradients", "optimizer_state"):  # measured on step 2, from the tensors held
+        share = segment["memory"][kind] / ddp[kind]
+        assert (0.45 <= share <= 0.56) if kind in halved else (0.99 <= share <= 1.05), (kind, share)
 
 
 def test_bucket_reduces_once_per_bucket_and_overlaps_backward(recordings: Record) -> None:

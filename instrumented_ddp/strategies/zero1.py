@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..collectives import all_gather
 from .base import FullOptimizerState
 from .bucket import BucketedAsyncHook, GradientBucket
 
@@ -119,7 +120,7 @@ class ShardedOptimizerState(BucketedAsyncHook):
             for key, value in entries.items():
                 if value.dim() > 0:
                     full = torch.empty_like(shard.flat, dtype=value.dtype)
-                    dist.all_gather_single(full, value.contiguous(), group=self.process_group)
+                    all_gather(full, value.contiguous(), group=self.process_group)
                     gathered[key] = full
                 else:
                     gathered[key] = value.clone()

@@ -15,6 +15,7 @@ from torch.distributed.tensor import DTensor
 import instrumented_ddp
 from instrumented_ddp.distributed import exit_process, init_distributed, shutdown_distributed
 from instrumented_ddp.memory import held_memory
+from instrumented_ddp.timeline import StepTimeline
 
 sys.path.insert(0, str(Path(__file__).parent))  # a script here, or imported by the tests for its constants
 from strategy_runs import global_micro_batches, make_model, rank_slice  # noqa: E402
@@ -52,26 +53,34 @@ def one_step(model, optimizer, micro_batches: list[dict], rank: int, world_size:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--runs", nargs="+", required=True, help="strategy:grad_accum, or 'switched:<grad_accum>'")
+    parser.add_argument("--runs", nargs="+", required=True,
+                        help="strategy:grad_accum[:timed], or 'switched:<grad_accum>[:timed]'")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--global-batch", type=int, default=12)
     args = parser.parse_args()
     context = init_distributed("cpu")
     results = {}
     for run in args.runs:
-        strategy, grad_accum = run.split(":")
+        strategy, grad_accum, *timed = run.split(":")
+        timing = {"timeline": StepTimeline(context.rank)} if timed else {}  # timed collectives must change no number
         steps = global_micro_batches(7, args.steps, int(grad_accum), args.global_batch)
         first = SWITCHES[0] if strategy == "switched" else strategy
-        model = instrumented_ddp.wrap(make_model(seed=1234 + context.rank).double(), first, bucket_mb=0.002)
+        model = instrumented_ddp.wrap(make_model(seed=1234 + context.rank).double(), first, bucket_mb=0.002, **timing)
         optimizer = model.make_optimizer(torch.optim.AdamW, lr=LR)
         result: dict = {}
         for number, micro_batches in enumerate(steps):
             if strategy == "switched" and number > 0:
                 carried = model.full_optimizer_state()
-                model = instrumented_ddp.wrap(instrumented_ddp.unwrap(model), SWITCHES[number % len(SWITCHES)], bucket_mb=0.002)
+                model = instrumented_ddp.wrap(instrumented_ddp.unwrap(model), SWITCHES[number % len(SWITCHES)],
+                                              bucket_mb=0.002, **timing)
                 optimizer = model.make_optimizer(torch.optim.AdamW, lr=LR, state=carried)
             capture = (lambda: result.update(gradients=held_gradients(model))) if number == 0 and strategy in ("zero1", "zero2", "fsdp") else None
+            if timed:
+                timing["timeline"].begin_step(number + 1, model.name, {})
             one_step(model, optimizer, micro_batches, context.rank, context.world_size, capture)
+            if timed:
+                timing["timeline"].end_step(0, 0)
+                timing["timeline"].completed_reports()
         result["held"] = held_memory(model)._asdict()
         bare = instrumented_ddp.unwrap(model)
         result["state"] = {k: v.detach().clone() for k, v in bare.state_dict().items()}

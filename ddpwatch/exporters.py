@@ -25,7 +25,7 @@ import numpy as np
 from ddpwatch import metrics
 from ddpwatch.segment_bars import bars_svg, segment_bar
 from ddpwatch.session import Session
-from instrumented_ddp.protocol import READY_KIND
+from instrumented_ddp.protocol import COMM_KINDS, READY_KIND
 
 __all__ = ["chrome_trace", "clock_offsets", "summary", "summary_csv", "summary_markdown", "summary_svg", "write_exports"]
 
@@ -34,8 +34,8 @@ COLUMNS = ("Segment", "Steps", "Compute%", "Non_Compute%", "Idle%", "Overlap%", 
            CALLS_COLUMN, "all_reduce_ms", "step ms p50", "step ms p95", "samples/s", "busbw GB/s",
            "other collectives / rank / step", "held P/G/O MiB")
 _FIGURE_KEYS = ("compute_pct", "non_compute_pct", "idle_pct", "overlap_pct", "comm_overhead_pct")
-_LANES = {"forward": "compute", "backward": "compute", "optimizer": "compute", "all_reduce": "communication",
-          "broadcast": "communication", "wait": "wait", "data": "data"}
+_LANES = {"forward": "compute", "backward": "compute", "optimizer": "compute",
+          **{kind: "communication" for kind in COMM_KINDS}, "wait": "wait", "data": "data"}
 _LANE_TIDS = {"step": 0, "compute": 100, "communication": 200, "wait": 300, "data": 400}  # +k: k-th sub-lane
 
 

@@ -367,3 +367,15 @@ def test_the_recorder_says_a_desync_and_the_late_and_unresolved_counts_when_it_s
     assert lines[-1] == ("ddpwatch record: ERROR: DESYNC at step 3: the ranks issued different all-reduce counts "
                          "(rank 0: 4, rank 1: 3)")
     assert json.loads((tmp_path / "summary.json").read_text())["desync"]["first_step"] == 3
+
+
+def test_trace_puts_every_collective_kind_in_the_communication_lane() -> None:
+    """ZeRO and FSDP's all-gathers and reduce-scatters are communication, not data loading."""
+    session = Session()
+    session.ingest(Envelope(Hello(rank=0, world_size=1, session="s", host="h", pid=1, device="cpu", backend="gloo",
+                                  strategy="fsdp", settings={}, model_parameters=10), 0, 0, 0), received_at=0.0)
+    spans = [Span("all_gather", 0.00, 0.01, True, 4096, "u0", "float32"), Span("forward", 0.01, 0.02),
+             Span("reduce_scatter", 0.03, 0.04, True, 4096, "u0", "float32"), Span("data", 0.05, 0.06)]
+    session.ingest(Envelope(StepReport(0, 1, "fsdp", {}, 0.0, 0.07, spans, 1, 1), 0, 1, 0), received_at=0.0)
+    lanes = {e["name"]: e["tid"] // 100 for e in exporters.chrome_trace(session)["traceEvents"] if e["ph"] == "X"}
+    assert lanes["all_gather"] == lanes["reduce_scatter"] == 2 and lanes["data"] == 4

@@ -18,6 +18,9 @@ DESCRIPTIONS = {
     "async": "async all-reduce in each gradient hook",
     "bucket": "async all-reduce over size-capped flat buckets",
     "ddp": "torch DistributedDataParallel",
+    "zero1": "bucket + optimizer state sharded (ZeRO-1)",
+    "zero2": "reduce-scatter buckets, gradients sharded too (ZeRO-2)",
+    "fsdp": "torch FSDP2 fully_shard: parameters sharded too",
 }
 
 

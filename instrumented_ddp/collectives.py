@@ -16,11 +16,13 @@ all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_te
 def timed_collective(
     timeline: Any, kind: str, tensor: torch.Tensor, *, tag: str, async_op: bool,
     group: dist.ProcessGroup | None = None, src: int = 0, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM,
-    marks_ready: bool = False, output: torch.Tensor | None = None,
+    marks_ready: bool = False, output: torch.Tensor | None = None, blocking: bool | None = None,
 ) -> dist.Work | None:
     """Issue an ``all_reduce`` or a ``broadcast`` of ``tensor`` in place, or a ``reduce_scatter``
     of ``tensor`` into the shard ``output`` or an ``all_gather`` of the shard ``tensor`` into
     ``output``, and record it on ``timeline``. Its bytes are the whole tensor's (``protocol.COMM_KINDS``).
+    ``blocking`` (default: a synchronous call): whether the thread or stream that computes sits
+    in it; FSDP's synchronous calls on its own GPU streams do not (``strategies.fsdp``).
 
     A synchronous collective ends at the mark made right after the call: on a GPU that mark
     is an event on the current stream, which the call made wait for NCCL's end event, so it
@@ -31,7 +33,7 @@ def timed_collective(
     issue stamp also marks that gradient ready (``StepTimeline.mark_ready``).
     """
     whole = output if kind == "all_gather" else tensor
-    span = _open(timeline, kind, whole, tag, blocking=not async_op)
+    span = _open(timeline, kind, whole, tag, blocking=not async_op if blocking is None else blocking)
     if marks_ready and span is not None:
         timeline.mark_ready(tag, span.nbytes, at=span.start)
     if kind == "all_reduce":

@@ -31,7 +31,10 @@ class TimedAllGather(_EmptyBuffers, AllGather):
     """FSDP's all-gather of one unit's parameters, issued as the default does and timed.
 
     FSDP calls it on its own all-gather stream (on a GPU), so the span's end mark lands on that
-    stream after the collective: the same synchronous-call timing as a wrap-time broadcast.
+    stream after the collective: the same synchronous-call timing as a wrap-time broadcast. On a
+    GPU it blocks nothing that computes (the compute stream waits only where FSDP makes it wait,
+    which the forward's own events time), so it is not marked blocking there; on gloo the call
+    holds the training thread, so it is.
     """
 
     def __init__(self, timeline: Any, unit: int) -> None:
@@ -40,11 +43,12 @@ class TimedAllGather(_EmptyBuffers, AllGather):
     def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: dist.ProcessGroup,
                  async_op: bool = False) -> dist.Work | None:
         return timed_collective(self.timeline, "all_gather", input_tensor, output=output_tensor, tag=self.tag,
-                                async_op=async_op, group=group)
+                                async_op=async_op, group=group, blocking=not async_op and not input_tensor.is_cuda)
 
 
 class TimedReduceScatter(_EmptyBuffers, ReduceScatter):
-    """FSDP's reduce-scatter of one unit's gradients (on its reduce-scatter stream), timed."""
+    """FSDP's reduce-scatter of one unit's gradients (on its reduce-scatter stream), timed;
+    blocking as ``TimedAllGather`` is."""
 
     def __init__(self, timeline: Any, unit: int) -> None:
         self.timeline, self.tag = timeline, f"u{unit}"
@@ -52,7 +56,8 @@ class TimedReduceScatter(_EmptyBuffers, ReduceScatter):
     def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: dist.ProcessGroup,
                  op: Any, async_op: bool = False) -> dist.Work | None:
         return timed_collective(self.timeline, "reduce_scatter", input_tensor, output=output_tensor, tag=self.tag,
-                                async_op=async_op, group=group, op=op)
+                                async_op=async_op, group=group, op=op,
+                                blocking=not async_op and not input_tensor.is_cuda)
 
 
 def sharding_units(module: nn.Module) -> list[nn.Module]:

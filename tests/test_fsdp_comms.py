@@ -1,0 +1,32 @@
+"""FSDP's collectives, seen through its custom-comm hooks: timed as what blocks and what does not."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from instrumented_ddp.strategies import fsdp
+
+
+@pytest.mark.parametrize("comm, extra", [(fsdp.TimedAllGather, {}), (fsdp.TimedReduceScatter, {"op": "sum"})])
+@pytest.mark.parametrize("on_gpu, blocking", [(False, True), (True, False)])
+def test_a_gpu_collective_on_fsdps_stream_blocks_no_compute_and_a_gloo_call_does(
+        monkeypatch: pytest.MonkeyPatch, comm: type, extra: dict, on_gpu: bool, blocking: bool) -> None:
+    """On a GPU FSDP issues them on its own streams, so they overlap compute (marked blocking,
+    they once read Overlap% 0 against the kernels' 93 on an H100); on gloo the call holds the
+    training thread."""
+    seen: dict = {}
+    monkeypatch.setattr(fsdp, "timed_collective", lambda *args, **kwargs: seen.update(args=args, **kwargs))
+    tensor = SimpleNamespace(is_cuda=on_gpu)
+    comm(timeline=None, unit=3)(torch.empty(0), tensor, group=None, **extra)
+    assert seen["blocking"] is blocking and seen["tag"] == "u3" and seen["async_op"] is False
+    assert seen["args"][1] == comm.__name__.removeprefix("Timed").replace("AllGather", "all_gather").replace(
+        "ReduceScatter", "reduce_scatter")
+
+
+def test_units_are_the_decoder_layers_then_the_root() -> None:
+    layers = torch.nn.ModuleList([torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)])
+    root = torch.nn.Sequential(torch.nn.Embedding(4, 2), torch.nn.Sequential(layers))
+    assert fsdp.sharding_units(root) == [layers[0], layers[1], root]

@@ -1,4 +1,4 @@
-"""instrumented_ddp: six data-parallel strategies behind one non-intrusive API.
+"""instrumented_ddp: nine data-parallel strategies behind one non-intrusive API.
 
     model = instrumented_ddp.wrap(model, strategy="bucket", bucket_mb=25)
     ...

@@ -43,3 +43,10 @@ def test_the_shared_ground_loads_neither_side() -> None:
 
 def test_both_sides_agree_on_the_strategy_names() -> None:
     assert tuple(STRATEGIES) == instrumented_ddp.STRATEGY_NAMES
+
+
+def test_python_dash_m_ddpwatch_is_the_command() -> None:
+    """Where pip put no ``ddpwatch`` script on PATH (a ``--target`` install, a GPU box's image)."""
+    result = subprocess.run([sys.executable, "-m", "ddpwatch", "--help"], cwd=REPO_ROOT, capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0 and result.stdout.startswith("usage: ddpwatch"), result.stderr[-2000:]

@@ -290,6 +290,20 @@ def test_a_desync_stays_in_the_warnings_with_its_step_range_after_it_left_the_sc
                                     "(step 3: rank 0: 4, rank 1: 3; step 4: rank 0: 4, rank 1: 3)")
 
 
+def test_a_reduce_scatter_desync_is_shown_while_its_step_is_on_screen() -> None:
+    """ZeRO-2 and FSDP issue no all-reduce: the dashboard judges every collective kind."""
+    def sharded(report: StepReport) -> StepReport:
+        spans = [s._replace(kind="reduce_scatter") if s.kind == "all_reduce" else s for s in report.spans]
+        if report.rank == 1 and report.step == 10:
+            spans = [s for s in spans if s.tag != "b1"]
+        return replace(report, spans=spans)
+
+    _, snapshot = snapshot_of(session_messages(edit=sharded), keep_steps=3)
+    assert snapshot.timeline.step == 10
+    assert snapshot.warnings[0] == ("DESYNC at step 10: the ranks issued different reduce-scatter counts "
+                                    "(rank 0: 2, rank 1: 1)")
+
+
 def test_the_dashboard_and_the_export_name_the_same_straggler_by_one_rule() -> None:
     # rank 1 waits 30 ms of each ~185 ms step for rank 0 (16 %): both name rank 0
     session, snapshot = snapshot_of(session_messages(edit=straggling(30.0)), keep_steps=None)

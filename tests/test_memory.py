@@ -60,3 +60,4 @@ def test_summaries_carry_calls_by_kind_and_memory_and_refuse_unknown_names() -> 
                 {"calls_by_kind": {"all_gather": 1.5}}):
         with pytest.raises(ProtocolError, match="unknown name or a bad count"):
             decode(encode(StepSummary(**summary(**bad)), seq=0))
+

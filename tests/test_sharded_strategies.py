@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import instrumented_ddp
 from launch import REPO_ROOT, describe_failure, run_ranks
 from workers.sharded_runs import LR, SWITCHES
 from workers.strategy_runs import global_micro_batches, make_model, rank_slice
@@ -99,3 +100,19 @@ def test_memory_staircase(ranks_results: list[dict], strategy: str, sharded: set
                 assert 1 / world_size * 0.9 <= ratio <= 1 / world_size * 1.12, (rank, kind, ratio)
             else:
                 assert 0.99 <= ratio <= 1.12, (rank, kind, ratio)
+
+
+@pytest.mark.parametrize("strategy", ["zero1", "zero2"])
+def test_a_sharded_strategy_without_its_optimizer_says_how_to_make_it(one_rank_group: None, strategy: str) -> None:
+    """An optimizer built over model.parameters() would step whole parameters the shards then
+    overwrite: the first synchronising backward says so, in one line, instead."""
+    model = instrumented_ddp.wrap(torch.nn.Linear(4, 2), strategy)
+    model(torch.ones(3, 4)).sum().backward()
+    with pytest.raises(RuntimeError, match=rf"^{strategy} shards the optimizer state: make the optimizer with "
+                                           r"model\.make_optimizer\(torch\.optim\.AdamW, lr=\.\.\.\)$"):
+        model.finish_gradient_sync()
+    optimizer = model.make_optimizer(torch.optim.SGD, lr=0.1)
+    model.finish_gradient_sync()
+    optimizer.step()
+    assert [p.shape for p in optimizer.param_groups[0]["params"]] == [torch.Size([10])]  # one bucket's slice: 8 + 2
+    assert instrumented_ddp.unwrap(model).weight.shape == (2, 4)

@@ -50,6 +50,7 @@ def measure(args: argparse.Namespace) -> None:
     import instrumented_ddp
     from instrumented_ddp.distributed import exit_process, init_distributed, shutdown_distributed
     from instrumented_ddp.models import build_built_in_model
+    from instrumented_ddp.memory import MemorySampler
     from instrumented_ddp.watch import Watch
 
     context = init_distributed(args.device)
@@ -86,6 +87,7 @@ def measure(args: argparse.Namespace) -> None:
             models = {mode: instrumented_ddp.wrap(copy.deepcopy(model), strategy, bucket_mb=1.0, timeline=watches[mode].timeline)
                       for mode in watches}
             optimizers = {mode: models[mode].make_optimizer(torch.optim.AdamW, lr=1e-4) for mode in models}
+            memory = MemorySampler()  # what train.py measures every tenth step
 
             def watched_train_step(mode: str, step: int) -> None:
                 wrapped, watch, optimizer = models[mode], watches[mode], optimizers[mode]
@@ -99,7 +101,8 @@ def measure(args: argparse.Namespace) -> None:
                 with timeline.phase("optimizer"):
                     optimizer.step()
                     optimizer.zero_grad(set_to_none=False)
-                timeline.end_step(args.micro_batch, args.micro_batch * args.seq_len, loss.detach())
+                timeline.end_step(args.micro_batch, args.micro_batch * args.seq_len, loss.detach(),
+                                  memory=memory.sample(wrapped) if mode == "watched" else None)
                 watch.step_done()
 
             times = timed_rounds({mode: functools.partial(watched_train_step, mode) for mode in watches})

@@ -14,10 +14,12 @@ from launch import REPO_ROOT, Recorder, run_torchrun
 PROFILED_STEPS = range(4, 9)  # train.py's profiler schedule: wait 2, warmup 1, active 5
 
 
-@pytest.mark.parametrize("strategy", ["simple", "async"])
+@pytest.mark.parametrize("strategy", ["async"])
 def test_recorded_all_reduces_match_the_profilers_gloo_events(tmp_path: Path, strategy: str) -> None:
     """For ``async`` the recorded start is when a gloo worker was free (not the issue time), so
-    the durations measure transfers, as the profiler's events on gloo's threads do."""
+    the durations measure transfers, as the profiler's events on gloo's threads do. (``simple``,
+    whose synchronous calls the span brackets, was checked here too until the suite neared its
+    15 minutes; its counts stay pinned in ``test_record_end_to_end``.)"""
     with Recorder(tmp_path / "session", "--idle-exit", "20") as recorder:
         result = run_torchrun([str(REPO_ROOT / "train.py"), "--strategy", strategy, "--steps", "9", "--batch-size", "8",
                                "--log-every", "9", "--profile", str(tmp_path / "profile"), "--watch", recorder.address])

@@ -202,6 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     parameters = sum(p.numel() for p in model.parameters())  # before a sharded strategy holds them
     model = instrumented_ddp.wrap(model, args.strategy, bucket_mb=args.bucket_mb, timeline=timeline)
     watch.update_hello(bucket_layout=getattr(model, "bucket_layout", []))
+    layout_sent = bool(getattr(model, "bucket_layout", []))  # ddp's comes a few steps in
     optimizer = model.make_optimizer(torch.optim.AdamW, lr=args.lr)  # the sharded strategies shard it
     batches = endless(train_loader, sampler)
     memory = MemorySampler()  # bytes held per rank, every few steps, for the memory columns
@@ -218,6 +219,7 @@ def main(argv: list[str] | None = None) -> int:
             command = watch.agree_on_command()  # a switch asked for from ddpwatch, the same on every rank
             if command is not None:
                 model, optimizer, detail = switch_strategy(model, optimizer, command, args, context, watch)
+                layout_sent = bool(getattr(model, "bucket_layout", []))
                 say(f"step {step}: {detail}")
             timeline.begin_step(step, model.name, {**model.settings, "grad_accum": args.grad_accum})
             with timeline.phase("data"):
@@ -238,6 +240,9 @@ def main(argv: list[str] | None = None) -> int:
             timeline.end_step(samples, tokens, loss.detach() * args.grad_accum, excluded=model.excluded_from_statistics,
                               memory=memory.sample(model) if not args.no_watch else None)
             watch.step_done()
+            if not layout_sent and (layout := getattr(model, "bucket_layout", [])):  # DDP rebuilt its buckets
+                watch.update_hello(bucket_layout=layout)  # which parameters each b<i> holds: the advisor reads it
+                layout_sent = True
             if profiler is not None:
                 profiler.step()
 

@@ -38,16 +38,13 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from .ddp_timing import DDPTiming
+from .ddp_timing import BUCKET_LAYOUT_STEPS, DDPTiming
 from .distributed import DistributedContext
 from .protocol import DEFAULT_ADDRESS, NOT_SWITCHABLE, address_problem, is_loopback, load_client_keys
 from .watch import Watch, parameter_layout
 
 __all__ = ["NOT_SWITCHABLE", "AttachError", "Attachment", "attach"]
 
-#: Steps in which the hello learns DDP's rebuilt buckets (its logging data has them a few
-#: iterations in); past these the advisor takes them by bytes in reverse module order.
-BUCKET_LAYOUT_STEPS = 20
 
 
 class AttachError(RuntimeError):

@@ -19,6 +19,11 @@ from .collectives import timed_all_reduce_result
 from .timeline import NULL_TIMELINE, NullTimeline, StepTimeline
 
 
+#: Steps in which DDP's rebuilt buckets are looked for (its logging data has them a few
+#: iterations in); past these the advisor takes them by bytes in reverse module order.
+BUCKET_LAYOUT_STEPS = 20
+
+
 class DDPTiming:
     """The timed communication hook and buffer broadcast of one ``DistributedDataParallel``.
 

@@ -168,6 +168,9 @@ def test_native_ddp_first_iteration_is_excluded_and_buckets_counted(recordings: 
     assert counts[1] == Counter({0: 1, 1: 1})  # one bucket holding every gradient, before the rebuild
     later = {c[0] for step, c in counts.items() if step > 1}
     assert len(later) == 1 and later.pop() > 1
+    # the hello learns DDP's rebuilt buckets a few steps in: b<i> is the i-th, for the advisor
+    layout = session.ranks[0].hello.bucket_layout
+    assert len(layout) == counts[2][0] and sorted(i for bucket in layout for i in bucket) == list(range(PARAMETER_TENSORS))
     assert summary["segments"][0]["excluded_steps"] == [1]
     # DDP waits for its last buckets inside backward: that time is a blocking wait, not compute
     for step, ranks in session.reports.items():

@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 
 from torch.nn.parallel import DistributedDataParallel
 
-from ..ddp_timing import DDPTiming
+from ..ddp_timing import BUCKET_LAYOUT_STEPS, DDPTiming
 from ..timeline import NULL_TIMELINE
 from .base import DataParallelStrategy
 
@@ -38,8 +38,18 @@ class NativeDDP(DataParallelStrategy):
     def _broadcast_state(self) -> None:
         """DistributedDataParallel's constructor broadcasts rank 0's state."""
 
+    @property
+    def bucket_layout(self) -> list[list[int]]:
+        """DDP's own buckets (``b<i>`` the i-th, parameter indices), once it has rebuilt them in
+        gradient-ready order (its logging data has them from about the third step); [] before,
+        and when not timed. Looked up for the first ``BUCKET_LAYOUT_STEPS`` steps only."""
+        if not self._bucket_layout and self._timing is not None and self._synced_backwards <= BUCKET_LAYOUT_STEPS:
+            self._bucket_layout = self._timing.rebuilt_bucket_layout()
+        return self._bucket_layout
+
     def _attach(self) -> None:
         self._synced_backwards = 0
+        self._bucket_layout: list[list[int]] = []
         device = next(self.module.parameters()).device
         ddp = DistributedDataParallel(
             self.module,

@@ -9,9 +9,22 @@ from pathlib import Path
 import pytest
 
 from ddpwatch.recorder import load_session
+from ddpwatch.session import Session
 from launch import REPO_ROOT, Recorder, run_torchrun
 
 PROFILED_STEPS = range(4, 9)  # train.py's profiler schedule: wait 2, warmup 1, active 5
+
+
+def profiled_run(tmp_path: Path, strategy: str) -> tuple[Session, list[list[dict]]]:
+    """train.py on 2 ranks for 9 steps, recorded and profiled: the session and each rank's trace events."""
+    with Recorder(tmp_path / "session", "--idle-exit", "20") as recorder:
+        result = run_torchrun([str(REPO_ROOT / "train.py"), "--strategy", strategy, "--steps", "9", "--batch-size", "8",
+                               "--log-every", "9", "--profile", str(tmp_path / "profile"), "--watch", recorder.address])
+        assert result.returncode == 0, result.stderr[-3000:]
+        recorder.wait()
+    traces = [json.loads(next((tmp_path / "profile").glob(f"rank{rank}.*.json")).read_text())["traceEvents"]
+              for rank in (0, 1)]
+    return load_session(tmp_path / "session" / "session.ddpwatch"), traces
 
 
 @pytest.mark.parametrize("strategy", ["async"])
@@ -20,15 +33,8 @@ def test_recorded_all_reduces_match_the_profilers_gloo_events(tmp_path: Path, st
     the durations measure transfers, as the profiler's events on gloo's threads do. (``simple``,
     whose synchronous calls the span brackets, was checked here too until the suite neared its
     15 minutes; its counts stay pinned in ``test_record_end_to_end``.)"""
-    with Recorder(tmp_path / "session", "--idle-exit", "20") as recorder:
-        result = run_torchrun([str(REPO_ROOT / "train.py"), "--strategy", strategy, "--steps", "9", "--batch-size", "8",
-                               "--log-every", "9", "--profile", str(tmp_path / "profile"), "--watch", recorder.address])
-        assert result.returncode == 0, result.stderr[-3000:]
-        recorder.wait()
-    session = load_session(tmp_path / "session" / "session.ddpwatch")
-    for rank in (0, 1):
-        (trace_file,) = (tmp_path / "profile").glob(f"rank{rank}.*.json")
-        events = json.loads(trace_file.read_text())["traceEvents"]
+    session, traces = profiled_run(tmp_path, strategy)
+    for rank, events in enumerate(traces):
         profiled = sorted((e for e in events if e.get("name") == "gloo:all_reduce"), key=lambda e: e["ts"])
         recorded = sorted((s for step in PROFILED_STEPS for s in session.reports[step][rank].spans if s.kind == "all_reduce"),
                           key=lambda s: s.start)
@@ -49,15 +55,8 @@ PROFILER_NAMES = {"all_gather": "gloo:all_gather", "reduce_scatter": "c10d::_red
 
 def test_fsdp_all_gathers_and_reduce_scatters_match_the_profilers_count(tmp_path: Path) -> None:
     """FSDP2's own collectives, seen through its custom-comm hooks, one for one against the profiler."""
-    with Recorder(tmp_path / "session", "--idle-exit", "20") as recorder:
-        result = run_torchrun([str(REPO_ROOT / "train.py"), "--strategy", "fsdp", "--steps", "9", "--batch-size", "8",
-                               "--log-every", "9", "--profile", str(tmp_path / "profile"), "--watch", recorder.address])
-        assert result.returncode == 0, result.stderr[-3000:]
-        recorder.wait()
-    session = load_session(tmp_path / "session" / "session.ddpwatch")
-    for rank in (0, 1):
-        (trace_file,) = (tmp_path / "profile").glob(f"rank{rank}.*.json")
-        events = json.loads(trace_file.read_text())["traceEvents"]
+    session, traces = profiled_run(tmp_path, "fsdp")
+    for rank, events in enumerate(traces):
         for kind, name in PROFILER_NAMES.items():
             profiled = [e for e in events if e.get("name") == name]
             recorded = [s for step in PROFILED_STEPS for s in session.reports[step][rank].spans if s.kind == kind]

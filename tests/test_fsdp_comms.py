@@ -30,3 +30,15 @@ def test_units_are_the_decoder_layers_then_the_root() -> None:
     layers = torch.nn.ModuleList([torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)])
     root = torch.nn.Sequential(torch.nn.Embedding(4, 2), torch.nn.Sequential(layers))
     assert fsdp.sharding_units(root) == [layers[0], layers[1], root]
+
+
+def test_eval_and_train_reach_the_sharded_copy_that_runs(one_rank_group: None) -> None:
+    import instrumented_ddp
+
+    model = instrumented_ddp.wrap(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Dropout(0.5)), "fsdp")
+    model.eval()
+    assert not model.sharded.training and not any(m.training for m in model.sharded.modules())
+    assert torch.equal(model(torch.ones(2, 4)), model(torch.ones(2, 4)))  # dropout off: it is the copy that runs
+    model.train()
+    assert model.sharded.training
+    assert instrumented_ddp.unwrap(model)[0].weight.shape == (4, 4)

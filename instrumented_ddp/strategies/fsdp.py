@@ -103,6 +103,13 @@ class FullyShardedFSDP2(DataParallelStrategy):
         with self.timeline.phase("forward"):
             return self.sharded(*args, **kwargs)
 
+    def train(self, mode: bool = True) -> FullyShardedFSDP2:
+        """``train()``/``eval()`` reach the sharded copy, which is what runs (it is no submodule)."""
+        super().train(mode)
+        if "sharded" in self.__dict__:
+            self.sharded.train(mode)
+        return self
+
     @contextmanager
     def no_sync(self) -> Iterator[None]:
         """FSDP keeps accumulating unsharded gradients and reduce-scatters at the next synced backward."""

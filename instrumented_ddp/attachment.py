@@ -38,13 +38,12 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from .ddp_timing import BUCKET_LAYOUT_STEPS, DDPTiming
+from .ddp_timing import DDPTiming
 from .distributed import DistributedContext
 from .protocol import DEFAULT_ADDRESS, NOT_SWITCHABLE, address_problem, is_loopback, load_client_keys
 from .watch import Watch, parameter_layout
 
 __all__ = ["NOT_SWITCHABLE", "AttachError", "Attachment", "attach"]
-
 
 
 class AttachError(RuntimeError):
@@ -175,7 +174,6 @@ class Attachment:
         self.timing = DDPTiming(ddp, self.timeline)
         self.timing.install()
         self._steps = 0
-        self._synced_backwards = 0
         self._micro_steps = 0
         self._samples = 0
         self._tokens: Any = 0
@@ -262,8 +260,7 @@ class Attachment:
         if self._backward_from is None or not self.timeline.in_step:
             return
         self.timeline.add_span("backward", self._backward_from, self.timeline.stamp(), blocking=False)
-        if self.timing.backward_ended():
-            self._synced_backwards += 1
+        self.timing.backward_ended()
 
     def _before_optimizer_step(self, _optimizer: Any, _args: Any, _kwargs: Any) -> None:
         self._optimizer_from = self.timeline.stamp() if self.timeline.in_step else None
@@ -273,11 +270,11 @@ class Attachment:
             return
         self.timeline.add_span("optimizer", self._optimizer_from, self.timeline.stamp(), blocking=False)
         loss = torch.stack(self._losses).mean() if self._losses else None
-        self.timeline.end_step(self._samples, self._tokens, loss, excluded=self._synced_backwards <= 1,
+        self.timeline.end_step(self._samples, self._tokens, loss, excluded=self.timing.reduced_backwards <= 1,
                                settings={"grad_accum": max(1, self._micro_steps)})
         if self._steps == 1 and self.publisher is not None:
             self.watch.update_hello(global_batch=self._samples * dist.get_world_size())
-        if not self._bucket_layout_sent and self._steps <= BUCKET_LAYOUT_STEPS and (layout := self.timing.rebuilt_bucket_layout()):
+        if not self._bucket_layout_sent and (layout := self.timing.bucket_layout()):
             self.watch.update_hello(bucket_layout=layout)  # which parameters each b<i> holds: the advisor reads it
             self._bucket_layout_sent = True
         self.watch.step_done()

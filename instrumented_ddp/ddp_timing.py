@@ -44,6 +44,8 @@ class DDPTiming:
         #: Whether DDP's gradients are views of its buckets by now (``gradient_as_bucket_view``,
         #: after the first backward that reduced): DDP's default then divides in place.
         self.gradients_are_views = False
+        self.reduced_backwards = 0  # backwards that reduced gradients (not under ``no_sync``)
+        self._bucket_layout: list[list[int]] = []
 
     def install(self) -> None:
         """Register the hook (DDP takes one, and keeps it for good) and time the buffer broadcast."""
@@ -56,11 +58,15 @@ class DDPTiming:
         self.last_bucket_at = None
         self.ddp.__dict__.pop("_distributed_broadcast_coalesced", None)  # the class's own method again
 
-    def rebuilt_bucket_layout(self) -> list[list[int]]:
+    def bucket_layout(self) -> list[list[int]]:
         """DDP's buckets once it has rebuilt them in gradient-ready order (its logging data says so
-        a few iterations in): the parameter indices of each, bucket ``b<i>`` the i-th; [] before."""
-        text = self.ddp._get_ddp_logging_data().get("rebuilt_per_bucket_param_indices")
-        return [[int(i) for i in bucket.split()] for bucket in str(text).split(",")] if text else []
+        a few iterations in): the parameter indices of each, bucket ``b<i>`` the i-th; [] before.
+        Kept once found, and looked for in the first ``BUCKET_LAYOUT_STEPS`` reducing backwards
+        only, so a DDP that never logs them is not asked every step."""
+        if not self._bucket_layout and self.reduced_backwards <= BUCKET_LAYOUT_STEPS:
+            text = self.ddp._get_ddp_logging_data().get("rebuilt_per_bucket_param_indices")
+            self._bucket_layout = [[int(i) for i in bucket.split()] for bucket in str(text).split(",")] if text else []
+        return self._bucket_layout
 
     def backward_ended(self) -> bool:
         """Called when backward has ended (DDP's in-backward wait ends about now). Records the
@@ -70,6 +76,7 @@ class DDPTiming:
         self.timeline.add_span("wait", self.last_bucket_at, self.timeline.stamp(), blocking=True)
         self.last_bucket_at = None
         self.gradients_are_views = bool(getattr(self.ddp, "gradient_as_bucket_view", False))
+        self.reduced_backwards += 1
         return True
 
     def _all_reduce_hook(self) -> Callable[..., torch.futures.Future]:

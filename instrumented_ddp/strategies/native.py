@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 
 from torch.nn.parallel import DistributedDataParallel
 
-from ..ddp_timing import BUCKET_LAYOUT_STEPS, DDPTiming
+from ..ddp_timing import DDPTiming
 from ..timeline import NULL_TIMELINE
 from .base import DataParallelStrategy
 
@@ -40,16 +40,12 @@ class NativeDDP(DataParallelStrategy):
 
     @property
     def bucket_layout(self) -> list[list[int]]:
-        """DDP's own buckets (``b<i>`` the i-th, parameter indices), once it has rebuilt them in
-        gradient-ready order (its logging data has them from about the third step); [] before,
-        and when not timed. Looked up for the first ``BUCKET_LAYOUT_STEPS`` steps only."""
-        if not self._bucket_layout and self._timing is not None and self._synced_backwards <= BUCKET_LAYOUT_STEPS:
-            self._bucket_layout = self._timing.rebuilt_bucket_layout()
-        return self._bucket_layout
+        """DDP's own buckets once it has rebuilt them, from about the third step
+        (``DDPTiming.bucket_layout``); [] before, and when not timed."""
+        return self._timing.bucket_layout() if self._timing is not None else []
 
     def _attach(self) -> None:
         self._synced_backwards = 0
-        self._bucket_layout: list[list[int]] = []
         device = next(self.module.parameters()).device
         ddp = DistributedDataParallel(
             self.module,

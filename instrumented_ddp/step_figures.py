@@ -16,16 +16,17 @@ from __future__ import annotations
 import math
 import statistics
 from array import array
-from collections.abc import Iterable, Sequence
 from collections import Counter
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
 from .intervals import clip, intersect, subtract, total_length, union
+from .protocol import COMM_KINDS as WIRE_COMM_KINDS
 from .protocol import StepReport, StepSummary, pack_floats, unpack_floats
 
 COMPUTE_KINDS = frozenset({"forward", "backward", "optimizer"})
-COMM_KINDS = frozenset({"all_reduce", "broadcast", "reduce_scatter", "all_gather"})
+COMM_KINDS = frozenset(WIRE_COMM_KINDS)  # the wire schema's collectives, as a set
 # A blocking span of one of these kinds means the main thread sat waiting on the
 # network; if it happened inside e.g. a backward hook, it is not compute.
 BLOCKING_KINDS = COMM_KINDS | {"wait"}

@@ -18,6 +18,7 @@ import torch
 import instrumented_ddp
 from ddpwatch.recorder import load_session
 from ddpwatch.session import Session
+from instrumented_ddp.protocol import COMM_KINDS
 from launch import REPO_ROOT, Recorder, run_torchrun
 
 TRAIN = str(REPO_ROOT / "train.py")
@@ -111,10 +112,9 @@ def test_all_reduce_count_per_step_is_exact_on_both_ranks(recordings: Record, st
 
 
 def calls_by_kind(session: Session, step: int, rank: int) -> Counter:
-    return Counter(s.kind for s in session.reports[step][rank].spans if s.kind in COLLECTIVE_KINDS)
+    return Counter(s.kind for s in session.reports[step][rank].spans if s.kind in COMM_KINDS)
 
 
-COLLECTIVE_KINDS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast")
 DECODER_LAYERS = 6  # the tiny SmolLM2: FSDP shards each layer and the root
 
 

@@ -20,44 +20,40 @@ from ..timeline import NULL_TIMELINE
 from .base import DataParallelStrategy, FullOptimizerState
 
 
-class _EmptyBuffers:
-    """What FSDP's default comms allocate: a plain tensor per call."""
+class _TimedComm:
+    """What FSDP's default comms do besides the call: allocate a plain tensor per call. Holds the
+    unit's tag, and says whether a call blocks compute: on a GPU FSDP issues it on its own stream
+    (the span's end mark lands there, after the collective), and the compute stream waits only
+    where FSDP makes it wait, which the forward's own events time; on gloo the call holds the
+    training thread."""
+
+    def __init__(self, timeline: Any, unit: int) -> None:
+        self.timeline, self.tag = timeline, f"u{unit}"
 
     def allocate(self, size: Any, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         return torch.empty(*size, dtype=dtype, device=device)
 
+    @staticmethod
+    def blocks_compute(input_tensor: torch.Tensor, async_op: bool) -> bool:
+        return not async_op and not input_tensor.is_cuda
 
-class TimedAllGather(_EmptyBuffers, AllGather):
-    """FSDP's all-gather of one unit's parameters, issued as the default does and timed.
 
-    FSDP calls it on its own all-gather stream (on a GPU), so the span's end mark lands on that
-    stream after the collective: the same synchronous-call timing as a wrap-time broadcast. On a
-    GPU it blocks nothing that computes (the compute stream waits only where FSDP makes it wait,
-    which the forward's own events time), so it is not marked blocking there; on gloo the call
-    holds the training thread, so it is.
-    """
-
-    def __init__(self, timeline: Any, unit: int) -> None:
-        self.timeline, self.tag = timeline, f"u{unit}"
+class TimedAllGather(_TimedComm, AllGather):
+    """FSDP's all-gather of one unit's parameters, issued as the default does and timed."""
 
     def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: dist.ProcessGroup,
                  async_op: bool = False) -> dist.Work | None:
         return timed_collective(self.timeline, "all_gather", input_tensor, output=output_tensor, tag=self.tag,
-                                async_op=async_op, group=group, blocking=not async_op and not input_tensor.is_cuda)
+                                async_op=async_op, group=group, blocking=self.blocks_compute(input_tensor, async_op))
 
 
-class TimedReduceScatter(_EmptyBuffers, ReduceScatter):
-    """FSDP's reduce-scatter of one unit's gradients (on its reduce-scatter stream), timed;
-    blocking as ``TimedAllGather`` is."""
-
-    def __init__(self, timeline: Any, unit: int) -> None:
-        self.timeline, self.tag = timeline, f"u{unit}"
+class TimedReduceScatter(_TimedComm, ReduceScatter):
+    """FSDP's reduce-scatter of one unit's gradients, issued as the default does and timed."""
 
     def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: dist.ProcessGroup,
                  op: Any, async_op: bool = False) -> dist.Work | None:
         return timed_collective(self.timeline, "reduce_scatter", input_tensor, output=output_tensor, tag=self.tag,
-                                async_op=async_op, group=group, op=op,
-                                blocking=not async_op and not input_tensor.is_cuda)
+                                async_op=async_op, group=group, op=op, blocking=self.blocks_compute(input_tensor, async_op))
 
 
 def sharding_units(module: nn.Module) -> list[nn.Module]:

@@ -49,7 +49,7 @@ def storage_bytes(tensors: Iterable[torch.Tensor | None]) -> int:
 def held_memory(strategy: DataParallelStrategy) -> MemoryHeld:
     """This rank's bytes of parameters, gradients and optimizer state, and its peak."""
     parameters = strategy.held_parameters()
-    gradients = [p.grad for p in parameters] + [p.grad for p in strategy.optimized_parameters()]
+    gradients = [p.grad for p in parameters]  # the shards' too: ``held_parameters`` includes them
     optimizer = strategy.optimizer
     state = [] if optimizer is None else [v for entries in optimizer.state.values() for v in entries.values()
                                           if isinstance(v, torch.Tensor)]

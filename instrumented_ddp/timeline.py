@@ -342,7 +342,7 @@ class StepTimeline:
         """``loss`` and ``tokens`` may be device tensors: they are captured without waiting for the
         device and read once the step's marks resolved. ``settings`` known only at the end (the
         micro-steps of an attached loop) are added to those given at ``begin_step``. ``memory``:
-        the bytes the rank holds now (``memory.sampled_memory``), when measured. A step that
+        the bytes the rank holds now (``memory.MemorySampler``), when measured. A step that
         carries collectives issued outside any step (the wrap-time state broadcast after a
         switch) is excluded from the statistics: it is not a step of the strategy alone."""
         step = self._current

@@ -27,7 +27,7 @@ STYLES = {
 }
 COMPUTE_PRECEDENCE = ("backward", "forward", "optimizer")
 LEGEND = [("█", "forward", "forward"), ("█", "backward", "backward"), ("█", "optimizer", "optimizer"),
-          ("▆", "hidden", "all-reduce hidden by compute"), ("▆", "exposed", "exposed: transfer"),
+          ("▆", "hidden", "collective hidden by compute"), ("▆", "exposed", "exposed: transfer"),
           ("▆", "exposed_waiting", "exposed: waiting for other ranks"), ("▁", "wait", "wait")]
 
 

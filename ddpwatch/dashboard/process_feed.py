@@ -31,7 +31,7 @@ from instrumented_ddp.protocol import DEFAULT_MAX_MESSAGE_BYTES, Envelope, Hello
 from instrumented_ddp.span_policy import HELD_STEPS
 
 from ..auth import ServerKeys
-from ..session import PackedSpans, prepare_report
+from ..session import PackedSpans, TagSequences, prepare_report
 from ..span_requests import SpanWish
 from .feeds import Arrival, Feed, Listener
 
@@ -165,10 +165,12 @@ class KnownJob:
     """What the child knows of the job to figure reports as the session would: the world the
     ranks' hellos declare, as the session counts it (the largest; the session refigures a report
     whose world turns out different), and each rank's recent summarized steps (the spans that
-    follow one are kept, not figured)."""
+    follow one are kept, not figured). A summary's tags are handed over as one tuple shared by
+    every rank that issued the same calls (``TagSequences``), which a pickled batch holds once."""
 
     def __init__(self) -> None:
         self.declared_world = 0
+        self.tag_sequences = TagSequences()
         self.summarized: defaultdict[int, deque[int]] = defaultdict(lambda: deque(maxlen=HELD_STEPS))
 
     def prepared(self, arrival: Arrival) -> Arrival:
@@ -192,4 +194,8 @@ class KnownJob:
             return arrival
         if isinstance(message, StepReport):  # its spans go over once, packed (named tuples pickle slowly)
             item = replace(item, message=prepared.report)
+        else:
+            tags = self.tag_sequences.shared(prepared.calls.tags)
+            item = replace(item, message=replace(message, all_reduce_tags=tags))
+            prepared = prepared._replace(calls=prepared.calls._replace(tags=tags))
         return Arrival(arrival.at, item, prepared)

@@ -155,6 +155,27 @@ def paced_sender(address: str, ranks: list[int], world: int, steps: int, step_s:
     context.destroy(linger=5000)
 
 
+class CollectorTime:
+    """The UI process's time in Python's cycle collector, by generation (``gc.callbacks``): its
+    full passes scan every object the session keeps, and stop the frames while they run."""
+
+    def __init__(self) -> None:
+        self.seconds = [0.0, 0.0, 0.0]
+        self.passes = [0, 0, 0]
+        self._started = 0.0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self.seconds[info["generation"]] += time.perf_counter() - self._started
+            self.passes[info["generation"]] += 1
+
+    def describe(self, elapsed: float) -> str:
+        return ", ".join(f"generation {g}: {n} passes, {1000 * s / max(n, 1):.1f} ms each, {s / elapsed:.1%} of the run"
+                         for g, (n, s) in enumerate(zip(self.passes, self.seconds)))
+
+
 def rss_mib() -> float:
     with open("/proc/self/status") as status:
         for line in status:
@@ -167,6 +188,8 @@ async def watch(args: argparse.Namespace, directory: Path) -> None:
     address = free_loopback_address()
     feed = (ProcessFeed if args.feed == "process" else LiveFeed)(address, directory / "session.ddpwatch")
     app = DashboardApp(feed, export_on_exit=False)
+    collector = CollectorTime()
+    gc.callbacks.append(collector)
     steps = int(args.seconds / args.step_s)
     groups = [list(range(args.ranks))[i :: args.senders] for i in range(args.senders)]
     spawn = mp.get_context("spawn")
@@ -206,6 +229,7 @@ async def watch(args: argparse.Namespace, directory: Path) -> None:
               f"{1000 * app.frame_seconds / max(app.frames, 1):.1f} ms on average; left to fold at the end {len(app._arrivals):,}")
         print("  frame code by part  " + ", ".join(f"{part} {1000 * seconds / max(app.frames, 1):.1f} ms"
                                                   for part, seconds in app.frame_parts.items()))
+        print(f"  cycle collector     {collector.describe(elapsed)}")
         print(f"  steps kept in memory {len(session.reports)} (spans {spans:,}); session file "
               f"{(directory / 'session.ddpwatch').stat().st_size / 2**20:.1f} MiB")
         print(f"  RSS over the run ({args.feed} feed" + (", UI process; the receiver's at the end "

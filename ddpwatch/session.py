@@ -461,7 +461,7 @@ class Session:
         if segment is not None and figures:
             if segment.folded is None:
                 segment.folded = metrics.SegmentAccumulator(self.world_size)
-            segment.folded.add_step(figures, self.counted_calls(step))
+            segment.folded.add_step(figures, self.counted_calls(step), self.step_waits(step)[0])
 
     def step_figures(self, step: int) -> dict[int, metrics.StepFigures]:
         """Each rank's figures for a kept step, computed once as its report arrived (the fold, the

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from instrumented_ddp.protocol import Envelope, SpanRequest, SwitchCommand, encode
 
 RESEND_EVERY_S = 2.0
+RETRY_AFTER_S = 0.2  # a request the socket would not take is tried again this soon
 #: A large job's dashboard wants every rank's spans of one step in this many: the recorder can
 #: rebuild a whole step's timeline that often, and ``ddpwatch replay`` shows it.
 SAMPLE_EVERY_STEPS = 25
@@ -62,6 +63,7 @@ class SpanRequester:
         self.wish = wish or SpanWish.everything()
         self.peers: dict[int, bytes] = {}
         self._sent: dict[int, tuple[SpanRequest, float]] = {}  # rank -> (request, when)
+        self._settled: tuple[SpanWish, int, float] | None = None  # (wish, peers, next resend) of the last full pass
 
     def note(self, peer: bytes, envelope: Envelope) -> None:
         if not isinstance(envelope.message, SwitchCommand) and envelope.rank >= 0:
@@ -73,13 +75,19 @@ class SpanRequester:
     def tick(self, now: float | None = None) -> int:
         """Send each rank its request where it changed or is due again; returns how many went."""
         now = time.monotonic() if now is None else now
-        sent = 0
+        if self._settled is not None and self._settled[:2] == (self.wish, len(self.peers)) and now < self._settled[2]:
+            return 0  # nothing changed and nothing is due: a 1,024-rank pass is not made 50 times a second
+        sent, next_resend = 0, now + RESEND_EVERY_S
         for rank, peer in self.peers.items():
             request = self.wish.request_for(rank)
             last = self._sent.get(rank)
             if last is not None and last[0] == request and now - last[1] < RESEND_EVERY_S:
+                next_resend = min(next_resend, last[1] + RESEND_EVERY_S)
                 continue
             if self._send(peer, encode(request)):
                 self._sent[rank] = (request, now)
                 sent += 1
+            else:  # not sent (the peer is gone, or its queue is full): tried again shortly
+                next_resend = min(next_resend, now + RETRY_AFTER_S)
+        self._settled = (self.wish, len(self.peers), next_resend)
         return sent

@@ -7,7 +7,14 @@ from synthetic_session import session_messages
 
 from ddpwatch.dashboard.app import DashboardApp
 from ddpwatch.dashboard.feeds import StaticFeed
-from ddpwatch.span_requests import LARGE_JOB_DEVICE_EVERY_S, RESEND_EVERY_S, SAMPLE_EVERY_STEPS, SpanRequester, SpanWish
+from ddpwatch.span_requests import (
+    LARGE_JOB_DEVICE_EVERY_S,
+    RESEND_EVERY_S,
+    RETRY_AFTER_S,
+    SAMPLE_EVERY_STEPS,
+    SpanRequester,
+    SpanWish,
+)
 from instrumented_ddp.protocol import Envelope, Heartbeat, SpanRequest, SwitchCommand, decode
 
 
@@ -39,6 +46,29 @@ def test_each_rank_heard_from_gets_its_request_again_only_when_it_changes_or_is_
                                  b"peer-2": SpanRequest(False, 20, [7])}
     assert requester.tick(now=11.0 + RESEND_EVERY_S / 2) == 0
     assert requester.tick(now=11.0 + RESEND_EVERY_S) == 3  # repeated: a rank that missed it is set right
+
+
+def test_between_changes_a_tick_looks_at_no_rank_and_a_refused_send_is_retried_soon(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A receiver ticks ~50 times a second: at 1,024 ranks a pass over every rank each time was
+    7 % of the receiver process. A new rank, a new wish or a due resend still go out at once."""
+    looked: list[int] = []
+    request_for = SpanWish.request_for
+    monkeypatch.setattr(SpanWish, "request_for", lambda wish, rank: looked.append(rank) or request_for(wish, rank))
+    outbox, refused = Outbox(), {b"peer-1"}
+    requester = SpanRequester(lambda peer, data: peer not in refused and outbox.send(peer, data))
+    for rank in (0, 1):
+        heard(requester, rank)
+    assert requester.tick(now=5.0) == 1 and looked == [0, 1]  # rank 1's queue would not take it
+    looked.clear()
+    assert requester.tick(now=5.0 + RETRY_AFTER_S / 2) == 0 and looked == []
+    refused.clear()
+    assert requester.tick(now=5.0 + RETRY_AFTER_S) == 1 and looked == [0, 1]  # rank 1 at last
+    looked.clear()
+    assert requester.tick(now=6.0) == 0 and looked == []
+    heard(requester, 2)
+    assert requester.tick(now=6.1) == 1 and outbox.sent[-1][0] == b"peer-2"
+    requester.want(SpanWish.sampled(10))
+    assert requester.tick(now=6.2) == 3
 
 
 def test_a_pinned_step_without_ranks_named_goes_to_every_rank() -> None:

@@ -27,7 +27,7 @@ from ..span_requests import LARGE_JOB_DEVICE_EVERY_S, SAMPLE_EVERY_STEPS, SpanWi
 from .feeds import Arrival, Feed, ReplayFeed
 from .screens.help_screen import HelpScreen
 from .screens.strategy_picker import StrategyPicker, SwitchChoice
-from .snapshot import EVERY_RANK_IN_THE_TIMELINE_UP_TO, Snapshot, SnapshotBuilder, pick_timeline_ranks
+from .snapshot import EVERY_RANK_IN_THE_TIMELINE_UP_TO, DeviceSeries, Snapshot, SnapshotBuilder
 from .widgets.advisor_panel import AdvisorPanel
 from .widgets.header_bar import HeaderBar
 from .widgets.rank_heatmap import RankHeatmap
@@ -100,6 +100,7 @@ class DashboardApp(App[None]):
         self.frame_seconds = 0.0  # our code's time in frames (bench/dashboard_load.py reports it) ...
         self.frame_parts: Counter[str] = Counter()  # ... by part: "ingest", "build", then each panel's show
         self._arrivals: deque[Arrival] = deque()  # drained from the feed, not folded in yet
+        self._devices_shown: tuple[tuple[DeviceSeries, ...] | None, tuple[Series, ...]] = (None, ())
 
     def compose(self) -> ComposeResult:
         # Kept as attributes: the frame timer draws into them even while a modal screen is on top.
@@ -196,7 +197,7 @@ class DashboardApp(App[None]):
         self.ranks_table.show(snapshot.ranks)
         timed("ranks table")
         if side_tab == "devices":  # the side panel's hidden tabs are drawn when they are shown
-            self.device_panel.show(tuple(Series(f"rank {d.rank} {d.label}", d.values, "%") for d in snapshot.devices))
+            self.device_panel.show(self._device_series(snapshot.devices))
         elif side_tab == "trends":
             self.trends_panel.show((Series("loss (mean over ranks)", snapshot.loss), Series("step time", snapshot.step_ms, " ms")))
         elif side_tab == "heatmap":
@@ -217,6 +218,14 @@ class DashboardApp(App[None]):
         self.frames += 1
         self.frame_seconds += time.perf_counter() - started
 
+    def _device_series(self, devices: tuple[DeviceSeries, ...]) -> tuple[Series, ...]:
+        """The devices tab's series, made again only when the snapshot's are new: a large job's
+        are kept for half a second, and 1,024 series made and compared every frame cost more
+        than drawing them."""
+        if self._devices_shown[0] is not devices:
+            self._devices_shown = (devices, tuple(Series(f"rank {d.rank} {d.label}", d.values, "%") for d in devices))
+        return self._devices_shown[1]
+
     def span_wish(self) -> SpanWish:
         """Every span of a job small enough to draw every rank (as before summaries existed).
         Above that: every step of the ranks the timeline draws, their spans of the step on
@@ -226,8 +235,7 @@ class DashboardApp(App[None]):
         if self.session.world_size <= EVERY_RANK_IN_THE_TIMELINE_UP_TO:
             return SpanWish.everything()
         step = self.selected_step if self.selected_step is not None else self.session.latest_complete_step()
-        figures = self.session.step_figures(step) if step is not None else {}
-        drawn = {rank for rank, _ in pick_timeline_ranks(figures, self.selected_rank)}
+        drawn = {rank for rank, _ in self.builder.timeline_ranks(step, self.selected_rank)}
         return SpanWish.sampled(SAMPLE_EVERY_STEPS, drawn, () if step is None else (step,),
                                 None if self.selected_step is not None else drawn, LARGE_JOB_DEVICE_EVERY_S)
 

@@ -194,6 +194,8 @@ class SnapshotBuilder:
     _devices_made: tuple[float, tuple[DeviceSeries, ...]] = (0.0, ())  # (made at, series): large jobs
     _straggler_made: tuple[Any, metrics.Straggler | None] = (None, None)  # (steps it was found over, straggler)
     _advice_made: tuple[float, Any, Advice | str | None] = (-1.0, None, None)  # (made at, (steps, segments), advice)
+    _roles: tuple[Any, tuple[tuple[int, str], ...]] = (None, ())  # ((step, figures, selected), timeline ranks)
+    _warnings_made: tuple[float, int | None, dict[str, tuple[str, ...]]] = (-math.inf, None, {})  # (made at, step, parts)
 
     def waits_of(self, step: int | None) -> dict[int, float]:
         """Cross-rank waits of a step's counted reports (the straggler check looks at the last
@@ -243,7 +245,7 @@ class SnapshotBuilder:
         reports = session.reports.get(step, {}) if step is not None else {}
         waits = self.waits_of(step)
         figures = session.step_figures(step) if step is not None else {}
-        roles = pick_timeline_ranks(figures, selected_rank) if len(reports) > EVERY_RANK_IN_THE_TIMELINE_UP_TO else None
+        roles = self.timeline_ranks(step, selected_rank) if len(reports) > EVERY_RANK_IN_THE_TIMELINE_UP_TO else None
         if (step, len(reports), roles, session.details) != self._shown_step:
             self._shown_step = (step, len(reports), roles, session.details)
             self._timeline = timeline_of(step, self._with_spans(step, reports), session.step_calls(step),  # type: ignore[arg-type]
@@ -259,12 +261,20 @@ class SnapshotBuilder:
             loss=tuple(s.loss for s in trend if s.loss is not None),
             step_ms=tuple(s.step_ms for s in trend if s.ranks),
             segments=tuple(self._segment_row(segment, now) for segment in session.segments),
-            warnings=tuple(self._warnings(step, now)),
-            notes=tuple(self._notes()),
+            **self._warnings_and_notes(step, now),
             heatmap=self._heatmap(heatmap_metric, open_nodes, now) if side_tab in (None, "heatmap") else None,
             stragglers=self._top_stragglers(step) if side_tab in (None, "stragglers") else (),
             advice=self.advice(now) if side_tab in (None, "advisor") else None,
         )
+
+    def timeline_ranks(self, step: int | None, selected_rank: int | None) -> tuple[tuple[int, str], ...]:
+        """``pick_timeline_ranks`` of a kept step, made again when the step gains a figure or
+        the selection changes (the frame and the span wish both ask; 1,024 ranks a pass)."""
+        figures = self.session.step_figures(step) if step is not None else {}
+        key = (step, len(figures), selected_rank)
+        if self._roles[0] != key:
+            self._roles = (key, pick_timeline_ranks(figures, selected_rank))
+        return self._roles[1]
 
     def advice(self, now: float) -> Advice | str:
         """Remade at most once a second, and only when a step or segment came since."""
@@ -448,6 +458,16 @@ class SnapshotBuilder:
         self._segment_rows[segment.index] = (now, key, row)
         return row
 
+    def _warnings_and_notes(self, step: int | None, now: float) -> dict[str, tuple[str, ...]]:
+        """A large job's made at most every ``LARGE_JOB_ROWS_REFRESH_S`` (and at once for another
+        step): each is a few passes over every rank, and at 1,024 ranks they changed seldom."""
+        made_at, made_for, kept = self._warnings_made
+        if made_for == step and now - made_at < LARGE_JOB_ROWS_REFRESH_S and len(self.session.ranks) > EVERY_RANK_IN_THE_TIMELINE_UP_TO:
+            return kept
+        made = {"warnings": tuple(self._warnings(step, now)), "notes": tuple(self._notes())}
+        self._warnings_made = (now, step, made)
+        return made
+
     def _warnings(self, step: int | None, now: float) -> list[str]:
         session, lines = self.session, []
         desync = self._desync_range(step)
@@ -495,15 +515,26 @@ class SnapshotBuilder:
         """Not faults: reports that came late (heartbeats run ahead of reports still resolving),
         and why a rank's device readings are not what its device suggests."""
         lines = []
-        for rank, state in sorted(self.session.ranks.items()):
-            if state.late:
+        late = {rank: state for rank, state in sorted(self.session.ranks.items()) if state.late}
+        if len(late) > FEW_RANKS:  # one line for many, as the warnings do
+            total, unused = sum(s.late for s in late.values()), sum(s.late_unused for s in late.values())
+            tail = f"; {unused} came after their step was folded and are left out" if unused else ""
+            lines.append(f"{len(late)} ranks sent {total} step reports late ({total - unused} used{tail}): ranks {ranks_text(late)}")
+        else:
+            for rank, state in late.items():
                 used = state.late - state.late_unused
                 tail = f"; {state.late_unused} came after their step was folded and are left out" if state.late_unused else ""
                 lines.append(f"rank {rank}: {state.late} step report{'s' if state.late != 1 else ''} arrived late "
                              f"({used} used{tail})")
+        noted: dict[str, list[tuple[int, str]]] = {}  # a note -> the (rank, device) it came from
         for rank, state in sorted(self.session.ranks.items()):
             if state.hello is not None and state.hello.device_note:
-                lines.append(f"rank {rank} ({state.hello.device}): {state.hello.device_note}")
+                noted.setdefault(state.hello.device_note, []).append((rank, state.hello.device))
+        for note, ranks in noted.items():  # a thousand GPUs without NVML say it once
+            if len(ranks) > FEW_RANKS:
+                lines.append(f"{len(ranks)} ranks ({ranks_text(rank for rank, _ in ranks)}): {note}")
+            else:
+                lines += [f"rank {rank} ({device}): {note}" for rank, device in ranks]
         return lines
 
     def _desync_range(self, step: int | None) -> metrics.DesyncRange | None:

@@ -34,6 +34,8 @@ MIN_DETAIL_STEPS = 8  # steps whose details a session with ``detail_rank_steps``
 FOLD_LAG = 20  # a step still missing a rank this far behind the newest is folded as it is
 LOST_AFTER_S = 2.5  # heartbeats come every second: a killed rank shows as lost within 3 s
 STEP_REORDER_SLACK = 2  # a report this many steps behind the rank's newest is neither late nor backwards
+DEVICE_SAMPLES_PER_RANK = 600  # kept per rank (the dashboard's series, trace.json's device counters) ...
+MIN_DEVICE_SAMPLES = 8  # ... or, in a session with ``device_samples`` set, that many over all ranks, this many at least
 
 
 class StepSet:
@@ -158,7 +160,8 @@ def prepare_report(message: StepReport | StepSummary, world_size: int) -> Prepar
         figures, report = summary_figures(message, calls), report_without_spans(message)
     else:
         (figures, calls), report = metrics.figures_and_calls(message, world_size), message
-    return PreparedReport(figures, calls, replace(report, spans=PackedSpans(report.spans)), world_size)
+    spans = PackedSpans(report.spans) if len(report.spans) else NO_SPANS  # one object for every summary's none
+    return PreparedReport(figures, calls, replace(report, spans=spans), world_size)
 
 
 @dataclass
@@ -201,7 +204,7 @@ class RankState:
     late_unused: int = 0  # ... of which came after the session had folded their step
     unresolved: int = 0  # reports whose timing marks never all resolved (left out of the figures)
     goodbye: Goodbye | None = None
-    devices: deque[DeviceSample] = field(default_factory=lambda: deque(maxlen=600))
+    devices: deque[DeviceSample] = field(default_factory=lambda: deque(maxlen=DEVICE_SAMPLES_PER_RANK))
     devices_received: int = 0  # ever appended to ``devices``: how many are new since a count
     memory: dict[str, int] = field(default_factory=dict)  # bytes held, from its newest report that measured them
     memory_step: int = -1
@@ -221,12 +224,17 @@ class Session:
     (at least ``MIN_DETAIL_STEPS``); its figures, window and cross-rank waits stay for all
     ``keep_steps``. A 64-rank job keeps every detail of 120 steps; a 1,024-rank job sending 300
     all-reduces a step would otherwise hold ~2 GiB of them. A step pinned later gets its spans
-    back from the ranks.
+    back from the ranks. With ``device_samples``, the ranks' device samples kept are bounded the
+    same way: that many over all ranks (at least ``MIN_DEVICE_SAMPLES`` each), instead of
+    ``DEVICE_SAMPLES_PER_RANK`` each (at 1,024 ranks, 600 each were ~300 MiB and 1.8M objects
+    for the cycle collector to scan).
     """
 
-    def __init__(self, keep_steps: int | None = None, detail_rank_steps: int | None = None) -> None:
+    def __init__(self, keep_steps: int | None = None, detail_rank_steps: int | None = None,
+                 device_samples: int | None = None) -> None:
         self.keep_steps = keep_steps
         self.detail_rank_steps = detail_rank_steps
+        self.device_samples = device_samples
         self._detail_steps: deque[int] = deque()  # kept steps whose details are kept, in arrival order
         self._details_forgotten: set[int] = set()
         self._waits: dict[int, tuple[int, dict[int, float], dict[int, float]]] = {}  # step -> (reports, waited, waited for)
@@ -274,6 +282,9 @@ class Session:
         elif isinstance(message, DeviceSample):
             rank.devices.append(message)
             rank.devices_received += 1
+            if self.device_samples is not None:
+                while len(rank.devices) > max(MIN_DEVICE_SAMPLES, self.device_samples // max(self.world_size, 1)):
+                    rank.devices.popleft()
         elif isinstance(message, Heartbeat):
             rank.last_step = max(rank.last_step, message.step)
         elif isinstance(message, Ack):

@@ -209,3 +209,22 @@ def test_spans_pinned_after_their_details_were_forgotten_come_back_with_their_du
     send(0, step_report(0, 1, "bucket"))  # the user pinned step 1
     assert session.has_spans(1, 0) and not session.has_spans(1, 1)
     assert session.step_calls(1) == {0: call_times(step_report(0, 1, "bucket"))}
+
+
+def test_a_session_with_a_device_sample_budget_shares_it_over_the_ranks() -> None:
+    """A dashboard keeps 600 samples a rank up to 64 ranks; at 1,024 that was ~300 MiB and 1.8M
+    objects for the cycle collector. The budget is split over the world, eight a rank at least."""
+    from instrumented_ddp.protocol import DeviceSample, encode
+
+    def samples(session: Session, world: int, count: int) -> list[int]:
+        messages = [encode(hello(rank, world_size=world), seq=0) for rank in range(world)]
+        messages += [encode(DeviceSample(rank, float(i), "cpu", {"process_cpu_pct": float(i)}), seq=1 + i)
+                     for i in range(count) for rank in range(world)]
+        ingest(session, messages)
+        assert all(s.devices_received == count for s in session.ranks.values())
+        assert all(s.devices[-1].readings["process_cpu_pct"] == count - 1 for s in session.ranks.values())  # the newest kept
+        return [len(s.devices) for s in session.ranks.values()]
+
+    assert samples(Session(device_samples=40), 2, 50) == [20, 20]
+    assert samples(Session(device_samples=40), 16, 50) == [8] * 16
+    assert samples(Session(), 2, 700) == [600, 600]  # no budget: 600 a rank, as the recorder keeps

@@ -22,7 +22,7 @@ from instrumented_ddp.protocol import NOT_SWITCHABLE, STRATEGY_NAMES, Ack, Envel
 from ..control import new_command
 from ..exporters import write_exports
 from ..heatmap import HEATMAP_METRICS
-from ..session import Session
+from ..session import DEVICE_SAMPLES_PER_RANK, Session
 from ..span_requests import LARGE_JOB_DEVICE_EVERY_S, SAMPLE_EVERY_STEPS, SpanWish
 from .feeds import Arrival, Feed, ReplayFeed
 from .screens.help_screen import HelpScreen
@@ -43,6 +43,7 @@ FRAME_INTERVAL_S = 0.1
 INGEST_BUDGET_S = 0.06  # a frame folds in messages for at most this long (see ingest_arrived)
 NOTICE_S = 10.0
 KEEP_STEPS = 120  # steps whose reports stay in memory (timeline, trends); older ones live on in the segment figures
+DEVICE_SAMPLES = 64 * DEVICE_SAMPLES_PER_RANK  # device samples kept over all ranks: 600 each up to 64 ranks, 37 at 1,024
 DETAIL_RANK_STEPS = 64 * KEEP_STEPS  # reports whose spans and all-reduce durations stay (see Session): all of 64 ranks'
 # Python's cycle collector scans every tracked object in a full pass: here ~500 ns each. With the
 # default threshold (10 younger passes) a full pass came more than once a second at 64 ranks and
@@ -86,7 +87,7 @@ class DashboardApp(App[None]):
         self.out_dir = out_dir
         self.frame_interval_s = frame_interval_s
         self.export_on_exit = export_on_exit
-        self.session = Session(keep_steps=KEEP_STEPS, detail_rank_steps=DETAIL_RANK_STEPS)
+        self.session = Session(keep_steps=KEEP_STEPS, detail_rank_steps=DETAIL_RANK_STEPS, device_samples=DEVICE_SAMPLES)
         self.builder = SnapshotBuilder(self.session)
         self.selected_step: int | None = None  # None: follow the latest step
         self.selected_rank: int | None = None

@@ -29,6 +29,7 @@ import resource
 import sys
 import tempfile
 import time
+from collections import Counter
 from dataclasses import replace
 from multiprocessing.queues import Queue
 from pathlib import Path
@@ -230,6 +231,9 @@ async def watch(args: argparse.Namespace, directory: Path) -> None:
         print("  frame code by part  " + ", ".join(f"{part} {1000 * seconds / max(app.frames, 1):.1f} ms"
                                                   for part, seconds in app.frame_parts.items()))
         print(f"  cycle collector     {collector.describe(elapsed)}")
+        tracked = Counter(type(o).__name__ for o in gc.get_objects())
+        print(f"  objects it tracks   {sum(tracked.values()):,} at the end: "
+              + ", ".join(f"{name} {n:,}" for name, n in tracked.most_common(10)))
         print(f"  steps kept in memory {len(session.reports)} (spans {spans:,}); session file "
               f"{(directory / 'session.ddpwatch').stat().st_size / 2**20:.1f} MiB")
         print(f"  RSS over the run ({args.feed} feed" + (", UI process; the receiver's at the end "

@@ -69,7 +69,10 @@ class Span(NamedTuple):
         return self.end - self.start
 
 
-@dataclass(frozen=True)
+# Every message is slotted: a dashboard keeps a report per rank per step (120 x 1,024) and
+# thousands of device samples; without a ``__dict__`` each is one object for the cycle
+# collector to scan, not two, and smaller.
+@dataclass(frozen=True, slots=True)
 class Hello:
     """Who a rank is and what it trains: sent first and repeated, so a late dashboard catches up."""
 
@@ -98,7 +101,7 @@ class Hello:
     switchable: bool = True
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class StepReport:
     """Everything one rank did in one optimizer step. ``excluded``: left out of the statistics
     (native DDP's first iteration, which reduces one bucket before buckets are rebuilt; the step
@@ -125,7 +128,7 @@ class StepReport:
     memory: dict[str, int] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class StepSummary:
     """One rank's step as figures it computed itself (``instrumented_ddp.step_figures``), sent in
     place of the full ``StepReport`` when the dashboard has not asked for this rank's spans: a
@@ -160,7 +163,7 @@ class StepSummary:
     memory: dict[str, int] = field(default_factory=dict)  # as in ``StepReport``
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class SpanRequest:
     """What the dashboard (or recorder) wants of one rank's spans; the rank sends a full
     ``StepReport`` for a step when ``full`` is set, when ``sample_every`` divides the step, or
@@ -177,7 +180,7 @@ class SpanRequest:
     device_every_s: float = 0.0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Heartbeat:
     TYPE: ClassVar[str] = "heartbeat"
     rank: int
@@ -185,7 +188,7 @@ class Heartbeat:
     step: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class DeviceSample:
     """Readings of a rank's device; a reading the device cannot give is absent, never zero."""
 
@@ -196,7 +199,7 @@ class DeviceSample:
     readings: dict[str, float]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class SwitchCommand:
     """Ask every rank to move to another strategy at the next optimizer-step boundary."""
 
@@ -207,7 +210,7 @@ class SwitchCommand:
     grad_accum: int | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Ack:
     """A rank's acknowledgement of a control command, with the step where it took effect."""
 
@@ -219,7 +222,7 @@ class Ack:
     detail: str = ""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Goodbye:
     TYPE: ClassVar[str] = "goodbye"
     rank: int
@@ -250,7 +253,7 @@ def unpack_floats(data: bytes) -> array[float]:
     return values
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Envelope:
     message: Message
     rank: int

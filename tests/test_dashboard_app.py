@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import socket
 import time
 from dataclasses import replace
@@ -11,7 +12,7 @@ import zmq
 from textual.widgets import Static, TabbedContent
 
 from ddpwatch import exporters
-from ddpwatch.dashboard.app import DashboardApp
+from ddpwatch.dashboard.app import FULL_COLLECTION_AFTER, LARGE_JOB_FULL_COLLECTION_AFTER, DashboardApp
 from ddpwatch.dashboard.feeds import StaticFeed
 from ddpwatch.dashboard.process_feed import ProcessFeed
 from ddpwatch.dashboard.screens.help_screen import HelpScreen
@@ -549,6 +550,21 @@ def test_a_large_jobs_rows_and_warnings_are_remade_at_most_twice_a_second_and_at
     assert any("80 ranks lost" in line for line in builder.build(now=arrived + 2.8).warnings)  # half a second on
     later = builder.build(now=arrived + 3.3, open_nodes={0})  # half a second on
     assert later.ranks is not opened.ranks and later.ranks == opened.ranks
+
+async def test_a_large_job_makes_full_cycle_collections_rarer_and_the_app_restores_them() -> None:
+    """Above 64 ranks a full pass over what the session keeps takes ~1 s at 1,024 ranks."""
+    before = gc.get_threshold()
+    small = DashboardApp(StaticFeed(session_messages(steps=2)), export_on_exit=False)
+    async with small.run_test(size=(120, 40)) as pilot:
+        await pilot.pause(0.3)
+        assert gc.get_threshold()[2] == FULL_COLLECTION_AFTER
+    hellos = {rank: replace(hello(rank, world_size=80), node_rank=rank // 8) for rank in range(80)}
+    large = DashboardApp(StaticFeed(session_messages(steps=2, world_size=80, hellos=hellos)), export_on_exit=False)
+    async with large.run_test(size=(120, 40)) as pilot:
+        await pilot.pause(0.3)
+        assert gc.get_threshold()[2] == LARGE_JOB_FULL_COLLECTION_AFTER
+    assert gc.get_threshold() == before
+
 
 async def test_a_large_jobs_ranks_table_has_a_row_per_node_opened_by_enter() -> None:
     world = 80  # above 64 ranks: a row per node of 8

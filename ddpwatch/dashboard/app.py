@@ -51,6 +51,11 @@ DETAIL_RANK_STEPS = 64 * KEEP_STEPS  # reports whose spans and all-reduce durati
 # frozen out of it; 100 younger passes make a full pass about every 6 s. Textual's strips form
 # reference cycles, so waiting much longer lets their garbage pile up (1.4 MiB/s at 1000).
 FULL_COLLECTION_AFTER = 100
+# Above 64 ranks the session keeps ~800k objects (1,024 ranks x 120 steps) and a full pass took
+# ~1 s, every 10 s: 10 % of a five-minute 1,024-rank run, a frozen second each time. At 1000 it
+# came every ~75 s and the RSS after five minutes was the same (584 vs 585 MiB): fewer frames
+# a second make fewer strips.
+LARGE_JOB_FULL_COLLECTION_AFTER = 1000
 
 
 #: The actions that ask the run to switch (keys hidden for a run that cannot).
@@ -102,6 +107,7 @@ class DashboardApp(App[None]):
         self.frame_parts: Counter[str] = Counter()  # ... by part: "ingest", "build", then each panel's show
         self._arrivals: deque[Arrival] = deque()  # drained from the feed, not folded in yet
         self._devices_shown: tuple[tuple[DeviceSeries, ...] | None, tuple[Series, ...]] = (None, ())
+        self._full_collection_after = 0  # set at mount (see FULL_COLLECTION_AFTER)
 
     def compose(self) -> ComposeResult:
         # Kept as attributes: the frame timer draws into them even while a modal screen is on top.
@@ -140,7 +146,8 @@ class DashboardApp(App[None]):
         self._gc_thresholds = gc.get_threshold()
         gc.collect()
         gc.freeze()
-        gc.set_threshold(*self._gc_thresholds[:2], FULL_COLLECTION_AFTER)
+        self._full_collection_after = FULL_COLLECTION_AFTER  # a large job's, once it shows itself
+        gc.set_threshold(*self._gc_thresholds[:2], self._full_collection_after)
         self.feed.start()
         self.set_interval(self.frame_interval_s, self.refresh_frame)
 
@@ -182,6 +189,9 @@ class DashboardApp(App[None]):
             clock = now
 
         self.ingest_arrived(INGEST_BUDGET_S)
+        if self._full_collection_after == FULL_COLLECTION_AFTER and len(self.session.ranks) > EVERY_RANK_IN_THE_TIMELINE_UP_TO:
+            self._full_collection_after = LARGE_JOB_FULL_COLLECTION_AFTER
+            gc.set_threshold(*self._gc_thresholds[:2], self._full_collection_after)
         timed("ingest")
         side_tab = self.side_tabs.active.removesuffix("-tab")
         self.snapshot = snapshot = self.builder.build(self.selected_step, heatmap_metric=self.heatmap_metric,

@@ -69,10 +69,7 @@ class Span(NamedTuple):
         return self.end - self.start
 
 
-# Every message is slotted: a dashboard keeps a report per rank per step (120 x 1,024) and
-# thousands of device samples; without a ``__dict__`` each is one object for the cycle
-# collector to scan, not two, and smaller.
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Hello:
     """Who a rank is and what it trains: sent first and repeated, so a late dashboard catches up."""
 
@@ -101,7 +98,7 @@ class Hello:
     switchable: bool = True
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class StepReport:
     """Everything one rank did in one optimizer step. ``excluded``: left out of the statistics
     (native DDP's first iteration, which reduces one bucket before buckets are rebuilt; the step
@@ -128,7 +125,7 @@ class StepReport:
     memory: dict[str, int] = field(default_factory=dict)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class StepSummary:
     """One rank's step as figures it computed itself (``instrumented_ddp.step_figures``), sent in
     place of the full ``StepReport`` when the dashboard has not asked for this rank's spans: a
@@ -163,7 +160,7 @@ class StepSummary:
     memory: dict[str, int] = field(default_factory=dict)  # as in ``StepReport``
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class SpanRequest:
     """What the dashboard (or recorder) wants of one rank's spans; the rank sends a full
     ``StepReport`` for a step when ``full`` is set, when ``sample_every`` divides the step, or
@@ -180,7 +177,7 @@ class SpanRequest:
     device_every_s: float = 0.0
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Heartbeat:
     TYPE: ClassVar[str] = "heartbeat"
     rank: int
@@ -188,7 +185,7 @@ class Heartbeat:
     step: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class DeviceSample:
     """Readings of a rank's device; a reading the device cannot give is absent, never zero."""
 
@@ -199,7 +196,7 @@ class DeviceSample:
     readings: dict[str, float]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class SwitchCommand:
     """Ask every rank to move to another strategy at the next optimizer-step boundary."""
 
@@ -210,7 +207,7 @@ class SwitchCommand:
     grad_accum: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Ack:
     """A rank's acknowledgement of a control command, with the step where it took effect."""
 
@@ -222,7 +219,7 @@ class Ack:
     detail: str = ""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Goodbye:
     TYPE: ClassVar[str] = "goodbye"
     rank: int
@@ -253,7 +250,7 @@ def unpack_floats(data: bytes) -> array[float]:
     return values
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Envelope:
     message: Message
     rank: int

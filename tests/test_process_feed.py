@@ -4,6 +4,7 @@ figured exactly as the session would figure it in one process."""
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from ddpwatch.demo import free_loopback_address
 from ddpwatch.receiver import ingest
 from ddpwatch.session import Session
 from ddpwatch.session_file import read_session_file
-from instrumented_ddp.protocol import Envelope, ProtocolError, SpanRequest, StepReport, decode, encode
+from instrumented_ddp.protocol import Envelope, Hello, ProtocolError, SpanRequest, StepReport, decode, encode
 from instrumented_ddp.span_policy import SpanPolicy
 from instrumented_ddp.step_figures import summarize
 from instrumented_ddp.telemetry import routing_id
@@ -82,6 +83,8 @@ def test_process_feed_hands_over_every_message_recorded_and_figured_as_one_proce
         tmp_path: Path, listening: tuple[ProcessFeed, Ranks]) -> None:
     feed, ranks = listening
     messages = _with_summaries(session_messages(steps=8))
+    hellos = {envelope.rank: envelope.message for envelope in map(decode, messages) if isinstance(envelope.message, Hello)}
+    messages += [encode(hellos[0], 1000), encode(replace(hellos[1], device_note="changed"), 1000)]  # repeated; changed
     ranks.send(messages)
     ranks.sockets[1].send(b"\xc1garbage")  # rejected, counted, and handed over as such
     arrivals = _drain(feed, len(messages) + 1)
@@ -95,6 +98,10 @@ def test_process_feed_hands_over_every_message_recorded_and_figured_as_one_proce
     assert len(reports) == 24 and len(summaries_and_reports) == 16  # ... all but the spans sent after a summary
     assert sum(type(a.item.message).__name__ == "StepSummary" for a in reports) == 16  # 8 steps x 2 ranks
 
+    handed_hellos = {rank: [a.item.message for a in arrivals if isinstance(a.item.message, Hello) and a.item.rank == rank]
+                     for rank in (0, 1)}
+    assert handed_hellos[0][0] is handed_hellos[0][1]  # went over as a SameHello: the very object again
+    assert handed_hellos[1][0] is not handed_hellos[1][1] and handed_hellos[1][1].device_note == "changed"
     summaries = [a for a in reports if type(a.item.message).__name__ == "StepSummary"]
     assert all(a.item.message.all_reduce_seconds == b"" == a.item.message.algbw_gbps for a in summaries)  # figured only
 

@@ -25,7 +25,7 @@ from collections import defaultdict, deque
 from dataclasses import replace
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from instrumented_ddp.protocol import DEFAULT_MAX_MESSAGE_BYTES, Envelope, Hello, StepReport, StepSummary, SwitchCommand
 from instrumented_ddp.span_policy import HELD_STEPS
@@ -60,6 +60,7 @@ class ProcessFeed(Feed):
         self.description = f"listening on {address}{' (CURVE)' if keys else ''} · recording {session_file}"
         self._send_lock = threading.Lock()
         self._wish: SpanWish | None = None
+        self._hellos: dict[int, Hello] = {}  # each rank's hello as last handed over (see SameHello)
         context = mp.get_context("spawn")  # a fork would copy the parent's threads' locks and ZeroMQ state
         self._connection, child_end = context.Pipe(duplex=True)
         self._process = context.Process(target=serve, args=(address, session_file, max_message_bytes, keys, child_end),
@@ -125,7 +126,20 @@ class ProcessFeed(Feed):
             batch: list[Arrival] | None = pickle.loads(data)
             if batch is None:  # the child's last word after a stop
                 return
-            self._items.extend(batch)
+            self._items.extend(self._with_hellos(batch))
+
+    def _with_hellos(self, batch: list[Arrival]) -> list[Arrival]:
+        """Each ``SameHello`` back as the rank's hello handed over before it (the very object: the
+        session and the ranks table see nothing new), in order, so one earlier in the batch counts."""
+        for index, arrival in enumerate(batch):
+            item = arrival.item
+            if type(item) is Envelope:
+                message = item.message
+                if type(message) is Hello:
+                    self._hellos[message.rank] = message
+                elif type(message) is SameHello:
+                    batch[index] = arrival._replace(item=replace(item, message=self._hellos[message.rank]))
+        return batch
 
 
 def serve(address: str, session_file: Path, max_message_bytes: int, keys: ServerKeys | None, connection: Connection) -> None:
@@ -161,17 +175,28 @@ def serve(address: str, session_file: Path, max_message_bytes: int, keys: Server
         listener.close()
 
 
+class SameHello(NamedTuple):
+    """Handed over in place of a rank's hello equal to the one handed over before it: every rank
+    repeats its hello every 2 s, and at 1,024 ranks loading 512 hellos a second (parameter and
+    bucket layouts: ~2.6 KB and ~100 objects each, kept 2 s) was a large part of what the UI's
+    cycle collector scanned."""
+
+    rank: int
+
+
 class KnownJob:
     """What the child knows of the job to figure reports as the session would: the world the
     ranks' hellos declare, as the session counts it (the largest; the session refigures a report
     whose world turns out different), and each rank's recent summarized steps (the spans that
     follow one are kept, not figured). A summary's tags are handed over as one tuple shared by
     every rank that issued the same calls (``TagSequences``), which a pickled batch holds once,
-    and its packed floats only as the prepared figures and calls (10.4 -> 5.6 KB a summary)."""
+    and its packed floats only as the prepared figures and calls (10.4 -> 5.5 KB a summary); a
+    repeated hello as a ``SameHello``."""
 
     def __init__(self) -> None:
         self.declared_world = 0
         self.tag_sequences = TagSequences()
+        self.hellos: dict[int, Hello] = {}  # each rank's hello as last handed over in full
         self.summarized: defaultdict[int, deque[int]] = defaultdict(lambda: deque(maxlen=HELD_STEPS))
 
     def prepared(self, arrival: Arrival) -> Arrival:
@@ -182,6 +207,9 @@ class KnownJob:
         message = item.message
         if isinstance(message, Hello) and 0 <= message.rank < message.world_size:
             self.declared_world = max(self.declared_world, message.world_size)
+            if self.hellos.get(message.rank) == message:
+                return arrival._replace(item=replace(item, message=SameHello(message.rank)))
+            self.hellos[message.rank] = message
         if isinstance(message, StepSummary):
             self.summarized[message.rank].append(message.step)
         elif isinstance(message, StepReport) and message.step in self.summarized.get(message.rank, ()):

@@ -107,6 +107,7 @@ class DashboardApp(App[None]):
         self.frame_parts: Counter[str] = Counter()  # ... by part: "ingest", "build", then each panel's show
         self._arrivals: deque[Arrival] = deque()  # drained from the feed, not folded in yet
         self._devices_shown: tuple[tuple[DeviceSeries, ...] | None, tuple[Series, ...]] = (None, ())
+        self._series_made: dict[int, tuple[DeviceSeries, Series]] = {}  # rank -> (its series, as drawn)
         self._full_collection_after = 0  # set at mount (see FULL_COLLECTION_AFTER)
 
     def compose(self) -> ComposeResult:
@@ -234,8 +235,16 @@ class DashboardApp(App[None]):
         are kept for half a second, and 1,024 series made and compared every frame cost more
         than drawing them."""
         if self._devices_shown[0] is not devices:
-            self._devices_shown = (devices, tuple(Series(f"rank {d.rank} {d.label}", d.values, "%") for d in devices))
+            self._devices_shown = (devices, tuple(self._series_of(d) for d in devices))
         return self._devices_shown[1]
+
+    def _series_of(self, device: DeviceSeries) -> Series:
+        """One rank's series, the same object while its ``DeviceSeries`` is (the sparklines then
+        compare it by identity, and no garbage is made for a rank that sent nothing new)."""
+        kept = self._series_made.get(device.rank)
+        if kept is None or kept[0] is not device:
+            kept = self._series_made[device.rank] = (device, Series(f"rank {device.rank} {device.label}", device.values, "%"))
+        return kept[1]
 
     def span_wish(self) -> SpanWish:
         """Every span of a job small enough to draw every rank (as before summaries existed).

@@ -201,8 +201,9 @@ def main(argv: list[str] | None = None) -> int:
     timeline = watch.timeline
     parameters = sum(p.numel() for p in model.parameters())  # before a sharded strategy holds them
     model = instrumented_ddp.wrap(model, args.strategy, bucket_mb=args.bucket_mb, timeline=timeline)
-    watch.update_hello(bucket_layout=getattr(model, "bucket_layout", []))
-    layout_sent = bool(getattr(model, "bucket_layout", []))  # ddp's comes a few steps in
+    layout = getattr(model, "bucket_layout", [])
+    watch.update_hello(bucket_layout=layout)
+    layout_sent = bool(layout)  # ddp's comes a few steps in
     optimizer = model.make_optimizer(torch.optim.AdamW, lr=args.lr)  # the sharded strategies shard it
     batches = endless(train_loader, sampler)
     memory = MemorySampler()  # bytes held per rank, every few steps, for the memory columns

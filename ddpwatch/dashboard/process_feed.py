@@ -186,8 +186,8 @@ class SameHello(NamedTuple):
 
 class KnownJob:
     """What the child knows of the job to figure reports as the session would: the world the
-    ranks' hellos declare, as the session counts it (the largest; the session refigures a report
-    whose world turns out different), and each rank's recent summarized steps (the spans that
+    ranks' hellos declare, as the session counts it (the largest; the session refigures a full
+    report whose world turns out different), and each rank's recent summarized steps (the spans that
     follow one are kept, not figured). A summary's tags are handed over as one tuple shared by
     every rank that issued the same calls (``TagSequences``), which a pickled batch holds once,
     and its packed floats only as the prepared figures and calls (10.4 -> 5.5 KB a summary); a

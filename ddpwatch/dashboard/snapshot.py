@@ -195,7 +195,7 @@ class SnapshotBuilder:
     _straggler_made: tuple[Any, metrics.Straggler | None] = (None, None)  # (steps it was found over, straggler)
     _advice_made: tuple[float, Any, Advice | str | None] = (-1.0, None, None)  # (made at, (steps, segments), advice)
     _roles: tuple[Any, tuple[tuple[int, str], ...]] = (None, ())  # ((step, figures, selected), timeline ranks)
-    _warnings_made: tuple[float, int | None, dict[str, tuple[str, ...]]] = (-math.inf, None, {})  # (made at, step, parts)
+    _warnings_made: tuple[float, int | None, tuple[tuple[str, ...], tuple[str, ...]]] = (-math.inf, None, ((), ()))  # (made at, step, (warnings, notes))
 
     def waits_of(self, step: int | None) -> dict[int, float]:
         """Cross-rank waits of a step's counted reports (the straggler check looks at the last
@@ -253,6 +253,7 @@ class SnapshotBuilder:
             self._desync = metrics.find_desync(session.counted_calls(step), step,  # type: ignore[arg-type]
                                                {rank: f.calls_by_kind for rank, f in figures.items()}) if reports else None
         trend = self.summaries(sorted(session.reports)[-TREND_POINTS:])
+        warnings, notes = self._warnings_and_notes(step, now)
         return Snapshot(
             header=self._header(step, selected_step is None or selected_step == latest, trend, now),
             timeline=self._timeline,
@@ -261,7 +262,8 @@ class SnapshotBuilder:
             loss=tuple(s.loss for s in trend if s.loss is not None),
             step_ms=tuple(s.step_ms for s in trend if s.ranks),
             segments=tuple(self._segment_row(segment, now) for segment in session.segments),
-            **self._warnings_and_notes(step, now),
+            warnings=warnings,
+            notes=notes,
             heatmap=self._heatmap(heatmap_metric, open_nodes, now) if side_tab in (None, "heatmap") else None,
             stragglers=self._top_stragglers(step) if side_tab in (None, "stragglers") else (),
             advice=self.advice(now) if side_tab in (None, "advisor") else None,
@@ -460,13 +462,13 @@ class SnapshotBuilder:
         self._segment_rows[segment.index] = (now, key, row)
         return row
 
-    def _warnings_and_notes(self, step: int | None, now: float) -> dict[str, tuple[str, ...]]:
+    def _warnings_and_notes(self, step: int | None, now: float) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """A large job's made at most every ``LARGE_JOB_ROWS_REFRESH_S`` (and at once for another
         step): each is a few passes over every rank, and at 1,024 ranks they changed seldom."""
         made_at, made_for, kept = self._warnings_made
         if made_for == step and now - made_at < LARGE_JOB_ROWS_REFRESH_S and len(self.session.ranks) > EVERY_RANK_IN_THE_TIMELINE_UP_TO:
             return kept
-        made = {"warnings": tuple(self._warnings(step, now)), "notes": tuple(self._notes())}
+        made = (tuple(self._warnings(step, now)), tuple(self._notes()))
         self._warnings_made = (now, step, made)
         return made
 

@@ -50,7 +50,9 @@ async def test_widgets_hold_the_fed_session() -> None:
         assert segments[0].all_reduce_calls == 4 and segments[1].all_reduce_calls == 2
         assert {row.status for row in app.snapshot.ranks} == {"finished"}
         # beside the table, one bar per segment: bucket's compute is partly beside its all-reduces
-        bars = str(app.query_one(SegmentBarsView).render()).splitlines()
+        view = app.query_one(SegmentBarsView)
+        bars = str(view.render()).splitlines()
+        assert all(len(bar) <= view.content_region.width for bar in bars[1:])  # one line each: a wrap hid the next
         assert bars[1].startswith("simple 1-5") and "▓" not in bars[1] and bars[1].endswith("ov   0%")
         assert bars[2].startswith("bucket 6-10") and "▓" in bars[2]
         assert bars[2].endswith(f"ov {segments[1].overlap_pct:3.0f}%")

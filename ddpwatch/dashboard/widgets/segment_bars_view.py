@@ -14,7 +14,7 @@ GLYPHS: tuple[tuple[str, str], ...] = (("█", "green"), ("▓", "bright_green")
 LEGEND = (("█", "green", "compute"), ("▓", "bright_green", "compute beside comm (Overlap)"),
           ("█", "red", "exposed comm"), ("░", "grey50", "idle"))
 LABEL_CELLS = 16
-OVERLAP_CELLS = 7  # " ov 86%"
+OVERLAP_CELLS = 8  # " ov  86%" (" ov 100%"): the percentage takes three cells
 
 
 class SegmentBarsView(Widget):

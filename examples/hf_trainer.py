@@ -18,6 +18,7 @@ import tempfile
 
 import datasets
 import torch
+from torch.nn.parallel import DistributedDataParallel
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
 from instrumented_ddp import data, models
@@ -80,9 +81,10 @@ def main() -> None:
 
     rank = int(os.environ.get("RANK", "0"))
     if rank == 0:
-        logged = trainer.model_wrapped._get_ddp_logging_data()  # what ddpwatch's all-reduces should match
-        sizes = logged.get("rebuilt_bucket_sizes") or logged["bucket_sizes"]
-        print(f"DDP reduced gradients in {len(sizes.split(','))} bucket(s) of {sizes} bytes")
+        if isinstance(trainer.model_wrapped, DistributedDataParallel):  # one process: the Trainer builds none
+            logged = trainer.model_wrapped._get_ddp_logging_data()  # what ddpwatch's all-reduces should match
+            sizes = logged.get("rebuilt_bucket_sizes") or logged["bucket_sizes"]
+            print(f"DDP reduced gradients in {len(sizes.split(','))} bucket(s) of {sizes} bytes")
         if args.save_final:
             torch.save(model.state_dict(), args.save_final)
     torch.distributed.barrier()

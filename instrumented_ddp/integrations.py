@@ -33,8 +33,10 @@ from .protocol import DEFAULT_ADDRESS
 
 class DDPWatchCallback(TrainerCallback):
     """Attaches ddpwatch to the Trainer's DDP model at ``on_train_begin``; detaches at
-    ``on_train_end``. A run with no process group (one process) is trained as usual, with one
-    line saying there is nothing to watch."""
+    ``on_train_end``. Where the Trainer built no DDP, the run is trained as usual, with one line
+    saying why there is nothing to watch: one process (Accelerate wraps a model in DDP only for
+    two or more, torchrun's one process included), or another wrapper (FSDP, DeepSpeed), which
+    ``attach`` does not watch. Raising there would stop a training run for its telemetry."""
 
     def __init__(self, trainer: Any = None, *, address: str = DEFAULT_ADDRESS, watch_key: str | None = None) -> None:
         self.trainer = trainer
@@ -51,9 +53,8 @@ class DDPWatchCallback(TrainerCallback):
             raise AttachError("DDPWatchCallback: it needs the Trainer, whose DDP model the callbacks are not given: "
                               "trainer.add_callback(DDPWatchCallback(trainer, address=...))")
         wrapped = getattr(self.trainer, "model_wrapped", None)
-        if not isinstance(wrapped, DistributedDataParallel) and not (dist.is_available() and dist.is_initialized()):
-            print("ddpwatch: one process, no DistributedDataParallel: nothing to watch (launch with torchrun)",
-                  file=sys.stderr, flush=True)
+        if not isinstance(wrapped, DistributedDataParallel):
+            print(f"ddpwatch: {unwatched_because(wrapped)}: training goes on unwatched", file=sys.stderr, flush=True)
             return
         self.attachment = attach(wrapped, optimizer if optimizer is not None else self.trainer.optimizer,
                                  address=self.address, watch_key=self.watch_key)
@@ -62,3 +63,13 @@ class DDPWatchCallback(TrainerCallback):
         if self.attachment is not None:
             self.attachment.detach()
             self.attachment = None
+
+
+def unwatched_because(wrapped: Any) -> str:
+    """Why a Trainer's model cannot be attached to, when it is not a DDP, in words."""
+    processes = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    if processes == 1:
+        return ("one process, so the Trainer built no DistributedDataParallel and there is no communication "
+                "to watch (launch two or more with torchrun)")
+    return (f"the Trainer wrapped the model as {type(wrapped).__name__}, not DistributedDataParallel "
+            "(FSDP or DeepSpeed?), and ddpwatch's Trainer callback watches DDP only")

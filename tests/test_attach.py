@@ -249,19 +249,55 @@ def test_the_trainer_callback_without_its_trainer_says_how_to_give_it() -> None:
         DDPWatchCallback().on_train_begin(None, None, None)
 
 
+class UnwrappedTrainer:
+    """What a Trainer holds when Accelerate built no DDP: the model itself."""
+
+    model_wrapped = nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model_wrapped.parameters(), lr=0.1)
+
+
+ONE_PROCESS = ("ddpwatch: one process, so the Trainer built no DistributedDataParallel and there is no communication "
+               "to watch (launch two or more with torchrun): training goes on unwatched\n")
+
+
 def test_the_trainer_callback_in_one_process_trains_on_and_says_so(capsys: pytest.CaptureFixture[str]) -> None:
     """``python script.py`` with no torchrun: the Trainer does not wrap, there is no group."""
     from instrumented_ddp.integrations import DDPWatchCallback
 
-    class OneProcessTrainer:
-        model_wrapped = nn.Linear(2, 2)
-        optimizer = torch.optim.SGD(model_wrapped.parameters(), lr=0.1)
-
-    callback = DDPWatchCallback(OneProcessTrainer())
+    callback = DDPWatchCallback(UnwrappedTrainer())
     callback.on_train_begin(None, None, None)
     callback.on_train_end(None, None, None)
     assert callback.attachment is None
-    assert capsys.readouterr().err == "ddpwatch: one process, no DistributedDataParallel: nothing to watch (launch with torchrun)\n"
+    assert capsys.readouterr().err == ONE_PROCESS
+
+
+def test_the_trainer_callback_under_a_one_process_torchrun_trains_on_and_says_so(
+        one_rank_group: None, capsys: pytest.CaptureFixture[str]) -> None:
+    """``torchrun --nproc_per_node=1``: a process group exists, but Accelerate wraps a model in DDP
+    only for two processes or more (seen on an H100: the callback's ``attach`` raised, and the
+    Trainer stopped before its first step)."""
+    from instrumented_ddp.integrations import DDPWatchCallback
+
+    callback = DDPWatchCallback(UnwrappedTrainer())
+    callback.on_train_begin(None, None, None)
+    assert callback.attachment is None
+    assert capsys.readouterr().err == ONE_PROCESS
+
+
+def test_the_trainer_callback_on_another_wrapper_trains_on_and_names_it(capsys: pytest.CaptureFixture[str],
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two or more processes and no DDP: the Trainer chose FSDP or DeepSpeed."""
+    from instrumented_ddp import integrations
+    from instrumented_ddp.integrations import DDPWatchCallback
+
+    monkeypatch.setattr(integrations.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(integrations.dist, "get_world_size", lambda: 4)
+    callback = DDPWatchCallback(UnwrappedTrainer())
+    callback.on_train_begin(None, None, None)
+    assert callback.attachment is None
+    assert capsys.readouterr().err == ("ddpwatch: the Trainer wrapped the model as Linear, not DistributedDataParallel "
+                                       "(FSDP or DeepSpeed?), and ddpwatch's Trainer callback watches DDP only: training "
+                                       "goes on unwatched\n")
 
 
 END_WITHOUT_DETACH = """

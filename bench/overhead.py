@@ -12,6 +12,8 @@ both alike. A watched step does all a watched train.py step does: the command ag
 timeline, publishing the reports that resolved. Printed per strategy: the median step times, the
 median of the paired ratios (goal: at most 1.02) and a 90 % interval for it. ``attach`` is a
 user's own loop on torch's DDP, attached against not attached (see ``attached_and_plain_ddp``).
+``--a-a`` leaves both copies unwatched (not for ``attach``): the ratio it prints is the bench's
+own noise and order bias, the floor a watched ratio is read against.
 
 What watching costs is host time: a few microseconds per mark and per collective, about a
 millisecond per step for the agreement and the report. A step the host is the bottleneck of
@@ -61,7 +63,7 @@ def measure(args: argparse.Namespace) -> None:
     model = build_built_in_model(args.model, vocab_size=vocab, num_labels=5).to(context.device)
     batch = {"input_ids": torch.randint(1, vocab, (args.micro_batch, args.seq_len), device=context.device),
              "labels": torch.randint(0, 5, (args.micro_batch,), device=context.device)}
-    watches = {"watched": Watch.start(f"tcp://127.0.0.1:{args.port}", context, {
+    watches = {"watched": Watch.disabled() if args.a_a else Watch.start(f"tcp://127.0.0.1:{args.port}", context, {
         "strategy": "bench", "settings": {}, "model_parameters": 0}), "plain": Watch.disabled()}
     watched = watches["watched"]
 
@@ -102,7 +104,7 @@ def measure(args: argparse.Namespace) -> None:
                     optimizer.step()
                     optimizer.zero_grad(set_to_none=False)
                 timeline.end_step(args.micro_batch, args.micro_batch * args.seq_len, loss.detach(),
-                                  memory=memory.sample(wrapped) if mode == "watched" else None)
+                                  memory=memory.sample(wrapped) if mode == "watched" and not args.a_a else None)
                 watch.step_done()
 
             times = timed_rounds({mode: functools.partial(watched_train_step, mode) for mode in watches})
@@ -168,7 +170,10 @@ def main() -> None:
     parser.add_argument("--strategies", default="simple,ga,hook,async,bucket,ddp,attach",
                         help="comma-separated; 'attach' is a user's own DDP loop with instrumented_ddp.attach")
     parser.add_argument("--block", type=int, default=5, help="steps per alternating block on a GPU")
+    parser.add_argument("--a-a", action="store_true", help="both copies unwatched: the bench's own noise floor")
     args = parser.parse_args()
+    if args.a_a and "attach" in args.strategies.split(","):
+        parser.error("--a-a compares two unwatched copies of a strategy; attach has none: leave it out of --strategies")
     if "RANK" in os.environ:
         measure(args)
         return

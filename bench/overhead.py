@@ -104,7 +104,7 @@ def measure(args: argparse.Namespace) -> None:
                     optimizer.step()
                     optimizer.zero_grad(set_to_none=False)
                 timeline.end_step(args.micro_batch, args.micro_batch * args.seq_len, loss.detach(),
-                                  memory=memory.sample(wrapped) if mode == "watched" and not args.a_a else None)
+                                  memory=memory.sample(wrapped) if watch.publisher is not None else None)
                 watch.step_done()
 
             times = timed_rounds({mode: functools.partial(watched_train_step, mode) for mode in watches})

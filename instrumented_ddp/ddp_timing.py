@@ -13,9 +13,10 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.autograd import Variable
 from torch.nn.parallel import DistributedDataParallel
 
-from .collectives import timed_all_reduce_result
+from .collectives import timed_all_reduce_result, timed_collective
 from .timeline import NULL_TIMELINE, NullTimeline, StepTimeline
 
 
@@ -33,6 +34,15 @@ class DDPTiming:
     when ``backward_ended`` is called. A model with buffers has them broadcast from rank 0 at the
     start of every forward (``broadcast_buffers=True``, DDP's default): that broadcast is a
     blocking ``broadcast`` span tagged ``buffers`` inside forward, not forward compute.
+
+    On the CPU no Python runs on gloo's threads (see ``timeline.HostClock`` for what that cost):
+    a hook's future is the usual ``.then`` on the work's future, whose callback needs the GIL on
+    gloo's thread, so there the hook hands DDP a future of its own instead, and completes it
+    from an end-of-backward callback queued before DDP's (``_complete_buckets``). DDP's reducer
+    waits for its buckets' futures only there, at the end of backward
+    (``Reducer::finalize_backward``, queued once the last bucket is launched), so waiting for
+    the works one callback earlier changes nothing it sees, and a failed collective still
+    reaches DDP, as the exception of its future.
     """
 
     def __init__(self, ddp: DistributedDataParallel, timeline: StepTimeline | NullTimeline) -> None:
@@ -46,6 +56,8 @@ class DDPTiming:
         self.gradients_are_views = False
         self.reduced_backwards = 0  # backwards that reduced gradients (not under ``no_sync``)
         self._bucket_layout: list[list[int]] = []
+        #: On the CPU, this backward's launched buckets, completed by ``_complete_buckets``.
+        self._awaiting: list[tuple[Any, torch.Tensor, torch.futures.Future]] = []
 
     def install(self) -> None:
         """Register the hook (DDP takes one, and keeps it for good) and time the buffer broadcast."""
@@ -107,10 +119,40 @@ class DDPTiming:
                 buffer.div_(self.world_size)
             elif averaging is None:
                 buffer.mul_(scale)
-            return timed_all_reduce_result(timeline, buffer, tag=f"b{bucket.index()}", group=self.process_group,
-                                           op=averaging or dist.ReduceOp.SUM)
+            op = averaging or dist.ReduceOp.SUM
+            if timeline.polls:
+                return self._all_reduce_completed_at_backward_end(timeline, buffer, bucket.index(), op)
+            return timed_all_reduce_result(timeline, buffer, tag=f"b{bucket.index()}", group=self.process_group, op=op)
 
         return timed_all_reduce
+
+    def _all_reduce_completed_at_backward_end(self, timeline: StepTimeline, buffer: torch.Tensor,
+                                              index: int, op: dist.ReduceOp.RedOpType) -> torch.futures.Future:
+        """The bucket's all-reduce, and a future of ``buffer`` that ``_complete_buckets`` completes
+        at the end of this backward, before DDP reads it; ``.then`` on the work where no
+        end-of-backward callback can be queued (not inside a backward: never seen)."""
+        work = timed_collective(timeline, "all_reduce", buffer, tag=f"b{index}", async_op=True, group=self.process_group, op=op)
+        if not self._awaiting:
+            try:
+                Variable._execution_engine.queue_callback(self._complete_buckets)
+            except RuntimeError:
+                return work.get_future().then(lambda future: future.value()[0])
+        future: torch.futures.Future = torch.futures.Future()
+        self._awaiting.append((work, buffer, future))
+        return future
+
+    def _complete_buckets(self) -> None:
+        """Wait, on this rank's thread, for each bucket launched in this backward and complete
+        its future: its span ends as its wait returns (``HostClock``). A collective that failed
+        fails its future, and DDP's end of backward raises it, as with DDP's own hook."""
+        awaiting, self._awaiting = self._awaiting, []
+        for work, buffer, future in awaiting:
+            try:
+                work.wait()
+            except Exception as error:
+                future.set_exception(error)
+            else:
+                future.set_result(buffer)
 
     def _timed_buffer_broadcast(self, untimed: Callable[..., None]) -> Callable[..., None]:
         """DDP's per-forward buffer sync goes through this one method of the instance

@@ -3,7 +3,8 @@
 The strategies and the training loop mark where things start and end; a clock turns the marks
 into seconds on this rank's clock. On the CPU the mark *is* the time; on a GPU a mark is a CUDA
 event resolved a step or two later with ``query()``, so timing never synchronises the device.
-An asynchronous collective ends when it completes: its future's callback stamps the end.
+An asynchronous collective ends when it completes: on the CPU the rank's own thread sees it
+complete (``HostClock.poll``), on a GPU an event or NCCL's own duration says when.
 Reports wait in ``pending`` until every mark of their step has resolved; a step whose marks
 cannot all resolve (a completion callback that failed, one that never came) is sent marked
 ``unresolved`` rather than holding back every later step.
@@ -40,8 +41,11 @@ UNRESOLVED_AFTER_STEPS = 32
 class Clock(Protocol):
     #: Collectives the backend runs at once, in issue order (None: the clock knows true starts).
     worker_threads: int | None
+    #: Whether ends of asynchronous collectives are found by ``poll`` on this rank's thread.
+    polls: bool
 
     def begin_step(self) -> None: ...
+    def poll(self, waited: Any = None) -> None: ...
     def stamp(self) -> Stamp: ...
     def resolve(self, stamp: Stamp) -> float | None: ...
     def host_time(self, stamp: Stamp) -> float: ...
@@ -82,22 +86,63 @@ def _ending_then_first_tensor(span: _PendingSpan, stamp: Callable[[], Stamp]) ->
 
 
 class HostClock:
-    """CPU/gloo: ``perf_counter`` now; a collective's end from its future's completion callback.
+    """CPU/gloo: ``perf_counter`` now; a collective's end is found by this rank's own thread,
+    looking at its work with ``is_completed()``.
 
-    The callback runs on a gloo thread (or at once, if the work already finished): it only
-    stamps the time, which is thread-safe under the GIL. Gloo has no per-work start time, and a
-    collective issued while gloo's worker threads are busy waits in its queue: see
-    ``StepTimeline._start_when_a_worker_was_free``.
+    Not in a completion callback: a Python callback runs on gloo's worker thread and must take
+    the GIL from the training thread, and on two CPU cores shared by two ranks each handoff cost
+    about 85 us of step time (one per collective: 3.5 % of an ``async`` step of the tiny model;
+    a callback doing nothing cost the same, and so did a thread of ours waiting on the works).
+    The rank's thread looks at every mark (``stamp``), at every gradient hook that polls
+    (``StepTimeline.poll``), and before and after every ``wait()`` on a work
+    (``collectives.LooksWhenWaited``). A collective the rank waited for ended when its wait
+    returned: that end is exact. One seen completed at a look ended between the look before,
+    when it was still running, and this one: it is given the middle, off by at most half the
+    time between two looks (a parameter's backward, in a hook-driven strategy). Gloo has no
+    per-work start time, and a collective issued while gloo's worker threads are busy waits in
+    its queue: see ``StepTimeline._start_when_a_worker_was_free``.
+
+    Used from one thread only, the training thread: nothing here runs on gloo's threads.
     """
 
     #: ProcessGroupGloo's worker threads (its default): collectives run this many at a time, FIFO.
     worker_threads = 2
+    #: Collective ends come from ``poll``: who waits for a collective calls it around the wait.
+    polls = True
+
+    def __init__(self) -> None:
+        self._running: list[tuple[Any, _PendingSpan]] = []  # issued, not yet seen completed
+        self._last_look = float("-inf")  # when the running ones were last seen running
 
     def begin_step(self) -> None:
         pass
 
     def stamp(self) -> float:
-        return time.perf_counter()
+        now = time.perf_counter()
+        if self._running:
+            self._look(now)
+        return now
+
+    def poll(self, waited: Any = None) -> None:
+        """Stamp the end of every collective that has completed since the last look; ``waited``,
+        a work whose ``wait()`` has just returned, ended now."""
+        if self._running:
+            self._look(time.perf_counter(), waited)
+
+    def _look(self, now: float, waited: Any = None) -> None:
+        running = []
+        for work, span in self._running:
+            try:
+                if work is waited:
+                    span.complete(now)
+                elif work.is_completed():
+                    span.complete((max(self._last_look, span.start) + now) / 2)
+                else:
+                    running.append((work, span))
+            except Exception as error:  # a work that cannot say: its span cannot end
+                span.fail(error)
+        self._running = running
+        self._last_look = now
 
     def resolve(self, stamp: Stamp) -> float | None:
         return stamp
@@ -110,12 +155,14 @@ class HostClock:
         return value
 
     def on_completion(self, work: Any, span: _PendingSpan) -> None:
-        work.get_future().add_done_callback(_ending(span, self.stamp))
+        self._running.append((work, span))
 
     def result_on_completion(self, work: Any, span: _PendingSpan) -> Any:
-        """A future of the work's tensor that also stamps the span's end: one callback on gloo's
-        thread for both, where a DDP hook would otherwise add a second (``.then``) to the first."""
-        return work.get_future().then(_ending_then_first_tensor(span, self.stamp))
+        """A future of the work's tensor, as a DDP communication hook returns; the span ends
+        when a poll sees the work completed. (``ddp_timing`` completes DDP's futures itself on
+        the CPU, so no callback runs on gloo's thread there: see ``DDPTiming``.)"""
+        self.on_completion(work, span)
+        return work.get_future().then(_first_tensor)
 
 
 class CudaEventClock:
@@ -142,6 +189,8 @@ class CudaEventClock:
     """
 
     worker_threads = 1
+    #: Ends are events (or NCCL's own durations), resolved with ``query()``: nothing to poll.
+    polls = False
 
     STREAM_CACHE_LIMIT = 256  # distinct streams marked on; past it the cache starts afresh
 
@@ -152,6 +201,9 @@ class CudaEventClock:
         self._reference_host = 0.0
         self._streams: dict[tuple[int, int], Any] = {}
         self._raw_stream: Callable[[int], int] | None = getattr(getattr(torch_module, "_C", None), "_cuda_getCurrentRawStream", None)
+
+    def poll(self, waited: Any = None) -> None:
+        pass
 
     def begin_step(self) -> None:
         self._reference = self._event()
@@ -300,6 +352,17 @@ class StepTimeline:
     def stamp(self) -> Stamp:
         return self.clock.stamp()
 
+    @property
+    def polls(self) -> bool:
+        """Whether collective ends are found by polling on this thread (``HostClock``): then a
+        gradient hook that calls ``poll`` sharpens them, and a wait is bracketed by two."""
+        return self.clock.polls
+
+    def poll(self, waited: Any = None) -> None:
+        """Look, now, for collectives that have completed; ``waited`` ended now (``HostClock.poll``;
+        nothing on a GPU)."""
+        self.clock.poll(waited)
+
     def add_span(self, kind: str, start: Stamp, end: Stamp, blocking: bool) -> None:
         """A span whose ends were stamped elsewhere (e.g. in a gradient hook)."""
         span = _PendingSpan(kind, start, blocking)
@@ -374,6 +437,7 @@ class StepTimeline:
         """Reports of finished steps whose every mark has resolved, oldest first; a step that
         can no longer resolve goes out marked ``unresolved`` instead of holding the rest."""
         ready: list[StepReport] = []
+        self.clock.poll()
         with self._lock:
             while self._pending:
                 overdue = len(self._pending) > self.unresolved_after_steps
@@ -461,6 +525,11 @@ class NullTimeline:
 
     def has_pending(self) -> bool:
         return False
+
+    polls = False
+
+    def poll(self, waited: Any = None) -> None:
+        pass
 
     def phase(self, kind: str, blocking: bool = False) -> nullcontext[None]:
         return nullcontext()

@@ -55,9 +55,15 @@ class FakeFuture:
 
 
 class FakeWork:
+    """A gloo work as the CPU clock sees it: ``is_completed()`` turns true when the test says."""
+
     def __init__(self, duration_ms: float | None = None) -> None:
         self.future = FakeFuture()
         self.duration_ms = duration_ms
+        self.completed = False
+
+    def is_completed(self) -> bool:
+        return self.completed
 
     def get_future(self) -> FakeFuture:
         return self.future
@@ -101,7 +107,7 @@ def test_synchronous_collective_is_a_blocking_span_ending_at_close(host_time: Fa
     assert (report.rank, report.step, report.start, report.end) == (3, 5, 1.0, 4.0)
 
 
-def test_asynchronous_collective_holds_its_step_until_the_callback_fires(host_time: FakeHostTime) -> None:
+def test_asynchronous_collective_holds_its_step_until_a_poll_sees_it_completed(host_time: FakeHostTime) -> None:
     timeline = StepTimeline(rank=0, clock=HostClock())
     host_time.now = 1.0
     timeline.begin_step(1, "async", {})
@@ -115,25 +121,59 @@ def test_asynchronous_collective_holds_its_step_until_the_callback_fires(host_ti
 
     assert timeline.completed_reports() == []
     assert timeline.has_pending()
+    work.completed = True
     host_time.now = 7.0
-    work.future.fire()
-
-    report = _only_report(timeline)
-    assert report.spans == [Span("all_reduce", 2.0, 7.0, False, 400, "p1", "float32")]
+    report = _only_report(timeline)  # reading the reports looks, on this thread, at 7.0
+    # seen running at 4.0 (the end_step mark and the read before), completed at 7.0: the middle
+    assert report.spans == [Span("all_reduce", 2.0, 5.5, False, 400, "p1", "float32")]
     assert not timeline.has_pending()
 
 
-def test_asynchronous_collective_end_with_the_real_host_clock_is_the_callback_time() -> None:
+def test_host_clock_puts_nothing_on_gloos_thread_and_ends_a_collective_between_two_looks_or_at_its_wait(
+        host_time: FakeHostTime) -> None:
+    """No completion callback (it needs the GIL on gloo's thread: see ``HostClock``). A work seen
+    completed at a look ended in the middle of it and the look before (or its issue); the one
+    whose ``wait()`` just returned ended then, exactly."""
+    timeline = StepTimeline(rank=0, clock=HostClock())
+    timeline.begin_step(1, "async", {})
+    host_time.now = 1.0
+    works = []
+    for tag in ("p0", "p1", "p2"):
+        span = timeline.open_collective("all_reduce", 4, tag, "float32", blocking=False)  # a mark: a look
+        works.append(FakeWork())
+        timeline.close_collective(span, works[-1])
+        if tag == "p0":
+            works[0].completed = True  # before the next mark, issued at 1.0: (1.0 + 2.0) / 2
+            host_time.now = 2.0
+    host_time.now = 3.0
+    timeline.poll()  # a gradient hook: p1 and p2 still running
+    works[1].completed = True
+    host_time.now = 3.5
+    timeline.poll()  # p1 seen completed: (3.0 + 3.5) / 2
+    host_time.now = 5.0
+    works[2].completed = True
+    timeline.poll(waited=works[2])  # p2's wait returned at 5.0: its end, not the middle (4.25)
+    host_time.now = 6.0
+    timeline.end_step(samples=1, tokens=1)
+
+    assert all(work.future.callbacks == [] for work in works)
+    report = _only_report(timeline)
+    assert [(s.tag, s.end) for s in _kinds(report, "all_reduce")] == [("p0", 1.5), ("p1", 3.25), ("p2", 5.0)]
+
+
+def test_asynchronous_collective_end_with_the_real_host_clock_is_when_its_wait_returned() -> None:
     timeline = StepTimeline(rank=0)
     timeline.begin_step(1, "async", {})
     span = timeline.open_collective("all_reduce", 4, "p0", "float32", blocking=False)
     work = FakeWork()
     timeline.close_collective(span, work)
+    work.completed = True
+    before_wait_returned = time.perf_counter()
+    timeline.poll(waited=work)
+    after_wait_returned = time.perf_counter()
     timeline.end_step(samples=1, tokens=1)
-    before_fire = time.perf_counter()
-    work.future.fire()
     (collective,) = _only_report(timeline).spans
-    assert collective.start < before_fire <= collective.end
+    assert before_wait_returned <= collective.end <= after_wait_returned
 
 
 def test_phases_nest_with_their_collectives(host_time: FakeHostTime) -> None:
@@ -225,10 +265,9 @@ def test_reports_come_out_oldest_first_and_a_held_step_holds_the_later_ones(host
         host_time.now = step + 0.5
         timeline.end_step(samples=1, tokens=1)
 
-    works[2].future.fire()
-    works[1].future.fire()
+    works[2].completed = works[1].completed = True
     assert timeline.completed_reports() == []  # step 1 still in flight
-    works[0].future.fire()
+    works[0].completed = True
     assert [report.step for report in timeline.completed_reports()] == [1, 2, 3]
     assert timeline.completed_reports() == []
 
@@ -463,15 +502,15 @@ def test_cuda_completion_callback_that_raises_sends_its_step_unresolved_and_hold
     assert timeline.unresolved_steps == 1
 
 
-def test_host_completion_callback_that_raises_sends_its_step_unresolved(host_time: FakeHostTime, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_host_work_that_cannot_say_whether_it_completed_sends_its_step_unresolved(host_time: FakeHostTime,
+                                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     timeline = StepTimeline(rank=0, clock=HostClock())
     timeline.begin_step(1, "async", {})
     span = timeline.open_collective("all_reduce", 4, "p0", "float32", blocking=False)
     work = FakeWork()
     timeline.close_collective(span, work)
-    timeline.end_step(samples=1, tokens=1)
-    monkeypatch.setattr(host_time, "perf_counter", _raising("clock gone"))
-    work.future.fire()  # on gloo's thread: must not raise there
+    monkeypatch.setattr(work, "is_completed", _raising("work gone"))
+    timeline.end_step(samples=1, tokens=1)  # a mark: it polls, and must not raise in the training loop
     (report,) = timeline.completed_reports()
     assert report.unresolved and report.spans == []
 
@@ -486,8 +525,7 @@ def test_a_completion_that_never_comes_is_sent_unresolved_after_the_limit(host_t
         span = timeline.open_collective("all_reduce", 4, "p0", "float32", blocking=False)
         work = FakeWork()
         timeline.close_collective(span, work)
-        if step != 1:
-            work.future.fire()  # step 1's completion never comes
+        work.completed = step != 1  # step 1's completion never comes
         timeline.end_step(samples=1, tokens=1)
         reports = timeline.completed_reports()
         if step < 4:

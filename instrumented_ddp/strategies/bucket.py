@@ -108,6 +108,7 @@ class BucketedAsyncHook(DataParallelStrategy):
     def _on_gradient_ready(self, parameter: torch.Tensor) -> None:
         if not self._sync_enabled:
             return
+        self.timeline.poll()  # on the CPU, where this rank's thread sees earlier buckets complete
         bucket, position = self._location[id(parameter)]
         self._place_gradient_in_view(bucket, position)
         bucket.ready.add(position)

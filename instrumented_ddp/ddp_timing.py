@@ -16,7 +16,7 @@ import torch.distributed as dist
 from torch.autograd import Variable
 from torch.nn.parallel import DistributedDataParallel
 
-from .collectives import timed_all_reduce_result, timed_collective
+from .collectives import timed_all_reduce_result
 from .timeline import NULL_TIMELINE, NullTimeline, StepTimeline
 
 
@@ -120,7 +120,7 @@ class DDPTiming:
             elif averaging is None:
                 buffer.mul_(scale)
             op = averaging or dist.ReduceOp.SUM
-            if timeline.polls:
+            if timeline.polls and self.process_group is not None:
                 return self._all_reduce_completed_at_backward_end(timeline, buffer, bucket.index(), op)
             return timed_all_reduce_result(timeline, buffer, tag=f"b{bucket.index()}", group=self.process_group, op=op)
 
@@ -130,8 +130,18 @@ class DDPTiming:
                                               index: int, op: dist.ReduceOp.RedOpType) -> torch.futures.Future:
         """The bucket's all-reduce, and a future of ``buffer`` that ``_complete_buckets`` completes
         at the end of this backward, before DDP reads it; ``.then`` on the work where no
-        end-of-backward callback can be queued (not inside a backward: never seen)."""
-        work = timed_collective(timeline, "all_reduce", buffer, tag=f"b{index}", async_op=True, group=self.process_group, op=op)
+        end-of-backward callback can be queued (not inside a backward: never seen).
+
+        Issued on DDP's process group itself, as DDP's reducer does, not through
+        ``dist.all_reduce``: its Python checks (subgroups, tensor subclasses, complex numbers,
+        coalescing) are for a user's tensors, not a DDP bucket, and on the CPU they cost as
+        much as the rest of the hook."""
+        options = dist.AllreduceOptions()
+        options.reduceOp = op
+        span = timeline.open_collective("all_reduce", buffer.numel() * buffer.element_size(), f"b{index}",
+                                        str(buffer.dtype).removeprefix("torch."), False)
+        work = self.process_group.allreduce([buffer], options)
+        timeline.close_collective(span, work)
         if not self._awaiting:
             try:
                 Variable._execution_engine.queue_callback(self._complete_buckets)
@@ -143,16 +153,20 @@ class DDPTiming:
 
     def _complete_buckets(self) -> None:
         """Wait, on this rank's thread, for each bucket launched in this backward and complete
-        its future: its span ends as its wait returns (``HostClock``). A collective that failed
-        fails its future, and DDP's end of backward raises it, as with DDP's own hook."""
+        its future; around each wait the clock looks at the running collectives, so a bucket
+        still running ends as its wait returns (``HostClock``). A collective that failed fails
+        its future, and DDP's end of backward raises it, as with DDP's own hook."""
         awaiting, self._awaiting = self._awaiting, []
         for work, buffer, future in awaiting:
+            timeline = self.timeline
+            timeline.poll()
             try:
                 work.wait()
             except Exception as error:
                 future.set_exception(error)
-            else:
-                future.set_result(buffer)
+                continue
+            timeline.poll(waited=work)
+            future.set_result(buffer)
 
     def _timed_buffer_broadcast(self, untimed: Callable[..., None]) -> Callable[..., None]:
         """DDP's per-forward buffer sync goes through this one method of the instance

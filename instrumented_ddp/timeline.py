@@ -130,8 +130,15 @@ class HostClock:
             self._look(time.perf_counter(), waited)
 
     def _look(self, now: float, waited: Any = None) -> None:
-        running = []
-        for work, span in self._running:
+        """One pass over the running works, in issue order. Gloo's workers take collectives in
+        that order, so once ``worker_threads`` of them are seen still running, none issued after
+        has even started: the pass stops there, and a rank 57 collectives behind looks at two
+        of them, not 57, at each mark and around each wait."""
+        running: list[tuple[Any, _PendingSpan]] = []
+        for index, (work, span) in enumerate(self._running):
+            if len(running) >= self.worker_threads:
+                running.extend(self._running[index:])
+                break
             try:
                 if work is waited:
                     span.complete(now)

@@ -161,6 +161,33 @@ def test_host_clock_puts_nothing_on_gloos_thread_and_ends_a_collective_between_t
     assert [(s.tag, s.end) for s in _kinds(report, "all_reduce")] == [("p0", 1.5), ("p1", 3.25), ("p2", 5.0)]
 
 
+def test_host_clock_stops_looking_past_as_many_running_collectives_as_gloo_has_workers(host_time: FakeHostTime) -> None:
+    """Gloo's two workers take collectives in issue order: with the first two still running, no
+    later one has started, so a rank far behind pays for two looks a mark, not one per work."""
+    timeline = StepTimeline(rank=0, clock=HostClock())
+    timeline.begin_step(1, "async", {})
+    looked: list[str] = []
+    works = []
+    for tag in ("p0", "p1", "p2", "p3"):
+        span = timeline.open_collective("all_reduce", 4, tag, "float32", blocking=False)
+        work = FakeWork()
+        work.is_completed = lambda tag=tag, work=work: looked.append(tag) or work.completed  # type: ignore[method-assign]
+        timeline.close_collective(span, work)
+        works.append(work)
+    looked.clear()
+    timeline.poll()
+    assert looked == ["p0", "p1"]
+    works[1].completed = True
+    looked.clear()
+    timeline.poll()  # p1 done: a worker is free, so p2 may be running; p3 still cannot be
+    assert looked == ["p0", "p1", "p2"]
+    for work in works:
+        work.completed = True
+    host_time.now = 1.0
+    timeline.end_step(samples=1, tokens=1)
+    assert [s.tag for s in _kinds(_only_report(timeline), "all_reduce")] == ["p0", "p1", "p2", "p3"]
+
+
 def test_asynchronous_collective_end_with_the_real_host_clock_is_when_its_wait_returned() -> None:
     timeline = StepTimeline(rank=0)
     timeline.begin_step(1, "async", {})
@@ -627,6 +654,50 @@ def test_gradient_ready_marks_cover_every_gradient_once_inside_backward(one_rank
     assert all(s.start <= issued[s.tag].start for s in ready)  # ready before (or as) its all-reduce starts
 
 
+def test_ddp_on_the_cpu_completes_its_buckets_in_backward_and_a_failed_all_reduce_fails_backward(one_rank_group: None) -> None:
+    """On the CPU the hook hands DDP a future of its own, completed at the end of backward on the
+    rank's thread (no Python on gloo's: ``DDPTiming``): the gradients are DDP's own, every bucket
+    ends inside backward, and a collective that fails still fails backward, neither hanging it
+    nor passing gradients on unreduced."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 1))
+    reference = nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 1))
+    reference.load_state_dict(model.state_dict())
+    timeline = StepTimeline(0)
+    wrapped = instrumented_ddp.wrap(model, "ddp", timeline=timeline)
+    try:
+        inputs = torch.randn(5, 4)
+        for step in (1, 2):
+            timeline.begin_step(step, wrapped.name, wrapped.settings)
+            with timeline.phase("backward"):
+                wrapped(inputs).pow(2).mean().backward()
+            wrapped.finish_gradient_sync()
+            timeline.end_step(samples=5, tokens=5)
+            reference(inputs).pow(2).mean().backward()
+        assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), reference.parameters()))
+        for report in timeline.completed_reports()[1:]:
+            (backward,) = _kinds(report, "backward")
+            all_reduces = _kinds(report, "all_reduce")
+            assert all_reduces and all(backward.start <= s.start <= s.end <= backward.end for s in all_reduces)
+
+        class PeerGone:
+            def wait(self) -> bool:
+                raise RuntimeError("Connection closed by peer")
+
+            def is_completed(self) -> bool:
+                return True
+
+        class GroupWithADeadPeer:
+            def allreduce(self, tensors: list[torch.Tensor], options: Any) -> PeerGone:
+                return PeerGone()
+
+        wrapped._timing.process_group = GroupWithADeadPeer()
+        with pytest.raises(RuntimeError, match="Connection closed by peer"):
+            wrapped(inputs).pow(2).mean().backward()
+    finally:
+        instrumented_ddp.unwrap(wrapped)
+
+
 def test_ddp_records_its_per_forward_buffer_broadcast_inside_forward(one_rank_group: None) -> None:
     """DDP broadcasts a model's buffers from rank 0 before every forward: blocked, not compute."""
     torch.manual_seed(0)
@@ -690,6 +761,13 @@ def test_timed_ddp_hook_averages_as_the_backend_allows(one_rank_group: None, mon
 
         monkeypatch.setattr(ddp_timing.timed_all_reduce_result.__globals__["dist"], "all_reduce", all_reduce)
         timing = ddp_timing.DDPTiming(wrapped.ddp, StepTimeline(0))
+        real_group = timing.process_group
+
+        class RecordingGroup:  # the CPU path issues on DDP's group itself, as DDP's reducer does
+            def allreduce(self, tensors: list[torch.Tensor], options: Any) -> Any:
+                return all_reduce(tensors[0], op=options.reduceOp, group=real_group, async_op=True)
+
+        timing.process_group = RecordingGroup()
         future = timing._all_reduce_hook()(None, _FakeGradBucket([2.0, 4.0]))
         (sent, op), = issued
         assert op == expected_op and sent.tolist() == expected_buffer

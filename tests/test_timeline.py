@@ -698,6 +698,29 @@ def test_ddp_on_the_cpu_completes_its_buckets_in_backward_and_a_failed_all_reduc
         instrumented_ddp.unwrap(wrapped)
 
 
+def test_ddp_looks_at_its_buckets_once_per_share_of_the_gradient_elements_produced() -> None:
+    """Walking last to first (backward's order), a look each time another 1/looks of the elements
+    has been produced: 20 elements, 4 looks, so every 5: 2, then 2+6 = 8 (look), 1, 1+1 = 2,
+    then 2+10 = 12 (look)."""
+    from instrumented_ddp.ddp_timing import parameters_to_look_from
+
+    parameters = [nn.Parameter(torch.zeros(n)) for n in (10, 1, 1, 6, 2)]
+    assert [p.numel() for p in parameters_to_look_from(parameters, looks=4)] == [6, 10]
+
+
+def test_watched_ddp_on_the_cpu_looks_from_gradient_hooks_and_unwrap_removes_them(one_rank_group: None) -> None:
+    """The gradient hooks that sharpen bucket ends on the CPU are on the model's own parameters:
+    unwrapping (a live switch) must take them off with DDP."""
+    model = nn.Sequential(*[nn.Linear(8, 8) for _ in range(4)])
+    wrapped = instrumented_ddp.wrap(model, "ddp", timeline=StepTimeline(0))
+    try:
+        hooked = [bool(p._post_accumulate_grad_hooks) for p in model.parameters()]
+        assert any(hooked) and not all(hooked)  # the weights, not every bias
+    finally:
+        instrumented_ddp.unwrap(wrapped)
+    assert all(not p._post_accumulate_grad_hooks for p in model.parameters())
+
+
 def test_ddp_records_its_per_forward_buffer_broadcast_inside_forward(one_rank_group: None) -> None:
     """DDP broadcasts a model's buffers from rank 0 before every forward: blocked, not compute."""
     torch.manual_seed(0)

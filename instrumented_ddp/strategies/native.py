@@ -72,6 +72,8 @@ class NativeDDP(DataParallelStrategy):
         return self._synced_backwards <= 1
 
     def _detach(self) -> None:
+        if self._timing is not None:
+            self._timing.stop_timing()  # its gradient hooks are on the model's own parameters
         object.__delattr__(self, "ddp")
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:

@@ -711,7 +711,7 @@ def test_ddp_looks_at_its_buckets_once_per_share_of_the_gradient_elements_produc
 def test_watched_ddp_on_the_cpu_looks_from_gradient_hooks_and_unwrap_removes_them(one_rank_group: None) -> None:
     """The gradient hooks that sharpen bucket ends on the CPU are on the model's own parameters:
     unwrapping (a live switch) must take them off with DDP."""
-    model = nn.Sequential(*[nn.Linear(8, 8) for _ in range(4)])
+    model = nn.Sequential(*[nn.Linear(64, 64) for _ in range(4)])  # 16,640 elements: a look every 65
     wrapped = instrumented_ddp.wrap(model, "ddp", timeline=StepTimeline(0))
     try:
         hooked = [bool(p._post_accumulate_grad_hooks) for p in model.parameters()]

@@ -18,10 +18,16 @@ COLUMNS = ("segment", "steps", "Compute%", "Non_Compute%", "Idle%", "Overlap%", 
 
 
 class SegmentsTable(DataTable):
+    """Each column exactly as wide as the longest value it shows now, set when the rows are
+    built: a DataTable sizing its columns itself does it when its message queue runs dry
+    (``on_idle``), which a dashboard busy with 64 ranks under load could put off past a frame
+    (a label cut to the header's width in a snapshot taken by the suite under load)."""
+
     def on_mount(self) -> None:
         self.cursor_type = "row"
         self.add_columns(*COLUMNS)
         self._shown: list[list[str]] = []
+        self._widths: list[int] = []
 
     def show(self, rows: tuple[SegmentRow, ...]) -> None:
         cells = [[r.label, r.steps, *(f"{v:.2f}" for v in (r.compute_pct, r.non_compute_pct, r.idle_pct, r.overlap_pct,
@@ -29,16 +35,17 @@ class SegmentsTable(DataTable):
                   f"{r.samples_per_s:.1f}", r.other_calls, r.held] for r in rows]
         if cells == self._shown:
             return
-        shrank = len(self._shown) != len(cells) or any(
-            len(cell) < len(old) for row, shown in zip(cells, self._shown) for cell, old in zip(row, shown))
-        if shrank:  # widths from what is shown now: a column never keeps the width of a value gone
+        widths = [max([len(name), *(len(row[index]) for row in cells)]) for index, name in enumerate(COLUMNS)]
+        if widths != self._widths or len(cells) != len(self._shown):  # a column never keeps the width of a value gone
             self.clear(columns=True)
-            self.add_columns(*COLUMNS)
+            for name, width in zip(COLUMNS, widths):
+                self.add_column(name, width=width)
             for index, row in enumerate(cells):
                 self.add_row(*row, key=str(index))
+            self._widths = widths
         else:
             for index, (row, shown) in enumerate(zip(cells, self._shown)):
                 for column, cell, old in zip(self.columns, row, shown):
-                    if cell != old:  # only longer or as long: the column is as wide as what it shows
-                        self.update_cell(str(index), column, cell, update_width=True)
+                    if cell != old:  # as wide as before: the column's width holds it
+                        self.update_cell(str(index), column, cell)
         self._shown = cells

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import bisect
 import json
 import statistics
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from ddpwatch.recorder import load_session
 from ddpwatch.session import Session
+from instrumented_ddp.step_figures import step_figures
 from launch import REPO_ROOT, Recorder, run_torchrun
 
 PROFILED_STEPS = range(4, 9)  # train.py's profiler schedule: wait 2, warmup 1, active 5
@@ -30,22 +33,46 @@ def profiled_run(tmp_path: Path, strategy: str) -> tuple[Session, list[list[dict
 @pytest.mark.parametrize("strategy", ["async"])
 def test_recorded_all_reduces_match_the_profilers_gloo_events(tmp_path: Path, strategy: str) -> None:
     """For ``async`` the recorded start is when a gloo worker was free (not the issue time), so
-    the durations measure transfers, as the profiler's events on gloo's threads do. (``simple``,
-    whose synchronous calls the span brackets, was checked here too until the suite neared its
-    15 minutes; its counts stay pinned in ``test_record_end_to_end``.)"""
+    the durations measure transfers, as the profiler's events on gloo's threads do. The CPU clock
+    finds an end by looking from the training thread (``timeline.HostClock``): an end seen at a
+    look is the middle of that look and the one before, so it is off by at most half the time
+    between the two looks around it, which for ``async`` is one parameter's backward, often more
+    than a short collective lasts. Held here: that bound for nine ends in ten, the summed time
+    and each step's Overlap% (the figures a user reads). (``simple``, whose synchronous calls the
+    span brackets, was checked here too until the suite neared its 15 minutes; its counts stay
+    pinned in ``test_record_end_to_end``.)"""
     session, traces = profiled_run(tmp_path, strategy)
     for rank, events in enumerate(traces):
         profiled = sorted((e for e in events if e.get("name") == "gloo:all_reduce"), key=lambda e: e["ts"])
-        recorded = sorted((s for step in PROFILED_STEPS for s in session.reports[step][rank].spans if s.kind == "all_reduce"),
-                          key=lambda s: s.start)
+        reports = [replace(session.reports[step][rank], spans=list(session.reports[step][rank].spans)) for step in PROFILED_STEPS]
+        recorded = sorted((s for report in reports for s in report.spans if s.kind == "all_reduce"), key=lambda s: s.start)
         assert len(recorded) == len(profiled) == 57 * len(PROFILED_STEPS)
-        differences = [abs(span.duration * 1e6 - event["dur"]) for span, event in zip(recorded, profiled)]
-        typical = statistics.median(event["dur"] for event in profiled)
-        # ddpwatch's interval also holds the Python call around the collective: a few tens of µs.
-        assert statistics.median(differences) < max(0.5 * typical, 100.0), (statistics.median(differences), typical)
         recorded_total = sum(span.duration for span in recorded) * 1e6
         profiled_total = sum(event["dur"] for event in profiled)
-        assert abs(recorded_total - profiled_total) < 0.25 * profiled_total, (recorded_total, profiled_total)
+        assert abs(recorded_total - profiled_total) < 0.10 * profiled_total, (recorded_total, profiled_total)
+
+        offset_us = statistics.median(e["ts"] + e["dur"] - s.end * 1e6 for s, e in zip(recorded, profiled))
+        interval = {id(s): ((e["ts"] - offset_us) / 1e6, (e["ts"] + e["dur"] - offset_us) / 1e6) for s, e in zip(recorded, profiled)}
+        looks = sorted({t for report in reports for s in report.spans if s.kind != "all_reduce" for t in (s.start, s.end)})
+        outside = []
+        for span in recorded:
+            true_end = interval[id(span)][1]
+            after = bisect.bisect_left(looks, true_end)
+            before_look, after_look = looks[max(after - 1, 0)], looks[min(after, len(looks) - 1)]
+            if abs(span.end - true_end) > (after_look - before_look) / 2 + LOOK_SLACK_S:
+                outside.append((round((span.end - true_end) * 1e6), round((after_look - before_look) / 2 * 1e6)))
+        assert len(outside) <= 0.1 * len(recorded), outside
+
+        ours = [step_figures(report).overlap_pct for report in reports]
+        theirs = [step_figures(replace(report, spans=[s._replace(start=interval[id(s)][0], end=interval[id(s)][1])
+                                                      if s.kind == "all_reduce" else s for s in report.spans])).overlap_pct
+                  for report in reports]
+        assert abs(statistics.mean(ours) - statistics.mean(theirs)) < 5.0, (ours, theirs)
+
+
+#: Beyond half the gap between looks, what an end may be off by: the profiler's clock put on
+#: ddpwatch's by one median offset, and a worker thread's wake-up on two shared cores.
+LOOK_SLACK_S = 200e-6
 
 
 #: The profiler's name of each collective of ours on gloo. gloo has no reduce-scatter of its own:

@@ -34,6 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
     record.add_argument("--until-steps", type=int, help="stop once every rank reported this step")
     record.add_argument("--until-seconds", type=float, help="stop after this long")
     record.add_argument("--idle-exit", type=float, default=15.0, help="stop when every rank is silent this long")
+    record.add_argument("--wait", type=float, help="give up, exit 2, when no rank has connected this many seconds after "
+                        "start (default: wait as long as it takes; --idle-exit counts only once a rank has spoken)")
     record.add_argument("--max-message-bytes", type=int, default=DEFAULT_MAX_MESSAGE_BYTES)
     record.add_argument("--keys", type=Path, help="CURVE key directory (made if missing); needed beyond loopback")
     record.add_argument("--sample", type=int, metavar="N", help="ask the ranks for the spans of every N-th step only "
@@ -145,12 +147,15 @@ def run_demo(args: argparse.Namespace) -> int:
 def run_record(args: argparse.Namespace) -> int:
     from .recorder import StopRule, record
 
-    for flag in ("until_steps", "until_seconds", "sample"):
+    for flag in ("until_steps", "until_seconds", "sample", "wait"):
         value = getattr(args, flag)
         if value is not None and value <= 0:
             raise ValueError(f"--{flag.replace('_', '-')} must be positive")
-    record(args.listen, args.out, StopRule(args.until_steps, args.until_seconds, args.idle_exit), args.max_message_bytes,
-           keys=server_keys(args), sample_every=args.sample)
+    session = record(args.listen, args.out, StopRule(args.until_steps, args.until_seconds, args.idle_exit, args.wait),
+                     args.max_message_bytes, keys=server_keys(args), sample_every=args.sample)
+    if args.wait is not None and not session.messages:
+        print(f"ddpwatch record: error: no rank connected within {args.wait:g} s", file=sys.stderr)
+        return 2
     return 0
 
 

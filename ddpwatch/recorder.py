@@ -29,6 +29,7 @@ class StopRule:
     until_steps: int | None = None
     until_seconds: float | None = None
     idle_exit_s: float = 15.0  # every rank silent this long after the session began
+    connect_within_s: float | None = None  # no message at all this long after listening began (None: wait on)
 
     def reached(self, session: Session, started: float, last_message: float) -> str | None:
         now = time.monotonic()
@@ -41,6 +42,8 @@ class StopRule:
             return f"{self.until_seconds:g} s elapsed"
         if session.messages and now - last_message >= self.idle_exit_s:
             return f"no message for {self.idle_exit_s:g} s"
+        if self.connect_within_s is not None and not session.messages and now - started >= self.connect_within_s:
+            return f"no rank connected within {self.connect_within_s:g} s"
         return None
 
 

@@ -63,6 +63,7 @@ def test_a_flood_of_garbage_from_one_sender_leaves_the_valid_stream_intact(tmp_p
         (["summary", "/no/such/session"], "holds no summary.json and no session file"),
         (["replay", "/no/such/session"], "holds no session file"),
         (["record", "--out", "/tmp/x", "--until-steps", "0"], "--until-steps must be positive"),
+        (["record", "--out", "/tmp/x", "--wait", "0"], "--wait must be positive"),
         (["record", "--out", "/tmp/x", "--listen", "tcp://0.0.0.0:5599"], "needs authentication"),
         (["record", "--out", "/tmp/x", "--listen", "not-an-address"], "cannot listen on not-an-address"),
         (["demo", "--steps", "0"], "--steps and --nproc must be at least 1"),
@@ -73,6 +74,18 @@ def test_wrong_cli_input_gets_a_one_line_error_and_a_non_zero_exit(args: list[st
     assert result.returncode != 0
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], result.stderr
+
+
+def test_record_gives_up_when_no_rank_connects_within_its_wait(tmp_path: Path) -> None:
+    """A job that died before its first message leaves ``record --wait`` ending on its own, exit
+    2, its last line saying why (``--idle-exit`` counts only once a rank has spoken)."""
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, "-m", "ddpwatch.cli", "record", "--listen", f"tcp://127.0.0.1:{free_port()}",
+                             "--out", str(tmp_path), "--wait", "1"], capture_output=True, text=True, cwd=REPO_ROOT, timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines()[-1] == "ddpwatch record: error: no rank connected within 1 s"
+    assert "stopped (no rank connected within 1 s); 0 messages" in result.stderr
+    assert time.monotonic() - started < 30
 
 
 finite = st.floats(min_value=-1e6, max_value=1e6, allow_nan=False)

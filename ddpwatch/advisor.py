@@ -22,12 +22,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from instrumented_ddp.bucket_plan import TensorSize
-from instrumented_ddp.protocol import READY_KIND, StepReport
+from instrumented_ddp.protocol import READY_KIND, Hello, StepReport
 
 from .bucket_sim import MIB, BackwardProfile, Prediction, best, cap_grid, describe, sweep
 from .cost_model import CostModel, TransferSample, fit_cost_model
 from .metrics import counted
-from .session import Session
+from .session import Segment, Session
 
 #: Bytes per element of the dtypes a parameter layout names (torch's names, less "torch.").
 ITEM_BYTES = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1,
@@ -205,6 +205,9 @@ def advice_for_session(session: Session, caps: Sequence[int] | None = None) -> A
     hello = next((state.hello for _, state in sorted(session.ranks.items()) if state.hello), None)
     if hello is None:
         return "waiting for the ranks' hello (the model's parameter layout)"
+    if not describes(hello, segment):
+        cap = hello.settings.get("bucket_mb")
+        return f"waiting for the run's first steps as {hello.strategy}{f' at {float(cap):g} MB' if cap else ''}, where it switched"
     steps = [step for step in sorted(session.reports) if segment.first_step <= step <= segment.last_step]
     first_rank = min((rank for step in steps for rank in session.reports[step]), default=0)
     profile_reports = [session.reports[step][first_rank] for step in steps
@@ -214,6 +217,16 @@ def advice_for_session(session: Session, caps: Sequence[int] | None = None) -> A
                   backend=hello.backend, world_size=session.world_size, profile_reports=profile_reports[-PROFILE_STEPS:],
                   fit_steps=fit_steps, parameter_layout=hello.parameter_layout, bucket_layout=hello.bucket_layout,
                   measured=measured_caps(session), caps=caps)
+
+
+def describes(hello: Hello, segment: Segment) -> bool:
+    """Whether the hello's bucket layout is the one the segment trained with: a switched rank
+    sends its new hello before the new segment's first report, and the old segment's marks read
+    with the new layout would put the wrong parameters in each bucket."""
+    if hello.strategy != segment.strategy:
+        return False
+    ours, theirs = hello.settings.get("bucket_mb"), segment.settings.get("bucket_mb")
+    return ours is None or theirs is None or float(ours) == float(theirs)
 
 
 def measured_caps(session: Session) -> list[MeasuredCap]:

@@ -10,13 +10,15 @@ import pytest
 from ddpwatch.advisor import (
     Advice,
     MeasuredCap,
+    advice_for_session,
     advise,
     backward_profile,
     layout_tensors,
     ready_times,
     transfer_samples_of,
 )
-from instrumented_ddp.protocol import Span, StepReport
+from ddpwatch.session import Session
+from instrumented_ddp.protocol import Envelope, Hello, Span, StepReport
 
 MIB = 1024 * 1024
 LAYOUT = [(f"layer{i}.weight", MIB // 4, "float32") for i in range(4)]  # four 1 MiB tensors
@@ -118,6 +120,31 @@ def test_without_what_it_needs_the_advisor_says_what_is_missing(changes: dict, s
                      fit_steps=two_sized_steps(), parameter_layout=LAYOUT, bucket_layout=[[3, 2], [1, 0]])
     advice = advise(**{**arguments, **changes})
     assert isinstance(advice, str) and says in advice
+
+
+def test_right_after_a_switch_the_advisor_waits_for_the_new_segment_rather_than_misread_the_old_one() -> None:
+    """A switched rank sends its new hello (the 4 MB cap: one bucket [3, 2, 1, 0]) before the new
+    segment's first report. Until that report comes, the last segment is still the 2 MB one, whose
+    b0 and b1 marks read with the new layout would put the wrong parameters in each bucket."""
+    session = Session()
+
+    def hello(rank: int, cap_mb: float, layout: list[list[int]]) -> Envelope:
+        return Envelope(Hello(rank, 2, "s", "h", 1, "cpu", "gloo", "bucket", {"bucket_mb": cap_mb, "grad_accum": 1}, 4 * MIB,
+                              parameter_layout=LAYOUT, bucket_layout=layout), rank, 0, 0)
+
+    for rank in (0, 1):
+        session.ingest(hello(rank, 2.0, [[3, 2], [1, 0]]), received_at=0.0)
+    for step in (1, 2, 3, 4):
+        for rank in (0, 1):
+            session.ingest(Envelope(bucket_step(rank, step), rank, step, 0), received_at=0.0)
+    before = advice_for_session(session)
+    assert isinstance(before, str) and "two sizes or more" in before  # read with its own layout: only the fit is missing
+    for rank in (0, 1):
+        session.ingest(hello(rank, 4.0, [[3, 2, 1, 0]]), received_at=0.0)
+    assert advice_for_session(session) == "waiting for the run's first steps as bucket at 4 MB, where it switched"
+    for rank in (0, 1):
+        session.ingest(Envelope(replace(bucket_step(rank, 5), settings={"bucket_mb": 4.0}), rank, 5, 0), received_at=0.0)
+    assert "where it switched" not in advice_for_session(session)
 
 
 def test_the_plot_puts_the_best_lowest_the_measured_where_measured_and_the_caps_on_a_log_axis() -> None:

@@ -37,8 +37,10 @@ def test_recorded_all_reduces_match_the_profilers_gloo_events(tmp_path: Path, st
     finds an end by looking from the training thread (``timeline.HostClock``): an end seen at a
     look is the middle of that look and the one before, so it is off by at most half the time
     between the two looks around it, which for ``async`` is one parameter's backward, often more
-    than a short collective lasts. Held here: that bound for nine ends in ten, the summed time
-    and each step's Overlap% (the figures a user reads). (``simple``, whose synchronous calls the
+    than a short collective lasts. Held here: that bound for 19 ends in 20 (runs as shipped left
+    0-8 of 285 outside it, with ends stamped at the look itself 27-49), each step's Overlap% (a
+    figure a user reads), and the summed time as a coarse guard: it also holds the time a gloo
+    worker took to pick a collective up, 0.04-0.17 ms each here, so it moves with their count. (``simple``, whose synchronous calls the
     span brackets, was checked here too until the suite neared its 15 minutes; its counts stay
     pinned in ``test_record_end_to_end``.)"""
     session, traces = profiled_run(tmp_path, strategy)
@@ -49,7 +51,7 @@ def test_recorded_all_reduces_match_the_profilers_gloo_events(tmp_path: Path, st
         assert len(recorded) == len(profiled) == 57 * len(PROFILED_STEPS)
         recorded_total = sum(span.duration for span in recorded) * 1e6
         profiled_total = sum(event["dur"] for event in profiled)
-        assert abs(recorded_total - profiled_total) < 0.10 * profiled_total, (recorded_total, profiled_total)
+        assert abs(recorded_total - profiled_total) < 0.25 * profiled_total, (recorded_total, profiled_total)
 
         offset_us = statistics.median(e["ts"] + e["dur"] - s.end * 1e6 for s, e in zip(recorded, profiled))
         interval = {id(s): ((e["ts"] - offset_us) / 1e6, (e["ts"] + e["dur"] - offset_us) / 1e6) for s, e in zip(recorded, profiled)}
@@ -61,7 +63,7 @@ def test_recorded_all_reduces_match_the_profilers_gloo_events(tmp_path: Path, st
             before_look, after_look = looks[max(after - 1, 0)], looks[min(after, len(looks) - 1)]
             if abs(span.end - true_end) > (after_look - before_look) / 2 + LOOK_SLACK_S:
                 outside.append((round((span.end - true_end) * 1e6), round((after_look - before_look) / 2 * 1e6)))
-        assert len(outside) <= 0.1 * len(recorded), outside
+        assert len(outside) <= len(recorded) / 20, outside
 
         ours = [step_figures(report).overlap_pct for report in reports]
         theirs = [step_figures(replace(report, spans=[s._replace(start=interval[id(s)][0], end=interval[id(s)][1])

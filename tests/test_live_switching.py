@@ -20,7 +20,9 @@ TRAIN = str(REPO_ROOT / "train.py")
 #: throughout (ga too), so that every segment averages the same sums as the unswitched run.
 SWITCHES = (("ga", None), ("hook", None), ("async", None), ("bucket", 1.0), ("ddp", 1.0), ("zero1", 1.0),
             ("zero2", 1.0), ("fsdp", None), ("simple", None))
-COMMON = ["--steps", "70", "--batch-size", "8", "--grad-accum", "1", "--log-every", "10", "--seed", "3"]
+STEPS = 100
+#: A line a step, so that the test can pace its switches by the run's steps.
+COMMON = ["--steps", str(STEPS), "--batch-size", "8", "--grad-accum", "1", "--log-every", "1", "--seed", "3"]
 
 
 def wait_for_line(log: Path, text: str, process: subprocess.Popen[bytes], timeout_s: float = 120) -> None:
@@ -43,12 +45,15 @@ def test_switching_live_through_all_nine_ends_bitwise_where_the_unswitched_run_d
         training = start_torchrun(["--strategy", "simple", *COMMON, "--watch", recorder.address,
                                    "--save-final", str(tmp_path / "switched.pt")], tmp_path / "train.log")
         try:
-            wait_for_line(tmp_path / "train.log", "step 10/70", training)  # a simple segment first
+            wait_for_line(tmp_path / "train.log", f"step 10/{STEPS} ", training)  # a simple segment first
             acks = {}
             for strategy, bucket_mb in SWITCHES:
                 acks[strategy] = request_switch(recorder.address, strategy, bucket_mb, 1, timeout_s=120)
                 assert acks[strategy].applied, acks[strategy]
-                time.sleep(0.6)
+                # The segment's second step done (its memory is measured there) before the next switch:
+                # paced by steps, not by a sleep, so the run cannot end before the last switch lands
+                # (with 0.6 s sleeps, steps of 0.1 s used 70 steps up by the eighth switch).
+                wait_for_line(tmp_path / "train.log", f"step {acks[strategy].step + 1}/{STEPS} ", training)
             assert training.wait(300) == 0, (tmp_path / "train.log").read_text()[-3000:]
         finally:
             stop(training)

@@ -62,7 +62,7 @@ class DDPTiming:
         self._bucket_layout: list[list[int]] = []
         #: On the CPU, this backward's launched buckets, completed by ``_complete_buckets``.
         self._awaiting: list[tuple[Any, torch.Tensor, torch.futures.Future]] = []
-        self._poll_handles: list[Any] = []  # on the CPU, a gradient hook per parameter: ``install``
+        self._poll_handles: list[Any] = []  # on the CPU, gradient hooks that look: ``install``
 
     def install(self) -> None:
         """Register the hook (DDP takes one, and keeps it for good) and time the buffer broadcast.

@@ -145,15 +145,18 @@ def run_demo(args: argparse.Namespace) -> int:
 
 
 def run_record(args: argparse.Namespace) -> int:
+    import time
+
     from .recorder import StopRule, record
 
     for flag in ("until_steps", "until_seconds", "sample", "wait"):
         value = getattr(args, flag)
         if value is not None and value <= 0:
             raise ValueError(f"--{flag.replace('_', '-')} must be positive")
+    started = time.monotonic()
     session = record(args.listen, args.out, StopRule(args.until_steps, args.until_seconds, args.idle_exit, args.wait),
                      args.max_message_bytes, keys=server_keys(args), sample_every=args.sample)
-    if args.wait is not None and not session.messages:
+    if args.wait is not None and not session.messages and time.monotonic() - started >= args.wait:  # not a Ctrl-C before it
         print(f"ddpwatch record: error: no rank connected within {args.wait:g} s", file=sys.stderr)
         return 2
     return 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import time
@@ -86,6 +87,20 @@ def test_record_gives_up_when_no_rank_connects_within_its_wait(tmp_path: Path) -
     assert result.stderr.strip().splitlines()[-1] == "ddpwatch record: error: no rank connected within 1 s"
     assert "stopped (no rank connected within 1 s); 0 messages" in result.stderr
     assert time.monotonic() - started < 30
+
+
+def test_record_stopped_by_ctrl_c_before_its_wait_is_no_error(tmp_path: Path) -> None:
+    """Ctrl-C before ``--wait`` ran out is the user's stop, not a run that never connected."""
+    recorder = subprocess.Popen([sys.executable, "-m", "ddpwatch.cli", "record", "--listen", f"tcp://127.0.0.1:{free_port()}",
+                                 "--out", str(tmp_path), "--wait", "60"], stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT)
+    try:
+        assert "listening on" in recorder.stderr.readline()
+        recorder.send_signal(signal.SIGINT)
+        _, stderr = recorder.communicate(timeout=30)
+    finally:
+        recorder.kill()
+    assert recorder.returncode == 0, stderr
+    assert "stopped (SIGINT)" in stderr and "error" not in stderr
 
 
 finite = st.floats(min_value=-1e6, max_value=1e6, allow_nan=False)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import re
 import statistics
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -14,8 +14,8 @@ import torch
 
 from ddpwatch.recorder import load_session
 from ddpwatch.session import Session
-from instrumented_ddp.step_figures import step_figures
 from launch import REPO_ROOT, Recorder, free_port, run_torchrun
+from profiler_events import overlap_pcts, profiler_intervals, rank_reports
 
 PROFILED_STEPS = range(4, 9)  # the examples' profiler schedule: wait 2, warmup 1, active 5
 EXAMPLES = {  # each with two buckets or more and an accumulation (no_sync) in every step
@@ -80,20 +80,13 @@ def test_all_reduces_and_overlap_hold_against_the_profiler(example_runs: Example
         (trace_file,) = runs.profile.glob(f"rank{rank}.*.json")
         events = json.loads(trace_file.read_text())["traceEvents"]
         profiled = sorted((e for e in events if e.get("name") == "gloo:all_reduce"), key=lambda e: e["ts"])
-        reports = [runs.session.reports[step][rank] for step in PROFILED_STEPS]
-        reports = [replace(report, spans=list(report.spans)) for report in reports]  # the same Span objects each read
+        reports = rank_reports([runs.session.reports[step][rank] for step in PROFILED_STEPS])
         recorded = sorted((s for report in reports for s in report.spans if s.kind == "all_reduce"), key=lambda s: s.start)
         assert len(recorded) == len(profiled) == runs.buckets * len(PROFILED_STEPS)
         typical = statistics.median(event["dur"] for event in profiled)
         differences = [abs(span.duration * 1e6 - event["dur"]) for span, event in zip(recorded, profiled)]
         assert statistics.median(differences) < max(0.5 * typical, 100.0), (statistics.median(differences), typical)
-        offset_us = statistics.median(e["ts"] + e["dur"] - s.end * 1e6 for s, e in zip(recorded, profiled))
-        profiler_interval = {id(span): ((e["ts"] - offset_us) / 1e6, (e["ts"] + e["dur"] - offset_us) / 1e6)
-                             for span, e in zip(recorded, profiled)}
-        ours = [step_figures(report).overlap_pct for report in reports]
-        theirs = [step_figures(replace(report, spans=[
-            s._replace(start=profiler_interval[id(s)][0], end=profiler_interval[id(s)][1]) if s.kind == "all_reduce" else s
-            for s in report.spans])).overlap_pct for report in reports]
+        ours, theirs = overlap_pcts(reports, profiler_intervals(recorded, profiled))
         assert abs(statistics.mean(ours) - statistics.mean(theirs)) < 5.0, (ours, theirs)
 
 

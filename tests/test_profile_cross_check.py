@@ -5,15 +5,14 @@ from __future__ import annotations
 import bisect
 import json
 import statistics
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from ddpwatch.recorder import load_session
 from ddpwatch.session import Session
-from instrumented_ddp.step_figures import step_figures
 from launch import REPO_ROOT, Recorder, run_torchrun
+from profiler_events import overlap_pcts, profiler_intervals, rank_reports
 
 PROFILED_STEPS = range(4, 9)  # train.py's profiler schedule: wait 2, warmup 1, active 5
 
@@ -40,21 +39,20 @@ def test_recorded_all_reduces_match_the_profilers_gloo_events(tmp_path: Path, st
     than a short collective lasts. Held here: that bound for 19 ends in 20 (runs as shipped left
     0-8 of 285 outside it, with ends stamped at the look itself 27-49), each step's Overlap% (a
     figure a user reads), and the summed time as a coarse guard: it also holds the time a gloo
-    worker took to pick a collective up, 0.04-0.17 ms each here, so it moves with their count. (``simple``, whose synchronous calls the
-    span brackets, was checked here too until the suite neared its 15 minutes; its counts stay
-    pinned in ``test_record_end_to_end``.)"""
+    worker took to pick a collective up, 0.04-0.17 ms each here, so it moves with their count.
+    (``simple``, whose synchronous calls the span brackets, was checked here too until the suite
+    neared its 15 minutes; its counts stay pinned in ``test_record_end_to_end``.)"""
     session, traces = profiled_run(tmp_path, strategy)
     for rank, events in enumerate(traces):
         profiled = sorted((e for e in events if e.get("name") == "gloo:all_reduce"), key=lambda e: e["ts"])
-        reports = [replace(session.reports[step][rank], spans=list(session.reports[step][rank].spans)) for step in PROFILED_STEPS]
+        reports = rank_reports([session.reports[step][rank] for step in PROFILED_STEPS])
         recorded = sorted((s for report in reports for s in report.spans if s.kind == "all_reduce"), key=lambda s: s.start)
         assert len(recorded) == len(profiled) == 57 * len(PROFILED_STEPS)
         recorded_total = sum(span.duration for span in recorded) * 1e6
         profiled_total = sum(event["dur"] for event in profiled)
         assert abs(recorded_total - profiled_total) < 0.25 * profiled_total, (recorded_total, profiled_total)
 
-        offset_us = statistics.median(e["ts"] + e["dur"] - s.end * 1e6 for s, e in zip(recorded, profiled))
-        interval = {id(s): ((e["ts"] - offset_us) / 1e6, (e["ts"] + e["dur"] - offset_us) / 1e6) for s, e in zip(recorded, profiled)}
+        interval = profiler_intervals(recorded, profiled)
         looks = sorted({t for report in reports for s in report.spans if s.kind != "all_reduce" for t in (s.start, s.end)})
         outside = []
         for span in recorded:
@@ -65,10 +63,7 @@ def test_recorded_all_reduces_match_the_profilers_gloo_events(tmp_path: Path, st
                 outside.append((round((span.end - true_end) * 1e6), round((after_look - before_look) / 2 * 1e6)))
         assert len(outside) <= len(recorded) / 20, outside
 
-        ours = [step_figures(report).overlap_pct for report in reports]
-        theirs = [step_figures(replace(report, spans=[s._replace(start=interval[id(s)][0], end=interval[id(s)][1])
-                                                      if s.kind == "all_reduce" else s for s in report.spans])).overlap_pct
-                  for report in reports]
+        ours, theirs = overlap_pcts(reports, interval)
         assert abs(statistics.mean(ours) - statistics.mean(theirs)) < 5.0, (ours, theirs)
 
 

@@ -1,9 +1,11 @@
 """What a torch ``DistributedDataParallel`` gets when it is watched.
 
 Shared by the ``ddp`` strategy, which builds its own DDP, and by ``attach``, which watches the
-one a user built: every bucket's all-reduce goes through a communication hook that does what
-DDP's default does, timed; DDP's per-forward buffer broadcast is timed; and the time from the
-last bucket's launch to the end of backward is a blocking ``wait``.
+one a user built: every bucket's all-reduce is timed, seen through a communication hook that
+does what DDP's default does or, for the ``ddp`` strategy on the CPU, through the
+``ForwardingGroup`` DDP was built on (DDP's own reduction, no hook); DDP's per-forward buffer
+broadcast is timed; and the time from the last bucket's launch to the end of backward is a
+blocking ``wait``.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from torch.autograd import Variable
 from torch.nn.parallel import DistributedDataParallel
 
 from .collectives import timed_all_reduce_result
+from .forwarding_group import ForwardingGroup
 from .timeline import NULL_TIMELINE, NullTimeline, StepTimeline
 
 
@@ -30,7 +33,7 @@ LOOKS_PER_BACKWARD = 256
 
 
 class DDPTiming:
-    """The timed communication hook and buffer broadcast of one ``DistributedDataParallel``.
+    """The timed bucket all-reduces and buffer broadcast of one ``DistributedDataParallel``.
 
     DDP waits for its last buckets inside ``backward()`` itself. It launches a bucket as soon as
     the bucket's last gradient is ready, so the last launch is where backward's compute ended;
@@ -38,6 +41,11 @@ class DDPTiming:
     when ``backward_ended`` is called. A model with buffers has them broadcast from rank 0 at the
     start of every forward (``broadcast_buffers=True``, DDP's default): that broadcast is a
     blocking ``broadcast`` span tagged ``buffers`` inside forward, not forward compute.
+
+    A DDP built on a ``ForwardingGroup`` gets no hook: the group hands each bucket's all-reduce
+    to ``_launch_watched_bucket``, which marks it ready, issues it on gloo's group, timed, and
+    returns gloo's work for DDP to wait for itself. Otherwise a hook does it (``attach``: a
+    user's DDP keeps the group it was built with; NCCL, which averages inside the all-reduce).
 
     On the CPU no Python runs on gloo's threads (see ``timeline.HostClock`` for what that cost):
     a hook's future is the usual ``.then`` on the work's future, whose callback needs the GIL on
@@ -61,7 +69,7 @@ class DDPTiming:
         self.reduced_backwards = 0  # backwards that reduced gradients (not under ``no_sync``)
         self._bucket_layout: list[list[int]] = []
         #: On the CPU, this backward's launched buckets, completed by ``_complete_buckets``.
-        self._awaiting: list[tuple[Any, torch.Tensor, torch.futures.Future]] = []
+        self._awaiting: list[tuple[Any, torch.Tensor, torch.futures.Future | None]] = []
         self._poll_handles: list[Any] = []  # on the CPU, gradient hooks that look: ``install``
 
     def install(self) -> None:
@@ -73,7 +81,10 @@ class DDPTiming:
         profiler's for a typical 5.4 ms in an attached Trainer run). A Python hook on every
         parameter cost 1-2 % of the tiny model's step on two cores, so the looks are spread by
         gradient elements instead (``parameters_to_look_from``)."""
-        self.ddp.register_comm_hook(state=None, hook=self._all_reduce_hook())
+        if isinstance(self.process_group, ForwardingGroup):
+            self.process_group.watcher = self._launch_watched_bucket
+        else:
+            self.ddp.register_comm_hook(state=None, hook=self._all_reduce_hook())
         self.ddp._distributed_broadcast_coalesced = self._timed_buffer_broadcast(self.ddp._distributed_broadcast_coalesced)
         if self.timeline.polls:
             poll = self.timeline.poll
@@ -82,7 +93,10 @@ class DDPTiming:
                                   for parameter in parameters_to_look_from(trainable, LOOKS_PER_BACKWARD)]
 
     def stop_timing(self) -> None:
-        """DDP cannot drop a communication hook: from now on it averages as before, untimed."""
+        """DDP cannot drop a communication hook: from now on it averages as before, untimed (a
+        ``ForwardingGroup`` just forwards)."""
+        if isinstance(self.process_group, ForwardingGroup):
+            self.process_group.watcher = None
         for handle in self._poll_handles:
             handle.remove()
         self._poll_handles = []
@@ -158,24 +172,55 @@ class DDPTiming:
         much as the rest of the hook."""
         options = dist.AllreduceOptions()
         options.reduceOp = op
-        span = timeline.open_collective("all_reduce", buffer.numel() * buffer.element_size(), f"b{index}",
-                                        str(buffer.dtype).removeprefix("torch."), False)
-        work = self.process_group.allreduce([buffer], options)
+        work = self._issue_bucket(timeline, self.process_group, [buffer], options, index)
+        future: torch.futures.Future = torch.futures.Future()
+        if self._wait_at_backward_end(work, buffer, future):
+            return future
+        return work.get_future().then(lambda done: done.value()[0])
+
+    def _launch_watched_bucket(self, group: dist.ProcessGroup, tensors: list[torch.Tensor],
+                               options: dist.AllreduceOptions) -> dist.Work:
+        """The ``ForwardingGroup``'s all-reduce: DDP's reducer launching a bucket (one flat
+        tensor, already scaled by 1/world size as DDP copied the gradients in), in bucket order,
+        as soon as its last gradient is ready. ``b<i>`` is the i-th launched in this backward.
+        DDP waits for the work itself at the end of backward; ``_complete_buckets`` waits for it
+        one callback earlier, looking around the wait, and leaves a failure to DDP's own wait."""
+        timeline = self.timeline
+        index = len(self._awaiting)
+        self.last_bucket_at = timeline.stamp()
+        timeline.mark_ready(f"b{index}", sum(t.numel() * t.element_size() for t in tensors), at=self.last_bucket_at)
+        work = self._issue_bucket(timeline, group, tensors, options, index)
+        self._wait_at_backward_end(work, tensors[0], None)
+        return work
+
+    @staticmethod
+    def _issue_bucket(timeline: StepTimeline, group: dist.ProcessGroup, tensors: list[torch.Tensor],
+                      options: dist.AllreduceOptions, index: int) -> dist.Work:
+        """Bucket ``b<index>``'s all-reduce on ``group``, as a non-blocking span."""
+        nbytes = sum(t.numel() * t.element_size() for t in tensors)
+        span = timeline.open_collective("all_reduce", nbytes, f"b{index}", str(tensors[0].dtype).removeprefix("torch."), False)
+        work = group.allreduce(tensors, options)
         timeline.close_collective(span, work)
+        return work
+
+    def _wait_at_backward_end(self, work: dist.Work, buffer: torch.Tensor, future: torch.futures.Future | None) -> bool:
+        """Have ``_complete_buckets`` wait for ``work`` at the end of this backward, before DDP's
+        own end of backward, and complete ``future`` (if any) with ``buffer``; False where no
+        end-of-backward callback can be queued (not inside a backward)."""
         if not self._awaiting:
             try:
                 Variable._execution_engine.queue_callback(self._complete_buckets)
             except RuntimeError:
-                return work.get_future().then(lambda future: future.value()[0])
-        future: torch.futures.Future = torch.futures.Future()
+                return False
         self._awaiting.append((work, buffer, future))
-        return future
+        return True
 
     def _complete_buckets(self) -> None:
         """Wait, on this rank's thread, for each bucket launched in this backward and complete
         its future; around each wait the clock looks at the running collectives, so a bucket
         still running ends as its wait returns (``HostClock``). A collective that failed fails
-        its future, and DDP's end of backward raises it, as with DDP's own hook."""
+        its future, and DDP's end of backward raises it, as with DDP's own hook; a watched
+        bucket has no future of ours, and DDP's wait for its work raises the failure again."""
         awaiting, self._awaiting = self._awaiting, []
         for work, buffer, future in awaiting:
             timeline = self.timeline
@@ -183,10 +228,12 @@ class DDPTiming:
             try:
                 work.wait()
             except Exception as error:
-                future.set_exception(error)
+                if future is not None:
+                    future.set_exception(error)
                 continue
             timeline.poll(waited=work)
-            future.set_result(buffer)
+            if future is not None:
+                future.set_result(buffer)
 
     def _timed_buffer_broadcast(self, untimed: Callable[..., None]) -> Callable[..., None]:
         """DDP's per-forward buffer sync goes through this one method of the instance

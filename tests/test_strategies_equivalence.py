@@ -14,7 +14,8 @@ STEPS, GLOBAL_BATCH = 3, 8
 RUNS = [
     "simple:1:25", "ga:1:25", "hook:1:25", "async:1:25", "bucket:1:25", "ddp:1:25",
     "simple:2:25", "ga:2:25", "async:2:25", "bucket:2:0.01", "ddp:2:0.01", "bucket:1:0.002",
-    # timed: the strategies' collectives go through the timeline (ddp through its comm hook)
+    # timed: the strategies' collectives go through the timeline (ddp on the CPU through a
+    # ForwardingGroup: DDP's own reducer, no communication hook)
     "simple:1:25:timed", "hook:1:25:timed", "bucket:2:0.01:timed", "ddp:1:0.01:timed", "ddp:2:0.01:timed",
 ]
 
@@ -46,3 +47,11 @@ def test_ranks_end_bitwise_identical(two_rank_results: list[dict]) -> None:
     for run in RUNS:
         for name, tensor in two_rank_results[0][run].items():
             assert torch.equal(tensor, two_rank_results[1][run][name]), f"{run}: {name} differs between ranks"
+
+
+def test_watched_ddp_ends_bitwise_identical_to_unwatched_ddp(two_rank_results: list[dict]) -> None:
+    """Watching DDP on the CPU leaves its arithmetic alone: the reducer still scales each gradient
+    as it copies it into the bucket and sums, exactly as when nothing watches."""
+    for rank, results in enumerate(two_rank_results):
+        for name, tensor in results["ddp:2:0.01:timed"].items():
+            assert torch.equal(tensor, results["ddp:2:0.01"][name]), f"rank {rank} {name}"

@@ -3,8 +3,10 @@ and a step report waits until every mark of its step has resolved."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -14,6 +16,7 @@ from torch import nn
 
 import instrumented_ddp
 from instrumented_ddp import timeline as timeline_module
+from instrumented_ddp.forwarding_group import ForwardingGroup
 from instrumented_ddp.protocol import COMM_KINDS, Span, StepReport
 from instrumented_ddp.timeline import CudaEventClock, HostClock, StepTimeline
 from nccl_fakes import FakeCudaTensor, FakeGpu, FakeNcclWork, FakeProcessGroupNccl
@@ -654,18 +657,22 @@ def test_gradient_ready_marks_cover_every_gradient_once_inside_backward(one_rank
     assert all(s.start <= issued[s.tag].start for s in ready)  # ready before (or as) its all-reduce starts
 
 
-def test_ddp_on_the_cpu_completes_its_buckets_in_backward_and_a_failed_all_reduce_fails_backward(one_rank_group: None) -> None:
-    """On the CPU the hook hands DDP a future of its own, completed at the end of backward on the
-    rank's thread (no Python on gloo's: ``DDPTiming``): the gradients are DDP's own, every bucket
-    ends inside backward, and a collective that fails still fails backward, neither hanging it
-    nor passing gradients on unreduced."""
+@pytest.mark.parametrize("find_unused_parameters", [False, True], ids=["forwarding group", "hook"])
+def test_ddp_on_the_cpu_completes_its_buckets_in_backward_and_a_failed_all_reduce_fails_backward(
+        one_rank_group: None, find_unused_parameters: bool) -> None:
+    """On the CPU DDP's buckets are waited for at the end of backward on the rank's thread (no
+    Python on gloo's: ``DDPTiming``), seen through a ``ForwardingGroup`` or, with
+    ``find_unused_parameters``, through a hook handing DDP a future of its own: the gradients
+    are DDP's own, every bucket ends inside backward, and a collective that fails still fails
+    backward, neither hanging it nor passing gradients on unreduced."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 1))
     reference = nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 1))
     reference.load_state_dict(model.state_dict())
     timeline = StepTimeline(0)
-    wrapped = instrumented_ddp.wrap(model, "ddp", timeline=timeline)
+    wrapped = instrumented_ddp.wrap(model, "ddp", timeline=timeline, find_unused_parameters=find_unused_parameters)
     try:
+        assert isinstance(wrapped.ddp.process_group, ForwardingGroup) != find_unused_parameters
         inputs = torch.randn(5, 4)
         for step in (1, 2):
             timeline.begin_step(step, wrapped.name, wrapped.settings)
@@ -680,22 +687,37 @@ def test_ddp_on_the_cpu_completes_its_buckets_in_backward_and_a_failed_all_reduc
             all_reduces = _kinds(report, "all_reduce")
             assert all_reduces and all(backward.start <= s.start <= s.end <= backward.end for s in all_reduces)
 
-        class PeerGone:
-            def wait(self) -> bool:
-                raise RuntimeError("Connection closed by peer")
-
-            def is_completed(self) -> bool:
-                return True
-
-        class GroupWithADeadPeer:
-            def allreduce(self, tensors: list[torch.Tensor], options: Any) -> PeerGone:
-                return PeerGone()
-
-        wrapped._timing.process_group = GroupWithADeadPeer()
-        with pytest.raises(RuntimeError, match="Connection closed by peer"):
+        silent_peer, _idle_peer = _gloo_group_whose_peer_never_answers(timeout_s=0.5)
+        if find_unused_parameters:
+            wrapped._timing.process_group = silent_peer
+        else:
+            wrapped.ddp.process_group.inner = silent_peer
+        with pytest.raises(RuntimeError, match="Timed out waiting 500ms"):
             wrapped(inputs).pow(2).mean().backward()
     finally:
         instrumented_ddp.unwrap(wrapped)
+
+
+def _gloo_group_whose_peer_never_answers(timeout_s: float) -> tuple[dist.ProcessGroup, dist.ProcessGroup]:
+    """Rank 0 of a real two-rank gloo group, and its rank 1 (built on a thread, then left idle:
+    keep it while rank 0 is used, or its going closes the connection). Rank 1 never joins a
+    collective, so rank 0's all-reduces fail after ``timeout_s`` inside gloo, with a C++
+    exception, as a dead peer's do. (A Python future set to an exception is no stand-in: DDP's
+    reducer segfaults rethrowing it.)"""
+    store = dist.HashStore()
+    groups: dict[int, dist.ProcessGroup] = {}
+
+    def join(rank: int) -> None:
+        options = dist.ProcessGroupGloo._Options()
+        options._timeout = timedelta(seconds=timeout_s)
+        options._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
+        groups[rank] = dist.ProcessGroupGloo(store, rank, 2, options)
+
+    peer = threading.Thread(target=join, args=(1,))
+    peer.start()
+    join(0)
+    peer.join()
+    return groups[0], groups[1]
 
 
 def test_ddp_looks_at_its_buckets_once_per_share_of_the_gradient_elements_produced() -> None:

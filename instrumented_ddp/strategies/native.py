@@ -6,9 +6,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, ClassVar
 
+import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from ..ddp_timing import DDPTiming
+from ..forwarding_group import ForwardingGroup
 from ..timeline import NULL_TIMELINE
 from .base import DataParallelStrategy
 
@@ -22,8 +24,9 @@ class NativeDDP(DataParallelStrategy):
     The DDP object is kept out of the module tree, so dropping it on ``unwrap`` removes its hooks
     and the state dict keeps the bare model's keys under ``module.``.
 
-    When timed, DDP gets ``DDPTiming``: a communication hook that does what DDP's default
-    all-reduce does, timed, its buffer broadcast timed, and the wait after its last bucket. DDP's
+    When timed, DDP gets ``DDPTiming``: its buckets' all-reduces timed (on the CPU seen through
+    a ``ForwardingGroup``, elsewhere through a communication hook that does what DDP's default
+    does), its buffer broadcast timed, and the wait after its last bucket. DDP's
     first iteration reduces one bucket holding every gradient, before it rebuilds buckets in
     gradient-ready order: that step is marked excluded from the statistics.
     """
@@ -50,7 +53,7 @@ class NativeDDP(DataParallelStrategy):
         ddp = DistributedDataParallel(
             self.module,
             device_ids=[device.index] if device.type == "cuda" else None,
-            process_group=self.process_group,
+            process_group=self._group_for_ddp(),
             bucket_cap_mb=self.bucket_mb,
             find_unused_parameters=self._find_unused_parameters,
         )
@@ -58,6 +61,17 @@ class NativeDDP(DataParallelStrategy):
         self._timing = DDPTiming(ddp, self.timeline) if self.timeline is not NULL_TIMELINE else None
         if self._timing is not None:
             self._timing.install()
+
+    def _group_for_ddp(self) -> dist.ProcessGroup | None:
+        """The group DDP is built on: when timed on the CPU, a ``ForwardingGroup`` over ours,
+        which shows ``DDPTiming`` each bucket DDP launches without a communication hook (and
+        so without the hook's second pass over every gradient: see ``forwarding_group``).
+        Not with ``find_unused_parameters``: DDP then all-reduces its map of used parameters
+        on the same group, which is not a bucket; the hook sees buckets only."""
+        group = self.process_group or dist.group.WORLD
+        if self.timeline.polls and not self._find_unused_parameters and dist.get_backend(group) == "gloo":
+            return ForwardingGroup(group)
+        return self.process_group
 
     def finish_gradient_sync(self) -> None:
         """Called right after backward returned: DDP's in-backward wait ends about now."""

@@ -16,7 +16,6 @@ import copy
 import importlib.util
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -77,9 +76,7 @@ def main() -> None:
     if "RANK" in os.environ:
         measure(args)
         return
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.ranks}",
-               __file__, *sys.argv[1:]]
-    sys.exit(subprocess.run(command, env=dict(os.environ, OMP_NUM_THREADS="1")).returncode)
+    _overhead.relaunch_on_ranks(__file__, args.ranks)
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
@@ -177,10 +177,15 @@ def main() -> None:
     if "RANK" in os.environ:
         measure(args)
         return
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.ranks}",
-               __file__, *sys.argv[1:]]
-    sys.exit(subprocess.run(command, env=env).returncode)
+    relaunch_on_ranks(__file__, args.ranks)
+
+
+def relaunch_on_ranks(script: str, ranks: int) -> NoReturn:
+    """Run ``script`` with this process's arguments under torchrun on ``ranks`` processes, one
+    thread each (two ranks already fill this box's two cores), and exit with its status."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}",
+               script, *sys.argv[1:]]
+    sys.exit(subprocess.run(command, env=dict(os.environ, OMP_NUM_THREADS="1")).returncode)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 sys.path.insert(0, str(REPO_ROOT / "bench"))
 
-from overhead import median_with_interval, relaunch_on_ranks  # noqa: E402 (bench/ is on the path only now)
+from overhead import marked_train_step, median_with_interval, relaunch_on_ranks  # noqa: E402 (bench/ is on the path only now)
 
 
 def measure(steps: int) -> None:
@@ -61,14 +61,7 @@ def measure(steps: int) -> None:
         path = "forwarding group" if step % 2 == 0 else "hook"
         timeline, wrapped, optimizer = timelines[path], models[path], optimizers[path]
         started = time.perf_counter()
-        timeline.begin_step(step, "ddp", {})
-        loss = wrapped(**batch).loss
-        with timeline.phase("backward"):
-            loss.backward()
-        wrapped.finish_gradient_sync()
-        with timeline.phase("optimizer"):
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=False)
+        loss = marked_train_step(wrapped, timeline, optimizer, batch, step, "ddp")
         timeline.end_step(4, 256, loss.detach())
         timeline.completed_reports()  # what the publisher would take
         if step >= 4:

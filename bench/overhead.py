@@ -95,14 +95,7 @@ def measure(args: argparse.Namespace) -> None:
                 wrapped, watch, optimizer = models[mode], watches[mode], optimizers[mode]
                 timeline = watch.timeline
                 watch.agree_on_command()
-                timeline.begin_step(step, strategy, {})
-                loss = wrapped(**batch).loss
-                with timeline.phase("backward"):
-                    loss.backward()
-                wrapped.finish_gradient_sync()
-                with timeline.phase("optimizer"):
-                    optimizer.step()
-                    optimizer.zero_grad(set_to_none=False)
+                loss = marked_train_step(wrapped, timeline, optimizer, batch, step, strategy)
                 timeline.end_step(args.micro_batch, args.micro_batch * args.seq_len, loss.detach(),
                                   memory=memory.sample(wrapped) if watch.publisher is not None else None)
                 watch.step_done()
@@ -144,6 +137,20 @@ def attached_and_plain_ddp(model: Any, batch: dict[str, Any], context: Any, port
         optimizers[mode].zero_grad(set_to_none=False)
 
     return {mode: functools.partial(user_step, mode) for mode in models}
+
+
+def marked_train_step(wrapped: Any, timeline: Any, optimizer: Any, batch: dict[str, Any], step: int, strategy: str) -> Any:
+    """One step as train.py marks it, up to its end: forward, backward, the gradient sync and the
+    optimizer. Returns the loss; the caller ends the step with what it measures."""
+    timeline.begin_step(step, strategy, {})
+    loss = wrapped(**batch).loss
+    with timeline.phase("backward"):
+        loss.backward()
+    wrapped.finish_gradient_sync()
+    with timeline.phase("optimizer"):
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=False)
+    return loss
 
 
 def median_with_interval(ratios: list[float], z: float = 1.645) -> tuple[float, float, float]:

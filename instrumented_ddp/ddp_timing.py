@@ -172,7 +172,7 @@ class DDPTiming:
         much as the rest of the hook."""
         options = dist.AllreduceOptions()
         options.reduceOp = op
-        work = self._issue_bucket(timeline, self.process_group, [buffer], options, index)
+        work = self._issue_bucket(timeline, self.process_group, [buffer], buffer.numel() * buffer.element_size(), options, index)
         future: torch.futures.Future = torch.futures.Future()
         if self._wait_at_backward_end(work, buffer, future):
             return future
@@ -187,17 +187,17 @@ class DDPTiming:
         one callback earlier, looking around the wait, and leaves a failure to DDP's own wait."""
         timeline = self.timeline
         index = len(self._awaiting)
+        nbytes = sum(t.numel() * t.element_size() for t in tensors)
         self.last_bucket_at = timeline.stamp()
-        timeline.mark_ready(f"b{index}", sum(t.numel() * t.element_size() for t in tensors), at=self.last_bucket_at)
-        work = self._issue_bucket(timeline, group, tensors, options, index)
+        timeline.mark_ready(f"b{index}", nbytes, at=self.last_bucket_at)
+        work = self._issue_bucket(timeline, group, tensors, nbytes, options, index)
         self._wait_at_backward_end(work, tensors[0], None)
         return work
 
     @staticmethod
-    def _issue_bucket(timeline: StepTimeline, group: dist.ProcessGroup, tensors: list[torch.Tensor],
+    def _issue_bucket(timeline: StepTimeline, group: dist.ProcessGroup, tensors: list[torch.Tensor], nbytes: int,
                       options: dist.AllreduceOptions, index: int) -> dist.Work:
-        """Bucket ``b<index>``'s all-reduce on ``group``, as a non-blocking span."""
-        nbytes = sum(t.numel() * t.element_size() for t in tensors)
+        """Bucket ``b<index>``'s all-reduce of ``nbytes`` on ``group``, as a non-blocking span."""
         span = timeline.open_collective("all_reduce", nbytes, f"b{index}", str(tensors[0].dtype).removeprefix("torch."), False)
         work = group.allreduce(tensors, options)
         timeline.close_collective(span, work)

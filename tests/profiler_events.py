@@ -46,3 +46,15 @@ def overlap_pcts(reports: Sequence[StepReport], intervals: dict[int, tuple[float
                                                   if s.kind == "all_reduce" else s for s in report.spans])).overlap_pct
               for report in reports]
     return ours, theirs
+
+
+def assert_buckets_hold_against_the_profiler(reports: Sequence[StepReport], recorded: Sequence[Span],
+                                             profiled: Sequence[dict]) -> None:
+    """A DDP's buckets against the profiler's events, paired in order: each bucket's duration
+    close (the median difference under half the typical bucket's, or 100 us), and the mean
+    Overlap% over the steps within 5 points of the profiler's."""
+    typical = statistics.median(event["dur"] for event in profiled)
+    differences = [abs(span.duration * 1e6 - event["dur"]) for span, event in zip(recorded, profiled)]
+    assert statistics.median(differences) < max(0.5 * typical, 100.0), (statistics.median(differences), typical)
+    ours, theirs = overlap_pcts(reports, profiler_intervals(recorded, profiled))
+    assert abs(statistics.mean(ours) - statistics.mean(theirs)) < 5.0, (ours, theirs)

@@ -60,6 +60,9 @@ class TelemetryPublisher:
         self.dropped = 0  # discarded while a dashboard was (or had been) connected: reported
         self.unsent_before_connect = 0  # nobody was listening yet: not a loss anyone saw
         self.sent = 0
+        #: Whether a dashboard is connected now, as the sender thread last saw (``Watch`` spaces the
+        #: ranks' command agreements wider while none is: no command can come then).
+        self.connected = False
         self._ever_connected = False
         self._seq = 0
         self._queue: queue.Queue[Message | None] = queue.Queue(maxsize=queue_size)
@@ -78,7 +81,7 @@ class TelemetryPublisher:
         for name, value in keys.socket_options() if keys else []:  # CURVE: a dashboard beyond loopback
             setattr(self._socket, name, value)
         # A (re)connected dashboard gets the hello at once instead of at the next repeat.
-        self._monitor = self._socket.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
+        self._monitor = self._socket.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
         self._socket.connect(address)
         self._thread = threading.Thread(target=self._run, name=f"ddpwatch-publisher-{hello.rank}", daemon=True)
         self._thread.start()
@@ -107,7 +110,7 @@ class TelemetryPublisher:
         next_heartbeat = next_hello = time.monotonic()
         while True:
             now = time.monotonic()
-            if self._dashboard_connected():
+            if self._dashboard_connected_since_last_look():
                 next_hello = now
             if now >= next_hello:
                 self._send(self.hello)
@@ -143,13 +146,18 @@ class TelemetryPublisher:
                 if self.on_device_rate is not None:
                     self.on_device_rate(message.device_every_s)
 
-    def _dashboard_connected(self) -> bool:
-        connected = False
+    def _dashboard_connected_since_last_look(self) -> bool:
+        """Whether a dashboard (re)connected since the sender last looked; ``connected`` follows
+        the last connection event seen."""
+        newly_connected = False
         while self._monitor.poll(0):
-            event = recv_monitor_message(self._monitor)
-            connected = connected or event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED
-        self._ever_connected = self._ever_connected or connected
-        return connected
+            event = recv_monitor_message(self._monitor)["event"]
+            if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                newly_connected = self.connected = True
+            elif event == zmq.EVENT_DISCONNECTED:
+                self.connected = False
+        self._ever_connected = self._ever_connected or newly_connected
+        return newly_connected
 
     def _send(self, message: Message) -> None:
         try:

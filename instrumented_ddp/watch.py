@@ -29,6 +29,9 @@ from .timeline import NULL_TIMELINE, CudaEventClock, HostClock, NullTimeline, St
 #: Rank 0 spaces the ranks' agreements on a switch command about this far apart (see
 #: ``Watch.agree_on_command``): a switch lands within two of them.
 AGREEMENT_EVERY_S = 0.2
+#: ... and this far apart while no dashboard is connected to rank 0, when no command can come:
+#: a dashboard that connects then has its first switch land within this and one more agreement.
+AGREEMENT_UNWATCHED_EVERY_S = 1.0
 MAX_AGREEMENT_INTERVAL = 20  # boundaries: so that a switch to a much slower strategy is not long in landing
 
 
@@ -158,13 +161,17 @@ class Watch:
 
     def _interval_to_announce(self, boundary: int) -> int:
         """Rank 0: boundaries between the next two agreements, from the time per boundary since
-        its last agreement, so that they come about ``AGREEMENT_EVERY_S`` apart."""
+        its last agreement, so that they come about ``AGREEMENT_EVERY_S`` apart, or
+        ``AGREEMENT_UNWATCHED_EVERY_S`` while no dashboard is connected (on two loaded CPU cores
+        an agreement every 0.2 s cost about 0.7 % of a 95 ms ``ddp`` step, paired against one
+        every 20 steps)."""
         now = self._clock()
         last, self._last_agreement = self._last_agreement, (boundary, now)
         if last is None or boundary <= last[0]:
             return 1
+        every_s = AGREEMENT_EVERY_S if self.publisher is not None and self.publisher.connected else AGREEMENT_UNWATCHED_EVERY_S
         per_boundary = (now - last[1]) / (boundary - last[0])
-        return max(1, min(MAX_AGREEMENT_INTERVAL, round(AGREEMENT_EVERY_S / per_boundary) if per_boundary > 0 else MAX_AGREEMENT_INTERVAL))
+        return max(1, min(MAX_AGREEMENT_INTERVAL, round(every_s / per_boundary) if per_boundary > 0 else MAX_AGREEMENT_INTERVAL))
 
     def _receive_announced(self) -> tuple[SwitchCommand | None, int]:
         """The command announced at the previous agreement, now on every rank, or None; and how

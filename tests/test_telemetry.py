@@ -126,6 +126,28 @@ def test_receiver_gets_hello_on_connection_reports_in_order_and_goodbye(quiet_pu
 
 
 @pytest.mark.timeout(60)
+def test_the_publisher_knows_whether_a_dashboard_is_connected_now(quiet_publisher: None) -> None:
+    """``connected`` (what ``Watch`` spaces its agreements by) follows the connection: off with
+    nobody listening, on once a dashboard's handshake is done, off again when it goes away."""
+    address = _free_address()
+    publisher = TelemetryPublisher(address, HELLO)
+    receiver: TelemetryReceiver | None = None
+    try:
+        time.sleep(0.2)  # a few turns of the sender thread with nobody listening
+        assert not publisher.connected
+        receiver = TelemetryReceiver(address)
+        assert Collector(receiver).until(lambda got: any(isinstance(e.message, Hello) for e in got))
+        assert wait_for(lambda: publisher.connected)
+        receiver.close()
+        receiver = None
+        assert wait_for(lambda: not publisher.connected)
+    finally:
+        publisher.close(steps=0, timeout_s=0.2)
+        if receiver is not None:
+            receiver.close()
+
+
+@pytest.mark.timeout(60)
 def test_a_rank_sends_the_spans_asked_for_and_summaries_of_the_rest(quiet_publisher: None) -> None:
     address = _free_address()
     receiver = TelemetryReceiver(address)

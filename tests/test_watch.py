@@ -49,7 +49,8 @@ class RecordingDist:
 def _watch_on_rank(rank: int, fake: RecordingDist, monkeypatch: pytest.MonkeyPatch) -> Watch:
     monkeypatch.setattr(watch_module, "dist", fake)
     watch = Watch(timeline=SimpleNamespace(completed_reports=list, has_pending=lambda: False))
-    watch.publisher = SimpleNamespace(commands=queue.Queue(), publish=lambda message: None, close=lambda *a: None)
+    watch.publisher = SimpleNamespace(commands=queue.Queue(), publish=lambda message: None, close=lambda *a: None,
+                                      connected=True)  # a dashboard is connected: see the test of spacing without one
     watch._control = control_group()
     return watch
 
@@ -124,6 +125,22 @@ def test_rank0_spaces_agreements_by_its_own_step_time(monkeypatch: pytest.Monkey
         watch.agree_on_command()
     assert [interval for _, interval in fake.sent] == [1, 4, 4, watch_module.MAX_AGREEMENT_INTERVAL]
     assert 0.2 / 0.05 == 4 and watch_module.AGREEMENT_EVERY_S == 0.2
+
+
+def test_rank0_spaces_agreements_wider_while_no_dashboard_is_connected(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Steps of 100 ms with nobody connected: 1.0 s / 100 ms = 10 boundaries between agreements;
+    once a dashboard is connected, 0.2 s / 100 ms = 2."""
+    clock = iter([10.0, 10.1, 10.2, 10.3])
+    fake = RecordingDist(rank=0, flags_from_rank0=[(0, 1)] * 4)
+    watch = _watch_on_rank(0, fake, monkeypatch)
+    watch.publisher.connected = False
+    watch._clock = lambda: next(clock)
+    for _ in range(3):
+        watch.agree_on_command()
+    watch.publisher.connected = True
+    watch.agree_on_command()
+    assert [interval for _, interval in fake.sent] == [1, 10, 10, 2]
+    assert watch_module.AGREEMENT_UNWATCHED_EVERY_S == 1.0
 
 
 def test_a_command_announced_before_a_long_interval_lands_at_the_next_agreement(monkeypatch: pytest.MonkeyPatch) -> None:

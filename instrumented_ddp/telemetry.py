@@ -1,10 +1,11 @@
 """Stream a rank's telemetry to ddpwatch without ever slowing or stopping training.
 
-The training thread only puts messages into a bounded queue (``put_nowait``), and only while a
-dashboard is connected; a daemon thread owns the ZeroMQ socket (sockets are not thread-safe),
-encodes and sends with ``NOBLOCK``. A DEALER socket with ``IMMEDIATE`` queues nothing while no
-dashboard is connected (so neither does ``publish``), a high-water mark bounds what it queues when
-one is slow, and ``LINGER=0`` lets the process exit with messages unsent.
+The training thread only puts messages into a bounded queue (``put_nowait``); a daemon thread
+owns the ZeroMQ socket (sockets are not thread-safe), encodes and sends with ``NOBLOCK``. A DEALER
+socket with ``IMMEDIATE`` queues nothing while no dashboard is connected, a high-water mark bounds
+what it queues when one is slow, and ``LINGER=0`` lets the process exit with messages unsent.
+While none is connected the sender does not even encode what it takes from the queue: it numbers
+and counts it as unsent, as a send would have.
 Whatever is discarded, at either place, is counted and reported in every later message.
 
 The same socket carries control the other way: the dashboard's ROUTER addresses a rank by its
@@ -88,17 +89,7 @@ class TelemetryPublisher:
         self._thread.start()
 
     def publish(self, message: Message) -> None:
-        """Queue a message; never blocks, never raises. While no dashboard is connected the message
-        could not be sent (``IMMEDIATE``): it is counted here, as the sender would count it, and
-        neither queued, nor woken for, nor encoded (paired, that was about half a point of a
-        watched ``ddp`` step on two loaded CPU cores, where no dashboard listened). A dashboard
-        that connects gets the hello at once, and what is published from then on."""
-        if not self.connected:
-            if self._ever_connected:
-                self.dropped += 1
-            else:
-                self.unsent_before_connect += 1
-            return
+        """Queue a message; never blocks, never raises."""
         try:
             self._queue.put_nowait(message)
         except queue.Full:
@@ -136,6 +127,10 @@ class TelemetryPublisher:
                 continue
             if message is None:
                 return
+            if not self.connected:
+                self._seq += 1  # numbered as if sent: the gap says it was lost, as the count does
+                self._count_unsent()
+                continue
             for outgoing in self.spans.messages_for(message) if isinstance(message, StepReport) else [message]:
                 self._send(outgoing)
 
@@ -176,13 +171,21 @@ class TelemetryPublisher:
             self._seq += 1
             self._socket.send(data, zmq.NOBLOCK)
             self.sent += 1
+            # gone out, so a dashboard is connected, even before its handshake event is read
+            self.connected = self._ever_connected = True
         except zmq.Again:
-            if self._ever_connected:
-                self.dropped += 1
-            else:
-                self.unsent_before_connect += 1
+            self._count_unsent()
         except Exception:  # the context going away at exit, or a message that would not encode:
             self.dropped += 1  # counted, and the sender thread lives on
+
+
+    def _count_unsent(self) -> None:
+        """A message that could not go out: a loss a dashboard saw, once one has been connected;
+        before that, nobody was listening yet."""
+        if self._ever_connected:
+            self.dropped += 1
+        else:
+            self.unsent_before_connect += 1
 
 
 def routing_id(session: str, rank: int) -> bytes:

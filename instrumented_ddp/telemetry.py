@@ -159,10 +159,9 @@ class TelemetryPublisher:
         while self._monitor.poll(0):
             event = recv_monitor_message(self._monitor)["event"]
             if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-                newly_connected = self.connected = True
+                newly_connected = self.connected = self._ever_connected = True
             elif event == zmq.EVENT_DISCONNECTED:
                 self.connected = False
-        self._ever_connected = self._ever_connected or newly_connected
         return newly_connected
 
     def _send(self, message: Message) -> None:
@@ -177,7 +176,6 @@ class TelemetryPublisher:
             self._count_unsent()
         except Exception:  # the context going away at exit, or a message that would not encode:
             self.dropped += 1  # counted, and the sender thread lives on
-
 
     def _count_unsent(self) -> None:
         """A message that could not go out: a loss a dashboard saw, once one has been connected;

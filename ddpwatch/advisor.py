@@ -11,6 +11,12 @@ the gradients are spread from the previous mark to this one in proportion to the
 one approximation here, since a bucket's earlier gradients are not marked. The step's other
 time (data, forward, optimizer, gaps) is what is left of the step once backward and the
 communication after it are taken out, held fixed at every cap.
+
+No bucket's all-reduce can start before every rank has its gradients, so the backward replayed
+is every rank's: each rank's ready times are put on the first rank's clock
+(``metrics.ClockAlignment``) and each tensor is ready when the last rank has it. Read from the
+first rank alone, a later rank's backward was invisible, and the first rank's wait for it went
+missing from the step: at a cap's own data the prediction came out short (README, "Advisor").
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from instrumented_ddp.protocol import READY_KIND, Hello, StepReport
 
 from .bucket_sim import MIB, BackwardProfile, Prediction, best, cap_grid, describe, sweep
 from .cost_model import CostModel, TransferSample, fit_cost_model
-from .metrics import counted
+from .metrics import ClockAlignment, counted
 from .session import Segment, Session
 
 #: Bytes per element of the dtypes a parameter layout names (torch's names, less "torch.").
@@ -80,24 +86,39 @@ def ready_times(report: StepReport, tensors: Sequence[TensorSize], bucket_layout
     return [float(t) for t in ready], origin  # type: ignore[arg-type]
 
 
-def backward_profile(reports: Sequence[StepReport], tensors: Sequence[TensorSize],
-                     bucket_layout: Sequence[Sequence[int]] = ()) -> BackwardProfile | None:
-    """The median over ``reports`` (one rank's recent steps) of each tensor's ready time, of the
-    end of backward's compute (the last gradient) and of the step's other time."""
+def backward_profile(steps: Sequence[Mapping[int, StepReport]], tensors: Sequence[TensorSize],
+                     bucket_layout: Sequence[Sequence[int]] = (), reference: int | None = None,
+                     offsets: Mapping[int, float] | None = None) -> BackwardProfile | None:
+    """The median over ``steps`` (each a step's reports by rank) of each tensor's ready time, of
+    the end of backward's compute (the last gradient) and of the step's other time, all read on
+    ``reference``'s clock (default: each step's lowest rank): a tensor is ready when the last
+    rank has it, each rank's time put on the reference's clock by ``offsets`` (seconds to add;
+    none: the ranks share a clock, as on one host). A step the reference did not report, or
+    whose reference report has no marks, is left out."""
+    offsets = offsets or {}
     per_step: list[list[float]] = []
     others: list[float] = []
-    for report in reports:
+    for reports in steps:
+        own = reference if reference is not None else min(reports, default=None)
+        if own not in reports:
+            continue
+        report = reports[own]
         found = ready_times(report, tensors, bucket_layout)
         if found is None:
             continue
         ready, origin = found
         tail = [origin + max(ready)] + [s.end for s in report.spans if s.kind in ("all_reduce", "wait") and s.end > origin]
         others.append(max(0.0, (report.end - report.start) - (max(tail) - origin)))
+        for rank, peer in reports.items():
+            theirs = ready_times(peer, tensors, bucket_layout) if rank != own else None
+            if theirs is not None:
+                shift = theirs[1] + offsets.get(rank, 0.0) - (origin + offsets.get(own, 0.0))
+                ready = [max(mine, shift + t) for mine, t in zip(ready, theirs[0])]
         per_step.append(ready)
     if not per_step:
         return None
-    ready = tuple(statistics.median(times) for times in zip(*per_step))
-    return BackwardProfile(tuple(tensors), ready, max(ready), statistics.median(others))
+    ready_s = tuple(statistics.median(times) for times in zip(*per_step))
+    return BackwardProfile(tuple(tensors), ready_s, max(ready_s), statistics.median(others))
 
 
 def transfer_samples_of(steps: Sequence[Mapping[int, StepReport]], world_size: int) -> list[TransferSample]:
@@ -155,17 +176,19 @@ def workers_of(backend: str) -> int:
     return 1 if backend == "nccl" else 2
 
 
-def advise(*, strategy: str, cap_mb: float, backend: str, world_size: int, profile_reports: Sequence[StepReport],
+def advise(*, strategy: str, cap_mb: float, backend: str, world_size: int, profile_steps: Sequence[Mapping[int, StepReport]],
            fit_steps: Sequence[Mapping[int, StepReport]], parameter_layout: Sequence[tuple[str, int, str]],
            bucket_layout: Sequence[Sequence[int]] = (), measured: Sequence[MeasuredCap] = (),
-           caps: Sequence[int] | None = None) -> Advice | str:
-    """The sweep for the run as it is now, or a line saying what is missing."""
+           caps: Sequence[int] | None = None, offsets: Mapping[int, float] | None = None) -> Advice | str:
+    """The sweep for the run as it is now, or a line saying what is missing. ``profile_steps``:
+    recent steps' reports by rank, read on their lowest rank's clock (``offsets``: see
+    ``backward_profile``)."""
     if strategy not in ADVISED_STRATEGIES:
         return f"the advisor predicts bucket and ddp runs; this segment is {strategy}: switch to bucket to see it"
     tensors = layout_tensors(parameter_layout)
     if not tensors:
         return "waiting for the ranks' hello (the model's parameter layout)"
-    profile = backward_profile(profile_reports, tensors, bucket_layout)
+    profile = backward_profile(profile_steps, tensors, bucket_layout, offsets=offsets)
     if profile is None:
         return "waiting for a step with gradient-ready marks (steps after the first of a segment)"
     samples = transfer_samples_of(fit_steps, world_size)
@@ -196,9 +219,10 @@ def why_no_model(samples: Sequence[TransferSample], world_size: int) -> str:
 
 
 def advice_for_session(session: Session, caps: Sequence[int] | None = None) -> Advice | str:
-    """``advise`` on what a session holds: the current segment's strategy and cap, the first
-    rank's recent counted reports of that segment for the profile, the recent steps every rank
-    reported for the cost model, and each bucket/ddp segment's median step as a measured cap."""
+    """``advise`` on what a session holds: the current segment's strategy and cap, its recent
+    counted reports of every rank for the profile (on the first rank's clock, aligned over those
+    steps), the recent steps every rank reported for the cost model, and each bucket/ddp
+    segment's median step as a measured cap."""
     if not session.segments:
         return "waiting for the run's first steps"
     segment = session.segments[-1]
@@ -210,13 +234,17 @@ def advice_for_session(session: Session, caps: Sequence[int] | None = None) -> A
         return f"waiting for the run's first steps as {hello.strategy}{f' at {float(cap):g} MB' if cap else ''}, where it switched"
     steps = [step for step in sorted(session.reports) if segment.first_step <= step <= segment.last_step]
     first_rank = min((rank for step in steps for rank in session.reports[step]), default=0)
-    profile_reports = [session.reports[step][first_rank] for step in steps
-                       if first_rank in session.reports[step] and counted(session.reports[step][first_rank])]
+    profiled = [step for step in steps if first_rank in session.reports[step] and counted(session.reports[step][first_rank])]
+    profiled = profiled[-PROFILE_STEPS:]
+    profile_steps = [{rank: report for rank, report in session.reports[step].items() if counted(report)} for step in profiled]
     fit_steps = [session.reports[step] for step in sorted(session.reports)[-FIT_STEPS:]]
+    clocks = ClockAlignment(reference=first_rank)  # over the profiled steps themselves: 5 passes over the ranks
+    for step in profiled:
+        clocks.add_step(session.step_times(step))
     return advise(strategy=segment.strategy, cap_mb=float(segment.settings.get("bucket_mb") or 25.0),
-                  backend=hello.backend, world_size=session.world_size, profile_reports=profile_reports[-PROFILE_STEPS:],
+                  backend=hello.backend, world_size=session.world_size, profile_steps=profile_steps,
                   fit_steps=fit_steps, parameter_layout=hello.parameter_layout, bucket_layout=hello.bucket_layout,
-                  measured=measured_caps(session), caps=caps)
+                  measured=measured_caps(session), caps=caps, offsets=clocks.offsets())
 
 
 def describes(hello: Hello, segment: Segment) -> bool:

@@ -61,9 +61,67 @@ def test_a_report_without_marks_or_missing_a_tensor_has_no_ready_times() -> None
 def test_the_profile_holds_the_rest_of_the_step_fixed() -> None:
     """Backward's compute is 40 ms (the last mark); the communication ends 56 ms after backward
     began, so the rest of the 170 ms step is 170 - 56 = 114 ms."""
-    profile = backward_profile([bucket_step(step=s) for s in (3, 4, 5)], TENSORS, [[3, 2], [1, 0]])
+    profile = backward_profile([{0: bucket_step(step=s)} for s in (3, 4, 5)], TENSORS, [[3, 2], [1, 0]])
     assert profile is not None
     assert profile.backward_s == pytest.approx(0.04) and profile.other_s == pytest.approx(0.114)
+
+
+def late_rank_step(step: int = 3) -> dict[int, StepReport]:
+    """Rank 1's backward runs 10 ms behind rank 0's and its clock reads 1 s more (offset -1 s):
+    its b0 at 0.130 and b1 at 0.150 on rank 0's clock. Each all-reduce starts once both ranks
+    have the bucket: b0 0.130-0.146, b1 0.150-0.166; rank 0 waits 0.140-0.166 and its step,
+    optimizer 0.166-0.180, ends at 0.180."""
+    early = bucket_step(0, step)
+    early = replace(early, end=0.18, spans=[
+        Span("forward", 0.01, 0.1), Span("backward", 0.1, 0.166),
+        Span("ready", 0.12, 0.12, False, 2 * MIB, "b0"), Span("ready", 0.14, 0.14, False, 2 * MIB, "b1"),
+        Span("all_reduce", 0.12, 0.146, False, 2 * MIB, "b0", "float32"), Span("all_reduce", 0.14, 0.166, False, 2 * MIB, "b1", "float32"),
+        Span("wait", 0.14, 0.166, True), Span("optimizer", 0.166, 0.18)])
+    late = replace(early, rank=1, start=1.0, end=1.18, spans=[
+        Span("forward", 1.01, 1.11), Span("backward", 1.11, 1.166),
+        Span("ready", 1.13, 1.13, False, 2 * MIB, "b0"), Span("ready", 1.15, 1.15, False, 2 * MIB, "b1"),
+        Span("all_reduce", 1.13, 1.146, False, 2 * MIB, "b0", "float32"), Span("all_reduce", 1.15, 1.166, False, 2 * MIB, "b1", "float32"),
+        Span("wait", 1.15, 1.166, True), Span("optimizer", 1.166, 1.18)])
+    return {0: early, 1: late}
+
+
+def test_the_profile_waits_for_the_slowest_ranks_gradients() -> None:
+    """On rank 0's clock (backward from 0.100) rank 1's gradients are ready at p3 20 ms, p2 30,
+    p1 40, p0 50 (its backward began 10 ms later, at 0.110; its marks at 30 and 50 ms, each
+    bucket spread by bytes from the mark before), each later than rank 0's 10, 20, 30, 40: so
+    backward's compute ends at 50 ms, and the rest of rank 0's 180 ms step is
+    180 - 66 = 114 ms. At the run's own 2 MiB (12 ms + 2 ms/MiB: 16 ms a bucket, one stream) b1
+    runs 50-66 ms: 16 ms exposed, 114 + 50 + 16 = 180 ms, the step measured. From rank 0 alone the
+    same data would predict 114 + 40 + 16 = 170 ms: the 10 ms rank 0 waited for rank 1 lost."""
+    steps = [late_rank_step(s) for s in (3, 4, 5)]
+    profile = backward_profile(steps, TENSORS, [[3, 2], [1, 0]], offsets={0: 0.0, 1: -1.0})
+    assert profile is not None
+    assert profile.ready_s == pytest.approx((0.05, 0.04, 0.03, 0.02))
+    assert profile.backward_s == pytest.approx(0.05) and profile.other_s == pytest.approx(0.114)
+    advice = advise(strategy="bucket", cap_mb=2.0, backend="nccl", world_size=2, profile_steps=steps, fit_steps=two_sized_steps(),
+                    parameter_layout=LAYOUT, bucket_layout=[[3, 2], [1, 0]], caps=[2 * MIB], offsets={0: 0.0, 1: -1.0})
+    alone = advise(strategy="bucket", cap_mb=2.0, backend="nccl", world_size=2, profile_steps=[{0: s[0]} for s in steps],
+                   fit_steps=two_sized_steps(), parameter_layout=LAYOUT, bucket_layout=[[3, 2], [1, 0]], caps=[2 * MIB])
+    assert isinstance(advice, Advice) and isinstance(alone, Advice)
+    assert advice.current.step_s == pytest.approx(0.18) and alone.current.step_s == pytest.approx(0.17)
+
+
+def test_a_session_puts_every_ranks_backward_on_the_first_ranks_clock() -> None:
+    """The same steps folded into a session: rank 1's clock offset (-1 s) is found from the
+    steps themselves (both ranks leave b1's all-reduce at the same instant, 0.166 and 1.166), and
+    the cost model from the two-sized steps before them: the run's own 180 ms comes back."""
+    session = Session()
+    for rank in (0, 1):
+        session.ingest(Envelope(Hello(rank, 2, "s", "h", 1, "cpu", "gloo", "bucket", {"bucket_mb": 2.0, "grad_accum": 1}, 4 * MIB,
+                                      parameter_layout=LAYOUT, bucket_layout=[[3, 2], [1, 0]]), rank, 0, 0), received_at=0.0)
+    sequence = 1
+    for step, reports in [(1, two_sized_steps()[0]), (2, two_sized_steps()[0])] + [(s, late_rank_step(s)) for s in (3, 4, 5)]:
+        for rank, report in reports.items():
+            session.ingest(Envelope(replace(report, step=step, settings={"bucket_mb": 2.0}), rank, sequence, 0), received_at=0.0)
+        sequence += 1
+    advice = advice_for_session(session, caps=[2 * MIB])
+    assert isinstance(advice, Advice), advice
+    assert advice.workers == 2 and advice.current.step_s == pytest.approx(0.18)
 
 
 def test_transfer_samples_pair_calls_across_ranks_and_keep_the_shortest() -> None:
@@ -88,7 +146,7 @@ def test_advice_at_a_cap_the_run_trains_predicts_the_step_it_measured_and_finds_
     four calls (26 ms exposed: 180 ms) and 4 MiB one exposed call (20 ms: 174 ms)."""
     measured = [MeasuredCap("bucket", 2 * MIB, 0.17, 20)]
     advice = advise(strategy="bucket", cap_mb=2.0, backend="nccl", world_size=2,
-                    profile_reports=[bucket_step(step=s) for s in (3, 4, 5)], fit_steps=two_sized_steps(),
+                    profile_steps=[{0: bucket_step(step=s)} for s in (3, 4, 5)], fit_steps=two_sized_steps(),
                     parameter_layout=LAYOUT, bucket_layout=[[3, 2], [1, 0]], measured=measured, caps=[MIB, 2 * MIB, 4 * MIB])
     assert isinstance(advice, Advice)
     assert advice.model.alpha_s == pytest.approx(0.012)
@@ -100,7 +158,7 @@ def test_advice_at_a_cap_the_run_trains_predicts_the_step_it_measured_and_finds_
 
 def test_gloos_workers_make_the_smaller_cap_the_advice() -> None:
     advice = advise(strategy="bucket", cap_mb=2.0, backend="gloo", world_size=2,
-                    profile_reports=[bucket_step()], fit_steps=two_sized_steps(), parameter_layout=LAYOUT,
+                    profile_steps=[{0: bucket_step()}], fit_steps=two_sized_steps(), parameter_layout=LAYOUT,
                     bucket_layout=[[3, 2], [1, 0]], caps=[MIB, 2 * MIB, 4 * MIB])
     assert isinstance(advice, Advice) and advice.workers == 2
     assert advice.best.cap_bytes == MIB and advice.gain == pytest.approx(1 - 0.168 / 0.17)  # 114 + 40 + 14 ms
@@ -109,14 +167,14 @@ def test_gloos_workers_make_the_smaller_cap_the_advice() -> None:
 @pytest.mark.parametrize(("changes", "says"), [
     ({"strategy": "async"}, "this segment is async"),
     ({"parameter_layout": []}, "waiting for the ranks' hello"),
-    ({"profile_reports": [bucket_step(marks="")]}, "gradient-ready marks"),
+    ({"profile_steps": [{0: bucket_step(marks="")}]}, "gradient-ready marks"),
     ({"fit_steps": []}, "two sizes or more"),
     ({"fit_steps": [{r: replace(s, spans=[x._replace(end=x.start + 0.02) for x in s.spans]) for r, s in two_sized_steps()[0].items()}]},
      "did not take longer as they grew"),
     ({"world_size": 1}, "one rank"),
 ])
 def test_without_what_it_needs_the_advisor_says_what_is_missing(changes: dict, says: str) -> None:
-    arguments = dict(strategy="bucket", cap_mb=2.0, backend="gloo", world_size=2, profile_reports=[bucket_step()],
+    arguments = dict(strategy="bucket", cap_mb=2.0, backend="gloo", world_size=2, profile_steps=[{0: bucket_step()}],
                      fit_steps=two_sized_steps(), parameter_layout=LAYOUT, bucket_layout=[[3, 2], [1, 0]])
     advice = advise(**{**arguments, **changes})
     assert isinstance(advice, str) and says in advice
@@ -151,7 +209,7 @@ def test_the_plot_puts_the_best_lowest_the_measured_where_measured_and_the_caps_
     """43 columns, 1 KB to 2 GB: a factor of 2 is 2 columns (42 columns for 21 doublings)."""
     from ddpwatch.advisor_plot import BEST, CURRENT_COLUMN, DEFAULT_COLUMN, MEASURED, plot
 
-    advice = advise(strategy="bucket", cap_mb=2.0, backend="nccl", world_size=2, profile_reports=[bucket_step()],
+    advice = advise(strategy="bucket", cap_mb=2.0, backend="nccl", world_size=2, profile_steps=[{0: bucket_step()}],
                     fit_steps=two_sized_steps(), parameter_layout=LAYOUT, bucket_layout=[[3, 2], [1, 0]],
                     measured=[MeasuredCap("bucket", 32 * MIB, 0.180, 10)])
     assert isinstance(advice, Advice)

@@ -104,14 +104,15 @@ class EndsWhenWaited:
 
 
 def timed_all_reduce_result(timeline: Any, tensor: torch.Tensor, *, tag: str, group: dist.ProcessGroup | None,
-                            op: dist.ReduceOp.RedOpType) -> torch.futures.Future:
+                            op: dist.ReduceOp.RedOpType, at: Any = None) -> torch.futures.Future:
     """An asynchronous all-reduce of ``tensor`` whose future holds the reduced tensor, as a DDP
-    communication hook must return, and ends its span: one completion callback does both."""
-    span = _open(timeline, "all_reduce", tensor, tag, blocking=False)
+    communication hook must return, and ends its span: one completion callback does both.
+    ``at``: the issue stamp, where the caller made one this moment (``open_collective``)."""
+    span = _open(timeline, "all_reduce", tensor, tag, blocking=False, at=at)
     work = dist.all_reduce(tensor, op=op, group=group, async_op=True)
     return timeline.close_collective_with_result(span, work)
 
 
-def _open(timeline: Any, kind: str, tensor: torch.Tensor, tag: str, blocking: bool) -> Any:
+def _open(timeline: Any, kind: str, tensor: torch.Tensor, tag: str, blocking: bool, at: Any = None) -> Any:
     nbytes = tensor.numel() * tensor.element_size()
-    return timeline.open_collective(kind, nbytes, tag, str(tensor.dtype).removeprefix("torch."), blocking)
+    return timeline.open_collective(kind, nbytes, tag, str(tensor.dtype).removeprefix("torch."), blocking, at=at)

@@ -156,7 +156,8 @@ class DDPTiming:
             op = averaging or dist.ReduceOp.SUM
             if timeline.polls and self.process_group is not None:
                 return self._all_reduce_completed_at_backward_end(timeline, buffer, bucket.index(), op)
-            return timed_all_reduce_result(timeline, buffer, tag=f"b{bucket.index()}", group=self.process_group, op=op)
+            return timed_all_reduce_result(timeline, buffer, tag=f"b{bucket.index()}", group=self.process_group, op=op,
+                                           at=self.last_bucket_at)
 
         return timed_all_reduce
 
@@ -172,7 +173,8 @@ class DDPTiming:
         much as the rest of the hook."""
         options = dist.AllreduceOptions()
         options.reduceOp = op
-        work = self._issue_bucket(timeline, self.process_group, [buffer], buffer.numel() * buffer.element_size(), options, index)
+        work = self._issue_bucket(timeline, self.process_group, [buffer], buffer.numel() * buffer.element_size(), options, index,
+                                  self.last_bucket_at)
         future: torch.futures.Future = torch.futures.Future()
         if self._wait_at_backward_end(work, buffer, future):
             return future
@@ -190,15 +192,17 @@ class DDPTiming:
         nbytes = sum(t.numel() * t.element_size() for t in tensors)
         self.last_bucket_at = timeline.stamp()
         timeline.mark_ready(f"b{index}", nbytes, at=self.last_bucket_at)
-        work = self._issue_bucket(timeline, group, tensors, nbytes, options, index)
+        work = self._issue_bucket(timeline, group, tensors, nbytes, options, index, self.last_bucket_at)
         self._wait_at_backward_end(work, tensors[0], None)
         return work
 
     @staticmethod
     def _issue_bucket(timeline: StepTimeline, group: dist.ProcessGroup, tensors: list[torch.Tensor], nbytes: int,
-                      options: dist.AllreduceOptions, index: int) -> dist.Work:
-        """Bucket ``b<index>``'s all-reduce of ``nbytes`` on ``group``, as a non-blocking span."""
-        span = timeline.open_collective("all_reduce", nbytes, f"b{index}", str(tensors[0].dtype).removeprefix("torch."), False)
+                      options: dist.AllreduceOptions, index: int, issued_at: Any) -> dist.Work:
+        """Bucket ``b<index>``'s all-reduce of ``nbytes`` on ``group``, as a non-blocking span
+        starting at ``issued_at``, the stamp that marked the bucket ready a moment before."""
+        span = timeline.open_collective("all_reduce", nbytes, f"b{index}", str(tensors[0].dtype).removeprefix("torch."), False,
+                                        at=issued_at)
         work = group.allreduce(tensors, options)
         timeline.close_collective(span, work)
         return work

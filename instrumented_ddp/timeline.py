@@ -376,8 +376,10 @@ class StepTimeline:
         span.complete(end)
         self._spans().append(span)
 
-    def open_collective(self, kind: str, nbytes: int, tag: str, dtype: str, blocking: bool) -> _PendingSpan:
-        span = _PendingSpan(kind, self.clock.stamp(), blocking, nbytes, tag, dtype)
+    def open_collective(self, kind: str, nbytes: int, tag: str, dtype: str, blocking: bool, at: Stamp = None) -> _PendingSpan:
+        """A collective issued now, or at ``at`` (a stamp made for something else at that moment,
+        as ``mark_ready`` takes one: on the CPU one look fewer, on a GPU one event fewer)."""
+        span = _PendingSpan(kind, self.clock.stamp() if at is None else at, blocking, nbytes, tag, dtype)
         self._spans().append(span)
         return span
 
@@ -541,7 +543,7 @@ class NullTimeline:
     def phase(self, kind: str, blocking: bool = False) -> nullcontext[None]:
         return nullcontext()
 
-    def open_collective(self, kind: str, nbytes: int, tag: str, dtype: str, blocking: bool) -> None:
+    def open_collective(self, kind: str, nbytes: int, tag: str, dtype: str, blocking: bool, at: Any = None) -> None:
         return None
 
     def mark_ready(self, tag: str, nbytes: int, at: Any = None) -> None:

@@ -2,8 +2,9 @@
 
     python bench/tune_sweep.py                                   # 2 ranks, tiny model, 6 caps 0.05-25 MB
     python bench/tune_sweep.py --sizes 0.25,1,4 --steps-per-size 12 --ranks 2
+    python bench/tune_sweep.py --strategy ddp                   # torch's DDP at each cap
 
-Starts ``ddpwatch tune`` on a free port and ``train.py --strategy bucket`` under torchrun
+Starts ``ddpwatch tune`` on a free port and ``train.py --strategy bucket`` (or ``ddp``) under torchrun
 streaming to it, long enough for the sweep; prints tune's table (cap, the prediction made before
 the run was switched to it, the measured median step, the error), the measured best and its
 gain over the starting cap, and the median absolute error. Everything tune wrote (the session,
@@ -35,6 +36,7 @@ def main() -> int:
     parser.add_argument("--steps-per-size", type=int, default=10)
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--model", default="tiny")
+    parser.add_argument("--strategy", default="bucket", choices=["bucket", "ddp"], help="the strategy trained and switched between caps")
     parser.add_argument("--out", type=Path, default=None, help="where tune writes (default: a new temporary directory)")
     args = parser.parse_args()
     sizes = [float(s) for s in args.sizes.split(",")]
@@ -42,18 +44,18 @@ def main() -> int:
     address = f"tcp://127.0.0.1:{free_port()}"
     steps = (len(sizes) + 2) * (args.steps_per_size + 6)  # each cap's steps, the switches' own, and some to spare
     tune = subprocess.Popen([sys.executable, "-m", "ddpwatch.cli", "tune", "--listen", address, "--out", str(out),
-                             "--sizes", args.sizes, "--steps-per-size", str(args.steps_per_size)],
+                             "--sizes", args.sizes, "--steps-per-size", str(args.steps_per_size), "--strategy", args.strategy],
                             cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True)
     env = dict(os.environ, OMP_NUM_THREADS="1")
     training = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.ranks}",
-                                 str(REPO_ROOT / "train.py"), "--strategy", "bucket", "--bucket-mb", str(sizes[0]),
+                                 str(REPO_ROOT / "train.py"), "--strategy", args.strategy, "--bucket-mb", str(sizes[0]),
                                  "--model", args.model, "--steps", str(steps), "--log-every", str(steps), "--watch", address],
                                 cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         table, _ = tune.communicate(timeout=3600)
     finally:
         training.wait(timeout=3600)
-    print(f"ddpwatch tune, {args.ranks} ranks, {args.model} model, {args.steps_per_size} steps per cap (written to {out}):")
+    print(f"ddpwatch tune, {args.strategy}, {args.ranks} ranks, {args.model} model, {args.steps_per_size} steps per cap (written to {out}):")
     print(table, end="")
     return tune.returncode
 

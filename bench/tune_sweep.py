@@ -3,6 +3,7 @@
     python bench/tune_sweep.py                                   # 2 ranks, tiny model, 6 caps 0.05-25 MB
     python bench/tune_sweep.py --sizes 0.25,1,4 --steps-per-size 12 --ranks 2
     python bench/tune_sweep.py --strategy ddp                   # torch's DDP at each cap
+    python bench/tune_sweep.py --auto 25                        # tune picks the caps, starting at 25 MB
 
 Starts ``ddpwatch tune`` on a free port and ``train.py --strategy bucket`` (or ``ddp``) under torchrun
 streaming to it, long enough for the sweep; prints tune's table (cap, the prediction made before
@@ -37,14 +38,19 @@ def main() -> int:
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--model", default="tiny")
     parser.add_argument("--strategy", default="bucket", choices=["bucket", "ddp"], help="the strategy trained and switched between caps")
+    parser.add_argument("--auto", type=float, default=None, metavar="START_MB",
+                        help="no --sizes: tune runs the predicted best and its neighbours, training starting at START_MB")
     parser.add_argument("--out", type=Path, default=None, help="where tune writes (default: a new temporary directory)")
     args = parser.parse_args()
-    sizes = [float(s) for s in args.sizes.split(",")]
+    if args.auto is not None and args.auto <= 0:
+        parser.error(f"--auto takes the starting cap in MB, above 0, not {args.auto:g}")
+    sizes = [args.auto] * 6 if args.auto is not None else [float(s) for s in args.sizes.split(",")]  # auto: at most 6 caps
     out = args.out or Path(tempfile.mkdtemp(prefix="tune_sweep_"))
     address = f"tcp://127.0.0.1:{free_port()}"
     steps = (len(sizes) + 2) * (args.steps_per_size + 6)  # each cap's steps, the switches' own, and some to spare
-    tune = subprocess.Popen([sys.executable, "-m", "ddpwatch.cli", "tune", "--listen", address, "--out", str(out),
-                             "--sizes", args.sizes, "--steps-per-size", str(args.steps_per_size), "--strategy", args.strategy],
+    chosen = [] if args.auto is not None else ["--sizes", args.sizes]
+    tune = subprocess.Popen([sys.executable, "-m", "ddpwatch.cli", "tune", "--listen", address, "--out", str(out), *chosen,
+                             "--steps-per-size", str(args.steps_per_size), "--strategy", args.strategy],
                             cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True)
     env = dict(os.environ, OMP_NUM_THREADS="1")
     training = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.ranks}",

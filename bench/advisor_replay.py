@@ -26,9 +26,8 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from ddpwatch.advisor import FIT_STEPS, PROFILE_STEPS, Advice, advise, measured_caps  # noqa: E402 (the path is set only now)
+from ddpwatch.advisor import FIT_STEPS, PROFILE_STEPS, Advice, advise, measured_caps, recent_profile_steps  # noqa: E402 (the path is set only now)
 from ddpwatch.bucket_sim import MIB  # noqa: E402
-from ddpwatch.metrics import ClockAlignment, counted  # noqa: E402
 from ddpwatch.receiver import ingest  # noqa: E402
 from ddpwatch.session import Session  # noqa: E402
 from ddpwatch.session_file import read_session_file, session_file_in  # noqa: E402
@@ -40,19 +39,14 @@ def predicted_ms(session: Session, cap_mb: float, profile_steps: int, first_rank
     counted steps, of every rank or of the first alone."""
     segment = session.segments[-1]
     hello = next(state.hello for _, state in sorted(session.ranks.items()) if state.hello)
-    steps = [step for step in sorted(session.reports) if segment.first_step <= step <= segment.last_step]
-    first = min(rank for step in steps for rank in session.reports[step])
-    profiled = [s for s in steps if first in session.reports[s] and counted(session.reports[s][first])][-profile_steps:]
-    by_rank = [{r: report for r, report in session.reports[s].items() if counted(report) and (r == first or not first_rank_only)}
-               for s in profiled]
-    clocks = ClockAlignment(reference=first)
-    for step in profiled:
-        clocks.add_step(session.step_times(step))
+    by_rank, offsets = recent_profile_steps(session, segment, profile_steps)
+    if first_rank_only:
+        by_rank = [{min(reports): reports[min(reports)]} for reports in by_rank]
     advice = advise(strategy=segment.strategy, cap_mb=float(segment.settings.get("bucket_mb") or 25.0), backend=hello.backend,
                     world_size=session.world_size, profile_steps=by_rank,
                     fit_steps=[session.reports[s] for s in sorted(session.reports)[-FIT_STEPS:]],
                     parameter_layout=hello.parameter_layout, bucket_layout=hello.bucket_layout,
-                    measured=measured_caps(session), caps=[max(1, int(cap_mb * MIB))], offsets=clocks.offsets())
+                    measured=measured_caps(session), caps=[max(1, int(cap_mb * MIB))], offsets=offsets)
     return advice.predictions[0].step_s * 1e3 if isinstance(advice, Advice) else None
 
 

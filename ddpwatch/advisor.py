@@ -236,19 +236,27 @@ def advice_for_session(session: Session, caps: Sequence[int] | None = None) -> A
     if not describes(hello, segment):
         cap = hello.settings.get("bucket_mb")
         return f"waiting for the run's first steps as {hello.strategy}{f' at {float(cap):g} MB' if cap else ''}, where it switched"
-    steps = [step for step in sorted(session.reports) if segment.first_step <= step <= segment.last_step]
-    first_rank = min((rank for step in steps for rank in session.reports[step]), default=0)
-    profiled = [step for step in steps if first_rank in session.reports[step] and counted(session.reports[step][first_rank])]
-    profiled = profiled[-PROFILE_STEPS:]
-    profile_steps = [{rank: report for rank, report in session.reports[step].items() if counted(report)} for step in profiled]
+    profile_steps, offsets = recent_profile_steps(session, segment)
     fit_steps = [session.reports[step] for step in sorted(session.reports)[-FIT_STEPS:]]
-    clocks = ClockAlignment(reference=first_rank)  # over the profiled steps themselves: 5 passes over the ranks
-    for step in profiled:
-        clocks.add_step(session.step_times(step))
     return advise(strategy=segment.strategy, cap_mb=float(segment.settings.get("bucket_mb") or 25.0),
                   backend=hello.backend, world_size=session.world_size, profile_steps=profile_steps,
                   fit_steps=fit_steps, parameter_layout=hello.parameter_layout, bucket_layout=hello.bucket_layout,
-                  measured=measured_caps(session), caps=caps, offsets=clocks.offsets())
+                  measured=measured_caps(session), caps=caps, offsets=offsets)
+
+
+def recent_profile_steps(session: Session, segment: Segment, count: int = PROFILE_STEPS
+                         ) -> tuple[list[dict[int, StepReport]], dict[int, float]]:
+    """The segment's last ``count`` steps its first rank counted, each with every rank's counted
+    report, and the offsets that put each rank on the first rank's clock (aligned over those
+    steps alone: ``count`` passes over the ranks, not the session's)."""
+    steps = [step for step in sorted(session.reports) if segment.first_step <= step <= segment.last_step]
+    first_rank = min((rank for step in steps for rank in session.reports[step]), default=0)
+    profiled = [step for step in steps if first_rank in session.reports[step] and counted(session.reports[step][first_rank])]
+    profiled = profiled[-count:]
+    clocks = ClockAlignment(reference=first_rank)
+    for step in profiled:
+        clocks.add_step(session.step_times(step))
+    return [{rank: report for rank, report in session.reports[step].items() if counted(report)} for step in profiled], clocks.offsets()
 
 
 def describes(hello: Hello, segment: Segment) -> bool:

@@ -221,14 +221,14 @@ class DDPTiming:
 
     def _complete_buckets(self) -> None:
         """Wait, on this rank's thread, for each bucket launched in this backward and complete
-        its future; around each wait the clock looks at the running collectives, so a bucket
-        still running ends as its wait returns (``HostClock``). A collective that failed fails
+        its future; before the first wait and after each the clock looks at the running
+        collectives, so a bucket still running ends as its wait returns (``HostClock``). A collective that failed fails
         its future, and DDP's end of backward raises it, as with DDP's own hook; a watched
         bucket has no future of ours, and DDP's wait for its work raises the failure again."""
         awaiting, self._awaiting = self._awaiting, []
+        timeline = self.timeline
+        timeline.poll()  # before the first wait; the look after each wait is the one before the next
         for work, buffer, future in awaiting:
-            timeline = self.timeline
-            timeline.poll()
             try:
                 work.wait()
             except Exception as error:

@@ -95,10 +95,13 @@ def backward_profile(steps: Sequence[Mapping[int, StepReport]], tensors: Sequenc
                      offsets: Mapping[int, float] | None = None) -> BackwardProfile | None:
     """The median over ``steps`` (each a step's reports by rank) of each tensor's ready time, of
     the end of backward's compute (the last gradient) and of the step's other time, all read on
-    ``reference``'s clock (default: each step's lowest rank): a tensor is ready when the last
-    rank has it, each rank's time put on the reference's clock by ``offsets`` (seconds to add;
-    none: the ranks share a clock, as on one host). A step the reference did not report, or
-    whose reference report has no marks, is left out."""
+    ``reference``'s clock (default: each step's lowest rank), each rank's time put on it by
+    ``offsets`` (seconds to add; none: the ranks share a clock, as on one host). A tensor is
+    ready when both the reference and the rank whose backward ended last have it: that rank's
+    last buckets are the ones left exposed. (Every rank's marks, read in full, cost 0.3 s a
+    refresh at 64 ranks with spans every step; finding the last costs one pass over each
+    report's spans.) A step the reference did not report, or whose reference report has no
+    marks, is left out."""
     offsets = offsets or {}
     per_step: list[list[float]] = []
     others: list[float] = []
@@ -113,16 +116,28 @@ def backward_profile(steps: Sequence[Mapping[int, StepReport]], tensors: Sequenc
         ready, origin = found
         tail = [origin + max(ready)] + [s.end for s in report.spans if s.kind in ("all_reduce", "wait") and s.end > origin]
         others.append(max(0.0, (report.end - report.start) - (max(tail) - origin)))
-        for rank, peer in reports.items():
-            theirs = ready_times(peer, tensors, bucket_layout) if rank != own else None
-            if theirs is not None:
-                shift = theirs[1] + offsets.get(rank, 0.0) - (origin + offsets.get(own, 0.0))
-                ready = [max(mine, shift + t) for mine, t in zip(ready, theirs[0])]
+        last = _rank_whose_backward_ended_last(reports, own, offsets)
+        theirs = ready_times(reports[last], tensors, bucket_layout) if last is not None else None
+        if last is not None and theirs is not None:
+            shift = theirs[1] + offsets.get(last, 0.0) - (origin + offsets.get(own, 0.0))
+            ready = [max(mine, shift + t) for mine, t in zip(ready, theirs[0])]
         per_step.append(ready)
     if not per_step:
         return None
     ready_s = tuple(statistics.median(times) for times in zip(*per_step))
     return BackwardProfile(tuple(tensors), ready_s, max(ready_s), statistics.median(others))
+
+
+def _rank_whose_backward_ended_last(reports: Mapping[int, StepReport], own: int, offsets: Mapping[int, float]) -> int | None:
+    """The rank other than ``own`` whose last gradient-ready mark is the latest on one clock."""
+    latest: tuple[float, int] | None = None
+    for rank, report in reports.items():
+        if rank == own:
+            continue
+        marks = [span.start for span in report.spans if span.kind == READY_KIND]
+        if marks and (latest is None or max(marks) + offsets.get(rank, 0.0) > latest[0]):
+            latest = (max(marks) + offsets.get(rank, 0.0), rank)
+    return latest[1] if latest is not None else None
 
 
 def transfer_samples_of(steps: Sequence[Mapping[int, StepReport]], world_size: int) -> list[TransferSample]:

@@ -92,14 +92,15 @@ def test_the_profile_waits_for_the_slowest_ranks_gradients() -> None:
     backward's compute ends at 50 ms, and the rest of rank 0's 180 ms step is
     180 - 66 = 114 ms. At the run's own 2 MiB (12 ms + 2 ms/MiB: 16 ms a bucket, one stream) b1
     runs 50-66 ms: 16 ms exposed, 114 + 50 + 16 = 180 ms, the step measured. From rank 0 alone the
-    same data would predict 114 + 40 + 16 = 170 ms: the 10 ms rank 0 waited for rank 1 lost."""
-    steps = [late_rank_step(s) for s in (3, 4, 5)]
-    profile = backward_profile(steps, TENSORS, [[3, 2], [1, 0]], offsets={0: 0.0, 1: -1.0})
+    same data would predict 114 + 40 + 16 = 170 ms: the 10 ms rank 0 waited for rank 1 lost.
+    Rank 2, as early as rank 0 and the last in the step's reports, changes nothing."""
+    steps = [{**late_rank_step(s), 2: replace(late_rank_step(s)[0], rank=2)} for s in (3, 4, 5)]  # rank 2 as early as 0
+    profile = backward_profile(steps, TENSORS, [[3, 2], [1, 0]], offsets={0: 0.0, 1: -1.0, 2: 0.0})
     assert profile is not None
     assert profile.ready_s == pytest.approx((0.05, 0.04, 0.03, 0.02))
     assert profile.backward_s == pytest.approx(0.05) and profile.other_s == pytest.approx(0.114)
     advice = advise(strategy="bucket", cap_mb=2.0, backend="nccl", world_size=2, profile_steps=steps, fit_steps=two_sized_steps(),
-                    parameter_layout=LAYOUT, bucket_layout=[[3, 2], [1, 0]], caps=[2 * MIB], offsets={0: 0.0, 1: -1.0})
+                    parameter_layout=LAYOUT, bucket_layout=[[3, 2], [1, 0]], caps=[2 * MIB], offsets={0: 0.0, 1: -1.0, 2: 0.0})
     alone = advise(strategy="bucket", cap_mb=2.0, backend="nccl", world_size=2, profile_steps=[{0: s[0]} for s in steps],
                    fit_steps=two_sized_steps(), parameter_layout=LAYOUT, bucket_layout=[[3, 2], [1, 0]], caps=[2 * MIB])
     assert isinstance(advice, Advice) and isinstance(alone, Advice)

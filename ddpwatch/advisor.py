@@ -99,9 +99,9 @@ def backward_profile(steps: Sequence[Mapping[int, StepReport]], tensors: Sequenc
     ``offsets`` (seconds to add; none: the ranks share a clock, as on one host). A tensor is
     ready when both the reference and the rank whose backward ended last have it: that rank's
     last buckets are the ones left exposed. (Every rank's marks, read in full, cost 0.3 s a
-    refresh at 64 ranks with spans every step, this 0.12 s; finding the last costs one pass over each
-    report's spans.) A step the reference did not report, or whose reference report has no
-    marks, is left out."""
+    refresh at 64 ranks with spans every step, this 0.12 s: finding the last rank is one pass
+    over each report's spans.) A step the reference did not report, or whose reference report
+    has no marks, is left out."""
     offsets = offsets or {}
     per_step: list[list[float]] = []
     others: list[float] = []

@@ -13,10 +13,11 @@ time (data, forward, optimizer, gaps) is what is left of the step once backward 
 communication after it are taken out, held fixed at every cap.
 
 No bucket's all-reduce can start before every rank has its gradients, so the backward replayed
-is every rank's: each rank's ready times are put on the first rank's clock
-(``metrics.ClockAlignment``) and each tensor is ready when the last rank has it. Read from the
-first rank alone, a later rank's backward was invisible, and the first rank's wait for it went
-missing from the step: at a cap's own data the prediction came out short (README, "Advisor").
+is not the first rank's alone: in each step the rank whose backward ended last is found, its
+ready times are put on the first rank's clock (``metrics.ClockAlignment``), and each tensor is
+ready at the later of the two. Read from the first rank alone, a later rank's backward was
+invisible, and the first rank's wait for it went missing from the step: at a cap's own data the
+prediction came out short (README, "Advisor").
 """
 
 from __future__ import annotations
@@ -239,9 +240,9 @@ def why_no_model(samples: Sequence[TransferSample], world_size: int) -> str:
 
 def advice_for_session(session: Session, caps: Sequence[int] | None = None) -> Advice | str:
     """``advise`` on what a session holds: the current segment's strategy and cap, its recent
-    counted reports of every rank for the profile (on the first rank's clock, aligned over those
-    steps), the recent steps every rank reported for the cost model, and each bucket/ddp
-    segment's median step as a measured cap."""
+    counted reports by rank for the profile (``recent_profile_steps``), the recent steps every
+    rank reported for the cost model, and each bucket/ddp segment's median step as a measured
+    cap."""
     if not session.segments:
         return "waiting for the run's first steps"
     segment = session.segments[-1]

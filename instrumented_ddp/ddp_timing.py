@@ -154,15 +154,16 @@ class DDPTiming:
             elif averaging is None:
                 buffer.mul_(scale)
             op = averaging or dist.ReduceOp.SUM
+            issued_at = self.last_bucket_at if averaging is not None else None  # after a scaling pass: stamped again
             if timeline.polls and self.process_group is not None:
-                return self._all_reduce_completed_at_backward_end(timeline, buffer, bucket.index(), op)
+                return self._all_reduce_completed_at_backward_end(timeline, buffer, bucket.index(), op, issued_at)
             return timed_all_reduce_result(timeline, buffer, tag=f"b{bucket.index()}", group=self.process_group, op=op,
-                                           at=self.last_bucket_at)
+                                           at=issued_at)
 
         return timed_all_reduce
 
-    def _all_reduce_completed_at_backward_end(self, timeline: StepTimeline, buffer: torch.Tensor,
-                                              index: int, op: dist.ReduceOp.RedOpType) -> torch.futures.Future:
+    def _all_reduce_completed_at_backward_end(self, timeline: StepTimeline, buffer: torch.Tensor, index: int,
+                                              op: dist.ReduceOp.RedOpType, issued_at: Any) -> torch.futures.Future:
         """The bucket's all-reduce, and a future of ``buffer`` that ``_complete_buckets`` completes
         at the end of this backward, before DDP reads it; ``.then`` on the work where no
         end-of-backward callback can be queued (not inside a backward: never seen).
@@ -174,7 +175,7 @@ class DDPTiming:
         options = dist.AllreduceOptions()
         options.reduceOp = op
         work = self._issue_bucket(timeline, self.process_group, [buffer], buffer.numel() * buffer.element_size(), options, index,
-                                  self.last_bucket_at)
+                                  issued_at)
         future: torch.futures.Future = torch.futures.Future()
         if self._wait_at_backward_end(work, buffer, future):
             return future
@@ -200,7 +201,8 @@ class DDPTiming:
     def _issue_bucket(timeline: StepTimeline, group: dist.ProcessGroup, tensors: list[torch.Tensor], nbytes: int,
                       options: dist.AllreduceOptions, index: int, issued_at: Any) -> dist.Work:
         """Bucket ``b<index>``'s all-reduce of ``nbytes`` on ``group``, as a non-blocking span
-        starting at ``issued_at``, the stamp that marked the bucket ready a moment before."""
+        starting at ``issued_at``, the stamp that marked the bucket ready a moment before (None
+        where a pass over the bucket came between: stamped now)."""
         span = timeline.open_collective("all_reduce", nbytes, f"b{index}", str(tensors[0].dtype).removeprefix("torch."), False,
                                         at=issued_at)
         work = group.allreduce(tensors, options)
@@ -222,9 +224,10 @@ class DDPTiming:
     def _complete_buckets(self) -> None:
         """Wait, on this rank's thread, for each bucket launched in this backward and complete
         its future; before the first wait and after each the clock looks at the running
-        collectives, so a bucket still running ends as its wait returns (``HostClock``). A collective that failed fails
-        its future, and DDP's end of backward raises it, as with DDP's own hook; a watched
-        bucket has no future of ours, and DDP's wait for its work raises the failure again."""
+        collectives, so a bucket still running ends as its wait returns (``HostClock``). A
+        collective that failed fails its future, and DDP's end of backward raises it, as with
+        DDP's own hook; a watched bucket has no future of ours, and DDP's wait for its work
+        raises the failure again."""
         awaiting, self._awaiting = self._awaiting, []
         timeline = self.timeline
         timeline.poll()  # before the first wait; the look after each wait is the one before the next

@@ -7,9 +7,9 @@
 Each directory is one ``ddpwatch tune`` run (its session file and ``tune.json``). The session is
 folded in again message by message, and each cap is predicted where tune predicted it: when
 the segment before it (the starting cap: its own) reached tune's ``--steps-per-size`` counted
-steps. The prediction is the advisor's (``advise``) with the profile read either as shipped
-(every rank's gradients on the first rank's clock, ``--profile-steps`` counted steps) or from
-the first rank alone; the measured step is tune's own. So two readings of the advisor can be
+steps. The prediction is the advisor's (``advice_for_session``) with the profile read either as
+shipped (the first rank and the one whose backward ended last, on one clock, over
+``--profile-steps`` counted steps) or from the first rank alone; the measured step is tune's own. So two readings of the advisor can be
 compared on the same steps at the same moments, where two live sweeps differ by this box's
 noise. Printed: per sweep, each cap's prediction and error and the median |error|; then over
 every sweep, the median |error| of all predictions and how many sweeps met 10 %.
@@ -26,7 +26,7 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from ddpwatch.advisor import FIT_STEPS, PROFILE_STEPS, Advice, advise, measured_caps, recent_profile_steps  # noqa: E402 (the path is set only now)
+from ddpwatch.advisor import PROFILE_STEPS, Advice, advice_for_session, recent_profile_steps  # noqa: E402 (the path is set only now)
 from ddpwatch.bucket_sim import MIB  # noqa: E402
 from ddpwatch.receiver import ingest  # noqa: E402
 from ddpwatch.session import Session  # noqa: E402
@@ -36,17 +36,11 @@ from ddpwatch.tune import TUNE_FILE_NAME  # noqa: E402
 
 def predicted_ms(session: Session, cap_mb: float, profile_steps: int, first_rank_only: bool) -> float | None:
     """``advice_for_session``'s prediction at ``cap_mb``, its profile read over ``profile_steps``
-    counted steps, of every rank or of the first alone."""
-    segment = session.segments[-1]
-    hello = next(state.hello for _, state in sorted(session.ranks.items()) if state.hello)
-    by_rank, offsets = recent_profile_steps(session, segment, profile_steps)
+    counted steps, as shipped or from the first rank alone."""
+    by_rank, offsets = recent_profile_steps(session, session.segments[-1], profile_steps)
     if first_rank_only:
         by_rank = [{min(reports): reports[min(reports)]} for reports in by_rank]
-    advice = advise(strategy=segment.strategy, cap_mb=float(segment.settings.get("bucket_mb") or 25.0), backend=hello.backend,
-                    world_size=session.world_size, profile_steps=by_rank,
-                    fit_steps=[session.reports[s] for s in sorted(session.reports)[-FIT_STEPS:]],
-                    parameter_layout=hello.parameter_layout, bucket_layout=hello.bucket_layout,
-                    measured=measured_caps(session), caps=[max(1, int(cap_mb * MIB))], offsets=offsets)
+    advice = advice_for_session(session, caps=[max(1, int(cap_mb * MIB))], profile=(by_rank, offsets))
     return advice.predictions[0].step_s * 1e3 if isinstance(advice, Advice) else None
 
 
@@ -101,7 +95,7 @@ def main() -> None:
         every += errors
         if errors:
             per_sweep.append(statistics.median(errors))
-    reading = "the first rank alone" if args.first_rank_only else "every rank"
+    reading = "the first rank alone" if args.first_rank_only else "the first rank and the last to end backward"
     if every:
         print(f"profile of {reading} over {args.profile_steps} steps: median |error| {statistics.median(every):.1%} over "
               f"{len(every)} predictions; {sum(e <= 0.10 for e in per_sweep)} of {len(per_sweep)} sweeps within 10 %")

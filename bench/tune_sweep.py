@@ -44,17 +44,18 @@ def main() -> int:
     args = parser.parse_args()
     if args.auto is not None and args.auto <= 0:
         parser.error(f"--auto takes the starting cap in MB, above 0, not {args.auto:g}")
-    sizes = [args.auto] * 6 if args.auto is not None else [float(s) for s in args.sizes.split(",")]  # auto: at most 6 caps
+    sizes = [float(s) for s in args.sizes.split(",")]
+    start_mb, caps = (args.auto, 6) if args.auto is not None else (sizes[0], len(sizes))  # auto: the start, 2 probes, 3 picks
     out = args.out or Path(tempfile.mkdtemp(prefix="tune_sweep_"))
     address = f"tcp://127.0.0.1:{free_port()}"
-    steps = (len(sizes) + 2) * (args.steps_per_size + 6)  # each cap's steps, the switches' own, and some to spare
+    steps = (caps + 2) * (args.steps_per_size + 6)  # each cap's steps, the switches' own, and some to spare
     chosen = [] if args.auto is not None else ["--sizes", args.sizes]
     tune = subprocess.Popen([sys.executable, "-m", "ddpwatch.cli", "tune", "--listen", address, "--out", str(out), *chosen,
                              "--steps-per-size", str(args.steps_per_size), "--strategy", args.strategy],
                             cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True)
     env = dict(os.environ, OMP_NUM_THREADS="1")
     training = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.ranks}",
-                                 str(REPO_ROOT / "train.py"), "--strategy", args.strategy, "--bucket-mb", str(sizes[0]),
+                                 str(REPO_ROOT / "train.py"), "--strategy", args.strategy, "--bucket-mb", str(start_mb),
                                  "--model", args.model, "--steps", str(steps), "--log-every", str(steps), "--watch", address],
                                 cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

@@ -136,8 +136,10 @@ def _rank_whose_backward_ended_last(reports: Mapping[int, StepReport], own: int,
         if rank == own:
             continue
         marks = [span.start for span in report.spans if span.kind == READY_KIND]
-        if marks and (latest is None or max(marks) + offsets.get(rank, 0.0) > latest[0]):
-            latest = (max(marks) + offsets.get(rank, 0.0), rank)
+        if marks:
+            last_mark = max(marks) + offsets.get(rank, 0.0)
+            if latest is None or last_mark > latest[0]:
+                latest = (last_mark, rank)
     return latest[1] if latest is not None else None
 
 
@@ -238,11 +240,12 @@ def why_no_model(samples: Sequence[TransferSample], world_size: int) -> str:
             "(too narrow a range, or ranks sharing cores): run another cap (+ / -) to widen it")
 
 
-def advice_for_session(session: Session, caps: Sequence[int] | None = None) -> Advice | str:
+def advice_for_session(session: Session, caps: Sequence[int] | None = None,
+                       profile: tuple[list[dict[int, StepReport]], dict[int, float]] | None = None) -> Advice | str:
     """``advise`` on what a session holds: the current segment's strategy and cap, its recent
-    counted reports by rank for the profile (``recent_profile_steps``), the recent steps every
-    rank reported for the cost model, and each bucket/ddp segment's median step as a measured
-    cap."""
+    counted reports by rank for the profile (``recent_profile_steps``, unless ``profile`` gives
+    them read another way: ``bench/advisor_replay.py``), the recent steps every rank reported
+    for the cost model, and each bucket/ddp segment's median step as a measured cap."""
     if not session.segments:
         return "waiting for the run's first steps"
     segment = session.segments[-1]
@@ -252,7 +255,7 @@ def advice_for_session(session: Session, caps: Sequence[int] | None = None) -> A
     if not describes(hello, segment):
         cap = hello.settings.get("bucket_mb")
         return f"waiting for the run's first steps as {hello.strategy}{f' at {float(cap):g} MB' if cap else ''}, where it switched"
-    profile_steps, offsets = recent_profile_steps(session, segment)
+    profile_steps, offsets = profile if profile is not None else recent_profile_steps(session, segment)
     fit_steps = [session.reports[step] for step in sorted(session.reports)[-FIT_STEPS:]]
     return advise(strategy=segment.strategy, cap_mb=float(segment.settings.get("bucket_mb") or 25.0),
                   backend=hello.backend, world_size=session.world_size, profile_steps=profile_steps,

@@ -3,6 +3,7 @@ cross-checks (``test_profile_cross_check``, ``test_attach_end_to_end``) share.""
 
 from __future__ import annotations
 
+import bisect
 import statistics
 from collections.abc import Sequence
 from dataclasses import replace
@@ -48,13 +49,50 @@ def overlap_pcts(reports: Sequence[StepReport], intervals: dict[int, tuple[float
     return ours, theirs
 
 
-def assert_buckets_hold_against_the_profiler(reports: Sequence[StepReport], recorded: Sequence[Span],
-                                             profiled: Sequence[dict]) -> None:
-    """A DDP's buckets against the profiler's events, paired in order: each bucket's duration
-    close (the median difference under half the typical bucket's, or 100 us), and the mean
-    Overlap% over the steps within 5 points of the profiler's."""
-    typical = statistics.median(event["dur"] for event in profiled)
-    differences = [abs(span.duration * 1e6 - event["dur"]) for span, event in zip(recorded, profiled)]
-    assert statistics.median(differences) < max(0.5 * typical, 100.0), (statistics.median(differences), typical)
-    ours, theirs = overlap_pcts(reports, profiler_intervals(recorded, profiled))
+#: Beyond half the gap between looks, what an end may be off by: the profiler's clock put on
+#: ddpwatch's by one median offset, and a worker thread's wake-up on two shared cores.
+LOOK_SLACK_S = 200e-6
+
+
+def ends_off_by_more_than_their_looks(reports: Sequence[StepReport], recorded: Sequence[Span],
+                                      intervals: dict[int, tuple[float, float]]) -> list[tuple[int, int]]:
+    """The recorded ends off the profiler's (``intervals``) by more than the CPU clock's
+    resolution, each as (error, half the gap between its looks), in us. ``HostClock`` gives an
+    end seen at a look the middle of that look and the one before, so it is off by at most half
+    the time between the two looks around the true end, whatever the collective lasted: a 1 ms
+    bucket between two looks 4 ms apart may read 3 ms and be right. The looks taken here are
+    the marks in the reports other than the collectives' own (every mark on the CPU looks); the
+    looks of the gradient hooks and around waits are not in a report, so these gaps are at
+    least the real ones."""
+    looks = sorted({t for report in reports for s in report.spans if s.kind != "all_reduce" for t in (s.start, s.end)})
+    outside = []
+    for span in recorded:
+        true_end = intervals[id(span)][1]
+        after = bisect.bisect_left(looks, true_end)
+        half_gap = (looks[min(after, len(looks) - 1)] - looks[max(after - 1, 0)]) / 2
+        if abs(span.end - true_end) > half_gap + LOOK_SLACK_S:
+            outside.append((round((span.end - true_end) * 1e6), round(half_gap * 1e6)))
+    return outside
+
+
+def assert_all_reduces_hold_against_the_profiler(reports: Sequence[StepReport], recorded: Sequence[Span],
+                                                 profiled: Sequence[dict]) -> None:
+    """Recorded all-reduces against the profiler's events of the same run, paired in order:
+    each end within the clock's resolution for 19 ends in 20 (``ends_off_by_more_than_their_looks``;
+    an ``async`` run as shipped left 0-8 of 285 outside, with ends stamped at the look itself
+    27-49), the mean Overlap% over the steps (a figure a user reads) within 5 points of the
+    profiler's, and the summed time within 25 % as a coarse guard: it also holds the time a gloo
+    worker took to pick a collective up, 0.04-0.17 ms each here, so it moves with their count.
+
+    Not each duration against the profiler's: where a bucket lasts less than the time between
+    two looks (an attached DDP's 1 MB buckets of 1.2 ms, one per 1 MB layer whose backward took
+    longer) the durations read about 1 ms off in the median, within the clock's resolution: a
+    bound of half the typical duration failed a clean-clone run at 1,017 us for 1,153 us buckets."""
+    recorded_total = sum(span.duration for span in recorded) * 1e6
+    profiled_total = sum(event["dur"] for event in profiled)
+    assert abs(recorded_total - profiled_total) < 0.25 * profiled_total, (recorded_total, profiled_total)
+    intervals = profiler_intervals(recorded, profiled)
+    outside = ends_off_by_more_than_their_looks(reports, recorded, intervals)
+    assert len(outside) <= len(recorded) / 20, outside
+    ours, theirs = overlap_pcts(reports, intervals)
     assert abs(statistics.mean(ours) - statistics.mean(theirs)) < 5.0, (ours, theirs)

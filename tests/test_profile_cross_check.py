@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import bisect
 import json
-import statistics
 from pathlib import Path
 
 import pytest
@@ -12,7 +10,7 @@ import pytest
 from ddpwatch.recorder import load_session
 from ddpwatch.session import Session
 from launch import REPO_ROOT, Recorder, run_torchrun
-from profiler_events import assert_buckets_hold_against_the_profiler, overlap_pcts, profiler_intervals, rank_reports
+from profiler_events import assert_all_reduces_hold_against_the_profiler, rank_reports
 
 PROFILED_STEPS = range(4, 9)  # train.py's profiler schedule: wait 2, warmup 1, active 5
 
@@ -33,14 +31,10 @@ def profiled_run(tmp_path: Path, strategy: str, *options: str) -> tuple[Session,
 def test_recorded_all_reduces_match_the_profilers_gloo_events(tmp_path: Path, strategy: str) -> None:
     """For ``async`` the recorded start is when a gloo worker was free (not the issue time), so
     the durations measure transfers, as the profiler's events on gloo's threads do. The CPU clock
-    finds an end by looking from the training thread (``timeline.HostClock``): an end seen at a
-    look is the middle of that look and the one before, so it is off by at most half the time
-    between the two looks around it, which for ``async`` is one parameter's backward, often more
-    than a short collective lasts. Held here: that bound for 19 ends in 20 (runs as shipped left
-    0-8 of 285 outside it, with ends stamped at the look itself 27-49), each step's Overlap% (a
-    figure a user reads), and the summed time as a coarse guard: it also holds the time a gloo
-    worker took to pick a collective up, 0.04-0.17 ms each here, so it moves with their count.
-    (``simple``, whose synchronous calls the span brackets, was checked here too until the suite
+    finds an end by looking from the training thread (``timeline.HostClock``), here at every
+    parameter's gradient hook, so an end is off by at most one parameter's backward, often more
+    than a short collective lasts: what is held, and why, is in
+    ``assert_all_reduces_hold_against_the_profiler``. (``simple``, whose synchronous calls the span brackets, was checked here too until the suite
     neared its 15 minutes; its counts stay pinned in ``test_record_end_to_end``.)"""
     session, traces = profiled_run(tmp_path, strategy)
     for rank, events in enumerate(traces):
@@ -48,31 +42,15 @@ def test_recorded_all_reduces_match_the_profilers_gloo_events(tmp_path: Path, st
         reports = rank_reports([session.reports[step][rank] for step in PROFILED_STEPS])
         recorded = sorted((s for report in reports for s in report.spans if s.kind == "all_reduce"), key=lambda s: s.start)
         assert len(recorded) == len(profiled) == 57 * len(PROFILED_STEPS)
-        recorded_total = sum(span.duration for span in recorded) * 1e6
-        profiled_total = sum(event["dur"] for event in profiled)
-        assert abs(recorded_total - profiled_total) < 0.25 * profiled_total, (recorded_total, profiled_total)
-
-        interval = profiler_intervals(recorded, profiled)
-        looks = sorted({t for report in reports for s in report.spans if s.kind != "all_reduce" for t in (s.start, s.end)})
-        outside = []
-        for span in recorded:
-            true_end = interval[id(span)][1]
-            after = bisect.bisect_left(looks, true_end)
-            before_look, after_look = looks[max(after - 1, 0)], looks[min(after, len(looks) - 1)]
-            if abs(span.end - true_end) > (after_look - before_look) / 2 + LOOK_SLACK_S:
-                outside.append((round((span.end - true_end) * 1e6), round((after_look - before_look) / 2 * 1e6)))
-        assert len(outside) <= len(recorded) / 20, outside
-
-        ours, theirs = overlap_pcts(reports, interval)
-        assert abs(statistics.mean(ours) - statistics.mean(theirs)) < 5.0, (ours, theirs)
+        assert_all_reduces_hold_against_the_profiler(reports, recorded, profiled)
 
 
 def test_ddps_buckets_seen_through_its_forwarding_group_match_the_profilers_gloo_events(tmp_path: Path) -> None:
     """The ``ddp`` strategy on the CPU: DDP's reducer issues each bucket on the ``ForwardingGroup``
     (no hook), whose ends the clock finds from the gradient hooks' looks and the waits at the end
     of backward. Each rank's buckets against the profiler's gloo events: the same count every
-    step, each bucket's duration close (as for an attached DDP in ``test_attach_end_to_end``),
-    and Overlap% within 5 points."""
+    step, each end within the clock's resolution, the summed time and Overlap% (as for an
+    attached DDP in ``test_attach_end_to_end``)."""
     session, traces = profiled_run(tmp_path, "ddp", "--bucket-mb", "1")
     for rank, events in enumerate(traces):
         profiled = sorted((e for e in events if e.get("name") == "gloo:all_reduce"), key=lambda e: e["ts"])
@@ -81,12 +59,7 @@ def test_ddps_buckets_seen_through_its_forwarding_group_match_the_profilers_gloo
         recorded = sorted((s for report in reports for s in report.spans if s.kind == "all_reduce"), key=lambda s: s.start)
         assert len(per_step) == 1 and per_step.pop() > 1 and len(recorded) == len(profiled)
         assert all(s.tag.startswith("b") for s in recorded)
-        assert_buckets_hold_against_the_profiler(reports, recorded, profiled)
-
-
-#: Beyond half the gap between looks, what an end may be off by: the profiler's clock put on
-#: ddpwatch's by one median offset, and a worker thread's wake-up on two shared cores.
-LOOK_SLACK_S = 200e-6
+        assert_all_reduces_hold_against_the_profiler(reports, recorded, profiled)
 
 
 #: The profiler's name of each collective of ours on gloo. gloo has no reduce-scatter of its own:

@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import copy
 import functools
-import math
 import os
 import statistics
 import subprocess
@@ -44,6 +43,7 @@ from typing import Any, NoReturn
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
+from ddpwatch.metrics import median_with_interval  # noqa: E402 (the repository is on the path only now)
 
 
 def measure(args: argparse.Namespace) -> None:
@@ -151,18 +151,6 @@ def marked_train_step(wrapped: Any, timeline: Any, optimizer: Any, batch: dict[s
         optimizer.step()
         optimizer.zero_grad(set_to_none=False)
     return loss
-
-
-def median_with_interval(ratios: list[float], z: float = 1.645) -> tuple[float, float, float]:
-    """The median of the paired ratios (each watched step over the plain step beside it, so slow
-    drift in the machine's load cancels) and a distribution-free 90 % interval for it: the
-    order statistics k and n-k+1 with k = floor(n/2 - z*sqrt(n)/2), the normal approximation to
-    the binomial (Conover, *Practical Nonparametric Statistics*, 3.2). Its width is how far one
-    run can be trusted: on two loaded CPU cores it is wider than the 1.02 goal's margin."""
-    ordered = sorted(ratios)
-    n = len(ordered)
-    k = max(1, math.floor(n / 2 - z * math.sqrt(n) / 2))
-    return statistics.median(ordered), ordered[k - 1], ordered[n - k]
 
 
 def main() -> None:

@@ -432,6 +432,31 @@ class ClockAlignment:
 # --- a run of steps under one strategy -------------------------------------------------
 
 
+#: ``median_with_interval``'s z: a two-sided 90 % interval.
+MEDIAN_INTERVAL_Z = 1.645
+
+
+def median_interval_positions(n: int, z: float = MEDIAN_INTERVAL_Z) -> tuple[int, int]:
+    """Where, in ``n`` sorted values (0-based), a distribution-free interval for their
+    population's median lies: the order statistics k and n−k+1 with k = floor(n/2 − z·√n/2),
+    the normal approximation to the binomial (Conover, *Practical Nonparametric Statistics*,
+    3.2), k at least 1. At z = 1.645, 90 %; under 5 values the interval is their whole range,
+    which covers the median less often than that (4 values: 87.5 %, 3: 75 %)."""
+    k = max(1, math.floor(n / 2 - z * math.sqrt(n) / 2))
+    return k - 1, n - k
+
+
+def median_with_interval(values: Iterable[float], z: float = MEDIAN_INTERVAL_Z) -> tuple[float, float, float]:
+    """The median of ``values`` and a distribution-free interval for it
+    (``median_interval_positions``): how far one run's median can be trusted, without assuming
+    how step times are spread (on a loaded box they are not normal). (0, 0, 0) for none."""
+    ordered = sorted(values)
+    if not ordered:
+        return 0.0, 0.0, 0.0
+    low, high = median_interval_positions(len(ordered), z)
+    return statistics.median(ordered), ordered[low], ordered[high]
+
+
 @dataclass(frozen=True)
 class Figures:
     """Aggregates over a set of (rank, step) records; "mean" is per rank per step."""
@@ -448,6 +473,9 @@ class Figures:
     all_reduce_ms: float  # mean
     step_ms_p50: float  # over each step's wall time (max window over ranks), linear interp.
     step_ms_p95: float
+    #: A distribution-free 90 % interval for the median step time (``median_with_interval``):
+    #: whether two segments' medians differ by more than their steps' spread. (0, 0) without steps.
+    step_ms_p50_interval: tuple[float, float]
     wall_s: float  # first step start to last step end, ranks aligned (ClockAlignment)
     samples_per_s: float  # samples of every rank / wall_s
     tokens_per_s: float
@@ -586,7 +614,8 @@ class _Running:
         def mean(total: float, n: int) -> float:
             return total / n if n else 0.0
 
-        walls = self.walls_ms.values()
+        walls = np.sort(self.walls_ms.values())
+        low, high = median_interval_positions(len(walls)) if len(walls) else (0, 0)
         factor = bus_factor("all_reduce", world_size)
         return Figures(
             steps=self.steps,
@@ -601,6 +630,7 @@ class _Running:
             all_reduce_ms=mean(self.all_reduce_ms, self.records),
             step_ms_p50=float(np.percentile(walls, 50)) if len(walls) else 0.0,
             step_ms_p95=float(np.percentile(walls, 95)) if len(walls) else 0.0,
+            step_ms_p50_interval=(float(walls[low]), float(walls[high])) if len(walls) else (0.0, 0.0),
             wall_s=wall_s,
             samples_per_s=self.samples / wall_s if wall_s > 0 else 0.0,
             tokens_per_s=self.tokens / wall_s if wall_s > 0 else 0.0,

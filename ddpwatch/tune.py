@@ -36,6 +36,9 @@ class TunedCap:
     predicted_ms: float | None  # None: no cost model could be fitted before it ran
     measured_ms: float | None = None
     steps: int = 0
+    #: A 90 % interval for the measured median (``metrics.median_with_interval``): caps whose
+    #: intervals overlap are not told apart by this many steps.
+    measured_interval_ms: tuple[float, float] | None = None
 
     @property
     def error(self) -> float | None:
@@ -152,6 +155,7 @@ class SweepDriver:
     def _measure(self, session: Session, segment: Segment, tuned: TunedCap) -> None:
         figures = session.segment_figures(segment, per_rank=False)
         tuned.measured_ms, tuned.steps = figures.step_ms_p50, figures.steps
+        tuned.measured_interval_ms = figures.step_ms_p50_interval
 
     def _finish(self, relay: SwitchRelay) -> str | None:
         """Leave the run at the measured best."""
@@ -176,22 +180,36 @@ def _predicted_ms(session: Session, cap_mb: float) -> float | None:
     return advice.predictions[0].step_s * 1e3 if isinstance(advice, Advice) else None
 
 
+def told_apart(a: TunedCap, b: TunedCap) -> bool | None:
+    """Whether two caps' measured medians differ by more than their steps' spread: their 90 %
+    intervals do not overlap (a conservative test: overlapping intervals may still differ).
+    None where either has no interval (a tune.json written before they were kept)."""
+    if a.measured_interval_ms is None or b.measured_interval_ms is None:
+        return None
+    (a_low, a_high), (b_low, b_high) = a.measured_interval_ms, b.measured_interval_ms
+    return a_high < b_low or b_high < a_low
+
+
 def table(results: Sequence[TunedCap], start_mb: float | None) -> list[str]:
-    """The sweep as printed and written: cap, predicted, measured, error; then the measured best
-    and its gain over the starting cap, and the prediction's median absolute error."""
-    lines = [f"{'cap MB':>8} {'predicted ms':>13} {'measured ms':>12} {'error':>7}"]
+    """The sweep as printed and written: cap, predicted, measured with its 90 % interval, error;
+    then the measured best, its gain over the starting cap and the caps its steps do not tell
+    apart from it, and the predicted best with the prediction's median absolute error."""
+    lines = [f"{'cap MB':>8} {'predicted ms':>13} {'measured ms':>12} {'90 % interval':>15} {'error':>7}"]
     for r in sorted(results, key=lambda r: r.cap_mb):
         predicted = f"{r.predicted_ms:.1f}" if r.predicted_ms is not None else "—"
         measured = f"{r.measured_ms:.1f}" if r.measured_ms is not None else "—"
+        interval = f"{r.measured_interval_ms[0]:.1f}–{r.measured_interval_ms[1]:.1f}" if r.measured_interval_ms else "—"
         error = f"{r.error:+.1%}" if r.error is not None else "—"
-        lines.append(f"{r.cap_mb:8.3g} {predicted:>13} {measured:>12} {error:>7}")
+        lines.append(f"{r.cap_mb:8.3g} {predicted:>13} {measured:>12} {interval:>15} {error:>7}")
     measured_caps = [r for r in results if r.measured_ms]
     if measured_caps:
         best = min(measured_caps, key=lambda r: r.measured_ms or 0.0)
         start = next((r for r in results if r.cap_mb == start_mb), None)
         gain = f", {1 - (best.measured_ms or 0) / start.measured_ms:.1%} faster than the starting {start.cap_mb:.3g} MB" \
             if start is not None and start.measured_ms else ""
-        lines.append(f"measured best: {best.cap_mb:.3g} MB at {best.measured_ms:.1f} ms{gain}")
+        tied = [f"{r.cap_mb:.3g}" for r in sorted(measured_caps, key=lambda r: r.cap_mb) if r is not best and told_apart(r, best) is False]
+        ties = f"; not told apart from {', '.join(tied)} MB (90 % intervals overlap)" if tied else ""
+        lines.append(f"measured best: {best.cap_mb:.3g} MB at {best.measured_ms:.1f} ms{gain}{ties}")
         predicted = [r for r in results if r.predicted_ms is not None]
         if predicted:
             predicted_best = min(predicted, key=lambda r: r.predicted_ms or 0.0)

@@ -28,6 +28,7 @@ from ddpwatch.metrics import (
     calls_of,
     cross_rank_waits,
     find_desync,
+    median_with_interval,
     find_straggler,
     segment_figures,
     step_figures,
@@ -384,6 +385,8 @@ def test_segment_means_percentiles_throughput_and_waits():
     assert s.all_reduce_ms == approx(8.4375)
     # step wall = max over ranks = [10,20,30,40]; p50 = 25; p95 at index 2.85 -> 30 + .85*10
     assert (s.step_ms_p50, s.step_ms_p95) == approx((25, 38.5))
+    # 4 walls: k = max(1, floor(2 - 1.645 * 2 / 2)) = 1, so the interval is the 1st and 4th: their range
+    assert s.step_ms_p50_interval == approx((10, 40))
     # wall time, ranks aligned by the end of each step's last all-reduce (rank0 at t+3L/4, rank1 at t+L):
     # rank0 - rank1 per step 7.5-5 = 2.5, 115-120 = -5, 222.5-230 = -7.5, 330-330 = 0 -> median -2.5 ms
     # rank0 [0, 340), rank1 [0, 330) - 2.5 -> from -2.5 to 340 = 342.5 ms (the sum of windows was 100)
@@ -665,3 +668,23 @@ def test_a_float_ring_takes_values_one_by_one_and_as_c_doubles_as_it_takes_any_i
     assert list(one_by_one.values()) == list(as_arrays.values()) == list(as_lists.values()) == expected
     as_arrays.extend(array("d"))  # nothing to add
     assert list(as_arrays.values()) == expected
+
+
+def test_median_interval_of_sixteen_values_is_their_fourth_and_thirteenth() -> None:
+    """n = 16: k = floor(8 - 1.645 * 4 / 2) = floor(4.71) = 4, so the 4th and 13th smallest."""
+    values = [1.0 + i / 100 for i in range(16)]  # 1.00 ... 1.15, given shuffled
+    assert median_with_interval(values[::-1]) == approx((1.075, 1.03, 1.12))
+
+
+def test_median_interval_of_few_values_is_their_whole_range() -> None:
+    """n = 4 (a GPU bench run in blocks): k = floor(2 - 1.645) = 0, taken as 1: the extremes."""
+    assert median_with_interval([1.2, 0.9, 1.0, 1.1]) == approx((1.05, 0.9, 1.2))
+    assert median_with_interval([]) == (0.0, 0.0, 0.0)
+
+
+def test_a_segments_median_step_interval_narrows_with_its_steps() -> None:
+    """Nine steps of walls 10, 20, ... 90 ms (both ranks alike): k = floor(4.5 - 1.645 * 3 / 2) =
+    floor(2.03) = 2, so the 2nd and 8th: 20 and 80 ms, around the median 50."""
+    records = [record(100 * step, 100 * step + 10 * (step + 1), rank=rank, step=step) for step in range(9) for rank in (0, 1)]
+    s = segment_figures(records, world_size=2)
+    assert s.step_ms_p50 == approx(50) and s.step_ms_p50_interval == approx((20, 80))

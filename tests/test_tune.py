@@ -11,7 +11,7 @@ import pytest
 
 from ddpwatch.receiver import ingest
 from ddpwatch.session import Session
-from ddpwatch.tune import SweepDriver, TunedCap, table
+from ddpwatch.tune import SweepDriver, TunedCap, table, told_apart
 from instrumented_ddp.protocol import Ack, SwitchCommand, encode
 from launch import REPO_ROOT
 from synthetic_session import hello
@@ -77,6 +77,8 @@ def test_the_sweep_switches_to_each_size_in_turn_and_measures_it_after_its_ackno
     assert driver(session, relay) == "sweep done"
     assert [(r.cap_mb, r.measured_ms) for r in driver.results] == [(0.25, pytest.approx(200.0)), (1.0, pytest.approx(180.0)),
                                                                   (4.0, pytest.approx(190.0))]
+    # every step of a cap alike: its interval is that one step time
+    assert [r.measured_interval_ms for r in driver.results[1:]] == [pytest.approx((180.0, 180.0)), pytest.approx((190.0, 190.0))]
     assert all(r.predicted_ms is None for r in driver.results)  # one size of all-reduce: no cost model fits
 
 
@@ -97,13 +99,22 @@ def test_a_run_that_cannot_switch_or_refuses_ends_the_sweep_with_nothing_switche
 
 def test_the_table_gives_each_cap_its_error_the_measured_best_and_the_median_error() -> None:
     """Errors: (190 - 200) / 200 = -5 %, (170 - 180) / 180 = -5.6 %, (209 - 190) / 190 = +10 %:
-    median |error| 5.6 %. Best measured: 1 MB, 10 % faster than the starting 0.25 MB."""
-    results = [TunedCap(0.25, 190.0, 200.0, 8), TunedCap(4.0, 209.0, 190.0, 8), TunedCap(1.0, 170.0, 180.0, 8)]
+    median |error| 5.6 %. Best measured: 1 MB, 10 % faster than the starting 0.25 MB. Its steps'
+    interval, 176-186 ms, lies below 0.25 MB's (195-205) but overlaps 4 MB's (181-199)."""
+    results = [TunedCap(0.25, 190.0, 200.0, 8, (195.0, 205.0)), TunedCap(4.0, 209.0, 190.0, 8, (181.0, 199.0)),
+               TunedCap(1.0, 170.0, 180.0, 8, (176.0, 186.0))]
     lines = table(results, start_mb=0.25)
-    assert lines[1].split() == ["0.25", "190.0", "200.0", "-5.0%"]
-    assert lines[2].split() == ["1", "170.0", "180.0", "-5.6%"]
-    assert lines[4] == "measured best: 1 MB at 180.0 ms, 10.0% faster than the starting 0.25 MB"
+    assert lines[1].split() == ["0.25", "190.0", "200.0", "195.0–205.0", "-5.0%"]
+    assert lines[2].split() == ["1", "170.0", "180.0", "176.0–186.0", "-5.6%"]
+    assert lines[4] == ("measured best: 1 MB at 180.0 ms, 10.0% faster than the starting 0.25 MB; "
+                        "not told apart from 4 MB (90 % intervals overlap)")
     assert lines[5] == "predicted best among these: 1 MB; median |error| 5.6%"
+
+
+def test_caps_are_told_apart_only_where_their_intervals_do_not_overlap() -> None:
+    assert told_apart(TunedCap(1.0, None, 180.0, 8, (176.0, 186.0)), TunedCap(4.0, None, 190.0, 8, (186.5, 199.0)))
+    assert told_apart(TunedCap(1.0, None, 180.0, 8, (176.0, 186.0)), TunedCap(4.0, None, 190.0, 8, (186.0, 199.0))) is False
+    assert told_apart(TunedCap(1.0, None, 180.0, 8), TunedCap(4.0, None, 190.0, 8, (186.5, 199.0))) is None
 
 
 @pytest.mark.parametrize(("flags", "says"), [

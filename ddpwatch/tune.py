@@ -205,8 +205,12 @@ def table(results: Sequence[TunedCap], start_mb: float | None) -> list[str]:
     if measured_caps:
         best = min(measured_caps, key=lambda r: r.measured_ms or 0.0)
         start = next((r for r in results if r.cap_mb == start_mb), None)
-        gain = f", {1 - (best.measured_ms or 0) / start.measured_ms:.1%} faster than the starting {start.cap_mb:.3g} MB" \
-            if start is not None and start.measured_ms else ""
+        if best is start:
+            gain = ", the starting cap"
+        elif start is not None and start.measured_ms:
+            gain = f", {1 - (best.measured_ms or 0) / start.measured_ms:.1%} faster than the starting {start.cap_mb:.3g} MB"
+        else:
+            gain = ""
         tied = [f"{r.cap_mb:.3g}" for r in sorted(measured_caps, key=lambda r: r.cap_mb) if r is not best and told_apart(r, best) is False]
         ties = f"; not told apart from {', '.join(tied)} MB (90 % intervals overlap)" if tied else ""
         lines.append(f"measured best: {best.cap_mb:.3g} MB at {best.measured_ms:.1f} ms{gain}{ties}")

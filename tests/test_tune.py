@@ -109,6 +109,7 @@ def test_the_table_gives_each_cap_its_error_the_measured_best_and_the_median_err
     assert lines[4] == ("measured best: 1 MB at 180.0 ms, 10.0% faster than the starting 0.25 MB; "
                         "not told apart from 4 MB (90 % intervals overlap)")
     assert lines[5] == "predicted best among these: 1 MB; median |error| 5.6%"
+    assert table(results, start_mb=1.0)[4].startswith("measured best: 1 MB at 180.0 ms, the starting cap; not told apart")
 
 
 def test_caps_are_told_apart_only_where_their_intervals_do_not_overlap() -> None:

@@ -23,17 +23,17 @@ prediction came out short (README, "Advisor").
 from __future__ import annotations
 
 import statistics
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from instrumented_ddp.bucket_plan import TensorSize
 from instrumented_ddp.protocol import READY_KIND, Hello, StepReport
 
 from .bucket_sim import MIB, BackwardProfile, Prediction, best, cap_grid, describe, sweep
 from .cost_model import CostModel, TransferSample, fit_cost_model
-from .metrics import ClockAlignment, counted
+from .metrics import CallTimes, ClockAlignment, call_times, counted, transfers
 from .session import Segment, Session
 
 #: Bytes per element of the dtypes a parameter layout names (torch's names, less "torch.").
@@ -143,25 +143,54 @@ def _rank_whose_backward_ended_last(reports: Mapping[int, StepReport], own: int,
     return latest[1] if latest is not None else None
 
 
-def transfer_samples_of(steps: Sequence[Mapping[int, StepReport]], world_size: int) -> list[TransferSample]:
+class StepCollectives(NamedTuple):
+    """One step's all-reduces as the cost model reads them: every rank's durations in issue
+    order (``metrics.CallTimes``, which a rank's summary carries too) and their bytes by tag and
+    occurrence, read from any one rank's full report (a call moves the same bytes on every rank)."""
+
+    calls: Mapping[int, CallTimes]
+    sizes: Mapping[tuple[str, int], int]
+
+
+def call_sizes(report: StepReport) -> dict[tuple[str, int], int]:
+    """Each all-reduce's bytes, keyed as ``metrics.transfers`` keys it: the k-th call with its tag."""
+    seen: Counter[str] = Counter()
+    sizes: dict[tuple[str, int], int] = {}
+    for span in report.spans:
+        if span.kind == "all_reduce":
+            sizes[(span.tag, seen[span.tag])] = span.nbytes
+            seen[span.tag] += 1
+    return sizes
+
+
+def step_collectives(reports: Mapping[int, StepReport]) -> StepCollectives:
+    """A step's collectives read from full reports (a test's steps, a replayed file's)."""
+    sized = next((report for report in reports.values() if len(report.spans)), None)
+    return StepCollectives({rank: call_times(report) for rank, report in reports.items()},
+                           call_sizes(sized) if sized is not None else {})
+
+
+def session_step_collectives(session: Session, step: int) -> StepCollectives:
+    """A kept step's collectives as the session holds them: the durations it figured as each
+    report or summary arrived (``Session.counted_calls``: no span read again), and the sizes from
+    the first counted report it holds in full. Above 64 ranks the dashboard asks most ranks for
+    summaries only; read from spans, a step counted only where every rank had sent them, one
+    step in 25, and a refresh at 256 ranks with spans every step took 0.21 s, most of it here."""
+    calls = session.counted_calls(step)
+    sized = next((report for rank, report in session.reports.get(step, {}).items() if rank in calls and len(report.spans)), None)
+    return StepCollectives(calls, call_sizes(sized) if sized is not None else {})
+
+
+def transfer_samples_of(steps: Sequence[StepCollectives], world_size: int) -> list[TransferSample]:
     """Each all-reduce of each step every rank reported, paired across ranks by tag and
     occurrence: its bytes and its shortest duration over the ranks (the transfer; the rest of a
-    longer one was waiting for the slowest rank)."""
+    longer one was waiting for the slowest rank). A step some rank is missing from, or with no
+    full report to give the sizes, gives none."""
     samples: list[TransferSample] = []
-    for reports in steps:
-        if len(reports) < world_size:
+    for step in steps:
+        if len(step.calls) < world_size or not step.sizes:
             continue
-        durations: dict[tuple[str, int], list[float]] = defaultdict(list)
-        sizes: dict[tuple[str, int], int] = {}
-        for report in reports.values():
-            seen: Counter[str] = Counter()
-            for span in report.spans:
-                if span.kind == "all_reduce":
-                    key = (span.tag, seen[span.tag])
-                    seen[span.tag] += 1
-                    durations[key].append(span.end - span.start)
-                    sizes[key] = span.nbytes
-        samples.extend(TransferSample(sizes[key], min(d)) for key, d in durations.items() if len(d) == len(reports))
+        samples.extend(TransferSample(step.sizes[key], seconds) for key, seconds in transfers(step.calls) if key in step.sizes)
     return samples
 
 
@@ -199,7 +228,7 @@ def workers_of(backend: str) -> int:
 
 
 def advise(*, strategy: str, cap_mb: float, backend: str, world_size: int, profile_steps: Sequence[Mapping[int, StepReport]],
-           fit_steps: Sequence[Mapping[int, StepReport]], parameter_layout: Sequence[tuple[str, int, str]],
+           fit_steps: Sequence[StepCollectives], parameter_layout: Sequence[tuple[str, int, str]],
            bucket_layout: Sequence[Sequence[int]] = (), measured: Sequence[MeasuredCap] = (),
            caps: Sequence[int] | None = None, offsets: Mapping[int, float] | None = None) -> Advice | str:
     """The sweep for the run as it is now, or a line saying what is missing. ``profile_steps``:
@@ -256,7 +285,7 @@ def advice_for_session(session: Session, caps: Sequence[int] | None = None,
         cap = hello.settings.get("bucket_mb")
         return f"waiting for the run's first steps as {hello.strategy}{f' at {float(cap):g} MB' if cap else ''}, where it switched"
     profile_steps, offsets = profile if profile is not None else recent_profile_steps(session, segment)
-    fit_steps = [session.reports[step] for step in sorted(session.reports)[-FIT_STEPS:]]
+    fit_steps = [session_step_collectives(session, step) for step in sorted(session.reports)[-FIT_STEPS:]]
     return advise(strategy=segment.strategy, cap_mb=float(segment.settings.get("bucket_mb") or 25.0),
                   backend=hello.backend, world_size=session.world_size, profile_steps=profile_steps,
                   fit_steps=fit_steps, parameter_layout=hello.parameter_layout, bucket_layout=hello.bucket_layout,

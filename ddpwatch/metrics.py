@@ -64,8 +64,8 @@ __all__ = [
     "BLOCKING_KINDS", "COMM_KINDS", "COMPUTE_KINDS", "CallTimes", "STRAGGLER_SHARE", "STRAGGLER_STEPS", "ClockAlignment", "Desync",
     "DesyncRange", "Figures", "Interval", "SegmentAccumulator", "SegmentFigures", "SpanLike", "StepFigures",
     "StepRecordLike", "StepTimes", "StepWaits", "Straggler", "algbw_gbps", "bus_factor", "busbw_gbps", "call_times", "calls_of", "calls_text",
-    "clip", "counted", "cross_rank_waits", "figures_and_calls", "find_desync", "find_straggler", "intersect", "merge", "segment_figures",
-    "step_figures", "step_times", "straggler", "subtract", "total_length", "union", "waited_for", "waiting_intervals",
+    "clip", "counted", "cross_rank_waits", "figures_and_calls", "find_desync", "find_straggler", "intersect", "median_with_interval", "merge", "segment_figures",
+    "step_figures", "step_times", "straggler", "subtract", "total_length", "transfers", "union", "waited_for", "waiting_intervals",
     "waits_both_ways",
 ]
 
@@ -149,6 +149,21 @@ def waits_both_ways(calls_of_one_step: Mapping[int, CallTimes]) -> tuple[dict[in
     waited.update(zip(ranks, in_call.sum(axis=1).tolist()))  # one pass over rows, not 1,024 numpy calls
     waited_on.update(zip(ranks, last.tolist()))
     return waited, waited_on
+
+
+def transfers(calls_of_one_step: Mapping[int, CallTimes]) -> list[tuple[tuple[str, int], float]]:
+    """Each call every rank made, keyed by its tag and occurrence (``_collective_key``), with its
+    transfer: its shortest duration over the ranks (:func:`_paired_calls`), the time the
+    collective itself took once its last participant joined. [] with fewer than two ranks.
+    Read from the durations alone, which a ``StepSummary`` carries too: at 1,024 ranks and 300
+    calls, one array of C doubles and one ``min`` over it, no span read."""
+    paired = _paired_calls(calls_of_one_step)
+    if paired is None or not paired[2].size:
+        return []
+    ranks, positions, seconds = paired
+    seen: Counter[str] = Counter()
+    keys = [_collective_key(tag, seen) for tag in calls_of_one_step[ranks[0]].tags]
+    return [(keys[index], float(shortest)) for index, shortest in zip(positions[0], seconds.min(axis=0))]
 
 
 def waiting_intervals(calls_of_one_step: Mapping[int, CallTimes],

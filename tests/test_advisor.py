@@ -14,11 +14,15 @@ from ddpwatch.advisor import (
     advise,
     backward_profile,
     layout_tensors,
+    StepCollectives,
     ready_times,
+    session_step_collectives,
+    step_collectives,
     transfer_samples_of,
 )
 from ddpwatch.session import Session
 from instrumented_ddp.protocol import Envelope, Hello, Span, StepReport
+from instrumented_ddp.step_figures import summarize
 
 MIB = 1024 * 1024
 LAYOUT = [(f"layer{i}.weight", MIB // 4, "float32") for i in range(4)]  # four 1 MiB tensors
@@ -99,10 +103,10 @@ def test_the_profile_waits_for_the_slowest_ranks_gradients() -> None:
     assert profile is not None
     assert profile.ready_s == pytest.approx((0.05, 0.04, 0.03, 0.02))
     assert profile.backward_s == pytest.approx(0.05) and profile.other_s == pytest.approx(0.114)
-    advice = advise(strategy="bucket", cap_mb=2.0, backend="nccl", world_size=2, profile_steps=steps, fit_steps=two_sized_steps(),
+    advice = advise(strategy="bucket", cap_mb=2.0, backend="nccl", world_size=2, profile_steps=steps, fit_steps=two_sized_fit(),
                     parameter_layout=LAYOUT, bucket_layout=[[3, 2], [1, 0]], caps=[2 * MIB], offsets={0: 0.0, 1: -1.0, 2: 0.0})
     alone = advise(strategy="bucket", cap_mb=2.0, backend="nccl", world_size=2, profile_steps=[{0: s[0]} for s in steps],
-                   fit_steps=two_sized_steps(), parameter_layout=LAYOUT, bucket_layout=[[3, 2], [1, 0]], caps=[2 * MIB])
+                   fit_steps=two_sized_fit(), parameter_layout=LAYOUT, bucket_layout=[[3, 2], [1, 0]], caps=[2 * MIB])
     assert isinstance(advice, Advice) and isinstance(alone, Advice)
     assert advice.current.step_s == pytest.approx(0.18) and alone.current.step_s == pytest.approx(0.17)
 
@@ -128,7 +132,7 @@ def test_a_session_puts_every_ranks_backward_on_the_first_ranks_clock() -> None:
 def test_transfer_samples_pair_calls_across_ranks_and_keep_the_shortest() -> None:
     """Rank 1's b1 took 30 ms where rank 0's took 16: 14 ms of it waited for rank 0."""
     steps = [{0: bucket_step(0), 1: bucket_step(1, transfer_s=(0.016, 0.030))}, {0: bucket_step(0, step=4)}]
-    samples = transfer_samples_of(steps, world_size=2)  # the second step lacks rank 1: left out
+    samples = transfer_samples_of([step_collectives(s) for s in steps], world_size=2)  # the second step lacks rank 1: left out
     assert [(s.nbytes, round(s.seconds, 6)) for s in samples] == [(2 * MIB, 0.016), (2 * MIB, 0.016)]
 
 
@@ -141,13 +145,37 @@ def two_sized_steps() -> list[dict[int, StepReport]]:
     return [{0: report(0), 1: report(1)}]
 
 
+def two_sized_fit() -> list[StepCollectives]:
+    return [step_collectives(reports) for reports in two_sized_steps()]
+
+
+def test_a_session_fits_the_cost_model_from_ranks_that_sent_summaries() -> None:
+    """Rank 1 sends summaries only (as most ranks of a large job do): its durations, 30 and 18 ms
+    (its b0 waited 16 ms for rank 0), pair with rank 0's 14 and 18, and the sizes come from rank
+    0's full report: transfers of 14 ms at 1 MiB and 18 ms at 3 MiB, each step, as if every rank
+    had sent its spans. A step where no rank sent its spans has no sizes and gives none."""
+    session = Session()
+    for rank in (0, 1):
+        session.ingest(Envelope(Hello(rank, 2, "s", "h", 1, "cpu", "gloo", "bucket", {"bucket_mb": 2.0, "grad_accum": 1}, 4 * MIB,
+                                      parameter_layout=LAYOUT), rank, 0, 0), received_at=0.0)
+    (reports,) = two_sized_steps()
+    late = replace(reports[1], spans=[reports[1].spans[0]._replace(end=0.030), reports[1].spans[1]])
+    for step in (1, 2, 3):
+        full = replace(reports[0], step=step)
+        rank0 = full if step < 3 else summarize(full, 2)
+        session.ingest(Envelope(rank0, 0, step, 0), received_at=0.0)
+        session.ingest(Envelope(summarize(replace(late, step=step), 2), 1, step, 0), received_at=0.0)
+    samples = transfer_samples_of([session_step_collectives(session, step) for step in (1, 2, 3)], world_size=2)
+    assert [(s.nbytes, round(s.seconds, 6)) for s in samples] == [(MIB, 0.014), (3 * MIB, 0.018)] * 2
+
+
 def test_advice_at_a_cap_the_run_trains_predicts_the_step_it_measured_and_finds_the_valley() -> None:
     """The model fitted from 14 ms at 1 MiB and 18 ms at 3 MiB is 12 ms + 2 ms/MiB: at the run's
     own 2 MiB the predicted step is 114 + 40 + 16 = 170 ms, the step measured; 1 MiB would make
     four calls (26 ms exposed: 180 ms) and 4 MiB one exposed call (20 ms: 174 ms)."""
     measured = [MeasuredCap("bucket", 2 * MIB, 0.17, 20)]
     advice = advise(strategy="bucket", cap_mb=2.0, backend="nccl", world_size=2,
-                    profile_steps=[{0: bucket_step(step=s)} for s in (3, 4, 5)], fit_steps=two_sized_steps(),
+                    profile_steps=[{0: bucket_step(step=s)} for s in (3, 4, 5)], fit_steps=two_sized_fit(),
                     parameter_layout=LAYOUT, bucket_layout=[[3, 2], [1, 0]], measured=measured, caps=[MIB, 2 * MIB, 4 * MIB])
     assert isinstance(advice, Advice)
     assert advice.model.alpha_s == pytest.approx(0.012)
@@ -159,7 +187,7 @@ def test_advice_at_a_cap_the_run_trains_predicts_the_step_it_measured_and_finds_
 
 def test_gloos_workers_make_the_smaller_cap_the_advice() -> None:
     advice = advise(strategy="bucket", cap_mb=2.0, backend="gloo", world_size=2,
-                    profile_steps=[{0: bucket_step()}], fit_steps=two_sized_steps(), parameter_layout=LAYOUT,
+                    profile_steps=[{0: bucket_step()}], fit_steps=two_sized_fit(), parameter_layout=LAYOUT,
                     bucket_layout=[[3, 2], [1, 0]], caps=[MIB, 2 * MIB, 4 * MIB])
     assert isinstance(advice, Advice) and advice.workers == 2
     assert advice.best.cap_bytes == MIB and advice.gain == pytest.approx(1 - 0.168 / 0.17)  # 114 + 40 + 14 ms
@@ -170,13 +198,14 @@ def test_gloos_workers_make_the_smaller_cap_the_advice() -> None:
     ({"parameter_layout": []}, "waiting for the ranks' hello"),
     ({"profile_steps": [{0: bucket_step(marks="")}]}, "gradient-ready marks"),
     ({"fit_steps": []}, "two sizes or more"),
-    ({"fit_steps": [{r: replace(s, spans=[x._replace(end=x.start + 0.02) for x in s.spans]) for r, s in two_sized_steps()[0].items()}]},
+    ({"fit_steps": [step_collectives({r: replace(s, spans=[x._replace(end=x.start + 0.02) for x in s.spans])
+                                      for r, s in two_sized_steps()[0].items()})]},
      "did not take longer as they grew"),
     ({"world_size": 1}, "one rank"),
 ])
 def test_without_what_it_needs_the_advisor_says_what_is_missing(changes: dict, says: str) -> None:
     arguments = dict(strategy="bucket", cap_mb=2.0, backend="gloo", world_size=2, profile_steps=[{0: bucket_step()}],
-                     fit_steps=two_sized_steps(), parameter_layout=LAYOUT, bucket_layout=[[3, 2], [1, 0]])
+                     fit_steps=two_sized_fit(), parameter_layout=LAYOUT, bucket_layout=[[3, 2], [1, 0]])
     advice = advise(**{**arguments, **changes})
     assert isinstance(advice, str) and says in advice
 
@@ -211,7 +240,7 @@ def test_the_plot_puts_the_best_lowest_the_measured_where_measured_and_the_caps_
     from ddpwatch.advisor_plot import BEST, CURRENT_COLUMN, DEFAULT_COLUMN, MEASURED, plot
 
     advice = advise(strategy="bucket", cap_mb=2.0, backend="nccl", world_size=2, profile_steps=[{0: bucket_step()}],
-                    fit_steps=two_sized_steps(), parameter_layout=LAYOUT, bucket_layout=[[3, 2], [1, 0]],
+                    fit_steps=two_sized_fit(), parameter_layout=LAYOUT, bucket_layout=[[3, 2], [1, 0]],
                     measured=[MeasuredCap("bucket", 32 * MIB, 0.180, 10)])
     assert isinstance(advice, Advice)
     picture = plot(advice, width=43, height=5)

@@ -70,7 +70,8 @@ def replay(directory: Path, steps_per_size: int, profile_steps: int, first_rank_
         cap, measured = float(row["cap_mb"]), row["measured_ms"]
         guess = predicted.get(cap)
         if guess is None or not measured:
-            print(f"  {cap:6.3g} MB  predicted —  measured {measured}")
+            shown = f"{measured:6.1f} ms" if measured else "—"
+            print(f"  {cap:6.3g} MB  predicted      —  measured {shown}")
             continue
         errors.append(abs(guess - measured) / measured)
         print(f"  {cap:6.3g} MB  predicted {guess:6.1f}  measured {measured:6.1f} ms  {(guess - measured) / measured:+6.1%}")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from synthetic_session import session_messages
 
@@ -15,7 +17,7 @@ from ddpwatch.span_requests import (
     SpanRequester,
     SpanWish,
 )
-from instrumented_ddp.protocol import Envelope, Heartbeat, SpanRequest, SwitchCommand, decode
+from instrumented_ddp.protocol import Envelope, Heartbeat, SpanRequest, StepReport, SwitchCommand, decode
 
 
 class Outbox:
@@ -78,21 +80,26 @@ def test_a_pinned_step_without_ranks_named_goes_to_every_rank() -> None:
 
 
 @pytest.mark.timeout(60)
-async def test_the_dashboard_asks_every_span_of_a_small_job_and_the_drawn_ranks_of_a_large_one() -> None:
+async def test_the_dashboard_asks_every_span_of_a_small_job_and_the_drawn_and_first_ranks_of_a_large_one() -> None:
     small = DashboardApp(StaticFeed(session_messages(steps=3)), export_on_exit=False)
     async with small.run_test(size=(160, 50)) as pilot:
         await pilot.pause(0.3)
         assert small.span_wish() == SpanWish.everything()
 
-    large = DashboardApp(StaticFeed(session_messages(steps=6, world_size=80)), export_on_exit=False)
+    def middling_first_rank(report: StepReport) -> StepReport:  # rank 1 the slowest, rank 0 neither slowest nor fastest
+        return replace(report, end=report.end + {0: 0.04, 1: 0.08}.get(report.rank, 0.0))
+
+    large = DashboardApp(StaticFeed(session_messages(steps=6, world_size=80, edit=middling_first_rank)), export_on_exit=False)
     async with large.run_test(size=(160, 50)) as pilot:
         await pilot.pause(0.5)
         step = large.session.latest_complete_step()
         figures = large.session.step_figures(step)
         slowest = max(figures, key=lambda r: (figures[r].step_ms, -r))
         fastest = min(figures, key=lambda r: (figures[r].step_ms, r))
+        assert (slowest, fastest) == (1, 2)
         wish = large.span_wish()
-        assert wish == SpanWish.sampled(SAMPLE_EVERY_STEPS, {slowest, fastest}, (step,), {slowest, fastest},
+        # every step of the drawn ranks and of the first rank (the advisor's reference); the step on screen from the drawn
+        assert wish == SpanWish.sampled(SAMPLE_EVERY_STEPS, {slowest, fastest, 0}, (step,), {slowest, fastest},
                                         LARGE_JOB_DEVICE_EVERY_S)
         assert wish.request_for(5).device_every_s == 1.0  # a device sample a second, not five
         await pilot.press("space")  # paused on a step: every rank's spans of it

@@ -251,12 +251,15 @@ class DashboardApp(App[None]):
         Above that: every step of the ranks the timeline draws, their spans of the step on
         screen (held by the ranks: a rank just become the slowest still sends it), a whole step
         every ``SAMPLE_EVERY_STEPS``, every rank's spans of a step the user paused on, and a
-        device sample a second."""
+        device sample a second. The first rank's every step too: the advisor reads backward on
+        its clock, from its gradient-ready marks (``advisor.recent_profile_steps``), which would
+        otherwise come one step in 25, a profile of one step where it takes the median of 20."""
         if self.session.world_size <= EVERY_RANK_IN_THE_TIMELINE_UP_TO:
             return SpanWish.everything()
         step = self.selected_step if self.selected_step is not None else self.session.latest_complete_step()
         drawn = {rank for rank, _ in self.builder.timeline_ranks(step, self.selected_rank)}
-        return SpanWish.sampled(SAMPLE_EVERY_STEPS, drawn, () if step is None else (step,),
+        first = {min(self.session.ranks)} if self.session.ranks else set()
+        return SpanWish.sampled(SAMPLE_EVERY_STEPS, drawn | first, () if step is None else (step,),
                                 None if self.selected_step is not None else drawn, LARGE_JOB_DEVICE_EVERY_S)
 
     def notify_user(self, text: str) -> None:

@@ -202,6 +202,9 @@ class MeasuredCap:
     cap_bytes: int
     step_s: float
     steps: int
+    #: A 90 % interval for that median (``metrics.median_with_interval``): how far apart two caps'
+    #: points must be before the steps tell them apart. None: not known (a hand-made point).
+    interval_s: tuple[float, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -326,5 +329,7 @@ def measured_caps(session: Session) -> list[MeasuredCap]:
             continue
         figures = session.segment_figures(segment, include_pending=False, per_rank=False)
         if figures.steps:
-            measured.append(MeasuredCap(segment.strategy, int(float(cap_mb) * MIB), figures.step_ms_p50 / 1e3, figures.steps))
+            low_ms, high_ms = figures.step_ms_p50_interval
+            measured.append(MeasuredCap(segment.strategy, int(float(cap_mb) * MIB), figures.step_ms_p50 / 1e3, figures.steps,
+                                        (low_ms / 1e3, high_ms / 1e3)))
     return measured

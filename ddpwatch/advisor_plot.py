@@ -1,6 +1,6 @@
 """The advisor's picture as characters: predicted step time against bucket cap on a log axis,
 the current cap and PyTorch's 25 MB as columns, the predicted best, and each cap the run
-measured. Pure (the panel colours the characters; the tests read them)."""
+measured with a whisker over its 90 % interval (clipped to the plot). Pure (the panel colours the characters; the tests read them)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from .bucket_sim import MIB
 
 PREDICTED, EXTRAPOLATED, BEST, MEASURED = "•", "·", "★", "◆"
 CURRENT_COLUMN, DEFAULT_COLUMN = "│", "┆"
+WHISKER = "¦"  # a measured cap's 90 % interval, above and below its point
 TICKS = ((1024, "1K"), (32 * 1024, "32K"), (MIB, "1M"), (32 * MIB, "32M"), (1024 * MIB, "1G"))
 
 
@@ -41,6 +42,10 @@ def plot(advice: Advice, width: int, height: int) -> AdvisorPlot:
     for cap, mark in ((advice.default.cap_bytes, DEFAULT_COLUMN), (advice.current.cap_bytes, CURRENT_COLUMN)):
         for line in grid:
             line[column(cap)] = mark
+    for measured in advice.measured:
+        if measured.interval_s is not None:
+            for index in range(row(measured.interval_s[1]), row(measured.interval_s[0]) + 1):
+                grid[index][column(measured.cap_bytes)] = WHISKER
     for prediction in advice.predictions:
         grid[row(prediction.step_s)][column(prediction.cap_bytes)] = EXTRAPOLATED if prediction.extrapolated else PREDICTED
     grid[row(advice.best.step_s)][column(advice.best.cap_bytes)] = BEST

@@ -250,3 +250,21 @@ def test_the_plot_puts_the_best_lowest_the_measured_where_measured_and_the_caps_
     assert all(row[column_of[2 * MIB]] in (CURRENT_COLUMN, "•") for row in picture.rows)
     assert sum(row[column_of[25 * MIB]] == DEFAULT_COLUMN for row in picture.rows) >= 3
     assert picture.x_axis.startswith("1K") and picture.x_axis[column_of[32 * MIB]:].startswith("32M")
+
+
+def test_a_measured_caps_interval_is_a_whisker_through_its_point_clipped_to_the_plot() -> None:
+    """The plot above, the 32 MB point measured with a 90 % interval of 172-190 ms: rows span
+    180 (top) to 170 ms (bottom), 2.5 ms a row, so 172 ms is row round(3.2) = 3 and 190 ms is above
+    the top, clipped to row 0, the point itself. Rows 1-3 of its column hold the whisker, except
+    where the prediction at 32 MB lies (174 ms, row 2, beyond the sizes seen); row 4 (170 ms)
+    lies below the interval."""
+    from ddpwatch.advisor_plot import EXTRAPOLATED, MEASURED, WHISKER, plot
+    from ddpwatch.dashboard.widgets.advisor_panel import render_advice
+
+    advice = advise(strategy="bucket", cap_mb=2.0, backend="nccl", world_size=2, profile_steps=[{0: bucket_step()}],
+                    fit_steps=two_sized_fit(), parameter_layout=LAYOUT, bucket_layout=[[3, 2], [1, 0]],
+                    measured=[MeasuredCap("bucket", 32 * MIB, 0.180, 10, (0.172, 0.190))])
+    assert isinstance(advice, Advice)
+    column = [row[30] for row in plot(advice, width=43, height=5).rows]
+    assert column == [MEASURED, WHISKER, EXTRAPOLATED, WHISKER, " "]
+    assert "bucket 32 MB 180.0 ms (172.0–190.0 over 10 steps)" in render_advice(advice, 43).plain

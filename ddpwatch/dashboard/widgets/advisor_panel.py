@@ -7,12 +7,12 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Static
 
-from ...advisor import Advice
-from ...advisor_plot import BEST, CURRENT_COLUMN, DEFAULT_COLUMN, EXTRAPOLATED, MEASURED, PREDICTED, plot
+from ...advisor import Advice, MeasuredCap
+from ...advisor_plot import BEST, CURRENT_COLUMN, DEFAULT_COLUMN, EXTRAPOLATED, MEASURED, PREDICTED, WHISKER, plot
 from ...bucket_sim import MIB
 
 STYLES = {PREDICTED: "cyan", EXTRAPOLATED: "dim cyan", BEST: "bold green", MEASURED: "bold magenta",
-          CURRENT_COLUMN: "yellow", DEFAULT_COLUMN: "dim"}
+          CURRENT_COLUMN: "yellow", DEFAULT_COLUMN: "dim", WHISKER: "magenta"}
 LABEL_WIDTH = 10
 PLOT_ROWS = 9
 
@@ -28,6 +28,14 @@ class AdvisorPanel(Static):
 
 def megabytes(nbytes: int) -> str:
     return f"{nbytes / MIB:.3g} MB"
+
+
+def spread_text(measured: MeasuredCap) -> str:
+    """``176.0–186.0 over 10 steps``: the 90 % interval of the median, where known."""
+    if measured.interval_s is None:
+        return f"{measured.steps} steps"
+    low, high = measured.interval_s
+    return f"{low * 1e3:.1f}–{high * 1e3:.1f} over {measured.steps} steps"
 
 
 def render_advice(advice: Advice | str | None, width: int, switchable: bool = True) -> Text:
@@ -54,10 +62,10 @@ def render_advice(advice: Advice | str | None, width: int, switchable: bool = Tr
             text.append(char, STYLES.get(char, ""))
         text.append("\n")
     text.append(" " * (LABEL_WIDTH + 1) + picture.x_axis + "\n", "dim")
-    text.append(f"{PREDICTED} predicted  {EXTRAPOLATED} beyond the sizes seen  {BEST} best  {MEASURED} measured  "
-                f"{CURRENT_COLUMN} now  {DEFAULT_COLUMN} 25 MB\n", "dim")
+    text.append(f"{PREDICTED} predicted  {EXTRAPOLATED} beyond the sizes seen  {BEST} best  {MEASURED}{WHISKER} measured, "
+                f"its 90 % interval  {CURRENT_COLUMN} now  {DEFAULT_COLUMN} 25 MB\n", "dim")
     if advice.measured:
-        text.append("measured: " + " · ".join(f"{m.strategy} {megabytes(m.cap_bytes)} {m.step_s * 1e3:.1f} ms ({m.steps} steps)"
+        text.append("measured: " + " · ".join(f"{m.strategy} {megabytes(m.cap_bytes)} {m.step_s * 1e3:.1f} ms ({spread_text(m)})"
                                               for m in advice.measured) + "\n")
     if switchable:
         text.append(f"b: switch to {advice.strategy} at {megabytes(top.cap_bytes)}", "bold")

@@ -65,8 +65,9 @@ def main() -> None:
     torch.manual_seed(0)
     model = models.build_built_in_model("tiny", len(tokenizer), data.NUM_LABELS, tokenizer.pad_token_id)
 
+    scratch = tempfile.TemporaryDirectory(prefix="hf_trainer_")  # the Trainer wants an output_dir; it saves nothing here
     training = TrainingArguments(
-        output_dir=tempfile.mkdtemp(prefix="hf_trainer_"), max_steps=args.steps, learning_rate=5e-4,
+        output_dir=scratch.name, max_steps=args.steps, learning_rate=5e-4,
         per_device_train_batch_size=args.batch_size, gradient_accumulation_steps=args.grad_accum,
         ddp_bucket_cap_mb=args.bucket_mb, ddp_find_unused_parameters=False,  # every parameter gets a gradient
         use_cpu=not torch.cuda.is_available(),
@@ -89,6 +90,7 @@ def main() -> None:
             torch.save(model.state_dict(), args.save_final)
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
+    scratch.cleanup()  # exit_process skips the interpreter's own cleanup
     sys.stdout.flush()
     exit_process(0)  # skips a gloo teardown race at interpreter exit (see instrumented_ddp.distributed)
 

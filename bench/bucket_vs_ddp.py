@@ -26,7 +26,7 @@ _spec = importlib.util.spec_from_file_location("bench_overhead", REPO_ROOT / "be
 assert _spec is not None and _spec.loader is not None
 _overhead = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_overhead)
-from ddpwatch.metrics import median_with_interval  # noqa: E402 (the repository is on the path only now)
+from ddpwatch.order_statistics import median_with_interval  # noqa: E402 (the repository is on the path only now)
 
 
 def measure(args: argparse.Namespace) -> None:

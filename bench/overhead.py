@@ -43,7 +43,7 @@ from typing import Any, NoReturn
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
-from ddpwatch.metrics import median_with_interval  # noqa: E402 (the repository is on the path only now)
+from ddpwatch.order_statistics import median_with_interval  # noqa: E402 (the repository is on the path only now)
 
 
 def measure(args: argparse.Namespace) -> None:

@@ -202,7 +202,7 @@ class MeasuredCap:
     cap_bytes: int
     step_s: float
     steps: int
-    #: A 90 % interval for that median (``metrics.median_with_interval``): how far apart two caps'
+    #: A 90 % interval for that median (``order_statistics.median_with_interval``): how far apart two caps'
     #: points must be before the steps tell them apart. None: not known (a hand-made point).
     interval_s: tuple[float, float] | None = None
 

@@ -60,11 +60,13 @@ from instrumented_ddp.step_figures import (
     step_times,
 )
 
+from .order_statistics import median_interval_positions
+
 __all__ = [
     "BLOCKING_KINDS", "COMM_KINDS", "COMPUTE_KINDS", "CallTimes", "STRAGGLER_SHARE", "STRAGGLER_STEPS", "ClockAlignment", "Desync",
     "DesyncRange", "Figures", "Interval", "SegmentAccumulator", "SegmentFigures", "SpanLike", "StepFigures",
     "StepRecordLike", "StepTimes", "StepWaits", "Straggler", "algbw_gbps", "bus_factor", "busbw_gbps", "call_times", "calls_of", "calls_text",
-    "clip", "counted", "cross_rank_waits", "figures_and_calls", "find_desync", "find_straggler", "intersect", "median_with_interval", "merge", "segment_figures",
+    "clip", "counted", "cross_rank_waits", "figures_and_calls", "find_desync", "find_straggler", "intersect", "merge", "segment_figures",
     "step_figures", "step_times", "straggler", "subtract", "total_length", "transfers", "union", "waited_for", "waiting_intervals",
     "waits_both_ways",
 ]
@@ -447,31 +449,6 @@ class ClockAlignment:
 # --- a run of steps under one strategy -------------------------------------------------
 
 
-#: ``median_with_interval``'s z: a two-sided 90 % interval.
-MEDIAN_INTERVAL_Z = 1.645
-
-
-def median_interval_positions(n: int, z: float = MEDIAN_INTERVAL_Z) -> tuple[int, int]:
-    """Where, in ``n`` sorted values (0-based), a distribution-free interval for their
-    population's median lies: the order statistics k and n−k+1 with k = floor(n/2 − z·√n/2),
-    the normal approximation to the binomial (Conover, *Practical Nonparametric Statistics*,
-    3.2), k at least 1. At z = 1.645, 90 %; under 5 values the interval is their whole range,
-    which covers the median less often than that (4 values: 87.5 %, 3: 75 %)."""
-    k = max(1, math.floor(n / 2 - z * math.sqrt(n) / 2))
-    return k - 1, n - k
-
-
-def median_with_interval(values: Iterable[float], z: float = MEDIAN_INTERVAL_Z) -> tuple[float, float, float]:
-    """The median of ``values`` and a distribution-free interval for it
-    (``median_interval_positions``): how far one run's median can be trusted, without assuming
-    how step times are spread (on a loaded box they are not normal). (0, 0, 0) for none."""
-    ordered = sorted(values)
-    if not ordered:
-        return 0.0, 0.0, 0.0
-    low, high = median_interval_positions(len(ordered), z)
-    return statistics.median(ordered), ordered[low], ordered[high]
-
-
 @dataclass(frozen=True)
 class Figures:
     """Aggregates over a set of (rank, step) records; "mean" is per rank per step."""
@@ -488,7 +465,7 @@ class Figures:
     all_reduce_ms: float  # mean
     step_ms_p50: float  # over each step's wall time (max window over ranks), linear interp.
     step_ms_p95: float
-    #: A distribution-free 90 % interval for the median step time (``median_with_interval``):
+    #: A distribution-free 90 % interval for the median step time (``order_statistics``):
     #: whether two segments' medians differ by more than their steps' spread. (0, 0) without steps.
     step_ms_p50_interval: tuple[float, float]
     wall_s: float  # first step start to last step end, ranks aligned (ClockAlignment)

@@ -36,7 +36,7 @@ class TunedCap:
     predicted_ms: float | None  # None: no cost model could be fitted before it ran
     measured_ms: float | None = None
     steps: int = 0
-    #: A 90 % interval for the measured median (``metrics.median_with_interval``): caps whose
+    #: A 90 % interval for the measured median (``order_statistics.median_with_interval``): caps whose
     #: intervals overlap are not told apart by this many steps.
     measured_interval_ms: tuple[float, float] | None = None
 

@@ -214,6 +214,9 @@ def table(results: Sequence[TunedCap], start_mb: float | None) -> list[str]:
         tied = [f"{r.cap_mb:.3g}" for r in sorted(measured_caps, key=lambda r: r.cap_mb) if r is not best and told_apart(r, best) is False]
         ties = f"; not told apart from {', '.join(tied)} MB (90 % intervals overlap)" if tied else ""
         lines.append(f"measured best: {best.cap_mb:.3g} MB at {best.measured_ms:.1f} ms{gain}{ties}")
+        if start is not None and start is not best and told_apart(start, best) is False:
+            lines.append(f"(the steps do not tell it from the starting {start.cap_mb:.3g} MB: "
+                         "more steps a cap, --steps-per-size, narrow the intervals)")
         predicted = [r for r in results if r.predicted_ms is not None]
         if predicted:
             predicted_best = min(predicted, key=lambda r: r.predicted_ms or 0.0)

@@ -110,6 +110,9 @@ def test_the_table_gives_each_cap_its_error_the_measured_best_and_the_median_err
                         "not told apart from 4 MB (90 % intervals overlap)")
     assert lines[5] == "predicted best among these: 1 MB; median |error| 5.6%"
     assert table(results, start_mb=1.0)[4].startswith("measured best: 1 MB at 180.0 ms, the starting cap; not told apart")
+    from_4_mb = table(results, start_mb=4.0)  # 4 MB's interval overlaps the best's: a hint, before the predicted best
+    assert from_4_mb[5] == "(the steps do not tell it from the starting 4 MB: more steps a cap, --steps-per-size, narrow the intervals)"
+    assert from_4_mb[6].startswith("predicted best among these")
 
 
 def test_caps_are_told_apart_only_where_their_intervals_do_not_overlap() -> None:

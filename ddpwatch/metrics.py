@@ -60,7 +60,7 @@ from instrumented_ddp.step_figures import (
     step_times,
 )
 
-from .order_statistics import median_interval_positions
+from .order_statistics import percentiles_and_median_interval
 
 __all__ = [
     "BLOCKING_KINDS", "COMM_KINDS", "COMPUTE_KINDS", "CallTimes", "STRAGGLER_SHARE", "STRAGGLER_STEPS", "ClockAlignment", "Desync",
@@ -606,8 +606,7 @@ class _Running:
         def mean(total: float, n: int) -> float:
             return total / n if n else 0.0
 
-        walls = np.sort(self.walls_ms.values())
-        low, high = median_interval_positions(len(walls)) if len(walls) else (0, 0)
+        (p50, p95), interval = percentiles_and_median_interval(self.walls_ms.values(), (50, 95))
         factor = bus_factor("all_reduce", world_size)
         return Figures(
             steps=self.steps,
@@ -620,9 +619,9 @@ class _Running:
             all_reduce_calls=mean(float(self.calls_total), self.records),
             all_reduce_calls_total=self.calls_total,
             all_reduce_ms=mean(self.all_reduce_ms, self.records),
-            step_ms_p50=float(np.percentile(walls, 50)) if len(walls) else 0.0,
-            step_ms_p95=float(np.percentile(walls, 95)) if len(walls) else 0.0,
-            step_ms_p50_interval=(float(walls[low]), float(walls[high])) if len(walls) else (0.0, 0.0),
+            step_ms_p50=p50,
+            step_ms_p95=p95,
+            step_ms_p50_interval=interval,
             wall_s=wall_s,
             samples_per_s=self.samples / wall_s if wall_s > 0 else 0.0,
             tokens_per_s=self.tokens / wall_s if wall_s > 0 else 0.0,

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import numpy as np
 from pytest import approx
 
-from ddpwatch.order_statistics import median_with_interval
+from ddpwatch.order_statistics import median_with_interval, percentiles_and_median_interval
 
 
 def test_median_interval_of_sixteen_values_is_their_fourth_and_thirteenth() -> None:
@@ -17,3 +18,20 @@ def test_median_interval_of_few_values_is_their_whole_range() -> None:
     """n = 4 (a GPU bench run in blocks): k = floor(2 - 1.645) = 0, taken as 1: the extremes."""
     assert median_with_interval([1.2, 0.9, 1.0, 1.1]) == approx((1.05, 0.9, 1.2))
     assert median_with_interval([]) == (0.0, 0.0, 0.0)
+
+
+def test_percentiles_and_the_interval_from_one_partial_sort() -> None:
+    """Walls 40, 10, 30, 20 ms: p50 at rank 1.5 is 25; p95 at rank 2.85 is 30 + 0.85 * 10 = 38.5;
+    4 values, so the interval is their range, 10 to 40. None: zeros."""
+    assert percentiles_and_median_interval(np.array([40.0, 10.0, 30.0, 20.0]), (50, 95)) == (approx([25.0, 38.5]), (10.0, 40.0))
+    assert percentiles_and_median_interval(np.array([]), (50, 95)) == ([0.0, 0.0], (0.0, 0.0))
+
+
+def test_percentiles_read_as_numpys_and_the_interval_as_the_sorted_values() -> None:
+    generator = np.random.default_rng(0)
+    for n in (1, 2, 5, 9, 60, 4096):
+        values = generator.lognormal(4.0, 0.3, n)
+        (p50, p95), (low, high) = percentiles_and_median_interval(values, (50, 95))
+        assert (p50, p95) == approx((np.percentile(values, 50), np.percentile(values, 95)), rel=1e-12)
+        _, expected_low, expected_high = median_with_interval(values.tolist())
+        assert (low, high) == (expected_low, expected_high)

@@ -60,7 +60,7 @@ from instrumented_ddp.step_figures import (
     step_times,
 )
 
-from .order_statistics import percentiles_and_median_interval
+from .order_statistics import median_of, percentiles_and_median_interval
 
 __all__ = [
     "BLOCKING_KINDS", "COMM_KINDS", "COMPUTE_KINDS", "CallTimes", "STRAGGLER_SHARE", "STRAGGLER_STEPS", "ClockAlignment", "Desync",
@@ -625,7 +625,7 @@ class _Running:
             wall_s=wall_s,
             samples_per_s=self.samples / wall_s if wall_s > 0 else 0.0,
             tokens_per_s=self.tokens / wall_s if wall_s > 0 else 0.0,
-            busbw_gbps=float(np.median(self.algbw.values())) * factor if len(self.algbw) and factor is not None else None,
+            busbw_gbps=median_of(self.algbw.values()) * factor if len(self.algbw) and factor is not None else None,
             waited_for_others_ms=mean(self.waited_ms, self.records),
             calls_by_kind={kind: mean(float(n), self.records) for kind, n in sorted(self.calls_by_kind.items())},
             memory=dict(self.memory),

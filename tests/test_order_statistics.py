@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from pytest import approx
 
-from ddpwatch.order_statistics import median_with_interval, percentiles_and_median_interval
+from ddpwatch.order_statistics import median_of, median_with_interval, percentiles_and_median_interval
 
 
 def test_median_interval_of_sixteen_values_is_their_fourth_and_thirteenth() -> None:
@@ -27,11 +27,16 @@ def test_percentiles_and_the_interval_from_one_partial_sort() -> None:
     assert percentiles_and_median_interval(np.array([]), (50, 95)) == ([0.0, 0.0], (0.0, 0.0))
 
 
-def test_percentiles_read_as_numpys_and_the_interval_as_the_sorted_values() -> None:
+def test_percentiles_and_median_read_as_numpys_and_the_interval_as_the_sorted_values() -> None:
     generator = np.random.default_rng(0)
     for n in (1, 2, 5, 9, 60, 4096):
         values = generator.lognormal(4.0, 0.3, n)
         (p50, p95), (low, high) = percentiles_and_median_interval(values, (50, 95))
         assert (p50, p95) == approx((np.percentile(values, 50), np.percentile(values, 95)), rel=1e-12)
+        assert median_of(values) == approx(np.median(values), rel=1e-12)
         _, expected_low, expected_high = median_with_interval(values.tolist())
         assert (low, high) == (expected_low, expected_high)
+
+
+def test_a_median_of_an_even_count_is_the_mean_of_the_middle_two() -> None:
+    assert median_of(np.array([4.0, 1.0, 3.0, 2.0])) == 2.5 and median_of(np.array([7.0])) == 7.0

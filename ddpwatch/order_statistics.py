@@ -39,9 +39,9 @@ def median_with_interval(values: Iterable[float], z: float = MEDIAN_INTERVAL_Z) 
 def percentiles_and_median_interval(values: np.ndarray, percents: Sequence[float]) -> tuple[list[float], tuple[float, float]]:
     """Each of ``percents`` of ``values`` (linear interpolation between the closest ranks, as
     ``numpy.percentile`` by default) and the median's interval (``median_interval_positions``),
-    from one partial sort: each segment's and each rank's step times ask for them every
-    refresh, and two ``numpy.percentile`` calls cost 61 us on 60 values where this costs 4 (92
-    against 16 us on 4,096): at 1,024 ranks, 62 against 5 ms of a refresh's per-rank figures.
+    from one partial sort: a segment's step times ask for them at every refresh of the
+    dashboard, and each rank's at every export, where two ``numpy.percentile`` calls cost 61 us
+    on 60 values and this 4 (92 against 16 us on 4,096): at 1,024 ranks, 62 against 5 ms.
     Empty: zeros."""
     n = len(values)
     if not n:
@@ -59,7 +59,7 @@ def percentiles_and_median_interval(values: np.ndarray, percents: Sequence[float
 
 def median_of(values: np.ndarray) -> float:
     """``numpy.median`` of a non-empty array from one partial sort, without its per-call cost
-    (each rank's median bandwidth, every refresh: 13 against 2 us on 60 values)."""
+    (each segment's and rank's median bandwidth: 13 against 2 us on 60 values)."""
     n = len(values)
     middle = np.partition(values, [(n - 1) // 2, n // 2])
     return (float(middle[(n - 1) // 2]) + float(middle[n // 2])) / 2

@@ -33,7 +33,7 @@ from instrumented_ddp.protocol import READY_KIND, Hello, StepReport
 
 from .bucket_sim import MIB, BackwardProfile, Prediction, best, cap_grid, describe, sweep
 from .cost_model import CostModel, TransferSample, fit_cost_model
-from .metrics import CallTimes, ClockAlignment, call_times, counted, transfers
+from .metrics import CallTimes, ClockAlignment, call_times, collective_key, counted, transfers
 from .session import Segment, Session
 
 #: Bytes per element of the dtypes a parameter layout names (torch's names, less "torch.").
@@ -155,12 +155,7 @@ class StepCollectives(NamedTuple):
 def call_sizes(report: StepReport) -> dict[tuple[str, int], int]:
     """Each all-reduce's bytes, keyed as ``metrics.transfers`` keys it: the k-th call with its tag."""
     seen: Counter[str] = Counter()
-    sizes: dict[tuple[str, int], int] = {}
-    for span in report.spans:
-        if span.kind == "all_reduce":
-            sizes[(span.tag, seen[span.tag])] = span.nbytes
-            seen[span.tag] += 1
-    return sizes
+    return {collective_key(span.tag, seen): span.nbytes for span in report.spans if span.kind == "all_reduce"}
 
 
 def step_collectives(reports: Mapping[int, StepReport]) -> StepCollectives:
@@ -202,8 +197,8 @@ class MeasuredCap:
     cap_bytes: int
     step_s: float
     steps: int
-    #: A 90 % interval for that median (``order_statistics.median_with_interval``): how far apart two caps'
-    #: points must be before the steps tell them apart. None: not known (a hand-made point).
+    #: A 90 % interval for that median (``order_statistics``): how far apart two caps' points
+    #: must be before the steps tell them apart. None: not known (a hand-made point).
     interval_s: tuple[float, float] | None = None
 
 

@@ -66,7 +66,7 @@ __all__ = [
     "BLOCKING_KINDS", "COMM_KINDS", "COMPUTE_KINDS", "CallTimes", "STRAGGLER_SHARE", "STRAGGLER_STEPS", "ClockAlignment", "Desync",
     "DesyncRange", "Figures", "Interval", "SegmentAccumulator", "SegmentFigures", "SpanLike", "StepFigures",
     "StepRecordLike", "StepTimes", "StepWaits", "Straggler", "algbw_gbps", "bus_factor", "busbw_gbps", "call_times", "calls_of", "calls_text",
-    "clip", "counted", "cross_rank_waits", "figures_and_calls", "find_desync", "find_straggler", "intersect", "merge", "segment_figures",
+    "clip", "collective_key", "counted", "cross_rank_waits", "figures_and_calls", "find_desync", "find_straggler", "intersect", "merge", "segment_figures",
     "step_figures", "step_times", "straggler", "subtract", "total_length", "transfers", "union", "waited_for", "waiting_intervals",
     "waits_both_ways",
 ]
@@ -106,7 +106,7 @@ def held_text(memory: Mapping[str, int]) -> str:
 # --- across ranks, one step ------------------------------------------------------------
 
 
-def _collective_key(tag: str, seen: Counter[str]) -> tuple[str, int]:
+def collective_key(tag: str, seen: Counter[str]) -> tuple[str, int]:
     """The k-th call carrying ``tag`` in issue order. A tag can repeat within a step (the
     baseline reduces every parameter after each micro-step); an empty tag keys by position
     among the untagged calls."""
@@ -154,7 +154,7 @@ def waits_both_ways(calls_of_one_step: Mapping[int, CallTimes]) -> tuple[dict[in
 
 
 def transfers(calls_of_one_step: Mapping[int, CallTimes]) -> list[tuple[tuple[str, int], float]]:
-    """Each call every rank made, keyed by its tag and occurrence (``_collective_key``), with its
+    """Each call every rank made, keyed by its tag and occurrence (``collective_key``), with its
     transfer: its shortest duration over the ranks (:func:`_paired_calls`), the time the
     collective itself took once its last participant joined. [] with fewer than two ranks.
     Read from the durations alone, which a ``StepSummary`` carries too: at 1,024 ranks and 300
@@ -164,7 +164,7 @@ def transfers(calls_of_one_step: Mapping[int, CallTimes]) -> list[tuple[tuple[st
         return []
     ranks, positions, seconds = paired
     seen: Counter[str] = Counter()
-    keys = [_collective_key(tag, seen) for tag in calls_of_one_step[ranks[0]].tags]
+    keys = [collective_key(tag, seen) for tag in calls_of_one_step[ranks[0]].tags]
     return [(keys[index], float(shortest)) for index, shortest in zip(positions[0], seconds.min(axis=0))]
 
 
@@ -215,7 +215,7 @@ def _paired_calls(calls_of_one_step: Mapping[int, CallTimes]) -> tuple[list[int]
     keyed: list[dict[tuple[str, int], int]] = []
     for rank in ranks:
         seen: Counter[str] = Counter()
-        keyed.append({_collective_key(tag, seen): index for index, tag in enumerate(calls_of_one_step[rank].tags)})
+        keyed.append({collective_key(tag, seen): index for index, tag in enumerate(calls_of_one_step[rank].tags)})
     common = sorted(set.intersection(*(set(k) for k in keyed)), key=lambda key: keyed[0][key])
     positions = [[k[key] for key in common] for k in keyed]
     seconds = np.array([[calls_of_one_step[rank].seconds[i] for i in row] for rank, row in zip(ranks, positions)],

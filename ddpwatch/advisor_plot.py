@@ -1,6 +1,7 @@
 """The advisor's picture as characters: predicted step time against bucket cap on a log axis,
 the current cap and PyTorch's 25 MB as columns, the predicted best, and each cap the run
-measured with a whisker over its 90 % interval (clipped to the plot). Pure (the panel colours the characters; the tests read them)."""
+measured with a whisker over its 90 % interval (clipped to the plot). Pure (the panel colours
+the characters; the tests read them)."""
 
 from __future__ import annotations
 

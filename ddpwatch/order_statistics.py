@@ -6,7 +6,6 @@ spread, which on a loaded box they are not normally. Pure; used by the segment f
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -26,17 +25,15 @@ def median_interval_positions(n: int, z: float = MEDIAN_INTERVAL_Z) -> tuple[int
 
 
 def median_with_interval(values: Iterable[float], z: float = MEDIAN_INTERVAL_Z) -> tuple[float, float, float]:
-    """The median of ``values`` and a distribution-free interval for it
-    (``median_interval_positions``): how far one run's median can be trusted, without assuming
-    how step times are spread (on a loaded box they are not normal). (0, 0, 0) for none."""
-    ordered = sorted(values)
-    if not ordered:
-        return 0.0, 0.0, 0.0
-    low, high = median_interval_positions(len(ordered), z)
-    return statistics.median(ordered), ordered[low], ordered[high]
+    """The median of ``values`` and a distribution-free interval for it, read as
+    ``percentiles_and_median_interval`` reads them: how far one run's median (the benches'
+    paired ratios) can be trusted. (0, 0, 0) for none."""
+    (median,), (low, high) = percentiles_and_median_interval(np.fromiter(values, dtype=float), (50,), z)
+    return median, low, high
 
 
-def percentiles_and_median_interval(values: np.ndarray, percents: Sequence[float]) -> tuple[list[float], tuple[float, float]]:
+def percentiles_and_median_interval(values: np.ndarray, percents: Sequence[float],
+                                    z: float = MEDIAN_INTERVAL_Z) -> tuple[list[float], tuple[float, float]]:
     """Each of ``percents`` of ``values`` (linear interpolation between the closest ranks, as
     ``numpy.percentile`` by default) and the median's interval (``median_interval_positions``),
     from one partial sort: a segment's step times ask for them at every refresh of the
@@ -46,7 +43,7 @@ def percentiles_and_median_interval(values: np.ndarray, percents: Sequence[float
     n = len(values)
     if not n:
         return [0.0] * len(percents), (0.0, 0.0)
-    low, high = median_interval_positions(n)
+    low, high = median_interval_positions(n, z)
     ranks = [percent / 100 * (n - 1) for percent in percents]
     wanted = {low, high} | {math.floor(rank) for rank in ranks} | {math.ceil(rank) for rank in ranks}
     ordered = np.partition(values, sorted(wanted))

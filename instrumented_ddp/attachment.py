@@ -9,7 +9,8 @@ Where the phases come from, since the loop is not ours to mark:
 
 - a step ends when the optimizer's ``step()`` returns (its post-hook), and the next one begins
   there: the gap until the next forward (the data loader, ``zero_grad``, a scheduler, logging)
-  is recorded as ``data``;
+  is recorded as ``data``, and so is the gap from a micro-step's backward to the next forward
+  (the next micro-batch's loading) under gradient accumulation;
 - ``forward`` is the DDP module's forward (its pre- and post-hooks; DDP's buffer broadcast inside
   it is a collective of its own). Only forwards with gradients enabled count: an evaluation under
   ``torch.no_grad()`` is not a training step;
@@ -17,7 +18,10 @@ Where the phases come from, since the loop is not ours to mark:
   a module's full-backward hooks see only tensor outputs, and a Hugging Face model returns a
   ``ModelOutput``) and ends in a callback queued on the autograd engine, which runs once DDP's own
   end-of-backward work (waiting for the last buckets) is done;
-- ``optimizer`` is the optimizer's ``step()``, between its pre- and post-hooks;
+- ``optimizer`` runs from the end of the step's last backward to the return of the optimizer's
+  ``step()``: what a loop does between them (gradient clipping, AMP's unscaling and inf check,
+  the Trainer's ``max_grad_norm``) is part of the update, and would otherwise be an unnamed gap
+  counted as idle; with no backward before it (a loop that steps twice), it is ``step()`` alone;
 - every bucket's all-reduce goes through ``DDPTiming``'s hook, which does what DDP's default does,
   bit for bit. DDP's first iteration (one bucket of everything, before DDP rebuilds its buckets)
   is excluded from the statistics, as for the ``ddp`` strategy.
@@ -182,6 +186,7 @@ class Attachment:
         self._forward_from: Any = None
         self._backward_from: Any = None
         self._optimizer_from: Any = None
+        self._after_backward: Any = None  # when this step's latest backward ended, until a forward or the step names the gap
         self._bucket_layout_sent = False
         self._handles = [
             ddp.register_forward_pre_hook(self._before_forward, with_kwargs=True),
@@ -217,6 +222,7 @@ class Attachment:
         self._steps += 1
         self.timeline.begin_step(self._steps, "ddp", self._settings(1))
         self._micro_steps, self._samples, self._tokens, self._losses = 0, 0, 0, []
+        self._after_backward = None
 
     def _before_forward(self, _module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if not torch.is_grad_enabled():
@@ -225,9 +231,10 @@ class Attachment:
             self._begin_step()
             self._data_from = None
         now = self.timeline.stamp()
-        if self._data_from is not None:
-            self.timeline.add_span("data", self._data_from, now, blocking=False)
-            self._data_from = None
+        gap_from = self._data_from if self._data_from is not None else self._after_backward
+        if gap_from is not None:  # the loader: after the last step, or after the last micro-step's backward
+            self.timeline.add_span("data", gap_from, now, blocking=False)
+        self._data_from = self._after_backward = None
         samples, tokens = batch_size_and_tokens(args, kwargs)
         self._samples += samples
         self._tokens = self._tokens + tokens  # an int, or a device tensor once a mask was summed
@@ -259,11 +266,17 @@ class Attachment:
     def _backward_ended(self) -> None:
         if self._backward_from is None or not self.timeline.in_step:
             return
-        self.timeline.add_span("backward", self._backward_from, self.timeline.stamp(), blocking=False)
+        ended = self.timeline.stamp()
+        self.timeline.add_span("backward", self._backward_from, ended, blocking=False)
         self.timing.backward_ended()
+        self._after_backward = ended
 
     def _before_optimizer_step(self, _optimizer: Any, _args: Any, _kwargs: Any) -> None:
-        self._optimizer_from = self.timeline.stamp() if self.timeline.in_step else None
+        if not self.timeline.in_step:
+            self._optimizer_from = None
+            return
+        self._optimizer_from = self._after_backward if self._after_backward is not None else self.timeline.stamp()
+        self._after_backward = None
 
     def _after_optimizer_step(self, _optimizer: Any, _args: Any, _kwargs: Any) -> None:
         if self._optimizer_from is None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -118,7 +119,8 @@ def test_an_attached_loop_reports_every_phase_of_every_step(one_rank_group: None
         assert kinds.count("forward") == kinds.count("backward") == 2 and kinds.count("optimizer") == 1
         assert kinds.count("all_reduce") == (1 if report.excluded else buckets)  # DDP's first: one bucket of all
         assert kinds.count("wait") == 1  # no_sync: one backward of the two communicates
-        assert ("data" in kinds) == (report.step > 1)  # the gap after the previous step's optimizer
+        # the gap after the previous step's optimizer, and the one between the two micro-steps
+        assert kinds.count("data") == (2 if report.step > 1 else 1)
         forward, backward = (next(s for s in report.spans if s.kind == k) for k in ("forward", "backward"))
         (optimizer_span,) = [s for s in report.spans if s.kind == "optimizer"]
         assert forward.end <= backward.start and backward.end <= optimizer_span.start
@@ -133,6 +135,34 @@ def test_an_attached_loop_reports_every_phase_of_every_step(one_rank_group: None
     assert sorted(i for bucket in hellos[-1].bucket_layout for i in bucket) == list(range(len(list(ddp.parameters()))))
     assert hellos[-1].bucket_layout[0][0] == len(list(ddp.parameters())) - 1
     assert isinstance(sent[-1], Goodbye)
+
+
+def test_a_loops_gaps_are_data_before_a_forward_and_optimizer_after_the_last_backward(
+        one_rank_group: None, sent: list[Any]) -> None:
+    """What a user's loop does between the hooks is named by what comes next: before a forward it
+    is ``data`` (the loader of the next micro-batch), after the step's last backward it is part of
+    ``optimizer`` (gradient clipping, AMP's unscaling), never an unnamed gap counted as idle."""
+    loader_s, clipping_s = 0.02, 0.03
+    ddp, optimizer = make_ddp()
+    with attached(ddp, optimizer):
+        for step in range(3):
+            optimizer.zero_grad()
+            for micro in range(2):
+                time.sleep(loader_s)  # the loader
+                with ddp.no_sync() if micro == 0 else torch.enable_grad():
+                    (ddp(**batch(2 * step + micro)).loss / 2).backward()
+            time.sleep(clipping_s)  # clipping, unscaling
+            torch.nn.utils.clip_grad_norm_(ddp.parameters(), 1.0)
+            optimizer.step()
+    for report in (m for m in sent if isinstance(m, StepReport)):
+        spans = sorted(report.spans, key=lambda s: s.start)
+        data = [s for s in spans if s.kind == "data"]
+        assert len(data) == (2 if report.step > 1 else 1) and all(s.end - s.start >= loader_s for s in data)
+        backwards = [s for s in spans if s.kind == "backward"]
+        (second_forward,) = [s for s in spans if s.kind == "forward" and s.start > backwards[0].end]
+        assert any(s.start == backwards[0].end and s.end == second_forward.start for s in data)
+        (optimizer_span,) = [s for s in spans if s.kind == "optimizer"]
+        assert optimizer_span.start == backwards[-1].end and optimizer_span.end - optimizer_span.start >= clipping_s
 
 
 def test_the_attached_hook_leaves_parameters_bitwise_those_of_plain_ddp(one_rank_group: None) -> None:

@@ -24,7 +24,8 @@ Where the phases come from, since the loop is not ours to mark:
   counted as idle; with no backward before it (a loop that steps twice), it is ``step()`` alone;
 - every bucket's all-reduce goes through ``DDPTiming``'s hook, which does what DDP's default does,
   bit for bit. DDP's first iteration (one bucket of everything, before DDP rebuilds its buckets)
-  is excluded from the statistics, as for the ``ddp`` strategy.
+  is excluded from the statistics, as for the ``ddp`` strategy; under ``static_graph`` its first
+  two (``DDPTiming.on_first_buckets``).
 
 An attached run cannot switch strategies: the loop is the user's. Its hello says so, the
 dashboard offers no switch, and a switch command is answered with a refusal.
@@ -283,7 +284,7 @@ class Attachment:
             return
         self.timeline.add_span("optimizer", self._optimizer_from, self.timeline.stamp(), blocking=False)
         loss = torch.stack(self._losses).mean() if self._losses else None
-        self.timeline.end_step(self._samples, self._tokens, loss, excluded=self.timing.reduced_backwards <= 1,
+        self.timeline.end_step(self._samples, self._tokens, loss, excluded=self.timing.on_first_buckets,
                                settings={"grad_accum": max(1, self._micro_steps)})
         if self._steps == 1 and self.publisher is not None:
             self.watch.update_hello(global_batch=self._samples * dist.get_world_size())

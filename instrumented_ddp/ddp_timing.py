@@ -54,7 +54,9 @@ class DDPTiming:
     waits for its buckets' futures only there, at the end of backward
     (``Reducer::finalize_backward``, queued once the last bucket is launched), so waiting for
     the works one callback earlier changes nothing it sees, and a failed collective still
-    reaches DDP, as the exception of its future.
+    reaches DDP, as the exception of its future. Static graph's first iteration is the one
+    exception: it launches every bucket from an end-of-backward callback and finalizes in that
+    same call, so there the hook hands DDP the ``.then`` future (that iteration is excluded).
     """
 
     def __init__(self, ddp: DistributedDataParallel, timeline: StepTimeline | NullTimeline) -> None:
@@ -114,6 +116,14 @@ class DDPTiming:
             self._bucket_layout = [[int(i) for i in bucket.split()] for bucket in str(text).split(",")] if text else []
         return self._bucket_layout
 
+    @property
+    def on_first_buckets(self) -> bool:
+        """Whether DDP still reduces with the buckets it starts with, before it rebuilds them in
+        the order gradients became ready (one bucket of every gradient, unless it looks for unused
+        parameters): its first reducing backward, and its first two under ``static_graph``, whose
+        first reduces every bucket at the end of backward and whose second reads the order."""
+        return self.reduced_backwards <= (2 if getattr(self.ddp, "static_graph", False) else 1)
+
     def backward_ended(self) -> bool:
         """Called when backward has ended (DDP's in-backward wait ends about now). Records the
         wait after the last bucket; True when this backward reduced gradients (not ``no_sync``)."""
@@ -165,8 +175,9 @@ class DDPTiming:
     def _all_reduce_completed_at_backward_end(self, timeline: StepTimeline, buffer: torch.Tensor, index: int,
                                               op: dist.ReduceOp.RedOpType, issued_at: Any) -> torch.futures.Future:
         """The bucket's all-reduce, and a future of ``buffer`` that ``_complete_buckets`` completes
-        at the end of this backward, before DDP reads it; ``.then`` on the work where no
-        end-of-backward callback can be queued (not inside a backward: never seen).
+        at the end of this backward, before DDP reads it; ``.then`` on the work where DDP would
+        wait for it before that callback ran (static graph's first iteration:
+        ``launched_by_a_gradient``) or where none can be queued (not inside a backward: never seen).
 
         Issued on DDP's process group itself, as DDP's reducer does, not through
         ``dist.all_reduce``: its Python checks (subgroups, tensor subclasses, complex numbers,
@@ -177,7 +188,7 @@ class DDPTiming:
         work = self._issue_bucket(timeline, self.process_group, [buffer], buffer.numel() * buffer.element_size(), options, index,
                                   issued_at)
         future: torch.futures.Future = torch.futures.Future()
-        if self._wait_at_backward_end(work, buffer, future):
+        if launched_by_a_gradient() and self._wait_at_backward_end(work, buffer, future):
             return future
         return work.get_future().then(lambda done: done.value()[0])
 
@@ -259,6 +270,15 @@ class DDPTiming:
                 timeline.close_collective(span, None)
 
         return timed_broadcast
+
+
+def launched_by_a_gradient() -> bool:
+    """Whether DDP launches this bucket from a gradient's hook, while the autograd engine runs
+    a node of the graph. Static graph's first iteration (``static_graph=True``) launches every
+    bucket from an end-of-backward callback instead (``Reducer::delay_all_reduce``) and waits
+    for them in the same call (``finalize_backward``), before any callback queued then could
+    run: there a bucket's future must complete without one."""
+    return torch._C._current_autograd_node() is not None
 
 
 def averaging_op(process_group: dist.ProcessGroup | None) -> dist.ReduceOp.RedOpType | None:

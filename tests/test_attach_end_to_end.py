@@ -89,9 +89,17 @@ def test_all_reduces_and_overlap_hold_against_the_profiler(example_runs: Example
 def test_attached_hook_is_bitwise_plain_ddp_at_a_world_size_that_is_not_a_power_of_two() -> None:
     """Three ranks: scaling by 1/3 and dividing by 3 round differently, so the hook must do what
     DDP's default does for the model's gradient layout (multiply while copying; divide in place
-    where gradients are views of the bucket). One run, both layouts."""
+    where gradients are views of the bucket). One run, both layouts, and a ``static_graph`` DDP,
+    whose first iteration reduces every bucket at the end of backward and waits for them in the
+    same call (an attached one hung there), and whose buckets are rebuilt after its second
+    (a one-rank group cannot show it: there DDP's static graph issues no all-reduce)."""
     result = run_torchrun([str(REPO_ROOT / "tests" / "workers" / "attach_bitwise.py"), "--address", f"tcp://127.0.0.1:{free_port()}"],
                           nproc=3)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "gradient_as_bucket_view=False: bitwise equal on every rank: True" in result.stdout
     assert "gradient_as_bucket_view=True: bitwise equal on every rank: True" in result.stdout
+    assert "static_graph=True: bitwise equal on every rank: True" in result.stdout
+    # one bucket of every gradient for two steps, then DDP's rebuilt two: in ready order (the last layer first),
+    # a bucket closed once it reaches 0.01 MB (10,486 bytes): the last layer (780) and the middle weight (16,384)
+    # reach it; the rest (8,704) is the second
+    assert "static_graph=True: excluded [True, True, False, False], all-reduces [1, 1, 2, 2]" in result.stdout

@@ -261,6 +261,7 @@ class Attachment:
         if self._backward_from is not None:
             return
         self._backward_from = self.timeline.stamp()
+        self.timing.backward_began()
         engine = torch.autograd.Variable._execution_engine
         engine.queue_callback(lambda: engine.queue_callback(self._backward_ended))
 

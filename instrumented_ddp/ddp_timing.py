@@ -72,6 +72,9 @@ class DDPTiming:
         self._bucket_layout: list[list[int]] = []
         #: On the CPU, this backward's launched buckets, completed by ``_complete_buckets``.
         self._awaiting: list[tuple[Any, torch.Tensor, torch.futures.Future | None]] = []
+        self._completion_task: int | None = None  # the autograd graph task whose end runs ``_complete_buckets``
+        self._backward_task: int | None = None  # the step's own backward's graph task, where ``backward_began`` says
+        self._launched = 0  # buckets launched in this backward (the ``ForwardingGroup``'s ``b<i>``)
         self._poll_handles: list[Any] = []  # on the CPU, gradient hooks that look: ``install``
 
     def install(self) -> None:
@@ -124,9 +127,16 @@ class DDPTiming:
         first reduces every bucket at the end of backward and whose second reads the order."""
         return self.reduced_backwards <= (2 if getattr(self.ddp, "static_graph", False) else 1)
 
+    def backward_began(self) -> None:
+        """Called from inside the step's backward as it begins (``attach``: the first gradient
+        reaching the forward's output), so that buckets launched in a backward nested in it
+        (reentrant checkpointing) are told apart: see ``_wait_at_backward_end``."""
+        self._backward_task = torch._C._current_graph_task_id()
+
     def backward_ended(self) -> bool:
         """Called when backward has ended (DDP's in-backward wait ends about now). Records the
         wait after the last bucket; True when this backward reduced gradients (not ``no_sync``)."""
+        self._backward_task = None
         if self.last_bucket_at is None:
             return False
         self.timeline.add_span("wait", self.last_bucket_at, self.timeline.stamp(), blocking=True)
@@ -200,7 +210,8 @@ class DDPTiming:
         DDP waits for the work itself at the end of backward; ``_complete_buckets`` waits for it
         one callback earlier, looking around the wait, and leaves a failure to DDP's own wait."""
         timeline = self.timeline
-        index = len(self._awaiting)
+        index = self._launched
+        self._launched += 1
         nbytes = sum(t.numel() * t.element_size() for t in tensors)
         self.last_bucket_at = timeline.stamp()
         timeline.mark_ready(f"b{index}", nbytes, at=self.last_bucket_at)
@@ -223,14 +234,38 @@ class DDPTiming:
     def _wait_at_backward_end(self, work: dist.Work, buffer: torch.Tensor, future: torch.futures.Future | None) -> bool:
         """Have ``_complete_buckets`` wait for ``work`` at the end of this backward, before DDP's
         own end of backward, and complete ``future`` (if any) with ``buffer``; False where no
-        end-of-backward callback can be queued (not inside a backward)."""
-        if not self._awaiting:
+        end-of-backward callback can be queued (not inside a backward), or where the bucket is
+        launched in a backward nested in this one.
+
+        Reentrant activation checkpointing runs each checkpointed segment's backward as a
+        backward of its own (an autograd graph task), nested in the step's. DDP queues its end of
+        backward in whichever one launches its last bucket, and a callback queued in a nested one
+        runs at *its* end: so a bucket launched there is left to its work's own future (the
+        caller's ``.then``: waiting at the nested end would hold the step's backward until the
+        all-reduce is done), and the buckets already waiting for the outer end are completed by
+        their works (``_settle_on_their_own``), since DDP may wait for them before that end."""
+        task = torch._C._current_graph_task_id()
+        home = self._backward_task if self._backward_task is not None else self._completion_task
+        if home is not None and task != home:
+            self._settle_on_their_own()
+            return False
+        if self._completion_task is None:
             try:
                 Variable._execution_engine.queue_callback(self._complete_buckets)
             except RuntimeError:
                 return False
+            self._completion_task = task
         self._awaiting.append((work, buffer, future))
         return True
+
+    def _settle_on_their_own(self) -> None:
+        """Complete the futures of the buckets waiting for ``_complete_buckets`` when their works
+        complete (a callback on gloo's thread), and leave that callback nothing to wait for."""
+        awaiting, self._awaiting = self._awaiting, []
+        for work, buffer, future in awaiting:
+            if future is not None:
+                work.get_future().add_done_callback(
+                    lambda done, future=future, buffer=buffer: settle(future, buffer, done))
 
     def _complete_buckets(self) -> None:
         """Wait, on this rank's thread, for each bucket launched in this backward and complete
@@ -240,6 +275,7 @@ class DDPTiming:
         DDP's own hook; a watched bucket has no future of ours, and DDP's wait for its work
         raises the failure again."""
         awaiting, self._awaiting = self._awaiting, []
+        self._completion_task, self._launched = None, 0
         timeline = self.timeline
         timeline.poll()  # before the first wait; the look after each wait is the one before the next
         for work, buffer, future in awaiting:
@@ -270,6 +306,16 @@ class DDPTiming:
                 timeline.close_collective(span, None)
 
         return timed_broadcast
+
+
+def settle(future: torch.futures.Future, buffer: torch.Tensor, done: torch.futures.Future) -> None:
+    """Complete ``future`` with ``buffer`` as the all-reduce ``done`` completed, or with its error."""
+    try:
+        done.wait()
+    except Exception as error:
+        future.set_exception(error)
+        return
+    future.set_result(buffer)
 
 
 def launched_by_a_gradient() -> bool:

@@ -175,6 +175,55 @@ def test_the_attached_hook_leaves_parameters_bitwise_those_of_plain_ddp(one_rank
         assert torch.equal(a, b)
 
 
+class CheckpointedBody(nn.Module):
+    """Reentrant activation checkpointing (``use_reentrant=True``): each checkpointed layer's
+    backward runs as a backward of its own, nested in the step's, and the DDP buckets whose last
+    gradient comes from it are launched there; the head is not checkpointed, so its bucket is
+    launched in the step's own backward, before them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.ModuleList(nn.Linear(16, 16) for _ in range(3))
+        self.head = nn.Linear(16, 400)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.body:
+            x = torch.utils.checkpoint.checkpoint(layer, x, use_reentrant=True)
+        return self.head(x)
+
+
+@pytest.mark.timeout(60, method="thread")  # a hang is in C++: a signal would never be handled
+def test_reentrant_checkpointing_trains_attached_bitwise_with_every_bucket_reported(
+        one_rank_group: None, sent: list[Any]) -> None:
+    """DDP ends its backward in whichever backward launched its last bucket, here a nested one:
+    a bucket's future that only the step's own backward's end would complete hung it."""
+    def make() -> tuple[DistributedDataParallel, torch.optim.Optimizer]:
+        torch.manual_seed(0)
+        ddp = DistributedDataParallel(CheckpointedBody(), bucket_cap_mb=0.001)
+        return ddp, torch.optim.SGD(ddp.parameters(), lr=0.1)
+
+    def train_checkpointed(ddp: DistributedDataParallel, optimizer: torch.optim.Optimizer) -> None:
+        data = torch.Generator().manual_seed(1)
+        for _ in range(4):
+            x = torch.randn(8, 16, generator=data).requires_grad_()  # reentrant checkpointing needs an input that does
+            ddp(x).square().mean().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+
+    (watched, watched_optimizer), (plain, plain_optimizer) = make(), make()
+    with attached(watched, watched_optimizer):
+        train_checkpointed(watched, watched_optimizer)
+    train_checkpointed(plain, plain_optimizer)
+    for a, b in zip(watched.parameters(), plain.parameters(), strict=True):
+        assert torch.equal(a, b)
+    # a bucket closes once it reaches 1,048 bytes: the head's bias (1,600) and weight (25,600) each alone,
+    # then each body layer's weight and bias (1,024 + 64) together: five buckets
+    buckets = len(watched._get_ddp_logging_data()["rebuilt_bucket_sizes"].split(","))
+    assert buckets == 5
+    reports = [m for m in sent if isinstance(m, StepReport)]
+    assert [sum(s.kind == "all_reduce" for s in r.spans) for r in reports][1:] == [buckets] * 3
+
+
 def test_an_attached_run_refuses_a_switch_and_says_why(one_rank_group: None, sent: list[Any]) -> None:
     ddp, optimizer = make_ddp()
     with attached(ddp, optimizer) as watch:

@@ -136,7 +136,7 @@ class DDPTiming:
     def backward_ended(self) -> bool:
         """Called when backward has ended (DDP's in-backward wait ends about now). Records the
         wait after the last bucket; True when this backward reduced gradients (not ``no_sync``)."""
-        self._backward_task = None
+        self._backward_task, self._launched = None, 0
         if self.last_bucket_at is None:
             return False
         self.timeline.add_span("wait", self.last_bucket_at, self.timeline.stamp(), blocking=True)

@@ -165,6 +165,32 @@ def test_a_loops_gaps_are_data_before_a_forward_and_optimizer_after_the_last_bac
         assert optimizer_span.start == backwards[-1].end and optimizer_span.end - optimizer_span.start >= clipping_s
 
 
+def test_with_two_optimizers_the_one_stepped_first_falls_inside_the_attached_ones_optimizer_phase(
+        one_rank_group: None, sent: list[Any]) -> None:
+    """A loop with two optimizers (Muon's matrices and AdamW's rest, say) attaches the one it steps
+    last: the step ends when that one returns, and the other's step, after the last backward,
+    is inside ``optimizer``."""
+    other_step_s = 0.03
+    ddp, _ = make_ddp()
+    head = list(ddp.module.head.parameters())
+    first = torch.optim.SGD([p for p in ddp.parameters() if all(p is not h for h in head)], lr=0.1)
+    last = torch.optim.AdamW(head, lr=1e-3)
+    first.register_step_pre_hook(lambda *_: time.sleep(other_step_s))  # a slow first optimizer
+    with attached(ddp, last):
+        for step in range(3):
+            ddp(**batch(step)).loss.backward()
+            first.step()
+            last.step()
+            first.zero_grad()
+            last.zero_grad()
+    reports = [m for m in sent if isinstance(m, StepReport)]
+    assert len(reports) == 3
+    for report in reports:
+        (backward,) = [s for s in report.spans if s.kind == "backward"]
+        (optimizer_span,) = [s for s in report.spans if s.kind == "optimizer"]
+        assert optimizer_span.start == backward.end and optimizer_span.end - optimizer_span.start >= other_step_s
+
+
 def test_the_attached_hook_leaves_parameters_bitwise_those_of_plain_ddp(one_rank_group: None) -> None:
     watched, watched_optimizer = make_ddp()
     plain, plain_optimizer = make_ddp()

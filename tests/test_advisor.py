@@ -268,3 +268,19 @@ def test_a_measured_caps_interval_is_a_whisker_through_its_point_clipped_to_the_
     column = [row[30] for row in plot(advice, width=43, height=5).rows]
     assert column == [MEASURED, WHISKER, EXTRAPOLATED, WHISKER, " "]
     assert "bucket 32 MB 180.0 ms (172.0–190.0 over 10 steps)" in render_advice(advice, 43).plain
+
+
+def test_a_run_that_cannot_switch_is_told_how_to_set_the_best_cap_in_its_own_script() -> None:
+    """An attached run (``switchable`` False) gets no switch key; it is told the DDP argument and
+    the Trainer's, in MiB as DDP counts them."""
+    from ddpwatch.dashboard.widgets.advisor_panel import render_advice
+
+    advice = advise(strategy="ddp", cap_mb=2.0, backend="nccl", world_size=2, profile_steps=[{0: bucket_step()}],
+                    fit_steps=two_sized_fit(), parameter_layout=LAYOUT, bucket_layout=[[3, 2], [1, 0]])
+    assert isinstance(advice, Advice)
+    best_mb = f"{advice.best.cap_bytes / MIB:.3g}"
+    attached = render_advice(advice, 60, switchable=False).plain
+    assert "b: switch" not in attached
+    assert f"DistributedDataParallel(..., bucket_cap_mb={best_mb})" in attached
+    assert f"TrainingArguments(ddp_bucket_cap_mb={best_mb})" in attached
+    assert "b: switch to ddp" in render_advice(advice, 60).plain

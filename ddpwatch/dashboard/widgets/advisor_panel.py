@@ -69,4 +69,14 @@ def render_advice(advice: Advice | str | None, width: int, switchable: bool = Tr
                                               for m in advice.measured) + "\n")
     if switchable:
         text.append(f"b: switch to {advice.strategy} at {megabytes(top.cap_bytes)}", "bold")
+    else:
+        text.append(apply_in_your_script(top.cap_bytes), "bold")
     return text
+
+
+def apply_in_your_script(cap_bytes: int) -> str:
+    """What a run ddpwatch did not start (``attach``) changes to run at ``cap_bytes``: DDP's
+    ``bucket_cap_mb`` counts MiB, as these caps do."""
+    mb = f"{cap_bytes / MIB:.3g}"
+    return (f"to run at {mb} MB, restart with DistributedDataParallel(..., bucket_cap_mb={mb}) "
+            f"(a Trainer: TrainingArguments(ddp_bucket_cap_mb={mb}))")

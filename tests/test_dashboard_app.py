@@ -8,6 +8,7 @@ import time
 from dataclasses import replace
 
 import pytest
+from textual.content import Content
 import zmq
 from textual.widgets import Static, TabbedContent
 
@@ -665,6 +666,14 @@ async def test_the_advisor_tab_draws_the_sweep_and_b_switches_to_its_best_cap() 
         assert "one exposed" in shown or "latency-bound" in shown, shown
         assert "best 2.83 MB" in shown and "b: switch to bucket at 2.83 MB" in shown
         assert "cost model: 12 ms + S /" in shown and "◆" in shown and "★" in shown
+        # the side tabs are a few rows high: the key and the whole plot, axis included, are the rows in view
+        rendered = app.advisor_panel.render()
+        assert isinstance(rendered, Content)
+        rows = [line.plain for line in rendered.wrap(app.advisor_panel.size.width)]
+        in_view = app.query_one("#advisor-scroll").size.height
+        assert 5 <= in_view < len(rows)
+        assert any("b: switch to bucket at 2.83 MB" in row for row in rows[:in_view])
+        assert any(row.lstrip().startswith("1K") for row in rows[:in_view]) and "★" in "".join(rows[:in_view])
         await pilot.press("b")
         (command,) = sent
         assert command.strategy == "bucket" and command.bucket_mb == pytest.approx(2**21.5 / 2**20)

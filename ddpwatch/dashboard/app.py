@@ -135,7 +135,7 @@ class DashboardApp(App[None]):
                     yield self.heatmap_view
                 with TabPane("Stragglers", id="stragglers-tab"):
                     yield self.stragglers_panel
-                with TabPane("Advisor", id="advisor-tab"):
+                with TabPane("Advisor", id="advisor-tab"), VerticalScroll(id="advisor-scroll"):
                     yield self.advisor_panel
         with Horizontal(id="bottom"):
             yield self.segments_table

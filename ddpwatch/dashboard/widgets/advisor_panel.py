@@ -1,10 +1,11 @@
-"""The advisor tab: the predicted step time against the bucket cap (``advisor_plot``), what
-limits the step now in words, the fitted cost model, the caps the run measured, and the key
-that applies the predicted best."""
+"""The advisor tab: what limits the step now in words, the key that applies the predicted best
+(or, on a run that cannot switch, the line to change), the predicted step time against the
+bucket cap (``advisor_plot``), the caps the run measured and the fitted cost model."""
 
 from __future__ import annotations
 
 from rich.text import Text
+from textual.widget import Widget
 from textual.widgets import Static
 
 from ...advisor import Advice, MeasuredCap
@@ -15,15 +16,20 @@ STYLES = {PREDICTED: "cyan", EXTRAPOLATED: "dim cyan", BEST: "bold green", MEASU
           CURRENT_COLUMN: "yellow", DEFAULT_COLUMN: "dim", WHISKER: "magenta"}
 LABEL_WIDTH = 10
 PLOT_ROWS = 9
+MIN_PLOT_ROWS = 4
 
 
 class AdvisorPanel(Static):
+    """Inside a scrolling pane (the side tabs are a few rows high): what to do and the plot fill
+    the rows in view, the legend, measured caps and cost model follow below them."""
+
     def show(self, advice: Advice | str | None, switchable: bool = True) -> None:
         width = max(20, self.size.width - LABEL_WIDTH - 1)
-        key = (advice, switchable, width)
+        in_view = self.parent.size.height if isinstance(self.parent, Widget) else 0
+        key = (advice, switchable, width, in_view)
         if key != getattr(self, "_shown", None):
             self._shown = key
-            self.update(render_advice(advice, width, switchable))
+            self.update(render_advice(advice, width, switchable, in_view))
 
 
 def megabytes(nbytes: int) -> str:
@@ -38,23 +44,31 @@ def spread_text(measured: MeasuredCap) -> str:
     return f"{low * 1e3:.1f}–{high * 1e3:.1f} over {measured.steps} steps"
 
 
-def render_advice(advice: Advice | str | None, width: int, switchable: bool = True) -> Text:
+def render_advice(advice: Advice | str | None, width: int, switchable: bool = True, rows_in_view: int = 0) -> Text:
+    """Most needed first: what limits the step, now against the best, what applies the best;
+    then the plot, given the rows left in view (``rows_in_view``; 0: ``PLOT_ROWS``) but at least
+    ``MIN_PLOT_ROWS``, and its axis; then the legend, the measured caps and the cost model."""
     if advice is None:
         return Text("")
     if isinstance(advice, str):
         return Text(f"bucket advisor: {advice}")
     model, now, top = advice.model, advice.current, advice.best
+    change = f"{-advice.gain:+.1%}" if advice.gain >= 0.0005 else "as now"
+    action = f"b: switch to {advice.strategy} at {megabytes(top.cap_bytes)}" if switchable else apply_in_your_script(top.cap_bytes)
+    comparison = (f"now {megabytes(now.cap_bytes)}: {now.step_s * 1e3:.1f} ms predicted · ",
+                  f"best {megabytes(top.cap_bytes)}: {top.step_s * 1e3:.1f} ms ({change})",
+                  f" · 25 MB: {advice.default.step_s * 1e3:.1f} ms")
+    panel_width = width + LABEL_WIDTH + 1
+    above = sum(wrapped_rows(line, panel_width) for line in (advice.words, "".join(comparison), action)) + 1  # + the axis
+    plot_rows = max(MIN_PLOT_ROWS, min(PLOT_ROWS, rows_in_view - above)) if rows_in_view else PLOT_ROWS
+
     text = Text()
     text.append(advice.words + "\n", "bold")
-    text.append(f"now {megabytes(now.cap_bytes)}: {now.step_s * 1e3:.1f} ms predicted · ")
-    change = f"{-advice.gain:+.1%}" if advice.gain >= 0.0005 else "as now"
-    text.append(f"best {megabytes(top.cap_bytes)}: {top.step_s * 1e3:.1f} ms ({change})", "green")
-    text.append(f" · 25 MB: {advice.default.step_s * 1e3:.1f} ms\n")
-    text.append(f"cost model: {model.alpha_s * 1e3:.3g} ms + S / {model.busbw_gbps:.3g} GB/s bus bandwidth, fitted on "
-                f"{model.samples} calls of {megabytes(model.min_bytes)}-{megabytes(model.max_bytes)}, "
-                f"median error {model.relative_error:.0%}" + (" (through 0: latency not seen)" if model.through_origin else "")
-                + "\n", "dim")
-    picture = plot(advice, width, PLOT_ROWS)
+    text.append(comparison[0])
+    text.append(comparison[1], "green")
+    text.append(comparison[2] + "\n")
+    text.append(action + "\n", "bold")
+    picture = plot(advice, width, plot_rows)
     for index, row in enumerate(picture.rows):
         label = f"{picture.top_ms:.1f} ms" if index == 0 else f"{picture.bottom_ms:.1f} ms" if index == len(picture.rows) - 1 else ""
         text.append(label.rjust(LABEL_WIDTH) + " ", "dim")
@@ -67,11 +81,16 @@ def render_advice(advice: Advice | str | None, width: int, switchable: bool = Tr
     if advice.measured:
         text.append("measured: " + " · ".join(f"{m.strategy} {megabytes(m.cap_bytes)} {m.step_s * 1e3:.1f} ms ({spread_text(m)})"
                                               for m in advice.measured) + "\n")
-    if switchable:
-        text.append(f"b: switch to {advice.strategy} at {megabytes(top.cap_bytes)}", "bold")
-    else:
-        text.append(apply_in_your_script(top.cap_bytes), "bold")
+    text.append(f"cost model: {model.alpha_s * 1e3:.3g} ms + S / {model.busbw_gbps:.3g} GB/s bus bandwidth, fitted on "
+                f"{model.samples} calls of {megabytes(model.min_bytes)}-{megabytes(model.max_bytes)}, "
+                f"median error {model.relative_error:.0%}" + (" (through 0: latency not seen)" if model.through_origin else ""),
+                "dim")
     return text
+
+
+def wrapped_rows(line: str, width: int) -> int:
+    """Rows ``line`` takes wrapped at ``width`` columns (by characters: words wrap a little later)."""
+    return max(1, -(-len(line) // max(1, width)))
 
 
 def apply_in_your_script(cap_bytes: int) -> str:

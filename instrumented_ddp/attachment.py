@@ -144,6 +144,20 @@ def batch_size_and_tokens(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tupl
     return samples, 0
 
 
+def loss_of(output: Any) -> torch.Tensor | None:
+    """The loss a forward returned, where it returned one: a Hugging Face ``ModelOutput``'s
+    ``loss``, the output itself where it is one number, or the one number of a tuple or list
+    (nanoGPT's ``(logits, loss)``). A loss computed outside the model is not seen."""
+    if isinstance(output, torch.Tensor):
+        candidates: list[Any] = [output]
+    elif isinstance(output, (tuple, list)):
+        candidates = list(output)
+    else:
+        candidates = [getattr(output, "loss", None)]
+    numbers = [t for t in _tensors(candidates) if t.numel() == 1 and t.is_floating_point()]
+    return numbers[0] if len(numbers) == 1 else None
+
+
 def _tensors(values: Iterable[Any]) -> list[torch.Tensor]:
     return [value for value in values if isinstance(value, torch.Tensor)]
 
@@ -247,8 +261,8 @@ class Attachment:
         self.timeline.add_span("forward", self._forward_from, self.timeline.stamp(), blocking=False)
         self._forward_from = None
         self._micro_steps += 1
-        loss = getattr(output, "loss", None) if not isinstance(output, torch.Tensor) else None
-        if isinstance(loss, torch.Tensor) and loss.numel() == 1:
+        loss = loss_of(output)
+        if loss is not None:
             self._losses.append(loss.detach())
         self._backward_from = None
         for tensor in _output_tensors(output):

@@ -347,6 +347,19 @@ def test_samples_and_tokens_come_from_the_forwards_inputs(args: tuple[Any, ...],
     assert (samples, float(tokens)) == expected
 
 
+@pytest.mark.parametrize(("output", "loss"), [
+    (Output(loss=torch.tensor(2.5), logits=torch.zeros(4, 3)), 2.5),  # a Hugging Face ModelOutput
+    (torch.tensor(1.5), 1.5),  # a model that returns its loss
+    ((torch.zeros(4, 3), torch.tensor(0.5)), 0.5),  # nanoGPT's (logits, loss)
+    (torch.zeros(4, 3), None),  # logits: the loss is computed outside the model
+    ((torch.tensor(1.0), torch.tensor(2.0)), None),  # two numbers: which one is the loss is not said
+    (torch.tensor(3), None),  # an integer count is not a loss
+])
+def test_the_loss_is_read_where_the_forward_returns_one(output: Any, loss: float | None) -> None:
+    found = attachment.loss_of(output)
+    assert (None if found is None else found.item()) == loss
+
+
 def test_the_trainer_callback_without_its_trainer_says_how_to_give_it() -> None:
     from instrumented_ddp.integrations import DDPWatchCallback
 

@@ -7,7 +7,7 @@ PyTorch's DDP tutorial loop, watched by ddpwatch with one added line (``instrume
 
 The model is the tutorial's ToyModel made deeper (``--layers``) so that DDP has several buckets
 to show; the data is random, the same on every run. Everything but the ``attach`` and ``detach``
-lines is the loop you already have.
+lines (and the optional ``record_loss``, for the Loss tab) is the loop you already have.
 """
 
 from __future__ import annotations
@@ -80,6 +80,8 @@ def main() -> None:
             labels = torch.randn(args.batch_size, 5, generator=data).to(device)
             with ddp_model.no_sync() if micro < args.grad_accum - 1 else nullcontext():
                 loss = loss_fn(ddp_model(inputs), labels) / args.grad_accum
+                if watch is not None:
+                    watch.record_loss(loss * args.grad_accum)  # <- optional: the dashboard's Loss tab
                 loss.backward()
         optimizer.step()
         if profiler is not None:

@@ -158,6 +158,13 @@ def loss_of(output: Any) -> torch.Tensor | None:
     return numbers[0] if len(numbers) == 1 else None
 
 
+def describe(value: Any) -> str:
+    """``a Tensor of shape (4, 3)``, ``a float``: what was passed, in a few words."""
+    if isinstance(value, torch.Tensor):
+        return f"a tensor of shape {tuple(value.shape)}"
+    return f"a {type(value).__name__}"
+
+
 def _tensors(values: Iterable[Any]) -> list[torch.Tensor]:
     return [value for value in values if isinstance(value, torch.Tensor)]
 
@@ -228,6 +235,14 @@ class Attachment:
         self.ddp._ddpwatch_attached = False
         atexit.unregister(self.detach)
         self.watch.close(reason)
+
+    def record_loss(self, loss: torch.Tensor) -> None:
+        """This micro-step's loss, for a loop that computes it outside the model (where the
+        forward returns it, it is read there: ``loss_of``). Optional, one line after the loss is
+        computed; a device tensor is read when the step resolves, never waited for here."""
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+            raise AttachError(f"record_loss: expected the loss as a one-element tensor, got {describe(loss)}")
+        self._losses.append(loss.detach())
 
     def _settings(self, micro_steps: int) -> dict[str, Any]:
         return {"bucket_mb": self.ddp.bucket_bytes_cap / 2**20, "grad_accum": micro_steps}

@@ -360,6 +360,28 @@ def test_the_loss_is_read_where_the_forward_returns_one(output: Any, loss: float
     assert (None if found is None else found.item()) == loss
 
 
+def test_a_loss_computed_outside_the_model_is_recorded_with_one_optional_line(one_rank_group: None, sent: list[Any]) -> None:
+    """The tutorial's ``loss_fn(ddp_model(x), y)``: the model returns logits, so the loop hands the
+    loss over (``record_loss``); each step reports its micro-steps' mean. A wrong value is one line."""
+    torch.manual_seed(0)
+    ddp = DistributedDataParallel(nn.Linear(4, 2))
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    with attached(ddp, optimizer) as watch:
+        with pytest.raises(AttachError, match="^record_loss: expected the loss as a one-element tensor, got a float$"):
+            watch.record_loss(1.0)  # type: ignore[arg-type]
+        for step in range(2):
+            for micro in range(2):
+                with ddp.no_sync() if micro == 0 else torch.enable_grad():
+                    logits = ddp(torch.ones(3, 4))
+                    loss = logits.square().mean() * 0 + (step + micro)  # losses 0, 1 then 1, 2
+                    watch.record_loss(loss)
+                    loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    reports = [m for m in sent if isinstance(m, StepReport)]
+    assert [r.loss for r in reports] == [pytest.approx(0.5), pytest.approx(1.5)]
+
+
 def test_the_trainer_callback_without_its_trainer_says_how_to_give_it() -> None:
     from instrumented_ddp.integrations import DDPWatchCallback
 

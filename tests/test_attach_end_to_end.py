@@ -92,7 +92,8 @@ def test_attached_hook_is_bitwise_plain_ddp_at_a_world_size_that_is_not_a_power_
     where gradients are views of the bucket). One run, both layouts, and a ``static_graph`` DDP,
     whose first iteration reduces every bucket at the end of backward and waits for them in the
     same call (an attached one hung there), and whose buckets are rebuilt after its second
-    (a one-rank group cannot show it: there DDP's static graph issues no all-reduce)."""
+    (a one-rank group cannot show it: there DDP's static graph issues no all-reduce); and the
+    README's Accelerate use, attached to what ``accelerator.prepare`` returns."""
     result = run_torchrun([str(REPO_ROOT / "tests" / "workers" / "attach_bitwise.py"), "--address", f"tcp://127.0.0.1:{free_port()}"],
                           nproc=3)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -103,3 +104,7 @@ def test_attached_hook_is_bitwise_plain_ddp_at_a_world_size_that_is_not_a_power_
     # a bucket closed once it reaches 0.01 MB (10,486 bytes): the last layer (780) and the middle weight (16,384)
     # reach it; the rest (8,704) is the second
     assert "static_graph=True: excluded [True, True, False, False], all-reduces [1, 1, 2, 2]" in result.stdout
+    # Accelerate's own loop on what accelerator.prepare returned: one report per optimizer step of two
+    # micro-steps, the model's 25 KB in one bucket at Accelerate's default cap
+    assert "accelerate: bitwise equal on every rank: True" in result.stdout
+    assert "accelerate: excluded [True, False, False, False], grad_accum [2, 2, 2, 2], all-reduces [1, 1, 1, 1]" in result.stdout

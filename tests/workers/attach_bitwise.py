@@ -1,7 +1,8 @@
 """Plain DDP and the same DDP with ddpwatch attached, trained side by side on this rank's data,
-with gradients copied into DDP's buckets, with gradients as views of them, and with
-``static_graph=True``; prints for each whether every parameter ended bit for bit the same on
-every rank, and which steps the attached run excluded with how many all-reduces each (rank 0)."""
+with gradients copied into DDP's buckets, with gradients as views of them, with
+``static_graph=True``, and in Accelerate's accumulation loop; prints for each whether every
+parameter ended bit for bit the same on every rank, and which steps the attached run excluded
+with how many all-reduces each (rank 0)."""
 
 from __future__ import annotations
 
@@ -11,12 +12,13 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from accelerate import Accelerator
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 import instrumented_ddp
-from instrumented_ddp.protocol import StepReport
 from instrumented_ddp.distributed import exit_process, init_distributed, shutdown_distributed
+from instrumented_ddp.protocol import StepReport
 
 
 def main() -> None:
@@ -33,6 +35,13 @@ def main() -> None:
             print(f"{name}={value}: bitwise equal on every rank: {bool(agreed.item())}")
             print(f"{name}={value}: excluded {[r.excluded for r in reports]}, "
                   f"all-reduces {[sum(s.kind == 'all_reduce' for s in r.spans) for r in reports]}")
+    same, reports = train_accelerate_side_by_side(args.address, context.rank)
+    agreed = torch.tensor([int(same)])
+    dist.all_reduce(agreed, op=dist.ReduceOp.MIN)
+    if context.is_main:
+        print(f"accelerate: bitwise equal on every rank: {bool(agreed.item())}")
+        print(f"accelerate: excluded {[r.excluded for r in reports]}, grad_accum {[r.settings['grad_accum'] for r in reports]}, "
+              f"all-reduces {[sum(s.kind == 'all_reduce' for s in r.spans) for r in reports]}")
     shutdown_distributed()
     exit_process(0)
 
@@ -57,6 +66,34 @@ def train_side_by_side(option: dict[str, bool], address: str, rank: int) -> tupl
             optimizers[mode].zero_grad(set_to_none=not view)  # views stay views
     watch.detach()
     same = all(torch.equal(a, b) for a, b in zip(pair["plain"].parameters(), pair["watched"].parameters()))
+    return same, [m for m in sent if isinstance(m, StepReport)]
+
+
+def train_accelerate_side_by_side(address: str, rank: int) -> tuple[bool, list[StepReport]]:
+    """The README's Accelerate use: ``attach`` on what ``accelerator.prepare`` returns (a DDP and an
+    ``AcceleratedOptimizer``), in Accelerate's own accumulation loop (``accumulate``, ``backward``:
+    two micro-steps, the first under ``no_sync``, the inner optimizer stepped on the second)."""
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=2)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 3))
+    pair = {}
+    for mode in ("plain", "watched"):
+        copy_of = copy.deepcopy(model)
+        pair[mode] = accelerator.prepare(copy_of, torch.optim.SGD(copy_of.parameters(), lr=0.1))
+    watch = instrumented_ddp.attach(*pair["watched"], address=address)
+    sent: list[Any] = []
+    watch.publisher.publish = sent.append
+    for ddp, optimizer in pair.values():  # one after the other: the accumulation count is the Accelerator's
+        data = torch.Generator().manual_seed(1 + rank)
+        for _ in range(8):  # micro-steps: 4 optimizer steps
+            x, y = torch.randn(16, 32, generator=data), torch.randint(0, 3, (16,), generator=data)
+            with accelerator.accumulate(ddp):
+                accelerator.backward(nn.functional.cross_entropy(ddp(x), y))
+                optimizer.step()
+                optimizer.zero_grad()
+    watch.detach()
+    (plain, _), (watched, _) = pair["plain"], pair["watched"]
+    same = all(torch.equal(a, b) for a, b in zip(plain.parameters(), watched.parameters()))
     return same, [m for m in sent if isinstance(m, StepReport)]
 
 

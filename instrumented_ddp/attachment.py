@@ -158,6 +158,18 @@ def loss_of(output: Any) -> torch.Tensor | None:
     return numbers[0] if len(numbers) == 1 else None
 
 
+def megabytes_given(cap_bytes: int) -> float:
+    """The ``bucket_cap_mb`` a DDP was most likely given: the shortest decimal that DDP's
+    ``int(bucket_cap_mb * 1024 * 1024)`` turns into ``cap_bytes`` (0.3, where the bytes alone read
+    0.2999992370605469 MB)."""
+    exact = cap_bytes / 2**20
+    for digits in range(10):
+        given = round(exact, digits)
+        if int(given * 1024 * 1024) == cap_bytes:
+            return given
+    return exact
+
+
 def describe(value: Any) -> str:
     """``a Tensor of shape (4, 3)``, ``a float``: what was passed, in a few words."""
     if isinstance(value, torch.Tensor):
@@ -245,7 +257,7 @@ class Attachment:
         self._losses.append(loss.detach())
 
     def _settings(self, micro_steps: int) -> dict[str, Any]:
-        return {"bucket_mb": self.ddp.bucket_bytes_cap / 2**20, "grad_accum": micro_steps}
+        return {"bucket_mb": megabytes_given(self.ddp.bucket_bytes_cap), "grad_accum": micro_steps}
 
     # -- the hooks ---------------------------------------------------------------------------------
     def _begin_step(self) -> None:

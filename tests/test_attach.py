@@ -382,6 +382,13 @@ def test_a_loss_computed_outside_the_model_is_recorded_with_one_optional_line(on
     assert [r.loss for r in reports] == [pytest.approx(0.5), pytest.approx(1.5)]
 
 
+@pytest.mark.parametrize("given", [0.3, 25.0, 0.05, 1.0, 2.83, 0.001])
+def test_the_bucket_cap_reported_is_the_one_ddp_was_given_not_its_bytes_over_a_mebibyte(given: float) -> None:
+    """DDP keeps ``int(bucket_cap_mb * 2**20)`` bytes: 0.3 MB is 314,572 bytes, which read back
+    as 0.2999992370605469 MB; the segment label says ``bucket_mb=0.3``."""
+    assert attachment.megabytes_given(int(given * 1024 * 1024)) == given
+
+
 def test_the_trainer_callback_without_its_trainer_says_how_to_give_it() -> None:
     from instrumented_ddp.integrations import DDPWatchCallback
 

@@ -36,6 +36,22 @@ def test_waiting_hidden_behind_compute_is_not_exposed() -> None:
     assert lanes[0].exposed_waiting == ()
 
 
+def test_data_is_drawn_apart_and_never_hides_communication() -> None:
+    # rank 0 loads its batch 0-30 ms while its all-reduce 20-40 ms runs; backward 30-50 ms: loading is
+    # not compute, so 20-30 is exposed and 30-40 hidden. Painted, data shows where nothing computes.
+    from ddpwatch.dashboard.widgets.timeline_view import TimelineView
+
+    r0 = report(0, [Span("data", 0.0, 0.030), Span("backward", 0.030, 0.050),
+                    Span("all_reduce", 0.020, 0.040, False, 400, "b0", "float32")], end=0.050)
+    lane = timeline_of(4, {0: r0}, calls_of({0: r0})).ranks[0]
+    assert [(b.kind, b.start, b.end) for b in lane.data] == [("data", 0.0, 0.030)]
+    assert [b.kind for b in lane.compute] == ["backward"] and lane.exposed == ((0.020, 0.030),)
+    view = TimelineView()
+    view.data = timeline_of(4, {0: r0}, calls_of({0: r0}))
+    cells = "".join(char for char, _style in view._paint_compute(lane, 10))  # 5 ms a column
+    assert cells == "░" * 6 + "█" * 4
+
+
 def test_a_large_job_draws_the_slowest_fastest_and_selected_ranks_judged_against_all() -> None:
     from ddpwatch.metrics import step_figures
 

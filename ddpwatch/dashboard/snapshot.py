@@ -56,6 +56,7 @@ class RankLanes:
     communication: tuple[Bar, ...]
     exposed: tuple[tuple[float, float], ...]  # communication not hidden behind compute
     exposed_waiting: tuple[tuple[float, float], ...] = ()  # the part of it waiting for other ranks to arrive
+    data: tuple[Bar, ...] = ()  # the loader and whatever a loop does between steps: neither compute nor communication
 
 
 @dataclass(frozen=True)
@@ -643,6 +644,7 @@ def _lanes(rank: int, report: StepReport, offset: float, waiting: list[tuple[flo
     on its own clock): exposed communication is split into that and the transfer."""
     compute: list[Bar] = []
     comm: list[Bar] = []
+    data: list[Bar] = []
     collectives: list[tuple[float, float]] = []
     blocked: list[tuple[float, float]] = []
     for s in report.spans:
@@ -654,12 +656,14 @@ def _lanes(rank: int, report: StepReport, offset: float, waiting: list[tuple[flo
             collectives.append((start, end))
         elif s.kind == "wait":
             comm.append(Bar(s.kind, start, end, s.tag))
+        elif s.kind == "data":
+            data.append(Bar(s.kind, start, end))
         if s.blocking:
             blocked.append((start, end))
     busy = metrics.subtract([(b.start, b.end) for b in compute], blocked)
     exposed = metrics.subtract(collectives, busy)
     exposed_waiting = metrics.intersect(exposed, [(start + offset, end + offset) for start, end in waiting])
-    return RankLanes(rank, tuple(compute), tuple(comm), tuple(exposed), tuple(exposed_waiting))
+    return RankLanes(rank, tuple(compute), tuple(comm), tuple(exposed), tuple(exposed_waiting), tuple(data))
 
 
 def describe_device(readings: dict[str, float], kind: str) -> tuple[str, str]:

@@ -16,6 +16,7 @@ STYLES = {
     "forward": Style(color="rgb(90,140,255)"),
     "backward": Style(color="rgb(80,200,120)"),
     "optimizer": Style(color="rgb(200,110,230)"),
+    "data": Style(color="rgb(150,150,150)"),
     "hidden": Style(color="rgb(80,200,210)"),
     "hidden_alt": Style(color="rgb(40,130,150)"),
     "exposed": Style(color="rgb(255,80,80)", bold=True),
@@ -27,6 +28,7 @@ STYLES = {
 }
 COMPUTE_PRECEDENCE = ("backward", "forward", "optimizer")
 LEGEND = [("█", "forward", "forward"), ("█", "backward", "backward"), ("█", "optimizer", "optimizer"),
+          ("░", "data", "data"),
           ("▆", "hidden", "collective hidden by compute"), ("▆", "exposed", "exposed: transfer"),
           ("▆", "exposed_waiting", "exposed: waiting for other ranks"), ("▁", "wait", "wait")]
 
@@ -111,8 +113,13 @@ class TimelineView(Widget):
         return range(first, last + 1)
 
     def _paint_compute(self, rank: RankLanes, columns: int) -> list[tuple[str, Style]]:
-        """Paint bars in reverse precedence so backward shows over forward over optimizer."""
+        """Paint bars in reverse precedence so backward shows over forward over optimizer, all of
+        them over ``data`` (the loader, a loop's work between steps: shaded, since it is neither
+        compute nor communication, but a slow loader is a slow step); the rest is idle."""
         cells: list[tuple[str, Style]] = [(" ", STYLES["axis"])] * columns
+        for bar in rank.data:
+            for column in self._column_range(bar.start, bar.end, columns):
+                cells[column] = ("░", STYLES["data"])
         for kind in reversed(COMPUTE_PRECEDENCE):
             for bar in rank.compute:
                 if bar.kind == kind:

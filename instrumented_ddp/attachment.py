@@ -171,7 +171,7 @@ def megabytes_given(cap_bytes: int) -> float:
 
 
 def describe(value: Any) -> str:
-    """``a Tensor of shape (4, 3)``, ``a float``: what was passed, in a few words."""
+    """``a tensor of shape (4, 3)``, ``a float``: what was passed, in a few words."""
     if isinstance(value, torch.Tensor):
         return f"a tensor of shape {tuple(value.shape)}"
     return f"a {type(value).__name__}"
@@ -215,7 +215,8 @@ class Attachment:
         self._micro_steps = 0
         self._samples = 0
         self._tokens: Any = 0
-        self._losses: list[torch.Tensor] = []
+        self._losses: list[torch.Tensor] = []  # what this step's forwards returned (``loss_of``)
+        self._recorded_losses: list[torch.Tensor] = []  # what the loop handed over (``record_loss``)
         self._data_from: Any = None  # when the gap before this step's first forward began
         self._forward_from: Any = None
         self._backward_from: Any = None
@@ -250,11 +251,12 @@ class Attachment:
 
     def record_loss(self, loss: torch.Tensor) -> None:
         """This micro-step's loss, for a loop that computes it outside the model (where the
-        forward returns it, it is read there: ``loss_of``). Optional, one line after the loss is
-        computed; a device tensor is read when the step resolves, never waited for here."""
+        forward returns it, it is read there: ``loss_of``; a step with losses recorded here
+        reports those alone). Optional, one line after the loss is computed; a device tensor is
+        read when the step resolves, never waited for here."""
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
             raise AttachError(f"record_loss: expected the loss as a one-element tensor, got {describe(loss)}")
-        self._losses.append(loss.detach())
+        self._recorded_losses.append(loss.detach())
 
     def _settings(self, micro_steps: int) -> dict[str, Any]:
         return {"bucket_mb": megabytes_given(self.ddp.bucket_bytes_cap), "grad_accum": micro_steps}
@@ -264,6 +266,7 @@ class Attachment:
         self._steps += 1
         self.timeline.begin_step(self._steps, "ddp", self._settings(1))
         self._micro_steps, self._samples, self._tokens, self._losses = 0, 0, 0, []
+        self._recorded_losses = []
         self._after_backward = None
 
     def _before_forward(self, _module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -325,7 +328,8 @@ class Attachment:
         if self._optimizer_from is None:
             return
         self.timeline.add_span("optimizer", self._optimizer_from, self.timeline.stamp(), blocking=False)
-        loss = torch.stack(self._losses).mean() if self._losses else None
+        losses = self._recorded_losses or self._losses
+        loss = torch.stack(losses).mean() if losses else None
         self.timeline.end_step(self._samples, self._tokens, loss, excluded=self.timing.on_first_buckets,
                                settings={"grad_accum": max(1, self._micro_steps)})
         if self._steps == 1 and self.publisher is not None:

@@ -362,7 +362,8 @@ def test_the_loss_is_read_where_the_forward_returns_one(output: Any, loss: float
 
 def test_a_loss_computed_outside_the_model_is_recorded_with_one_optional_line(one_rank_group: None, sent: list[Any]) -> None:
     """The tutorial's ``loss_fn(ddp_model(x), y)``: the model returns logits, so the loop hands the
-    loss over (``record_loss``); each step reports its micro-steps' mean. A wrong value is one line."""
+    loss over (``record_loss``); each step reports its micro-steps' mean. A wrong value is one line.
+    Where the model returns a loss too, the one handed over is the one reported."""
     torch.manual_seed(0)
     ddp = DistributedDataParallel(nn.Linear(4, 2))
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
@@ -380,6 +381,16 @@ def test_a_loss_computed_outside_the_model_is_recorded_with_one_optional_line(on
             optimizer.zero_grad()
     reports = [m for m in sent if isinstance(m, StepReport)]
     assert [r.loss for r in reports] == [pytest.approx(0.5), pytest.approx(1.5)]
+
+    sent.clear()
+    ddp, optimizer = make_ddp()  # its forward returns a loss as well
+    with attached(ddp, optimizer) as watch:
+        loss = ddp(**batch(0)).loss
+        watch.record_loss(torch.tensor(7.0))
+        loss.backward()
+        optimizer.step()
+    (report,) = [m for m in sent if isinstance(m, StepReport)]
+    assert report.loss == pytest.approx(7.0)
 
 
 @pytest.mark.parametrize("given", [0.3, 25.0, 0.05, 1.0, 2.83, 0.001])

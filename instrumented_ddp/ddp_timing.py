@@ -74,7 +74,9 @@ class DDPTiming:
         self._awaiting: list[tuple[Any, torch.Tensor, torch.futures.Future | None]] = []
         self._completion_task: int | None = None  # the autograd graph task whose end runs ``_complete_buckets``
         self._backward_task: int | None = None  # the step's own backward's graph task, where ``backward_began`` says
-        self._launched = 0  # buckets launched in this backward (the ``ForwardingGroup``'s ``b<i>``)
+        #: Buckets launched in this backward (the ``ForwardingGroup``'s ``b<i>``), counted until
+        #: ``backward_ended``: a ``_complete_buckets`` can run at a nested backward's end, mid-step.
+        self._launched = 0
         self._poll_handles: list[Any] = []  # on the CPU, gradient hooks that look: ``install``
 
     def install(self) -> None:
@@ -275,7 +277,7 @@ class DDPTiming:
         DDP's own hook; a watched bucket has no future of ours, and DDP's wait for its work
         raises the failure again."""
         awaiting, self._awaiting = self._awaiting, []
-        self._completion_task, self._launched = None, 0
+        self._completion_task = None
         timeline = self.timeline
         timeline.poll()  # before the first wait; the look after each wait is the one before the next
         for work, buffer, future in awaiting:

@@ -22,6 +22,9 @@ Where the phases come from, since the loop is not ours to mark:
   ``step()``: what a loop does between them (gradient clipping, AMP's unscaling and inf check,
   the Trainer's ``max_grad_norm``) is part of the update, and would otherwise be an unnamed gap
   counted as idle; with no backward before it (a loop that steps twice), it is ``step()`` alone;
+- a step whose update was skipped (a loss scaler that found inf or NaN does not call ``step()``,
+  so no step hook fires) ends where its last backward ended, once the next forward finds the
+  gradients that backward reduced cleared (``zero_grad``): ``_update_skipped``;
 - every bucket's all-reduce goes through ``DDPTiming``'s hook, which does what DDP's default does,
   bit for bit. DDP's first iteration (one bucket of everything, before DDP rebuilds its buckets)
   is excluded from the statistics, as for the ``ddp`` strategy; under ``static_graph`` its first
@@ -222,6 +225,9 @@ class Attachment:
         self._backward_from: Any = None
         self._optimizer_from: Any = None
         self._after_backward: Any = None  # when this step's latest backward ended, until a forward or the step names the gap
+        self._trainable = [p for p in ddp.module.parameters() if p.requires_grad]
+        #: After a backward that reduced, a parameter it left a gradient on: ``_update_skipped``.
+        self._reduced_gradient_of: nn.Parameter | None = None
         self._bucket_layout_sent = False
         self._handles = [
             ddp.register_forward_pre_hook(self._before_forward, with_kwargs=True),
@@ -262,12 +268,40 @@ class Attachment:
         return {"bucket_mb": megabytes_given(self.ddp.bucket_bytes_cap), "grad_accum": micro_steps}
 
     # -- the hooks ---------------------------------------------------------------------------------
-    def _begin_step(self) -> None:
+    def _begin_step(self, at: Any = None) -> None:
         self._steps += 1
-        self.timeline.begin_step(self._steps, "ddp", self._settings(1))
+        self.timeline.begin_step(self._steps, "ddp", self._settings(1), at=at)
         self._micro_steps, self._samples, self._tokens, self._losses = 0, 0, 0, []
         self._recorded_losses = []
-        self._after_backward = None
+        self._after_backward = self._reduced_gradient_of = None
+
+    def _end_step(self, at: Any = None) -> None:
+        """Report this step, ended now or at ``at``, and begin the next one there."""
+        losses = self._recorded_losses or self._losses
+        loss = torch.stack(losses).mean() if losses else None
+        self.timeline.end_step(self._samples, self._tokens, loss, excluded=self.timing.on_first_buckets,
+                               settings={"grad_accum": max(1, self._micro_steps)}, at=at)
+        if self._steps == 1 and self.publisher is not None:
+            self.watch.update_hello(global_batch=self._samples * dist.get_world_size())
+        if not self._bucket_layout_sent and (layout := self.timing.bucket_layout()):
+            self.watch.update_hello(bucket_layout=layout)  # which parameters each b<i> holds: the advisor reads it
+            self._bucket_layout_sent = True
+        self.watch.step_done()
+        self.watch.refuse_commands(NOT_SWITCHABLE)
+        self._begin_step(at=at)
+        self._data_from = at if at is not None else self.timeline.stamp()
+
+    def _update_skipped(self) -> bool:
+        """Whether this step's gradients were reduced and then cleared with no ``optimizer.step()``
+        between: the update was skipped, and the step is over. ``torch.amp.GradScaler`` skips
+        ``step()`` when it finds inf or NaN among the gradients (so do Accelerate's and the
+        Trainer's fp16 paths, through it), which an fp16 run does at its first steps while the
+        scale settles and now and then after; without this, the next step's forwards, backwards
+        and all-reduces would be reported inside the skipped one. Seen only where the loop clears
+        gradients to None (``zero_grad()``'s default) before the next forward; one zeroed in
+        place, or cleared after the forward, leaves the two steps merged."""
+        gradient_of = self._reduced_gradient_of
+        return self._after_backward is not None and gradient_of is not None and gradient_of.grad is None
 
     def _before_forward(self, _module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if not torch.is_grad_enabled():
@@ -275,6 +309,8 @@ class Attachment:
         if not self.timeline.in_step:
             self._begin_step()
             self._data_from = None
+        elif self._update_skipped():
+            self._end_step(at=self._after_backward)
         now = self.timeline.stamp()
         gap_from = self._data_from if self._data_from is not None else self._after_backward
         if gap_from is not None:  # the loader: after the last step, or after the last micro-step's backward
@@ -314,8 +350,9 @@ class Attachment:
             return
         ended = self.timeline.stamp()
         self.timeline.add_span("backward", self._backward_from, ended, blocking=False)
-        self.timing.backward_ended()
+        reduced = self.timing.backward_ended()
         self._after_backward = ended
+        self._reduced_gradient_of = next((p for p in self._trainable if p.grad is not None), None) if reduced else None
 
     def _before_optimizer_step(self, _optimizer: Any, _args: Any, _kwargs: Any) -> None:
         if not self.timeline.in_step:
@@ -328,16 +365,4 @@ class Attachment:
         if self._optimizer_from is None:
             return
         self.timeline.add_span("optimizer", self._optimizer_from, self.timeline.stamp(), blocking=False)
-        losses = self._recorded_losses or self._losses
-        loss = torch.stack(losses).mean() if losses else None
-        self.timeline.end_step(self._samples, self._tokens, loss, excluded=self.timing.on_first_buckets,
-                               settings={"grad_accum": max(1, self._micro_steps)})
-        if self._steps == 1 and self.publisher is not None:
-            self.watch.update_hello(global_batch=self._samples * dist.get_world_size())
-        if not self._bucket_layout_sent and (layout := self.timing.bucket_layout()):
-            self.watch.update_hello(bucket_layout=layout)  # which parameters each b<i> holds: the advisor reads it
-            self._bucket_layout_sent = True
-        self.watch.step_done()
-        self.watch.refuse_commands(NOT_SWITCHABLE)
-        self._begin_step()
-        self._data_from = self.timeline.stamp()
+        self._end_step()

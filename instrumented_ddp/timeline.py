@@ -342,10 +342,11 @@ class StepTimeline:
         self._lock = threading.Lock()
 
     # -- marking ---------------------------------------------------------------------------------
-    def begin_step(self, step: int, strategy: str, settings: dict[str, Any]) -> None:
+    def begin_step(self, step: int, strategy: str, settings: dict[str, Any], at: Stamp = None) -> None:
+        """A step begins now, or at ``at`` (a stamp made a moment ago: where the step before ended)."""
         self.clock.begin_step()
         early, self._outside_step = self._outside_step, []
-        self._current = _PendingStep(step, strategy, dict(settings), self.clock.stamp(), early)
+        self._current = _PendingStep(step, strategy, dict(settings), self.clock.stamp() if at is None else at, early)
 
     @contextmanager
     def phase(self, kind: str, blocking: bool = False) -> Iterator[None]:
@@ -410,8 +411,9 @@ class StepTimeline:
             return work.get_future().then(_first_tensor)
 
     def end_step(self, samples: int, tokens: Any, loss: Any = None, excluded: bool = False,
-                 settings: dict[str, Any] | None = None, memory: dict[str, int] | None = None) -> None:
-        """``loss`` and ``tokens`` may be device tensors: they are captured without waiting for the
+                 settings: dict[str, Any] | None = None, memory: dict[str, int] | None = None, at: Stamp = None) -> None:
+        """The step ends now, or at ``at`` (a stamp made earlier, where an attached loop's step is
+        found to have ended only later). ``loss`` and ``tokens`` may be device tensors: they are captured without waiting for the
         device and read once the step's marks resolved. ``settings`` known only at the end (the
         micro-steps of an attached loop) are added to those given at ``begin_step``. ``memory``:
         the bytes the rank holds now (``memory.MemorySampler``), when measured. A step that
@@ -422,7 +424,7 @@ class StepTimeline:
             return
         step.loss = self.clock.capture(loss) if loss is not None else None
         step.tokens = tokens if isinstance(tokens, int) else self.clock.capture(tokens)
-        step.end, step.samples = self.clock.stamp(), samples
+        step.end, step.samples = self.clock.stamp() if at is None else at, samples
         step.settings.update(settings or {})
         step.excluded = excluded or step.carries_outside_spans
         step.memory = memory or {}
@@ -522,11 +524,11 @@ class StepTimeline:
 class NullTimeline:
     """What strategies talk to when nobody watches: the same calls, doing nothing."""
 
-    def begin_step(self, step: int, strategy: str, settings: dict[str, Any]) -> None:
+    def begin_step(self, step: int, strategy: str, settings: dict[str, Any], at: Any = None) -> None:
         pass
 
     def end_step(self, samples: int, tokens: Any, loss: Any = None, excluded: bool = False,
-                 settings: dict[str, Any] | None = None, memory: dict[str, int] | None = None) -> None:
+                 settings: dict[str, Any] | None = None, memory: dict[str, int] | None = None, at: Any = None) -> None:
         pass
 
     def completed_reports(self) -> list[StepReport]:

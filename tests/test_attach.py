@@ -191,6 +191,39 @@ def test_with_two_optimizers_the_one_stepped_first_falls_inside_the_attached_one
         assert optimizer_span.start == backward.end and optimizer_span.end - optimizer_span.start >= other_step_s
 
 
+def test_a_step_the_loss_scaler_skips_is_reported_on_its_own_ending_where_its_backward_did(
+        one_rank_group: None, sent: list[Any]) -> None:
+    """``GradScaler`` finds the inf in step 3's gradients and does not call ``optimizer.step()``, so
+    no step hook fires; the next forward finds the reduced gradients cleared and ends step 3 where
+    its last backward ended. Before, steps 3 and 4 came as one report of four micro-steps and twice
+    the all-reduces."""
+    ddp, optimizer = make_ddp()
+    scaler = torch.amp.GradScaler("cpu", init_scale=16.0)
+    with attached(ddp, optimizer):
+        for step in range(5):
+            optimizer.zero_grad()
+            for micro in range(2):
+                with ddp.no_sync() if micro == 0 else torch.enable_grad():
+                    loss = ddp(**batch(2 * step + micro)).loss / 2
+                    scaler.scale(loss * float("inf") if step == 2 else loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+    assert scaler.get_scale() == 8.0  # it did find the inf, once, and halved its scale
+    reports = [m for m in sent if isinstance(m, StepReport)]
+    assert [r.step for r in reports] == [1, 2, 3, 4, 5]
+    buckets = len(ddp._get_ddp_logging_data()["rebuilt_bucket_sizes"].split(","))
+    for report in reports[1:]:
+        kinds = [s.kind for s in report.spans]
+        assert report.settings["grad_accum"] == 2 and report.samples == 8
+        assert kinds.count("forward") == kinds.count("backward") == 2 and kinds.count("all_reduce") == buckets
+        assert kinds.count("optimizer") == (0 if report.step == 3 else 1)
+    skipped, after = reports[2], reports[3]
+    last_backward = max((s for s in skipped.spans if s.kind == "backward"), key=lambda s: s.end)
+    assert skipped.end == last_backward.end == after.start
+    first_data = min((s for s in after.spans if s.kind == "data"), key=lambda s: s.start)
+    assert first_data.start == after.start  # the scaler's check, zero_grad and the loader: the next step's data
+
+
 def test_the_attached_hook_leaves_parameters_bitwise_those_of_plain_ddp(one_rank_group: None) -> None:
     watched, watched_optimizer = make_ddp()
     plain, plain_optimizer = make_ddp()

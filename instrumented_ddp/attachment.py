@@ -64,7 +64,8 @@ def attach(model: nn.Module, optimizer: torch.optim.Optimizer, *, address: str =
     steps it. Every rank calls it once, after wrapping and before the first backward (it is a
     collective: the ranks agree on a session id). ``watch_key``: the dashboard's ``client.json``
     when ``address`` is beyond loopback. Raises ``AttachError`` (one line) on a misuse, having
-    changed nothing."""
+    changed nothing. A ``torch.compile`` of the DDP is seen through to the DDP it compiled."""
+    model = compiled_module(model)
     problem = attach_problem(model, optimizer)
     if problem is None:
         problem = address_problem(address)
@@ -103,6 +104,15 @@ def attach_problem(model: Any, optimizer: Any) -> str | None:
     if training_began(model):
         return "training has already begun (gradients exist): call attach right after wrapping in DDP, before the first backward"
     return None
+
+
+def compiled_module(model: Any) -> Any:
+    """The module ``torch.compile`` compiled, where ``model`` is its ``OptimizedModule`` (which
+    keeps it as ``_orig_mod`` and calls it: hooks on it run, DDP's forward eagerly around the
+    compiled module inside it); else ``model`` itself. ``torch.compile(ddp_model)`` is how a
+    loop, and Accelerate under the Trainer's ``torch_compile``, compiles a DDP model."""
+    inner = getattr(model, "_orig_mod", None)
+    return inner if isinstance(model, nn.Module) and isinstance(inner, nn.Module) else model
 
 
 def existing_comm_hook(ddp: DistributedDataParallel) -> str | None:

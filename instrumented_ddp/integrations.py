@@ -10,7 +10,9 @@ pins it):
 - ``Trainer`` wraps the model in ``DistributedDataParallel`` inside ``train()``, through
   ``accelerator.prepare``, and sets ``trainer.model_wrapped`` to it before ``on_train_begin``: that
   is the first event at which the DDP exists, so the callback attaches there. The callbacks are
-  handed the *unwrapped* model, never the Trainer, hence the trainer given to the callback.
+  handed the *unwrapped* model, never the Trainer, hence the trainer given to the callback. Under
+  ``torch_compile`` Accelerate compiles the DDP, and ``model_wrapped`` is the compiled module
+  holding it (``attachment.compiled_module``).
 - Its optimizer is Accelerate's ``AcceleratedOptimizer``, whose ``step()`` calls the torch
   optimizer's (kept as ``.optimizer``) once per optimizer step; ``attach`` hooks that one.
 - With gradient accumulation the Trainer runs the micro-batches before the last under DDP's
@@ -27,7 +29,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from transformers import TrainerCallback
 
-from .attachment import AttachError, Attachment, attach
+from .attachment import AttachError, Attachment, attach, compiled_module
 from .protocol import DEFAULT_ADDRESS
 
 
@@ -52,7 +54,7 @@ class DDPWatchCallback(TrainerCallback):
         if self.trainer is None:
             raise AttachError("DDPWatchCallback: it needs the Trainer, whose DDP model the callbacks are not given: "
                               "trainer.add_callback(DDPWatchCallback(trainer, address=...))")
-        wrapped = getattr(self.trainer, "model_wrapped", None)
+        wrapped = compiled_module(getattr(self.trainer, "model_wrapped", None))  # under torch_compile
         if not isinstance(wrapped, DistributedDataParallel):
             print(f"ddpwatch: {unwatched_because(wrapped)}: training goes on unwatched", file=sys.stderr, flush=True)
             return

@@ -367,6 +367,35 @@ def test_an_accelerate_style_optimizer_wrapper_is_seen_through(one_rank_group: N
     assert [m.step for m in sent if isinstance(m, StepReport)] == [1, 2]
 
 
+def test_a_compiled_ddp_is_seen_through_by_attach_and_by_the_trainer_callback(one_rank_group: None,
+                                                                              sent: list[Any]) -> None:
+    """``torch.compile(ddp_model)`` (a loop's, or Accelerate's under the Trainer's ``torch_compile``,
+    which the Trainer keeps as ``model_wrapped``) is an ``OptimizedModule`` holding the DDP: both
+    attach to that DDP. Before, attach said to wrap the model in DDP, and the callback named
+    ``OptimizedModule`` as FSDP or DeepSpeed and left the run unwatched."""
+    from instrumented_ddp.integrations import DDPWatchCallback
+
+    ddp, optimizer = make_ddp(bucket_mb=25.0)  # at the default 1 KB torch's compiled DDP refuses the layout
+    compiled = torch.compile(ddp, backend="eager")
+    with attached(compiled, optimizer) as watch:
+        assert watch.ddp is ddp
+        train(compiled, optimizer, steps=2)  # type: ignore[arg-type]
+    reports = [m for m in sent if isinstance(m, StepReport)]
+    assert [r.step for r in reports] == [1, 2]
+    assert [sum(s.kind == "all_reduce" for s in r.spans) for r in reports] == [1, 1]  # 25 MB: one bucket of all
+
+    class CompilingTrainer:
+        model_wrapped, optimizer = make_ddp(bucket_mb=25.0)
+        model_wrapped = torch.compile(model_wrapped, backend="eager")
+
+    callback = DDPWatchCallback(CompilingTrainer(), address=f"tcp://127.0.0.1:{free_port()}")
+    callback.on_train_begin(None, None, None)
+    try:
+        assert callback.attachment is not None and callback.attachment.ddp is CompilingTrainer.model_wrapped._orig_mod
+    finally:
+        callback.on_train_end(None, None, None)
+
+
 @pytest.mark.parametrize(("args", "kwargs", "expected"), [
     ((), {"input_ids": torch.zeros(4, 7, dtype=torch.long), "attention_mask": torch.ones(4, 7)}, (4, 28.0)),
     ((torch.zeros(3, 5, dtype=torch.long),), {}, (3, 15)),  # token ids with no mask: every position

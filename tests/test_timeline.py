@@ -655,8 +655,10 @@ def test_gradient_ready_marks_cover_every_gradient_once_inside_backward(one_rank
     assert sum(s.nbytes for s in ready) == (4 * 8 + 8 + 8 + 1) * 4  # every float32 gradient, once
     issued = {s.tag: s for s in _kinds(report, "all_reduce")}
     assert all(s.start <= issued[s.tag].start for s in ready)  # ready before (or as) its all-reduce starts
-    if strategy != "bucket":  # issued the moment it is ready: one stamp for both (on a GPU, one event)
-        assert all(s.start == issued[s.tag].start for s in ready)
+    if strategy != "bucket":  # issued the moment it is ready: one stamp for both (on a GPU, one event) ...
+        ends = {span.end for span in issued.values()}
+        # ... unless both of gloo's workers were busy then: it starts as an earlier one ends (the replay)
+        assert all(issued[s.tag].start == s.start or issued[s.tag].start in ends for s in ready)
 
 
 @pytest.mark.parametrize("find_unused_parameters", [False, True], ids=["forwarding group", "hook"])

@@ -22,6 +22,8 @@ Where the phases come from, since the loop is not ours to mark:
   ``step()``: what a loop does between them (gradient clipping, AMP's unscaling and inf check,
   the Trainer's ``max_grad_norm``) is part of the update, and would otherwise be an unnamed gap
   counted as idle; with no backward before it (a loop that steps twice), it is ``step()`` alone;
+  where the forward and backward run inside ``step()``, in a closure (PyTorch Lightning, LBFGS),
+  it runs from the end of that backward;
 - a step whose update was skipped (a loss scaler that found inf or NaN does not call ``step()``,
   so no step hook fires) ends where its last backward ended, once the next forward finds the
   gradients that backward reduced cleared (``zero_grad``): ``_update_skipped``;
@@ -238,6 +240,7 @@ class Attachment:
         self._trainable = [p for p in ddp.module.parameters() if p.requires_grad]
         #: After a backward that reduced, a parameter it left a gradient on: ``_update_skipped``.
         self._reduced_gradient_of: nn.Parameter | None = None
+        self._inside_optimizer_step = False  # between the optimizer's step pre- and post-hooks
         self._bucket_layout_sent = False
         self._handles = [
             ddp.register_forward_pre_hook(self._before_forward, with_kwargs=True),
@@ -311,7 +314,8 @@ class Attachment:
         gradients to None (``zero_grad()``'s default) before the next forward; one zeroed in
         place, or cleared after the forward, leaves the two steps merged."""
         gradient_of = self._reduced_gradient_of
-        return self._after_backward is not None and gradient_of is not None and gradient_of.grad is None
+        return (self._after_backward is not None and gradient_of is not None and gradient_of.grad is None
+                and not self._inside_optimizer_step)  # LBFGS's closure clears them for its next evaluation
 
     def _before_forward(self, _module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if not torch.is_grad_enabled():
@@ -365,14 +369,19 @@ class Attachment:
         self._reduced_gradient_of = next((p for p in self._trainable if p.grad is not None), None) if reduced else None
 
     def _before_optimizer_step(self, _optimizer: Any, _args: Any, _kwargs: Any) -> None:
-        if not self.timeline.in_step:
-            self._optimizer_from = None
-            return
-        self._optimizer_from = self._after_backward if self._after_backward is not None else self.timeline.stamp()
+        self._optimizer_from = None
+        if self.timeline.in_step:
+            self._optimizer_from = self._after_backward if self._after_backward is not None else self.timeline.stamp()
         self._after_backward = None
+        self._inside_optimizer_step = True
 
     def _after_optimizer_step(self, _optimizer: Any, _args: Any, _kwargs: Any) -> None:
-        if self._optimizer_from is None:
-            return
-        self.timeline.add_span("optimizer", self._optimizer_from, self.timeline.stamp(), blocking=False)
+        """The update ran from the step's last backward, or, where a backward ended inside
+        ``step()``, from that one's end: the step's forward and backward ran in a closure
+        (``optimizer.step(closure)``: PyTorch Lightning's automatic optimization, LBFGS)."""
+        self._inside_optimizer_step = False
+        start = self._after_backward if self._after_backward is not None else self._optimizer_from
+        if start is None or not self.timeline.in_step:
+            return  # a step() before any training forward
+        self.timeline.add_span("optimizer", start, self.timeline.stamp(), blocking=False)
         self._end_step()

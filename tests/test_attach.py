@@ -191,6 +191,39 @@ def test_with_two_optimizers_the_one_stepped_first_falls_inside_the_attached_one
         assert optimizer_span.start == backward.end and optimizer_span.end - optimizer_span.start >= other_step_s
 
 
+@pytest.mark.parametrize("optimizer_kind", ["AdamW", "LBFGS"])
+def test_a_closure_stepping_the_optimizer_reports_one_step_per_step_with_the_update_after_its_backward(
+        one_rank_group: None, sent: list[Any], optimizer_kind: str) -> None:
+    """``optimizer.step(closure)`` runs the step's forward and backward inside ``step()``, after its
+    pre-hook (PyTorch Lightning's automatic optimization does; LBFGS evaluates the closure up to
+    ``max_iter`` times, clearing gradients before each). Before, the first two steps came as one
+    report and every ``optimizer`` span began before its step's forward."""
+    ddp, _ = make_ddp()
+    optimizer = (torch.optim.LBFGS(ddp.parameters(), lr=0.1, max_iter=3) if optimizer_kind == "LBFGS"
+                 else torch.optim.AdamW(ddp.parameters(), lr=1e-3))
+    evaluations: list[int] = []
+    with attached(ddp, optimizer):
+        for step in range(4):
+            evaluations.append(0)
+
+            def closure() -> torch.Tensor:
+                evaluations[-1] += 1
+                optimizer.zero_grad()
+                loss = ddp(**batch(step)).loss
+                loss.backward()
+                return loss
+
+            optimizer.step(closure)
+    reports = [m for m in sent if isinstance(m, StepReport)]
+    assert [r.step for r in reports] == [1, 2, 3, 4]
+    assert [sum(s.kind == "forward" for s in r.spans) for r in reports] == evaluations
+    assert optimizer_kind == "AdamW" or max(evaluations) > 1  # LBFGS did evaluate again inside one step
+    for report in reports:
+        last_backward = max((s for s in report.spans if s.kind == "backward"), key=lambda s: s.end)
+        (optimizer_span,) = [s for s in report.spans if s.kind == "optimizer"]
+        assert optimizer_span.start == last_backward.end and optimizer_span.end <= report.end
+
+
 def test_a_step_the_loss_scaler_skips_is_reported_on_its_own_ending_where_its_backward_did(
         one_rank_group: None, sent: list[Any]) -> None:
     """``GradScaler`` finds the inf in step 3's gradients and does not call ``optimizer.step()``, so

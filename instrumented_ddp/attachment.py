@@ -147,13 +147,25 @@ def batch_size_and_tokens(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tupl
     """Samples and tokens of one forward's inputs, read from shapes (no device sync): samples are
     the leading size of the first tensor (``input_ids`` first); tokens are the attention mask's
     sum where there is one (a device tensor, read when the step resolves), else the positions
-    of an integer ``input_ids``, else 0."""
-    tensors = [t for t in _tensors([kwargs.get("input_ids"), *args, *kwargs.values()]) if t.dim() > 0]
+    of an integer ``input_ids``, else 0. A batch passed whole is looked into, one level: a dict
+    (``model(batch)``) by its names, a list or tuple (PyTorch Lightning's ``(batch, batch_idx)``,
+    its batch ``[x, y]``) by position."""
+    named, positional = dict(kwargs), []
+    for arg in args:
+        if isinstance(arg, dict):
+            positional += arg.values()
+            for name, value in arg.items():
+                named.setdefault(name, value)
+        elif isinstance(arg, (list, tuple)):
+            positional += arg
+        else:
+            positional.append(arg)
+    tensors = [t for t in _tensors([named.get("input_ids"), *positional, *named.values()]) if t.dim() > 0]
     samples = int(tensors[0].shape[0]) if tensors else 0
-    mask = kwargs.get("attention_mask")
+    mask = named.get("attention_mask")
     if isinstance(mask, torch.Tensor):
         return samples, mask.sum()
-    ids = kwargs.get("input_ids", args[0] if args else None)
+    ids = named.get("input_ids", positional[0] if positional else None)
     if isinstance(ids, torch.Tensor) and not ids.is_floating_point():
         return samples, ids.numel()
     return samples, 0

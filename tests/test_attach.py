@@ -435,6 +435,10 @@ def test_a_compiled_ddp_is_seen_through_by_attach_and_by_the_trainer_callback(on
     ((torch.zeros(8, 10),), {}, (8, 0)),  # features, not tokens
     ((), {"labels": torch.zeros(2)}, (2, 0)),
     ((), {}, (0, 0)),
+    # a batch passed whole: Lightning's (batch, batch_idx), a dict handed to model(batch)
+    (([torch.zeros(16, 256), torch.zeros(16, dtype=torch.long)], 3), {}, (16, 0)),
+    (({"input_ids": torch.zeros(2, 9, dtype=torch.long), "attention_mask": torch.ones(2, 9)},), {}, (2, 18.0)),
+    (({"input_ids": torch.zeros(5, 4, dtype=torch.long)},), {}, (5, 20)),
 ])
 def test_samples_and_tokens_come_from_the_forwards_inputs(args: tuple[Any, ...], kwargs: dict[str, Any],
                                                          expected: tuple[int, float]) -> None:

@@ -173,12 +173,15 @@ def batch_size_and_tokens(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tupl
 
 def loss_of(output: Any) -> torch.Tensor | None:
     """The loss a forward returned, where it returned one: a Hugging Face ``ModelOutput``'s
-    ``loss``, the output itself where it is one number, or the one number of a tuple or list
-    (nanoGPT's ``(logits, loss)``). A loss computed outside the model is not seen."""
+    ``loss``, a dict's ``"loss"`` (a Lightning ``training_step``'s), the output itself where it is
+    one number, or the one number of a tuple or list (nanoGPT's ``(logits, loss)``). A loss
+    computed outside the model is not seen."""
     if isinstance(output, torch.Tensor):
         candidates: list[Any] = [output]
     elif isinstance(output, (tuple, list)):
         candidates = list(output)
+    elif isinstance(output, dict):
+        candidates = [output.get("loss")]
     else:
         candidates = [getattr(output, "loss", None)]
     numbers = [t for t in _tensors(candidates) if t.numel() == 1 and t.is_floating_point()]

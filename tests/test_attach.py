@@ -453,6 +453,7 @@ def test_samples_and_tokens_come_from_the_forwards_inputs(args: tuple[Any, ...],
     (torch.zeros(4, 3), None),  # logits: the loss is computed outside the model
     ((torch.tensor(1.0), torch.tensor(2.0)), None),  # two numbers: which one is the loss is not said
     (torch.tensor(3), None),  # an integer count is not a loss
+    ({"loss": torch.tensor(0.25), "accuracy": torch.tensor(0.9)}, 0.25),  # a Lightning training_step's dict
 ])
 def test_the_loss_is_read_where_the_forward_returns_one(output: Any, loss: float | None) -> None:
     found = attachment.loss_of(output)

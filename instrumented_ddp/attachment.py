@@ -377,9 +377,9 @@ class Attachment:
     def _backward_ended(self) -> None:
         if self._backward_from is None or not self.timeline.in_step:
             return
+        reduced = self.timing.backward_ended()  # its wait ends first: a step found skipped ends at ``ended``
         ended = self.timeline.stamp()
         self.timeline.add_span("backward", self._backward_from, ended, blocking=False)
-        reduced = self.timing.backward_ended()
         self._after_backward = ended
         self._reduced_gradient_of = next((p for p in self._trainable if p.grad is not None), None) if reduced else None
 

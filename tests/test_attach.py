@@ -253,6 +253,7 @@ def test_a_step_the_loss_scaler_skips_is_reported_on_its_own_ending_where_its_ba
     skipped, after = reports[2], reports[3]
     last_backward = max((s for s in skipped.spans if s.kind == "backward"), key=lambda s: s.end)
     assert skipped.end == last_backward.end == after.start
+    assert all(s.end <= skipped.end for s in skipped.spans)  # its wait too: nothing outside its window
     first_data = min((s for s in after.spans if s.kind == "data"), key=lambda s: s.start)
     assert first_data.start == after.start  # the scaler's check, zero_grad and the loader: the next step's data
 

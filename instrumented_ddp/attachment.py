@@ -39,8 +39,10 @@ dashboard offers no switch, and a switch command is answered with a refusal.
 from __future__ import annotations
 
 import atexit
+import functools
 import os
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -225,6 +227,18 @@ def _output_tensors(output: Any) -> list[torch.Tensor]:
     return [t for t in _tensors(values) if t.requires_grad]
 
 
+@dataclass
+class TrainingForward:
+    """One training forward's samples, tokens and loss, counted in its step once a gradient
+    reaches its output: a forward that no backward follows (an evaluation run with gradients
+    enabled) is neither a micro-step nor part of the step's batch or loss."""
+
+    samples: int
+    tokens: Any  # an int, or a device tensor (an attention mask's sum), read when the step resolves
+    loss: torch.Tensor | None
+    reached_by_backward: bool = False
+
+
 class Attachment:
     """The hooks ``attach`` installed on one DDP model and its optimizer, and the watch they feed."""
 
@@ -242,10 +256,9 @@ class Attachment:
         self.timing = DDPTiming(ddp, self.timeline)
         self.timing.install()
         self._steps = 0
-        self._micro_steps = 0
-        self._samples = 0
-        self._tokens: Any = 0
-        self._losses: list[torch.Tensor] = []  # what this step's forwards returned (``loss_of``)
+        self._micro_steps = 0  # backwards in this step
+        self._forwards: list[TrainingForward] = []  # this step's, with what each returned (``loss_of``)
+        self._inputs: tuple[int, Any] = (0, 0)  # samples and tokens of the forward running now
         self._recorded_losses: list[torch.Tensor] = []  # what the loop handed over (``record_loss``)
         self._data_from: Any = None  # when the gap before this step's first forward began
         self._forward_from: Any = None
@@ -299,18 +312,20 @@ class Attachment:
     def _begin_step(self, at: Any = None) -> None:
         self._steps += 1
         self.timeline.begin_step(self._steps, "ddp", self._settings(1), at=at)
-        self._micro_steps, self._samples, self._tokens, self._losses = 0, 0, 0, []
-        self._recorded_losses = []
+        self._micro_steps, self._forwards, self._recorded_losses = 0, [], []
         self._after_backward = self._reduced_gradient_of = None
 
     def _end_step(self, at: Any = None) -> None:
         """Report this step, ended now or at ``at``, and begin the next one there."""
-        losses = self._recorded_losses or self._losses
+        trained = [forward for forward in self._forwards if forward.reached_by_backward]
+        samples = sum(forward.samples for forward in trained)
+        tokens = sum((forward.tokens for forward in trained), 0)
+        losses = self._recorded_losses or [forward.loss for forward in trained if forward.loss is not None]
         loss = torch.stack(losses).mean() if losses else None
-        self.timeline.end_step(self._samples, self._tokens, loss, excluded=self.timing.on_first_buckets,
+        self.timeline.end_step(samples, tokens, loss, excluded=self.timing.on_first_buckets,
                                settings={"grad_accum": max(1, self._micro_steps)}, at=at)
         if self._steps == 1 and self.publisher is not None:
-            self.watch.update_hello(global_batch=self._samples * dist.get_world_size())
+            self.watch.update_hello(global_batch=samples * dist.get_world_size())
         if not self._bucket_layout_sent and (layout := self.timing.bucket_layout()):
             self.watch.update_hello(bucket_layout=layout)  # which parameters each b<i> holds: the advisor reads it
             self._bucket_layout_sent = True
@@ -345,9 +360,7 @@ class Attachment:
         if gap_from is not None:  # the loader: after the last step, or after the last micro-step's backward
             self.timeline.add_span("data", gap_from, now, blocking=False)
         self._data_from = self._after_backward = None
-        samples, tokens = batch_size_and_tokens(args, kwargs)
-        self._samples += samples
-        self._tokens = self._tokens + tokens  # an int, or a device tensor once a mask was summed
+        self._inputs = batch_size_and_tokens(args, kwargs)
         self._forward_from = now
 
     def _after_forward(self, _module: nn.Module, _args: tuple[Any, ...], _kwargs: dict[str, Any], output: Any) -> None:
@@ -355,20 +368,22 @@ class Attachment:
             return
         self.timeline.add_span("forward", self._forward_from, self.timeline.stamp(), blocking=False)
         self._forward_from = None
-        self._micro_steps += 1
         loss = loss_of(output)
-        if loss is not None:
-            self._losses.append(loss.detach())
+        forward = TrainingForward(*self._inputs, loss.detach() if loss is not None else None)
+        self._forwards.append(forward)
         self._backward_from = None
         for tensor in _output_tensors(output):
-            tensor.register_hook(self._gradient_reached_output)
+            tensor.register_hook(functools.partial(self._gradient_reached_output, forward))
 
-    def _gradient_reached_output(self, _gradient: torch.Tensor) -> None:
-        """The first output gradient of this backward: backward has begun. The callback queued
-        here runs when the engine ends the backward, before DDP's own (queued later, when the
-        last bucket is launched), so it queues the one that stamps the end after DDP's."""
+    def _gradient_reached_output(self, forward: TrainingForward, _gradient: torch.Tensor) -> None:
+        """A gradient reached ``forward``'s output: it trains. The first of this backward: backward
+        has begun. The callback queued here runs when the engine ends the backward, before DDP's
+        own (queued later, when the last bucket is launched), so it queues the one that stamps
+        the end after DDP's."""
+        forward.reached_by_backward = True
         if self._backward_from is not None:
             return
+        self._micro_steps += 1
         self._backward_from = self.timeline.stamp()
         self.timing.backward_began()
         engine = torch.autograd.Variable._execution_engine

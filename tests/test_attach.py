@@ -224,6 +224,32 @@ def test_a_closure_stepping_the_optimizer_reports_one_step_per_step_with_the_upd
         assert optimizer_span.start == last_backward.end and optimizer_span.end <= report.end
 
 
+def test_a_forward_no_backward_follows_is_not_a_micro_step_nor_part_of_the_batch_or_loss(
+        one_rank_group: None, sent: list[Any]) -> None:
+    """An evaluation run with gradients enabled (no ``torch.no_grad()``) between steps: its forward
+    is compute the rank did, so it stays a ``forward`` span, but no gradient reaches its output,
+    so it is not a micro-step, and its samples and loss are not the step's. Before, each such
+    step read ``grad_accum=3`` (a segment of its own) and half again the samples."""
+    ddp, optimizer = make_ddp()
+    train_losses: list[list[float]] = []
+    with attached(ddp, optimizer):
+        for step in range(3):
+            ddp(**batch(100 + step))  # the evaluation: gradients enabled, no backward
+            optimizer.zero_grad()
+            train_losses.append([])
+            for micro in range(2):
+                with ddp.no_sync() if micro == 0 else torch.enable_grad():
+                    loss = ddp(**batch(2 * step + micro)).loss
+                    train_losses[-1].append(loss.item())
+                    (loss / 2).backward()
+            optimizer.step()
+    reports = [m for m in sent if isinstance(m, StepReport)]
+    assert [r.step for r in reports] == [1, 2, 3]
+    for report, losses in zip(reports, train_losses, strict=True):
+        assert report.settings["grad_accum"] == 2 and report.samples == 8 and report.tokens == 2 * 22
+        assert sum(s.kind == "forward" for s in report.spans) == 3
+        assert report.loss == pytest.approx(sum(losses) / 2)
+
 def test_a_step_the_loss_scaler_skips_is_reported_on_its_own_ending_where_its_backward_did(
         one_rank_group: None, sent: list[Any]) -> None:
     """``GradScaler`` finds the inf in step 3's gradients and does not call ``optimizer.step()``, so

@@ -13,7 +13,8 @@ Where the phases come from, since the loop is not ours to mark:
   (the next micro-batch's loading) under gradient accumulation;
 - ``forward`` is the DDP module's forward (its pre- and post-hooks; DDP's buffer broadcast inside
   it is a collective of its own). Only forwards with gradients enabled count: an evaluation under
-  ``torch.no_grad()`` is not a training step;
+  ``torch.no_grad()`` is not a training step; and a forward is a micro-step, with its samples and
+  loss, only once a gradient reaches its output (``TrainingForward``);
 - ``backward`` starts when the first gradient reaches one of the forward's outputs (a tensor hook:
   a module's full-backward hooks see only tensor outputs, and a Hugging Face model returns a
   ``ModelOutput``) and ends in a callback queued on the autograd engine, which runs once DDP's own

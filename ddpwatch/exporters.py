@@ -81,6 +81,7 @@ def summary(session: Session) -> dict[str, Any]:
                          "first_step": seg.first_step, "last_step": seg.last_step,
                          "excluded_steps": sorted({r.step for r in reports if r.excluded}),
                          "unresolved_steps": sorted({r.step for r in reports if r.unresolved}),
+                         "update_skipped_steps": sorted({r.step for r in reports if r.update_skipped}),
                          **figures.as_dict()})
     desync = metrics.DesyncRange.combine(ranges)
     states = sorted(session.ranks.items())
@@ -141,6 +142,9 @@ def summary_markdown(summary: dict[str, Any]) -> str:
             lines.append(f"- segment {seg['index']}: excluded steps {', '.join(map(str, seg['excluded_steps']))}")
         if seg.get("unresolved_steps"):
             lines.append(f"- segment {seg['index']}: steps sent unresolved {', '.join(map(str, seg['unresolved_steps']))}")
+        if seg.get("update_skipped_steps"):
+            lines.append(f"- segment {seg['index']}: steps without an optimizer update (gradients reduced, then cleared "
+                         f"with no optimizer.step(): a loss scaler that found inf or NaN) {', '.join(map(str, seg['update_skipped_steps']))}")
         if seg.get("desync"):
             lines.append(f"- segment {seg['index']}: {metrics.DesyncRange.from_dict(seg['desync']).describe()}")
         if seg.get("straggler"):

@@ -24,7 +24,11 @@ def rank_runs(ranks: Iterable[int]) -> list[tuple[int, int]]:
 
 def ranks_text(ranks: Iterable[int], limit: int = 8) -> str:
     """``limit`` runs at most, then how many ranks are left unnamed."""
-    runs = rank_runs(ranks)
+    return runs_text(rank_runs(ranks), limit)
+
+
+def runs_text(runs: list[tuple[int, int]], limit: int = 8) -> str:
+    """Sorted (first, last) runs, of ranks or of steps, said as ``ranks_text`` says ranks."""
     shown = [str(a) if a == b else f"{a}-{b}" for a, b in runs[:limit]]
     rest = sum(b - a + 1 for a, b in runs[limit:])
     return ", ".join(shown) + (f", … (+{rest} more)" if rest else "")

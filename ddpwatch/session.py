@@ -77,6 +77,13 @@ class StepSet:
     def runs(self) -> int:
         return len(self._runs)
 
+    def ranges(self) -> list[tuple[int, int]]:
+        """The steps as sorted (first, last) runs."""
+        return [(first, last) for first, last in self._runs]
+
+    def __len__(self) -> int:
+        return sum(last - first + 1 for first, last in self._runs)
+
 
 class PackedSpans(Sequence[Span]):
     """A kept report's spans as plain tuples, handed out as ``Span`` on reading.
@@ -250,6 +257,8 @@ class Session:
         self.segments: list[Segment] = []
         self.acks: list[Ack] = []
         self.rejected: Counter[str] = Counter()
+        #: Steps any rank reported with its optimizer update skipped (``StepReport.update_skipped``).
+        self.skipped_updates = StepSet()
         self.messages = 0
         self.details = 0  # spans received after their step's summary (a view that drew the step redraws it)
         self.session_id = ""
@@ -366,6 +375,8 @@ class Session:
             rank.late_unused += folded
         if report.unresolved:
             rank.unresolved += 1
+        if report.update_skipped:
+            self.skipped_updates.add(report.step)
         rank.reported.add(report.step)
         if isinstance(report, StepSummary):
             rank.summarized.add(report.step)

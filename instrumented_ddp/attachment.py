@@ -316,7 +316,7 @@ class Attachment:
         self._micro_steps, self._forwards, self._recorded_losses = 0, [], []
         self._after_backward = self._reduced_gradient_of = None
 
-    def _end_step(self, at: Any = None) -> None:
+    def _end_step(self, at: Any = None, update_skipped: bool = False) -> None:
         """Report this step, ended now or at ``at``, and begin the next one there."""
         trained = [forward for forward in self._forwards if forward.reached_by_backward]
         samples = sum(forward.samples for forward in trained)
@@ -324,7 +324,7 @@ class Attachment:
         losses = self._recorded_losses or [forward.loss for forward in trained if forward.loss is not None]
         loss = torch.stack(losses).mean() if losses else None
         self.timeline.end_step(samples, tokens, loss, excluded=self.timing.on_first_buckets,
-                               settings={"grad_accum": max(1, self._micro_steps)}, at=at)
+                               settings={"grad_accum": max(1, self._micro_steps)}, at=at, update_skipped=update_skipped)
         if self._steps == 1 and self.publisher is not None:
             self.watch.update_hello(global_batch=samples * dist.get_world_size())
         if not self._bucket_layout_sent and (layout := self.timing.bucket_layout()):
@@ -355,7 +355,7 @@ class Attachment:
             self._begin_step()
             self._data_from = None
         elif self._update_skipped():
-            self._end_step(at=self._after_backward)
+            self._end_step(at=self._after_backward, update_skipped=True)
         now = self.timeline.stamp()
         gap_from = self._data_from if self._data_from is not None else self._after_backward
         if gap_from is not None:  # the loader: after the last step, or after the last micro-step's backward

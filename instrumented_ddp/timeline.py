@@ -323,6 +323,7 @@ class _PendingStep:
         self.samples = self.tokens = 0
         self.loss: Any = None
         self.excluded = False
+        self.update_skipped = False
         self.memory: dict[str, int] = {}
         self.carries_outside_spans = bool(spans)  # it starts with marks made before it began (a wrap-time broadcast)
 
@@ -411,9 +412,10 @@ class StepTimeline:
             return work.get_future().then(_first_tensor)
 
     def end_step(self, samples: int, tokens: Any, loss: Any = None, excluded: bool = False,
-                 settings: dict[str, Any] | None = None, memory: dict[str, int] | None = None, at: Stamp = None) -> None:
+                 settings: dict[str, Any] | None = None, memory: dict[str, int] | None = None, at: Stamp = None,
+                 update_skipped: bool = False) -> None:
         """The step ends now, or at ``at`` (a stamp made earlier, where an attached loop's step is
-        found to have ended only later). ``loss`` and ``tokens`` may be device tensors: they are captured without waiting for the
+        found to have ended only later, its update skipped: ``update_skipped``). ``loss`` and ``tokens`` may be device tensors: they are captured without waiting for the
         device and read once the step's marks resolved. ``settings`` known only at the end (the
         micro-steps of an attached loop) are added to those given at ``begin_step``. ``memory``:
         the bytes the rank holds now (``memory.MemorySampler``), when measured. A step that
@@ -427,6 +429,7 @@ class StepTimeline:
         step.end, step.samples = self.clock.stamp() if at is None else at, samples
         step.settings.update(settings or {})
         step.excluded = excluded or step.carries_outside_spans
+        step.update_skipped = update_skipped
         step.memory = memory or {}
         with self._lock:
             self._pending.append(step)
@@ -494,7 +497,7 @@ class StepTimeline:
         return StepReport(
             rank=self.rank, step=step.step, strategy=step.strategy, settings=step.settings, start=first,
             end=max(end, first), spans=spans, samples=step.samples, tokens=tokens, loss=loss,
-            excluded=step.excluded, unresolved=unresolved, memory=step.memory,
+            excluded=step.excluded, unresolved=unresolved, memory=step.memory, update_skipped=step.update_skipped,
         )
 
     @staticmethod
@@ -528,7 +531,8 @@ class NullTimeline:
         pass
 
     def end_step(self, samples: int, tokens: Any, loss: Any = None, excluded: bool = False,
-                 settings: dict[str, Any] | None = None, memory: dict[str, int] | None = None, at: Any = None) -> None:
+                 settings: dict[str, Any] | None = None, memory: dict[str, int] | None = None, at: Any = None,
+                 update_skipped: bool = False) -> None:
         pass
 
     def completed_reports(self) -> list[StepReport]:

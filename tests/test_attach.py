@@ -270,6 +270,7 @@ def test_a_step_the_loss_scaler_skips_is_reported_on_its_own_ending_where_its_ba
     assert scaler.get_scale() == 8.0  # it did find the inf, once, and halved its scale
     reports = [m for m in sent if isinstance(m, StepReport)]
     assert [r.step for r in reports] == [1, 2, 3, 4, 5]
+    assert [r.update_skipped for r in reports] == [False, False, True, False, False]
     buckets = len(ddp._get_ddp_logging_data()["rebuilt_bucket_sizes"].split(","))
     for report in reports[1:]:
         kinds = [s.kind for s in report.spans]

@@ -333,6 +333,16 @@ def test_unresolved_steps_are_counted_per_rank_in_the_warnings_and_make_no_desyn
     assert session.segment_figures(session.segments[0]).per_rank[1].steps == 3
 
 
+def test_steps_whose_update_was_skipped_are_a_note_with_their_steps() -> None:
+    def skipped(report: StepReport) -> StepReport:
+        return replace(report, update_skipped=True) if report.step in (3, 4, 8) else report
+
+    _, snapshot = snapshot_of(session_messages(edit=skipped))
+    assert snapshot.warnings == ()
+    assert snapshot.notes == ("optimizer update skipped in 3 steps (3-4, 8): gradients reduced, then cleared with no "
+                              "optimizer.step(), as a loss scaler does when it finds inf or NaN",)
+
+
 def test_a_late_report_is_a_note_not_rejected_input() -> None:
     def withhold(report: StepReport) -> StepReport | None:
         return None if report.rank == 1 and report.step >= 4 else report

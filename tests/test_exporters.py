@@ -201,6 +201,17 @@ def test_unresolved_steps_are_counted_per_rank_listed_per_segment_and_left_out()
     assert "- segment 1: steps sent unresolved 4" in exporters.summary_markdown(data)
 
 
+def test_steps_whose_update_was_skipped_are_listed_per_segment() -> None:
+    session = make_session()
+    for rank in (0, 1):  # the ranks skip together: their gradients were all-reduced before the scaler looked
+        report = session.reports[4][rank]
+        session.reports[4][rank] = replace(report, update_skipped=True)
+    data = exporters.summary(session)
+    assert [seg["update_skipped_steps"] for seg in data["segments"]] == [[], [4]]
+    assert ("- segment 1: steps without an optimizer update (gradients reduced, then cleared with no optimizer.step(): "
+            "a loss scaler that found inf or NaN) 4") in exporters.summary_markdown(data)
+
+
 def test_device_note_is_kept_per_rank() -> None:
     session = Session()
     note = "NVML unavailable: libnvidia-ml.so not found; sending CPU readings"

@@ -110,6 +110,14 @@ def test_message_round_trips_through_encode_and_decode(message: Any) -> None:
     assert envelope.rank == getattr(message, "rank", -1)
 
 
+def test_a_step_whose_update_was_skipped_says_so_in_its_report_and_its_summary() -> None:
+    skipped = replace(STEP, update_skipped=True)
+    assert decode(encode(skipped)).message.update_skipped
+    assert decode(encode(summarize(skipped, world_size=2))).message.update_skipped
+    assert not decode(encode(STEP)).message.update_skipped and not SUMMARY.update_skipped
+    assert _category(_with_body(skipped, update_skipped="yes")) == "invalid"
+
+
 def test_step_report_spans_come_back_as_span_tuples() -> None:
     spans = decode(encode(STEP)).message.spans
     assert all(isinstance(span, Span) for span in spans)

@@ -81,11 +81,12 @@ def test_switching_live_through_all_nine_ends_bitwise_where_the_unswitched_run_d
 @pytest.mark.timeout(300)
 def test_dashboard_started_late_and_restarted_picks_the_run_up(tmp_path: Path) -> None:
     address = f"tcp://127.0.0.1:{free_port()}"
-    training = start_torchrun(["--strategy", "async", "--steps", "200", "--batch-size", "8", "--log-every", "50",
+    training = start_torchrun(["--strategy", "async", "--steps", "140", "--batch-size", "8", "--log-every", "10",
                                "--watch", address], tmp_path / "train.log")
     try:
+        wait_for_line(tmp_path / "train.log", "step 10/140 ", training)  # training has started before any dashboard
         for attempt in ("late", "restarted"):
-            time.sleep(8 if attempt == "late" else 1)  # training has started before any dashboard
+            time.sleep(1 if attempt == "restarted" else 0)
             feed = ProcessFeed(address, tmp_path / attempt / "session.ddpwatch")  # the live feed `ddpwatch` runs
             feed.start()
             got: list[Envelope] = []

@@ -415,8 +415,9 @@ class StepTimeline:
                  settings: dict[str, Any] | None = None, memory: dict[str, int] | None = None, at: Stamp = None,
                  update_skipped: bool = False) -> None:
         """The step ends now, or at ``at`` (a stamp made earlier, where an attached loop's step is
-        found to have ended only later, its update skipped: ``update_skipped``). ``loss`` and ``tokens`` may be device tensors: they are captured without waiting for the
-        device and read once the step's marks resolved. ``settings`` known only at the end (the
+        found to have ended only later, its update skipped: ``update_skipped``). ``loss`` and
+        ``tokens`` may be device tensors: they are captured without waiting for the device and
+        read once the step's marks resolved. ``settings`` known only at the end (the
         micro-steps of an attached loop) are added to those given at ``begin_step``. ``memory``:
         the bytes the rank holds now (``memory.MemorySampler``), when measured. A step that
         carries collectives issued outside any step (the wrap-time state broadcast after a

@@ -20,7 +20,7 @@ from ddpwatch.advisor import Advice, advice_for_session
 from ddpwatch.heatmap import Heatmap, RowLayout, assemble_heatmap, heat_column, row_layout
 from ddpwatch.rank_lists import FEW_RANKS, ranks_text, runs_text
 from ddpwatch.rank_rows import RankRow, rows_by_node
-from ddpwatch.session import Segment, Session
+from ddpwatch.session import Segment, Session, StepSet
 from instrumented_ddp.protocol import COMM_KINDS, COMPUTE_KINDS, StepReport
 
 SEGMENT_REFRESH_S = 1.0
@@ -520,7 +520,7 @@ class SnapshotBuilder:
         """Not faults: reports that came late (heartbeats run ahead of reports still resolving),
         why a rank's device readings are not what its device suggests, and steps whose optimizer
         update was skipped."""
-        lines = [skipped_updates_text(self.session.skipped_updates.ranges())] if self.session.skipped_updates else []
+        lines = [skipped_updates_text(self.session.skipped_updates)] if self.session.skipped_updates else []
         late = {rank: state for rank, state in sorted(self.session.ranks.items()) if state.late}
         if len(late) > FEW_RANKS:  # one line for many, as the warnings do
             total, unused = sum(s.late for s in late.values()), sum(s.late_unused for s in late.values())
@@ -681,8 +681,8 @@ def describe_device(readings: dict[str, float], kind: str) -> tuple[str, str]:
     return util, memory
 
 
-def skipped_updates_text(runs: list[tuple[int, int]]) -> str:
-    """One line for the steps whose optimizer update was skipped, given as (first, last) runs."""
-    count = sum(last - first + 1 for first, last in runs)
-    return (f"optimizer update skipped in {count} step{'s' if count != 1 else ''} ({runs_text(runs)}): gradients reduced, "
+def skipped_updates_text(steps: StepSet) -> str:
+    """One line for the steps whose optimizer update was skipped."""
+    count = len(steps)
+    return (f"optimizer update skipped in {count} step{'s' if count != 1 else ''} ({runs_text(steps.ranges())}): gradients reduced, "
             "then cleared with no optimizer.step(), as a loss scaler does when it finds inf or NaN")

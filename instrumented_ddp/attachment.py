@@ -272,8 +272,8 @@ class Attachment:
         self._inside_optimizer_step = False  # between the optimizer's step pre- and post-hooks
         self._bucket_layout_sent = False
         self._handles = [
-            ddp.register_forward_pre_hook(self._before_forward, with_kwargs=True),
-            ddp.register_forward_hook(self._after_forward, with_kwargs=True),
+            ddp.register_forward_pre_hook(torch.compiler.disable(self._before_forward), with_kwargs=True),
+            ddp.register_forward_hook(torch.compiler.disable(self._after_forward), with_kwargs=True),
             optimizer.register_step_pre_hook(self._before_optimizer_step),
             optimizer.register_step_post_hook(self._after_optimizer_step),
         ]

@@ -295,8 +295,10 @@ class DDPTiming:
         """DDP's per-forward buffer sync goes through this one method of the instance
         (``_sync_buffers`` -> ``_default_broadcast_coalesced`` -> here). It returns once the
         broadcast is done (on NCCL, once the current stream waits for it), so it is timed like
-        any synchronous collective."""
+        any synchronous collective. Under ``torch.compile`` Dynamo would trace it with DDP's
+        forward (and break the graph at each stamp): it runs eagerly, as the broadcast does."""
 
+        @torch.compiler.disable
         def timed_broadcast(tensors, buffer_size, authoritative_rank=0):  # noqa: ANN001, ANN202
             timeline = self.timeline
             nbytes = sum(t.numel() * t.element_size() for t in tensors)

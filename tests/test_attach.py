@@ -4,6 +4,7 @@ through torchrun are in ``test_attach_end_to_end.py``."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -455,6 +456,50 @@ def test_a_compiled_ddp_is_seen_through_by_attach_and_by_the_trainer_callback(on
         assert callback.attachment is not None and callback.attachment.ddp is CompilingTrainer.model_wrapped._orig_mod
     finally:
         callback.on_train_end(None, None, None)
+
+
+class BufferedClassifier(TinyClassifier):
+    """With a buffer, which DDP broadcasts from rank 0 at each forward (``broadcast_buffers``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("seen", torch.zeros(1))
+
+
+def test_attach_changes_nothing_torch_compile_compiles(one_rank_group: None, sent: list[Any]) -> None:
+    """Dynamo traces a compiled module's forward hooks, and DDP's buffer broadcast, with the
+    forward. Before, it traced into attach's hooks and its timed broadcast and broke the graph at
+    each ``time.perf_counter``, compiling more graphs, and guarded on the stamp the pre-hook had
+    left, a float new each step, so a later step compiled again. They now run outside what Dynamo
+    traces (``torch.compiler.disable``): the compiled run compiles what it does unattached, once,
+    and the only graph breaks attach adds are the calls into them."""
+    from torch._dynamo.utils import counters
+
+    def compiled(attach: bool) -> tuple[tuple[int, int, int], set[str]]:
+        """Graphs and captured calls of the first 2 steps, from a clean cache, then the frames
+        Dynamo compiled in 2 more (a recompile is one); and the graph breaks' reasons."""
+        torch._dynamo.reset()
+        counters.clear()
+        torch.manual_seed(0)
+        ddp = DistributedDataParallel(BufferedClassifier(), bucket_cap_mb=25.0)
+        optimizer = torch.optim.AdamW(ddp.parameters(), lr=1e-3)
+        model = torch.compile(ddp, backend="eager")
+        with attached(model, optimizer) if attach else contextlib.nullcontext():
+            train(model, optimizer, steps=2)  # type: ignore[arg-type]
+            stats, frames = dict(counters["stats"]), counters["frames"]["ok"]
+            train(model, optimizer, steps=2)  # type: ignore[arg-type]
+        return (stats["unique_graphs"], stats["calls_captured"], counters["frames"]["ok"] - frames), set(counters["graph_break"])
+
+    try:
+        (attached_run, attached_breaks), (plain_run, plain_breaks) = compiled(attach=True), compiled(attach=False)
+    finally:
+        torch._dynamo.reset()
+    assert attached_run == plain_run
+    assert attached_run[2] == 0
+    added = attached_breaks - plain_breaks
+    assert added and all("torch.compiler.disable" in reason for reason in added), added
+    assert [m.step for m in sent if isinstance(m, StepReport)] == [1, 2, 3, 4]
+    assert all(sum(s.tag == "buffers" for s in m.spans) == 1 for m in sent if isinstance(m, StepReport))
 
 
 @pytest.mark.parametrize(("args", "kwargs", "expected"), [

@@ -82,6 +82,7 @@ def summary(session: Session) -> dict[str, Any]:
                          "excluded_steps": sorted({r.step for r in reports if r.excluded}),
                          "unresolved_steps": sorted({r.step for r in reports if r.unresolved}),
                          "update_skipped_steps": sorted({r.step for r in reports if r.update_skipped}),
+                         "compiling_steps": sorted({r.step for r in reports if r.compiling}),
                          **figures.as_dict()})
     desync = metrics.DesyncRange.combine(ranges)
     states = sorted(session.ranks.items())
@@ -135,8 +136,8 @@ def summary_markdown(summary: dict[str, Any]) -> str:
               "samples/s counts every rank's samples over the wall time from the segment's first step start to "
               "its last step end, the ranks put on one clock by the end of each step's last all-reduce: the time "
               "between steps counts.",
-              "Steps marked excluded (native DDP's first iteration, before buckets are rebuilt) or unresolved "
-              "(timing marks that never completed) are left out of every figure."]
+              "Steps marked excluded (native DDP's first iteration, before buckets are rebuilt; a step in which "
+              "torch.compile compiled) or unresolved (timing marks that never completed) are left out of every figure."]
     for seg in summary.get("segments", []):
         if seg.get("excluded_steps"):
             lines.append(f"- segment {seg['index']}: excluded steps {', '.join(map(str, seg['excluded_steps']))}")
@@ -145,6 +146,9 @@ def summary_markdown(summary: dict[str, Any]) -> str:
         if seg.get("update_skipped_steps"):
             lines.append(f"- segment {seg['index']}: steps without an optimizer update (gradients reduced, then cleared "
                          f"with no optimizer.step(): a loss scaler that found inf or NaN) {', '.join(map(str, seg['update_skipped_steps']))}")
+        if seg.get("compiling_steps"):
+            lines.append(f"- segment {seg['index']}: steps in which torch.compile compiled (excluded) "
+                         f"{', '.join(map(str, seg['compiling_steps']))}")
         if seg.get("desync"):
             lines.append(f"- segment {seg['index']}: {metrics.DesyncRange.from_dict(seg['desync']).describe()}")
         if seg.get("straggler"):
@@ -225,7 +229,7 @@ def chrome_trace(session: Session) -> dict[str, Any]:
         for rank, rep in sorted(session.reports[step].items()):
             place(rank, "step", f"step {step}", rep.start, rep.end,
                   {"step": step, "strategy": rep.strategy, "excluded": rep.excluded, "unresolved": rep.unresolved,
-                   "samples": rep.samples})
+                   "compiling": rep.compiling, "samples": rep.samples})
             for span in sorted(rep.spans, key=lambda s: (s.start, -s.end)):
                 if span.kind == READY_KIND:  # a mark for the bucket advisor, not an interval
                     continue

@@ -259,6 +259,8 @@ class Session:
         self.rejected: Counter[str] = Counter()
         #: Steps any rank reported with its optimizer update skipped (``StepReport.update_skipped``).
         self.skipped_updates = StepSet()
+        #: Steps any rank reported torch.compile compiling in (``StepReport.compiling``).
+        self.compiling_steps = StepSet()
         self.messages = 0
         self.details = 0  # spans received after their step's summary (a view that drew the step redraws it)
         self.session_id = ""
@@ -377,6 +379,8 @@ class Session:
             rank.unresolved += 1
         if report.update_skipped:
             self.skipped_updates.add(report.step)
+        if report.compiling:
+            self.compiling_steps.add(report.step)
         rank.reported.add(report.step)
         if isinstance(report, StepSummary):
             rank.summarized.add(report.step)

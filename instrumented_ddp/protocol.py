@@ -107,7 +107,9 @@ class StepReport:
     spans that did, is sent anyway rather than holding back every later step, and is left out of
     the statistics and counted. ``update_skipped``: the step's gradients were reduced and then
     cleared without an optimizer step (an attached loop whose loss scaler found inf or NaN): its
-    time counts like any step's, and the dashboard and exports say which steps they were."""
+    time counts like any step's, and the dashboard and exports say which steps they were.
+    ``compiling``: torch.compile compiled during the step (its first steps, or a recompile): the
+    step is also ``excluded``, and the dashboard and exports say which steps they were."""
 
     TYPE: ClassVar[str] = "step"
     rank: int
@@ -123,6 +125,7 @@ class StepReport:
     excluded: bool = False
     unresolved: bool = False
     update_skipped: bool = False
+    compiling: bool = False
     #: Bytes the rank held at the step's end (``instrumented_ddp.memory``: ``parameters``,
     #: ``gradients``, ``optimizer_state``, ``peak``), measured every few steps; empty otherwise.
     memory: dict[str, int] = field(default_factory=dict)
@@ -162,6 +165,7 @@ class StepSummary:
     calls_by_kind: dict[str, int] = field(default_factory=dict)  # every collective kind's calls
     memory: dict[str, int] = field(default_factory=dict)  # as in ``StepReport``
     update_skipped: bool = False  # as in ``StepReport``
+    compiling: bool = False  # as in ``StepReport``
 
 
 @dataclass(frozen=True)
@@ -387,7 +391,7 @@ _FIELD_TYPES: dict[str, Any] = {
     "node_rank": int, "local_rank": int, "step": int, "samples": int, "tokens": int, "steps": int,
     "grad_accum": (int, type(None)), "session": str, "host": str, "device": str, "backend": str, "strategy": str,
     "command_id": str, "reason": str, "detail": str, "kind": str, "start": float, "end": float, "time": float,
-    "loss": (float, type(None)), "bucket_mb": (float, type(None)), "excluded": bool, "unresolved": bool, "update_skipped": bool, "applied": bool,
+    "loss": (float, type(None)), "bucket_mb": (float, type(None)), "excluded": bool, "unresolved": bool, "update_skipped": bool, "compiling": bool, "applied": bool,
     "device_note": str, "switchable": bool, "compute_pct": float, "non_compute_pct": float, "idle_pct": float, "overlap_pct": float,
     "comm_overhead_pct": float, "anchor": (float, type(None)), "busbw_gbps": (float, type(None)),
     "all_reduce_tags": list, "all_reduce_seconds": bytes, "algbw_gbps": bytes, "full": bool, "sample_every": int,

@@ -253,6 +253,7 @@ def summarize(report: StepReport, world_size: int) -> StepSummary:
         busbw_gbps=f.busbw_gbps, all_reduce_tags=list(calls.tags), all_reduce_seconds=pack_floats(calls.seconds),
         algbw_gbps=pack_floats(f.algbw_gbps), loss=report.loss, excluded=report.excluded, unresolved=report.unresolved,
         calls_by_kind=f.calls_by_kind, memory=f.memory, update_skipped=report.update_skipped,
+        compiling=report.compiling,
     )
 
 

@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from typing import Any, Protocol
 
+from .compile_counter import dynamo_graphs_compiled
 from .protocol import COMM_KINDS, READY_KIND, Span, StepReport
 
 Stamp = Any  # a float (host clock) or whatever a clock's resolve() understands
@@ -324,8 +325,10 @@ class _PendingStep:
         self.loss: Any = None
         self.excluded = False
         self.update_skipped = False
+        self.compiling = False
         self.memory: dict[str, int] = {}
         self.carries_outside_spans = bool(spans)  # it starts with marks made before it began (a wrap-time broadcast)
+        self.graphs_compiled_at_start = dynamo_graphs_compiled()  # torch.compile's count: ``compile_counter``
 
 
 class StepTimeline:
@@ -421,7 +424,8 @@ class StepTimeline:
         micro-steps of an attached loop) are added to those given at ``begin_step``. ``memory``:
         the bytes the rank holds now (``memory.MemorySampler``), when measured. A step that
         carries collectives issued outside any step (the wrap-time state broadcast after a
-        switch) is excluded from the statistics: it is not a step of the strategy alone."""
+        switch) is excluded from the statistics: it is not a step of the strategy alone; so is a
+        step in which torch.compile compiled (``compile_counter``), marked ``compiling``."""
         step = self._current
         if step is None:
             return
@@ -429,7 +433,8 @@ class StepTimeline:
         step.tokens = tokens if isinstance(tokens, int) else self.clock.capture(tokens)
         step.end, step.samples = self.clock.stamp() if at is None else at, samples
         step.settings.update(settings or {})
-        step.excluded = excluded or step.carries_outside_spans
+        step.compiling = dynamo_graphs_compiled() != step.graphs_compiled_at_start
+        step.excluded = excluded or step.carries_outside_spans or step.compiling
         step.update_skipped = update_skipped
         step.memory = memory or {}
         with self._lock:
@@ -499,6 +504,7 @@ class StepTimeline:
             rank=self.rank, step=step.step, strategy=step.strategy, settings=step.settings, start=first,
             end=max(end, first), spans=spans, samples=step.samples, tokens=tokens, loss=loss,
             excluded=step.excluded, unresolved=unresolved, memory=step.memory, update_skipped=step.update_skipped,
+            compiling=step.compiling,
         )
 
     @staticmethod

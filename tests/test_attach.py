@@ -498,8 +498,10 @@ def test_attach_changes_nothing_torch_compile_compiles(one_rank_group: None, sen
     assert attached_run[2] == 0
     added = attached_breaks - plain_breaks
     assert added and all("torch.compiler.disable" in reason for reason in added), added
-    assert [m.step for m in sent if isinstance(m, StepReport)] == [1, 2, 3, 4]
-    assert all(sum(s.tag == "buffers" for s in m.spans) == 1 for m in sent if isinstance(m, StepReport))
+    reports = [m for m in sent if isinstance(m, StepReport)]
+    assert [r.step for r in reports] == [1, 2, 3, 4]
+    assert [r.compiling for r in reports] == [True, False, False, False]  # the only graph is compiled in step 1
+    assert all(sum(s.tag == "buffers" for s in r.spans) == 1 for r in reports)
 
 
 @pytest.mark.parametrize(("args", "kwargs", "expected"), [

@@ -343,6 +343,16 @@ def test_steps_whose_update_was_skipped_are_a_note_with_their_steps() -> None:
                               "optimizer.step(), as a loss scaler does when it finds inf or NaN",)
 
 
+def test_steps_in_which_torch_compile_compiled_are_a_note_with_their_steps() -> None:
+    def compiling(report: StepReport) -> StepReport:
+        return replace(report, compiling=True, excluded=True) if report.step in (1, 2, 9) else report
+
+    _, snapshot = snapshot_of(session_messages(edit=compiling))
+    assert snapshot.warnings == ()
+    assert snapshot.notes == ("torch.compile compiled in 3 steps (1-2, 9): left out of the figures; past the first steps "
+                              "it recompiled (TORCH_LOGS=recompiles says why)",)
+
+
 def test_a_late_report_is_a_note_not_rejected_input() -> None:
     def withhold(report: StepReport) -> StepReport | None:
         return None if report.rank == 1 and report.step >= 4 else report

@@ -212,6 +212,15 @@ def test_steps_whose_update_was_skipped_are_listed_per_segment() -> None:
             "a loss scaler that found inf or NaN) 4") in exporters.summary_markdown(data)
 
 
+def test_steps_in_which_torch_compile_compiled_are_listed_per_segment() -> None:
+    session = make_session()
+    for rank in (0, 1):
+        session.reports[5][rank] = replace(session.reports[5][rank], compiling=True, excluded=True)
+    data = exporters.summary(session)
+    assert [seg["compiling_steps"] for seg in data["segments"]] == [[], [5]]
+    assert "- segment 1: steps in which torch.compile compiled (excluded) 5" in exporters.summary_markdown(data)
+
+
 def test_device_note_is_kept_per_rank() -> None:
     session = Session()
     note = "NVML unavailable: libnvidia-ml.so not found; sending CPU readings"

@@ -110,6 +110,14 @@ def test_message_round_trips_through_encode_and_decode(message: Any) -> None:
     assert envelope.rank == getattr(message, "rank", -1)
 
 
+def test_a_step_that_compiled_says_so_in_its_report_and_its_summary() -> None:
+    compiling = replace(STEP, compiling=True, excluded=True)
+    assert decode(encode(compiling)).message.compiling
+    assert decode(encode(summarize(compiling, world_size=2))).message.compiling
+    assert not decode(encode(STEP)).message.compiling and not SUMMARY.compiling
+    assert _category(_with_body(compiling, compiling=1)) == "invalid"
+
+
 def test_a_step_whose_update_was_skipped_says_so_in_its_report_and_its_summary() -> None:
     skipped = replace(STEP, update_skipped=True)
     assert decode(encode(skipped)).message.update_skipped

@@ -274,6 +274,24 @@ def test_excluded_loss_samples_and_settings_reach_the_report(host_time: FakeHost
     assert (report.samples, report.tokens, report.strategy, report.settings) == (16, 2048, "ddp", {"bucket_mb": 25.0})
 
 
+def test_a_step_in_which_torch_compile_compiled_is_marked_compiling_and_excluded(host_time: FakeHostTime) -> None:
+    """Dynamo's count of compiled graphs moves in a step only where that step compiled: the first
+    call of a compiled function, and a call whose guard fails (here a new input shape); a cached
+    call, or a compile between two steps, leaves the step counted."""
+    compiled = torch.compile(lambda x: x * 2, backend="eager", dynamic=False)
+    timeline = StepTimeline(rank=0, clock=HostClock())
+    calls = {1: [torch.ones(2)], 2: [torch.ones(2)], 3: [torch.ones(3)], 4: []}  # step 3: a new shape
+    for step, inputs in calls.items():
+        timeline.begin_step(step, "ddp", {})
+        for x in inputs:
+            compiled(x)
+        timeline.end_step(samples=1, tokens=1)
+        if step == 3:
+            torch.compile(lambda x: x + 1, backend="eager")(torch.ones(1))  # between steps 3 and 4
+    reports = timeline.completed_reports()
+    assert [(r.compiling, r.excluded) for r in reports] == [(True, True), (False, False), (True, True), (False, False)]
+
+
 def test_step_without_loss_reports_none(host_time: FakeHostTime) -> None:
     timeline = StepTimeline(rank=0, clock=HostClock())
     timeline.begin_step(1, "simple", {})

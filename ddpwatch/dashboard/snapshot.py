@@ -518,9 +518,11 @@ class SnapshotBuilder:
 
     def _notes(self) -> list[str]:
         """Not faults: reports that came late (heartbeats run ahead of reports still resolving),
-        why a rank's device readings are not what its device suggests, and steps whose optimizer
-        update was skipped."""
+        why a rank's device readings are not what its device suggests, steps whose optimizer
+        update was skipped, and steps in which torch.compile compiled."""
         lines = [skipped_updates_text(self.session.skipped_updates)] if self.session.skipped_updates else []
+        if self.session.compiling_steps:
+            lines.append(compiling_steps_text(self.session.compiling_steps))
         late = {rank: state for rank, state in sorted(self.session.ranks.items()) if state.late}
         if len(late) > FEW_RANKS:  # one line for many, as the warnings do
             total, unused = sum(s.late for s in late.values()), sum(s.late_unused for s in late.values())
@@ -679,6 +681,15 @@ def describe_device(readings: dict[str, float], kind: str) -> tuple[str, str]:
     util = f"CPU {readings['process_cpu_pct']:.0f}%" if "process_cpu_pct" in readings else "CPU —"
     memory = f"RSS {readings['rss_bytes'] / 2**20:.0f} MiB" if "rss_bytes" in readings else "—"
     return util, memory
+
+
+def compiling_steps_text(steps: StepSet) -> str:
+    """One line for the steps in which torch.compile compiled: a compiled model's first steps,
+    and any recompile after them, which is worth finding (``TORCH_LOGS=recompiles`` says which
+    guard failed)."""
+    count = len(steps)
+    return (f"torch.compile compiled in {count} step{'s' if count != 1 else ''} ({runs_text(steps.ranges())}): left out of "
+            "the figures; past the first steps it recompiled (TORCH_LOGS=recompiles says why)")
 
 
 def skipped_updates_text(steps: StepSet) -> str:

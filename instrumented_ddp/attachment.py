@@ -5,6 +5,10 @@
     ...  # the loop, unchanged
     watch.detach()  # or let the process end: goodbye is sent either way
 
+A model sharded with FSDP2 (``fully_shard`` on its layers and its root) is attached the same
+way: its units' all-gathers and reduce-scatters are timed instead of DDP's buckets
+(``FSDPTiming``), and its steps are reported as ``fsdp``.
+
 Where the phases come from, since the loop is not ours to mark:
 
 - a step ends when the optimizer's ``step()`` returns (its post-hook), and the next one begins
@@ -31,7 +35,8 @@ Where the phases come from, since the loop is not ours to mark:
 - every bucket's all-reduce goes through ``DDPTiming``'s hook, which does what DDP's default does,
   bit for bit. DDP's first iteration (one bucket of everything, before DDP rebuilds its buckets)
   is excluded from the statistics, as for the ``ddp`` strategy; under ``static_graph`` its first
-  two (``DDPTiming.on_first_buckets``).
+  two (``DDPTiming.on_first_buckets``). Under FSDP2 every unit's all-gather and reduce-scatter
+  goes through FSDP's custom-comm hooks, issuing what its defaults issue (``FSDPTiming``).
 
 An attached run cannot switch strategies: the loop is the user's. Its hello says so, the
 dashboard offers no switch, and a switch command is answered with a refusal.
@@ -49,10 +54,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
 from torch.nn.parallel import DistributedDataParallel
 
 from .ddp_timing import DDPTiming
 from .distributed import DistributedContext
+from .fsdp_timing import FSDPTiming, custom_comms, fsdp_units, param_groups
+from .memory import MemorySampler
 from .protocol import DEFAULT_ADDRESS, NOT_SWITCHABLE, address_problem, is_loopback, load_client_keys
 from .watch import Watch, parameter_layout
 
@@ -65,8 +73,8 @@ class AttachError(RuntimeError):
 
 def attach(model: nn.Module, optimizer: torch.optim.Optimizer, *, address: str = DEFAULT_ADDRESS,
            watch_key: str | None = None) -> Attachment:
-    """Watch ``model``, a ``DistributedDataParallel`` the caller built, and the ``optimizer`` that
-    steps it. Every rank calls it once, after wrapping and before the first backward (it is a
+    """Watch ``model``, a ``DistributedDataParallel`` the caller built (or a model sharded with
+    FSDP2's ``fully_shard``, its root included), and the ``optimizer`` that steps it. Every rank calls it once, after wrapping and before the first backward (it is a
     collective: the ranks agree on a session id). ``watch_key``: the dashboard's ``client.json``
     when ``address`` is beyond loopback. Raises ``AttachError`` (one line) on a misuse, having
     changed nothing. A ``torch.compile`` of the DDP is seen through to the DDP it compiled."""
@@ -82,7 +90,6 @@ def attach(model: nn.Module, optimizer: torch.optim.Optimizer, *, address: str =
         keys = load_client_keys(watch_key) if watch_key is not None else None
     except ValueError as error:
         raise AttachError(f"instrumented_ddp.attach: {error}") from None
-    assert isinstance(model, DistributedDataParallel)
     return Attachment(model, innermost_optimizer(optimizer), address, keys)
 
 
@@ -90,15 +97,25 @@ def attach_problem(model: Any, optimizer: Any) -> str | None:
     """What is wrong with attaching to ``model`` and ``optimizer``, in words that name the fix."""
     if not dist.is_available() or not dist.is_initialized():
         return "no process group: call torch.distributed.init_process_group() (torchrun sets it up) before attach"
-    if not isinstance(model, DistributedDataParallel):
+    if isinstance(model, FSDPModule):
+        problem = sharded_model_problem(model)
+        if problem is not None:
+            return problem
+    elif not isinstance(model, DistributedDataParallel):
         kind = type(model).__name__
+        if isinstance(model, nn.Module) and fsdp_units(model):
+            return (f"the model is a {kind} whose layers are sharded with fully_shard but not the model itself: "
+                    "call fully_shard(model) on the root too (FSDP2 wants it), and attach that")
+        if kind == "FullyShardedDataParallel":
+            return ("the model is FSDP1's FullyShardedDataParallel, which ddpwatch cannot time: "
+                    "shard with FSDP2's fully_shard (torch.distributed.fsdp.fully_shard) to watch it")
         if isinstance(model, nn.Module):
             return (f"the model is a {kind}, not DistributedDataParallel: wrap it first, "
                     "model = DistributedDataParallel(model), and attach that")
         return f"the model is a {kind}, not a DistributedDataParallel module"
     if getattr(model, "_ddpwatch_attached", False):
-        return "this DistributedDataParallel is already attached: call attach once per model"
-    hook = existing_comm_hook(model)
+        return f"this {type(model).__name__} is already attached: call attach once per model"
+    hook = existing_comm_hook(model) if isinstance(model, DistributedDataParallel) else None
     if hook is not None:
         return (f"this DistributedDataParallel already has the communication hook {hook!r}, and DDP takes only one: "
                 "ddpwatch times each bucket through its own hook (which does what DDP's default does); "
@@ -108,6 +125,21 @@ def attach_problem(model: Any, optimizer: Any) -> str | None:
         return f"the optimizer is a {type(optimizer).__name__}, not a torch.optim.Optimizer: pass the one that steps this model"
     if training_began(model):
         return "training has already begun (gradients exist): call attach right after wrapping in DDP, before the first backward"
+    return None
+
+
+def sharded_model_problem(model: FSDPModule) -> str | None:
+    """What keeps a ``fully_shard`` model from being timed: comms someone already set, or
+    per-parameter meshes (FSDP refuses a custom comm on more than one param group)."""
+    for unit in fsdp_units(model):
+        taken = custom_comms(unit)
+        if taken:
+            return (f"FSDP unit {type(unit).__name__} already has the custom comm {taken[0]} (set_custom_all_gather, "
+                    "set_custom_reduce_scatter or symmetric memory), and ddpwatch times FSDP through those hooks: "
+                    "leave FSDP's default comms to watch this run")
+        if param_groups(unit) > 1:
+            return (f"FSDP unit {type(unit).__name__} has parameters on more than one mesh (shard_placement_fn), "
+                    "where FSDP takes no custom comm, and ddpwatch times FSDP through one: not supported")
     return None
 
 
@@ -129,12 +161,12 @@ def existing_comm_hook(ddp: DistributedDataParallel) -> str | None:
     return str(name) if name else None
 
 
-def training_began(ddp: DistributedDataParallel) -> bool:
+def training_began(model: nn.Module) -> bool:
     """A gradient exists, or DDP has prepared a second training forward (its ``iteration`` counts
     forwards with gradients after the first): a backward has run."""
-    if any(p.grad is not None for p in ddp.module.parameters()):
+    if any(p.grad is not None for p in model.parameters()):
         return True
-    return int(ddp._get_ddp_logging_data().get("iteration", 0)) > 0
+    return isinstance(model, DistributedDataParallel) and int(model._get_ddp_logging_data().get("iteration", 0)) > 0
 
 
 def innermost_optimizer(optimizer: Any) -> Any:
@@ -241,20 +273,25 @@ class TrainingForward:
 
 
 class Attachment:
-    """The hooks ``attach`` installed on one DDP model and its optimizer, and the watch they feed."""
+    """The hooks ``attach`` installed on one DDP (or FSDP2) model and its optimizer, and the watch
+    they feed."""
 
-    def __init__(self, ddp: DistributedDataParallel, optimizer: torch.optim.Optimizer, address: str, keys: Any) -> None:
-        self.ddp, self.optimizer = ddp, optimizer
-        self.device = next(ddp.module.parameters()).device
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, address: str, keys: Any) -> None:
+        self.model, self.optimizer = model, optimizer
+        sharded = isinstance(model, FSDPModule)
+        self.strategy = "fsdp" if sharded else "ddp"
+        module = model if sharded else model.module
+        group = None if sharded else model.process_group  # FSDP's mesh: the default group's ranks
+        self.device = next(module.parameters()).device
         context = DistributedContext(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")),
-                                     self.device, dist.get_backend(ddp.process_group))
+                                     self.device, dist.get_backend(group))
         self.watch = Watch.start(address, context, {
-            "strategy": "ddp", "settings": self._settings(1),
-            "model_parameters": sum(p.numel() for p in ddp.module.parameters()),
-            "parameter_layout": parameter_layout(ddp.module),
-        }, keys=keys, switchable=False, collective_group=ddp.process_group)
+            "strategy": self.strategy, "settings": self._settings(1),
+            "model_parameters": sum(p.numel() for p in module.parameters()),
+            "parameter_layout": parameter_layout(module),
+        }, keys=keys, switchable=False, collective_group=group)
         self.timeline = self.watch.timeline
-        self.timing = DDPTiming(ddp, self.timeline)
+        self.timing: DDPTiming | FSDPTiming = FSDPTiming(model, self.timeline) if sharded else DDPTiming(model, self.timeline)
         self.timing.install()
         self._steps = 0
         self._micro_steps = 0  # backwards in this step
@@ -266,18 +303,21 @@ class Attachment:
         self._backward_from: Any = None
         self._optimizer_from: Any = None
         self._after_backward: Any = None  # when this step's latest backward ended, until a forward or the step names the gap
-        self._trainable = [p for p in ddp.module.parameters() if p.requires_grad]
+        self._trainable = [p for p in module.parameters() if p.requires_grad]
+        self._parameters = list(module.parameters())  # FSDP's are its DTensor shards
+        self._memory = MemorySampler()  # bytes held, every few steps, as train.py measures
         #: After a backward that reduced, a parameter it left a gradient on: ``_update_skipped``.
         self._reduced_gradient_of: nn.Parameter | None = None
         self._inside_optimizer_step = False  # between the optimizer's step pre- and post-hooks
         self._bucket_layout_sent = False
         self._handles = [
-            ddp.register_forward_pre_hook(torch.compiler.disable(self._before_forward), with_kwargs=True),
-            ddp.register_forward_hook(torch.compiler.disable(self._after_forward), with_kwargs=True),
+            # before FSDP's own pre-forward hook, whose all-gather is then inside the forward
+            model.register_forward_pre_hook(torch.compiler.disable(self._before_forward), with_kwargs=True, prepend=True),
+            model.register_forward_hook(torch.compiler.disable(self._after_forward), with_kwargs=True),
             optimizer.register_step_pre_hook(self._before_optimizer_step),
             optimizer.register_step_post_hook(self._after_optimizer_step),
         ]
-        ddp._ddpwatch_attached = True
+        model._ddpwatch_attached = True
         atexit.register(self.detach)
 
     @property
@@ -293,9 +333,14 @@ class Attachment:
             handle.remove()
         self._handles = []
         self.timing.stop_timing()
-        self.ddp._ddpwatch_attached = False
+        self.model._ddpwatch_attached = False
         atexit.unregister(self.detach)
         self.watch.close(reason)
+
+    def held_parameters(self) -> list[torch.Tensor]:
+        """The parameters this rank holds (``memory.held_memory``; with ``optimizer``): the
+        model's, or under FSDP its shards."""
+        return self._parameters
 
     def record_loss(self, loss: torch.Tensor) -> None:
         """This micro-step's loss, for a loop that computes it outside the model (where the
@@ -307,12 +352,14 @@ class Attachment:
         self._recorded_losses.append(loss.detach())
 
     def _settings(self, micro_steps: int) -> dict[str, Any]:
-        return {"bucket_mb": megabytes_given(self.ddp.bucket_bytes_cap), "grad_accum": micro_steps}
+        if isinstance(self.model, DistributedDataParallel):
+            return {"bucket_mb": megabytes_given(self.model.bucket_bytes_cap), "grad_accum": micro_steps}
+        return {"grad_accum": micro_steps}
 
     # -- the hooks ---------------------------------------------------------------------------------
     def _begin_step(self, at: Any = None) -> None:
         self._steps += 1
-        self.timeline.begin_step(self._steps, "ddp", self._settings(1), at=at)
+        self.timeline.begin_step(self._steps, self.strategy, self._settings(1), at=at)
         self._micro_steps, self._forwards, self._recorded_losses = 0, [], []
         self._after_backward = self._reduced_gradient_of = None
 
@@ -323,7 +370,8 @@ class Attachment:
         tokens = sum((forward.tokens for forward in trained), 0)
         losses = self._recorded_losses or [forward.loss for forward in trained if forward.loss is not None]
         loss = torch.stack(losses).mean() if losses else None
-        self.timeline.end_step(samples, tokens, loss, excluded=self.timing.on_first_buckets,
+        memory = self._memory.sample(self) if self.publisher is not None else None
+        self.timeline.end_step(samples, tokens, loss, excluded=self.timing.on_first_buckets, memory=memory,
                                settings={"grad_accum": max(1, self._micro_steps)}, at=at, update_skipped=update_skipped)
         if self._steps == 1 and self.publisher is not None:
             self.watch.update_hello(global_batch=samples * dist.get_world_size())

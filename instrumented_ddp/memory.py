@@ -13,13 +13,10 @@ from __future__ import annotations
 import os
 import resource
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple, Protocol
 
 import torch
 from torch.distributed.tensor import DTensor
-
-if TYPE_CHECKING:
-    from .strategies.base import DataParallelStrategy
 
 
 class MemoryHeld(NamedTuple):
@@ -27,6 +24,16 @@ class MemoryHeld(NamedTuple):
     gradients: int
     optimizer_state: int
     peak: int  # bytes; see the module docstring for what it is on each device
+
+
+class HoldsTrainingState(Protocol):
+    """What ``held_memory`` reads: a strategy (``strategies.base``), or an attached user's model
+    (``attachment.Attachment``)."""
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer | None: ...
+
+    def held_parameters(self) -> list[torch.Tensor]: ...
 
 
 def storage_bytes(tensors: Iterable[torch.Tensor | None]) -> int:
@@ -46,7 +53,7 @@ def storage_bytes(tensors: Iterable[torch.Tensor | None]) -> int:
     return total
 
 
-def held_memory(strategy: DataParallelStrategy) -> MemoryHeld:
+def held_memory(strategy: HoldsTrainingState) -> MemoryHeld:
     """This rank's bytes of parameters, gradients and optimizer state, and its peak."""
     parameters = strategy.held_parameters()
     gradients = [p.grad for p in parameters]  # the shards' too: ``held_parameters`` includes them
@@ -86,10 +93,10 @@ class MemorySampler:
 
     def __init__(self, every: int = 10) -> None:
         self.every = every
-        self._strategy: DataParallelStrategy | None = None
+        self._strategy: HoldsTrainingState | None = None
         self._steps = 0
 
-    def sample(self, strategy: DataParallelStrategy) -> dict[str, int] | None:
+    def sample(self, strategy: HoldsTrainingState) -> dict[str, int] | None:
         if strategy is not self._strategy:
             self._strategy, self._steps = strategy, 0
         self._steps += 1

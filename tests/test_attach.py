@@ -393,6 +393,62 @@ def test_each_misuse_gets_one_line_naming_the_fix_and_changes_nothing(one_rank_g
     train(ddp, optimizer, steps=1)  # the run goes on as before
 
 
+def sharded_classifier(root: bool = True) -> tuple[nn.Module, torch.optim.Optimizer]:
+    """The classifier sharded with FSDP2 as a user does it: each part, then (``root``) the whole."""
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    model = TinyClassifier()
+    for part in (model.embed, model.body, model.head):
+        fully_shard(part)
+    if root:
+        fully_shard(model)
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+
+def test_an_fsdp2_model_is_attached_as_fsdp_and_each_misuse_of_it_is_one_line(one_rank_group: None, sent: list[Any]) -> None:
+    """``fully_shard`` models are attached like DDP ones and reported as ``fsdp`` (their comms, which
+    one rank does not issue, and bitwise training are pinned on three ranks in
+    ``test_attach_end_to_end.py``). Sharded parts under an unsharded root, FSDP1, and a unit
+    whose comm someone else set are refused in one line, with nothing changed."""
+    from instrumented_ddp.fsdp_timing import TimedAllGather
+
+    model, optimizer = sharded_classifier()
+    with attached(model, optimizer):
+        for step in range(2):
+            optimizer.zero_grad()
+            model(**batch(step)).loss.backward()
+            optimizer.step()
+    reports = [m for m in sent if isinstance(m, StepReport)]
+    assert [(r.step, r.strategy, r.settings, r.samples) for r in reports] == [(step, "fsdp", {"grad_accum": 1}, 4) for step in (1, 2)]
+    assert [s.kind for s in reports[1].spans] == ["data", "forward", "backward", "optimizer"]
+    weights = 4 * sum(p.numel() for p in TinyClassifier().parameters())  # one rank: its shards are whole
+    assert reports[0].memory == {}  # measured at a segment's second step, then every tenth, as train.py does
+    assert (reports[1].memory["parameters"], reports[1].memory["gradients"], reports[1].memory["optimizer_state"]) == (
+        weights, weights, 2 * weights + 4 * len(list(model.parameters())))  # read as step() returns; AdamW: two moments, a step count
+
+    def refused(model: Any, optimizer: Any) -> str:
+        hooks = (len(model._forward_hooks), len(model._forward_pre_hooks))  # FSDP's own are there
+        with pytest.raises(AttachError) as caught:
+            instrumented_ddp.attach(model, optimizer, address=f"tcp://127.0.0.1:{free_port()}")
+        assert (len(model._forward_hooks), len(model._forward_pre_hooks)) == hooks and not optimizer._optimizer_step_pre_hooks
+        assert "\n" not in str(caught.value)
+        return str(caught.value)
+
+    assert "call fully_shard(model) on the root too" in refused(*sharded_classifier(root=False))
+    fsdp1 = type("FullyShardedDataParallel", (nn.Module,), {})()
+    assert "FSDP1's FullyShardedDataParallel, which ddpwatch cannot time" in refused(fsdp1, optimizer)
+    model, optimizer = sharded_classifier()
+
+    class UsersAllGather(TimedAllGather):
+        pass
+
+    users = UsersAllGather(None, 0)
+    model.body.set_custom_all_gather(users)
+    assert "already has the custom comm UsersAllGather" in refused(model, optimizer)
+    assert model.body._get_fsdp_state()._fsdp_param_groups[0]._all_gather_comm is users
+
+
 def test_attaching_twice_or_beyond_loopback_without_keys_is_refused(one_rank_group: None) -> None:
     ddp, optimizer = make_ddp()
     with pytest.raises(AttachError, match="not loopback: pass watch_key="):
@@ -440,7 +496,7 @@ def test_a_compiled_ddp_is_seen_through_by_attach_and_by_the_trainer_callback(on
     ddp, optimizer = make_ddp(bucket_mb=25.0)  # at the default 1 KB torch's compiled DDP refuses the layout
     compiled = torch.compile(ddp, backend="eager")
     with attached(compiled, optimizer) as watch:
-        assert watch.ddp is ddp
+        assert watch.model is ddp
         train(compiled, optimizer, steps=2)  # type: ignore[arg-type]
     reports = [m for m in sent if isinstance(m, StepReport)]
     assert [r.step for r in reports] == [1, 2]
@@ -453,7 +509,7 @@ def test_a_compiled_ddp_is_seen_through_by_attach_and_by_the_trainer_callback(on
     callback = DDPWatchCallback(CompilingTrainer(), address=f"tcp://127.0.0.1:{free_port()}")
     callback.on_train_begin(None, None, None)
     try:
-        assert callback.attachment is not None and callback.attachment.ddp is CompilingTrainer.model_wrapped._orig_mod
+        assert callback.attachment is not None and callback.attachment.model is CompilingTrainer.model_wrapped._orig_mod
     finally:
         callback.on_train_end(None, None, None)
 

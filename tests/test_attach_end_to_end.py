@@ -93,7 +93,8 @@ def test_attached_hook_is_bitwise_plain_ddp_at_a_world_size_that_is_not_a_power_
     whose first iteration reduces every bucket at the end of backward and waits for them in the
     same call (an attached one hung there), and whose buckets are rebuilt after its second
     (a one-rank group cannot show it: there DDP's static graph issues no all-reduce); and the
-    README's Accelerate use, attached to what ``accelerator.prepare`` returns."""
+    README's Accelerate use, attached to what ``accelerator.prepare`` returns; and a model sharded
+    with FSDP2, attached against not."""
     result = run_torchrun([str(REPO_ROOT / "tests" / "workers" / "attach_bitwise.py"), "--address", f"tcp://127.0.0.1:{free_port()}"],
                           nproc=3)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -108,3 +109,9 @@ def test_attached_hook_is_bitwise_plain_ddp_at_a_world_size_that_is_not_a_power_
     # micro-steps, the model's 25 KB in one bucket at Accelerate's default cap
     assert "accelerate: bitwise equal on every rank: True" in result.stdout
     assert "accelerate: excluded [True, False, False, False], grad_accum [2, 2, 2, 2], all-reduces [1, 1, 1, 1]" in result.stdout
+    # FSDP2, each Linear a unit and the root holding none: per micro-step each unit all-gathered before its
+    # forward and again before its backward (3 + 3, twice a step), and reduce-scattered once a step, on the
+    # micro-step that syncs; timed through FSDP's custom comms, the training bit for bit unattached FSDP's
+    assert "fsdp2: bitwise equal on every rank: True" in result.stdout
+    assert ("fsdp2: strategy ['fsdp'], excluded [False, False, False, False], grad_accum [2, 2, 2, 2], "
+            "all-gathers [12, 12, 12, 12], reduce-scatters [3, 3, 3, 3], tags ['u0', 'u1', 'u2']") in result.stdout

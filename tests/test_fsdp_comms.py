@@ -1,4 +1,4 @@
-"""FSDP's collectives, seen through its custom-comm hooks: timed as what blocks and what does not."""
+"""FSDP's collectives, seen through its custom-comm hooks (``fsdp_timing``): timed as what blocks and what does not."""
 
 from __future__ import annotations
 
@@ -7,10 +7,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from instrumented_ddp import fsdp_timing
 from instrumented_ddp.strategies import fsdp
 
 
-@pytest.mark.parametrize("comm, extra", [(fsdp.TimedAllGather, {}), (fsdp.TimedReduceScatter, {"op": "sum"})])
+@pytest.mark.parametrize("comm, extra", [(fsdp_timing.TimedAllGather, {}), (fsdp_timing.TimedReduceScatter, {"op": "sum"})])
 @pytest.mark.parametrize("on_gpu, blocking", [(False, True), (True, False)])
 def test_a_gpu_collective_on_fsdps_stream_blocks_no_compute_and_a_gloo_call_does(
         monkeypatch: pytest.MonkeyPatch, comm: type, extra: dict, on_gpu: bool, blocking: bool) -> None:
@@ -18,7 +19,7 @@ def test_a_gpu_collective_on_fsdps_stream_blocks_no_compute_and_a_gloo_call_does
     they once read Overlap% 0 against the kernels' 93 on an H100); on gloo the call holds the
     training thread."""
     seen: dict = {}
-    monkeypatch.setattr(fsdp, "timed_collective", lambda *args, **kwargs: seen.update(args=args, **kwargs))
+    monkeypatch.setattr(fsdp_timing, "timed_collective", lambda *args, **kwargs: seen.update(args=args, **kwargs))
     tensor = SimpleNamespace(is_cuda=on_gpu)
     comm(timeline=None, unit=3)(torch.empty(0), tensor, group=None, **extra)
     assert seen["blocking"] is blocking and seen["tag"] == "u3" and seen["async_op"] is False

@@ -12,48 +12,11 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
-from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter  # FSDP2's comm interfaces
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from ..collectives import timed_collective
+from ..fsdp_timing import TimedAllGather, TimedReduceScatter
 from ..timeline import NULL_TIMELINE
 from .base import DataParallelStrategy, FullOptimizerState
-
-
-class _TimedComm:
-    """What FSDP's default comms do besides the call: allocate a plain tensor per call. Holds the
-    unit's tag, and says whether a call blocks compute: on a GPU FSDP issues it on its own stream
-    (the span's end mark lands there, after the collective), and the compute stream waits only
-    where FSDP makes it wait, which the forward's own events time; on gloo the call holds the
-    training thread."""
-
-    def __init__(self, timeline: Any, unit: int) -> None:
-        self.timeline, self.tag = timeline, f"u{unit}"
-
-    def allocate(self, size: Any, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        return torch.empty(*size, dtype=dtype, device=device)
-
-    @staticmethod
-    def blocks_compute(input_tensor: torch.Tensor, async_op: bool) -> bool:
-        return not async_op and not input_tensor.is_cuda
-
-
-class TimedAllGather(_TimedComm, AllGather):
-    """FSDP's all-gather of one unit's parameters, issued as the default does and timed."""
-
-    def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: dist.ProcessGroup,
-                 async_op: bool = False) -> dist.Work | None:
-        return timed_collective(self.timeline, "all_gather", input_tensor, output=output_tensor, tag=self.tag,
-                                async_op=async_op, group=group, blocking=self.blocks_compute(input_tensor, async_op))
-
-
-class TimedReduceScatter(_TimedComm, ReduceScatter):
-    """FSDP's reduce-scatter of one unit's gradients, issued as the default does and timed."""
-
-    def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: dist.ProcessGroup,
-                 op: Any, async_op: bool = False) -> dist.Work | None:
-        return timed_collective(self.timeline, "reduce_scatter", input_tensor, output=output_tensor, tag=self.tag,
-                                async_op=async_op, group=group, op=op, blocking=self.blocks_compute(input_tensor, async_op))
 
 
 def sharding_units(module: nn.Module) -> list[nn.Module]:

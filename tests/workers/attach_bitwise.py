@@ -2,7 +2,8 @@
 with gradients copied into DDP's buckets, with gradients as views of them, with
 ``static_graph=True``, and in Accelerate's accumulation loop; prints for each whether every
 parameter ended bit for bit the same on every rank, and which steps the attached run excluded
-with how many all-reduces each (rank 0)."""
+with how many all-reduces each (rank 0). Then the same for a model sharded with FSDP2's
+``fully_shard``, attached against not, with its all-gathers and reduce-scatters per step."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import torch
 import torch.distributed as dist
 from accelerate import Accelerator
 from torch import nn
+from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
 import instrumented_ddp
@@ -42,6 +44,16 @@ def main() -> None:
         print(f"accelerate: bitwise equal on every rank: {bool(agreed.item())}")
         print(f"accelerate: excluded {[r.excluded for r in reports]}, grad_accum {[r.settings['grad_accum'] for r in reports]}, "
               f"all-reduces {[sum(s.kind == 'all_reduce' for s in r.spans) for r in reports]}")
+    same, reports = train_fsdp2_side_by_side(args.address, context.rank)
+    agreed = torch.tensor([int(same)])
+    dist.all_reduce(agreed, op=dist.ReduceOp.MIN)
+    if context.is_main:
+        print(f"fsdp2: bitwise equal on every rank: {bool(agreed.item())}")
+        print(f"fsdp2: strategy {sorted({r.strategy for r in reports})}, excluded {[r.excluded for r in reports]}, "
+              f"grad_accum {[r.settings['grad_accum'] for r in reports]}, "
+              f"all-gathers {[sum(s.kind == 'all_gather' for s in r.spans) for r in reports]}, "
+              f"reduce-scatters {[sum(s.kind == 'reduce_scatter' for s in r.spans) for r in reports]}, "
+              f"tags {sorted({s.tag for r in reports for s in r.spans if s.kind == 'reduce_scatter'})}")
     shutdown_distributed()
     exit_process(0)
 
@@ -94,6 +106,35 @@ def train_accelerate_side_by_side(address: str, rank: int) -> tuple[bool, list[S
     watch.detach()
     (plain, _), (watched, _) = pair["plain"], pair["watched"]
     same = all(torch.equal(a, b) for a, b in zip(plain.parameters(), watched.parameters()))
+    return same, [m for m in sent if isinstance(m, StepReport)]
+
+
+def train_fsdp2_side_by_side(address: str, rank: int) -> tuple[bool, list[StepReport]]:
+    """A model the user shards with FSDP2 (each layer, then the root), attached, against the same
+    model sharded and not attached: two micro-steps a step, the first without gradient sync."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 3))
+    pair = {}
+    for mode in ("plain", "watched"):
+        sharded = copy.deepcopy(model)
+        for layer in (sharded[0], sharded[2], sharded[4]):
+            fully_shard(layer)
+        pair[mode] = fully_shard(sharded)
+    optimizers = {mode: torch.optim.SGD(pair[mode].parameters(), lr=0.1) for mode in pair}
+    watch = instrumented_ddp.attach(pair["watched"], optimizers["watched"], address=address)
+    sent: list[Any] = []
+    watch.publisher.publish = sent.append
+    data = torch.Generator().manual_seed(1 + rank)
+    for _ in range(4):
+        batches = [(torch.randn(16, 32, generator=data), torch.randint(0, 3, (16,), generator=data)) for _ in range(2)]
+        for mode, sharded in pair.items():
+            for micro, (x, y) in enumerate(batches):
+                sharded.set_requires_gradient_sync(micro == 1)
+                (nn.functional.cross_entropy(sharded(x), y) / 2).backward()
+            optimizers[mode].step()
+            optimizers[mode].zero_grad()
+    watch.detach()
+    same = all(torch.equal(a.full_tensor(), b.full_tensor()) for a, b in zip(pair["plain"].parameters(), pair["watched"].parameters()))
     return same, [m for m in sent if isinstance(m, StepReport)]
 
 

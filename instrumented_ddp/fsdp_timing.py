@@ -1,0 +1,140 @@
+"""Timing FSDP2's collectives: the comms a ``fully_shard`` model issues, through FSDP's own hooks.
+
+FSDP2 lets a caller replace each unit's all-gather and reduce-scatter
+(``FSDPModule.set_custom_all_gather``/``set_custom_reduce_scatter``). ``TimedAllGather`` and
+``TimedReduceScatter`` issue the call as FSDP's defaults do (same collective, same group, a
+plain output tensor allocated as the default allocates it) and record it on a timeline. The
+``fsdp`` strategy uses them on the copy it shards; ``FSDPTiming`` on a model the user sharded
+(``attach``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter  # FSDP2's comm interfaces
+
+from .collectives import timed_collective
+from .timeline import NULL_TIMELINE, NullTimeline, StepTimeline
+
+#: FSDP2's own comms, by class name (``_fsdp_param_group``): any other was set by someone else.
+DEFAULT_COMMS = frozenset({"DefaultAllGather", "DefaultReduceScatter"})
+
+
+class _TimedComm:
+    """What FSDP's default comms do besides the call: allocate a plain tensor per call. Holds the
+    unit's tag, and says whether a call blocks compute: on a GPU FSDP issues it on its own stream
+    (the span's end mark lands there, after the collective), and the compute stream waits only
+    where FSDP makes it wait, which the forward's own events time; on gloo the call holds the
+    training thread. ``timeline`` may be swapped for ``NULL_TIMELINE``: the comm then issues
+    its collective untimed (``FSDPTiming.stop_timing``)."""
+
+    def __init__(self, timeline: Any, unit: int) -> None:
+        self.timeline, self.tag = timeline, f"u{unit}"
+        self.calls = 0
+
+    def allocate(self, size: Any, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    @staticmethod
+    def blocks_compute(input_tensor: torch.Tensor, async_op: bool) -> bool:
+        return not async_op and not input_tensor.is_cuda
+
+
+class TimedAllGather(_TimedComm, AllGather):
+    """FSDP's all-gather of one unit's parameters, issued as the default does and timed."""
+
+    def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: dist.ProcessGroup,
+                 async_op: bool = False) -> dist.Work | None:
+        self.calls += 1
+        return timed_collective(self.timeline, "all_gather", input_tensor, output=output_tensor, tag=self.tag,
+                                async_op=async_op, group=group, blocking=self.blocks_compute(input_tensor, async_op))
+
+
+class TimedReduceScatter(_TimedComm, ReduceScatter):
+    """FSDP's reduce-scatter of one unit's gradients, issued as the default does and timed."""
+
+    def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: dist.ProcessGroup,
+                 op: Any, async_op: bool = False) -> dist.Work | None:
+        self.calls += 1
+        return timed_collective(self.timeline, "reduce_scatter", input_tensor, output=output_tensor, tag=self.tag,
+                                async_op=async_op, group=group, op=op, blocking=self.blocks_compute(input_tensor, async_op))
+
+
+def fsdp_units(model: nn.Module) -> list[FSDPModule]:
+    """The model's ``fully_shard`` units, the root last (as the ``fsdp`` strategy numbers them:
+    ``u<i>``, the root taking what is left, embeddings and head)."""
+    units = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    return [*units[1:], units[0]] if units and units[0] is model else units
+
+
+def custom_comms(unit: FSDPModule) -> list[str]:
+    """Comms someone already set on ``unit`` (``set_custom_all_gather`` and the like, or FSDP's
+    symmetric-memory ones): their class names. Read from FSDP's param groups, a private
+    attribute: where a torch has none, nothing is found."""
+    state = unit._get_fsdp_state()
+    groups = getattr(state, "_fsdp_param_groups", None)
+    if groups is None:
+        group = getattr(state, "_fsdp_param_group", None)
+        groups = [group] if group is not None else []
+    names = [type(getattr(g, attribute)).__name__ for g in groups
+             for attribute in ("_all_gather_comm", "_reduce_scatter_comm") if hasattr(g, attribute)]
+    return [name for name in names if name not in DEFAULT_COMMS]
+
+
+def param_groups(unit: FSDPModule) -> int:
+    """How many param groups FSDP made for ``unit``: more than one (per-parameter meshes through
+    ``shard_placement_fn``) and FSDP refuses a custom comm."""
+    state = unit._get_fsdp_state()
+    groups = getattr(state, "_fsdp_param_groups", None)
+    return len(groups) if groups is not None else int(getattr(state, "_fsdp_param_group", None) is not None)
+
+
+class FSDPTiming:
+    """The timed all-gathers and reduce-scatters of a model its user sharded with ``fully_shard``:
+    each unit's comms replaced by timed ones that issue what FSDP's defaults issue, tagged
+    ``u<i>`` by unit. What ``attach`` asks of a timing, as ``DDPTiming`` answers it for DDP."""
+
+    #: FSDP has no first iteration unlike the others (DDP's is one bucket of everything).
+    on_first_buckets = False
+
+    def __init__(self, model: nn.Module, timeline: StepTimeline | NullTimeline) -> None:
+        self.model, self.timeline = model, timeline
+        self.units = fsdp_units(model)
+        self._comms: list[_TimedComm] = []
+        self._scatters_at_backward_start = 0
+
+    def install(self) -> None:
+        for index, unit in enumerate(self.units):
+            gather, scatter = TimedAllGather(self.timeline, index), TimedReduceScatter(self.timeline, index)
+            unit.set_custom_all_gather(gather)
+            unit.set_custom_reduce_scatter(scatter)
+            self._comms += [gather, scatter]
+
+    def stop_timing(self) -> None:
+        """FSDP has no way back to its default comms but to set them again, a private class: the
+        timed ones stay and go on issuing the same collectives, untimed."""
+        for comm in self._comms:
+            comm.timeline = NULL_TIMELINE
+        self.timeline = NULL_TIMELINE
+
+    def bucket_layout(self) -> list[list[int]]:
+        """FSDP has units, not buckets: the advisor has nothing to read."""
+        return []
+
+    def backward_began(self) -> None:
+        self._scatters_at_backward_start = self._reduce_scatters()
+
+    def backward_ended(self) -> bool:
+        """Called when backward has ended (FSDP's own end-of-backward callback, which waits for
+        its reduce-scatters, has run): True when this backward reduce-scattered gradients (not
+        under ``set_requires_gradient_sync(False)``)."""
+        self.timeline.poll()
+        return self._reduce_scatters() > self._scatters_at_backward_start
+
+    def _reduce_scatters(self) -> int:
+        return sum(comm.calls for comm in self._comms if isinstance(comm, TimedReduceScatter))

@@ -18,6 +18,10 @@ pins it):
 - With gradient accumulation the Trainer runs the micro-batches before the last under DDP's
   ``no_sync``, and forward goes through the DDP wrapper; evaluation runs the unwrapped model, so
   it is not counted as training (its time falls in the ``data`` gap before the next step).
+- Under FSDP2 (``fsdp_config={"fsdp_version": 2}``) Accelerate shards the model in place with
+  ``fully_shard`` and ``model_wrapped`` is that model: attached as ``attach`` takes any FSDP2
+  model. Accelerate shards on GPUs only (on CPU the same arguments train with DDP), so this path
+  is not run here with a real Trainer.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import sys
 from typing import Any
 
 import torch.distributed as dist
+from torch.distributed.fsdp import FSDPModule
 from torch.nn.parallel import DistributedDataParallel
 from transformers import TrainerCallback
 
@@ -34,10 +39,10 @@ from .protocol import DEFAULT_ADDRESS
 
 
 class DDPWatchCallback(TrainerCallback):
-    """Attaches ddpwatch to the Trainer's DDP model at ``on_train_begin``; detaches at
+    """Attaches ddpwatch to the Trainer's DDP (or FSDP2) model at ``on_train_begin``; detaches at
     ``on_train_end``. Where the Trainer built no DDP, the run is trained as usual, with one line
     saying why there is nothing to watch: one process (Accelerate wraps a model in DDP only for
-    two or more, torchrun's one process included), or another wrapper (FSDP, DeepSpeed), which
+    two or more, torchrun's one process included), or another wrapper (FSDP1, DeepSpeed), which
     ``attach`` does not watch. Raising there would stop a training run for its telemetry."""
 
     def __init__(self, trainer: Any = None, *, address: str = DEFAULT_ADDRESS, watch_key: str | None = None) -> None:
@@ -55,7 +60,7 @@ class DDPWatchCallback(TrainerCallback):
             raise AttachError("DDPWatchCallback: it needs the Trainer, whose DDP model the callbacks are not given: "
                               "trainer.add_callback(DDPWatchCallback(trainer, address=...))")
         wrapped = compiled_module(getattr(self.trainer, "model_wrapped", None))  # under torch_compile
-        if not isinstance(wrapped, DistributedDataParallel):
+        if not isinstance(wrapped, (DistributedDataParallel, FSDPModule)):
             print(f"ddpwatch: {unwatched_because(wrapped)}: training goes on unwatched", file=sys.stderr, flush=True)
             return
         self.attachment = attach(wrapped, optimizer if optimizer is not None else self.trainer.optimizer,
@@ -73,5 +78,5 @@ def unwatched_because(wrapped: Any) -> str:
     if processes == 1:
         return ("one process, so the Trainer built no DistributedDataParallel and there is no communication "
                 "to watch (launch two or more with torchrun)")
-    return (f"the Trainer wrapped the model as {type(wrapped).__name__}, not DistributedDataParallel "
-            "(FSDP or DeepSpeed?), and ddpwatch's Trainer callback watches DDP only")
+    return (f"the Trainer wrapped the model as {type(wrapped).__name__}, neither DistributedDataParallel nor "
+            "FSDP2's fully_shard (FSDP1 or DeepSpeed?), which ddpwatch's Trainer callback watches")

@@ -427,6 +427,18 @@ def test_an_fsdp2_model_is_attached_as_fsdp_and_each_misuse_of_it_is_one_line(on
     assert (reports[1].memory["parameters"], reports[1].memory["gradients"], reports[1].memory["optimizer_state"]) == (
         weights, weights, 2 * weights + 4 * len(list(model.parameters())))  # read as step() returns; AdamW: two moments, a step count
 
+    from instrumented_ddp.integrations import DDPWatchCallback
+
+    class ShardingTrainer:  # what Accelerate's FSDP2 leaves the Trainer (it shards on GPUs only: not run here)
+        model_wrapped, optimizer = sharded_classifier()
+
+    callback = DDPWatchCallback(ShardingTrainer(), address=f"tcp://127.0.0.1:{free_port()}")
+    callback.on_train_begin(None, None, None)
+    try:
+        assert callback.attachment is not None and callback.attachment.model is ShardingTrainer.model_wrapped
+    finally:
+        callback.on_train_end(None, None, None)
+
     def refused(model: Any, optimizer: Any) -> str:
         hooks = (len(model._forward_hooks), len(model._forward_pre_hooks))  # FSDP's own are there
         with pytest.raises(AttachError) as caught:
@@ -675,7 +687,7 @@ def test_the_trainer_callback_under_a_one_process_torchrun_trains_on_and_says_so
 
 def test_the_trainer_callback_on_another_wrapper_trains_on_and_names_it(capsys: pytest.CaptureFixture[str],
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    """Two or more processes and no DDP: the Trainer chose FSDP or DeepSpeed."""
+    """Two or more processes and neither DDP nor FSDP2: the Trainer chose FSDP1 or DeepSpeed."""
     from instrumented_ddp import integrations
     from instrumented_ddp.integrations import DDPWatchCallback
 
@@ -684,9 +696,9 @@ def test_the_trainer_callback_on_another_wrapper_trains_on_and_names_it(capsys: 
     callback = DDPWatchCallback(UnwrappedTrainer())
     callback.on_train_begin(None, None, None)
     assert callback.attachment is None
-    assert capsys.readouterr().err == ("ddpwatch: the Trainer wrapped the model as Linear, not DistributedDataParallel "
-                                       "(FSDP or DeepSpeed?), and ddpwatch's Trainer callback watches DDP only: training "
-                                       "goes on unwatched\n")
+    assert capsys.readouterr().err == ("ddpwatch: the Trainer wrapped the model as Linear, neither DistributedDataParallel "
+                                       "nor FSDP2's fully_shard (FSDP1 or DeepSpeed?), which ddpwatch's Trainer callback "
+                                       "watches: training goes on unwatched\n")
 
 
 END_WITHOUT_DETACH = """

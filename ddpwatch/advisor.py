@@ -279,6 +279,9 @@ def advice_for_session(session: Session, caps: Sequence[int] | None = None,
     hello = next((state.hello for _, state in sorted(session.ranks.items()) if state.hello), None)
     if hello is None:
         return "waiting for the ranks' hello (the model's parameter layout)"
+    if segment.strategy not in ADVISED_STRATEGIES and not hello.switchable:
+        return (f"the advisor predicts bucket and ddp runs; this run is {segment.strategy} and was not started by ddpwatch, "
+                "so it cannot switch to one")
     if not describes(hello, segment):
         cap = hello.settings.get("bucket_mb")
         return f"waiting for the run's first steps as {hello.strategy}{f' at {float(cap):g} MB' if cap else ''}, where it switched"

@@ -235,6 +235,20 @@ def test_right_after_a_switch_the_advisor_waits_for_the_new_segment_rather_than_
     assert "where it switched" not in advice_for_session(session)
 
 
+def test_an_attached_fsdp_run_is_told_why_there_is_no_advice_without_being_told_to_switch() -> None:
+    """An attached run cannot switch: the line that asks a train.py run to switch to bucket would
+    name a key that does nothing."""
+    for switchable, says in ((True, "switch to bucket to see it"), (False, "not started by ddpwatch, so it cannot switch")):
+        session = Session()
+        for rank in (0, 1):
+            session.ingest(Envelope(Hello(rank, 2, "s", "h", 1, "cpu", "gloo", "fsdp", {"grad_accum": 1}, 4 * MIB,
+                                          parameter_layout=LAYOUT, switchable=switchable), rank, 0, 0), received_at=0.0)
+            session.ingest(Envelope(replace(bucket_step(rank, 1), strategy="fsdp", settings={"grad_accum": 1}), rank, 1, 0),
+                           received_at=0.0)
+        advice = advice_for_session(session)
+        assert isinstance(advice, str) and says in advice and "this" in advice and "fsdp" in advice
+
+
 def test_the_plot_puts_the_best_lowest_the_measured_where_measured_and_the_caps_on_a_log_axis() -> None:
     """43 columns, 1 KB to 2 GB: a factor of 2 is 2 columns (42 columns for 21 doublings)."""
     from ddpwatch.advisor_plot import BEST, CURRENT_COLUMN, DEFAULT_COLUMN, MEASURED, plot

@@ -49,20 +49,21 @@ import functools
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.fsdp import FSDPModule
 from torch.nn.parallel import DistributedDataParallel
 
 from .ddp_timing import DDPTiming
 from .distributed import DistributedContext
-from .fsdp_timing import FSDPTiming, custom_comms, fsdp_units, param_groups
 from .memory import MemorySampler
 from .protocol import DEFAULT_ADDRESS, NOT_SWITCHABLE, address_problem, is_loopback, load_client_keys
 from .watch import Watch, parameter_layout
+
+if TYPE_CHECKING:
+    from .fsdp_timing import FSDPTiming
 
 __all__ = ["NOT_SWITCHABLE", "AttachError", "Attachment", "attach"]
 
@@ -97,13 +98,13 @@ def attach_problem(model: Any, optimizer: Any) -> str | None:
     """What is wrong with attaching to ``model`` and ``optimizer``, in words that name the fix."""
     if not dist.is_available() or not dist.is_initialized():
         return "no process group: call torch.distributed.init_process_group() (torchrun sets it up) before attach"
-    if isinstance(model, FSDPModule):
+    if is_fsdp2(model):
         problem = sharded_model_problem(model)
         if problem is not None:
             return problem
     elif not isinstance(model, DistributedDataParallel):
         kind = type(model).__name__
-        if isinstance(model, nn.Module) and fsdp_units(model):
+        if isinstance(model, nn.Module) and any(is_fsdp2(m) for m in model.modules()):
             return (f"the model is a {kind} whose layers are sharded with fully_shard but not the model itself: "
                     "call fully_shard(model) on the root too (FSDP2 wants it), and attach that")
         if kind == "FullyShardedDataParallel":
@@ -128,9 +129,22 @@ def attach_problem(model: Any, optimizer: Any) -> str | None:
     return None
 
 
-def sharded_model_problem(model: FSDPModule) -> str | None:
-    """What keeps a ``fully_shard`` model from being timed: comms someone already set, or
-    per-parameter meshes (FSDP refuses a custom comm on more than one param group)."""
+def is_fsdp2(model: Any) -> bool:
+    """Whether ``model`` was sharded with FSDP2's ``fully_shard`` (which makes its class a subclass
+    of ``FSDPModule``), read by name: FSDP2 is imported only for a model that uses it, so a DDP
+    run is attached on a torch whose FSDP2 ddpwatch cannot time."""
+    return any(cls.__name__ == "FSDPModule" for cls in type(model).__mro__)
+
+
+def sharded_model_problem(model: nn.Module) -> str | None:
+    """What keeps a ``fully_shard`` model from being timed: a torch without FSDP2's custom comms,
+    comms someone already set, or per-parameter meshes (FSDP refuses a custom comm on more than
+    one param group)."""
+    try:
+        from .fsdp_timing import custom_comms, fsdp_units, param_groups
+    except ImportError:  # FSDPModule.set_custom_all_gather came with torch 2.9
+        return (f"torch {torch.__version__} has no FSDP custom comms (FSDPModule.set_custom_all_gather, torch 2.9), "
+                "through which ddpwatch times FSDP: upgrade torch to watch this run")
     for unit in fsdp_units(model):
         taken = custom_comms(unit)
         if taken:
@@ -141,6 +155,13 @@ def sharded_model_problem(model: FSDPModule) -> str | None:
             return (f"FSDP unit {type(unit).__name__} has parameters on more than one mesh (shard_placement_fn), "
                     "where FSDP takes no custom comm, and ddpwatch times FSDP through one: not supported")
     return None
+
+
+def sharded_timing(model: nn.Module, timeline: Any) -> FSDPTiming:
+    """``FSDPTiming`` for a model ``sharded_model_problem`` passed (so FSDP2's comms import)."""
+    from .fsdp_timing import FSDPTiming
+
+    return FSDPTiming(model, timeline)
 
 
 def compiled_module(model: Any) -> Any:
@@ -278,7 +299,7 @@ class Attachment:
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, address: str, keys: Any) -> None:
         self.model, self.optimizer = model, optimizer
-        sharded = isinstance(model, FSDPModule)
+        sharded = is_fsdp2(model)
         self.strategy = "fsdp" if sharded else "ddp"
         module = model if sharded else model.module
         group = None if sharded else model.process_group  # FSDP's mesh: the default group's ranks
@@ -291,7 +312,7 @@ class Attachment:
             "parameter_layout": parameter_layout(module),
         }, keys=keys, switchable=False, collective_group=group)
         self.timeline = self.watch.timeline
-        self.timing: DDPTiming | FSDPTiming = FSDPTiming(model, self.timeline) if sharded else DDPTiming(model, self.timeline)
+        self.timing: DDPTiming | FSDPTiming = sharded_timing(model, self.timeline) if sharded else DDPTiming(model, self.timeline)
         self.timing.install()
         self._steps = 0
         self._micro_steps = 0  # backwards in this step

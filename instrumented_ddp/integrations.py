@@ -30,11 +30,10 @@ import sys
 from typing import Any
 
 import torch.distributed as dist
-from torch.distributed.fsdp import FSDPModule
 from torch.nn.parallel import DistributedDataParallel
 from transformers import TrainerCallback
 
-from .attachment import AttachError, Attachment, attach, compiled_module
+from .attachment import AttachError, Attachment, attach, compiled_module, is_fsdp2
 from .protocol import DEFAULT_ADDRESS
 
 
@@ -60,7 +59,7 @@ class DDPWatchCallback(TrainerCallback):
             raise AttachError("DDPWatchCallback: it needs the Trainer, whose DDP model the callbacks are not given: "
                               "trainer.add_callback(DDPWatchCallback(trainer, address=...))")
         wrapped = compiled_module(getattr(self.trainer, "model_wrapped", None))  # under torch_compile
-        if not isinstance(wrapped, (DistributedDataParallel, FSDPModule)):
+        if not isinstance(wrapped, DistributedDataParallel) and not is_fsdp2(wrapped):
             print(f"ddpwatch: {unwatched_because(wrapped)}: training goes on unwatched", file=sys.stderr, flush=True)
             return
         self.attachment = attach(wrapped, optimizer if optimizer is not None else self.trainer.optimizer,

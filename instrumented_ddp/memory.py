@@ -16,7 +16,6 @@ from collections.abc import Iterable
 from typing import NamedTuple, Protocol
 
 import torch
-from torch.distributed.tensor import DTensor
 
 
 class MemoryHeld(NamedTuple):
@@ -43,8 +42,7 @@ def storage_bytes(tensors: Iterable[torch.Tensor | None]) -> int:
     for tensor in tensors:
         if tensor is None:
             continue
-        if isinstance(tensor, DTensor):
-            tensor = tensor._local_tensor
+        tensor = getattr(tensor, "_local_tensor", tensor)  # a DTensor's shard (read by name: no DTensor import)
         storage = tensor.untyped_storage()
         if storage.nbytes() == 0 or storage.data_ptr() in seen:
             continue

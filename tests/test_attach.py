@@ -406,11 +406,13 @@ def sharded_classifier(root: bool = True) -> tuple[nn.Module, torch.optim.Optimi
     return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
 
 
-def test_an_fsdp2_model_is_attached_as_fsdp_and_each_misuse_of_it_is_one_line(one_rank_group: None, sent: list[Any]) -> None:
+def test_an_fsdp2_model_is_attached_as_fsdp_and_each_misuse_of_it_is_one_line(one_rank_group: None, sent: list[Any],
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """``fully_shard`` models are attached like DDP ones and reported as ``fsdp`` (their comms, which
     one rank does not issue, and bitwise training are pinned on three ranks in
-    ``test_attach_end_to_end.py``). Sharded parts under an unsharded root, FSDP1, and a unit
-    whose comm someone else set are refused in one line, with nothing changed."""
+    ``test_attach_end_to_end.py``). Sharded parts under an unsharded root, FSDP1, a unit whose
+    comm someone else set, and a torch without FSDP's custom comms (where a DDP is still attached)
+    are refused in one line, with nothing changed."""
     from instrumented_ddp.fsdp_timing import TimedAllGather
 
     model, optimizer = sharded_classifier()
@@ -459,6 +461,12 @@ def test_an_fsdp2_model_is_attached_as_fsdp_and_each_misuse_of_it_is_one_line(on
     model.body.set_custom_all_gather(users)
     assert "already has the custom comm UsersAllGather" in refused(model, optimizer)
     assert model.body._get_fsdp_state()._fsdp_param_groups[0]._all_gather_comm is users
+
+    monkeypatch.setitem(sys.modules, "instrumented_ddp.fsdp_timing", None)  # a torch before FSDP's custom comms
+    assert "has no FSDP custom comms (FSDPModule.set_custom_all_gather, torch 2.9)" in refused(*sharded_classifier())
+    ddp, optimizer = make_ddp()
+    with attached(ddp, optimizer):  # DDP needs none of it
+        train(ddp, optimizer, steps=1)
 
 
 def test_attaching_twice_or_beyond_loopback_without_keys_is_refused(one_rank_group: None) -> None:

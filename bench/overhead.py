@@ -11,7 +11,8 @@ one with timing off (``--no-watch``), and their steps alternate, so drift in mac
 both alike. A watched step does all a watched train.py step does: the command agreement, the
 timeline, publishing the reports that resolved. Printed per strategy: the median step times, the
 median of the paired ratios (goal: at most 1.02) and a 90 % interval for it. ``attach`` is a
-user's own loop on torch's DDP, attached against not attached (see ``attached_and_plain_ddp``).
+user's own loop on torch's DDP, attached against not attached (see ``attached_and_plain_ddp``);
+``attach-fsdp`` the same loop on a model sharded with FSDP2's ``fully_shard``.
 ``--a-a`` leaves both copies unwatched (not for ``attach``): the ratio it prints is the bench's
 own noise and order bias, the floor a watched ratio is read against.
 
@@ -85,6 +86,8 @@ def measure(args: argparse.Namespace) -> None:
     for strategy in args.strategies.split(","):
         if strategy == "attach":
             times = timed_rounds(attached_and_plain_ddp(model, batch, context, args.port))
+        elif strategy == "attach-fsdp":
+            times = timed_rounds(attached_and_plain_fsdp(model, batch, args.port))
         else:
             models = {mode: instrumented_ddp.wrap(copy.deepcopy(model), strategy, bucket_mb=1.0, timeline=watches[mode].timeline)
                       for mode in watches}
@@ -139,6 +142,32 @@ def attached_and_plain_ddp(model: Any, batch: dict[str, Any], context: Any, port
     return {mode: functools.partial(user_step, mode) for mode in models}
 
 
+def attached_and_plain_fsdp(model: Any, batch: dict[str, Any], port: int) -> dict[str, Callable[[int], None]]:
+    """``attach-fsdp``: the user's loop on a model sharded with FSDP2 (each decoder layer, then the
+    root), attached, against an identical sharded model without it."""
+    import torch
+    from torch import nn
+    from torch.distributed.fsdp import fully_shard
+
+    import instrumented_ddp
+
+    models = {}
+    for mode in ("watched", "plain"):
+        sharded = copy.deepcopy(model)
+        for layer in next(m for m in sharded.modules() if isinstance(m, nn.ModuleList)):
+            fully_shard(layer)
+        models[mode] = fully_shard(sharded)
+    optimizers = {mode: torch.optim.AdamW(models[mode].parameters(), lr=1e-4) for mode in models}
+    instrumented_ddp.attach(models["watched"], optimizers["watched"], address=f"tcp://127.0.0.1:{port}")
+
+    def user_step(mode: str, _step: int) -> None:
+        models[mode](**batch).loss.backward()
+        optimizers[mode].step()
+        optimizers[mode].zero_grad(set_to_none=False)
+
+    return {mode: functools.partial(user_step, mode) for mode in models}
+
+
 def marked_train_step(wrapped: Any, timeline: Any, optimizer: Any, batch: dict[str, Any], step: int, strategy: str) -> Any:
     """One step as train.py marks it, up to its end: forward, backward, the gradient sync and the
     optimizer. Returns the loss; the caller ends the step with what it measures."""
@@ -163,11 +192,12 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=5599, help="where no dashboard listens")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--strategies", default="simple,ga,hook,async,bucket,ddp,attach",
-                        help="comma-separated; 'attach' is a user's own DDP loop with instrumented_ddp.attach")
+                        help="comma-separated; 'attach' is a user's own DDP loop with instrumented_ddp.attach, "
+                             "'attach-fsdp' the same on FSDP2")
     parser.add_argument("--block", type=int, default=5, help="steps per alternating block on a GPU")
     parser.add_argument("--a-a", action="store_true", help="both copies unwatched: the bench's own noise floor")
     args = parser.parse_args()
-    if args.a_a and "attach" in args.strategies.split(","):
+    if args.a_a and {"attach", "attach-fsdp"} & set(args.strategies.split(",")):
         parser.error("--a-a compares two unwatched copies of a strategy; attach has none: leave it out of --strategies")
     if "RANK" in os.environ:
         measure(args)

@@ -75,10 +75,11 @@ class AttachError(RuntimeError):
 def attach(model: nn.Module, optimizer: torch.optim.Optimizer, *, address: str = DEFAULT_ADDRESS,
            watch_key: str | None = None) -> Attachment:
     """Watch ``model``, a ``DistributedDataParallel`` the caller built (or a model sharded with
-    FSDP2's ``fully_shard``, its root included), and the ``optimizer`` that steps it. Every rank calls it once, after wrapping and before the first backward (it is a
-    collective: the ranks agree on a session id). ``watch_key``: the dashboard's ``client.json``
-    when ``address`` is beyond loopback. Raises ``AttachError`` (one line) on a misuse, having
-    changed nothing. A ``torch.compile`` of the DDP is seen through to the DDP it compiled."""
+    FSDP2's ``fully_shard``, its root included), and the ``optimizer`` that steps it. Every rank
+    calls it once, after wrapping and before the first backward (it is a collective: the ranks
+    agree on a session id). ``watch_key``: the dashboard's ``client.json`` when ``address`` is
+    beyond loopback. Raises ``AttachError`` (one line) on a misuse, having changed nothing. A
+    ``torch.compile`` of the model is seen through to the module it compiled."""
     model = compiled_module(model)
     problem = attach_problem(model, optimizer)
     if problem is None:
@@ -302,7 +303,7 @@ class Attachment:
         sharded = is_fsdp2(model)
         self.strategy = "fsdp" if sharded else "ddp"
         module = model if sharded else model.module
-        group = None if sharded else model.process_group  # FSDP's mesh: the default group's ranks
+        group = None if sharded else model.process_group  # FSDP's: its mesh, over the default group's ranks
         self.device = next(module.parameters()).device
         context = DistributedContext(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")),
                                      self.device, dist.get_backend(group))

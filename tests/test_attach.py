@@ -505,35 +505,6 @@ def test_an_accelerate_style_optimizer_wrapper_is_seen_through(one_rank_group: N
     assert [m.step for m in sent if isinstance(m, StepReport)] == [1, 2]
 
 
-def test_a_compiled_ddp_is_seen_through_by_attach_and_by_the_trainer_callback(one_rank_group: None,
-                                                                              sent: list[Any]) -> None:
-    """``torch.compile(ddp_model)`` (a loop's, or Accelerate's under the Trainer's ``torch_compile``,
-    which the Trainer keeps as ``model_wrapped``) is an ``OptimizedModule`` holding the DDP: both
-    attach to that DDP. Before, attach said to wrap the model in DDP, and the callback named
-    ``OptimizedModule`` as FSDP or DeepSpeed and left the run unwatched."""
-    from instrumented_ddp.integrations import DDPWatchCallback
-
-    ddp, optimizer = make_ddp(bucket_mb=25.0)  # at the default 1 KB torch's compiled DDP refuses the layout
-    compiled = torch.compile(ddp, backend="eager")
-    with attached(compiled, optimizer) as watch:
-        assert watch.model is ddp
-        train(compiled, optimizer, steps=2)  # type: ignore[arg-type]
-    reports = [m for m in sent if isinstance(m, StepReport)]
-    assert [r.step for r in reports] == [1, 2]
-    assert [sum(s.kind == "all_reduce" for s in r.spans) for r in reports] == [1, 1]  # 25 MB: one bucket of all
-
-    class CompilingTrainer:
-        model_wrapped, optimizer = make_ddp(bucket_mb=25.0)
-        model_wrapped = torch.compile(model_wrapped, backend="eager")
-
-    callback = DDPWatchCallback(CompilingTrainer(), address=f"tcp://127.0.0.1:{free_port()}")
-    callback.on_train_begin(None, None, None)
-    try:
-        assert callback.attachment is not None and callback.attachment.model is CompilingTrainer.model_wrapped._orig_mod
-    finally:
-        callback.on_train_end(None, None, None)
-
-
 class BufferedClassifier(TinyClassifier):
     """With a buffer, which DDP broadcasts from rank 0 at each forward (``broadcast_buffers``)."""
 
@@ -542,14 +513,21 @@ class BufferedClassifier(TinyClassifier):
         self.register_buffer("seen", torch.zeros(1))
 
 
-def test_attach_changes_nothing_torch_compile_compiles(one_rank_group: None, sent: list[Any]) -> None:
-    """Dynamo traces a compiled module's forward hooks, and DDP's buffer broadcast, with the
+def test_a_compiled_ddp_is_attached_and_compiles_what_it_does_unattached(one_rank_group: None, sent: list[Any]) -> None:
+    """``torch.compile(ddp_model)`` (a loop's, or Accelerate's under the Trainer's ``torch_compile``,
+    which the Trainer keeps as ``model_wrapped``) is an ``OptimizedModule`` holding the DDP: attach
+    and the Trainer callback attach to that DDP (before, attach said to wrap the model in DDP, and
+    the callback named ``OptimizedModule`` as FSDP or DeepSpeed and left the run unwatched).
+
+    Dynamo traces a compiled module's forward hooks, and DDP's buffer broadcast, with the
     forward. Before, it traced into attach's hooks and its timed broadcast and broke the graph at
     each ``time.perf_counter``, compiling more graphs, and guarded on the stamp the pre-hook had
     left, a float new each step, so a later step compiled again. They now run outside what Dynamo
     traces (``torch.compiler.disable``): the compiled run compiles what it does unattached, once,
     and the only graph breaks attach adds are the calls into them."""
     from torch._dynamo.utils import counters
+
+    from instrumented_ddp.integrations import DDPWatchCallback
 
     def compiled(attach: bool) -> tuple[tuple[int, int, int], set[str]]:
         """Graphs and captured calls of the first 2 steps, from a clean cache, then the frames
@@ -559,8 +537,9 @@ def test_attach_changes_nothing_torch_compile_compiles(one_rank_group: None, sen
         torch.manual_seed(0)
         ddp = DistributedDataParallel(BufferedClassifier(), bucket_cap_mb=25.0)
         optimizer = torch.optim.AdamW(ddp.parameters(), lr=1e-3)
-        model = torch.compile(ddp, backend="eager")
-        with attached(model, optimizer) if attach else contextlib.nullcontext():
+        model = torch.compile(ddp, backend="eager")  # at 25 MB: at the default 1 KB torch's compiled DDP refuses the layout
+        with attached(model, optimizer) if attach else contextlib.nullcontext() as watch:
+            assert watch is None or watch.model is ddp
             train(model, optimizer, steps=2)  # type: ignore[arg-type]
             stats, frames = dict(counters["stats"]), counters["frames"]["ok"]
             train(model, optimizer, steps=2)  # type: ignore[arg-type]
@@ -578,6 +557,18 @@ def test_attach_changes_nothing_torch_compile_compiles(one_rank_group: None, sen
     assert [r.step for r in reports] == [1, 2, 3, 4]
     assert [r.compiling for r in reports] == [True, False, False, False]  # the only graph is compiled in step 1
     assert all(sum(s.tag == "buffers" for s in r.spans) == 1 for r in reports)
+    assert [sum(s.kind == "all_reduce" for s in r.spans) for r in reports] == [1, 1, 1, 1]  # 25 MB: one bucket of all
+
+    class CompilingTrainer:
+        model_wrapped, optimizer = make_ddp(bucket_mb=25.0)
+        model_wrapped = torch.compile(model_wrapped, backend="eager")
+
+    callback = DDPWatchCallback(CompilingTrainer(), address=f"tcp://127.0.0.1:{free_port()}")
+    callback.on_train_begin(None, None, None)
+    try:
+        assert callback.attachment is not None and callback.attachment.model is CompilingTrainer.model_wrapped._orig_mod
+    finally:
+        callback.on_train_end(None, None, None)
 
 
 @pytest.mark.parametrize(("args", "kwargs", "expected"), [

@@ -406,6 +406,7 @@ def sharded_classifier(root: bool = True) -> tuple[nn.Module, torch.optim.Optimi
     return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
 
 
+@pytest.mark.filterwarnings("ignore:FSDP2-wrapped module .* returned a view tensor")  # a Linear on 3-D input: no in-place op follows
 def test_an_fsdp2_model_is_attached_as_fsdp_and_each_misuse_of_it_is_one_line(one_rank_group: None, sent: list[Any],
                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """``fully_shard`` models are attached like DDP ones and reported as ``fsdp`` (their comms, which

@@ -33,6 +33,8 @@ MAX_TAG_SEQUENCES = 256  # distinct all-reduce tag sequences shared before start
 MIN_DETAIL_STEPS = 8  # steps whose details a session with ``detail_rank_steps`` keeps, however many ranks
 FOLD_LAG = 20  # a step still missing a rank this far behind the newest is folded as it is
 LOST_AFTER_S = 2.5  # heartbeats come every second: a killed rank shows as lost within 3 s
+STOPPED_STEPS = 5  # ranks move in step (each step's collectives need them all): this far behind, one has stopped
+STOPPED_AFTER_S = 3.0  # ... and unmoved this long: not a rank whose reports are still resolving
 STEP_REORDER_SLACK = 2  # a report this many steps behind the rank's newest is neither late nor backwards
 DEVICE_SAMPLES_PER_RANK = 600  # kept per rank (the dashboard's series, trace.json's device counters) ...
 MIN_DEVICE_SAMPLES = 8  # ... or, in a session with ``device_samples`` set, that many over all ranks, this many at least
@@ -202,6 +204,7 @@ class RankState:
     lost_messages: int = 0  # sequence gaps seen by the receiver
     sender_dropped: int = 0  # what the rank's own queue discarded
     last_step: int = 0  # the newest step it is known to have passed (reports and heartbeats)
+    last_step_at: float = 0.0  # when ``last_step`` last moved, on the session's clock
     last_reported: int = -1  # the newest step it sent a report for
     reported: StepSet = field(default_factory=StepSet)
     summarized: StepSet = field(default_factory=StepSet)  # ... of which first as a StepSummary
@@ -286,6 +289,7 @@ class Session:
         rank.last_seq = max(rank.last_seq, envelope.seq)
         rank.sender_dropped = max(rank.sender_dropped, envelope.dropped)
         rank.last_seen = now
+        passed = rank.last_step
         if isinstance(message, Hello):
             self._note_hello(rank, message)
         elif isinstance(message, (StepReport, StepSummary)):
@@ -302,6 +306,8 @@ class Session:
             self.acks.append(message)
         elif isinstance(message, Goodbye):
             rank.goodbye = message
+        if rank.last_step != passed:
+            rank.last_step_at = now
 
     def _note_hello(self, rank: RankState, hello: Hello) -> None:
         """Ranks repeat their hello every few seconds (1,024 ranks: 500 a second): the declared
@@ -553,6 +559,17 @@ class Session:
         """Every rank of the world said goodbye."""
         ranks = [self.ranks.get(r) for r in range(self.world_size)]
         return bool(ranks) and all(r is not None and r.goodbye is not None for r in ranks)
+
+    def stopped_ranks(self, now: float) -> dict[int, int]:
+        """Ranks not lost whose steps stopped while the others' went on: the step each is at, for
+        those ``STOPPED_STEPS`` or more behind the newest and unmoved for ``STOPPED_AFTER_S``. The
+        collectives of a step hold every rank to it, so a rank left behind is one the others no
+        longer need: out of data under DDP's ``join()`` (uneven inputs), which shadows their
+        collectives outside any step, or a loop that left the training step."""
+        newest = max((state.last_step for state in self.ranks.values()), default=0)
+        return {rank: state.last_step for rank, state in sorted(self.ranks.items())
+                if newest - state.last_step >= STOPPED_STEPS and now - state.last_step_at >= STOPPED_AFTER_S
+                and self.status(rank, now) != "lost"}
 
     def status(self, rank: int, now: float | None = None) -> str:
         state = self.ranks[rank]

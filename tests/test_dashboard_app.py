@@ -353,6 +353,26 @@ def test_steps_in_which_torch_compile_compiled_are_a_note_with_their_steps() -> 
                               "it recompiled (TORCH_LOGS=recompiles says why)",)
 
 
+def test_a_rank_whose_steps_stopped_while_the_others_went_on_is_a_note() -> None:
+    """DDP's ``join()`` with uneven inputs: rank 1 runs out of data after step 4 and shadows the
+    others' collectives outside any step; it goes on beating, so it is not lost, and rank 0
+    reaches step 10. Said once it has stayed behind for a few seconds, not while it merely lags."""
+    def out_of_data(report: StepReport) -> StepReport | None:
+        return None if report.rank == 1 and report.step > 4 else report
+
+    session = Session(120)
+    for message in session_messages(goodbye=False, edit=out_of_data):
+        envelope = decode(message)
+        session.ingest(envelope, received_at=9.0 if envelope.rank == 0 else 0.0)  # rank 1's last step came at 0 s
+    session.ingest(decode(encode(Heartbeat(1, 9.0, 4), seq=100)), received_at=9.0)  # alive, at its step 4
+    assert SnapshotBuilder(session).build(now=2.0).notes == ()  # unmoved for 2 s: it may still be resolving
+    notes = SnapshotBuilder(session).build(now=9.5).notes
+    assert notes == ("rank 1 has passed no step since step 4 while the others reached 10: out of data under DDP's "
+                     "join() (uneven inputs), or out of the training loop",)
+    silent = SnapshotBuilder(session).build(now=13.0)
+    assert "rank 1 lost: nothing heard from it for 4.0 s" in silent.warnings and silent.notes == ()  # lost, not this
+
+
 def test_a_late_report_is_a_note_not_rejected_input() -> None:
     def withhold(report: StepReport) -> StepReport | None:
         return None if report.rank == 1 and report.step >= 4 else report

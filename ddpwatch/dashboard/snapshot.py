@@ -469,7 +469,7 @@ class SnapshotBuilder:
         made_at, made_for, kept = self._warnings_made
         if made_for == step and now - made_at < LARGE_JOB_ROWS_REFRESH_S and len(self.session.ranks) > EVERY_RANK_IN_THE_TIMELINE_UP_TO:
             return kept
-        made = (tuple(self._warnings(step, now)), tuple(self._notes()))
+        made = (tuple(self._warnings(step, now)), tuple(self._notes(now)))
         self._warnings_made = (now, step, made)
         return made
 
@@ -516,13 +516,17 @@ class SnapshotBuilder:
         return [f"{len(silent)} ranks lost: nothing heard from them for {min(silent.values()):.0f}-"
                 f"{max(silent.values()):.0f} s: ranks {ranks_text(silent)}"]
 
-    def _notes(self) -> list[str]:
+    def _notes(self, now: float) -> list[str]:
         """Not faults: reports that came late (heartbeats run ahead of reports still resolving),
         why a rank's device readings are not what its device suggests, steps whose optimizer
-        update was skipped, and steps in which torch.compile compiled."""
+        update was skipped, steps in which torch.compile compiled, and ranks whose steps stopped
+        while the others' went on."""
         lines = [skipped_updates_text(self.session.skipped_updates)] if self.session.skipped_updates else []
         if self.session.compiling_steps:
             lines.append(compiling_steps_text(self.session.compiling_steps))
+        stopped = self.session.stopped_ranks(now)
+        if stopped:
+            lines.append(stopped_ranks_text(stopped, max(state.last_step for state in self.session.ranks.values())))
         late = {rank: state for rank, state in sorted(self.session.ranks.items()) if state.late}
         if len(late) > FEW_RANKS:  # one line for many, as the warnings do
             total, unused = sum(s.late for s in late.values()), sum(s.late_unused for s in late.values())
@@ -681,6 +685,15 @@ def describe_device(readings: dict[str, float], kind: str) -> tuple[str, str]:
     util = f"CPU {readings['process_cpu_pct']:.0f}%" if "process_cpu_pct" in readings else "CPU —"
     memory = f"RSS {readings['rss_bytes'] / 2**20:.0f} MiB" if "rss_bytes" in readings else "—"
     return util, memory
+
+
+def stopped_ranks_text(stopped: dict[int, int], newest: int) -> str:
+    """One line for the ranks whose steps stopped while the others reached ``newest``."""
+    steps = sorted(set(stopped.values()))
+    at = f"step {steps[0]}" if len(steps) == 1 else f"steps {steps[0]}-{steps[-1]}"
+    who = f"rank {next(iter(stopped))} has" if len(stopped) == 1 else f"{len(stopped)} ranks ({ranks_text(stopped)}) have"
+    return (f"{who} passed no step since {at} while the others reached {newest}: out of data under DDP's join() "
+            "(uneven inputs), or out of the training loop")
 
 
 def compiling_steps_text(steps: StepSet) -> str:

@@ -24,7 +24,7 @@ import numpy as np
 
 from ddpwatch import metrics
 from ddpwatch.segment_bars import bars_svg, segment_bar
-from ddpwatch.session import Session
+from ddpwatch.session import STOPPED_STEPS, Session
 from instrumented_ddp.protocol import COMM_KINDS, READY_KIND
 
 __all__ = ["chrome_trace", "clock_offsets", "summary", "summary_csv", "summary_markdown", "summary_svg", "write_exports"]
@@ -62,14 +62,14 @@ def summary(session: Session) -> dict[str, Any]:
 
     Errors that concern the whole run stay in it however long ago they happened: ``desync`` (every
     desynchronised step, first to last) at the top and per segment; per rank, steps sent
-    ``unresolved`` and the ``device_note`` its hello carried."""
+    ``unresolved``, the ``device_note`` its hello carried and the ``last_step`` it passed."""
     ranks = []
     for rank, state in sorted(session.ranks.items()):
         h = state.hello
         ranks.append({"rank": rank, "host": h.host if h else None, "device": h.device if h else None,
                       "backend": h.backend if h else None, "node_rank": h.node_rank if h else None,
                       "pid": h.pid if h else None, "device_note": h.device_note if h else "",
-                      "unresolved_steps": state.unresolved})
+                      "unresolved_steps": state.unresolved, "last_step": state.last_step})
     segments = []
     ranges = []
     for seg in session.segments:
@@ -153,7 +153,17 @@ def summary_markdown(summary: dict[str, Any]) -> str:
             lines.append(f"- segment {seg['index']}: {metrics.DesyncRange.from_dict(seg['desync']).describe()}")
         if seg.get("straggler"):
             lines.append(f"- segment {seg['index']}: {metrics.Straggler.from_dict(seg['straggler']).describe()}")
+    lines += stopped_ranks_lines(summary.get("ranks", []))
     return "\n".join(lines) + "\n"
+
+
+def stopped_ranks_lines(ranks: list[dict[str, Any]]) -> list[str]:
+    """A line per rank whose steps stopped ``STOPPED_STEPS`` or more before the others' did (as the
+    dashboard's note says it: ``Session.stopped_ranks``)."""
+    newest = max((r.get("last_step", 0) for r in ranks), default=0)
+    return [f"- rank {r['rank']} passed no step after {r['last_step']} while the others reached {newest}: out of data "
+            "under DDP's join() (uneven inputs), or out of the training loop"
+            for r in ranks if newest - r.get("last_step", newest) >= STOPPED_STEPS]
 
 
 def summary_svg(summary: dict[str, Any]) -> str:

@@ -103,7 +103,7 @@ def test_summary_is_strict_json_and_round_trips(data: dict) -> None:
     assert data["session"] == "sess-1" and data["world_size"] == 2
     assert [r["host"] for r in data["ranks"]] == ["host-a", "host-b"]
     assert data["ranks"][1] == {"rank": 1, "host": "host-b", "device": "cpu", "backend": "gloo",
-                                "node_rank": 1, "pid": 4001, "device_note": "", "unresolved_steps": 0}
+                                "node_rank": 1, "pid": 4001, "device_note": "", "unresolved_steps": 0, "last_step": 5}
     assert data["desync"] is None
 
 
@@ -219,6 +219,18 @@ def test_steps_in_which_torch_compile_compiled_are_listed_per_segment() -> None:
     data = exporters.summary(session)
     assert [seg["compiling_steps"] for seg in data["segments"]] == [[], [5]]
     assert "- segment 1: steps in which torch.compile compiled (excluded) 5" in exporters.summary_markdown(data)
+
+
+def test_a_rank_whose_steps_stopped_before_the_others_is_named() -> None:
+    """DDP's join() with uneven inputs: rank 1's last step is 4 where rank 0 went on to 10."""
+    session = make_session()
+    session.ranks[0].last_step, session.ranks[1].last_step = 10, 4
+    data = exporters.summary(session)
+    assert [r["last_step"] for r in data["ranks"]] == [10, 4]
+    assert ("- rank 1 passed no step after 4 while the others reached 10: out of data under DDP's join() (uneven "
+            "inputs), or out of the training loop") in exporters.summary_markdown(data)
+    session.ranks[1].last_step = 6  # 4 behind: ranks of one job move together, but not this far apart
+    assert "passed no step" not in exporters.summary_markdown(exporters.summary(session))
 
 
 def test_device_note_is_kept_per_rank() -> None:

@@ -123,33 +123,19 @@ def measure(args: argparse.Namespace) -> None:
 def attached_and_plain_ddp(model: Any, batch: dict[str, Any], context: Any, port: int) -> dict[str, Callable[[int], None]]:
     """``attach``: a user's own loop on a DDP model with ddpwatch attached, against the same loop
     on an identical DDP model without it. The loop is the user's: nothing in it is ddpwatch's."""
-    import torch
     from torch.nn.parallel import DistributedDataParallel
-
-    import instrumented_ddp
 
     device_ids = [context.device.index] if context.device.type == "cuda" else None
     models = {mode: DistributedDataParallel(copy.deepcopy(model), device_ids=device_ids, bucket_cap_mb=1.0)
               for mode in ("watched", "plain")}
-    optimizers = {mode: torch.optim.AdamW(models[mode].parameters(), lr=1e-4) for mode in models}
-    instrumented_ddp.attach(models["watched"], optimizers["watched"], address=f"tcp://127.0.0.1:{port}")
-
-    def user_step(mode: str, _step: int) -> None:
-        models[mode](**batch).loss.backward()
-        optimizers[mode].step()
-        optimizers[mode].zero_grad(set_to_none=False)
-
-    return {mode: functools.partial(user_step, mode) for mode in models}
+    return users_steps_one_attached(models, batch, port)
 
 
 def attached_and_plain_fsdp(model: Any, batch: dict[str, Any], port: int) -> dict[str, Callable[[int], None]]:
     """``attach-fsdp``: the user's loop on a model sharded with FSDP2 (each decoder layer, then the
     root), attached, against an identical sharded model without it."""
-    import torch
     from torch import nn
     from torch.distributed.fsdp import fully_shard
-
-    import instrumented_ddp
 
     models = {}
     for mode in ("watched", "plain"):
@@ -157,6 +143,16 @@ def attached_and_plain_fsdp(model: Any, batch: dict[str, Any], port: int) -> dic
         for layer in next(m for m in sharded.modules() if isinstance(m, nn.ModuleList)):
             fully_shard(layer)
         models[mode] = fully_shard(sharded)
+    return users_steps_one_attached(models, batch, port)
+
+
+def users_steps_one_attached(models: dict[str, Any], batch: dict[str, Any], port: int) -> dict[str, Callable[[int], None]]:
+    """A user's step (forward, backward, AdamW) for each of the two models, the ``watched`` one
+    attached: nothing in the step is ddpwatch's."""
+    import torch
+
+    import instrumented_ddp
+
     optimizers = {mode: torch.optim.AdamW(models[mode].parameters(), lr=1e-4) for mode in models}
     instrumented_ddp.attach(models["watched"], optimizers["watched"], address=f"tcp://127.0.0.1:{port}")
 

@@ -30,32 +30,30 @@ def main() -> None:
     context = init_distributed("cpu")
     for option in ({"gradient_as_bucket_view": False}, {"gradient_as_bucket_view": True}, {"static_graph": True}):
         same, reports = train_side_by_side(option, args.address, context.rank)
-        agreed = torch.tensor([int(same)])
-        dist.all_reduce(agreed, op=dist.ReduceOp.MIN)
-        if context.is_main:
-            (name, value), = option.items()
-            print(f"{name}={value}: bitwise equal on every rank: {bool(agreed.item())}")
-            print(f"{name}={value}: excluded {[r.excluded for r in reports]}, "
-                  f"all-reduces {[sum(s.kind == 'all_reduce' for s in r.spans) for r in reports]}")
+        (name, value), = option.items()
+        say(f"{name}={value}", same, f"excluded {[r.excluded for r in reports]}, "
+            f"all-reduces {[sum(s.kind == 'all_reduce' for s in r.spans) for r in reports]}")
     same, reports = train_accelerate_side_by_side(args.address, context.rank)
-    agreed = torch.tensor([int(same)])
-    dist.all_reduce(agreed, op=dist.ReduceOp.MIN)
-    if context.is_main:
-        print(f"accelerate: bitwise equal on every rank: {bool(agreed.item())}")
-        print(f"accelerate: excluded {[r.excluded for r in reports]}, grad_accum {[r.settings['grad_accum'] for r in reports]}, "
-              f"all-reduces {[sum(s.kind == 'all_reduce' for s in r.spans) for r in reports]}")
+    say("accelerate", same, f"excluded {[r.excluded for r in reports]}, grad_accum {[r.settings['grad_accum'] for r in reports]}, "
+        f"all-reduces {[sum(s.kind == 'all_reduce' for s in r.spans) for r in reports]}")
     same, reports = train_fsdp2_side_by_side(args.address, context.rank)
-    agreed = torch.tensor([int(same)])
-    dist.all_reduce(agreed, op=dist.ReduceOp.MIN)
-    if context.is_main:
-        print(f"fsdp2: bitwise equal on every rank: {bool(agreed.item())}")
-        print(f"fsdp2: strategy {sorted({r.strategy for r in reports})}, excluded {[r.excluded for r in reports]}, "
-              f"grad_accum {[r.settings['grad_accum'] for r in reports]}, "
-              f"all-gathers {[sum(s.kind == 'all_gather' for s in r.spans) for r in reports]}, "
-              f"reduce-scatters {[sum(s.kind == 'reduce_scatter' for s in r.spans) for r in reports]}, "
-              f"tags {sorted({s.tag for r in reports for s in r.spans if s.kind == 'reduce_scatter'})}")
+    say("fsdp2", same, f"strategy {sorted({r.strategy for r in reports})}, excluded {[r.excluded for r in reports]}, "
+        f"grad_accum {[r.settings['grad_accum'] for r in reports]}, "
+        f"all-gathers {[sum(s.kind == 'all_gather' for s in r.spans) for r in reports]}, "
+        f"reduce-scatters {[sum(s.kind == 'reduce_scatter' for s in r.spans) for r in reports]}, "
+        f"tags {sorted({s.tag for r in reports for s in r.spans if s.kind == 'reduce_scatter'})}")
     shutdown_distributed()
     exit_process(0)
+
+
+def say(run: str, same: bool, reports: str) -> None:
+    """Rank 0 prints whether ``same`` held on every rank (a collective: every rank calls it), then
+    what its attached run reported."""
+    agreed = torch.tensor([int(same)])
+    dist.all_reduce(agreed, op=dist.ReduceOp.MIN)
+    if dist.get_rank() == 0:
+        print(f"{run}: bitwise equal on every rank: {bool(agreed.item())}")
+        print(f"{run}: {reports}")
 
 
 def train_side_by_side(option: dict[str, bool], address: str, rank: int) -> tuple[bool, list[StepReport]]:

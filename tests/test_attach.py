@@ -412,8 +412,9 @@ def test_an_fsdp2_model_is_attached_as_fsdp_and_each_misuse_of_it_is_one_line(on
     """``fully_shard`` models are attached like DDP ones and reported as ``fsdp`` (their comms, which
     one rank does not issue, and bitwise training are pinned on three ranks in
     ``test_attach_end_to_end.py``). Sharded parts under an unsharded root, FSDP1, a unit whose
-    comm someone else set, and a torch without FSDP's custom comms (where a DDP is still attached)
-    are refused in one line, with nothing changed."""
+    comm someone else set, a unit of several param groups (faked: they need per-parameter meshes)
+    and a torch without FSDP's custom comms (where a DDP is still attached) are refused in one
+    line, with nothing changed."""
     from instrumented_ddp.fsdp_timing import TimedAllGather
 
     model, optimizer = sharded_classifier()
@@ -463,6 +464,11 @@ def test_an_fsdp2_model_is_attached_as_fsdp_and_each_misuse_of_it_is_one_line(on
     assert "already has the custom comm UsersAllGather" in refused(model, optimizer)
     assert model.body._get_fsdp_state()._fsdp_param_groups[0]._all_gather_comm is users
 
+    from instrumented_ddp import fsdp_timing
+
+    with monkeypatch.context() as patched:  # per-parameter meshes (shard_placement_fn): FSDP makes a param group each
+        patched.setattr(fsdp_timing, "param_groups", lambda unit: 2)
+        assert "has parameters on more than one mesh (shard_placement_fn)" in refused(*sharded_classifier())
     monkeypatch.setitem(sys.modules, "instrumented_ddp.fsdp_timing", None)  # a torch before FSDP's custom comms
     assert "has no FSDP custom comms (FSDPModule.set_custom_all_gather, torch 2.9)" in refused(*sharded_classifier())
     ddp, optimizer = make_ddp()

@@ -72,16 +72,21 @@ def fsdp_units(model: nn.Module) -> list[FSDPModule]:
     return [*units[1:], units[0]] if units and units[0] is model else units
 
 
-def custom_comms(unit: FSDPModule) -> list[str]:
-    """Comms someone already set on ``unit`` (``set_custom_all_gather`` and the like, or FSDP's
-    symmetric-memory ones): their class names. Read from FSDP's param groups, a private
-    attribute: where a torch has none, nothing is found."""
+def _fsdp_param_groups(unit: FSDPModule) -> list[Any]:
+    """FSDP's param groups of ``unit``, a private attribute: a list in newer torch, one group (or
+    None) in older."""
     state = unit._get_fsdp_state()
     groups = getattr(state, "_fsdp_param_groups", None)
-    if groups is None:
-        group = getattr(state, "_fsdp_param_group", None)
-        groups = [group] if group is not None else []
-    names = [type(getattr(g, attribute)).__name__ for g in groups
+    if groups is not None:
+        return list(groups)
+    group = getattr(state, "_fsdp_param_group", None)
+    return [group] if group is not None else []
+
+
+def custom_comms(unit: FSDPModule) -> list[str]:
+    """Comms someone already set on ``unit`` (``set_custom_all_gather`` and the like, or FSDP's
+    symmetric-memory ones): their class names. Where a torch keeps none, nothing is found."""
+    names = [type(getattr(g, attribute)).__name__ for g in _fsdp_param_groups(unit)
              for attribute in ("_all_gather_comm", "_reduce_scatter_comm") if hasattr(g, attribute)]
     return [name for name in names if name not in DEFAULT_COMMS]
 
@@ -89,9 +94,7 @@ def custom_comms(unit: FSDPModule) -> list[str]:
 def param_groups(unit: FSDPModule) -> int:
     """How many param groups FSDP made for ``unit``: more than one (per-parameter meshes through
     ``shard_placement_fn``) and FSDP refuses a custom comm."""
-    state = unit._get_fsdp_state()
-    groups = getattr(state, "_fsdp_param_groups", None)
-    return len(groups) if groups is not None else int(getattr(state, "_fsdp_param_group", None) is not None)
+    return len(_fsdp_param_groups(unit))
 
 
 class FSDPTiming:

@@ -11,10 +11,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from ..fsdp_timing import TimedAllGather, TimedReduceScatter
+from ..fsdp_timing import FSDPTiming
 from ..timeline import NULL_TIMELINE
 from .base import DataParallelStrategy, FullOptimizerState
 
@@ -30,7 +30,7 @@ class FullyShardedFSDP2(DataParallelStrategy):
     """Parameters, gradients and optimizer state are all sharded: each unit's parameters are
     all-gathered before its forward and again before its backward, freed after each, and its
     gradients reduce-scattered as backward leaves it. Every all-gather and reduce-scatter goes
-    through ``TimedAllGather``/``TimedReduceScatter`` (``set_custom_all_gather``), so no profiler
+    through ``TimedAllGather``/``TimedReduceScatter`` (``fsdp_timing.FSDPTiming``), so no profiler
     is needed to see them. A parameter that gets no gradient on any rank is left out of the
     reduce-scatter and not stepped (FSDP's rule); one that gets a gradient on some ranks only
     is not supported by FSDP.
@@ -50,10 +50,7 @@ class FullyShardedFSDP2(DataParallelStrategy):
         for unit in units:
             fully_shard(unit, mesh=mesh)
         if self.timeline is not NULL_TIMELINE:
-            for index, unit in enumerate(units):
-                assert isinstance(unit, FSDPModule)
-                unit.set_custom_all_gather(TimedAllGather(self.timeline, index))
-                unit.set_custom_reduce_scatter(TimedReduceScatter(self.timeline, index))
+            FSDPTiming(sharded, self.timeline).install()  # the units numbered as here: the layers, then the root
         object.__setattr__(self, "sharded", sharded)  # not a submodule: the state dict stays the bare model's
         for tensor in [*self.module.parameters(), *self.module.buffers()]:  # the copy holds them now
             tensor.data = torch.empty(0, dtype=tensor.dtype, device=tensor.device)

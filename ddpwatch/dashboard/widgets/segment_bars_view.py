@@ -17,6 +17,14 @@ LABEL_CELLS = 16
 OVERLAP_CELLS = 8  # " ov  86%" (" ov 100%"): the percentage takes three cells
 
 
+def legend() -> Content:
+    """What each glyph is, one line where the panel is wide enough."""
+    parts: list[str | tuple[str, str]] = []
+    for glyph, style, what in LEGEND:
+        parts += [(glyph, style), f" {what}  "]
+    return Content.assemble(*parts).rstrip()
+
+
 class SegmentBarsView(Widget):
     DEFAULT_CSS = """
     SegmentBarsView { height: auto; }
@@ -35,13 +43,12 @@ class SegmentBarsView(Widget):
             self.refresh(layout=True)
 
     def get_content_height(self, container, viewport, width: int) -> int:  # noqa: ANN001 (Textual's signature)
-        return 1 + max(1, len(self._bars))
+        """The legend's lines as they wrap at this width (two in a narrow panel), then a line a bar."""
+        return len(legend().wrap(max(1, width))) + max(1, len(self._bars))
 
     def render(self) -> Content:
         width = max(1, self.content_region.width - LABEL_CELLS - OVERLAP_CELLS)
-        parts: list[str | tuple[str, str]] = []
-        for glyph, style, what in LEGEND:
-            parts += [(glyph, style), f" {what}  "]
+        parts: list[str | tuple[str, str] | Content] = [legend()]
         if not self._bars:
             parts.append("\nno segment yet")
         for bar in self._bars:

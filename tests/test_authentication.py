@@ -18,7 +18,7 @@ from ddpwatch.recorder import load_session
 from ddpwatch.receiver import TelemetryReceiver
 from ddpwatch.switch_client import request_switch
 from instrumented_ddp.protocol import Hello, encode, load_client_keys
-from launch import REPO_ROOT, Recorder, free_port
+from launch import QUICK_EVAL, REPO_ROOT, Recorder, free_port
 
 
 def test_listening_beyond_loopback_without_keys_is_refused() -> None:
@@ -49,7 +49,7 @@ def test_rogue_sender_and_controller_are_rejected_while_the_real_run_goes_on(tmp
     _, rogue_client_file = ensure_keys(tmp_path / "rogue-keys")  # a key pair the dashboard never made
     with Recorder(tmp_path / "session", "--keys", str(tmp_path / "keys"), "--idle-exit", "30", bind_host="0.0.0.0") as recorder:
         training = subprocess.Popen(
-            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(REPO_ROOT / "train.py"),
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(REPO_ROOT / "train.py"), *QUICK_EVAL,
              "--strategy", "simple", "--steps", "80", "--batch-size", "8", "--log-every", "10",
              "--watch", recorder.address, "--watch-key", str(client_file)],
             cwd=REPO_ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)

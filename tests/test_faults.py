@@ -14,7 +14,7 @@ from ddpwatch.exporters import write_exports
 from ddpwatch.session import Session
 from ddpwatch.session_file import read_session_file
 from instrumented_ddp.protocol import Envelope, decode
-from launch import REPO_ROOT, free_port, start_torchrun, stop
+from launch import QUICK_EVAL, REPO_ROOT, free_port, start_torchrun, stop
 
 
 class WatchedRun:
@@ -99,7 +99,7 @@ def test_training_finishes_normally_when_the_recorder_is_killed_mid_run(tmp_path
 
         killer = threading.Thread(target=kill_after_first_messages)
         killer.start()
-        result = run_torchrun([str(REPO_ROOT / "train.py"), "--strategy", "bucket", "--steps", "60", "--batch-size", "8",
+        result = run_torchrun([str(REPO_ROOT / "train.py"), *QUICK_EVAL, "--strategy", "bucket", "--steps", "60", "--batch-size", "8",
                                "--log-every", "20", "--watch", recorder.address])
         killer.join()
     assert recorder.proc.returncode == -signal.SIGKILL
@@ -153,17 +153,22 @@ def test_a_switch_sent_as_a_rank_dies_lands_on_every_rank_or_none_and_nothing_ha
 
 
 @pytest.mark.timeout(300)
-def test_the_dashboard_killed_and_restarted_mid_run_never_pauses_training_and_counts_what_it_missed(tmp_path: Path) -> None:
-    """The real Textual dashboard (in a pseudo-terminal), killed by SIGKILL and started again on
-    the same address while two ranks train."""
+def test_the_dashboard_started_late_then_killed_and_restarted_never_pauses_training_and_counts_what_it_missed(tmp_path: Path) -> None:
+    """The real Textual dashboard (in a pseudo-terminal), first started after training did (the
+    ranks ran with nothing listening), then killed by SIGKILL and started again on the same
+    address while two ranks train: each one picks the run up, hellos included."""
     from ddpwatch.recorder import load_session
     from launch import DashboardProcess
 
     address = f"tcp://127.0.0.1:{free_port()}"
     first_file, second_file = tmp_path / "first" / "session.ddpwatch", tmp_path / "second" / "session.ddpwatch"
-    training = start_torchrun(["--strategy", "async", "--steps", "150", "--batch-size", "8", "--log-every", "50",
+    training = start_torchrun(["--strategy", "async", "--steps", "150", "--batch-size", "8", "--log-every", "10",
                                "--watch", address], tmp_path / "train.log")
     try:
+        deadline = time.monotonic() + 120
+        while "step 10/150 " not in ((tmp_path / "train.log").read_text() if (tmp_path / "train.log").exists() else ""):
+            assert time.monotonic() < deadline and training.poll() is None, "training never reached step 10 unwatched"
+            time.sleep(0.1)
         with DashboardProcess("--listen", address, "--out", str(tmp_path / "first")) as first:
             deadline = time.monotonic() + 120
             while not (first_file.exists() and first_file.stat().st_size > 100_000):
@@ -187,6 +192,8 @@ def test_the_dashboard_killed_and_restarted_mid_run_never_pauses_training_and_co
         stop(training)
     assert "parameters identical on all 2 rank(s)" in (tmp_path / "train.log").read_text()
     before, after = load_session(first_file), load_session(second_file)  # the killed one's file reads to its last flush
+    assert all(before.ranks[r].hello for r in (0, 1))  # the late one learned the run as the restarted one did
+    assert min(before.reports) > 10  # ... from a run already past step 10
     assert (tmp_path / "second" / "summary.json").is_file()  # the new dashboard's exports, written on quit
     starts = {step: ranks[0].start for session in (before, after) for step, ranks in session.reports.items() if 0 in ranks}
     last_seen = max(step for step, ranks in before.reports.items() if 0 in ranks)

@@ -1,4 +1,4 @@
-"""Switching strategies while torchrun trains, and a dashboard that comes and goes mid-run."""
+"""Switching strategies while torchrun trains (a dashboard that comes and goes mid-run: test_faults)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from ddpwatch.dashboard.process_feed import ProcessFeed
 from ddpwatch.switch_client import request_switch
-from instrumented_ddp.protocol import Envelope, Hello, StepReport
-from launch import REPO_ROOT, Recorder, free_port, run_torchrun, start_torchrun, stop
+from launch import REPO_ROOT, Recorder, run_torchrun, start_torchrun, stop
 
 TRAIN = str(REPO_ROOT / "train.py")
 #: Every strategy once, into and out of the sharded ones, ending where it began; one micro-step
@@ -71,38 +69,12 @@ def test_switching_live_through_all_nine_ends_bitwise_where_the_unswitched_run_d
     assert set(calls["zero2"]) == {"reduce_scatter", "all_gather"} and set(calls["fsdp"]) == {"reduce_scatter", "all_gather"}
 
     reference = tmp_path / "unswitched.pt"
-    result = run_torchrun([TRAIN, "--strategy", "simple", *COMMON, "--no-watch", "--save-final", str(reference)])
+    result = run_torchrun([TRAIN, "--eval-examples", "0", "--strategy", "simple", *COMMON, "--no-watch", "--save-final", str(reference)])
     assert result.returncode == 0, result.stderr[-3000:]
+    assert "eval skipped (--eval-examples 0)" in result.stdout
     switched, expected = torch.load(tmp_path / "switched.pt"), torch.load(reference)
     for name, tensor in expected.items():
         assert torch.equal(switched[name], tensor), (name, float((switched[name] - tensor).abs().max()))
-
-
-@pytest.mark.timeout(300)
-def test_dashboard_started_late_and_restarted_picks_the_run_up(tmp_path: Path) -> None:
-    address = f"tcp://127.0.0.1:{free_port()}"
-    training = start_torchrun(["--strategy", "async", "--steps", "140", "--batch-size", "8", "--log-every", "10",
-                               "--watch", address], tmp_path / "train.log")
-    try:
-        wait_for_line(tmp_path / "train.log", "step 10/140 ", training)  # training has started before any dashboard
-        for attempt in ("late", "restarted"):
-            time.sleep(1 if attempt == "restarted" else 0)
-            feed = ProcessFeed(address, tmp_path / attempt / "session.ddpwatch")  # the live feed `ddpwatch` runs
-            feed.start()
-            got: list[Envelope] = []
-            deadline = time.monotonic() + 20
-            while time.monotonic() < deadline and not (
-                {e.message.rank for e in got if isinstance(e.message, Hello)} == {0, 1}
-                and sum(isinstance(e.message, StepReport) for e in got) >= 4
-            ):
-                got += [arrival.item for arrival in feed.drain() if isinstance(arrival.item, Envelope)]
-                time.sleep(0.1)
-            feed.stop()  # the dashboard goes away while training continues
-            assert {e.message.rank for e in got if isinstance(e.message, Hello)} == {0, 1}, attempt
-            assert sum(isinstance(e.message, StepReport) for e in got) >= 4, attempt
-        assert training.wait(300) == 0, (tmp_path / "train.log").read_text()[-3000:]
-    finally:
-        stop(training)
 
 
 @pytest.mark.timeout(300)

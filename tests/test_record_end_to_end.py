@@ -19,7 +19,7 @@ import instrumented_ddp
 from ddpwatch.recorder import load_session
 from ddpwatch.session import Session
 from instrumented_ddp.protocol import COMM_KINDS
-from launch import REPO_ROOT, Recorder, run_torchrun
+from launch import QUICK_EVAL, REPO_ROOT, Recorder, run_torchrun
 
 TRAIN = str(REPO_ROOT / "train.py")
 PARAMETER_TENSORS = 57  # the tiny SmolLM2: embeddings, 6 layers x 9, final norm, score
@@ -53,7 +53,7 @@ def recordings(tmp_path_factory: pytest.TempPathFactory) -> Record:
 def record_training(tmp_path: Path, *train_args: str, steps: int = 4) -> Recording:
     final = tmp_path / "final.pt"
     with Recorder(tmp_path / "session", "--idle-exit", "20") as recorder:
-        result = run_torchrun([TRAIN, "--steps", str(steps), "--batch-size", "8", "--log-every", "2",
+        result = run_torchrun([TRAIN, *QUICK_EVAL, "--steps", str(steps), "--batch-size", "8", "--log-every", "2",
                                "--watch", recorder.address, "--save-final", str(final), *train_args])
         assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
         log = recorder.wait()

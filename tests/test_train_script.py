@@ -20,6 +20,16 @@ def test_a_short_run_learns_the_builtin_reviews_above_chance() -> None:
     assert result.returncode == 0, result.stderr[-3000:]
     accuracy = float(result.stdout.split("eval accuracy ")[1].split()[0])
     assert accuracy > 0.3, result.stdout
+    assert "on 1000 held-out examples" in result.stdout  # the whole test split unless --eval-examples says less
+
+
+def test_a_negative_eval_count_is_a_one_line_error(capsys: pytest.CaptureFixture[str]) -> None:
+    import train
+
+    with pytest.raises(SystemExit) as exit_:
+        train.parse_args(["--eval-examples", "-1", "--no-watch"])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith("--eval-examples must be 0 or more")
 
 
 def run_train(*args: str) -> subprocess.CompletedProcess[str]:

@@ -24,7 +24,7 @@ import numpy as np
 
 from ddpwatch import metrics
 from ddpwatch.segment_bars import bars_svg, segment_bar
-from ddpwatch.session import STOPPED_STEPS, Session
+from ddpwatch.session import Session, ranks_left_behind
 from instrumented_ddp.protocol import COMM_KINDS, READY_KIND
 
 __all__ = ["chrome_trace", "clock_offsets", "summary", "summary_csv", "summary_markdown", "summary_svg", "write_exports"]
@@ -160,10 +160,11 @@ def summary_markdown(summary: dict[str, Any]) -> str:
 def stopped_ranks_lines(ranks: list[dict[str, Any]]) -> list[str]:
     """A line per rank whose steps stopped ``STOPPED_STEPS`` or more before the others' did (as the
     dashboard's note says it: ``Session.stopped_ranks``)."""
-    newest = max((r.get("last_step", 0) for r in ranks), default=0)
-    return [f"- rank {r['rank']} passed no step after {r['last_step']} while the others reached {newest}: out of data "
+    last_steps = {r["rank"]: r["last_step"] for r in ranks if "last_step" in r}
+    newest = max(last_steps.values(), default=0)
+    return [f"- rank {rank} passed no step after {step} while the others reached {newest}: out of data "
             "under DDP's join() (uneven inputs), or out of the training loop"
-            for r in ranks if newest - r.get("last_step", newest) >= STOPPED_STEPS]
+            for rank, step in ranks_left_behind(last_steps).items()]
 
 
 def summary_svg(summary: dict[str, Any]) -> str:

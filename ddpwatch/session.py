@@ -9,7 +9,7 @@ from __future__ import annotations
 import bisect
 import time
 from collections import Counter, defaultdict, deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from sys import intern
 from typing import Any, NamedTuple, overload
@@ -194,6 +194,14 @@ class Segment:
     def label(self) -> str:
         shown = ", ".join(f"{k}={v}" for k, v in sorted(self.settings.items()) if k in ("bucket_mb", "grad_accum"))
         return f"{self.strategy} ({shown})" if shown else self.strategy
+
+
+def ranks_left_behind(last_steps: Mapping[int, int]) -> dict[int, int]:
+    """The ranks ``STOPPED_STEPS`` or more behind the newest step any rank passed, with the step
+    each is at: the one rule the dashboard's note (``Session.stopped_ranks``, which also asks
+    that the rank be unmoved a while and not lost) and summary.md (from summary.json) apply."""
+    newest = max(last_steps.values(), default=0)
+    return {rank: step for rank, step in sorted(last_steps.items()) if newest - step >= STOPPED_STEPS}
 
 
 @dataclass
@@ -566,10 +574,9 @@ class Session:
         collectives of a step hold every rank to it, so a rank left behind is one the others no
         longer need: out of data under DDP's ``join()`` (uneven inputs), which shadows their
         collectives outside any step, or a loop that left the training step."""
-        newest = max((state.last_step for state in self.ranks.values()), default=0)
-        return {rank: state.last_step for rank, state in sorted(self.ranks.items())
-                if newest - state.last_step >= STOPPED_STEPS and now - state.last_step_at >= STOPPED_AFTER_S
-                and self.status(rank, now) != "lost"}
+        behind = ranks_left_behind({rank: state.last_step for rank, state in self.ranks.items()})
+        return {rank: step for rank, step in behind.items()
+                if now - self.ranks[rank].last_step_at >= STOPPED_AFTER_S and self.status(rank, now) != "lost"}
 
     def status(self, rank: int, now: float | None = None) -> str:
         state = self.ranks[rank]

@@ -7,7 +7,7 @@ import gc
 from dataclasses import replace
 
 from ddpwatch.receiver import ingest
-from ddpwatch.session import PackedSpans, Session
+from ddpwatch.session import PackedSpans, Session, ranks_left_behind
 from instrumented_ddp.protocol import Envelope, Heartbeat, Span
 from instrumented_ddp.step_figures import call_times
 from synthetic_session import hello, session_messages, step_report
@@ -228,3 +228,9 @@ def test_a_session_with_a_device_sample_budget_shares_it_over_the_ranks() -> Non
     assert samples(Session(device_samples=40), 2, 50) == [20, 20]
     assert samples(Session(device_samples=40), 16, 50) == [8] * 16
     assert samples(Session(), 2, 700) == [600, 600]  # no budget: 600 a rank, as the recorder keeps
+
+
+def test_ranks_left_behind_are_those_five_or_more_steps_behind_the_newest() -> None:
+    # newest 10: rank 1 at 5 is 5 behind (named), rank 2 at 6 is 4 behind (ranks drift that far)
+    assert ranks_left_behind({0: 10, 1: 5, 2: 6, 3: 10}) == {1: 5}
+    assert ranks_left_behind({}) == {} and ranks_left_behind({0: 3}) == {}

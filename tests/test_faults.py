@@ -193,7 +193,7 @@ def test_the_dashboard_started_late_then_killed_and_restarted_never_pauses_train
     assert "parameters identical on all 2 rank(s)" in (tmp_path / "train.log").read_text()
     before, after = load_session(first_file), load_session(second_file)  # the killed one's file reads to its last flush
     assert all(before.ranks[r].hello for r in (0, 1))  # the late one learned the run as the restarted one did
-    assert min(before.reports) > 10  # ... from a run already past step 10
+    assert min(before.reports) > 5  # ... from a run well past its first steps (sent to nobody, not queued)
     assert (tmp_path / "second" / "summary.json").is_file()  # the new dashboard's exports, written on quit
     starts = {step: ranks[0].start for session in (before, after) for step, ranks in session.reports.items() if 0 in ranks}
     last_seen = max(step for step, ranks in before.reports.items() if 0 in ranks)

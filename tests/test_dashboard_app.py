@@ -187,6 +187,23 @@ async def test_the_screen_fits_the_terminal_with_a_large_job_and_every_segment_b
         assert bars.content_region.height >= 2 + len(app.snapshot.segments)  # ... and every bar still shows
 
 
+async def test_a_narrow_terminal_cuts_the_header_lines_and_keeps_live_or_paused() -> None:
+    """At 100 columns the first line is longer than its box: it wrapped into the second row and
+    pushed "live · <source>" out of the header."""
+    from textual.geometry import Region
+
+    app = DashboardApp(StaticFeed(session_messages()), export_on_exit=False)
+    async with app.run_test(size=(100, 30)) as pilot:
+        app.feed.stop()
+        app.ingest_arrived()
+        app.refresh_frame()
+        await pilot.pause()
+        text = app.query_one("#header-text")
+        lines = [strip.text.rstrip() for strip in text.render_lines(Region(0, 0, text.size.width, text.size.height))]
+        assert lines[0].startswith("ddpwatch fixed-session · 2 rank(s) · bucket") and lines[0].endswith("…")
+        assert lines[1] == "live · fixed data"
+
+
 def test_impossible_values_are_rejected_by_kind_and_the_valid_stream_is_kept() -> None:
     from dataclasses import replace
 

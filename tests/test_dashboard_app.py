@@ -187,21 +187,26 @@ async def test_the_screen_fits_the_terminal_with_a_large_job_and_every_segment_b
         assert bars.content_region.height >= 2 + len(app.snapshot.segments)  # ... and every bar still shows
 
 
-async def test_a_narrow_terminal_cuts_the_header_lines_and_keeps_live_or_paused() -> None:
-    """At 100 columns the first line is longer than its box: it wrapped into the second row and
-    pushed "live · <source>" out of the header."""
+async def test_a_small_terminal_keeps_the_whole_header_in_view() -> None:
+    """At 80 x 24 the first line is longer than its box: it wrapped into the second row and pushed
+    "live · <source>" out of the header; and the screen, taller than the terminal there, scrolled
+    the header away when the focus moved."""
     from textual.geometry import Region
 
     app = DashboardApp(StaticFeed(session_messages()), export_on_exit=False)
-    async with app.run_test(size=(100, 30)) as pilot:
+    async with app.run_test(size=(80, 24)) as pilot:
         app.feed.stop()
         app.ingest_arrived()
         app.refresh_frame()
         await pilot.pause()
         text = app.query_one("#header-text")
         lines = [strip.text.rstrip() for strip in text.render_lines(Region(0, 0, text.size.width, text.size.height))]
-        assert lines[0].startswith("ddpwatch fixed-session · 2 rank(s) · bucket") and lines[0].endswith("…")
+        assert lines[0].startswith("ddpwatch fixed-session · 2 rank(s) ·") and lines[0].endswith("…")
         assert lines[1] == "live · fixed data"
+        assert app.screen.max_scroll_y > 0  # the panels do not fit in 24 rows: the screen scrolls ...
+        app.screen.scroll_end(animate=False)
+        await pilot.pause()
+        assert app.screen.scroll_y > 0 and app.query_one("#header").region.y == 0  # ... under the header
 
 
 def test_impossible_values_are_rejected_by_kind_and_the_valid_stream_is_kept() -> None:

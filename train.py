@@ -30,6 +30,7 @@ from instrumented_ddp.distributed import DistributedContext, exit_process, init_
 from instrumented_ddp.memory import MemorySampler
 from instrumented_ddp.protocol import DEFAULT_ADDRESS, address_problem, is_loopback, load_client_keys
 from instrumented_ddp.replicas import gather_digests, ranks_that_differ
+from instrumented_ddp.strategies import strategy_class
 from instrumented_ddp.watch import Watch, parameter_layout
 
 
@@ -77,7 +78,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"--watch {args.watch} is not loopback: pass --watch-key FILE (the dashboard's client.json)")
     if problem := accumulation_problem(args.batch_size, world_size, args.grad_accum):
         parser.error(f"--{problem}")
+    if problem := unavailable_strategy(args.strategy):
+        parser.error(f"--strategy {problem}")
     return args
+
+
+def unavailable_strategy(name: str) -> str:
+    """Why this torch cannot run the strategy ``name``, "" where it can (``fsdp`` needs FSDP2's
+    custom comms, torch 2.9): a one-line error at start, a refused switch mid-run."""
+    try:
+        strategy_class(name)
+    except ImportError as error:
+        return str(error)
+    return ""
 
 
 def accumulation_problem(batch_size: int, world_size: int, grad_accum: int) -> str | None:
@@ -140,7 +153,8 @@ def switch_strategy(model, optimizer, command, args: argparse.Namespace, context
     bucket_mb = command.bucket_mb or args.bucket_mb
     problem = (
         f"unknown strategy {command.strategy!r}" if command.strategy not in instrumented_ddp.STRATEGY_NAMES
-        else accumulation_problem(args.batch_size, context.world_size, grad_accum)
+        else unavailable_strategy(command.strategy)
+        or accumulation_problem(args.batch_size, context.world_size, grad_accum)
         or ("bucket size must be positive" if bucket_mb <= 0 else "")
     )
     if problem:

@@ -28,10 +28,10 @@ if TYPE_CHECKING:
 
 def wrap(model: nn.Module, strategy: str, **settings: Any) -> DataParallelStrategy:
     """Wrap ``model`` in the named strategy; a collective every rank must call together."""
-    from .strategies import STRATEGIES
+    from .strategies import strategy_class
 
     try:
-        cls = STRATEGIES[strategy]
+        cls = strategy_class(strategy)
     except KeyError:
         raise ValueError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGY_NAMES)}") from None
     return cls(model, **settings)

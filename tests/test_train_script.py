@@ -52,6 +52,15 @@ def test_wrong_flags_fail_with_one_line_error(args: list[str], message: str) -> 
     assert message in result.stderr.strip().splitlines()[-1]
 
 
+def test_fsdp_on_a_torch_without_fsdp2_is_a_one_line_error() -> None:
+    """FSDP2 hidden, as on a torch before it: the flag is refused before any process group."""
+    code = ("import runpy, sys; sys.modules['torch.distributed.fsdp'] = None; "
+            "sys.argv = ['train.py', '--strategy', 'fsdp', '--no-watch']; runpy.run_path(sys.argv[0], run_name='__main__')")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO_ROOT)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1].startswith("train.py: error: --strategy strategy 'fsdp' needs what torch ")
+
+
 def test_unknown_model_fails_with_one_line_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     result = run_train("--model", "no-such-org/no-such-model", "--steps", "1")

@@ -61,6 +61,23 @@ def test_fsdp_on_a_torch_without_fsdp2_is_a_one_line_error() -> None:
     assert result.stderr.strip().splitlines()[-1].startswith("train.py: error: --strategy strategy 'fsdp' needs what torch ")
 
 
+def test_a_live_switch_to_fsdp_on_a_torch_without_fsdp2_is_refused_and_the_model_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    import train
+
+    monkeypatch.setitem(sys.modules, "instrumented_ddp.strategies.fsdp", None)  # as where FSDP2 cannot be imported
+    acks: list[tuple[bool, int, str]] = []
+    watch = SimpleNamespace(steps=7, acknowledge=lambda command, applied, step, detail="": acks.append((applied, step, detail)))
+    model, optimizer = object(), object()
+    args = SimpleNamespace(grad_accum=1, bucket_mb=25.0, batch_size=8)
+    command = SimpleNamespace(strategy="fsdp", grad_accum=None, bucket_mb=None)
+    kept, kept_optimizer, said = train.switch_strategy(model, optimizer, command, args, SimpleNamespace(world_size=2), watch)
+    assert kept is model and kept_optimizer is optimizer
+    assert said.startswith("switch to fsdp refused: strategy 'fsdp' needs what torch ")
+    assert acks == [(False, 8, said.removeprefix("switch to fsdp refused: "))]
+
+
 def test_unknown_model_fails_with_one_line_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     result = run_train("--model", "no-such-org/no-such-model", "--steps", "1")

@@ -122,6 +122,15 @@ def start_torchrun(args: list[str], log: Path | None = None, nproc: int = 2) -> 
             out.close()
 
 
+def wait_for_line(log: Path, text: str, process: subprocess.Popen[bytes], timeout_s: float = 120) -> None:
+    """Until ``text`` is in the log of a run ``start_torchrun`` started; the run ending or the time
+    running out first fails the test with the log's tail."""
+    deadline = time.monotonic() + timeout_s
+    while text not in (log.read_text() if log.exists() else ""):
+        assert process.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:] if log.exists() else "no log"
+        time.sleep(0.1)
+
+
 def stop(process: subprocess.Popen[bytes]) -> None:
     if process.poll() is None:
         os.killpg(process.pid, signal.SIGKILL)

@@ -72,12 +72,13 @@ def half_look_gaps(reports: Sequence[StepReport], recorded: Sequence[Span],
     return gaps
 
 
-def ends_off_by_more_than_their_looks(reports: Sequence[StepReport], recorded: Sequence[Span],
-                                      intervals: dict[int, tuple[float, float]]) -> list[tuple[int, int]]:
+def ends_off_by_more_than_their_looks(recorded: Sequence[Span], intervals: dict[int, tuple[float, float]],
+                                      half_gaps: Sequence[float]) -> list[tuple[int, int]]:
     """The recorded ends off the profiler's (``intervals``) by more than the CPU clock's
-    resolution (``half_look_gaps``), each as (error, half the gap between its looks), in us."""
+    resolution (``half_gaps``, from ``half_look_gaps``), each as (error, half the gap between its
+    looks), in us."""
     return [(round((span.end - intervals[id(span)][1]) * 1e6), round(half_gap * 1e6))
-            for span, half_gap in zip(recorded, half_look_gaps(reports, recorded, intervals))
+            for span, half_gap in zip(recorded, half_gaps)
             if abs(span.end - intervals[id(span)][1]) > half_gap + LOOK_SLACK_S]
 
 
@@ -103,9 +104,10 @@ def assert_all_reduces_hold_against_the_profiler(reports: Sequence[StepReport], 
     # Each end is read to within its half look gap, the bound the end check below holds each to, so
     # the sum to within their sum: loose where looks are sparse (51-126 % of the total in 4 runs), but an
     # error the clock's resolution allows never fails it (1.2 ms buckets read 26 % over once).
-    resolution = sum(half_look_gaps(reports, recorded, intervals)) * 1e6
+    half_gaps = half_look_gaps(reports, recorded, intervals)
+    resolution = sum(half_gaps) * 1e6
     assert abs(recorded_total - profiled_total) < 0.25 * profiled_total + resolution, (recorded_total, profiled_total, resolution)
-    outside = ends_off_by_more_than_their_looks(reports, recorded, intervals)
+    outside = ends_off_by_more_than_their_looks(recorded, intervals, half_gaps)
     assert len(outside) <= len(recorded) / 20, outside
     ours, theirs = overlap_pcts(reports, intervals)
     assert abs(statistics.mean(ours) - statistics.mean(theirs)) < 5.0, (ours, theirs)

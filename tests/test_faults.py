@@ -14,7 +14,7 @@ from ddpwatch.exporters import write_exports
 from ddpwatch.session import Session
 from ddpwatch.session_file import read_session_file
 from instrumented_ddp.protocol import Envelope, decode
-from launch import QUICK_EVAL, REPO_ROOT, free_port, start_torchrun, stop
+from launch import QUICK_EVAL, REPO_ROOT, free_port, start_torchrun, stop, wait_for_line
 
 
 class WatchedRun:
@@ -165,10 +165,7 @@ def test_the_dashboard_started_late_then_killed_and_restarted_never_pauses_train
     training = start_torchrun(["--strategy", "async", "--steps", "150", "--batch-size", "8", "--log-every", "10",
                                "--watch", address], tmp_path / "train.log")
     try:
-        deadline = time.monotonic() + 120
-        while "step 10/150 " not in ((tmp_path / "train.log").read_text() if (tmp_path / "train.log").exists() else ""):
-            assert time.monotonic() < deadline and training.poll() is None, "training never reached step 10 unwatched"
-            time.sleep(0.1)
+        wait_for_line(tmp_path / "train.log", "step 10/150 ", training)  # unwatched so far
         with DashboardProcess("--listen", address, "--out", str(tmp_path / "first")) as first:
             deadline = time.monotonic() + 120
             while not (first_file.exists() and first_file.stat().st_size > 100_000):

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
 from ddpwatch.switch_client import request_switch
-from launch import REPO_ROOT, Recorder, run_torchrun, start_torchrun, stop
+from launch import REPO_ROOT, Recorder, run_torchrun, start_torchrun, stop, wait_for_line
 
 TRAIN = str(REPO_ROOT / "train.py")
 #: Every strategy once, into and out of the sharded ones, ending where it began; one micro-step
@@ -21,13 +19,6 @@ SWITCHES = (("ga", None), ("hook", None), ("async", None), ("bucket", 1.0), ("dd
 STEPS = 100
 #: A line a step, so that the test can pace its switches by the run's steps.
 COMMON = ["--steps", str(STEPS), "--batch-size", "8", "--grad-accum", "1", "--log-every", "1", "--seed", "3"]
-
-
-def wait_for_line(log: Path, text: str, process: subprocess.Popen[bytes], timeout_s: float = 120) -> None:
-    deadline = time.monotonic() + timeout_s
-    while text not in (log.read_text() if log.exists() else ""):
-        assert process.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-        time.sleep(0.1)
 
 
 @pytest.mark.timeout(400)

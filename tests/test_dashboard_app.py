@@ -189,8 +189,7 @@ async def test_the_screen_fits_the_terminal_with_a_large_job_and_every_segment_b
 
 async def test_a_small_terminal_keeps_the_whole_header_in_view() -> None:
     """At 80 x 24 the first line is longer than its box: it wrapped into the second row and pushed
-    "live · <source>" out of the header; and the screen, taller than the terminal there, scrolled
-    the header away when the focus moved."""
+    "live · <source>" out of the header."""
     from textual.geometry import Region
 
     app = DashboardApp(StaticFeed(session_messages()), export_on_exit=False)
@@ -203,10 +202,39 @@ async def test_a_small_terminal_keeps_the_whole_header_in_view() -> None:
         lines = [strip.text.rstrip() for strip in text.render_lines(Region(0, 0, text.size.width, text.size.height))]
         assert lines[0].startswith("ddpwatch fixed-session · 2 rank(s) ·") and lines[0].endswith("…")
         assert lines[1] == "live · fixed data"
-        assert app.screen.max_scroll_y > 0  # the panels do not fit in 24 rows: the screen scrolls ...
-        app.screen.scroll_end(animate=False)
+
+
+@pytest.mark.parametrize("rows", [24, 35, 36])
+async def test_every_panel_shows_without_scrolling_on_a_default_terminal_with_warnings(rows: int) -> None:
+    """At 80 x 24 (most terminals' default) the panels were 5 rows taller than the screen: it
+    scrolled, and the warnings and the seed blog's table sat below the fold. Under 36 rows the
+    segment bars step aside and the rest shrink; the table scrolls to its newest segment."""
+    def desync_and_straggler(report: StepReport) -> StepReport:
+        report = straggling(30.0)(report)
+        if report.rank == 1 and report.step in (3, 4):
+            return replace(report, spans=[s for s in report.spans if s.tag != "p3"])
+        if report.step >= 9:  # a third segment: bucket at 2 MB
+            return replace(report, settings={**report.settings, "bucket_mb": 2.0})
+        return report
+
+    app = DashboardApp(StaticFeed(session_messages(edit=desync_and_straggler)), export_on_exit=False)
+    async with app.run_test(size=(80, rows)) as pilot:
+        app.feed.stop()
+        app.ingest_arrived()
+        app.refresh_frame()
         await pilot.pause()
-        assert app.screen.scroll_y > 0 and app.query_one("#header").region.y == 0  # ... under the header
+        await pilot.pause()  # the segments table scrolls after the refresh that laid its rows out
+        assert len(app.snapshot.warnings) >= 2 and len(app.snapshot.segments) == 3
+        assert app.screen.max_scroll_y == 0
+        footer_row = app.screen.size.height - 1
+        for panel in ("#header", "#timeline-box", "#ranks", "#side", "#segments", "#warnings"):
+            region = app.query_one(panel).region
+            assert region.height >= 1 and region.bottom <= footer_row, (panel, region)
+        assert app.query_one("#warnings").region.height >= 2  # the desync, then the straggler
+        assert app.query_one("#segment-bars").display == (rows >= 36)
+        segments = app.query_one(SegmentsTable)
+        newest = segments.get_row_index("2")
+        assert segments.scroll_y + segments.scrollable_content_region.height - 1 > newest  # bucket at 2 MB in view, under the column names
 
 
 def test_impossible_values_are_rejected_by_kind_and_the_valid_stream_is_kept() -> None:

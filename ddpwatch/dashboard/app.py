@@ -42,6 +42,7 @@ from .widgets.warnings_panel import WarningsPanel
 FRAME_INTERVAL_S = 0.1
 INGEST_BUDGET_S = 0.06  # a frame folds in messages for at most this long (see ingest_arrived)
 NOTICE_S = 10.0
+SHORT_SCREEN_ROWS = 36  # below it every panel fits only in the short layout (``VERTICAL_BREAKPOINTS``)
 KEEP_STEPS = 120  # steps whose reports stay in memory (timeline, trends); older ones live on in the segment figures
 DEVICE_SAMPLES = 64 * DEVICE_SAMPLES_PER_RANK  # device samples kept over all ranks: 600 each up to 64 ranks, 37 at 1,024
 DETAIL_RANK_STEPS = 64 * KEEP_STEPS  # reports whose spans and all-reduce durations stay (see Session): all of 64 ranks'
@@ -65,6 +66,9 @@ SWITCH_ACTIONS = frozenset({"pick_strategy", "switch_to", "bucket", "accum", "ap
 class DashboardApp(App[None]):
     CSS_PATH = "dashboard.tcss"
     TITLE = "ddpwatch"
+    #: Under ``SHORT_SCREEN_ROWS`` rows (80 x 24, most terminals' default) the screen is ``-short``:
+    #: its panels shrink and the segment bars step aside (``dashboard.tcss``), so every panel shows.
+    VERTICAL_BREAKPOINTS = [(0, "-short"), (SHORT_SCREEN_ROWS, "-tall")]
     BINDINGS = [
         Binding("question_mark", "help", "help"),
         Binding("q", "quit", "quit"),

@@ -43,6 +43,8 @@ class SegmentsTable(DataTable):
             for index, row in enumerate(cells):
                 self.add_row(*row, key=str(index))
             self._widths = widths
+            if len(cells) > len(self._shown):  # a new segment: in view, even where only two rows show
+                self.call_after_refresh(self.scroll_end, animate=False)
         else:
             for index, (row, shown) in enumerate(zip(cells, self._shown)):
                 for column, cell, old in zip(self.columns, row, shown):

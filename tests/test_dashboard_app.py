@@ -187,21 +187,26 @@ async def test_the_screen_fits_the_terminal_with_a_large_job_and_every_segment_b
         assert bars.content_region.height >= 2 + len(app.snapshot.segments)  # ... and every bar still shows
 
 
-async def test_a_small_terminal_keeps_the_whole_header_in_view() -> None:
-    """At 80 x 24 the first line is longer than its box: it wrapped into the second row and pushed
-    "live · <source>" out of the header."""
+@pytest.mark.parametrize("columns", [80, 119, 120])
+async def test_a_narrow_terminal_shows_the_runs_live_figures_in_the_header(columns: int) -> None:
+    """At 80 columns the first line was cut after the session's name and "2 rank(s)": the
+    strategy, step, ETA and samples/s, the figures that move, were never seen; and before that it
+    wrapped into the second row and pushed "live · <source>" out. The run's identity and source
+    are one line, what it does now the other, each cut at its end; under 120 columns the progress
+    bar gives the text its 40 columns."""
     from textual.geometry import Region
 
     app = DashboardApp(StaticFeed(session_messages()), export_on_exit=False)
-    async with app.run_test(size=(80, 24)) as pilot:
+    async with app.run_test(size=(columns, 40)) as pilot:
         app.feed.stop()
         app.ingest_arrived()
         app.refresh_frame()
         await pilot.pause()
         text = app.query_one("#header-text")
         lines = [strip.text.rstrip() for strip in text.render_lines(Region(0, 0, text.size.width, text.size.height))]
-        assert lines[0].startswith("ddpwatch fixed-session · 2 rank(s) ·") and lines[0].endswith("…")
-        assert lines[1] == "live · fixed data"
+        assert lines[0] == "ddpwatch fixed-session · 2 rank(s) · live · fixed data"
+        assert lines[1] == "bucket (bucket_mb=1.0, grad_accum=1) · step 10/10 · ETA 0:00 · 40.6 samples/s"
+        assert app.query_one("#header-progress").display == (columns >= 120)
 
 
 @pytest.mark.parametrize("rows", [24, 35, 36])

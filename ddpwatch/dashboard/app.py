@@ -43,6 +43,7 @@ FRAME_INTERVAL_S = 0.1
 INGEST_BUDGET_S = 0.06  # a frame folds in messages for at most this long (see ingest_arrived)
 NOTICE_S = 10.0
 SHORT_SCREEN_ROWS = 36  # below it every panel fits only in the short layout (``VERTICAL_BREAKPOINTS``)
+NARROW_SCREEN_COLUMNS = 120  # below it the header's two lines need the progress bar's columns
 KEEP_STEPS = 120  # steps whose reports stay in memory (timeline, trends); older ones live on in the segment figures
 DEVICE_SAMPLES = 64 * DEVICE_SAMPLES_PER_RANK  # device samples kept over all ranks: 600 each up to 64 ranks, 37 at 1,024
 DETAIL_RANK_STEPS = 64 * KEEP_STEPS  # reports whose spans and all-reduce durations stay (see Session): all of 64 ranks'
@@ -69,6 +70,8 @@ class DashboardApp(App[None]):
     #: Under ``SHORT_SCREEN_ROWS`` rows (80 x 24, most terminals' default) the screen is ``-short``:
     #: its panels shrink and the segment bars step aside (``dashboard.tcss``), so every panel shows.
     VERTICAL_BREAKPOINTS = [(0, "-short"), (SHORT_SCREEN_ROWS, "-tall")]
+    #: Under ``NARROW_SCREEN_COLUMNS`` the header's progress bar gives its 40 columns to the text.
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (NARROW_SCREEN_COLUMNS, "-wide")]
     BINDINGS = [
         Binding("question_mark", "help", "help"),
         Binding("q", "quit", "quit"),

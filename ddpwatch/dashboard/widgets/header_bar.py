@@ -19,6 +19,11 @@ def format_eta(seconds: float | None) -> str:
 
 
 class HeaderBar(Horizontal):
+    """Two lines: the first says which run and where it comes from (fixed), the second what it is
+    doing now (strategy, step, ETA, throughput), so that each is cut at its end on a narrow
+    terminal and the live figures are never the part cut (they were, after the session's name,
+    at 80 columns)."""
+
     def compose(self) -> ComposeResult:
         self._text = Static(id="header-text")
         self._progress = ProgressBar(show_eta=False, id="header-progress")
@@ -29,10 +34,9 @@ class HeaderBar(Horizontal):
         mode = "live" if data.following else "paused"
         settings = f" ({data.settings})" if data.settings else ""
         text = (
-            f"[b]ddpwatch[/b] {data.session} · {data.world_size} rank(s) · [b]{data.strategy}[/b]{settings} · "
-            f"step {data.step}/{data.total_steps or '?'} · {format_eta(data.eta_s)} · "
-            f"{data.samples_per_s:.1f} samples/s\n[i]{mode}[/i] · [dim]{source}[/dim]"
-            + ("" if data.switchable else f" · [b]{NOT_SWITCHABLE}[/b]")
+            f"[b]ddpwatch[/b] {data.session} · {data.world_size} rank(s) · [i]{mode}[/i] · [dim]{source}[/dim]\n"
+            f"[b]{data.strategy}[/b]{settings} · step {data.step}/{data.total_steps or '?'} · {format_eta(data.eta_s)} · "
+            f"{data.samples_per_s:.1f} samples/s" + ("" if data.switchable else f" · [b]{NOT_SWITCHABLE}[/b]")
         )
         if text != getattr(self, "_shown", None):  # fixed size (see dashboard.tcss): no layout pass
             self._shown = text

@@ -22,7 +22,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ddpwatch.doctor import _trace_file  # noqa: E402
-from ddpwatch.profile_check import ProfilerTrace, RankComparison, compare_rank, load_trace  # noqa: E402
+from ddpwatch.profile_check import RankComparison, compare_rank  # noqa: E402
+from ddpwatch.profiler_trace import ProfilerTrace, load_trace  # noqa: E402
 from ddpwatch.recorder import load_session  # noqa: E402
 from instrumented_ddp.intervals import clip, merge, total_length  # noqa: E402
 

@@ -217,7 +217,8 @@ def _trace_file(profile: Path, rank: int) -> Path:
 
 def unwatched_syncs(workdir: Path, world_size: int, gpus: int, strategy: str) -> dict[int, dict[int, tuple[str, ...]]]:
     """rank -> ProfilerStep#N -> the syncs the same run makes with ``--no-watch``."""
-    from .profile_check import load_trace, syncs_per_iteration
+    from .profile_check import syncs_per_iteration
+    from .profiler_trace import load_trace
 
     profile = workdir / "profile-unwatched"
     _train(world_size, gpus, strategy, profile, ["--no-watch"], dict(os.environ))
@@ -229,7 +230,8 @@ def profiled_run(workdir: Path, world_size: int, gpus: int, strategy: str, nccl_
     """``train.py`` on NCCL, recorded and profiled at once; each rank's report against its trace
     (and its syncs against the unwatched run's, where there is one)."""
     from .demo import free_loopback_address
-    from .profile_check import compare_rank, load_trace
+    from .profile_check import compare_rank
+    from .profiler_trace import load_trace
     from .recorder import load_session
 
     out, profile = workdir / "session", workdir / "profile"

@@ -26,7 +26,7 @@ def modules_loaded_by(statement: str) -> set[str]:
 
 def test_ddpwatch_never_imports_torch() -> None:
     loaded = modules_loaded_by("import ddpwatch.cli, ddpwatch.dashboard.app, ddpwatch.recorder, ddpwatch.exporters, "
-                               "ddpwatch.switch_client, ddpwatch.doctor, ddpwatch.profile_check")
+                               "ddpwatch.switch_client, ddpwatch.doctor, ddpwatch.profile_check, ddpwatch.profiler_trace")
     assert "torch" not in loaded
     assert not {m for m in loaded if m.startswith("instrumented_ddp.") and m not in SHARED_GROUND}
 

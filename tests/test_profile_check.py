@@ -37,15 +37,13 @@ from ddpwatch.profile_check import (
     Check,
     RankComparison,
     all_passed,
-    collective_kind,
     compare_rank,
     estimate_offset,
-    load_trace,
-    parse_trace,
     render_checks,
     render_steps,
     syncs_per_iteration,
 )
+from ddpwatch.profiler_trace import collective_kind, load_trace, parse_trace
 from instrumented_ddp.protocol import Span, StepReport
 
 OFFSET_US = 123_456_000.0

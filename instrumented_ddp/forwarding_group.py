@@ -3,7 +3,7 @@
 Why it exists: to time a ``DistributedDataParallel`` that ddpwatch builds itself (the ``ddp``
 strategy) on the CPU without a communication hook. DDP's C++ reducer scales each gradient by
 1/world size while it copies it into its bucket, one pass; a hook is handed the bucket already
-filled, and gloo cannot average inside the all-reduce, so a hook scales it again: a second pass
+filled, and gloo averages only by a division after the sum, so a hook scales it again: a second pass
 over every gradient, measured at 1.025 of plain DDP's step on the tiny model on two cores, where
 DDP on a forwarding group measured 1.006-1.013 with bit-identical parameters (inside a watched
 step less is left to gain: 0.988-0.993 of the hook path, ``bench/ddp_watch_paths.py``). The reducer issues

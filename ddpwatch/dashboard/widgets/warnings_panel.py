@@ -30,13 +30,14 @@ def fitted_rows(lines: Sequence[tuple[str, str]], width: int, rows: int, wrap: W
         return [row for line in body for row in line]
     shown: list[tuple[str, str]] = []
     for index, line in enumerate(body):
-        room = rows - 1 - len(shown)
-        if len(line) > room:
-            if room > 0:
-                shown += line[:room - 1] + [(line[room - 1][0], cut(line[room - 1][1], width - 2))]
-                index += 1
-            return shown + [("+", f"{len(body) - index} more not shown: a taller terminal shows them")]
-        shown += line
+        room = rows - 1 - len(shown)  # the last row is kept for the count
+        if len(line) <= room:
+            shown += line
+            continue
+        if room > 0:  # this line in part, its last row shown cut
+            shown += line[:room - 1] + [(line[room - 1][0], cut(line[room - 1][1], width - 2))]
+        left_out = len(body) - index - (room > 0)
+        return shown + [("+", f"{left_out} more not shown: a taller terminal shows them")]
     return shown
 
 
@@ -49,11 +50,13 @@ class WarningsPanel(Static):
     DEFAULT_CSS = "WarningsPanel { text-wrap: nowrap; }"  # the rows are wrapped here, to count them
 
     MARKS = {"!": "[b red]![/]", "i": "[b cyan]i[/]", "+": "[b]+[/]", " ": " "}
+    _lines: tuple[tuple[str, str], ...] = ()  # (mark, text), as last shown
+    _drawn: tuple[tuple[tuple[str, str], ...], int, int] | None = None  # what the rows were figured from
 
     def show(self, warnings: tuple[str, ...], notices: tuple[str, ...] = ()) -> None:
         """``warnings`` in red (a desync, the run's one error, comes first); ``notices`` in cyan.
         Both are escaped: a device note or a refusal's detail is text a rank sent, not markup."""
-        self._lines = [("!", w) for w in warnings] + [("i", n) for n in notices]
+        self._lines = tuple(("!", w) for w in warnings) + tuple(("i", n) for n in notices)
         self.set_class(bool(warnings), "has-warnings")
         self._draw()
 
@@ -63,12 +66,11 @@ class WarningsPanel(Static):
     def _draw(self) -> None:
         """Every frame calls ``show``: the rows are figured again only when the lines, the width or
         the rows allowed changed (a resize, the short layout coming or going)."""
-        lines = getattr(self, "_lines", [])
-        key = (tuple(lines), max(self.size.width, 20), self._rows_allowed())
-        if key == getattr(self, "_drawn", None):
+        key = (self._lines, max(self.size.width, 20), self._rows_allowed())
+        if key == self._drawn:
             return
         self._drawn = key
-        if not lines:
+        if not self._lines:
             text = "[green]no warnings[/green]"
         else:
             text = "\n".join(f"{self.MARKS[mark]} {escape(row)}" for mark, row in fitted_rows(*key))

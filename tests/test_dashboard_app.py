@@ -193,7 +193,7 @@ async def test_a_narrow_terminal_shows_the_runs_live_figures_in_the_header(colum
     strategy, step, ETA and samples/s, the figures that move, were never seen; and before that it
     wrapped into the second row and pushed "live · <source>" out. The run's identity and source
     are one line, what it does now the other, each cut at its end; under 120 columns the progress
-    bar gives the text its 40 columns."""
+    bar gives the text its 40 columns, and the panels its row."""
     from textual.geometry import Region
 
     app = DashboardApp(StaticFeed(session_messages()), export_on_exit=False)
@@ -207,6 +207,7 @@ async def test_a_narrow_terminal_shows_the_runs_live_figures_in_the_header(colum
         assert lines[0] == "ddpwatch fixed-session · 2 rank(s) · live · fixed data"
         assert lines[1] == "bucket (bucket_mb=1.0, grad_accum=1) · step 10/10 · ETA 0:00 · 40.6 samples/s"
         assert app.query_one("#header-progress").display == (columns >= 120)
+        assert app.query_one("#header").region.height == (3 if columns >= 120 else 2)  # the bar's row to the panels
 
 
 @pytest.mark.parametrize("rows", [24, 35, 36])

@@ -192,8 +192,14 @@ class Segment:
 
     @property
     def label(self) -> str:
-        shown = ", ".join(f"{k}={v}" for k, v in sorted(self.settings.items()) if k in ("bucket_mb", "grad_accum"))
-        return f"{self.strategy} ({shown})" if shown else self.strategy
+        return strategy_label(self.strategy, self.settings)
+
+
+def strategy_label(strategy: str, settings: Mapping[str, Any]) -> str:
+    """``bucket (bucket_mb=1.0, grad_accum=1)``: the strategy and the settings that tell its
+    segments apart, as the segments table and the timeline's title name them."""
+    shown = ", ".join(f"{k}={v}" for k, v in sorted(settings.items()) if k in ("bucket_mb", "grad_accum"))
+    return f"{strategy} ({shown})" if shown else strategy
 
 
 def ranks_left_behind(last_steps: Mapping[int, int]) -> dict[int, int]:

@@ -210,6 +210,25 @@ async def test_a_narrow_terminal_shows_the_runs_live_figures_in_the_header(colum
         assert app.query_one("#header").region.height == (3 if columns >= 120 else 2)  # the bar's row to the panels
 
 
+async def test_the_timeline_is_titled_with_its_step_and_its_whole_strategy_and_settings() -> None:
+    """The step and strategy sat in the axis's 11-character label column: "step 10 · bu". The
+    box's border title holds them whole, settings too, and follows a step picked with the arrows."""
+    app = DashboardApp(StaticFeed(session_messages()), export_on_exit=False)
+    async with app.run_test(size=(80, 24)) as pilot:
+        app.feed.stop()
+        app.ingest_arrived()
+        app.refresh_frame()
+        await pilot.pause()
+        box = app.query_one("#timeline-box")
+        assert box.border_title == "step 10 · bucket (bucket_mb=1.0, grad_accum=1)"
+        assert app.timeline_view.render_line(0).text.startswith(" " * 12 + "|0ms")
+        for _ in range(6):  # back to step 4, under simple
+            await pilot.press("left")
+        app.refresh_frame()
+        await pilot.pause()
+        assert box.border_title == "step 4 · simple (grad_accum=1)"
+
+
 @pytest.mark.parametrize("rows", [24, 35, 36])
 async def test_every_panel_shows_without_scrolling_on_a_default_terminal_with_warnings(rows: int) -> None:
     """At 80 x 24 (most terminals' default) the panels were 5 rows taller than the screen: it

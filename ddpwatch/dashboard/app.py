@@ -128,8 +128,9 @@ class DashboardApp(App[None]):
         self.advisor_panel = AdvisorPanel(id="advisor", markup=False)
         self.side_tabs = TabbedContent(id="side")
         self.warnings_panel = WarningsPanel(id="warnings")
+        self.timeline_box = VerticalScroll(id="timeline-box")
         yield self.header_bar
-        with VerticalScroll(id="timeline-box"):
+        with self.timeline_box:
             yield self.timeline_view
         with Horizontal(id="middle"):
             yield self.ranks_table
@@ -212,6 +213,8 @@ class DashboardApp(App[None]):
             self.refresh_bindings()  # the switch keys are offered, or not (check_action)
         timed("header")
         self.timeline_view.show(snapshot.timeline, self.selected_rank)
+        if self.timeline_box.border_title != self.timeline_view.title:
+            self.timeline_box.border_title = self.timeline_view.title
         timed("timeline")
         self.ranks_table.show(snapshot.ranks)
         timed("ranks table")

@@ -20,7 +20,7 @@ from ddpwatch.advisor import Advice, advice_for_session
 from ddpwatch.heatmap import Heatmap, RowLayout, assemble_heatmap, heat_column, row_layout
 from ddpwatch.rank_lists import FEW_RANKS, ranks_text, runs_text
 from ddpwatch.rank_rows import RankRow, rows_by_node
-from ddpwatch.session import Segment, Session, StepSet
+from ddpwatch.session import Segment, Session, StepSet, strategy_label
 from instrumented_ddp.protocol import COMM_KINDS, COMPUTE_KINDS, StepReport
 
 SEGMENT_REFRESH_S = 1.0
@@ -67,6 +67,7 @@ class TimelineData:
     ranks: tuple[RankLanes, ...]
     reported: int = 0  # ranks that reported the step; more than ``ranks`` when only some are drawn
     roles: tuple[tuple[int, str], ...] = ()  # (rank, why it is drawn) when only some are
+    label: str = ""  # the strategy with its settings (``session.strategy_label``)
 
 
 @dataclass(frozen=True)
@@ -641,8 +642,9 @@ def timeline_of(step: int, reports: dict[int, StepReport], calls: dict[int, metr
     origin = min(r.start + shift[rank] for rank, r in reports.items())
     end = max(r.end + shift[rank] for rank, r in reports.items())
     lanes = [_lanes(rank, reports[rank], shift[rank] - origin, waiting.get(rank, [])) for rank in sorted(reports)]
-    return TimelineData(step, next(iter(reports.values())).strategy, max(end - origin, 1e-9), tuple(lanes),
-                        reported, tuple(role for role in roles or () if role[0] in reports))
+    first = next(iter(reports.values()))
+    return TimelineData(step, first.strategy, max(end - origin, 1e-9), tuple(lanes), reported,
+                        tuple(role for role in roles or () if role[0] in reports), strategy_label(first.strategy, first.settings))
 
 
 def _lanes(rank: int, report: StepReport, offset: float, waiting: list[tuple[float, float]]) -> RankLanes:

@@ -53,6 +53,14 @@ class TimelineView(Widget):
         elif changed:
             self.refresh()
 
+    @property
+    def title(self) -> str:
+        """Which step, under which strategy and settings: its box's border title, whole (in the
+        axis's label column it was cut to 11 characters, "step 69 · s")."""
+        if self.data is None:
+            return ""
+        return f"step {self.data.step} · {self.data.label or self.data.strategy}"
+
     def get_content_height(self, container, viewport, width: int) -> int:  # noqa: ANN001
         return 3 + 2 * (len(self.data.ranks) if self.data else 1) + (1 if self.data and self.data.roles else 0)
 
@@ -80,7 +88,6 @@ class TimelineView(Widget):
         assert self.data is not None
         span_ms = 1000 * self.data.span_s
         columns = self._columns(width)
-        title = f"step {self.data.step} · {self.data.strategy}"
         ticks = [" "] * columns
         for fraction in (0.0, 0.25, 0.5, 0.75):
             text = f"|{span_ms * fraction:.0f}ms"
@@ -91,7 +98,7 @@ class TimelineView(Widget):
         end = f"{span_ms:.0f}ms|"
         for i, ch in enumerate(end):
             ticks[columns - len(end) + i] = ch
-        return Strip([Segment(title[:LABEL_WIDTH].ljust(LABEL_WIDTH + 1), STYLES["label"]),
+        return Strip([Segment(" " * (LABEL_WIDTH + 1), STYLES["label"]),  # the step and strategy: ``title``
                       Segment("".join(ticks), STYLES["axis"])]).crop(0, width)
 
     def _lane(self, rank: RankLanes, compute: bool, width: int) -> Strip:

@@ -229,6 +229,24 @@ async def test_the_timeline_is_titled_with_its_step_and_its_whole_strategy_and_s
         assert box.border_title == "step 4 · simple (grad_accum=1)"
 
 
+def test_the_timeline_legend_wraps_so_every_colour_is_named() -> None:
+    """Items are mark, space, text and two spaces: forward 11, backward 12, optimizer 13, data 8,
+    "collective hidden by compute" 32, "exposed: transfer" 21, "exposed: waiting for other ranks"
+    36, wait 8: 141 columns, the last item's two spaces free to pass the edge. At 160 columns all
+    fit in one row after the 12-column label indent (12 + 139 = 151). At 78 (an 80-column screen
+    inside the box's border) one row was cut after "collective hidden"; indented they would take
+    three rows (44 + 12 = 56, then 32 + 21 = 53, then 36 + 8), from the left edge two (11 + 12 + 13
+    + 8 + 32 = 76, less 2 = 74 <= 78; then 21 + 36 + 8): so from the left edge."""
+    from ddpwatch.dashboard.widgets.timeline_view import legend_rows
+
+    indent, rows = legend_rows(160)
+    assert (indent, [len(row) for row in rows]) == (12, [8])
+    indent, rows = legend_rows(78)
+    assert (indent, [[text for _, _, text in row] for row in rows]) == (0, [
+        ["forward", "backward", "optimizer", "data", "collective hidden by compute"],
+        ["exposed: transfer", "exposed: waiting for other ranks", "wait"]])
+
+
 @pytest.mark.parametrize("rows", [24, 35, 36])
 async def test_every_panel_shows_without_scrolling_on_a_default_terminal_with_warnings(rows: int) -> None:
     """At 80 x 24 (most terminals' default) the panels were 5 rows taller than the screen: it
@@ -257,6 +275,9 @@ async def test_every_panel_shows_without_scrolling_on_a_default_terminal_with_wa
             assert region.height >= 1 and region.bottom <= footer_row, (panel, region)
         assert app.query_one("#warnings").region.height >= 2  # the desync, then the straggler
         assert app.query_one("#segment-bars").display == (rows >= 36)
+        assert app.query_one("#timeline-box").max_scroll_y == 0
+        drawn = " ".join(app.timeline_view.render_line(y).text for y in range(app.timeline_view.size.height))
+        assert "exposed: transfer" in drawn and "exposed: waiting for other ranks" in drawn  # the legend whole
         segments = app.query_one(SegmentsTable)
         newest = segments.get_row_index("2")
         assert segments.scroll_y + segments.scrollable_content_region.height - 1 > newest  # bucket at 2 MB in view, under the column names

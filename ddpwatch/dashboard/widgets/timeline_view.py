@@ -62,7 +62,9 @@ class TimelineView(Widget):
         return f"step {self.data.step} · {self.data.label or self.data.strategy}"
 
     def get_content_height(self, container, viewport, width: int) -> int:  # noqa: ANN001
-        return 3 + 2 * (len(self.data.ranks) if self.data else 1) + (1 if self.data and self.data.roles else 0)
+        if self.data is None:
+            return 1
+        return 1 + 2 * len(self.data.ranks) + len(legend_rows(width)[1]) + (1 if self.data.roles else 0)
 
     def render_line(self, y: int) -> Strip:
         width = self.size.width
@@ -74,9 +76,10 @@ class TimelineView(Widget):
         if 1 <= y <= lanes:
             rank = self.data.ranks[(y - 1) // 2]
             return self._lane(rank, compute=(y - 1) % 2 == 0, width=width)
-        if y == lanes + 1:
-            return self._legend(width)
-        if y == lanes + 2 and self.data.roles:
+        indent, legend = legend_rows(width)
+        if y <= lanes + len(legend):
+            return self._legend(indent, legend[y - lanes - 1], width)
+        if y == lanes + len(legend) + 1 and self.data.roles:
             return self._drawn_ranks(width)
         return Strip.blank(width)
 
@@ -161,8 +164,29 @@ class TimelineView(Widget):
         text = f"{len(self.data.ranks)} of {self.data.reported} ranks drawn: {why} (select a rank in the ranks table or heatmap to add it)"
         return Strip([Segment(" " * (LABEL_WIDTH + 1)), Segment(text, STYLES["label"])]).crop(0, width)
 
-    def _legend(self, width: int) -> Strip:
-        segments = [Segment(" " * (LABEL_WIDTH + 1))]
-        for char, style, text in LEGEND:
+    def _legend(self, indent: int, items: list[tuple[str, str, str]], width: int) -> Strip:
+        segments = [Segment(" " * indent)]
+        for char, style, text in items:
             segments += [Segment(char, STYLES[style]), Segment(f" {text}  ", STYLES["axis"])]
         return Strip(segments).crop(0, width)
+
+
+def legend_rows(width: int) -> tuple[int, list[list[tuple[str, str, str]]]]:
+    """The legend's indent and its items packed into rows of ``width`` (each item its mark, a
+    space, its text and two spaces): under the lanes, indented past the labels, where that takes
+    no more rows than from the left edge. One row was cut at the screen's edge: at 80 columns
+    the two exposed colours, the ones a reader most needs named, were never named."""
+    def packed(indent: int) -> list[list[tuple[str, str, str]]]:
+        rows: list[list[tuple[str, str, str]]] = [[]]
+        used = indent
+        for item in LEGEND:
+            size = len(item[0]) + len(item[2]) + 3
+            if rows[-1] and used + size - 2 > width:  # the trailing two spaces may pass the edge
+                rows.append([])
+                used = indent
+            rows[-1].append(item)
+            used += size
+        return rows
+
+    indented, flush = packed(LABEL_WIDTH + 1), packed(0)
+    return (LABEL_WIDTH + 1, indented) if len(indented) == len(flush) else (0, flush)

@@ -83,6 +83,7 @@ async def test_help_screen_lists_the_keys() -> None:
         lines = str(shown).splitlines()
         assert "   ] / [  grad_accum + 1 / - 1 (switches)" in lines
         assert "   + / -  double / halve bucket_mb (switches)" in lines
+        assert "   1 … 9  switch to simple, ga, hook, async, bucket, ddp, zero1, zero2, fsdp" in lines
         assert "[/b]" not in str(shown) and "[dim]" not in str(shown)
         await pilot.press("escape")
         assert not isinstance(app.screen, HelpScreen)

@@ -8,6 +8,8 @@ from textual.content import Content
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
+from instrumented_ddp.protocol import STRATEGY_NAMES
+
 KEYS = [
     ("?", "this help"),
     ("q", "quit (the session is already on disk)"),
@@ -15,7 +17,8 @@ KEYS = [
     ("← / →", "previous / next step (pauses)"),
     ("end", "back to the latest step"),
     ("s", "pick a strategy and settings to switch to"),
-    ("1 … 6", "switch to simple, ga, hook, async, bucket, ddp"),
+    # from the list the keys are bound from (``DashboardApp.BINDINGS``): it said "1 … 6" once there were nine
+    (f"1 … {len(STRATEGY_NAMES)}", f"switch to {', '.join(STRATEGY_NAMES)}"),
     ("+ / -", "double / halve bucket_mb (switches)"),
     ("] / [", "grad_accum + 1 / - 1 (switches)"),
     ("e", "export summary.json/.md/.csv/.svg, trace.json and an SVG screenshot"),

@@ -891,3 +891,26 @@ async def test_a_short_terminal_shows_the_first_warning_and_how_many_more_there_
         await pilot.pause()
         shown = str(app.warnings_panel.render())
         assert "more not shown" not in shown and "straggler" in shown and "unresolved" in shown
+
+
+@pytest.mark.parametrize(("size", "all_in_view"), [((160, 50), True), ((80, 24), False)])
+async def test_the_strategy_picker_shows_every_strategy_where_the_terminal_has_room(size: tuple[int, int], all_in_view: bool) -> None:
+    """Its list was 8 rows, six strategies: zero1, zero2 and fsdp were below its fold at any size.
+    On a short terminal the list keeps 8 rows and scrolls, so the picker still fits the screen."""
+    from textual.widgets import OptionList
+
+    from ddpwatch.dashboard.screens.strategy_picker import StrategyPicker
+
+    app = DashboardApp(StaticFeed(session_messages()), export_on_exit=False)
+    async with app.run_test(size=size) as pilot:
+        app.feed.stop()
+        app.ingest_arrived()
+        app.refresh_frame()
+        await pilot.pause()
+        await pilot.press("s")
+        await pilot.pause(0.2)
+        assert isinstance(app.screen, StrategyPicker)
+        options = app.screen.query_one(OptionList)
+        assert (options.max_scroll_y == 0) == all_in_view
+        box = app.screen.query_one("#picker-box").region
+        assert box.y >= 0 and box.bottom <= size[1]  # the whole picker on screen

@@ -65,7 +65,7 @@ from dataclasses import dataclass, field
 
 from ddpwatch.metrics import step_figures
 from ddpwatch.profiler_trace import Kernel, ProfilerTrace
-from instrumented_ddp.protocol import Span, StepReport
+from instrumented_ddp.protocol import COMM_KINDS, Span, StepReport
 
 __all__ = [
     "COMM_SPAN_KINDS", "Check", "ClockOffset", "PairedCollective", "RankComparison", "StepRow", "all_passed",
@@ -73,7 +73,7 @@ __all__ = [
 ]
 
 #: ddpwatch span kinds that are collectives (what the protocol can carry).
-COMM_SPAN_KINDS = frozenset({"all_reduce", "broadcast", "reduce_scatter", "all_gather"})
+COMM_SPAN_KINDS = frozenset(COMM_KINDS)
 
 _US_PER_S = 1e6
 

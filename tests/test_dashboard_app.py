@@ -170,6 +170,15 @@ def test_heatmap_tab_snapshot_of_a_large_job(snap_compare, world: int) -> None: 
     assert snap_compare(app, terminal_size=(160, 48), run_before=settle)
 
 
+async def draw_every_message(app: DashboardApp, pilot) -> None:  # noqa: ANN001
+    """The static feed's messages all queued (its thread joined), folded and drawn in one frame,
+    whatever the machine's load (the frame timer folds for at most 60 ms a frame)."""
+    app.feed.stop()
+    app.ingest_arrived()
+    app.refresh_frame()
+    await pilot.pause()
+
+
 async def test_the_screen_fits_the_terminal_with_a_large_job_and_every_segment_bar_shows() -> None:
     """A screen taller than the terminal scrolled (by a line, when a focus moved: a flaky snapshot)
     and hid the warnings below the fold; the ranks take what the timeline and segments leave."""
@@ -177,10 +186,7 @@ async def test_the_screen_fits_the_terminal_with_a_large_job_and_every_segment_b
     hellos = {rank: replace(hello(rank, world_size=world), node_rank=rank // 8) for rank in range(world)}
     app = DashboardApp(StaticFeed(session_messages(steps=4, world_size=world, hellos=hellos)), export_on_exit=False)
     async with app.run_test(size=(160, 40)) as pilot:
-        app.feed.stop()
-        app.ingest_arrived()
-        app.refresh_frame()
-        await pilot.pause()
+        await draw_every_message(app, pilot)
         assert app.screen.max_scroll_y == 0
         warnings = app.query_one("#warnings")
         assert warnings.region.bottom <= app.screen.size.height - 1  # above the footer
@@ -199,10 +205,7 @@ async def test_a_narrow_terminal_shows_the_runs_live_figures_in_the_header(colum
 
     app = DashboardApp(StaticFeed(session_messages()), export_on_exit=False)
     async with app.run_test(size=(columns, 40)) as pilot:
-        app.feed.stop()
-        app.ingest_arrived()
-        app.refresh_frame()
-        await pilot.pause()
+        await draw_every_message(app, pilot)
         text = app.query_one("#header-text")
         lines = [strip.text.rstrip() for strip in text.render_lines(Region(0, 0, text.size.width, text.size.height))]
         assert lines[0] == "ddpwatch fixed-session · 2 rank(s) · live · fixed data"
@@ -216,10 +219,7 @@ async def test_the_timeline_is_titled_with_its_step_and_its_whole_strategy_and_s
     box's border title holds them whole, settings too, and follows a step picked with the arrows."""
     app = DashboardApp(StaticFeed(session_messages()), export_on_exit=False)
     async with app.run_test(size=(80, 24)) as pilot:
-        app.feed.stop()
-        app.ingest_arrived()
-        app.refresh_frame()
-        await pilot.pause()
+        await draw_every_message(app, pilot)
         box = app.query_one("#timeline-box")
         assert box.border_title == "step 10 · bucket (bucket_mb=1.0, grad_accum=1)"
         assert app.timeline_view.render_line(0).text.startswith(" " * 12 + "|0ms")
@@ -254,19 +254,14 @@ async def test_every_panel_shows_without_scrolling_on_a_default_terminal_with_wa
     scrolled, and the warnings and the seed blog's table sat below the fold. Under 36 rows the
     segment bars step aside and the rest shrink; the table scrolls to its newest segment."""
     def desync_and_straggler(report: StepReport) -> StepReport:
-        report = straggling(30.0)(report)
-        if report.rank == 1 and report.step in (3, 4):
-            return replace(report, spans=[s for s in report.spans if s.tag != "p3"])
+        report = desync_at_3_4_and_a_straggler(report)
         if report.step >= 9:  # a third segment: bucket at 2 MB
             return replace(report, settings={**report.settings, "bucket_mb": 2.0})
         return report
 
     app = DashboardApp(StaticFeed(session_messages(edit=desync_and_straggler)), export_on_exit=False)
     async with app.run_test(size=(80, rows)) as pilot:
-        app.feed.stop()
-        app.ingest_arrived()
-        app.refresh_frame()
-        await pilot.pause()
+        await draw_every_message(app, pilot)
         await pilot.pause()  # the segments table scrolls after the refresh that laid its rows out
         assert len(app.snapshot.warnings) >= 2 and len(app.snapshot.segments) == 3
         assert app.screen.max_scroll_y == 0
@@ -397,6 +392,15 @@ def straggling(ms: float):  # noqa: ANN201
         spans[i] = spans[i]._replace(start=spans[i].start - ms / 1000)
         return replace(report, spans=spans)
     return edit
+
+
+def desync_at_3_4_and_a_straggler(report: StepReport) -> StepReport:
+    """Two warnings: rank 1 issues one all-reduce fewer in steps 3 and 4 (a desync), and waits
+    30 ms a step for rank 0 (a straggler)."""
+    report = straggling(30.0)(report)
+    if report.rank == 1 and report.step in (3, 4):
+        return replace(report, spans=[s for s in report.spans if s.tag != "p3"])
+    return report
 
 
 def test_a_desync_stays_in_the_warnings_with_its_step_range_after_it_left_the_screen() -> None:
@@ -867,19 +871,14 @@ async def test_a_short_terminal_shows_the_first_warning_and_how_many_more_there_
     """At 80 x 24 the panel has two rows: a desync wrapped onto both, and a straggler and two
     unresolved steps after it were not shown, nor said to be there."""
     def three_warnings(report: StepReport) -> StepReport:
-        report = straggling(30.0)(report)
-        if report.rank == 1 and report.step in (3, 4):
-            return replace(report, spans=[s for s in report.spans if s.tag != "p3"])
+        report = desync_at_3_4_and_a_straggler(report)
         if report.rank == 1 and report.step in (6, 7):
             return replace(report, unresolved=True, spans=[s for s in report.spans if s.tag not in ("p3", "b1")])
         return report
 
     app = DashboardApp(StaticFeed(session_messages(edit=three_warnings)), export_on_exit=False)
     async with app.run_test(size=(80, 24)) as pilot:
-        app.feed.stop()
-        app.ingest_arrived()
-        app.refresh_frame()
-        await pilot.pause()
+        await draw_every_message(app, pilot)
         assert len(app.snapshot.warnings) == 3
         shown = str(app.warnings_panel.render()).splitlines()
         assert len(shown) == 2 and app.warnings_panel.region.height == 2
@@ -903,10 +902,7 @@ async def test_the_strategy_picker_shows_every_strategy_where_the_terminal_has_r
 
     app = DashboardApp(StaticFeed(session_messages()), export_on_exit=False)
     async with app.run_test(size=size) as pilot:
-        app.feed.stop()
-        app.ingest_arrived()
-        app.refresh_frame()
-        await pilot.pause()
+        await draw_every_message(app, pilot)
         await pilot.press("s")
         await pilot.pause(0.2)
         assert isinstance(app.screen, StrategyPicker)

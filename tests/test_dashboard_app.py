@@ -335,6 +335,31 @@ async def test_a_click_or_enter_on_a_rank_row_highlights_that_rank_and_the_curso
         assert table.scroll_y <= 41 < table.scroll_y + visible_rows  # the cursor never leaves the view
 
 
+def visible_text(table: RanksTable, y: int) -> str:
+    return table.render_line(y).text
+
+
+async def test_a_narrow_ranks_table_shows_each_ranks_figures_and_keeps_the_rank_when_scrolled() -> None:
+    """At 80 x 24 the ranks table's panel is 46 columns: it shows the rank, its status, step, step
+    ms and Compute% (before, the rank then node, host, device and status, and not one figure).
+    Scrolled to its far end it shows where each rank runs, each row still led by its rank."""
+    messages = session_messages(steps=4, edit=straggling(40.0))
+    app = DashboardApp(StaticFeed(messages), export_on_exit=False)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await draw_every_message(app, pilot)
+        table = app.ranks_table
+        assert table.size.width < 50
+        assert visible_text(table, 0).split()[:5] == ["rank", "status", "step", "step", "ms"]
+        assert "Compute%" in visible_text(table, 0)
+        first_row = visible_text(table, 1).split()
+        assert first_row[:3] == ["0", "finished", "4"] and float(first_row[3]) > 0
+        table.scroll_to(x=table.max_scroll_x, animate=False)
+        await pilot.pause(0.1)
+        header, first_row = visible_text(table, 0), visible_text(table, 1)
+        assert header.startswith("rank  ") and header.rstrip().endswith("device")
+        assert first_row.startswith("0     ") and first_row.rstrip().endswith("cpu")
+
+
 def test_a_bounded_session_keeps_recent_steps_and_exact_segment_figures() -> None:
     from ddpwatch.receiver import ingest
     from ddpwatch.session import Session
@@ -735,12 +760,12 @@ async def test_a_large_jobs_ranks_table_has_a_row_per_node_opened_by_enter() -> 
     async with app.run_test(size=(160, 50)) as pilot:
         await pilot.pause(0.5)
         table = app.ranks_table
-        assert table.row_count == 10 and table.rows[1][:2] == ("▸ 8 ranks", "1")
+        assert table.row_count == 10 and table.rows[1][0] == "▸ node 1: 8 ranks" and table.rows[1][-3] == "1"
         table.focus()
         table.cursor_row = 1
         await pilot.press("enter")  # opens node 1: its row, then its 8 ranks
         await pilot.pause(0.3)
-        assert table.row_count == 18 and table.rows[1][0] == "▾ 8 ranks"
+        assert table.row_count == 18 and table.rows[1][0] == "▾ node 1: 8 ranks"
         assert [cells[0] for cells in table.rows[2:10]] == [str(rank) for rank in range(8, 16)]
         assert app.open_nodes == {1}  # the heatmap's open nodes too
         table.cursor_row = 3

@@ -1,6 +1,12 @@
 """One row per rank (a large job: per node, opened to its ranks); selecting a rank's row
 highlights that rank in the timeline, choosing a node's row opens or closes it.
 
+The figures that tell ranks apart (status, step, step ms, Compute%, ..., waited ms) come right
+after the rank, and where each rank runs (node, host, device) last: in a panel narrower than the
+table, as on an 80- or 120-column terminal, the figures show and what scrolls out of view is the
+part that is the same on every rank of a node. The rank column stays put when the table scrolls
+sideways, so a row scrolled to its host still says whose it is.
+
 Drawn line by line (Textual's line API) rather than with a ``DataTable``: a DataTable renders
 every visible cell through Rich again whenever any one cell changes, and at 64 ranks some cell
 changes every frame, which alone cost the dashboard a third of its frame rate. Here a row is
@@ -21,8 +27,8 @@ from textual.strip import Strip
 
 from ddpwatch.rank_rows import RankRow
 
-COLUMNS = ("rank", "node", "host", "device", "status", "step", "step ms", "Compute%", "Non_Compute%", "Overlap%",
-           "waited ms", "utilization", "memory", "held P/G/O MiB", "dropped")
+COLUMNS = ("rank", "status", "step", "step ms", "Compute%", "Non_Compute%", "Overlap%", "waited ms",
+           "utilization", "memory", "held P/G/O MiB", "dropped", "node", "host", "device")
 STATUS_COLUMN = COLUMNS.index("status")
 STATUS_STYLE = {"live": Style(color="green"), "finished": Style(color="blue"), "lost": Style(color="red", bold=True)}
 NUMERIC = frozenset(range(COLUMNS.index("step"), COLUMNS.index("waited ms") + 1)) | {COLUMNS.index("dropped")}
@@ -34,11 +40,13 @@ def _num(value: float | None, digits: int = 1) -> str:
 
 
 def row_cells(row: RankRow) -> tuple[str, ...]:
-    """A node's row names how many ranks it stands for, with ▸ (closed) or ▾ (opened)."""
-    rank = f"{'▾' if row.opened else '▸'} {len(row.group)} ranks" if row.group else str(row.rank)
-    return (rank, "?" if row.node is None else str(row.node), row.host, row.device, row.status,
-            str(row.step), _num(row.step_ms), _num(row.compute_pct), _num(row.non_compute_pct),
-            _num(row.overlap_pct), _num(row.waited_ms), row.utilization, row.memory, row.held, str(row.dropped))
+    """A node's row names the node and how many ranks it stands for, with ▸ (closed) or ▾
+    (opened): its node column is at the far end, often scrolled out of view."""
+    node = "?" if row.node is None else str(row.node)
+    rank = f"{'▾' if row.opened else '▸'} node {node}: {len(row.group)} ranks" if row.group else str(row.rank)
+    return (rank, row.status, str(row.step), _num(row.step_ms), _num(row.compute_pct), _num(row.non_compute_pct),
+            _num(row.overlap_pct), _num(row.waited_ms), row.utilization, row.memory, row.held, str(row.dropped),
+            node, row.host, row.device)
 
 
 class RanksTable(ScrollView, can_focus=True):
@@ -110,7 +118,15 @@ class RanksTable(ScrollView, can_focus=True):
             if index >= len(self.rows):
                 return Strip.blank(self.size.width, self.rich_style)
             strip = self._row_strip(index)
-        return strip.crop_extend(scroll_x, scroll_x + self.size.width, self.rich_style)
+        return self._scrolled(strip, scroll_x)
+
+    def _scrolled(self, strip: Strip, scroll_x: int) -> Strip:
+        """The line as the viewport shows it: the rank column fixed, the rest scrolled by ``scroll_x``."""
+        width, fixed = self.size.width, self.widths[0] + GAP
+        if scroll_x == 0 or width <= fixed:
+            return strip.crop_extend(0, width, self.rich_style)
+        rest = strip.crop_extend(fixed + scroll_x, scroll_x + width, self.rich_style)
+        return Strip.join([strip.crop_extend(0, fixed, self.rich_style), rest])
 
     def _row_strip(self, index: int) -> Strip:
         base = self.rich_style

@@ -341,14 +341,16 @@ def visible_text(table: RanksTable, y: int) -> str:
 
 async def test_a_narrow_ranks_table_shows_each_ranks_figures_and_keeps_the_rank_when_scrolled() -> None:
     """At 80 x 24 the ranks table's panel is 46 columns: it shows the rank, its status, step, step
-    ms and Compute% (before, the rank then node, host, device and status, and not one figure).
+    ms and Compute% (before, the rank then node, host, device and status, and not one figure),
+    for more than one rank (before, its horizontal scrollbar took the second rank's row).
     Scrolled to its far end it shows where each rank runs, each row still led by its rank."""
-    messages = session_messages(steps=4, edit=straggling(40.0))
+    messages = session_messages(steps=4, world_size=8, edit=straggling(40.0))
     app = DashboardApp(StaticFeed(messages), export_on_exit=False)
     async with app.run_test(size=(80, 24)) as pilot:
         await draw_every_message(app, pilot)
         table = app.ranks_table
-        assert table.size.width < 50
+        assert table.size.width < 50 and table.max_scroll_x > 0
+        assert table.scrollable_content_region.height - 1 >= 2  # rank rows in view, under the header line
         assert visible_text(table, 0).split()[:5] == ["rank", "status", "step", "step", "ms"]
         assert "Compute%" in visible_text(table, 0)
         first_row = visible_text(table, 1).split()

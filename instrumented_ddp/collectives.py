@@ -16,7 +16,7 @@ all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_te
 def timed_collective(
     timeline: Any, kind: str, tensor: torch.Tensor, *, tag: str, async_op: bool,
     group: dist.ProcessGroup | None = None, src: int = 0, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM,
-    marks_ready: bool = False, output: torch.Tensor | None = None, blocking: bool | None = None,
+    marks_ready: bool = False, output: torch.Tensor | None = None, blocking: bool | None = None, queue: str = "",
 ) -> dist.Work | None:
     """Issue an ``all_reduce`` or a ``broadcast`` of ``tensor`` in place, or a ``reduce_scatter``
     of ``tensor`` into the shard ``output`` or an ``all_gather`` of the shard ``tensor`` into
@@ -32,10 +32,12 @@ def timed_collective(
     on the CPU, the work handed back looks for ended collectives as soon as it has been waited
     (``HostClock``: the rank's own thread sees them complete; ``LooksWhenWaited``).
     ``marks_ready``: issued the moment its gradient became ready (a per-parameter hook), so its
-    issue stamp also marks that gradient ready (``StepTimeline.mark_ready``).
+    issue stamp also marks that gradient ready (``StepTimeline.mark_ready``). ``queue``: where
+    ``group`` is not the one the strategy's other collectives share, a name for its queue
+    (``StepTimeline.open_collective``).
     """
     whole = output if kind == "all_gather" else tensor
-    span = _open(timeline, kind, whole, tag, blocking=not async_op if blocking is None else blocking)
+    span = _open(timeline, kind, whole, tag, blocking=not async_op if blocking is None else blocking, queue=queue)
     if marks_ready and span is not None:
         timeline.mark_ready(tag, span.nbytes, at=span.start)
     if kind == "all_reduce":
@@ -113,6 +115,7 @@ def timed_all_reduce_result(timeline: Any, tensor: torch.Tensor, *, tag: str, gr
     return timeline.close_collective_with_result(span, work)
 
 
-def _open(timeline: Any, kind: str, tensor: torch.Tensor, tag: str, blocking: bool, at: Any = None) -> Any:
+def _open(timeline: Any, kind: str, tensor: torch.Tensor, tag: str, blocking: bool, at: Any = None, queue: str = "") -> Any:
     nbytes = tensor.numel() * tensor.element_size()
-    return timeline.open_collective(kind, nbytes, tag, str(tensor.dtype).removeprefix("torch."), blocking, at=at)
+    return timeline.open_collective(kind, nbytes, tag, str(tensor.dtype).removeprefix("torch."), blocking, at=at,
+                                    queue=queue)

@@ -5,7 +5,10 @@ FSDP2 lets a caller replace each unit's all-gather and reduce-scatter
 ``TimedReduceScatter`` issue the call as FSDP's defaults do (same collective, same group, a
 plain output tensor allocated as the default allocates it) and record it on a timeline. The
 ``fsdp`` strategy uses them on the copy it shards; ``FSDPTiming`` on a model the user sharded
-(``attach``).
+(``attach``). On a 2-D mesh (HSDP: sharded within a replica, replicated across) FSDP also
+all-reduces each unit's reduce-scattered gradients across the replicas, with a plain
+``dist.all_reduce`` on the replicate dimension's group and no hook to take it: that group is
+swapped for a ``ForwardingGroup`` that hands the call to ``TimedReplicaAllReduce``.
 """
 
 from __future__ import annotations
@@ -19,10 +22,16 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter  # FSDP2's comm interfaces
 
 from .collectives import timed_collective
+from .forwarding_group import ForwardingGroup
 from .timeline import NULL_TIMELINE, NullTimeline, StepTimeline
 
 #: FSDP2's own comms, by class name (``_fsdp_param_group``): any other was set by someone else.
 DEFAULT_COMMS = frozenset({"DefaultAllGather", "DefaultReduceScatter"})
+
+#: The queue HSDP's all-reduces across replicas wait in (``StepTimeline.open_collective``): the
+#: replicate dimension's process group, whose gloo threads or NCCL stream are not the shard
+#: group's, which the all-gathers and reduce-scatters share.
+REPLICAS_QUEUE = "replicas"
 
 
 class _TimedComm:
@@ -65,6 +74,41 @@ class TimedReduceScatter(_TimedComm, ReduceScatter):
                                 async_op=async_op, group=group, op=op, blocking=self.blocks_compute(input_tensor, async_op))
 
 
+class TimedReplicaAllReduce(_TimedComm):
+    """HSDP's all-reduce of one unit's reduce-scattered gradients across its replicas: the
+    watcher of the ``ForwardingGroup`` that stands for the replicate dimension's group. FSDP's
+    ``dist.all_reduce`` call reaches it as ``group.allreduce``; it issues the same all-reduce,
+    FSDP's op untouched, on the group it stands for, and hands back the work for that call to
+    wait on. The call is synchronous, so on gloo it holds the training thread; on a GPU it runs
+    on FSDP's all-reduce stream and blocks no compute."""
+
+    def __call__(self, group: dist.ProcessGroup, tensors: list[torch.Tensor], options: dist.AllreduceOptions) -> dist.Work:
+        self.calls += 1
+        (tensor,) = tensors
+        return timed_collective(self.timeline, "all_reduce", tensor, tag=self.tag, async_op=True, group=group,
+                                op=options.reduceOp, blocking=not tensor.is_cuda, queue=REPLICAS_QUEUE)
+
+
+def time_replica_all_reduces(unit: FSDPModule, timed: TimedReplicaAllReduce) -> bool:
+    """Route the all-reduces across replicas of ``unit`` (HSDP) through ``timed``: its param
+    groups' replicate group becomes a ``ForwardingGroup`` watched by it. FSDP builds a mesh's
+    groups once per ``fully_shard`` call, so each unit has its own; one already forwarding (a
+    mesh shared with another unit, in a torch that shares it) keeps its first unit's tag.
+    False where ``unit`` is not replicated (a 1-D mesh: nothing to time)."""
+    found = False
+    for group in _fsdp_param_groups(unit):
+        mesh_info = group.mesh_info
+        replicas = getattr(mesh_info, "replicate_process_group", None)
+        if replicas is None:
+            continue
+        found = True
+        if not isinstance(replicas, ForwardingGroup):
+            forwarding = ForwardingGroup(replicas)
+            forwarding.watcher = timed
+            mesh_info.replicate_process_group = forwarding
+    return found
+
+
 def fsdp_units(model: nn.Module) -> list[FSDPModule]:
     """The model's ``fully_shard`` units, the root last (as the ``fsdp`` strategy numbers them:
     ``u<i>``, the root taking what is left, embeddings and head)."""
@@ -100,7 +144,8 @@ def param_groups(unit: FSDPModule) -> int:
 class FSDPTiming:
     """The timed all-gathers and reduce-scatters of a model its user sharded with ``fully_shard``:
     each unit's comms replaced by timed ones that issue what FSDP's defaults issue, tagged
-    ``u<i>`` by unit. What ``attach`` asks of a timing, as ``DDPTiming`` answers it for DDP."""
+    ``u<i>`` by unit, and on a 2-D mesh (HSDP) its all-reduces across replicas, tagged alike.
+    What ``attach`` asks of a timing, as ``DDPTiming`` answers it for DDP."""
 
     #: FSDP has no first iteration unlike the others (DDP's is one bucket of everything).
     on_first_buckets = False
@@ -109,7 +154,7 @@ class FSDPTiming:
         self.model, self.timeline = model, timeline
         self.units = fsdp_units(model)
         self._comms: list[_TimedComm] = []
-        self._scatters_at_backward_start = 0
+        self._reductions_at_backward_start = 0
 
     def install(self) -> None:
         for index, unit in enumerate(self.units):
@@ -117,10 +162,14 @@ class FSDPTiming:
             unit.set_custom_all_gather(gather)
             unit.set_custom_reduce_scatter(scatter)
             self._comms += [gather, scatter]
+            replicas = TimedReplicaAllReduce(self.timeline, index)
+            if time_replica_all_reduces(unit, replicas):
+                self._comms.append(replicas)
 
     def stop_timing(self) -> None:
         """FSDP has no way back to its default comms but to set them again, a private class: the
-        timed ones stay and go on issuing the same collectives, untimed."""
+        timed ones stay and go on issuing the same collectives, untimed (the all-reduces across
+        replicas too, through their forwarding groups)."""
         for comm in self._comms:
             comm.timeline = NULL_TIMELINE
         self.timeline = NULL_TIMELINE
@@ -130,14 +179,15 @@ class FSDPTiming:
         return []
 
     def backward_began(self) -> None:
-        self._scatters_at_backward_start = self._reduce_scatters()
+        self._reductions_at_backward_start = self._reductions()
 
     def backward_ended(self) -> bool:
         """Called when backward has ended (FSDP's own end-of-backward callback, which waits for
-        its reduce-scatters, has run): True when this backward reduce-scattered gradients (not
-        under ``set_requires_gradient_sync(False)``)."""
+        its reduce-scatters, has run): True when this backward reduced gradients (not under
+        ``set_requires_gradient_sync(False)``): reduce-scattered them, or, on a mesh with one rank
+        per replica, where FSDP skips the reduce-scatter, all-reduced them across replicas."""
         self.timeline.poll()
-        return self._reduce_scatters() > self._scatters_at_backward_start
+        return self._reductions() > self._reductions_at_backward_start
 
-    def _reduce_scatters(self) -> int:
-        return sum(comm.calls for comm in self._comms if isinstance(comm, TimedReduceScatter))
+    def _reductions(self) -> int:
+        return sum(comm.calls for comm in self._comms if isinstance(comm, (TimedReduceScatter, TimedReplicaAllReduce)))

@@ -13,7 +13,10 @@ Where a collective *starts* is the subtle part. Both backends queue collectives:
 at a time on its worker threads, NCCL one at a time on the process group's NCCL stream. A
 collective issued while the queue is busy waits, and that wait is not transfer: the span starts
 when it was issued or when a worker (the stream) became free, whichever is later, found by
-replaying the queue over the completion stamps (``_start_when_a_worker_was_free``). On NCCL
+replaying the queue over the completion stamps (``_start_when_a_worker_was_free``). Each process
+group is a queue of its own (gloo's threads and NCCL's stream belong to a group): a collective on
+another group (HSDP's all-reduce across replicas, ``fsdp_timing``) is opened with its ``queue``
+named and is replayed apart. On NCCL
 with timing on, a collective's duration is NCCL's own, read once it has completed, and the same
 replay run forward from the issue marks gives its start and end: no completion callback at all.
 """
@@ -131,15 +134,16 @@ class HostClock:
             self._look(time.perf_counter(), waited)
 
     def _look(self, now: float, waited: Any = None) -> None:
-        """One pass over the running works, in issue order. Gloo's workers take collectives in
-        that order, so once ``worker_threads`` of them are seen still running, none issued after
-        has even started: the pass stops there, and a rank 57 collectives behind looks at two
-        of them, not 57, at each mark and around each wait."""
+        """One pass over the running works, in issue order. Gloo's workers take a group's
+        collectives in that order, so once ``worker_threads`` of a queue are seen still running,
+        none issued after on that queue has even started: they are passed over, and a rank 57
+        collectives behind looks at two of them, not 57, at each mark and around each wait."""
         running: list[tuple[Any, _PendingSpan]] = []
-        for index, (work, span) in enumerate(self._running):
-            if len(running) >= self.worker_threads:
-                running.extend(self._running[index:])
-                break
+        busy: dict[str, int] = {}  # per queue: works seen still running in this pass
+        for work, span in self._running:
+            if busy.get(span.queue, 0) >= self.worker_threads:
+                running.append((work, span))
+                continue
             try:
                 if work is waited:
                     span.complete(now)
@@ -147,6 +151,7 @@ class HostClock:
                     span.complete((max(self._last_look, span.start) + now) / 2)
                 else:
                     running.append((work, span))
+                    busy[span.queue] = busy.get(span.queue, 0) + 1
             except Exception as error:  # a work that cannot say: its span cannot end
                 span.fail(error)
         self._running = running
@@ -285,11 +290,13 @@ class CudaEventClock:
 
 
 class _PendingSpan:
-    __slots__ = ("kind", "start", "end", "blocking", "nbytes", "tag", "dtype", "timed_work", "failure")
+    __slots__ = ("kind", "start", "end", "blocking", "nbytes", "tag", "dtype", "queue", "timed_work", "failure")
 
-    def __init__(self, kind: str, start: Stamp, blocking: bool, nbytes: int = 0, tag: str = "", dtype: str = "") -> None:
+    def __init__(self, kind: str, start: Stamp, blocking: bool, nbytes: int = 0, tag: str = "", dtype: str = "",
+                 queue: str = "") -> None:
         self.kind, self.start, self.end, self.blocking = kind, start, None, blocking
         self.nbytes, self.tag, self.dtype = nbytes, tag, dtype
+        self.queue = queue  # the process group's queue it waits in: "" the strategy's own
         self.timed_work: Any = None  # a NCCL work whose own duration ends the span: it has no end mark
         self.failure: str | None = None
 
@@ -381,10 +388,12 @@ class StepTimeline:
         span.complete(end)
         self._spans().append(span)
 
-    def open_collective(self, kind: str, nbytes: int, tag: str, dtype: str, blocking: bool, at: Stamp = None) -> _PendingSpan:
+    def open_collective(self, kind: str, nbytes: int, tag: str, dtype: str, blocking: bool, at: Stamp = None,
+                        queue: str = "") -> _PendingSpan:
         """A collective issued now, or at ``at`` (a stamp made for something else at that moment,
-        as ``mark_ready`` takes one: on the CPU one look fewer, on a GPU one event fewer)."""
-        span = _PendingSpan(kind, self.clock.stamp() if at is None else at, blocking, nbytes, tag, dtype)
+        as ``mark_ready`` takes one: on the CPU one look fewer, on a GPU one event fewer), on the
+        process group whose queue is ``queue`` ("": the one the strategy's collectives share)."""
+        span = _PendingSpan(kind, self.clock.stamp() if at is None else at, blocking, nbytes, tag, dtype, queue)
         self._spans().append(span)
         return span
 
@@ -477,7 +486,7 @@ class StepTimeline:
         if (start is None or end is None) and not overdue:
             return None
         failed = False
-        resolved: list[tuple[Span, float | None]] = []  # (span, NCCL's duration: the span's end is to be found)
+        resolved: list[tuple[Span, float | None, str]] = []  # (span, NCCL's duration: its end is to be found, queue)
         for pending in step.spans:
             span_start = resolve(pending.start)
             duration = None
@@ -492,7 +501,7 @@ class StepTimeline:
                 failed = True
                 continue
             resolved.append((Span(pending.kind, span_start, max(span_start, span_end), pending.blocking,
-                                  pending.nbytes, pending.tag, pending.dtype), duration))
+                                  pending.nbytes, pending.tag, pending.dtype), duration, pending.queue))
         unresolved = failed or start is None or end is None
         start = self.clock.host_time(step.start) if start is None else start
         end = self.clock.host_time(step.end) if end is None else end
@@ -508,25 +517,27 @@ class StepTimeline:
         )
 
     @staticmethod
-    def _start_when_a_worker_was_free(spans: list[tuple[Span, float | None]], workers: int | None) -> list[Span]:
-        """A collective starts when it is issued or when one of the backend's FIFO workers
+    def _start_when_a_worker_was_free(spans: list[tuple[Span, float | None, str]], workers: int | None) -> list[Span]:
+        """A collective starts when it is issued or when one of its group's FIFO workers
         (gloo's threads; NCCL's one stream) frees up, whichever is later: replaying the queue
         over the completion stamps gives that time, so the span measures the transfer, not the
         queueing behind earlier buckets. A span whose duration NCCL measured has no end stamp:
         the same replay starts it, and it ends its duration later. Spans are kept in issue order
         (``open_collective`` appends them as they are issued), which is the order both backends
-        serve them in."""
+        serve them in; each queue (process group) has ``workers`` of its own and is replayed
+        apart, so a collective on another group never waits behind this one's."""
         if not workers:
-            return [span if duration is None else span._replace(end=span.start + duration) for span, duration in spans]
-        adjusted = [span for span, _ in spans]
-        free_at = [float("-inf")] * workers
-        for index, (span, duration) in enumerate(spans):  # issue order: the order both queues serve
+            return [span if duration is None else span._replace(end=span.start + duration) for span, duration, _ in spans]
+        adjusted = [span for span, _, _ in spans]
+        free_at: dict[str, list[float]] = {}
+        for index, (span, duration, queue) in enumerate(spans):  # issue order: the order every queue serves
             if span.kind not in COMM_KINDS:
                 continue
-            start = max(span.start, heapq.heappop(free_at))
+            workers_free_at = free_at.setdefault(queue, [float("-inf")] * workers)
+            start = max(span.start, heapq.heappop(workers_free_at))
             end = start + duration if duration is not None else span.end
             start = min(start, end)
-            heapq.heappush(free_at, end)
+            heapq.heappush(workers_free_at, end)
             adjusted[index] = span._replace(start=start, end=end)
         return adjusted
 
@@ -556,7 +567,8 @@ class NullTimeline:
     def phase(self, kind: str, blocking: bool = False) -> nullcontext[None]:
         return nullcontext()
 
-    def open_collective(self, kind: str, nbytes: int, tag: str, dtype: str, blocking: bool, at: Any = None) -> None:
+    def open_collective(self, kind: str, nbytes: int, tag: str, dtype: str, blocking: bool, at: Any = None,
+                        queue: str = "") -> None:
         return None
 
     def mark_ready(self, tag: str, nbytes: int, at: Any = None) -> None:

@@ -176,15 +176,18 @@ class FakeNcclWork:
 
 class FakeProcessGroupNccl:
     """Issues collectives as ProcessGroupNCCL does: the NCCL stream waits for the current
-    stream, runs each collective after the previous one, and the work is returned complete."""
+    stream, runs each collective after the previous one, and the work is returned complete.
+    ``stream``: the group's NCCL stream (one per device and group); default the GPU's ``nccl``,
+    so a second group given a stream of its own runs beside the first (HSDP's replicate group)."""
 
-    def __init__(self, gpu: FakeGpu, timing: bool = False) -> None:
+    def __init__(self, gpu: FakeGpu, timing: bool = False, stream: FakeStream | None = None) -> None:
         self.gpu, self.timing = gpu, timing
+        self.stream = gpu.nccl if stream is None else stream
         self.works: list[FakeNcclWork] = []
 
     def all_reduce(self, transfer_ms: float) -> FakeNcclWork:
-        self.gpu.nccl.wait_until(self.gpu.current.position())  # syncStream(current -> nccl)
-        start, end = self.gpu.nccl.run(transfer_ms)
+        self.stream.wait_until(self.gpu.current.position())  # syncStream(current -> nccl)
+        start, end = self.stream.run(transfer_ms)
         work = FakeNcclWork(self.gpu, start, end, self.timing)
         self.works.append(work)
         return work

@@ -94,7 +94,7 @@ def test_attached_hook_is_bitwise_plain_ddp_at_a_world_size_that_is_not_a_power_
     same call (an attached one hung there), and whose buckets are rebuilt after its second
     (a one-rank group cannot show it: there DDP's static graph issues no all-reduce); and the
     README's Accelerate use, attached to what ``accelerator.prepare`` returns; and a model sharded
-    with FSDP2, attached against not."""
+    with FSDP2, attached against not, then replicated on a 2-D mesh (HSDP)."""
     result = run_torchrun([str(REPO_ROOT / "tests" / "workers" / "attach_bitwise.py"), "--address", f"tcp://127.0.0.1:{free_port()}"],
                           nproc=3)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -115,6 +115,13 @@ def test_attached_hook_is_bitwise_plain_ddp_at_a_world_size_that_is_not_a_power_
     assert "fsdp2: bitwise equal on every rank: True" in result.stdout
     assert ("fsdp2: strategy ['fsdp'], excluded [False, False, False, False], grad_accum [2, 2, 2, 2], "
             "all-gathers [12, 12, 12, 12], reduce-scatters [3, 3, 3, 3], tags ['u0', 'u1', 'u2']") in result.stdout
+    # the same model replicated on every rank (HSDP on a 3 x 1 mesh): FSDP skips the reduce-scatter of a
+    # one-rank shard group and all-reduces each unit's gradients across the 3 replicas, once a step, with a
+    # plain dist.all_reduce that no FSDP hook takes: timed through the forwarding group standing for the
+    # replicate dimension (before, not one all-reduce was reported), the training bit for bit unattached HSDP's
+    assert "hsdp: bitwise equal on every rank: True" in result.stdout
+    assert ("hsdp: excluded [False, False, False, False], reduce-scatters [0, 0, 0, 0], all-reduces [3, 3, 3, 3], "
+            "tags ['u0', 'u1', 'u2'], blocking [True]") in result.stdout
 
 
 def test_the_fsdp_example_reports_every_units_collectives_and_its_shards(tmp_path: Path) -> None:

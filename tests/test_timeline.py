@@ -19,7 +19,7 @@ from instrumented_ddp import timeline as timeline_module
 from instrumented_ddp.forwarding_group import ForwardingGroup
 from instrumented_ddp.protocol import COMM_KINDS, Span, StepReport
 from instrumented_ddp.timeline import CudaEventClock, HostClock, StepTimeline
-from nccl_fakes import FakeCudaTensor, FakeGpu, FakeNcclWork, FakeProcessGroupNccl
+from nccl_fakes import FakeCudaTensor, FakeGpu, FakeNcclWork, FakeProcessGroupNccl, FakeStream
 
 
 class FakeHostTime:
@@ -189,6 +189,33 @@ def test_host_clock_stops_looking_past_as_many_running_collectives_as_gloo_has_w
     host_time.now = 1.0
     timeline.end_step(samples=1, tokens=1)
     assert [s.tag for s in _kinds(_only_report(timeline), "all_reduce")] == ["p0", "p1", "p2", "p3"]
+
+
+def test_host_clock_looks_at_a_collective_on_another_groups_queue_past_this_groups_running_ones(
+        host_time: FakeHostTime) -> None:
+    """Another process group has gloo workers of its own (HSDP's replicate group): with two of
+    this group's still running, its collective may have run and ended, so it is still looked at,
+    and ends between the two looks (2.0 and 4.0: 3.0), not at the first look after this group's."""
+    timeline = StepTimeline(rank=0, clock=HostClock())
+    timeline.begin_step(1, "fsdp", {})
+    busy = [FakeWork(), FakeWork()]
+    for tag, work in zip(("u2", "u1"), busy):
+        timeline.close_collective(timeline.open_collective("reduce_scatter", 4, tag, "float32", blocking=False), work)
+    across = FakeWork()
+    host_time.now = 1.0
+    timeline.close_collective(timeline.open_collective("all_reduce", 4, "u2", "float32", blocking=False, queue="replicas"),
+                              across)
+    host_time.now = 2.0
+    timeline.poll()
+    across.completed = True
+    host_time.now = 4.0
+    timeline.poll()
+    for work in busy:
+        work.completed = True
+    host_time.now = 6.0
+    timeline.end_step(samples=1, tokens=1)
+    (all_reduce,) = _kinds(_only_report(timeline), "all_reduce")
+    assert (all_reduce.start, all_reduce.end) == (1.0, 3.0)
 
 
 def test_asynchronous_collective_end_with_the_real_host_clock_is_when_its_wait_returned() -> None:
@@ -423,6 +450,40 @@ def test_nccl_bucket_issued_after_the_stream_is_free_starts_at_its_issue(gpu: Fa
     assert [(round(s.start * 1e3, 6), round(s.end * 1e3, 6)) for s in collectives] == [(1.0, 3.0), (10.0, 12.0)]
 
 
+@pytest.mark.parametrize("nccl_timing", [False, True], ids=["queue-replay", "nccl-timing"])
+def test_a_collective_on_another_groups_stream_is_not_replayed_behind_this_groups(
+        gpu: FakeGpu, host_time: FakeHostTime, nccl_timing: bool) -> None:
+    """HSDP: a unit's reduce-scatter on the shard group's NCCL stream, then its all-reduce across
+    replicas on the replicate group's, then the next unit's reduce-scatter, which runs beside that
+    all-reduce. Worked by hand: reduce-scatter 1-5 ms; the all-reduce issued at 2 ms on a stream
+    made to wait for the reduce-scatter (FSDP's ``wait_stream``) runs 5-8; the second
+    reduce-scatter, issued at 3 ms, runs 5-9 on its own stream. Replayed as one queue, the second
+    reduce-scatter was made to start when the all-reduce ended, at 8 ms: 1 ms of transfer for 4."""
+    timeline = _cuda_timeline(gpu, nccl_timing)
+    shards = FakeProcessGroupNccl(gpu, timing=nccl_timing)
+    replicas = FakeProcessGroupNccl(gpu, timing=nccl_timing, stream=FakeStream(gpu, "nccl replicas"))
+    timeline.begin_step(1, "fsdp", {})
+    gpu.host_ms = 1.0
+    span = timeline.open_collective("reduce_scatter", 64, "u1", "float32", blocking=False)
+    first = shards.all_reduce(transfer_ms=4.0)
+    timeline.close_collective(span, first)
+    gpu.host_ms = 2.0
+    gpu.current = FakeStream(gpu, "fsdp all-reduce stream")
+    gpu.current.wait_until(first.end_ms)  # all_reduce_stream.wait_stream(reduce_scatter_stream)
+    span = timeline.open_collective("all_reduce", 32, "u1", "float32", blocking=False, queue="replicas")
+    timeline.close_collective(span, replicas.all_reduce(transfer_ms=3.0))
+    gpu.current = gpu.compute
+    gpu.host_ms = 3.0
+    span = timeline.open_collective("reduce_scatter", 64, "u0", "float32", blocking=False)
+    timeline.close_collective(span, shards.all_reduce(transfer_ms=4.0))
+    gpu.host_ms = 10.0
+    timeline.end_step(samples=1, tokens=1)
+    gpu.done_ms = 10.0
+    report = _only_report(timeline)
+    assert [(s.kind, s.tag, round(s.start * 1e3, 6), round(s.end * 1e3, 6)) for s in report.spans if s.kind != "wait"] == [
+        ("reduce_scatter", "u1", 1.0, 5.0), ("all_reduce", "u1", 5.0, 8.0), ("reduce_scatter", "u0", 5.0, 9.0)]
+
+
 def test_synchronous_nccl_collectives_end_at_the_mark_after_the_call_with_no_callback(gpu: FakeGpu, host_time: FakeHostTime) -> None:
     """``simple``/``hook`` on a GPU: the mark after a synchronous call is on the compute stream,
     which the call made wait for NCCL, so it reads the collective's end; no ``.then`` is paid for.
@@ -497,7 +558,6 @@ def test_cuda_loss_is_read_without_waiting_for_the_device(gpu: FakeGpu, host_tim
 def test_cuda_marks_record_on_the_stream_current_at_each_mark_building_each_stream_once(gpu: FakeGpu, host_time: FakeHostTime) -> None:
     """Marks are cheap on the host (one Stream object per stream, not per mark) yet still land on
     whichever stream is current: a user's side stream, or the callback's pool stream."""
-    from nccl_fakes import FakeStream
 
     timeline = _cuda_timeline(gpu)
     side = FakeStream(gpu, "side")

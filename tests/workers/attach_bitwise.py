@@ -3,7 +3,9 @@ with gradients copied into DDP's buckets, with gradients as views of them, with
 ``static_graph=True``, and in Accelerate's accumulation loop; prints for each whether every
 parameter ended bit for bit the same on every rank, and which steps the attached run excluded
 with how many all-reduces each (rank 0). Then the same for a model sharded with FSDP2's
-``fully_shard``, attached against not, with its all-gathers and reduce-scatters per step."""
+``fully_shard``, attached against not, with its all-gathers and reduce-scatters per step, and
+for the same model replicated across every rank on a 2-D mesh (HSDP), with its all-reduces
+across the replicas."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import torch
 import torch.distributed as dist
 from accelerate import Accelerator
 from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
@@ -42,6 +45,13 @@ def main() -> None:
         f"all-gathers {[sum(s.kind == 'all_gather' for s in r.spans) for r in reports]}, "
         f"reduce-scatters {[sum(s.kind == 'reduce_scatter' for s in r.spans) for r in reports]}, "
         f"tags {sorted({s.tag for r in reports for s in r.spans if s.kind == 'reduce_scatter'})}")
+    replicas = init_device_mesh("cpu", (context.world_size, 1), mesh_dim_names=("replicate", "shard"))
+    same, reports = train_fsdp2_side_by_side(args.address, context.rank, mesh=replicas)
+    say("hsdp", same, f"excluded {[r.excluded for r in reports]}, "
+        f"reduce-scatters {[sum(s.kind == 'reduce_scatter' for s in r.spans) for r in reports]}, "
+        f"all-reduces {[sum(s.kind == 'all_reduce' for s in r.spans) for r in reports]}, "
+        f"tags {sorted({s.tag for r in reports for s in r.spans if s.kind == 'all_reduce'})}, "
+        f"blocking {sorted({s.blocking for r in reports for s in r.spans if s.kind == 'all_reduce'})}")
     shutdown_distributed()
     exit_process(0)
 
@@ -107,17 +117,18 @@ def train_accelerate_side_by_side(address: str, rank: int) -> tuple[bool, list[S
     return same, [m for m in sent if isinstance(m, StepReport)]
 
 
-def train_fsdp2_side_by_side(address: str, rank: int) -> tuple[bool, list[StepReport]]:
+def train_fsdp2_side_by_side(address: str, rank: int, mesh: Any = None) -> tuple[bool, list[StepReport]]:
     """A model the user shards with FSDP2 (each layer, then the root), attached, against the same
-    model sharded and not attached: two micro-steps a step, the first without gradient sync."""
+    model sharded and not attached: two micro-steps a step, the first without gradient sync.
+    ``mesh``: FSDP's (default: every rank, one dimension)."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(32, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 3))
     pair = {}
     for mode in ("plain", "watched"):
         sharded = copy.deepcopy(model)
         for layer in (sharded[0], sharded[2], sharded[4]):
-            fully_shard(layer)
-        pair[mode] = fully_shard(sharded)
+            fully_shard(layer, mesh=mesh)
+        pair[mode] = fully_shard(sharded, mesh=mesh)
     optimizers = {mode: torch.optim.SGD(pair[mode].parameters(), lr=0.1) for mode in pair}
     watch = instrumented_ddp.attach(pair["watched"], optimizers["watched"], address=address)
     sent: list[Any] = []

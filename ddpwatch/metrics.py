@@ -51,6 +51,7 @@ from instrumented_ddp.step_figures import (
     StepTimes,
     _all_reduces,
     algbw_gbps,
+    all_reduce_ranks,
     bus_factor,
     busbw_gbps,
     call_times,
@@ -65,7 +66,7 @@ from .order_statistics import median_of, percentiles_and_median_interval
 __all__ = [
     "BLOCKING_KINDS", "COMM_KINDS", "COMPUTE_KINDS", "CallTimes", "STRAGGLER_SHARE", "STRAGGLER_STEPS", "ClockAlignment", "Desync",
     "DesyncRange", "Figures", "Interval", "SegmentAccumulator", "SegmentFigures", "SpanLike", "StepFigures",
-    "StepRecordLike", "StepTimes", "StepWaits", "Straggler", "algbw_gbps", "bus_factor", "busbw_gbps", "call_times", "calls_of", "calls_text",
+    "StepRecordLike", "StepTimes", "StepWaits", "Straggler", "algbw_gbps", "all_reduce_ranks", "bus_factor", "busbw_gbps", "call_times", "calls_of", "calls_text",
     "clip", "collective_key", "counted", "cross_rank_waits", "figures_and_calls", "find_desync", "find_straggler", "intersect", "merge", "segment_figures",
     "step_figures", "step_times", "straggler", "subtract", "total_length", "transfers", "union", "waited_for", "waiting_intervals",
     "waits_both_ways",
@@ -601,13 +602,14 @@ class _Running:
         self.steps += 1
         self.walls_ms.append(wall_ms)
 
-    def figures(self, world_size: int, wall_s: float) -> Figures:
-        """``wall_s``: the time these steps took, from the accumulator's clock alignment."""
+    def figures(self, all_reduce_ranks: int, wall_s: float) -> Figures:
+        """``wall_s``: the time these steps took, from the accumulator's clock alignment;
+        ``all_reduce_ranks``: how many ranks each all-reduce spans (``all_reduce_ranks``)."""
         def mean(total: float, n: int) -> float:
             return total / n if n else 0.0
 
         (p50, p95), interval = percentiles_and_median_interval(self.walls_ms.values(), (50, 95))
-        factor = bus_factor("all_reduce", world_size)
+        factor = bus_factor("all_reduce", all_reduce_ranks)
         return Figures(
             steps=self.steps,
             compute_pct=mean(self.compute, self.timed),
@@ -641,8 +643,11 @@ class SegmentAccumulator:
     ``STRAGGLER_STEPS`` complete steps.
     """
 
-    def __init__(self, world_size: int) -> None:
+    def __init__(self, world_size: int, settings: dict[str, Any] | None = None) -> None:
+        """``settings``: the segment's, which say how many ranks its all-reduces span (HSDP's
+        ``replicas``; else the world): the ``n`` of busbw's bus factor."""
         self.world_size = world_size
+        self.all_reduce_ranks = all_reduce_ranks(settings, world_size)
         self.overall = _Running()
         self.per_rank: dict[int, _Running] = defaultdict(_Running)
         self.clocks = ClockAlignment()
@@ -691,12 +696,12 @@ class SegmentAccumulator:
     def figures(self, per_rank: bool = True) -> SegmentFigures:
         """An empty segment gives zeros, ``busbw_gbps=None``, ``per_rank={}``, no straggler.
         ``per_rank=False`` skips the per-rank figures (a percentile pass per rank)."""
-        overall = self.overall.figures(self.world_size, self.clocks.wall_s())
+        overall = self.overall.figures(self.all_reduce_ranks, self.clocks.wall_s())
         slow = find_straggler(self.recent_complete)
         return SegmentFigures(
             **{f.name: getattr(overall, f.name) for f in fields(Figures)},
             world_size=self.world_size,
-            per_rank={rank: running.figures(self.world_size, self.clocks.own_wall_s(rank))
+            per_rank={rank: running.figures(self.all_reduce_ranks, self.clocks.own_wall_s(rank))
                       for rank, running in sorted(self.per_rank.items())} if per_rank else {},
             straggler_rank=slow.rank if slow is not None else None,
             straggler=slow,
@@ -715,7 +720,8 @@ def segment_figures(records: Iterable[StepRecordLike], world_size: int,
     by_step: dict[int, dict[int, StepRecordLike]] = defaultdict(dict)
     for (step, rank), rec in sorted(latest.items(), key=lambda kv: kv[0]):
         by_step[step][rank] = rec
-    accumulator = folded.copy() if folded is not None else SegmentAccumulator(world_size)
+    first = next(iter(latest.values()), None)
+    accumulator = folded.copy() if folded is not None else SegmentAccumulator(world_size, getattr(first, "settings", None))
     for step in sorted(by_step):
         both = {rank: figures_and_calls(rec, world_size) for rank, rec in by_step[step].items()}
         accumulator.add_step({rank: f for rank, (f, _) in both.items()}, {rank: c for rank, (_, c) in both.items()})

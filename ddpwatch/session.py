@@ -195,10 +195,15 @@ class Segment:
         return strategy_label(self.strategy, self.settings)
 
 
+#: The settings a segment's label names: what tells a strategy's segments apart, and HSDP's
+#: replicas (an attached FSDP2 model on a 2-D mesh: ``fsdp (grad_accum=1, replicas=2)``).
+LABELLED_SETTINGS = ("bucket_mb", "grad_accum", "replicas")
+
+
 def strategy_label(strategy: str, settings: Mapping[str, Any]) -> str:
     """``bucket (bucket_mb=1.0, grad_accum=1)``: the strategy and the settings that tell its
     segments apart, as the segments table and the timeline's title name them."""
-    shown = ", ".join(f"{k}={v}" for k, v in sorted(settings.items()) if k in ("bucket_mb", "grad_accum"))
+    shown = ", ".join(f"{k}={v}" for k, v in sorted(settings.items()) if k in LABELLED_SETTINGS)
     return f"{strategy} ({shown})" if shown else strategy
 
 
@@ -507,7 +512,7 @@ class Session:
         segment = self.segment_of(step)
         if segment is not None and figures:
             if segment.folded is None:
-                segment.folded = metrics.SegmentAccumulator(self.world_size)
+                segment.folded = metrics.SegmentAccumulator(self.world_size, segment.settings)
             segment.folded.add_step(figures, self.counted_calls(step), self.step_waits(step)[0])
 
     def step_figures(self, step: int) -> dict[int, metrics.StepFigures]:
@@ -610,7 +615,8 @@ class Session:
                    and self.step_figures(step)] if include_pending else []
         if segment.folded is not None and not pending:
             return segment.folded.figures(per_rank)
-        accumulator = segment.folded.copy() if segment.folded is not None else metrics.SegmentAccumulator(self.world_size)
+        accumulator = (segment.folded.copy() if segment.folded is not None
+                       else metrics.SegmentAccumulator(self.world_size, segment.settings))
         for step in pending:
             accumulator.add_step(self.step_figures(step), self.counted_calls(step))
         return accumulator.figures(per_rank)

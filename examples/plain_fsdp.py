@@ -4,11 +4,14 @@ A plain FSDP2 loop (``fully_shard``), watched by ddpwatch with one added line (`
     ddpwatch &                                                   # the dashboard, listening
     torchrun --nproc_per_node=2 examples/plain_fsdp.py           # CPU (gloo) or one GPU per rank (NCCL)
     torchrun --nproc_per_node=2 examples/plain_fsdp.py --grad-accum 4
+    torchrun --nproc_per_node=4 examples/plain_fsdp.py --replicas 2   # HSDP: 2 replicas of 2 shards
 
 ``plain_ddp.py``'s model and loop, sharded instead of replicated: each hidden block a unit, then
 the root (the head), as FSDP2 wants. The dashboard shows each unit's all-gather before its forward
 and again before its backward, its reduce-scatter as backward leaves it, and what a rank holds
-(the memory column: a shard of the parameters, gradients and optimizer state).
+(the memory column: a shard of the parameters, gradients and optimizer state). With ``--replicas``
+the mesh is 2-D (HSDP): sharded within a replica, and after each unit's reduce-scatter its shard
+all-reduced across the replicas.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import os
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 import instrumented_ddp
@@ -49,6 +53,8 @@ def main() -> None:
     parser.add_argument("--grad-accum", type=int, default=1, help="micro-steps per optimizer step (no gradient sync before the last)")
     parser.add_argument("--width", type=int, default=512)
     parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--replicas", type=int, default=1,
+                        help="HSDP: replicas of each shard (the world size must be a multiple); 1 shards over every rank")
     parser.add_argument("--watch", default=DEFAULT_ADDRESS, metavar="ADDRESS", help="where ddpwatch listens")
     parser.add_argument("--no-watch", action="store_true", help="the same loop without attach")
     args = parser.parse_args()
@@ -59,12 +65,16 @@ def main() -> None:
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()) if on_gpu else torch.device("cpu")
     if on_gpu:
         torch.cuda.set_device(device)
+    world = dist.get_world_size()
+    if args.replicas < 1 or world % args.replicas:
+        parser.error(f"--replicas {args.replicas}: the world size, {world}, must be a multiple of it")
+    mesh = init_device_mesh(device.type, (args.replicas, world // args.replicas), mesh_dim_names=("replicate", "shard"))
 
     torch.manual_seed(0)
     model = ToyModel(args.width, args.layers).to(device)
     for block in [model.stem, *model.blocks]:
-        fully_shard(block)
-    fully_shard(model)  # the root: the head, and the last word on when to reshard
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)  # the root: the head, and the last word on when to reshard
     loss_fn = nn.MSELoss()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     watch = None if args.no_watch else instrumented_ddp.attach(model, optimizer, address=args.watch)  # <- ddpwatch

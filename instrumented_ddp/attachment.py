@@ -158,6 +158,14 @@ def sharded_model_problem(model: nn.Module) -> str | None:
     return None
 
 
+def sharded_replicas(model: nn.Module) -> int:
+    """How many replicas of each shard a model ``sharded_model_problem`` passed has (HSDP; 1 on a
+    1-D mesh): its segments say so (``replicas``), and busbw counts its all-reduces over them."""
+    from .fsdp_timing import replicas
+
+    return replicas(model)
+
+
 def sharded_timing(model: nn.Module, timeline: Any) -> FSDPTiming:
     """``FSDPTiming`` for a model ``sharded_model_problem`` passed (so FSDP2's comms import)."""
     from .fsdp_timing import FSDPTiming
@@ -305,6 +313,8 @@ class Attachment:
         module = model if sharded else model.module
         group = None if sharded else model.process_group  # FSDP's: its mesh, over the default group's ranks
         self.device = next(module.parameters()).device
+        replicas = sharded_replicas(model) if sharded else 1
+        self._mesh_settings = {"replicas": replicas} if replicas > 1 else {}  # HSDP: the replicate dimension
         context = DistributedContext(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")),
                                      self.device, dist.get_backend(group))
         self.watch = Watch.start(address, context, {
@@ -376,7 +386,7 @@ class Attachment:
     def _settings(self, micro_steps: int) -> dict[str, Any]:
         if isinstance(self.model, DistributedDataParallel):
             return {"bucket_mb": megabytes_given(self.model.bucket_bytes_cap), "grad_accum": micro_steps}
-        return {"grad_accum": micro_steps}
+        return {"grad_accum": micro_steps, **self._mesh_settings}
 
     # -- the hooks ---------------------------------------------------------------------------------
     def _begin_step(self, at: Any = None) -> None:

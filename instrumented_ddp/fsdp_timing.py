@@ -109,6 +109,14 @@ def time_replica_all_reduces(unit: FSDPModule, timed: TimedReplicaAllReduce) -> 
     return found
 
 
+def replicas(model: nn.Module) -> int:
+    """How many replicas of each shard a ``fully_shard`` model has: on a 2-D mesh (HSDP) the
+    replicate dimension's size, 1 on a 1-D mesh (sharded over every rank)."""
+    sizes = [group.mesh_info.replicate_process_group.size() for unit in fsdp_units(model)
+             for group in _fsdp_param_groups(unit) if getattr(group.mesh_info, "replicate_process_group", None) is not None]
+    return max(sizes, default=1)
+
+
 def fsdp_units(model: nn.Module) -> list[FSDPModule]:
     """The model's ``fully_shard`` units, the root last (as the ``fsdp`` strategy numbers them:
     ``u<i>``, the root taking what is left, embeddings and head)."""

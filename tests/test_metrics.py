@@ -21,6 +21,7 @@ from ddpwatch.metrics import (
     StepWaits,
     Straggler,
     algbw_gbps,
+    all_reduce_ranks,
     bus_factor,
     busbw_gbps,
     calls_text,
@@ -64,6 +65,7 @@ class Record:
     spans: tuple[Span, ...] = field(default_factory=tuple)
     samples: int = 0
     tokens: int = 0
+    settings: dict = field(default_factory=dict)
 
 
 def span(kind: str, a: float, b: float, blocking: bool = False, nbytes: int = 0, tag: str = "") -> Span:
@@ -254,6 +256,20 @@ def test_step_busbw_is_median_over_collectives():
                             span("all_reduce", 7, 8, nbytes=0)), world_size=4)
     assert f.algbw_gbps == approx((2, 4, 1))  # the zero-byte call measures nothing
     assert f.busbw_gbps == approx(3)
+
+
+@pytest.mark.parametrize("settings, n", [({"replicas": 2}, 2), ({}, 4), ({"replicas": 8}, 4), ({"replicas": "2"}, 4)])
+def test_hsdp_all_reduces_count_their_bus_factor_over_the_replicas_not_the_world(settings: dict, n: int) -> None:
+    """HSDP all-reduces each shard across its replicas only (``settings["replicas"]``, which
+    ``attach`` sends). 4 MB in 2 ms is 2 GB/s of algbw on each of 4 ranks; as 2 replicas of 2
+    shards n = 2, factor 2*1/2 = 1, busbw 2; over the world n = 4, factor 2*3/4 = 1.5, busbw 3.
+    A count of replicas the world cannot hold, or not a count, is not believed."""
+    steps = [Record(rank, 0, 0.0, ms(10), (span("all_reduce", 0, 2, nbytes=4_000_000),), settings=settings)
+             for rank in range(4)]
+    busbw = {2: 2.0, 4: 3.0}[n]
+    assert all_reduce_ranks(settings, 4) == n
+    assert step_figures(steps[0], world_size=4).busbw_gbps == approx(busbw)
+    assert segment_figures(steps, world_size=4).busbw_gbps == approx(busbw)
 
 
 # --- across ranks ---------------------------------------------------------------------------

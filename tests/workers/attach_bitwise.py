@@ -47,7 +47,7 @@ def main() -> None:
         f"tags {sorted({s.tag for r in reports for s in r.spans if s.kind == 'reduce_scatter'})}")
     replicas = init_device_mesh("cpu", (context.world_size, 1), mesh_dim_names=("replicate", "shard"))
     same, reports = train_fsdp2_side_by_side(args.address, context.rank, mesh=replicas)
-    say("hsdp", same, f"excluded {[r.excluded for r in reports]}, "
+    say("hsdp", same, f"settings {reports[-1].settings}, excluded {[r.excluded for r in reports]}, "
         f"reduce-scatters {[sum(s.kind == 'reduce_scatter' for s in r.spans) for r in reports]}, "
         f"all-reduces {[sum(s.kind == 'all_reduce' for s in r.spans) for r in reports]}, "
         f"tags {sorted({s.tag for r in reports for s in r.spans if s.kind == 'all_reduce'})}, "

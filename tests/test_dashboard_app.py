@@ -19,7 +19,7 @@ from ddpwatch.dashboard.process_feed import ProcessFeed
 from ddpwatch.dashboard.screens.help_screen import HelpScreen
 from ddpwatch.dashboard.snapshot import Snapshot, SnapshotBuilder
 from ddpwatch.dashboard.widgets.rank_heatmap import RankHeatmap
-from ddpwatch.dashboard.widgets.ranks_table import RanksTable
+from ddpwatch.dashboard.widgets.ranks_table import COLUMNS, RanksTable
 from ddpwatch.dashboard.widgets.segment_bars_view import SegmentBarsView
 from ddpwatch.dashboard.widgets.segments_table import SegmentsTable
 from ddpwatch.dashboard.widgets.timeline_view import TimelineView
@@ -81,9 +81,10 @@ async def test_help_screen_lists_the_keys() -> None:
         assert isinstance(app.screen, HelpScreen)
         shown = app.screen.query_one("#help-text", Static).render()
         lines = str(shown).splitlines()
-        assert "   ] / [  grad_accum + 1 / - 1 (switches)" in lines
-        assert "   + / -  double / halve bucket_mb (switches)" in lines
-        assert "   1 … 9  switch to simple, ga, hook, async, bucket, ddp, zero1, zero2, fsdp" in lines
+        assert "      ] / [  grad_accum + 1 / - 1 (switches)" in lines
+        assert "      + / -  double / halve bucket_mb (switches)" in lines
+        assert "      1 … 9  switch to simple, ga, hook, async, bucket, ddp, zero1, zero2, fsdp" in lines
+        assert "shift ← / →  ranks table: a column left / right (the rank stays in view)" in lines
         assert "[/b]" not in str(shown) and "[dim]" not in str(shown)
         await pilot.press("escape")
         assert not isinstance(app.screen, HelpScreen)
@@ -343,7 +344,8 @@ async def test_a_narrow_ranks_table_shows_each_ranks_figures_and_keeps_the_rank_
     """At 80 x 24 the ranks table's panel is 46 columns: it shows the rank, its status, step, step
     ms and Compute% (before, the rank then node, host, device and status, and not one figure),
     for more than one rank (before, its horizontal scrollbar took the second rank's row).
-    Scrolled to its far end it shows where each rank runs, each row still led by its rank."""
+    Shift and the arrows scroll it a column at a time (the arrows alone still walk the steps);
+    at its far end it shows where each rank runs, each row still led by its rank."""
     messages = session_messages(steps=4, world_size=8, edit=straggling(40.0))
     app = DashboardApp(StaticFeed(messages), export_on_exit=False)
     async with app.run_test(size=(80, 24)) as pilot:
@@ -355,8 +357,13 @@ async def test_a_narrow_ranks_table_shows_each_ranks_figures_and_keeps_the_rank_
         assert "Compute%" in visible_text(table, 0)
         first_row = visible_text(table, 1).split()
         assert first_row[:3] == ["0", "finished", "4"] and float(first_row[3]) > 0
-        table.scroll_to(x=table.max_scroll_x, animate=False)
+        table.focus()
+        await pilot.press("shift+right")  # a column to the right: status scrolls out, the rank stays
         await pilot.pause(0.1)
+        assert visible_text(table, 0).split()[:3] == ["rank", "step", "step"] and app.timeline_view.data.step == 4
+        await pilot.press(*["shift+right"] * len(COLUMNS))  # as far as it goes: the device column in view
+        await pilot.pause(0.1)
+        assert table.scroll_x == table.max_scroll_x
         header, first_row = visible_text(table, 0), visible_text(table, 1)
         assert header.startswith("rank  ") and header.rstrip().endswith("device")
         assert first_row.startswith("0     ") and first_row.rstrip().endswith("cpu")

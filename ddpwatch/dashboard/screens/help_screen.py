@@ -16,6 +16,7 @@ KEYS = [
     ("space", "pause / follow the latest step"),
     ("← / →", "previous / next step (pauses)"),
     ("end", "back to the latest step"),
+    ("shift ← / →", "ranks table: a column left / right (the rank stays in view)"),
     ("s", "pick a strategy and settings to switch to"),
     # from the list the keys are bound from (``DashboardApp.BINDINGS``): it said "1 … 6" once there were nine
     (f"1 … {len(STRATEGY_NAMES)}", f"switch to {', '.join(STRATEGY_NAMES)}"),
@@ -34,7 +35,7 @@ def help_text() -> Content:
     escaped ``[`` at the end of a key still met the closing ``[/b]`` and drew ``[[/b]``)."""
     parts: list[str | tuple[str, str]] = [("ddpwatch keys", "bold"), "\n\n"]
     for key, what in KEYS:
-        parts += [(key.rjust(8), "bold"), f"  {what}\n"]
+        parts += [(key.rjust(11), "bold"), f"  {what}\n"]
     parts += ["\n", ("escape to close", "dim")]
     return Content.assemble(*parts)
 

@@ -67,6 +67,9 @@ class RanksTable(ScrollView, can_focus=True):
         Binding("pageup", "cursor(-10)", "page up", show=False),
         Binding("pagedown", "cursor(10)", "page down", show=False),
         Binding("enter", "select", "select rank", show=False),
+        # ← and → are the app's (previous / next step); shift with them moves a column sideways
+        Binding("shift+right", "columns(1)", "columns right", show=False),
+        Binding("shift+left", "columns(-1)", "columns left", show=False),
     ]
 
     cursor_row: reactive[int] = reactive(0)
@@ -161,6 +164,18 @@ class RanksTable(ScrollView, can_focus=True):
     def action_cursor(self, delta: int) -> None:
         if self.rows:
             self.cursor_row = min(max(self.cursor_row + delta, 0), len(self.rows) - 1)
+
+    def action_columns(self, delta: int) -> None:
+        """Scroll sideways to the next (or previous) column's left edge, past the rank column,
+        which stays put: a keyboard's way to the columns a narrow panel leaves out of view."""
+        edges, at = [0], 0
+        for width in self.widths[1:-1]:
+            at += width + GAP
+            edges.append(at)
+        x = int(self.scroll_x)
+        target = (next((edge for edge in edges if edge > x), x) if delta > 0
+                  else next((edge for edge in reversed(edges) if edge < x), 0))
+        self.scroll_to(x=min(target, self.max_scroll_x), animate=False)
 
     def action_select(self) -> None:
         if self.rows:

@@ -33,7 +33,7 @@ import math
 import statistics
 from array import array
 from collections import Counter, defaultdict, deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, NamedTuple
 
@@ -64,9 +64,9 @@ from instrumented_ddp.step_figures import (
 from .order_statistics import median_of, percentiles_and_median_interval
 
 __all__ = [
-    "BLOCKING_KINDS", "COMM_KINDS", "COMPUTE_KINDS", "CallTimes", "STRAGGLER_SHARE", "STRAGGLER_STEPS", "ClockAlignment", "Desync",
+    "BLOCKING_KINDS", "COMM_KINDS", "COMPUTE_KINDS", "CallTimes", "Groups", "STRAGGLER_SHARE", "STRAGGLER_STEPS", "ClockAlignment", "Desync",
     "DesyncRange", "Figures", "Interval", "SegmentAccumulator", "SegmentFigures", "SpanLike", "StepFigures",
-    "StepRecordLike", "StepTimes", "StepWaits", "Straggler", "algbw_gbps", "all_reduce_ranks", "bus_factor", "busbw_gbps", "call_times", "calls_of", "calls_text",
+    "StepRecordLike", "StepTimes", "StepWaits", "Straggler", "algbw_gbps", "all_reduce_groups", "all_reduce_ranks", "bus_factor", "busbw_gbps", "call_times", "calls_of", "calls_text",
     "clip", "collective_key", "counted", "cross_rank_waits", "figures_and_calls", "find_desync", "find_straggler", "intersect", "merge", "segment_figures",
     "step_figures", "step_times", "straggler", "subtract", "total_length", "transfers", "union", "waited_for", "waiting_intervals",
     "waits_both_ways",
@@ -121,23 +121,54 @@ def calls_of(records_of_one_step: Mapping[int, StepRecordLike]) -> dict[int, Cal
     return {rank: call_times(record) for rank, record in records_of_one_step.items()}
 
 
-def cross_rank_waits(calls_of_one_step: Mapping[int, CallTimes]) -> dict[int, float]:
+#: The ranks that meet in each all-reduce, where not every rank does (``all_reduce_groups``).
+Groups = Sequence[Sequence[int]]
+
+
+def all_reduce_groups(world_size: int, all_reduce_ranks: int) -> Groups | None:
+    """Who meets whom in an all-reduce: None where every rank does (the world). Under HSDP,
+    ``all_reduce_ranks`` replicas of ``world_size // all_reduce_ranks`` shards on the mesh
+    ``init_device_mesh((replicas, shards))`` lays out row by row, rank r = replica x shards +
+    shard, and each shard is all-reduced across its replicas: the ranks equal modulo the shard
+    count (2 x 2: {0, 2} and {1, 3}). A count that does not divide the world: the world."""
+    if not 1 <= all_reduce_ranks < world_size or world_size % all_reduce_ranks:
+        return None
+    shards = world_size // all_reduce_ranks
+    return [list(range(shard, world_size, shards)) for shard in range(shards)]
+
+
+def _by_group(calls_of_one_step: Mapping[int, CallTimes], groups: Groups) -> list[dict[int, CallTimes]]:
+    return [{rank: calls_of_one_step[rank] for rank in group if rank in calls_of_one_step} for group in groups]
+
+
+def cross_rank_waits(calls_of_one_step: Mapping[int, CallTimes], groups: Groups | None = None) -> dict[int, float]:
     """Milliseconds each rank spent in all-reduces waiting for the others to arrive: the total
-    length of its :func:`waiting_intervals`. Fewer than two ranks wait for nobody: all 0.0."""
-    return waits_both_ways(calls_of_one_step)[0]
+    length of its :func:`waiting_intervals`. Fewer than two ranks wait for nobody: all 0.0.
+    ``groups``: who meets whom (``all_reduce_groups``; None: every rank)."""
+    return waits_both_ways(calls_of_one_step, groups)[0]
 
 
-def waited_for(calls_of_one_step: Mapping[int, CallTimes]) -> dict[int, float]:
+def waited_for(calls_of_one_step: Mapping[int, CallTimes], groups: Groups | None = None) -> dict[int, float]:
     """Milliseconds the other ranks spent waiting for each rank (see :func:`waits_both_ways`)."""
-    return waits_both_ways(calls_of_one_step)[1]
+    return waits_both_ways(calls_of_one_step, groups)[1]
 
 
-def waits_both_ways(calls_of_one_step: Mapping[int, CallTimes]) -> tuple[dict[int, float], dict[int, float]]:
+def waits_both_ways(calls_of_one_step: Mapping[int, CallTimes],
+                    groups: Groups | None = None) -> tuple[dict[int, float], dict[int, float]]:
     """(:func:`cross_rank_waits`, what the others waited for each rank) from one pairing pass.
     In each all-reduce the rank with the shortest duration arrived last (ties: the lowest rank),
     and every other rank's waiting in that call is put down to it; so the second totals over
     ranks equal the first's. The usual step (every rank made the same calls) is one array
-    operation over ranks x calls: at 1,024 ranks x 300 calls, a few milliseconds."""
+    operation over ranks x calls: at 1,024 ranks x 300 calls, a few milliseconds. With
+    ``groups`` each group's calls are paired among its own ranks only: a rank waits only for
+    those it all-reduces with."""
+    if groups is not None:
+        waited, waited_on = {}, {}
+        for calls in _by_group(calls_of_one_step, groups):
+            group_waited, group_waited_on = waits_both_ways(calls)
+            waited.update(group_waited)
+            waited_on.update(group_waited_on)
+        return waited, waited_on
     waited = {rank: 0.0 for rank in calls_of_one_step}
     waited_on = dict(waited)
     paired = _paired_calls(calls_of_one_step)
@@ -169,13 +200,18 @@ def transfers(calls_of_one_step: Mapping[int, CallTimes]) -> list[tuple[tuple[st
     return [(keys[index], float(shortest)) for index, shortest in zip(positions[0], seconds.min(axis=0))]
 
 
-def waiting_intervals(calls_of_one_step: Mapping[int, CallTimes],
-                      records: Mapping[int, StepRecordLike]) -> dict[int, list[Interval]]:
+def waiting_intervals(calls_of_one_step: Mapping[int, CallTimes], records: Mapping[int, StepRecordLike],
+                      groups: Groups | None = None) -> dict[int, list[Interval]]:
     """Per rank of ``records`` (those whose spans are at hand), the part of each all-reduce spent
     waiting for the others to arrive, on the rank's own clock, in issue order: from the call's
     start until its transfer (see :func:`_paired_calls`), which ends the call on every rank.
-    The transfer is judged over every rank in ``calls_of_one_step``. With fewer than two ranks
-    nobody waits."""
+    The transfer is judged over every rank in ``calls_of_one_step`` (with ``groups``, over the
+    rank's own group). With fewer than two ranks nobody waits."""
+    if groups is not None:
+        waiting_by_group: dict[int, list[Interval]] = {}
+        for calls in _by_group(calls_of_one_step, groups):
+            waiting_by_group.update(waiting_intervals(calls, {rank: records[rank] for rank in calls if rank in records}))
+        return {rank: waiting_by_group.get(rank, []) for rank in records}
     waiting: dict[int, list[Interval]] = {rank: [] for rank in records}
     paired = _paired_calls(calls_of_one_step)
     if paired is None:
@@ -648,6 +684,7 @@ class SegmentAccumulator:
         ``replicas``; else the world): the ``n`` of busbw's bus factor."""
         self.world_size = world_size
         self.all_reduce_ranks = all_reduce_ranks(settings, world_size)
+        self.groups = all_reduce_groups(world_size, self.all_reduce_ranks)  # who waits for whom
         self.overall = _Running()
         self.per_rank: dict[int, _Running] = defaultdict(_Running)
         self.clocks = ClockAlignment()
@@ -663,7 +700,7 @@ class SegmentAccumulator:
         session does, once a step: at 1,024 ranks a pass over 300 calls each)."""
         if not figures:
             return
-        waits = cross_rank_waits(calls) if waits is None else waits
+        waits = cross_rank_waits(calls, self.groups) if waits is None else waits
         step = next(iter(figures.values())).step
         desync = find_desync(calls, step, {rank: f.calls_by_kind for rank, f in figures.items()})
         if desync is not None:

@@ -480,7 +480,7 @@ class Session:
         cached = self._waits.get(step)
         if cached is None or (cached[0] != seen and step in self._calls):
             counted = self.counted_calls(step)
-            cached = (seen, *(metrics.waits_both_ways(counted) if counted else ({}, {})))
+            cached = (seen, *(metrics.waits_both_ways(counted, self.all_reduce_groups(step)) if counted else ({}, {})))
             if step in self.reports:
                 self._waits[step] = cached
         return cached[1], cached[2]
@@ -553,6 +553,14 @@ class Session:
 
     def segment_of(self, step: int) -> Segment | None:
         return next((s for s in self.segments if s.first_step <= step <= s.last_step), None)
+
+    def all_reduce_groups(self, step: int) -> metrics.Groups | None:
+        """Who meets whom in the step's all-reduces (``metrics.all_reduce_groups``): its
+        segment's settings say (HSDP's ``replicas``); None, every rank, as for most runs."""
+        segment = self.segment_of(step)
+        if segment is None:
+            return None
+        return metrics.all_reduce_groups(self.world_size, metrics.all_reduce_ranks(segment.settings, self.world_size))
 
     def _place_in_segment(self, report: StepReport) -> None:
         """Extend the neighbouring segment with the same settings, or start a new one."""

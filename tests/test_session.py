@@ -238,21 +238,24 @@ def test_ranks_left_behind_are_those_five_or_more_steps_behind_the_newest() -> N
     assert ranks_left_behind({}) == {} and ranks_left_behind({0: 3}) == {}
 
 
-def test_an_hsdp_segment_is_labelled_with_its_replicas_and_its_busbw_counts_them() -> None:
+def test_an_hsdp_segment_is_labelled_with_its_replicas_and_its_busbw_and_waits_count_them() -> None:
     """Four ranks, each ``simple`` step's all-reduces 4,000 bytes in 9 ms; reported as HSDP with 2
-    replicas the bus factor is 2*1/2 = 1 (across the replicas), where over the world it is 2*3/4."""
+    replicas the bus factor is 2*1/2 = 1 (across the replicas), where over the world it is 2*3/4,
+    and its ranks are paired for waiting within their replica groups (``test_metrics.py``)."""
     def as_simple(report):  # noqa: ANN001, ANN202 (the synthetic session switches to bucket at step 3)
         return replace(report, strategy="simple", settings={"grad_accum": 1}) if report.step <= 2 else None
 
     def as_hsdp(report):  # noqa: ANN001, ANN202
         return replace(report, strategy="fsdp", settings={"grad_accum": 1, "replicas": 2}) if report.step <= 2 else None
 
-    figures = {}
+    figures, groups = {}, []
     for edit in (as_simple, as_hsdp):
         session = Session(None)
         ingest(session, session_messages(steps=2, world_size=4, edit=edit))
         (segment,) = session.segments
         figures[segment.label] = session.segment_figures(segment).busbw_gbps
+        groups.append(session.all_reduce_groups(1))
     (plain, world_busbw), (hsdp, replicas_busbw) = figures.items()
     assert hsdp == "fsdp (grad_accum=1, replicas=2)"
     assert replicas_busbw == pytest.approx(world_busbw / 1.5)
+    assert groups == [None, [[0, 2], [1, 3]]]  # who waits for whom in its all-reduces

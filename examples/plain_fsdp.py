@@ -68,7 +68,9 @@ def main() -> None:
     world = dist.get_world_size()
     if args.replicas < 1 or world % args.replicas:
         parser.error(f"--replicas {args.replicas}: the world size, {world}, must be a multiple of it")
-    mesh = init_device_mesh(device.type, (args.replicas, world // args.replicas), mesh_dim_names=("replicate", "shard"))
+    mesh = None  # FSDP's default: one dimension, every rank (a 1 x N mesh would all-reduce across 1 replica)
+    if args.replicas > 1:
+        mesh = init_device_mesh(device.type, (args.replicas, world // args.replicas), mesh_dim_names=("replicate", "shard"))
 
     torch.manual_seed(0)
     model = ToyModel(args.width, args.layers).to(device)

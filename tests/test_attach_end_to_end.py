@@ -126,26 +126,35 @@ def test_attached_hook_is_bitwise_plain_ddp_at_a_world_size_that_is_not_a_power_
             "tags ['u0', 'u1', 'u2'], blocking [True]") in result.stdout
 
 
-def test_the_fsdp_example_reports_every_units_collectives_and_its_shards(tmp_path: Path) -> None:
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_the_fsdp_example_reports_every_units_collectives_and_its_shards(tmp_path: Path, replicas: int) -> None:
     """``examples/plain_fsdp.py`` as a user runs it: 2 gloo ranks, recorded. Its units are the stem,
     the 8 blocks and the root (the head): in each micro-step the root and the 9 others are gathered
     before their forward and the 9 again before their backward (the root stays gathered), and on
-    the step's last micro-step each of the 10 is reduce-scattered. Each rank holds half the model."""
+    the step's last micro-step each of the 10 is reduce-scattered. Each rank holds half the model.
+    ``--replicas 2`` on 2 ranks is HSDP on a 2 x 1 mesh: a one-rank shard is whole, so FSDP
+    gathers nothing and skips the reduce-scatter, each unit's gradients are all-reduced across the
+    2 replicas instead, each rank holds the whole model, and the segment says ``replicas=2``. (``--replicas 1`` once built a
+    1 x 2 mesh, which all-reduced each unit across its one replica: 10 all-reduces a step.)"""
     width, layers = 64, 8
     command = [str(REPO_ROOT / "examples" / "plain_fsdp.py"), "--steps", "6", "--grad-accum", "2",
-               "--width", str(width), "--layers", str(layers)]
+               "--width", str(width), "--layers", str(layers), "--replicas", str(replicas)]
     with Recorder(tmp_path / "session", "--idle-exit", "20") as recorder:
         run = run_torchrun([*command, "--watch", recorder.address])
         assert run.returncode == 0, run.stderr[-3000:]
         recorder.wait()
     session = load_session(tmp_path / "session" / "session.ddpwatch")
     assert sum(session.rejected.values()) == 0 and sorted(session.reports) == [1, 2, 3, 4, 5, 6]
+    units = layers + 2
+    collectives = (2 * (1 + 2 * (layers + 1)), units, 0) if replicas == 1 else (0, 0, units)
     for step, reports in session.reports.items():
         assert sorted(reports) == [0, 1]
         for report in reports.values():
             kinds = [s.kind for s in report.spans]
-            assert (report.strategy, report.settings["grad_accum"]) == ("fsdp", 2)
-            assert (kinds.count("all_gather"), kinds.count("reduce_scatter"), kinds.count("all_reduce")) == (2 * (1 + 2 * (layers + 1)), layers + 2, 0)
+            assert (report.strategy, report.settings["grad_accum"], report.settings.get("replicas")) == (
+                "fsdp", 2, None if replicas == 1 else replicas)
+            assert (kinds.count("all_gather"), kinds.count("reduce_scatter"), kinds.count("all_reduce")) == collectives
     weights = 4 * ((10 + 1) * width + layers * (width + 1) * width + (width + 1) * 5)
     held = [state.memory["parameters"] for state in session.ranks.values()]
-    assert all(weights / 2 <= h < weights / 2 + 4 * 64 * (layers + 2) for h in held), (held, weights)  # half, padded per unit
+    shards = 2 // replicas
+    assert all(weights / shards <= h < weights / shards + 4 * 64 * units for h in held), (held, weights)  # a shard, padded per unit

@@ -16,9 +16,9 @@ when it was issued or when a worker (the stream) became free, whichever is later
 replaying the queue over the completion stamps (``_start_when_a_worker_was_free``). Each process
 group is a queue of its own (gloo's threads and NCCL's stream belong to a group): a collective on
 another group (HSDP's all-reduce across replicas, ``fsdp_timing``) is opened with its ``queue``
-named and is replayed apart. On NCCL
-with timing on, a collective's duration is NCCL's own, read once it has completed, and the same
-replay run forward from the issue marks gives its start and end: no completion callback at all.
+named and is replayed apart. On NCCL with timing on, a collective's duration is NCCL's own, read
+once it has completed, and the same replay run forward from the issue marks gives its start and
+end: no completion callback at all.
 """
 
 from __future__ import annotations

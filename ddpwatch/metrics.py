@@ -51,7 +51,6 @@ from instrumented_ddp.step_figures import (
     StepTimes,
     _all_reduces,
     algbw_gbps,
-    all_reduce_ranks,
     bus_factor,
     busbw_gbps,
     call_times,
@@ -66,7 +65,7 @@ from .order_statistics import median_of, percentiles_and_median_interval
 __all__ = [
     "BLOCKING_KINDS", "COMM_KINDS", "COMPUTE_KINDS", "CallTimes", "Groups", "STRAGGLER_SHARE", "STRAGGLER_STEPS", "ClockAlignment", "Desync",
     "DesyncRange", "Figures", "Interval", "SegmentAccumulator", "SegmentFigures", "SpanLike", "StepFigures",
-    "StepRecordLike", "StepTimes", "StepWaits", "Straggler", "algbw_gbps", "all_reduce_groups", "all_reduce_ranks", "bus_factor", "busbw_gbps", "call_times", "calls_of", "calls_text",
+    "StepRecordLike", "StepTimes", "StepWaits", "Straggler", "algbw_gbps", "all_reduce_ranks", "bus_factor", "busbw_gbps", "call_times", "calls_of", "calls_text",
     "clip", "collective_key", "counted", "cross_rank_waits", "figures_and_calls", "find_desync", "find_straggler", "intersect", "merge", "segment_figures",
     "step_figures", "step_times", "straggler", "subtract", "total_length", "transfers", "union", "waited_for", "waiting_intervals",
     "waits_both_ways",
@@ -121,20 +120,17 @@ def calls_of(records_of_one_step: Mapping[int, StepRecordLike]) -> dict[int, Cal
     return {rank: call_times(record) for rank, record in records_of_one_step.items()}
 
 
-#: The ranks that meet in each all-reduce, where not every rank does (``all_reduce_groups``).
+#: Who meets whom in the all-reduces, where not every rank meets every other: the groups the
+#: ranks' hellos name (``Hello.all_reduce_group``: HSDP's replicas of one shard, a DDP on a
+#: subgroup). None: the world, one group.
 Groups = Sequence[Sequence[int]]
 
 
-def all_reduce_groups(world_size: int, all_reduce_ranks: int) -> Groups | None:
-    """Who meets whom in an all-reduce: None where every rank does (the world). Under HSDP,
-    ``all_reduce_ranks`` replicas of ``world_size // all_reduce_ranks`` shards on the mesh
-    ``init_device_mesh((replicas, shards))`` lays out row by row, rank r = replica x shards +
-    shard, and each shard is all-reduced across its replicas: the ranks equal modulo the shard
-    count (2 x 2: {0, 2} and {1, 3}). A count that does not divide the world: the world."""
-    if not 1 <= all_reduce_ranks < world_size or world_size % all_reduce_ranks:
-        return None
-    shards = world_size // all_reduce_ranks
-    return [list(range(shard, world_size, shards)) for shard in range(shards)]
+def all_reduce_ranks(groups: Groups | None, world_size: int) -> int:
+    """How many ranks each all-reduce spans, the ``n`` of busbw's bus factor: the groups' size
+    where they are all one size, else the world."""
+    sizes = {len(group) for group in groups or ()}
+    return sizes.pop() if len(sizes) == 1 else world_size
 
 
 def _by_group(calls_of_one_step: Mapping[int, CallTimes], groups: Groups) -> list[dict[int, CallTimes]]:
@@ -679,12 +675,12 @@ class SegmentAccumulator:
     ``STRAGGLER_STEPS`` complete steps.
     """
 
-    def __init__(self, world_size: int, settings: dict[str, Any] | None = None) -> None:
-        """``settings``: the segment's, which say how many ranks its all-reduces span (HSDP's
-        ``replicas``; else the world): the ``n`` of busbw's bus factor."""
+    def __init__(self, world_size: int, groups: Groups | None = None) -> None:
+        """``groups``: who meets whom in the all-reduces (None: every rank): waits are paired
+        within them, and busbw counts each all-reduce over their size."""
         self.world_size = world_size
-        self.all_reduce_ranks = all_reduce_ranks(settings, world_size)
-        self.groups = all_reduce_groups(world_size, self.all_reduce_ranks)  # who waits for whom
+        self.groups = groups
+        self.all_reduce_ranks = all_reduce_ranks(groups, world_size)
         self.overall = _Running()
         self.per_rank: dict[int, _Running] = defaultdict(_Running)
         self.clocks = ClockAlignment()
@@ -748,17 +744,17 @@ class SegmentAccumulator:
 
 
 def segment_figures(records: Iterable[StepRecordLike], world_size: int,
-                    folded: SegmentAccumulator | None = None, per_rank: bool = True) -> SegmentFigures:
+                    folded: SegmentAccumulator | None = None, per_rank: bool = True,
+                    groups: Groups | None = None) -> SegmentFigures:
     """Aggregate a run of steps (on top of the steps already ``folded``, if any); a repeated
-    (rank, step) record replaces the earlier one."""
+    (rank, step) record replaces the earlier one. ``groups``: see ``SegmentAccumulator``."""
     latest: dict[tuple[int, int], StepRecordLike] = {}
     for rec in records:
         latest[(rec.step, rec.rank)] = rec
     by_step: dict[int, dict[int, StepRecordLike]] = defaultdict(dict)
     for (step, rank), rec in sorted(latest.items(), key=lambda kv: kv[0]):
         by_step[step][rank] = rec
-    first = next(iter(latest.values()), None)
-    accumulator = folded.copy() if folded is not None else SegmentAccumulator(world_size, getattr(first, "settings", None))
+    accumulator = folded.copy() if folded is not None else SegmentAccumulator(world_size, groups)
     for step in sorted(by_step):
         both = {rank: figures_and_calls(rec, world_size) for rank, rec in by_step[step].items()}
         accumulator.add_step({rank: f for rank, (f, _) in both.items()}, {rank: c for rank, (_, c) in both.items()})

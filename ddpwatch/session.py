@@ -272,6 +272,8 @@ class Session:
         self._calls: dict[int, dict[int, metrics.CallTimes]] = {}  # step -> rank -> all-reduces (kept steps)
         self._times: dict[int, dict[int, metrics.StepTimes]] = {}  # step -> rank -> window and anchor (kept steps)
         self._declared_world = 0
+        self._groups: metrics.Groups | None = None  # ``all_reduce_groups``, as the hellos last named them
+        self._groups_stale = False
         self._tag_sequences = TagSequences()
         self._unfolded: list[int] = []  # steps with reports not yet folded, oldest first
         self.ranks: dict[int, RankState] = defaultdict(RankState)
@@ -333,6 +335,8 @@ class Session:
         world is recomputed over all ranks only when the largest may have shrunk."""
         previous, rank.hello = rank.hello, hello
         self.session_id = hello.session
+        if previous is None or previous.all_reduce_group != hello.all_reduce_group:
+            self._groups_stale = True
         if hello.world_size >= self._declared_world:
             self._declared_world = hello.world_size
         elif previous is not None and previous.world_size == self._declared_world:
@@ -480,7 +484,7 @@ class Session:
         cached = self._waits.get(step)
         if cached is None or (cached[0] != seen and step in self._calls):
             counted = self.counted_calls(step)
-            cached = (seen, *(metrics.waits_both_ways(counted, self.all_reduce_groups(step)) if counted else ({}, {})))
+            cached = (seen, *(metrics.waits_both_ways(counted, self.all_reduce_groups()) if counted else ({}, {})))
             if step in self.reports:
                 self._waits[step] = cached
         return cached[1], cached[2]
@@ -512,7 +516,7 @@ class Session:
         segment = self.segment_of(step)
         if segment is not None and figures:
             if segment.folded is None:
-                segment.folded = metrics.SegmentAccumulator(self.world_size, segment.settings)
+                segment.folded = metrics.SegmentAccumulator(self.world_size, self.all_reduce_groups())
             segment.folded.add_step(figures, self.counted_calls(step), self.step_waits(step)[0])
 
     def step_figures(self, step: int) -> dict[int, metrics.StepFigures]:
@@ -554,13 +558,15 @@ class Session:
     def segment_of(self, step: int) -> Segment | None:
         return next((s for s in self.segments if s.first_step <= step <= s.last_step), None)
 
-    def all_reduce_groups(self, step: int) -> metrics.Groups | None:
-        """Who meets whom in the step's all-reduces (``metrics.all_reduce_groups``): its
-        segment's settings say (HSDP's ``replicas``); None, every rank, as for most runs."""
-        segment = self.segment_of(step)
-        if segment is None:
-            return None
-        return metrics.all_reduce_groups(self.world_size, metrics.all_reduce_ranks(segment.settings, self.world_size))
+    def all_reduce_groups(self) -> metrics.Groups | None:
+        """Who meets whom in the all-reduces, as the ranks' hellos say (``Hello.all_reduce_group``:
+        HSDP's replicas of one shard, a DDP on a subgroup); None, every rank, as for most runs.
+        Made again only when a hello names another group than before."""
+        if self._groups_stale:
+            named = {tuple(sorted(r.hello.all_reduce_group)) for r in self.ranks.values() if r.hello and r.hello.all_reduce_group}
+            self._groups = [list(group) for group in sorted(named)] or None
+            self._groups_stale = False
+        return self._groups
 
     def _place_in_segment(self, report: StepReport) -> None:
         """Extend the neighbouring segment with the same settings, or start a new one."""
@@ -624,7 +630,7 @@ class Session:
         if segment.folded is not None and not pending:
             return segment.folded.figures(per_rank)
         accumulator = (segment.folded.copy() if segment.folded is not None
-                       else metrics.SegmentAccumulator(self.world_size, segment.settings))
+                       else metrics.SegmentAccumulator(self.world_size, self.all_reduce_groups()))
         for step in pending:
             accumulator.add_step(self.step_figures(step), self.counted_calls(step))
         return accumulator.figures(per_rank)

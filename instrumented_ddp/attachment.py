@@ -158,12 +158,15 @@ def sharded_model_problem(model: nn.Module) -> str | None:
     return None
 
 
-def sharded_replicas(model: nn.Module) -> int:
-    """How many replicas of each shard a model ``sharded_model_problem`` passed has (HSDP; 1 on a
-    1-D mesh): its segments say so (``replicas``), and busbw counts its all-reduces over them."""
-    from .fsdp_timing import replicas
+def all_reduce_group(model: nn.Module, sharded: bool) -> list[int]:
+    """The ranks the model's all-reduces meet (``Hello.all_reduce_group``), where not the world:
+    an HSDP model's replicas of this rank's shard, or the subgroup a DDP was built on; [] else."""
+    if sharded:
+        from .fsdp_timing import replica_ranks
 
-    return replicas(model)
+        return replica_ranks(model)
+    group = model.process_group
+    return dist.get_process_group_ranks(group) if group.size() != dist.get_world_size() else []
 
 
 def sharded_timing(model: nn.Module, timeline: Any) -> FSDPTiming:
@@ -313,14 +316,15 @@ class Attachment:
         module = model if sharded else model.module
         group = None if sharded else model.process_group  # FSDP's: its mesh, over the default group's ranks
         self.device = next(module.parameters()).device
-        replicas = sharded_replicas(model) if sharded else 1
-        self._mesh_settings = {"replicas": replicas} if replicas > 1 else {}  # HSDP: the replicate dimension
+        meets = all_reduce_group(model, sharded)
+        replicas = len(meets) if sharded and len(meets) > 1 else 0
+        self._mesh_settings = {"replicas": replicas} if replicas else {}  # HSDP: the replicate dimension's size
         context = DistributedContext(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")),
                                      self.device, dist.get_backend(group))
         self.watch = Watch.start(address, context, {
             "strategy": self.strategy, "settings": self._settings(1),
             "model_parameters": sum(p.numel() for p in module.parameters()),
-            "parameter_layout": parameter_layout(module),
+            "parameter_layout": parameter_layout(module), "all_reduce_group": meets,
         }, keys=keys, switchable=False, collective_group=group)
         self.timeline = self.watch.timeline
         self.timing: DDPTiming | FSDPTiming = sharded_timing(model, self.timeline) if sharded else DDPTiming(model, self.timeline)

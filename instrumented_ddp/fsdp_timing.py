@@ -109,12 +109,17 @@ def time_replica_all_reduces(unit: FSDPModule, timed: TimedReplicaAllReduce) -> 
     return found
 
 
-def replicas(model: nn.Module) -> int:
-    """How many replicas of each shard a ``fully_shard`` model has: on a 2-D mesh (HSDP) the
-    replicate dimension's size, 1 on a 1-D mesh (sharded over every rank)."""
-    sizes = [group.mesh_info.replicate_process_group.size() for unit in fsdp_units(model)
-             for group in _fsdp_param_groups(unit) if getattr(group.mesh_info, "replicate_process_group", None) is not None]
-    return max(sizes, default=1)
+def replica_ranks(model: nn.Module) -> list[int]:
+    """The ranks this rank's replicas of its shard are on, its own among them, where a
+    ``fully_shard`` model is on a 2-D mesh (HSDP: the replicate dimension's group, which FSDP
+    all-reduces across); [] on a 1-D mesh (sharded over every rank). Read before the group is
+    swapped for a ``ForwardingGroup``, which ``torch.distributed`` does not know."""
+    for unit in fsdp_units(model):
+        for group in _fsdp_param_groups(unit):
+            replicas = getattr(group.mesh_info, "replicate_process_group", None)
+            if replicas is not None:
+                return dist.get_process_group_ranks(getattr(replicas, "inner", replicas))
+    return []
 
 
 def fsdp_units(model: nn.Module) -> list[FSDPModule]:

@@ -96,6 +96,15 @@ class Hello:
     #: False for a run ddpwatch did not start (``instrumented_ddp.attach``): its loop is the
     #: user's, so it cannot re-wrap the model at a step boundary, and the dashboard offers no switch.
     switchable: bool = True
+    #: The ranks this rank's all-reduces meet, itself among them, where not every rank: HSDP's
+    #: replicas of its shard, a DDP built on a subgroup. Empty: the world. The dashboard pairs
+    #: waits within it and counts busbw over its size (``all_reduce_ranks``).
+    all_reduce_group: list[int] = field(default_factory=list)
+
+    @property
+    def all_reduce_ranks(self) -> int:
+        """How many ranks each of this rank's all-reduces spans: the ``n`` of busbw's bus factor."""
+        return len(self.all_reduce_group) or self.world_size
 
 
 @dataclass(frozen=True)
@@ -378,6 +387,7 @@ def _build(cls: type, body: dict[str, Any]) -> Message:
             raise ProtocolError("invalid", f"span_request: device_every_s outside 0-{MAX_DEVICE_EVERY_S:g} s")
     if cls is Hello:
         values["parameter_layout"] = [_layout_row(row) for row in values.get("parameter_layout", [])]
+        _check_all_reduce_group(values)
     if "rank" in values and values["rank"] < 0:
         raise ProtocolError("invalid", "negative rank")
     try:
@@ -397,7 +407,16 @@ _FIELD_TYPES: dict[str, Any] = {
     "all_reduce_tags": list, "all_reduce_seconds": bytes, "algbw_gbps": bytes, "full": bool, "sample_every": int,
     "pinned_steps": list, "device_every_s": float, "calls_by_kind": dict, "memory": dict,
     "settings": dict, "readings": dict, "spans": list, "parameter_layout": list, "bucket_layout": list,
+    "all_reduce_group": list,
 }
+
+
+def _check_all_reduce_group(values: dict[str, Any]) -> None:
+    """A hello's ``all_reduce_group``: distinct ranks of its world, its own among them (or none)."""
+    group = values.get("all_reduce_group", [])
+    if group and not (all(_is_int(r) and 0 <= r < values["world_size"] for r in group)
+                      and len(set(group)) == len(group) and values["rank"] in group):
+        raise ProtocolError("invalid", "hello: all_reduce_group must be distinct ranks of the world, the sender's among them")
 
 
 def _check_step(values: dict[str, Any]) -> None:

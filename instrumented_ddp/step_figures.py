@@ -141,14 +141,6 @@ def bus_factor(kind: str, world_size: int) -> float | None:
     return None
 
 
-def all_reduce_ranks(settings: Any, world_size: int) -> int:
-    """How many ranks each all-reduce of a step with these ``settings`` spans, the ``n`` of its
-    bus factor: the world, but under HSDP (``settings["replicas"]``, the replicate dimension's
-    size, which ``attach`` sends) the replicas of one shard, across which FSDP all-reduces."""
-    replicas = settings.get("replicas") if isinstance(settings, dict) else None
-    return replicas if isinstance(replicas, int) and 1 <= replicas <= world_size else world_size
-
-
 def busbw_gbps(nbytes: int, seconds: float, world_size: int, kind: str = "all_reduce") -> float | None:
     alg, factor = algbw_gbps(nbytes, seconds), bus_factor(kind, world_size)
     return None if alg is None or factor is None else alg * factor
@@ -222,7 +214,7 @@ def figures_and_calls(record: StepRecordLike, world_size: int | None = None) -> 
     ars = _all_reduces(record)
     calls = _call_times(ars)
     alg = float_array(a for a in (algbw_gbps(s.nbytes, seconds) for s, seconds in zip(ars, calls.seconds)) if a is not None)
-    factor = None if world_size is None else bus_factor("all_reduce", all_reduce_ranks(getattr(record, "settings", None), world_size))
+    factor = bus_factor("all_reduce", world_size) if world_size is not None else None
     figures = StepFigures(
         rank=record.rank,
         step=record.step,

@@ -120,8 +120,8 @@ def test_attached_hook_is_bitwise_plain_ddp_at_a_world_size_that_is_not_a_power_
     # plain dist.all_reduce that no FSDP hook takes: timed through the forwarding group standing for the
     # replicate dimension (before, not one all-reduce was reported), the training bit for bit unattached HSDP's
     assert "hsdp: bitwise equal on every rank: True" in result.stdout
-    # its segment says how many replicas each all-reduce spans (busbw's n)
-    assert ("hsdp: settings {'grad_accum': 2, 'replicas': 3}, excluded [False, False, False, False], "
+    # its segment says how many replicas there are, and its hello which ranks its all-reduces meet
+    assert ("hsdp: settings {'grad_accum': 2, 'replicas': 3}, all-reduce group [0, 1, 2], excluded [False, False, False, False], "
             "reduce-scatters [0, 0, 0, 0], all-reduces [3, 3, 3, 3], "
             "tags ['u0', 'u1', 'u2'], blocking [True]") in result.stdout
 

@@ -8,7 +8,7 @@ from the comment next to it.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import pytest
 
@@ -21,7 +21,6 @@ from ddpwatch.metrics import (
     StepWaits,
     Straggler,
     algbw_gbps,
-    all_reduce_groups,
     all_reduce_ranks,
     bus_factor,
     busbw_gbps,
@@ -66,7 +65,6 @@ class Record:
     spans: tuple[Span, ...] = field(default_factory=tuple)
     samples: int = 0
     tokens: int = 0
-    settings: dict = field(default_factory=dict)
 
 
 def span(kind: str, a: float, b: float, blocking: bool = False, nbytes: int = 0, tag: str = "") -> Span:
@@ -259,39 +257,34 @@ def test_step_busbw_is_median_over_collectives():
     assert f.busbw_gbps == approx(3)
 
 
-@pytest.mark.parametrize("settings, n", [({"replicas": 2}, 2), ({}, 4), ({"replicas": 8}, 4), ({"replicas": "2"}, 4)])
-def test_hsdp_all_reduces_count_their_bus_factor_over_the_replicas_not_the_world(settings: dict, n: int) -> None:
-    """HSDP all-reduces each shard across its replicas only (``settings["replicas"]``, which
-    ``attach`` sends). 4 MB in 2 ms is 2 GB/s of algbw on each of 4 ranks; as 2 replicas of 2
-    shards n = 2, factor 2*1/2 = 1, busbw 2; over the world n = 4, factor 2*3/4 = 1.5, busbw 3.
-    A count of replicas the world cannot hold, or not a count, is not believed."""
-    steps = [Record(rank, 0, 0.0, ms(10), (span("all_reduce", 0, 2, nbytes=4_000_000),), settings=settings)
-             for rank in range(4)]
-    busbw = {2: 2.0, 4: 3.0}[n]
-    assert all_reduce_ranks(settings, 4) == n
-    assert step_figures(steps[0], world_size=4).busbw_gbps == approx(busbw)
-    assert segment_figures(steps, world_size=4).busbw_gbps == approx(busbw)
+@pytest.mark.parametrize("groups, n", [([[0, 2], [1, 3]], 2), (None, 4), ([[0, 1, 2], [3]], 4)])
+def test_hsdp_all_reduces_count_their_bus_factor_over_their_group_not_the_world(groups: list | None, n: int) -> None:
+    """HSDP all-reduces each shard across its replicas only (the groups the hellos name). 4 MB in
+    2 ms is 2 GB/s of algbw on each of 4 ranks; as 2 replicas of 2 shards n = 2, factor 2*1/2 = 1,
+    busbw 2; over the world n = 4, factor 2*3/4 = 1.5, busbw 3. Groups of unequal sizes have no
+    one n: the world's."""
+    steps = [record(0, 10, span("all_reduce", 0, 2, nbytes=4_000_000), rank=rank) for rank in range(4)]
+    assert all_reduce_ranks(groups, 4) == n
+    assert segment_figures(steps, world_size=4, groups=groups).busbw_gbps == approx({2: 2.0, 4: 3.0}[n])
 
 
 def test_hsdp_ranks_wait_only_for_the_replicas_they_all_reduce_with() -> None:
-    """2 replicas x 2 shards: rank r = replica x 2 + shard, so shard 0's all-reduce joins ranks
-    0 and 2, shard 1's ranks 1 and 3. One all-reduce u0: 5 ms on rank 0, 3 on rank 2 (rank 0
+    """2 replicas x 2 shards (``init_device_mesh((2, 2))``: rank r = replica x 2 + shard), so
+    shard 0's all-reduce joins ranks 0 and 2, shard 1's ranks 1 and 3, as their hellos say. One all-reduce u0: 5 ms on rank 0, 3 on rank 2 (rank 0
     waited 2 ms for rank 2); 9 on ranks 1 and 3 (their link is slower; neither waited). Paired
     over the world, the transfer was taken as 3 ms: ranks 1 and 3 read 6 ms of waiting each,
     put down to rank 2, which they never all-reduce with."""
     durations = {0: 5.0, 1: 9.0, 2: 3.0, 3: 9.0}
     records = {rank: record(0, 10, span("all_reduce", 0, ms_, tag="u0"), rank=rank) for rank, ms_ in durations.items()}
     calls = calls_of(records)
-    groups = all_reduce_groups(4, all_reduce_ranks({"replicas": 2}, 4))
-    assert groups == [[0, 2], [1, 3]]
+    groups = [[0, 2], [1, 3]]
     assert cross_rank_waits(calls, groups) == approx({0: 2.0, 1: 0.0, 2: 0.0, 3: 0.0})
     assert waited_for(calls, groups) == approx({0: 0.0, 1: 0.0, 2: 2.0, 3: 0.0})
     assert cross_rank_waits(calls) == approx({0: 2.0, 1: 6.0, 2: 0.0, 3: 6.0})  # over the world
     waiting = waiting_intervals(calls, records, groups)
     assert waiting[0] == [approx((0.0, ms(2.0)))] and waiting[1] == waiting[2] == waiting[3] == []
-    hsdp = [replace(records[rank], settings={"replicas": 2}) for rank in range(4)]
-    assert segment_figures(hsdp, world_size=4).waited_for_others_ms == approx(2.0 / 4)  # one rank's 2 ms, over 4
-    assert all_reduce_groups(4, 4) is None and all_reduce_groups(6, 4) is None and all_reduce_groups(4, 1) == [[0], [1], [2], [3]]
+    segment = segment_figures(list(records.values()), world_size=4, groups=groups)
+    assert segment.waited_for_others_ms == approx(2.0 / 4)  # one rank's 2 ms, over 4 ranks' steps
 
 
 # --- across ranks ---------------------------------------------------------------------------

@@ -160,6 +160,23 @@ def test_hello_parameter_layout_rows_come_back_as_tuples() -> None:
     assert decode(encode(hello)).message == hello
 
 
+def test_a_hello_names_the_ranks_its_all_reduces_meet_and_an_old_one_meets_the_world() -> None:
+    hello = replace(HELLO, all_reduce_group=[0, HELLO.rank])  # rank 1 of 2, with rank 0
+    assert decode(encode(hello)).message == hello and hello.all_reduce_ranks == 2
+    raw = _raw(HELLO)
+    raw["body"].pop("all_reduce_group", None)
+    assert decode(_pack(raw)).message.all_reduce_group == [] and HELLO.all_reduce_ranks == HELLO.world_size
+
+
+@pytest.mark.parametrize("group", [[0, 0], ["1"], [99], [-1], "0,1"], ids=["repeated", "not-int", "outside", "negative", "not-list"])
+def test_a_hello_whose_all_reduce_group_is_not_ranks_of_its_world_with_its_own_is_invalid(group: Any) -> None:
+    raw = _raw(HELLO)
+    raw["body"]["all_reduce_group"] = group
+    assert _category(_pack(raw)) == "invalid"
+    raw["body"]["all_reduce_group"] = [r for r in range(HELLO.world_size) if r != HELLO.rank][:1]  # without itself
+    assert _category(_pack(raw)) == "invalid"
+
+
 # -- rejections ------------------------------------------------------------------------------------
 
 

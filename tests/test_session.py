@@ -238,23 +238,25 @@ def test_ranks_left_behind_are_those_five_or_more_steps_behind_the_newest() -> N
     assert ranks_left_behind({}) == {} and ranks_left_behind({0: 3}) == {}
 
 
-def test_an_hsdp_segment_is_labelled_with_its_replicas_and_its_busbw_and_waits_count_them() -> None:
-    """Four ranks, each ``simple`` step's all-reduces 4,000 bytes in 9 ms; reported as HSDP with 2
-    replicas the bus factor is 2*1/2 = 1 (across the replicas), where over the world it is 2*3/4,
-    and its ranks are paired for waiting within their replica groups (``test_metrics.py``)."""
+def test_an_hsdp_session_pairs_and_counts_busbw_within_the_groups_its_hellos_name() -> None:
+    """Four ranks, each ``simple`` step's all-reduces 4,000 bytes in 9 ms. Where the hellos say
+    each rank all-reduces with one other ({0, 2} and {1, 3}: HSDP's 2 replicas of 2 shards) the
+    bus factor is 2*1/2 = 1, where over the world it is 2*3/4; the segment is labelled with the
+    replicas ``attach`` puts in its settings."""
     def as_simple(report):  # noqa: ANN001, ANN202 (the synthetic session switches to bucket at step 3)
         return replace(report, strategy="simple", settings={"grad_accum": 1}) if report.step <= 2 else None
 
     def as_hsdp(report):  # noqa: ANN001, ANN202
         return replace(report, strategy="fsdp", settings={"grad_accum": 1, "replicas": 2}) if report.step <= 2 else None
 
+    replicas = {rank: replace(hello(rank, world_size=4), all_reduce_group=[rank % 2, rank % 2 + 2]) for rank in range(4)}
     figures, groups = {}, []
-    for edit in (as_simple, as_hsdp):
+    for edit, hellos in ((as_simple, None), (as_hsdp, replicas)):
         session = Session(None)
-        ingest(session, session_messages(steps=2, world_size=4, edit=edit))
+        ingest(session, session_messages(steps=2, world_size=4, edit=edit, hellos=hellos))
         (segment,) = session.segments
         figures[segment.label] = session.segment_figures(segment).busbw_gbps
-        groups.append(session.all_reduce_groups(1))
+        groups.append(session.all_reduce_groups())
     (plain, world_busbw), (hsdp, replicas_busbw) = figures.items()
     assert hsdp == "fsdp (grad_accum=1, replicas=2)"
     assert replicas_busbw == pytest.approx(world_busbw / 1.5)

@@ -252,7 +252,7 @@ class SnapshotBuilder:
             self._shown_step = (step, len(reports), roles, session.details)
             self._timeline = timeline_of(step, self._with_spans(step, reports), session.step_calls(step),  # type: ignore[arg-type]
                                          session.step_times(step), roles,
-                                         session.all_reduce_groups(step)) if step is not None and reports else None
+                                         session.all_reduce_groups()) if step is not None and reports else None
             self._desync = metrics.find_desync(session.counted_calls(step), step,  # type: ignore[arg-type]
                                                {rank: f.calls_by_kind for rank, f in figures.items()}) if reports else None
         trend = self.summaries(sorted(session.reports)[-TREND_POINTS:])

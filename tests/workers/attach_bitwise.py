@@ -39,15 +39,15 @@ def main() -> None:
     same, reports = train_accelerate_side_by_side(args.address, context.rank)
     say("accelerate", same, f"excluded {[r.excluded for r in reports]}, grad_accum {[r.settings['grad_accum'] for r in reports]}, "
         f"all-reduces {[sum(s.kind == 'all_reduce' for s in r.spans) for r in reports]}")
-    same, reports = train_fsdp2_side_by_side(args.address, context.rank)
+    same, reports, _ = train_fsdp2_side_by_side(args.address, context.rank)
     say("fsdp2", same, f"strategy {sorted({r.strategy for r in reports})}, excluded {[r.excluded for r in reports]}, "
         f"grad_accum {[r.settings['grad_accum'] for r in reports]}, "
         f"all-gathers {[sum(s.kind == 'all_gather' for s in r.spans) for r in reports]}, "
         f"reduce-scatters {[sum(s.kind == 'reduce_scatter' for s in r.spans) for r in reports]}, "
         f"tags {sorted({s.tag for r in reports for s in r.spans if s.kind == 'reduce_scatter'})}")
     replicas = init_device_mesh("cpu", (context.world_size, 1), mesh_dim_names=("replicate", "shard"))
-    same, reports = train_fsdp2_side_by_side(args.address, context.rank, mesh=replicas)
-    say("hsdp", same, f"settings {reports[-1].settings}, excluded {[r.excluded for r in reports]}, "
+    same, reports, group = train_fsdp2_side_by_side(args.address, context.rank, mesh=replicas)
+    say("hsdp", same, f"settings {reports[-1].settings}, all-reduce group {group}, excluded {[r.excluded for r in reports]}, "
         f"reduce-scatters {[sum(s.kind == 'reduce_scatter' for s in r.spans) for r in reports]}, "
         f"all-reduces {[sum(s.kind == 'all_reduce' for s in r.spans) for r in reports]}, "
         f"tags {sorted({s.tag for r in reports for s in r.spans if s.kind == 'all_reduce'})}, "
@@ -117,10 +117,11 @@ def train_accelerate_side_by_side(address: str, rank: int) -> tuple[bool, list[S
     return same, [m for m in sent if isinstance(m, StepReport)]
 
 
-def train_fsdp2_side_by_side(address: str, rank: int, mesh: Any = None) -> tuple[bool, list[StepReport]]:
+def train_fsdp2_side_by_side(address: str, rank: int, mesh: Any = None) -> tuple[bool, list[StepReport], list[int]]:
     """A model the user shards with FSDP2 (each layer, then the root), attached, against the same
     model sharded and not attached: two micro-steps a step, the first without gradient sync.
-    ``mesh``: FSDP's (default: every rank, one dimension)."""
+    ``mesh``: FSDP's (default: every rank, one dimension). Also returns the attached run's hello's
+    ``all_reduce_group``."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(32, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 3))
     pair = {}
@@ -144,7 +145,7 @@ def train_fsdp2_side_by_side(address: str, rank: int, mesh: Any = None) -> tuple
             optimizers[mode].zero_grad()
     watch.detach()
     same = all(torch.equal(a.full_tensor(), b.full_tensor()) for a, b in zip(pair["plain"].parameters(), pair["watched"].parameters()))
-    return same, [m for m in sent if isinstance(m, StepReport)]
+    return same, [m for m in sent if isinstance(m, StepReport)], watch.publisher.hello.all_reduce_group
 
 
 if __name__ == "__main__":

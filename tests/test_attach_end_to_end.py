@@ -93,8 +93,9 @@ def test_attached_hook_is_bitwise_plain_ddp_at_a_world_size_that_is_not_a_power_
     whose first iteration reduces every bucket at the end of backward and waits for them in the
     same call (an attached one hung there), and whose buckets are rebuilt after its second
     (a one-rank group cannot show it: there DDP's static graph issues no all-reduce); and the
-    README's Accelerate use, attached to what ``accelerator.prepare`` returns; and a model sharded
-    with FSDP2, attached against not, then replicated on a 2-D mesh (HSDP)."""
+    README's Accelerate use, attached to what ``accelerator.prepare`` returns; a DDP built on a
+    subgroup; and a model sharded with FSDP2, attached against not, then replicated on a 2-D mesh
+    (HSDP)."""
     result = run_torchrun([str(REPO_ROOT / "tests" / "workers" / "attach_bitwise.py"), "--address", f"tcp://127.0.0.1:{free_port()}"],
                           nproc=3)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -105,6 +106,9 @@ def test_attached_hook_is_bitwise_plain_ddp_at_a_world_size_that_is_not_a_power_
     # a bucket closed once it reaches 0.01 MB (10,486 bytes): the last layer (780) and the middle weight (16,384)
     # reach it; the rest (8,704) is the second
     assert "static_graph=True: excluded [True, True, False, False], all-reduces [1, 1, 2, 2]" in result.stdout
+    # a DDP built on a subgroup (ranks 0 and 1; rank 2 alone): its hello names the ranks its all-reduces meet
+    assert "subgroup: bitwise equal on every rank: True" in result.stdout
+    assert "subgroup: all-reduce group [0, 1], all-reduces [1, 2, 2, 2]" in result.stdout
     # Accelerate's own loop on what accelerator.prepare returned: one report per optimizer step of two
     # micro-steps, the model's 25 KB in one bucket at Accelerate's default cap
     assert "accelerate: bitwise equal on every rank: True" in result.stdout

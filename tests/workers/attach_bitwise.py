@@ -32,10 +32,14 @@ def main() -> None:
     args = parser.parse_args()
     context = init_distributed("cpu")
     for option in ({"gradient_as_bucket_view": False}, {"gradient_as_bucket_view": True}, {"static_graph": True}):
-        same, reports = train_side_by_side(option, args.address, context.rank)
+        same, reports, _ = train_side_by_side(option, args.address, context.rank)
         (name, value), = option.items()
         say(f"{name}={value}", same, f"excluded {[r.excluded for r in reports]}, "
             f"all-reduces {[sum(s.kind == 'all_reduce' for s in r.spans) for r in reports]}")
+    halves = [dist.new_group([0, 1]), dist.new_group(list(range(2, context.world_size)))]  # a DDP on each
+    same, reports, group = train_side_by_side({"process_group": halves[context.rank >= 2]}, args.address, context.rank)
+    say("subgroup", same, f"all-reduce group {group}, "
+        f"all-reduces {[sum(s.kind == 'all_reduce' for s in r.spans) for r in reports]}")
     same, reports = train_accelerate_side_by_side(args.address, context.rank)
     say("accelerate", same, f"excluded {[r.excluded for r in reports]}, grad_accum {[r.settings['grad_accum'] for r in reports]}, "
         f"all-reduces {[sum(s.kind == 'all_reduce' for s in r.spans) for r in reports]}")
@@ -66,9 +70,10 @@ def say(run: str, same: bool, reports: str) -> None:
         print(f"{run}: {reports}")
 
 
-def train_side_by_side(option: dict[str, bool], address: str, rank: int) -> tuple[bool, list[StepReport]]:
+def train_side_by_side(option: dict[str, Any], address: str, rank: int) -> tuple[bool, list[StepReport], list[int]]:
     """``static_graph``: DDP's first iteration reduces every bucket from an end-of-backward
-    callback and waits for them in that same call (the attached run hung there)."""
+    callback and waits for them in that same call (the attached run hung there). Also returns
+    the attached run's hello's ``all_reduce_group``."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(32, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 3))
     pair = {mode: DistributedDataParallel(copy.deepcopy(model), bucket_cap_mb=0.01, **option) for mode in ("plain", "watched")}
@@ -86,7 +91,7 @@ def train_side_by_side(option: dict[str, bool], address: str, rank: int) -> tupl
             optimizers[mode].zero_grad(set_to_none=not view)  # views stay views
     watch.detach()
     same = all(torch.equal(a, b) for a, b in zip(pair["plain"].parameters(), pair["watched"].parameters()))
-    return same, [m for m in sent if isinstance(m, StepReport)]
+    return same, [m for m in sent if isinstance(m, StepReport)], watch.publisher.hello.all_reduce_group
 
 
 def train_accelerate_side_by_side(address: str, rank: int) -> tuple[bool, list[StepReport]]:

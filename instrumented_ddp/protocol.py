@@ -98,13 +98,8 @@ class Hello:
     switchable: bool = True
     #: The ranks this rank's all-reduces meet, itself among them, where not every rank: HSDP's
     #: replicas of its shard, a DDP built on a subgroup. Empty: the world. The dashboard pairs
-    #: waits within it and counts busbw over its size (``all_reduce_ranks``).
+    #: waits within it and counts busbw over its size (``Session.all_reduce_groups``).
     all_reduce_group: list[int] = field(default_factory=list)
-
-    @property
-    def all_reduce_ranks(self) -> int:
-        """How many ranks each of this rank's all-reduces spans: the ``n`` of busbw's bus factor."""
-        return len(self.all_reduce_group) or self.world_size
 
 
 @dataclass(frozen=True)

@@ -83,14 +83,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def unavailable_strategy(name: str) -> str:
-    """Why this torch cannot run the strategy ``name``, "" where it can (``fsdp`` needs FSDP2's
+def unavailable_strategy(name: str) -> str | None:
+    """Why this torch cannot run the strategy ``name``, None where it can (``fsdp`` needs FSDP2's
     custom comms, torch 2.9): a one-line error at start, a refused switch mid-run."""
     try:
         strategy_class(name)
     except ImportError as error:
         return str(error)
-    return ""
+    return None
 
 
 def accumulation_problem(batch_size: int, world_size: int, grad_accum: int) -> str | None:
@@ -155,7 +155,7 @@ def switch_strategy(model, optimizer, command, args: argparse.Namespace, context
         f"unknown strategy {command.strategy!r}" if command.strategy not in instrumented_ddp.STRATEGY_NAMES
         else unavailable_strategy(command.strategy)
         or accumulation_problem(args.batch_size, context.world_size, grad_accum)
-        or ("bucket size must be positive" if bucket_mb <= 0 else "")
+        or ("bucket size must be positive" if bucket_mb <= 0 else None)
     )
     if problem:
         watch.acknowledge(command, False, watch.steps + 1, problem)

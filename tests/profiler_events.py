@@ -77,9 +77,8 @@ def ends_off_by_more_than_their_looks(recorded: Sequence[Span], intervals: dict[
     """The recorded ends off the profiler's (``intervals``) by more than the CPU clock's
     resolution (``half_gaps``, from ``half_look_gaps``), each as (error, half the gap between its
     looks), in us."""
-    return [(round((span.end - intervals[id(span)][1]) * 1e6), round(half_gap * 1e6))
-            for span, half_gap in zip(recorded, half_gaps)
-            if abs(span.end - intervals[id(span)][1]) > half_gap + LOOK_SLACK_S]
+    errors = [(span.end - intervals[id(span)][1], half_gap) for span, half_gap in zip(recorded, half_gaps)]
+    return [(round(error * 1e6), round(half_gap * 1e6)) for error, half_gap in errors if abs(error) > half_gap + LOOK_SLACK_S]
 
 
 def assert_all_reduces_hold_against_the_profiler(reports: Sequence[StepReport], recorded: Sequence[Span],

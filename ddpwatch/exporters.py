@@ -91,7 +91,9 @@ def summary(session: Session) -> dict[str, Any]:
                  "late_unused": {r: s.late_unused for r, s in states},
                  "lost_messages": {r: s.lost_messages for r, s in states},
                  "sender_dropped": {r: s.sender_dropped for r, s in states}}
+    groups = session.all_reduce_groups()
     return _jsonable({"session": session.session_id, "world_size": session.world_size, "ranks": ranks,
+                      "all_reduce_groups": [list(group) for group in groups] if groups is not None else None,
                       "desync": asdict(desync) if desync is not None else None,
                       "segments": segments, "telemetry": telemetry})
 
@@ -138,6 +140,11 @@ def summary_markdown(summary: dict[str, Any]) -> str:
               "between steps counts.",
               "Steps marked excluded (native DDP's first iteration, before buckets are rebuilt; a step in which "
               "torch.compile compiled) or unresolved (timing marks that never completed) are left out of every figure."]
+    if summary.get("all_reduce_groups"):
+        groups = summary["all_reduce_groups"]
+        lines.append(f"All-reduces meet within {len(groups)} groups of ranks, as the ranks said (HSDP's replicas of one "
+                     f"shard, a DDP on a subgroup): {'; '.join(', '.join(map(str, group)) for group in groups)}. busbw "
+                     "counts each over its group's size, and a rank's waiting is judged against its group only.")
     for seg in summary.get("segments", []):
         if seg.get("excluded_steps"):
             lines.append(f"- segment {seg['index']}: excluded steps {', '.join(map(str, seg['excluded_steps']))}")

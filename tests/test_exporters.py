@@ -50,9 +50,10 @@ def step_spans(strategy: str, t0: float, early: float, straggle_ms: float = 0.0)
 
 
 def make_session(desync: bool = False, keep_steps: int | None = None, straggle_ms: float = 0.0,
-                 unresolved: bool = False) -> Session:
+                 unresolved: bool = False, alone: bool = False) -> Session:
     """``straggle_ms``: rank 1 waits that long for rank 0 in each "simple" step; ``unresolved``: rank 1's
-    step 4 is sent with one all-reduce that never completed."""
+    step 4 is sent with one all-reduce that never completed; ``alone``: each rank's hello says its
+    all-reduces meet no other rank (each on a one-rank group)."""
     session = Session(keep_steps)
     seq: dict[int, int] = defaultdict(int)
 
@@ -64,7 +65,7 @@ def make_session(desync: bool = False, keep_steps: int | None = None, straggle_m
     for rank in (0, 1):
         send(rank, Hello(rank=rank, world_size=2, session="sess-1", host=HOSTS[rank], pid=4000 + rank,
                          device="cpu", backend="gloo", strategy="simple", settings=SETTINGS["simple"],
-                         model_parameters=10, global_batch=8, node_rank=rank))
+                         model_parameters=10, global_batch=8, node_rank=rank, all_reduce_group=[rank] if alone else []))
     for step in range(6):
         strategy = "simple" if step < 3 else "bucket"
         for rank in (0, 1):
@@ -261,6 +262,18 @@ def test_markdown_table(data: dict) -> None:
     assert cells[-2:] == ["—", "—"]  # no reduce-scatter, all-gather or broadcast; memory not measured
     assert "Comm_overhead%" in text.split(header)[1] and "excluded" in text
     assert "DESYNC" not in text
+
+
+def test_the_exports_say_within_which_groups_the_all_reduces_meet_where_not_the_world(data: dict) -> None:
+    """Where the hellos name groups (HSDP's replicas, a DDP on a subgroup), busbw and waits were
+    figured within them: summary.json lists them and summary.md says so; a run over the world, neither."""
+    assert data["all_reduce_groups"] is None and "groups of ranks" not in exporters.summary_markdown(data)
+    alone = exporters.summary(make_session(straggle_ms=3.0, alone=True))
+    assert alone["all_reduce_groups"] == [[0], [1]]
+    assert ("All-reduces meet within 2 groups of ranks, as the ranks said (HSDP's replicas of one shard, a DDP on a "
+            "subgroup): 0; 1.") in exporters.summary_markdown(alone)
+    assert alone["segments"][0]["waited_for_others_ms"] == 0.0  # nobody to wait for in a group of one
+    assert alone["segments"][0]["busbw_gbps"] == 0.0  # a one-rank all-reduce moves nothing over a bus
 
 
 def test_markdown_reports_desync() -> None:

@@ -12,7 +12,8 @@ both alike. A watched step does all a watched train.py step does: the command ag
 timeline, publishing the reports that resolved. Printed per strategy: the median step times, the
 median of the paired ratios (goal: at most 1.02) and a 90 % interval for it. ``attach`` is a
 user's own loop on torch's DDP, attached against not attached (see ``attached_and_plain_ddp``);
-``attach-fsdp`` the same loop on a model sharded with FSDP2's ``fully_shard``.
+``attach-fsdp`` the same loop on a model sharded with FSDP2's ``fully_shard``, ``attach-hsdp`` on
+a 2-D mesh of 2 replicas (HSDP: each shard's gradients all-reduced across the replicas too).
 ``--a-a`` leaves both copies unwatched (not for ``attach``): the ratio it prints is the bench's
 own noise and order bias, the floor a watched ratio is read against.
 
@@ -88,6 +89,13 @@ def measure(args: argparse.Namespace) -> None:
             times = timed_rounds(attached_and_plain_ddp(model, batch, context, args.port))
         elif strategy == "attach-fsdp":
             times = timed_rounds(attached_and_plain_fsdp(model, batch, args.port))
+        elif strategy == "attach-hsdp":
+            from torch.distributed.device_mesh import init_device_mesh
+
+            replicas = 2 if context.world_size % 2 == 0 else context.world_size
+            mesh = init_device_mesh(context.device.type, (replicas, context.world_size // replicas),
+                                    mesh_dim_names=("replicate", "shard"))
+            times = timed_rounds(attached_and_plain_fsdp(model, batch, args.port, mesh))
         else:
             models = {mode: instrumented_ddp.wrap(copy.deepcopy(model), strategy, bucket_mb=1.0, timeline=watches[mode].timeline)
                       for mode in watches}
@@ -131,9 +139,10 @@ def attached_and_plain_ddp(model: Any, batch: dict[str, Any], context: Any, port
     return users_steps_one_attached(models, batch, port)
 
 
-def attached_and_plain_fsdp(model: Any, batch: dict[str, Any], port: int) -> dict[str, Callable[[int], None]]:
+def attached_and_plain_fsdp(model: Any, batch: dict[str, Any], port: int, mesh: Any = None) -> dict[str, Callable[[int], None]]:
     """``attach-fsdp``: the user's loop on a model sharded with FSDP2 (each decoder layer, then the
-    root), attached, against an identical sharded model without it."""
+    root), attached, against an identical sharded model without it; on ``mesh`` where given
+    (``attach-hsdp``: 2-D)."""
     from torch import nn
     from torch.distributed.fsdp import fully_shard
 
@@ -141,8 +150,8 @@ def attached_and_plain_fsdp(model: Any, batch: dict[str, Any], port: int) -> dic
     for mode in ("watched", "plain"):
         sharded = copy.deepcopy(model)
         for layer in next(m for m in sharded.modules() if isinstance(m, nn.ModuleList)):
-            fully_shard(layer)
-        models[mode] = fully_shard(sharded)
+            fully_shard(layer, mesh=mesh)
+        models[mode] = fully_shard(sharded, mesh=mesh)
     return users_steps_one_attached(models, batch, port)
 
 
@@ -189,11 +198,11 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--strategies", default="simple,ga,hook,async,bucket,ddp,attach",
                         help="comma-separated; 'attach' is a user's own DDP loop with instrumented_ddp.attach, "
-                             "'attach-fsdp' the same on FSDP2")
+                             "'attach-fsdp' the same on FSDP2, 'attach-hsdp' on FSDP2's 2-D mesh of 2 replicas")
     parser.add_argument("--block", type=int, default=5, help="steps per alternating block on a GPU")
     parser.add_argument("--a-a", action="store_true", help="both copies unwatched: the bench's own noise floor")
     args = parser.parse_args()
-    if args.a_a and {"attach", "attach-fsdp"} & set(args.strategies.split(",")):
+    if args.a_a and {"attach", "attach-fsdp", "attach-hsdp"} & set(args.strategies.split(",")):
         parser.error("--a-a compares two unwatched copies of a strategy; attach has none: leave it out of --strategies")
     if "RANK" in os.environ:
         measure(args)

@@ -10,7 +10,10 @@ step less is left to gain: 0.988-0.993 of the hook path, ``bench/ddp_watch_paths
 each bucket on whatever group DDP was given (``process_group->allreduce``), and PyTorch runs DDP
 on Python process groups in its own tests (``test/distributed/test_c10d_pypg.py``).
 
-Not used by ``attach``: a user's DDP holds the group it was built with.
+``attach`` uses one for HSDP: FSDP2 all-reduces each unit's shard across the replicas with a
+plain ``dist.all_reduce`` on the replicate dimension's group, which no FSDP hook takes, so that
+group is swapped for a forwarding one (``fsdp_timing.time_replica_all_reduces``). A user's DDP
+holds the group it was built with and is timed through a communication hook instead.
 """
 
 from __future__ import annotations

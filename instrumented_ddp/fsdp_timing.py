@@ -95,31 +95,32 @@ def time_replica_all_reduces(unit: FSDPModule, timed: TimedReplicaAllReduce) -> 
     groups once per ``fully_shard`` call, so each unit has its own; one already forwarding (a
     mesh shared with another unit, in a torch that shares it) keeps its first unit's tag.
     False where ``unit`` is not replicated (a 1-D mesh: nothing to time)."""
-    found = False
-    for group in _fsdp_param_groups(unit):
-        mesh_info = group.mesh_info
-        replicas = getattr(mesh_info, "replicate_process_group", None)
-        if replicas is None:
-            continue
-        found = True
-        if not isinstance(replicas, ForwardingGroup):
-            forwarding = ForwardingGroup(replicas)
+    meshes = _replicated_meshes(unit)
+    for mesh_info in meshes:
+        if not isinstance(mesh_info.replicate_process_group, ForwardingGroup):
+            forwarding = ForwardingGroup(mesh_info.replicate_process_group)
             forwarding.watcher = timed
             mesh_info.replicate_process_group = forwarding
-    return found
+    return bool(meshes)
 
 
 def replica_ranks(model: nn.Module) -> list[int]:
     """The ranks this rank's replicas of its shard are on, its own among them, where a
     ``fully_shard`` model is on a 2-D mesh (HSDP: the replicate dimension's group, which FSDP
-    all-reduces across); [] on a 1-D mesh (sharded over every rank). Read before the group is
-    swapped for a ``ForwardingGroup``, which ``torch.distributed`` does not know."""
+    all-reduces across); [] on a 1-D mesh (sharded over every rank). A ``ForwardingGroup``,
+    which ``torch.distributed`` does not know, is read through to the group it stands for."""
     for unit in fsdp_units(model):
-        for group in _fsdp_param_groups(unit):
-            replicas = getattr(group.mesh_info, "replicate_process_group", None)
-            if replicas is not None:
-                return dist.get_process_group_ranks(getattr(replicas, "inner", replicas))
+        for mesh_info in _replicated_meshes(unit):
+            replicas = mesh_info.replicate_process_group
+            return dist.get_process_group_ranks(getattr(replicas, "inner", replicas))
     return []
+
+
+def _replicated_meshes(unit: FSDPModule) -> list[Any]:
+    """The mesh infos of ``unit``'s param groups that have a replicate dimension (HSDP): FSDP's
+    private ``mesh_info.replicate_process_group`` is read here only."""
+    return [group.mesh_info for group in _fsdp_param_groups(unit)
+            if getattr(group.mesh_info, "replicate_process_group", None) is not None]
 
 
 def fsdp_units(model: nn.Module) -> list[FSDPModule]:

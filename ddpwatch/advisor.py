@@ -33,7 +33,7 @@ from instrumented_ddp.protocol import READY_KIND, Hello, StepReport
 
 from .bucket_sim import MIB, BackwardProfile, Prediction, best, cap_grid, describe, sweep
 from .cost_model import CostModel, TransferSample, fit_cost_model
-from .metrics import CallTimes, ClockAlignment, call_times, collective_key, counted, transfers
+from .metrics import CallTimes, ClockAlignment, Groups, all_reduce_ranks, call_times, collective_key, counted, transfers
 from .session import Segment, Session
 
 #: Bytes per element of the dtypes a parameter layout names (torch's names, less "torch.").
@@ -176,16 +176,18 @@ def session_step_collectives(session: Session, step: int) -> StepCollectives:
     return StepCollectives(calls, call_sizes(sized) if sized is not None else {})
 
 
-def transfer_samples_of(steps: Sequence[StepCollectives], world_size: int) -> list[TransferSample]:
+def transfer_samples_of(steps: Sequence[StepCollectives], world_size: int, groups: Groups | None = None) -> list[TransferSample]:
     """Each all-reduce of each step every rank reported, paired across ranks by tag and
     occurrence: its bytes and its shortest duration over the ranks (the transfer; the rest of a
-    longer one was waiting for the slowest rank). A step some rank is missing from, or with no
-    full report to give the sizes, gives none."""
+    longer one was waiting for the slowest rank). ``groups``: who meets whom
+    (``Session.all_reduce_groups``; None, the world): each group's all-reduce is a transfer of
+    its own, paired within the group. A step some rank is missing from, or with no full report
+    to give the sizes, gives none."""
     samples: list[TransferSample] = []
     for step in steps:
         if len(step.calls) < world_size or not step.sizes:
             continue
-        samples.extend(TransferSample(step.sizes[key], seconds) for key, seconds in transfers(step.calls) if key in step.sizes)
+        samples.extend(TransferSample(step.sizes[key], seconds) for key, seconds in transfers(step.calls, groups) if key in step.sizes)
     return samples
 
 
@@ -228,10 +230,12 @@ def workers_of(backend: str) -> int:
 def advise(*, strategy: str, cap_mb: float, backend: str, world_size: int, profile_steps: Sequence[Mapping[int, StepReport]],
            fit_steps: Sequence[StepCollectives], parameter_layout: Sequence[tuple[str, int, str]],
            bucket_layout: Sequence[Sequence[int]] = (), measured: Sequence[MeasuredCap] = (),
-           caps: Sequence[int] | None = None, offsets: Mapping[int, float] | None = None) -> Advice | str:
+           caps: Sequence[int] | None = None, offsets: Mapping[int, float] | None = None,
+           groups: Groups | None = None) -> Advice | str:
     """The sweep for the run as it is now, or a line saying what is missing. ``profile_steps``:
     recent steps' reports by rank, read on their lowest rank's clock (``offsets``: see
-    ``backward_profile``)."""
+    ``backward_profile``). ``groups``: who meets whom in the all-reduces (None, the world): the
+    transfers are paired within each group, and busbw's bus factor is over a group's ranks."""
     if strategy not in ADVISED_STRATEGIES:
         return f"the advisor predicts bucket and ddp runs; this segment is {strategy}: switch to bucket to see it"
     tensors = layout_tensors(parameter_layout)
@@ -240,10 +244,11 @@ def advise(*, strategy: str, cap_mb: float, backend: str, world_size: int, profi
     profile = backward_profile(profile_steps, tensors, bucket_layout, offsets=offsets)
     if profile is None:
         return "waiting for a step with gradient-ready marks (steps after the first of a segment)"
-    samples = transfer_samples_of(fit_steps, world_size)
-    model = fit_cost_model(samples, world_size)
+    samples = transfer_samples_of(fit_steps, world_size, groups)
+    meeting = all_reduce_ranks(groups, world_size)
+    model = fit_cost_model(samples, meeting)
     if model is None:
-        return why_no_model(samples, world_size)
+        return why_no_model(samples, meeting)
     current_bytes = max(1, int(cap_mb * MIB))
     options: dict[str, Any] = {"rule": strategy, "workers": workers_of(backend)}
     predictions = sweep(profile, model, caps or cap_grid(current_bytes), **options)
@@ -257,9 +262,10 @@ def advise(*, strategy: str, cap_mb: float, backend: str, world_size: int, profi
     return Advice(strategy, options["workers"], current, default, top, tuple(predictions), model, tuple(measured), words)
 
 
-def why_no_model(samples: Sequence[TransferSample], world_size: int) -> str:
-    if world_size < 2:
-        return "one rank: no transfer to model"
+def why_no_model(samples: Sequence[TransferSample], meeting: int) -> str:
+    """Why no cost model could be fitted; ``meeting``: how many ranks each all-reduce spans."""
+    if meeting < 2:
+        return "one rank in each all-reduce: no transfer to model"
     sizes = sorted({s.nbytes for s in samples})
     if len(sizes) < 2:
         return "needs all-reduces of two sizes or more to fit the cost model: run another cap (+ / -)"
@@ -290,7 +296,7 @@ def advice_for_session(session: Session, caps: Sequence[int] | None = None,
     return advise(strategy=segment.strategy, cap_mb=float(segment.settings.get("bucket_mb") or 25.0),
                   backend=hello.backend, world_size=session.world_size, profile_steps=profile_steps,
                   fit_steps=fit_steps, parameter_layout=hello.parameter_layout, bucket_layout=hello.bucket_layout,
-                  measured=measured_caps(session), caps=caps, offsets=offsets)
+                  measured=measured_caps(session), caps=caps, offsets=offsets, groups=session.all_reduce_groups())
 
 
 def recent_profile_steps(session: Session, segment: Segment, count: int = PROFILE_STEPS

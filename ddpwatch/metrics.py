@@ -181,12 +181,17 @@ def waits_both_ways(calls_of_one_step: Mapping[int, CallTimes],
     return waited, waited_on
 
 
-def transfers(calls_of_one_step: Mapping[int, CallTimes]) -> list[tuple[tuple[str, int], float]]:
+def transfers(calls_of_one_step: Mapping[int, CallTimes], groups: Groups | None = None) -> list[tuple[tuple[str, int], float]]:
     """Each call every rank made, keyed by its tag and occurrence (``collective_key``), with its
     transfer: its shortest duration over the ranks (:func:`_paired_calls`), the time the
     collective itself took once its last participant joined. [] with fewer than two ranks.
     Read from the durations alone, which a ``StepSummary`` carries too: at 1,024 ranks and 300
-    calls, one array of C doubles and one ``min`` over it, no span read."""
+    calls, one array of C doubles and one ``min`` over it, no span read. With ``groups`` each
+    group's call is a collective of its own, paired among its ranks: one transfer per group
+    and call, in the groups' order (over the world, a slow group's transfers would be lost
+    behind a fast group's)."""
+    if groups is not None:
+        return [found for calls in _by_group(calls_of_one_step, groups) for found in transfers(calls)]
     paired = _paired_calls(calls_of_one_step)
     if paired is None or not paired[2].size:
         return []

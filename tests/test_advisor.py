@@ -149,6 +149,62 @@ def two_sized_fit() -> list[StepCollectives]:
     return [step_collectives(reports) for reports in two_sized_steps()]
 
 
+def pairs_on_two_links() -> list[StepCollectives]:
+    """Four ranks in two all-reduce groups, {0, 1} and {2, 3} (a DDP on each pair of a 2-D
+    mesh): the first pair's link as in ``two_sized_steps`` (14 ms at 1 MiB, 18 at 3: 12 ms +
+    2 ms/MiB), the second pair's slower, 16 and 24 ms (12 ms + 4 ms/MiB)."""
+    (fast,) = two_sized_steps()
+    slow = replace(fast[0], spans=[fast[0].spans[0]._replace(end=0.016), fast[0].spans[1]._replace(end=0.044)])
+    return [step_collectives({0: fast[0], 1: fast[1], 2: replace(slow, rank=2), 3: replace(slow, rank=3)})]
+
+
+def test_the_cost_model_is_fitted_within_the_groups_each_all_reduce_spans() -> None:
+    """Within the groups each pair's calls are transfers of their own: (1 MiB, 14 ms), (3, 18),
+    (1, 16), (3, 24). Least squares: mean 2 MiB and 18 ms; slope (1·4 + 1·0 + 1·2 + 1·6) / 4
+    = 3 ms/MiB, latency 18 - 2·3 = 12 ms. A pair's bus factor is 2·1/2 = 1, so busbw is 1 MiB
+    in 3 ms. Paired over the world the shortest of four is the fast pair's, 14 and 18 ms: 2
+    ms/MiB, and the slow link is not seen; its bus factor 2·3/4 = 1.5 read busbw as 1.5 MiB in
+    2 ms, 2.25 times the pairs'."""
+    common = dict(strategy="bucket", cap_mb=2.0, backend="nccl", world_size=4, profile_steps=[{0: bucket_step()}],
+                  fit_steps=pairs_on_two_links(), parameter_layout=LAYOUT, bucket_layout=[[3, 2], [1, 0]], caps=[2 * MIB])
+    within = advise(**common, groups=[[0, 1], [2, 3]])
+    world = advise(**common)
+    assert isinstance(within, Advice) and isinstance(world, Advice)
+    assert within.model.samples == 4 and world.model.samples == 2
+    assert within.model.alpha_s == pytest.approx(0.012) and within.model.seconds(MIB) == pytest.approx(0.015)
+    assert within.model.busbw_gbps == pytest.approx(MIB / 0.003 / 1e9)
+    assert world.model.seconds(MIB) == pytest.approx(0.014)
+    assert world.model.busbw_gbps == pytest.approx(1.5 * MIB / 0.002 / 1e9)
+
+
+def test_a_session_hands_the_advisor_the_groups_its_hellos_name() -> None:
+    """The two-rank session of the test above, twice over: ranks 2 and 3 send what 0 and 1 do,
+    and every hello names its pair. The pairs' transfers are the same as the world's, so the
+    step predicted at 2 MiB is the same 180 ms; busbw is counted over a pair (bus factor 1,
+    not 1.5 over four ranks)."""
+    models = []
+    for groups in (False, True):
+        session = Session()
+        for rank in range(4):
+            session.ingest(Envelope(Hello(rank, 4, "s", "h", 1, "cpu", "gloo", "bucket", {"bucket_mb": 2.0, "grad_accum": 1}, 4 * MIB,
+                                          parameter_layout=LAYOUT, bucket_layout=[[3, 2], [1, 0]],
+                                          all_reduce_group=[rank // 2 * 2, rank // 2 * 2 + 1] if groups else None), rank, 0, 0),
+                           received_at=0.0)
+        sequence = 1
+        for step, reports in [(1, two_sized_steps()[0]), (2, two_sized_steps()[0])] + [(s, late_rank_step(s)) for s in (3, 4, 5)]:
+            for rank in range(4):
+                report = replace(reports[rank % 2], rank=rank, step=step, settings={"bucket_mb": 2.0})
+                session.ingest(Envelope(report, rank, sequence, 0), received_at=0.0)
+            sequence += 1
+        advice = advice_for_session(session, caps=[2 * MIB])
+        assert isinstance(advice, Advice), advice
+        assert advice.current.step_s == pytest.approx(0.18)
+        models.append(advice.model)
+    world, pairs = models
+    assert (world.world_size, pairs.world_size) == (4, 2)
+    assert pairs.busbw_gbps == pytest.approx(world.busbw_gbps / 1.5)
+
+
 def test_a_session_fits_the_cost_model_from_ranks_that_sent_summaries() -> None:
     """Rank 1 sends summaries only (as most ranks of a large job do): its durations, 30 and 18 ms
     (its b0 waited 16 ms for rank 0), pair with rank 0's 14 and 18, and the sizes come from rank

@@ -34,6 +34,7 @@ from ddpwatch.metrics import (
     step_figures,
     step_times,
     straggler,
+    transfers,
     waited_for,
     waiting_intervals,
     waits_both_ways,
@@ -285,6 +286,10 @@ def test_hsdp_ranks_wait_only_for_the_replicas_they_all_reduce_with() -> None:
     assert waiting[0] == [approx((0.0, ms(2.0)))] and waiting[1] == waiting[2] == waiting[3] == []
     segment = segment_figures(list(records.values()), world_size=4, groups=groups)
     assert segment.waited_for_others_ms == approx(2.0 / 4)  # one rank's 2 ms, over 4 ranks' steps
+    # each group's all-reduce is a transfer of its own: 3 ms for {0, 2}, 9 for {1, 3}; over the
+    # world there was one, 3 ms, and the slow pair's 9 ms was lost
+    assert transfers(calls, groups) == [(("u0", 0), approx(ms(3.0))), (("u0", 0), approx(ms(9.0)))]
+    assert transfers(calls) == [(("u0", 0), approx(ms(3.0)))]
 
 
 # --- across ranks ---------------------------------------------------------------------------

@@ -93,7 +93,7 @@ def ready_times(report: StepReport, tensors: Sequence[TensorSize], bucket_layout
 
 def backward_profile(steps: Sequence[Mapping[int, StepReport]], tensors: Sequence[TensorSize],
                      bucket_layout: Sequence[Sequence[int]] = (), reference: int | None = None,
-                     offsets: Mapping[int, float] | None = None) -> BackwardProfile | None:
+                     offsets: Mapping[int, float] | None = None, groups: Groups | None = None) -> BackwardProfile | None:
     """The median over ``steps`` (each a step's reports by rank) of each tensor's ready time, of
     the end of backward's compute (the last gradient) and of the step's other time, all read on
     ``reference``'s clock (default: each step's lowest rank), each rank's time put on it by
@@ -101,8 +101,10 @@ def backward_profile(steps: Sequence[Mapping[int, StepReport]], tensors: Sequenc
     ready when both the reference and the rank whose backward ended last have it: that rank's
     last buckets are the ones left exposed. (Every rank's marks, read in full, cost 0.3 s a
     refresh at 64 ranks with spans every step, this 0.12 s: finding the last rank is one pass
-    over each report's spans.) A step the reference did not report, or whose reference report
-    has no marks, is left out."""
+    over each report's spans.) With ``groups`` (who meets whom) that rank is looked for in the
+    reference's own group: a bucket's all-reduce waits for the ranks it joins, not for a slow
+    rank of another group. A step the reference did not report, or whose reference report has
+    no marks, is left out."""
     offsets = offsets or {}
     per_step: list[list[float]] = []
     others: list[float] = []
@@ -117,7 +119,9 @@ def backward_profile(steps: Sequence[Mapping[int, StepReport]], tensors: Sequenc
         ready, origin = found
         tail = [origin + max(ready)] + [s.end for s in report.spans if s.kind in ("all_reduce", "wait") and s.end > origin]
         others.append(max(0.0, (report.end - report.start) - (max(tail) - origin)))
-        last = _rank_whose_backward_ended_last(reports, own, offsets)
+        group = next((members for members in groups or () if own in members), None)
+        meeting = reports if group is None else {rank: reports[rank] for rank in group if rank in reports}
+        last = _rank_whose_backward_ended_last(meeting, own, offsets)
         theirs = ready_times(reports[last], tensors, bucket_layout) if last is not None else None
         if last is not None and theirs is not None:
             shift = theirs[1] + offsets.get(last, 0.0) - (origin + offsets.get(own, 0.0))
@@ -235,13 +239,14 @@ def advise(*, strategy: str, cap_mb: float, backend: str, world_size: int, profi
     """The sweep for the run as it is now, or a line saying what is missing. ``profile_steps``:
     recent steps' reports by rank, read on their lowest rank's clock (``offsets``: see
     ``backward_profile``). ``groups``: who meets whom in the all-reduces (None, the world): the
-    transfers are paired within each group, and busbw's bus factor is over a group's ranks."""
+    transfers are paired within each group, busbw's bus factor is over a group's ranks, and the
+    backward simulated waits for the slowest rank of the reference's group."""
     if strategy not in ADVISED_STRATEGIES:
         return f"the advisor predicts bucket and ddp runs; this segment is {strategy}: switch to bucket to see it"
     tensors = layout_tensors(parameter_layout)
     if not tensors:
         return "waiting for the ranks' hello (the model's parameter layout)"
-    profile = backward_profile(profile_steps, tensors, bucket_layout, offsets=offsets)
+    profile = backward_profile(profile_steps, tensors, bucket_layout, offsets=offsets, groups=groups)
     if profile is None:
         return "waiting for a step with gradient-ready marks (steps after the first of a segment)"
     samples = transfer_samples_of(fit_steps, world_size, groups)

@@ -111,6 +111,25 @@ def test_the_profile_waits_for_the_slowest_ranks_gradients() -> None:
     assert advice.current.step_s == pytest.approx(0.18) and alone.current.step_s == pytest.approx(0.17)
 
 
+def test_the_profile_waits_only_for_the_slowest_rank_of_the_references_group() -> None:
+    """The steps above with ranks 2 and 3 beside them, 2 as early as rank 0 and 3 as late as rank
+    1, in the groups {0, 2} and {1, 3}. Rank 0's all-reduces meet rank 2 only, so its buckets wait
+    for nobody: backward's compute ends at 40 ms and the step predicted at 2 MiB is rank 0's own
+    170 ms. Over the world they waited for rank 3's (and 1's) gradients: 50 ms, 180 ms."""
+    steps = [{**late_rank_step(s), 2: replace(late_rank_step(s)[0], rank=2), 3: replace(late_rank_step(s)[1], rank=3)}
+             for s in (3, 4, 5)]
+    offsets = {0: 0.0, 1: -1.0, 2: 0.0, 3: -1.0}
+    (two_ranks,) = two_sized_steps()  # every rank's link as in the two-rank run: 12 ms + 2 ms/MiB
+    fit = [step_collectives({rank: replace(two_ranks[rank % 2], rank=rank) for rank in range(4)})]
+    common = dict(strategy="bucket", cap_mb=2.0, backend="nccl", world_size=4, profile_steps=steps, fit_steps=fit,
+                  parameter_layout=LAYOUT, bucket_layout=[[3, 2], [1, 0]], caps=[2 * MIB], offsets=offsets)
+    within, world = advise(**common, groups=[[0, 2], [1, 3]]), advise(**common)
+    assert isinstance(within, Advice) and isinstance(world, Advice)
+    assert within.current.step_s == pytest.approx(0.17) and world.current.step_s == pytest.approx(0.18)
+    profile = backward_profile(steps, TENSORS, [[3, 2], [1, 0]], offsets=offsets, groups=[[0, 2], [1, 3]])
+    assert profile is not None and profile.backward_s == pytest.approx(0.04)
+
+
 def test_a_session_puts_every_ranks_backward_on_the_first_ranks_clock() -> None:
     """The same steps folded into a session: rank 1's clock offset (-1 s) is found from the
     steps themselves (both ranks leave b1's all-reduce at the same instant, 0.166 and 1.166), and

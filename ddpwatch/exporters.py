@@ -94,6 +94,7 @@ def summary(session: Session) -> dict[str, Any]:
     groups = session.all_reduce_groups()
     return _jsonable({"session": session.session_id, "world_size": session.world_size, "ranks": ranks,
                       "all_reduce_groups": [list(group) for group in groups] if groups is not None else None,
+                      "all_reduce_groups_problem": session.all_reduce_groups_problem,
                       "desync": asdict(desync) if desync is not None else None,
                       "segments": segments, "telemetry": telemetry})
 
@@ -145,6 +146,8 @@ def summary_markdown(summary: dict[str, Any]) -> str:
         lines.append(f"All-reduces meet within {len(groups)} groups of ranks, as the ranks said (HSDP's replicas of one "
                      f"shard, a DDP on a subgroup): {'; '.join(', '.join(map(str, group)) for group in groups)}. busbw "
                      "counts each over its group's size, and a rank's waiting is judged against its group only.")
+    if summary.get("all_reduce_groups_problem"):
+        lines.append(f"Not within groups: {summary['all_reduce_groups_problem']}.")
     for seg in summary.get("segments", []):
         if seg.get("excluded_steps"):
             lines.append(f"- segment {seg['index']}: excluded steps {', '.join(map(str, seg['excluded_steps']))}")

@@ -65,7 +65,7 @@ from .order_statistics import median_of, percentiles_and_median_interval
 __all__ = [
     "BLOCKING_KINDS", "COMM_KINDS", "COMPUTE_KINDS", "CallTimes", "Groups", "STRAGGLER_SHARE", "STRAGGLER_STEPS", "ClockAlignment", "Desync",
     "DesyncRange", "Figures", "Interval", "SegmentAccumulator", "SegmentFigures", "SpanLike", "StepFigures",
-    "StepRecordLike", "StepTimes", "StepWaits", "Straggler", "algbw_gbps", "all_reduce_ranks", "bus_factor", "busbw_gbps", "call_times", "calls_of", "calls_text",
+    "StepRecordLike", "StepTimes", "StepWaits", "Straggler", "algbw_gbps", "all_reduce_ranks", "groups_of_the_world", "bus_factor", "busbw_gbps", "call_times", "calls_of", "calls_text",
     "clip", "collective_key", "counted", "cross_rank_waits", "figures_and_calls", "find_desync", "find_straggler", "intersect", "merge", "segment_figures",
     "step_figures", "step_times", "straggler", "subtract", "total_length", "transfers", "union", "waited_for", "waiting_intervals",
     "waits_both_ways",
@@ -124,6 +124,27 @@ def calls_of(records_of_one_step: Mapping[int, StepRecordLike]) -> dict[int, Cal
 #: ranks' hellos name (``Hello.all_reduce_group``: HSDP's replicas of one shard, a DDP on a
 #: subgroup). None: the world, one group.
 Groups = Sequence[Sequence[int]]
+
+
+def groups_of_the_world(named: Iterable[Sequence[int]], world_size: int) -> tuple[Groups | None, str | None]:
+    """The all-reduce groups the ranks' hellos name, made a partition of the world: the ranks no
+    group names (whose hellos are not in yet, or name none) are one group of their own, so that
+    no rank falls out of the waits. ``(None, why)`` where two named groups share a rank: hellos
+    that contradict each other, so no pairing within them can be trusted and the figures are
+    made over the world. ``(None, None)``: no group named, the world."""
+    groups = sorted({tuple(sorted(group)) for group in named if group})
+    if not groups:
+        return None, None
+    owner: dict[int, tuple[int, ...]] = {}
+    for group in groups:
+        for rank in group:
+            if rank in owner:
+                return None, (f"the ranks' hellos name all-reduce groups that overlap (rank {rank} in "
+                              f"{{{', '.join(map(str, owner[rank]))}}} and {{{', '.join(map(str, group))}}}): "
+                              "waits and busbw are figured over every rank")
+            owner[rank] = group
+    rest = [rank for rank in range(world_size) if rank not in owner]
+    return [list(group) for group in groups] + ([rest] if rest else []), None
 
 
 def all_reduce_ranks(groups: Groups | None, world_size: int) -> int:

@@ -273,7 +273,9 @@ class Session:
         self._times: dict[int, dict[int, metrics.StepTimes]] = {}  # step -> rank -> window and anchor (kept steps)
         self._declared_world = 0
         self._groups: metrics.Groups | None = None  # ``all_reduce_groups``, as the hellos last named them
+        self._groups_problem: str | None = None  # why the named groups are not used, if they are not
         self._groups_stale = False
+        self._groups_world = 0  # the world they were made a partition of
         self._tag_sequences = TagSequences()
         self._unfolded: list[int] = []  # steps with reports not yet folded, oldest first
         self.ranks: dict[int, RankState] = defaultdict(RankState)
@@ -560,13 +562,21 @@ class Session:
 
     def all_reduce_groups(self) -> metrics.Groups | None:
         """Who meets whom in the all-reduces, as the ranks' hellos say (``Hello.all_reduce_group``:
-        HSDP's replicas of one shard, a DDP on a subgroup); None, every rank, as for most runs.
-        Made again only when a hello names another group than before."""
-        if self._groups_stale:
-            named = {tuple(sorted(r.hello.all_reduce_group)) for r in self.ranks.values() if r.hello and r.hello.all_reduce_group}
-            self._groups = [list(group) for group in sorted(named)] or None
-            self._groups_stale = False
+        HSDP's replicas of one shard, a DDP on a subgroup), the ranks no hello names yet one group
+        of their own; None, every rank, as for most runs, and where the hellos contradict each
+        other (``all_reduce_groups_problem``: ``metrics.groups_of_the_world``). Made again only
+        when a hello names another group than before, or the world grows."""
+        if self._groups_stale or self._groups_world != self.world_size:
+            named = (r.hello.all_reduce_group for r in self.ranks.values() if r.hello and r.hello.all_reduce_group)
+            self._groups, self._groups_problem = metrics.groups_of_the_world(named, self.world_size)
+            self._groups_stale, self._groups_world = False, self.world_size
         return self._groups
+
+    @property
+    def all_reduce_groups_problem(self) -> str | None:
+        """Why the groups the hellos name are not used (they overlap), in one line; else None."""
+        self.all_reduce_groups()
+        return self._groups_problem
 
     def _place_in_segment(self, report: StepReport) -> None:
         """Extend the neighbouring segment with the same settings, or start a new one."""

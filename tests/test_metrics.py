@@ -30,6 +30,7 @@ from ddpwatch.metrics import (
     cross_rank_waits,
     find_desync,
     find_straggler,
+    groups_of_the_world,
     segment_figures,
     step_figures,
     step_times,
@@ -267,6 +268,19 @@ def test_hsdp_all_reduces_count_their_bus_factor_over_their_group_not_the_world(
     steps = [record(0, 10, span("all_reduce", 0, 2, nbytes=4_000_000), rank=rank) for rank in range(4)]
     assert all_reduce_ranks(groups, 4) == n
     assert segment_figures(steps, world_size=4, groups=groups).busbw_gbps == approx({2: 2.0, 4: 3.0}[n])
+
+
+def test_the_named_groups_become_a_partition_of_the_world_or_are_not_used() -> None:
+    """6 ranks. Ranks 0 and 1 name {0, 1}, rank 3 names {2, 3} (rank 2's hello not in yet): ranks 4
+    and 5, named by nobody, are a group of their own rather than left out of every wait. A rank
+    named in two groups ({0, 1} and {1, 2}) is a contradiction: the world, and why. Nothing named:
+    the world, and nothing wrong."""
+    assert groups_of_the_world([[1, 0], [0, 1], [3, 2]], 6) == ([[0, 1], [2, 3], [4, 5]], None)
+    assert groups_of_the_world([[0, 1, 2], [3, 4, 5]], 6) == ([[0, 1, 2], [3, 4, 5]], None)  # whole: no rest
+    groups, why = groups_of_the_world([[0, 1], [1, 2]], 6)
+    assert groups is None and why == ("the ranks' hellos name all-reduce groups that overlap (rank 1 in {0, 1} and {1, 2}): "
+                                      "waits and busbw are figured over every rank")
+    assert groups_of_the_world([], 6) == groups_of_the_world([[], []], 6) == (None, None)
 
 
 def test_hsdp_ranks_wait_only_for_the_replicas_they_all_reduce_with() -> None:

@@ -261,3 +261,44 @@ def test_an_hsdp_session_pairs_and_counts_busbw_within_the_groups_its_hellos_nam
     assert hsdp == "fsdp (grad_accum=1, replicas=2)"
     assert replicas_busbw == pytest.approx(world_busbw / 1.5)
     assert groups == [None, [[0, 2], [1, 3]]]  # who waits for whom in its all-reduces
+
+
+def odd_ranks_wait(report):  # noqa: ANN001, ANN201
+    """Each odd rank's first all-reduce of a step starts 30 ms before the even rank's beside it."""
+    if report.rank % 2 == 0:
+        return report
+    spans = list(report.spans)
+    first = next(i for i, span in enumerate(spans) if span.kind == "all_reduce")
+    spans[first] = spans[first]._replace(start=spans[first].start - 0.030)
+    return replace(report, spans=spans)
+
+
+def test_ranks_no_hello_groups_stay_in_the_waits_and_contradicting_hellos_fall_back_to_the_world(tmp_path) -> None:  # noqa: ANN001
+    """Four ranks; ranks 0 and 1 name {0, 1}, ranks 2 and 3 no group (their hellos said nothing
+    yet of one). Before, ranks 2 and 3 fell out of every wait: rank 3's 30 ms waiting for rank 2
+    was not counted anywhere. Now they are a group of their own. Where rank 2 names {1, 2}, the
+    hellos contradict each other: the figures are over the world, and the dashboard and the
+    exports say why."""
+    from ddpwatch.dashboard.snapshot import SnapshotBuilder
+    from ddpwatch.exporters import summary, summary_markdown
+
+    def session_of(named: dict[int, list[int]]) -> Session:
+        hellos = {rank: replace(hello(rank, world_size=4), all_reduce_group=group) for rank, group in named.items()}
+        session = Session(None)
+        ingest(session, session_messages(steps=4, world_size=4, edit=odd_ranks_wait, hellos=hellos))
+        return session
+
+    partial = session_of({0: [0, 1], 1: [0, 1], 2: [], 3: []})
+    assert partial.all_reduce_groups() == [[0, 1], [2, 3]] and partial.all_reduce_groups_problem is None
+    waited, waited_for = partial.step_waits(3)
+    assert waited == pytest.approx({0: 0.0, 1: 30.0, 2: 0.0, 3: 30.0})
+    assert waited_for == pytest.approx({0: 30.0, 1: 0.0, 2: 30.0, 3: 0.0})
+
+    contradicting = session_of({0: [0, 1], 1: [0, 1], 2: [1, 2], 3: []})
+    assert contradicting.all_reduce_groups() is None
+    why = "the ranks' hellos name all-reduce groups that overlap (rank 1 in {0, 1} and {1, 2}): waits and busbw are figured over every rank"
+    assert contradicting.all_reduce_groups_problem == why
+    assert why in SnapshotBuilder(contradicting).build().warnings
+    exported = summary(contradicting)
+    assert exported["all_reduce_groups"] is None and exported["all_reduce_groups_problem"] == why
+    assert f"Not within groups: {why}." in summary_markdown(exported)

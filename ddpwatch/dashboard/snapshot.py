@@ -501,6 +501,8 @@ class SnapshotBuilder:
             parts = [f"rank {r} discarded {n}" for r, n in sorted(dropped.items())]
             parts += [f"{n} from rank {r} lost in transit" for r, n in sorted(lost.items())]
             lines.append("telemetry dropped: " + ", ".join(parts) + " (training was not slowed)")
+        if session.all_reduce_groups_problem:
+            lines.append(session.all_reduce_groups_problem)
         rejected = sum(session.rejected.values())
         if rejected:
             kinds = ", ".join(f"{n} {k}" for k, n in sorted(session.rejected.items()))

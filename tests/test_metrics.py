@@ -300,10 +300,14 @@ def test_hsdp_ranks_wait_only_for_the_replicas_they_all_reduce_with() -> None:
     assert waiting[0] == [approx((0.0, ms(2.0)))] and waiting[1] == waiting[2] == waiting[3] == []
     segment = segment_figures(list(records.values()), world_size=4, groups=groups)
     assert segment.waited_for_others_ms == approx(2.0 / 4)  # one rank's 2 ms, over 4 ranks' steps
-    # each group's all-reduce is a transfer of its own: 3 ms for {0, 2}, 9 for {1, 3}; over the
-    # world there was one, 3 ms, and the slow pair's 9 ms was lost
-    assert transfers(calls, groups) == [(("u0", 0), approx(ms(3.0))), (("u0", 0), approx(ms(9.0)))]
+    # each group's all-reduce is a transfer of its own: 3 ms for {0, 2}, 9 for {1, 3}, 6 on average;
+    # over the world the shortest was 3 ms, and the slow pair's 9 ms was lost
+    assert transfers(calls, groups) == [(("u0", 0), approx(ms(6.0)))]
     assert transfers(calls) == [(("u0", 0), approx(ms(3.0)))]
+    # a call one group did not make (u1 on 0 and 2 only) is the mean over the groups that made it
+    records[0] = record(0, 10, span("all_reduce", 0, 5, tag="u0"), span("all_reduce", 5, 7, tag="u1"), rank=0)
+    records[2] = record(0, 10, span("all_reduce", 0, 3, tag="u0"), span("all_reduce", 5, 8, tag="u1"), rank=2)
+    assert transfers(calls_of(records), groups) == [(("u0", 0), approx(ms(6.0))), (("u1", 0), approx(ms(2.0)))]
 
 
 # --- across ranks ---------------------------------------------------------------------------

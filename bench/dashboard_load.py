@@ -2,6 +2,7 @@
 
     python bench/dashboard_load.py [--ranks 64] [--seconds 60] [--step-s 0.1] [--collectives 59]
     python bench/dashboard_load.py --ranks 1024 --seconds 300 --step-s 1 --collectives 300   # a large job
+    python bench/dashboard_load.py --ranks 1024 --step-s 1 --collectives 300 --all-reduce-groups 8   # DP x 8-way TP
 
 Sender processes simulate the ranks, one DEALER socket each, at a real rank's rates: a step every
 ``--step-s`` with ``--collectives`` all-reduces (plus five phase spans), a heartbeat every
@@ -70,7 +71,7 @@ PHASE_SPANS = 5  # data, forward, backward, wait, optimizer
 class SimulatedRank:
     """One rank's socket, sequence numbers and span policy."""
 
-    def __init__(self, context: zmq.Context, address: str, rank: int, world: int, steps: int) -> None:
+    def __init__(self, context: zmq.Context, address: str, rank: int, world: int, steps: int, groups: int = 1) -> None:
         self.rank = rank
         self.seq = 0
         self.sent = 0
@@ -79,7 +80,8 @@ class SimulatedRank:
         self.hello = Hello(rank, world, "bench", "localhost", 10_000 + rank, f"cuda:{rank % 8}", "nccl", "bucket",
                            SETTINGS, sum(n for _, n, _ in LAYOUT), LAYOUT,
                            [list(range(i, min(i + 8, len(LAYOUT)))) for i in range(0, len(LAYOUT), 8)],
-                           steps, 32 * world, rank // 8, rank % 8)
+                           steps, 32 * world, rank // 8, rank % 8,
+                           all_reduce_group=list(range(rank % groups, world, groups)) if groups > 1 else [])
         self.socket = context.socket(zmq.DEALER)
         self.socket.setsockopt(zmq.ROUTING_ID, routing_id("bench", rank))
         self.socket.connect(address)
@@ -113,7 +115,7 @@ class SimulatedRank:
 
 
 def paced_sender(address: str, ranks: list[int], world: int, steps: int, step_s: float, collectives: int,
-                 sent: Queue) -> None:
+                 sent: Queue, groups: int = 1) -> None:
     """Each tick: requests read, then whatever is due (device samples, heartbeats, hellos, a step)
     from every rank in turn."""
     # Each simulated rank holds its last 64 reports for pins, as a real rank does: 512 ranks in one
@@ -121,7 +123,7 @@ def paced_sender(address: str, ranks: list[int], world: int, steps: int, step_s:
     # than making the reports did. A real rank holds one rank's; nothing here forms a cycle.
     gc.disable()
     context = zmq.Context()
-    simulated = [SimulatedRank(context, address, rank, world, steps) for rank in ranks]
+    simulated = [SimulatedRank(context, address, rank, world, steps, groups) for rank in ranks]
     tick_s = min(step_s, SAMPLE_EVERY_S)
     due = {"sample": 0.0, "heartbeat": 0.0, "hello": 0.0, "step": 0.0}
     every = {"sample": SAMPLE_EVERY_S, "heartbeat": HEARTBEAT_EVERY_S, "hello": HELLO_EVERY_S, "step": step_s}
@@ -195,7 +197,8 @@ async def watch(args: argparse.Namespace, directory: Path) -> None:
     groups = [list(range(args.ranks))[i :: args.senders] for i in range(args.senders)]
     spawn = mp.get_context("spawn")
     counts: Queue = spawn.Queue()
-    senders = [spawn.Process(target=paced_sender, args=(address, g, args.ranks, steps, args.step_s, args.collectives, counts))
+    senders = [spawn.Process(target=paced_sender, args=(address, g, args.ranks, steps, args.step_s, args.collectives, counts,
+                                                        args.all_reduce_groups))
                for g in groups]
     for process in senders:  # before the app takes the terminal: they connect once it listens
         process.start()
@@ -218,7 +221,8 @@ async def watch(args: argparse.Namespace, directory: Path) -> None:
         sent, summaries, senders_cpu = (sum(t[i] for t in totals) for i in range(3))
         spans = sum(len(r.spans) for ranks in session.reports.values() for r in ranks.values())
         print(f"ddpwatch dashboard under load: {args.ranks} ranks x {steps} steps, one every {args.step_s:g} s, "
-              f"{args.collectives} all-reduces a step")
+              f"{args.collectives} all-reduces a step"
+              + (f", in {args.all_reduce_groups} groups of {args.ranks // args.all_reduce_groups}" if args.all_reduce_groups > 1 else ""))
         print(f"  messages received   {session.messages:,} of {sent:,} sent, in {elapsed:.1f} s = "
               f"{session.messages / elapsed:,.0f}/s; steps sent as summaries {summaries:,} of {args.ranks * steps:,}, "
               f"spans sent after their summary (pinned) {session.details:,}; "
@@ -252,7 +256,12 @@ def main() -> None:
     parser.add_argument("--collectives", type=int, default=59, help="all-reduces per step (a 7B DDP job: hundreds of buckets)")
     parser.add_argument("--feed", default="process", choices=["process", "thread"],
                         help="the receiver in its own process (as `ddpwatch` runs it) or a thread of the UI's (LiveFeed)")
+    parser.add_argument("--all-reduce-groups", type=int, default=1, metavar="G",
+                        help="the hellos name G all-reduce groups, rank r in group r %% G (the data-parallel groups "
+                             "of a 2-D mesh with G-way tensor parallelism); 1: the world")
     args = parser.parse_args()
+    if args.all_reduce_groups < 1 or args.ranks % args.all_reduce_groups:
+        parser.error(f"--all-reduce-groups must divide --ranks ({args.ranks})")
     with tempfile.TemporaryDirectory() as directory:
         asyncio.run(watch(args, Path(directory)))
 

@@ -185,8 +185,9 @@ def transfer_samples_of(steps: Sequence[StepCollectives], world_size: int, group
     occurrence: its bytes and its shortest duration over the ranks (the transfer; the rest of a
     longer one was waiting for the slowest rank). ``groups``: who meets whom
     (``Session.all_reduce_groups``; None, the world): each group's all-reduce is a transfer of
-    its own, paired within the group. A step some rank is missing from, or with no full report
-    to give the sizes, gives none."""
+    its own, paired within the group, and a call's sample is the mean over the groups
+    (``metrics.transfers``). A step some rank is missing from, or with no full report to give
+    the sizes, gives none."""
     samples: list[TransferSample] = []
     for step in steps:
         if len(step.calls) < world_size or not step.sizes:

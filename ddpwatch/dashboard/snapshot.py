@@ -585,7 +585,8 @@ class SnapshotBuilder:
         waits are final; at 1,024 ranks a search is ~7 ms)."""
         steps = tuple(self._recent_complete_steps(step))
         if self._straggler_made[0] != steps:
-            found = metrics.find_straggler(metrics.StepWaits(s, self.waits_of(s), 1000 * self.summary_of(s).wall_s) for s in steps)
+            found = metrics.find_straggler((metrics.StepWaits(s, self.waits_of(s), 1000 * self.summary_of(s).wall_s) for s in steps),
+                                           self.session.all_reduce_groups())
             self._straggler_made = (steps, found)
         return self._straggler_made[1]
 

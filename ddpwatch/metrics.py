@@ -175,7 +175,11 @@ def waits_both_ways(calls_of_one_step: Mapping[int, CallTimes],
     """(:func:`cross_rank_waits`, what the others waited for each rank) from one pairing pass.
     In each all-reduce the rank with the shortest duration arrived last (ties: the lowest rank),
     and every other rank's waiting in that call is put down to it; so the second totals over
-    ranks equal the first's. The usual step (every rank made the same calls) is one array
+    ranks equal the first's. A rank's waiting is the wall time its calls' waiting covers
+    (:func:`_waiting_covered_ms`): gloo runs two collectives at a time, and two calls waiting for
+    the same late rank at once were counted twice (a 2-rank ``async`` CPU run: 65 ms a step
+    summed, 48 covered); where they do, each call's share of what is put down to the rank it
+    waited for is scaled alike, so the totals still agree. The usual step (every rank made the same calls) is one array
     operation over ranks x calls: at 1,024 ranks x 300 calls, a few milliseconds. With
     ``groups`` each group's calls are paired among its own ranks only: a rank waits only for
     those it all-reduces with."""
@@ -191,15 +195,41 @@ def waits_both_ways(calls_of_one_step: Mapping[int, CallTimes],
     paired = _paired_calls(calls_of_one_step)
     if paired is None:
         return waited, waited_on
-    ranks, _, seconds = paired
+    ranks, positions, seconds = paired
     if seconds.size == 0:
         return waited, waited_on
     in_call = 1000.0 * (seconds - seconds.min(axis=0))
+    covered = _waiting_covered_ms(calls_of_one_step, ranks, positions, in_call)
+    if covered is not None:  # some calls overlapped: each rank's calls count for what its total covers
+        summed = in_call.sum(axis=1)
+        in_call = in_call * np.divide(covered, summed, out=np.ones_like(summed), where=summed > 0)[:, None]
     # argmin takes the first of equals: ranks are sorted, so the lowest
     last = np.bincount(seconds.argmin(axis=0), weights=in_call.sum(axis=0), minlength=len(ranks))
     waited.update(zip(ranks, in_call.sum(axis=1).tolist()))  # one pass over rows, not 1,024 numpy calls
     waited_on.update(zip(ranks, last.tolist()))
     return waited, waited_on
+
+
+def _waiting_covered_ms(calls_of_one_step: Mapping[int, CallTimes], ranks: list[int], positions: list[list[int]],
+                        in_call: np.ndarray) -> np.ndarray | None:
+    """Per rank (a row of ``in_call``, the ms each paired call waited), the ms of its own clock
+    that its calls' waiting covers: each call waits from its start, so calls waiting at once
+    count their common waiting once. None where no rank's calls overlapped (``CallTimes.starts``
+    is kept only where they do: NCCL never, gloo often), whose waiting is the sum; a rank
+    without starts among ranks with them keeps its sum."""
+    known = [calls_of_one_step[rank].starts for rank in ranks]
+    if all(starts is None for starts in known):
+        return None
+    begin = np.array([[starts[i] for i in row] if starts is not None else [np.nan] * len(row)
+                      for starts, row in zip(known, positions)], dtype=float).reshape(in_call.shape)
+    end = begin + in_call / 1000.0
+    if not (np.diff(begin, axis=1) >= 0).all():  # issue order is start order, unless a queue held a call back
+        order = np.argsort(begin, axis=1, kind="stable")
+        begin, end = np.take_along_axis(begin, order, axis=1), np.take_along_axis(end, order, axis=1)
+    reached = np.maximum.accumulate(end, axis=1)  # the furthest any earlier call's waiting reached
+    before = np.concatenate([np.full((len(ranks), 1), -np.inf), reached[:, :-1]], axis=1)
+    covered = 1000.0 * np.clip(end - np.maximum(begin, before), 0.0, None).sum(axis=1)
+    return np.where(np.isnan(begin).any(axis=1), in_call.sum(axis=1), covered)
 
 
 def transfers(calls_of_one_step: Mapping[int, CallTimes], groups: Groups | None = None) -> list[tuple[tuple[str, int], float]]:

@@ -170,6 +170,10 @@ class StepSummary:
     memory: dict[str, int] = field(default_factory=dict)  # as in ``StepReport``
     update_skipped: bool = False  # as in ``StepReport``
     compiling: bool = False  # as in ``StepReport``
+    #: float64 per all-reduce, issue order: its start, seconds after the step's; sent only where
+    #: two of them overlap (gloo), so that two calls waiting at once are counted once. Empty
+    #: otherwise, and from an older sender.
+    all_reduce_starts: bytes = b""
 
 
 @dataclass(frozen=True)
@@ -399,7 +403,7 @@ _FIELD_TYPES: dict[str, Any] = {
     "loss": (float, type(None)), "bucket_mb": (float, type(None)), "excluded": bool, "unresolved": bool, "update_skipped": bool, "compiling": bool, "applied": bool,
     "device_note": str, "switchable": bool, "compute_pct": float, "non_compute_pct": float, "idle_pct": float, "overlap_pct": float,
     "comm_overhead_pct": float, "anchor": (float, type(None)), "busbw_gbps": (float, type(None)),
-    "all_reduce_tags": list, "all_reduce_seconds": bytes, "algbw_gbps": bytes, "full": bool, "sample_every": int,
+    "all_reduce_tags": list, "all_reduce_seconds": bytes, "all_reduce_starts": bytes, "algbw_gbps": bytes, "full": bool, "sample_every": int,
     "pinned_steps": list, "device_every_s": float, "calls_by_kind": dict, "memory": dict,
     "settings": dict, "readings": dict, "spans": list, "parameter_layout": list, "bucket_layout": list,
     "all_reduce_group": list,
@@ -448,6 +452,11 @@ def _check_summary(values: dict[str, Any]) -> None:
         # none negative, and a finite sum: no NaN or infinity (nor values so large they overflow it)
         if floats and (min(floats) < 0 or not math.isfinite(sum(floats))):
             raise ProtocolError("invalid", "summary: a negative or non-finite duration or bandwidth")
+    starts = values.get("all_reduce_starts", b"")  # seconds after the step's start: may be negative, never NaN
+    if starts and len(starts) != len(seconds):
+        raise ProtocolError("invalid", "summary: all_reduce_starts do not match the tags")
+    if starts and not _plainly_valid(starts) and not math.isfinite(sum(map(abs, unpack_floats(starts)))):
+        raise ProtocolError("invalid", "summary: a non-finite all-reduce start")
 
 
 def _plainly_valid(packed: bytes) -> bool:

@@ -92,15 +92,35 @@ class CallTimes(NamedTuple):
 
     tags: tuple[str, ...]
     seconds: array[float]  # raw durations (``_length``)
+    #: Each one's start, seconds after the step's, kept only where two of them ran at once (gloo's
+    #: two workers): two waiting for the same late rank then wait once (``metrics.waits_both_ways``).
+    #: None where none overlap, whose waits the durations alone give, and from an older sender.
+    starts: array[float] | None = None
 
 
 def call_times(record: StepRecordLike) -> CallTimes:
-    return _call_times(_all_reduces(record))
+    return _call_times(_all_reduces(record), record.start)
 
 
-def _call_times(all_reduces: Sequence[SpanLike]) -> CallTimes:
-    return CallTimes(tuple(getattr(s, "tag", "") or "" for s in all_reduces),
-                     float_array(_length(s.start, s.end) for s in all_reduces))
+def _call_times(all_reduces: Sequence[SpanLike], step_start: float) -> CallTimes:
+    calls = CallTimes(tuple(getattr(s, "tag", "") or "" for s in all_reduces),
+                      float_array(_length(s.start, s.end) for s in all_reduces),
+                      float_array(s.start - step_start for s in all_reduces))
+    return calls if overlapping(calls) else calls._replace(starts=None)
+
+
+def overlapping(calls: CallTimes) -> bool:
+    """Whether any two of a rank's all-reduces ran at once (in issue order, which is start
+    order: a call starts before the last one's end). Never on NCCL, whose stream runs a group's
+    collectives one after another; on gloo's two workers, often."""
+    if calls.starts is None:
+        return False
+    reached = float("-inf")
+    for start, seconds in zip(calls.starts, calls.seconds):
+        if start < reached:
+            return True
+        reached = max(reached, start + seconds)
+    return False
 
 
 def counted(record: Any) -> bool:
@@ -212,7 +232,7 @@ def figures_and_calls(record: StepRecordLike, world_size: int | None = None) -> 
     busy = total_length(union(c, m))
 
     ars = _all_reduces(record)
-    calls = _call_times(ars)
+    calls = _call_times(ars, lo)
     alg = float_array(a for a in (algbw_gbps(s.nbytes, seconds) for s, seconds in zip(ars, calls.seconds)) if a is not None)
     factor = bus_factor("all_reduce", world_size) if world_size is not None else None
     figures = StepFigures(
@@ -242,8 +262,9 @@ def figures_and_calls(record: StepRecordLike, world_size: int | None = None) -> 
 
 def summarize(report: StepReport, world_size: int) -> StepSummary:
     """What a rank sends instead of its spans: its own ``step_figures`` and its all-reduces'
-    tags and durations. ``summary_figures`` and ``summary_calls`` give back exactly what
-    ``step_figures`` and ``call_times`` give from the full report."""
+    tags and durations, and their starts where two of them overlap (else the waits figured from
+    durations alone are the same). ``summary_figures`` and ``summary_calls`` give back what
+    ``step_figures`` and ``call_times`` give from the full report, bit for bit."""
     f, calls = figures_and_calls(report, world_size)
     return StepSummary(
         rank=report.rank, step=report.step, strategy=report.strategy, settings=report.settings,
@@ -251,6 +272,7 @@ def summarize(report: StepReport, world_size: int) -> StepSummary:
         compute_pct=f.compute_pct, non_compute_pct=f.non_compute_pct, idle_pct=f.idle_pct,
         overlap_pct=f.overlap_pct, comm_overhead_pct=f.comm_overhead_pct, anchor=f.times.anchor,
         busbw_gbps=f.busbw_gbps, all_reduce_tags=list(calls.tags), all_reduce_seconds=pack_floats(calls.seconds),
+        all_reduce_starts=pack_floats(calls.starts) if overlapping(calls) else b"",
         algbw_gbps=pack_floats(f.algbw_gbps), loss=report.loss, excluded=report.excluded, unresolved=report.unresolved,
         calls_by_kind=f.calls_by_kind, memory=f.memory, update_skipped=report.update_skipped,
         compiling=report.compiling,
@@ -258,7 +280,8 @@ def summarize(report: StepReport, world_size: int) -> StepSummary:
 
 
 def summary_calls(summary: StepSummary) -> CallTimes:
-    return CallTimes(tuple(summary.all_reduce_tags), unpack_floats(summary.all_reduce_seconds))
+    starts = unpack_floats(summary.all_reduce_starts) if summary.all_reduce_starts else None
+    return CallTimes(tuple(summary.all_reduce_tags), unpack_floats(summary.all_reduce_seconds), starts)
 
 
 def summary_figures(summary: StepSummary, calls: CallTimes | None = None) -> StepFigures:

@@ -48,6 +48,11 @@ def test_a_summary_gives_back_what_step_figures_and_call_times_give_from_the_spa
     summary = decode(encode(summarize(report, WORLD))).message
     assert summary_figures(summary) == step_figures(report, WORLD)
     assert summary_calls(summary) == call_times(report)
+    # rank 5's b0 runs until 0.14 s, past b1's start at 0.115: the starts travel, so that waiting
+    # at once counts once; rank 9's calls and a blocking step's do not overlap: none are sent
+    assert call_times(report).starts is not None and len(summary.all_reduce_starts) == 8 * 2
+    assert summarize(uneven(step_report(9, 7, "bucket")), WORLD).all_reduce_starts == b""
+    assert summarize(step_report(5, 3, "simple"), WORLD).all_reduce_starts == b""
 
 
 def test_64_ranks_summarized_at_the_edge_give_the_central_figures_exactly() -> None:

@@ -355,6 +355,25 @@ def test_waits_are_put_down_to_the_rank_that_arrived_last_in_each_call():
     assert waited_for(calls_of({1: even[2]})) == {1: 0.0}
 
 
+def test_calls_that_wait_at_once_for_one_late_rank_count_their_waiting_once():
+    """Rank 1 is 30 ms late; rank 0 issues b0 at 0 and b1 at 10 ms, rank 1 at 30 and 40, each
+    transfer 5 ms, both calls running at once (gloo's two workers). Rank 0's b0 runs 0-35 and b1
+    10-45: it waits 0-30 and 10-40, 60 ms summed, but 0-40 is the 40 ms it lost. Rank 1 waited
+    for nobody, and the 40 ms are put down to it (each call's 30 scaled by 40/60). Without the
+    starts (an older sender's summary) the sum."""
+    recs = {0: record(0, 50, span("all_reduce", 0, 35, tag="b0"), span("all_reduce", 10, 45, tag="b1"), rank=0),
+            1: record(0, 50, span("all_reduce", 30, 35, tag="b0"), span("all_reduce", 40, 45, tag="b1"), rank=1)}
+    calls = calls_of(recs)
+    assert calls[0].starts is not None and calls[1].starts is None  # kept only where calls overlap
+    waited, waited_on = waits_both_ways(calls)
+    assert waited == approx({0: 40.0, 1: 0.0}) and waited_on == approx({0: 0.0, 1: 40.0})
+    assert cross_rank_waits({rank: c._replace(starts=None) for rank, c in calls.items()}) == approx({0: 60.0, 1: 0.0})
+    # calls back to back (a blocking strategy, or NCCL's one stream) never overlap: the sum, 2 + 3 ms
+    apart = {0: record(0, 50, span("all_reduce", 0, 3, tag="p0"), span("all_reduce", 3, 7, tag="p1"), rank=0),
+             1: record(0, 50, span("all_reduce", 2, 3, tag="p0"), span("all_reduce", 6, 7, tag="p1"), rank=1)}
+    assert calls_of(apart)[0].starts is None and cross_rank_waits(calls_of(apart)) == approx({0: 5.0, 1: 0.0})
+
+
 def test_single_rank_or_balanced_ranks_have_no_straggler():
     assert cross_rank_waits(calls_of({3: record(0, 5, span("all_reduce", 0, 5), rank=3)})) == {3: 0.0}
     assert cross_rank_waits(calls_of({})) == {}

@@ -34,7 +34,7 @@ from instrumented_ddp.protocol import (
     encode,
     pack_floats,
 )
-from instrumented_ddp.step_figures import summarize
+from instrumented_ddp.step_figures import summarize, summary_calls
 
 HELLO = Hello(
     rank=1, world_size=2, session="abc123", host="node-7", pid=4242, device="cpu", backend="gloo",
@@ -358,6 +358,10 @@ def test_malformed_span_is_rejected_as_invalid(span: Any) -> None:
         {"tokens": -1},
         {"busbw_gbps": "fast"},
         {"all_reduce_seconds": [0.1]},  # a list, not packed bytes
+        {"all_reduce_starts": pack_floats([0.1, 0.2])},  # two starts, one tag
+        {"all_reduce_starts": b"\x00" * 7},
+        {"all_reduce_starts": pack_floats([math.nan])},
+        {"all_reduce_starts": pack_floats([-math.inf])},
     ],
     ids=lambda c: next(iter(c)),
 )
@@ -374,8 +378,20 @@ def test_a_malformed_span_request_is_rejected_as_invalid(changes: dict[str, Any]
 
 
 def test_summary_durations_travel_bit_for_bit() -> None:
-    summary = replace(SUMMARY, all_reduce_tags=["b0", "b1"], all_reduce_seconds=pack_floats([0.1 + 0.2, 1e-9]))
-    assert decode(encode(summary)).message.all_reduce_seconds == pack_floats([0.30000000000000004, 1e-9])
+    summary = replace(SUMMARY, all_reduce_tags=["b0", "b1"], all_reduce_seconds=pack_floats([0.1 + 0.2, 1e-9]),
+                      all_reduce_starts=pack_floats([0.01, -1e-6]))  # a start a hair before the step's: allowed
+    decoded = decode(encode(summary)).message
+    assert decoded.all_reduce_seconds == pack_floats([0.30000000000000004, 1e-9])
+    assert decoded.all_reduce_starts == pack_floats([0.01, -1e-6])
+
+
+def test_a_summary_without_starts_is_read_as_calls_that_never_overlapped() -> None:
+    """An older sender's summary has no ``all_reduce_starts``; nor has one whose calls did not
+    overlap (NCCL's one stream: durations alone give its waits)."""
+    raw = _raw(SUMMARY)
+    del raw["body"]["all_reduce_starts"]
+    summary = decode(_pack(raw)).message
+    assert summary.all_reduce_starts == b"" and summary_calls(summary).starts is None
 
 
 def test_message_over_the_cap_is_rejected_as_oversized() -> None:

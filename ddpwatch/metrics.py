@@ -179,10 +179,10 @@ def waits_both_ways(calls_of_one_step: Mapping[int, CallTimes],
     (:func:`_waiting_covered_ms`): gloo runs two collectives at a time, and two calls waiting for
     the same late rank at once were counted twice (a 2-rank ``async`` CPU run: 65 ms a step
     summed, 48 covered); where they do, each call's share of what is put down to the rank it
-    waited for is scaled alike, so the totals still agree. The usual step (every rank made the same calls) is one array
-    operation over ranks x calls: at 1,024 ranks x 300 calls, a few milliseconds. With
-    ``groups`` each group's calls are paired among its own ranks only: a rank waits only for
-    those it all-reduces with."""
+    waited for is scaled alike, so the totals still agree. The usual step (every rank made the
+    same calls) is one array operation over ranks x calls: at 1,024 ranks x 300 calls, a few
+    milliseconds. With ``groups`` each group's calls are paired among its own ranks only: a
+    rank waits only for those it all-reduces with."""
     if groups is not None:
         waited, waited_on = {}, {}
         for calls in _by_group(calls_of_one_step, groups):

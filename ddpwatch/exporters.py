@@ -129,7 +129,9 @@ def summary_markdown(summary: dict[str, Any]) -> str:
     if summary.get("segments"):
         lines += ["", "![Compute, Overlap, exposed communication and idle time of each segment's step](summary.svg)"]
     lines += ["", "Comm_overhead% is merged wall-clock communication time over the step window; the seed blog "
-              "summed raw kernel durations instead, so concurrent collectives counted twice there.",
+              "summed raw kernel durations instead, so concurrent collectives counted twice there. all_reduce_ms "
+              "is that sum, each call's duration with its waiting: where calls run at once (gloo runs two) it can "
+              "exceed the step.",
               f"{CALLS_COLUMN} is the all-reduces each rank issued in one step (a mean over ranks and steps; "
               "summary.json's all_reduce_calls_total is the whole count over every rank and step); the other "
               "figures are per rank per step (mean); step ms is each step's slowest rank.",

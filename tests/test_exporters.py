@@ -262,6 +262,8 @@ def test_markdown_table(data: dict) -> None:
     assert cells[-2:] == ["—", "—"]  # no reduce-scatter, all-gather or broadcast; memory not measured
     assert "Comm_overhead%" in text.split(header)[1] and "excluded" in text
     assert "DESYNC" not in text
+    # bucket's b0 (15 ms) and b1 (25 ms) overlap for 5 ms: all_reduce_ms is their sum, 40, and says so
+    assert [c.strip() for c in rows[1].strip("|").split("|")][8] == "40.00" and "all_reduce_ms is that sum" in text
 
 
 def test_the_exports_say_within_which_groups_the_all_reduces_meet_where_not_the_world(data: dict) -> None:

@@ -220,16 +220,12 @@ def _waiting_covered_ms(calls_of_one_step: Mapping[int, CallTimes], ranks: list[
     known = [calls_of_one_step[rank].starts for rank in ranks]
     if all(starts is None for starts in known):
         return None
-    begin = np.array([[starts[i] for i in row] if starts is not None else [np.nan] * len(row)
-                      for starts, row in zip(known, positions)], dtype=float).reshape(in_call.shape)
-    end = begin + in_call / 1000.0
-    if not (np.diff(begin, axis=1) >= 0).all():  # issue order is start order, unless a queue held a call back
-        order = np.argsort(begin, axis=1, kind="stable")
-        begin, end = np.take_along_axis(begin, order, axis=1), np.take_along_axis(end, order, axis=1)
-    reached = np.maximum.accumulate(end, axis=1)  # the furthest any earlier call's waiting reached
-    before = np.concatenate([np.full((len(ranks), 1), -np.inf), reached[:, :-1]], axis=1)
-    covered = 1000.0 * np.clip(end - np.maximum(begin, before), 0.0, None).sum(axis=1)
-    return np.where(np.isnan(begin).any(axis=1), in_call.sum(axis=1), covered)
+    covered = in_call.sum(axis=1)
+    for row, (starts, indices) in enumerate(zip(known, positions)):
+        if starts is not None:
+            waiting = [(starts[i], starts[i] + ms / 1000.0) for i, ms in zip(indices, in_call[row].tolist())]
+            covered[row] = 1000.0 * total_length(waiting)
+    return covered
 
 
 def transfers(calls_of_one_step: Mapping[int, CallTimes], groups: Groups | None = None) -> list[tuple[tuple[str, int], float]]:

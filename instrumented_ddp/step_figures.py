@@ -272,7 +272,7 @@ def summarize(report: StepReport, world_size: int) -> StepSummary:
         compute_pct=f.compute_pct, non_compute_pct=f.non_compute_pct, idle_pct=f.idle_pct,
         overlap_pct=f.overlap_pct, comm_overhead_pct=f.comm_overhead_pct, anchor=f.times.anchor,
         busbw_gbps=f.busbw_gbps, all_reduce_tags=list(calls.tags), all_reduce_seconds=pack_floats(calls.seconds),
-        all_reduce_starts=pack_floats(calls.starts) if overlapping(calls) else b"",
+        all_reduce_starts=pack_floats(calls.starts) if calls.starts is not None else b"",  # kept only where calls overlap
         algbw_gbps=pack_floats(f.algbw_gbps), loss=report.loss, excluded=report.excluded, unresolved=report.unresolved,
         calls_by_kind=f.calls_by_kind, memory=f.memory, update_skipped=report.update_skipped,
         compiling=report.compiling,

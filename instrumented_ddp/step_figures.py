@@ -106,10 +106,10 @@ def _call_times(all_reduces: Sequence[SpanLike], step_start: float) -> CallTimes
     calls = CallTimes(tuple(getattr(s, "tag", "") or "" for s in all_reduces),
                       float_array(_length(s.start, s.end) for s in all_reduces),
                       float_array(s.start - step_start for s in all_reduces))
-    return calls if overlapping(calls) else calls._replace(starts=None)
+    return calls if _overlapping(calls) else calls._replace(starts=None)
 
 
-def overlapping(calls: CallTimes) -> bool:
+def _overlapping(calls: CallTimes) -> bool:
     """Whether any two of a rank's all-reduces ran at once (in issue order, which is start
     order: a call starts before the last one's end). Never on NCCL, whose stream runs a group's
     collectives one after another; on gloo's two workers, often."""

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
+from dataclasses import replace
 
 from instrumented_ddp.protocol import DeviceSample, Goodbye, Hello, Span, StepReport, encode
 
@@ -35,6 +36,19 @@ def step_report(rank: int, step: int, strategy: str) -> StepReport:
 
 
 Edit = Callable[[StepReport], StepReport | None]
+
+
+def waiting_ranks(ms: float, ranks: Collection[int] = (1,)) -> Edit:
+    """An edit: the first all-reduce of each step of each of ``ranks`` starts ``ms`` earlier, so
+    that rank waits that long in it for the others."""
+    def edit(report: StepReport) -> StepReport:
+        if report.rank not in ranks:
+            return report
+        spans = list(report.spans)
+        first = next(i for i, span in enumerate(spans) if span.kind == "all_reduce")
+        spans[first] = spans[first]._replace(start=spans[first].start - ms / 1000)
+        return replace(report, spans=spans)
+    return edit
 
 
 def session_messages(steps: int = 10, goodbye: bool = True, world_size: int = 2, edit: Edit | None = None,

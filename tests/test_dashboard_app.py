@@ -27,7 +27,7 @@ from ddpwatch.receiver import ingest
 from ddpwatch.session import Session
 from instrumented_ddp.protocol import NOT_SWITCHABLE, Ack, Heartbeat, SpanRequest, StepReport, SwitchCommand, decode, encode
 from instrumented_ddp.telemetry import routing_id
-from synthetic_session import hello, session_messages, step_report
+from synthetic_session import hello, session_messages, step_report, waiting_ranks
 
 
 def free_address() -> str:
@@ -346,7 +346,7 @@ async def test_a_narrow_ranks_table_shows_each_ranks_figures_and_keeps_the_rank_
     for more than one rank (before, its horizontal scrollbar took the second rank's row).
     Shift and the arrows scroll it a column at a time (the arrows alone still walk the steps);
     at its far end it shows where each rank runs, each row still led by its rank."""
-    messages = session_messages(steps=4, world_size=8, edit=straggling(40.0))
+    messages = session_messages(steps=4, world_size=8, edit=waiting_ranks(40.0))
     app = DashboardApp(StaticFeed(messages), export_on_exit=False)
     async with app.run_test(size=(80, 24)) as pilot:
         await draw_every_message(app, pilot)
@@ -416,22 +416,10 @@ def snapshot_of(messages: list[bytes], keep_steps: int | None = 120) -> tuple[Se
     return session, SnapshotBuilder(session).build()
 
 
-def straggling(ms: float):  # noqa: ANN201
-    """Rank 1's first all-reduce of each step starts ``ms`` earlier: it waits that long for rank 0."""
-    def edit(report: StepReport) -> StepReport:
-        if report.rank != 1:
-            return report
-        spans = list(report.spans)
-        i = next(i for i, s in enumerate(spans) if s.kind == "all_reduce")
-        spans[i] = spans[i]._replace(start=spans[i].start - ms / 1000)
-        return replace(report, spans=spans)
-    return edit
-
-
 def desync_at_3_4_and_a_straggler(report: StepReport) -> StepReport:
     """Two warnings: rank 1 issues one all-reduce fewer in steps 3 and 4 (a desync), and waits
     30 ms a step for rank 0 (a straggler)."""
-    report = straggling(30.0)(report)
+    report = waiting_ranks(30.0)(report)
     if report.rank == 1 and report.step in (3, 4):
         return replace(report, spans=[s for s in report.spans if s.tag != "p3"])
     return report
@@ -465,12 +453,12 @@ def test_a_reduce_scatter_desync_is_shown_while_its_step_is_on_screen() -> None:
 
 def test_the_dashboard_and_the_export_name_the_same_straggler_by_one_rule() -> None:
     # rank 1 waits 30 ms of each ~185 ms step for rank 0 (16 %): both name rank 0
-    session, snapshot = snapshot_of(session_messages(edit=straggling(30.0)), keep_steps=None)
+    session, snapshot = snapshot_of(session_messages(edit=waiting_ranks(30.0)), keep_steps=None)
     shown = [w for w in snapshot.warnings if "straggler" in w]
     assert shown == ["rank 0 is a straggler: over steps 1-10 the others waited 30.0 ms a step for it (17% of step time)"]
     assert [s["straggler_rank"] for s in exporters.summary(session)["segments"]] == [0, 0]
     # 0.5 ms of each step is noise: neither names anyone (the export used to name rank 0)
-    session, snapshot = snapshot_of(session_messages(edit=straggling(0.5)), keep_steps=None)
+    session, snapshot = snapshot_of(session_messages(edit=waiting_ranks(0.5)), keep_steps=None)
     assert not any("straggler" in w for w in snapshot.warnings)
     assert [s["straggler_rank"] for s in exporters.summary(session)["segments"]] == [None, None]
 
@@ -677,7 +665,7 @@ def test_the_heatmap_kept_column_by_column_equals_one_made_from_scratch(metric: 
     halves (step 6 half-reported at the first build), the grid equals one built whole."""
     world = 40
     hellos = {rank: replace(hello(rank, world_size=world), node_rank=rank // 8) for rank in range(world)}
-    messages = session_messages(steps=8, world_size=world, hellos=hellos, edit=straggling(3.0))
+    messages = session_messages(steps=8, world_size=world, hellos=hellos, edit=waiting_ranks(3.0))
     session = Session(None)
     builder = SnapshotBuilder(session)
     half = len(messages) * 2 // 3

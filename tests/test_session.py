@@ -12,7 +12,7 @@ from ddpwatch.receiver import ingest
 from ddpwatch.session import PackedSpans, Session, ranks_left_behind
 from instrumented_ddp.protocol import Envelope, Heartbeat, Span
 from instrumented_ddp.step_figures import call_times
-from synthetic_session import hello, session_messages, step_report
+from synthetic_session import hello, session_messages, step_report, waiting_ranks
 
 
 def test_packed_spans_read_back_as_the_spans_that_came_in() -> None:
@@ -263,16 +263,6 @@ def test_an_hsdp_session_pairs_and_counts_busbw_within_the_groups_its_hellos_nam
     assert groups == [None, [[0, 2], [1, 3]]]  # who waits for whom in its all-reduces
 
 
-def odd_ranks_wait(report):  # noqa: ANN001, ANN201
-    """Each odd rank's first all-reduce of a step starts 30 ms before the even rank's beside it."""
-    if report.rank % 2 == 0:
-        return report
-    spans = list(report.spans)
-    first = next(i for i, span in enumerate(spans) if span.kind == "all_reduce")
-    spans[first] = spans[first]._replace(start=spans[first].start - 0.030)
-    return replace(report, spans=spans)
-
-
 def test_ranks_no_hello_groups_stay_in_the_waits_and_contradicting_hellos_fall_back_to_the_world(tmp_path) -> None:  # noqa: ANN001
     """Four ranks; ranks 0 and 1 name {0, 1}, ranks 2 and 3 no group (their hellos said nothing
     yet of one). Before, ranks 2 and 3 fell out of every wait: rank 3's 30 ms waiting for rank 2
@@ -285,7 +275,7 @@ def test_ranks_no_hello_groups_stay_in_the_waits_and_contradicting_hellos_fall_b
     def session_of(named: dict[int, list[int]]) -> Session:
         hellos = {rank: replace(hello(rank, world_size=4), all_reduce_group=group) for rank, group in named.items()}
         session = Session(None)
-        ingest(session, session_messages(steps=4, world_size=4, edit=odd_ranks_wait, hellos=hellos))
+        ingest(session, session_messages(steps=4, world_size=4, edit=waiting_ranks(30.0, ranks=(1, 3)), hellos=hellos))
         return session
 
     partial = session_of({0: [0, 1], 1: [0, 1], 2: [], 3: []})

@@ -44,7 +44,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=5e-4)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    parser.add_argument("--model", default="tiny", help="'tiny' (~2.4 M parameters), 'small' (SmolLM2-135M's shape, ~100 M), or a Hugging Face name or local path")
+    parser.add_argument("--model", default="tiny", help="'tiny' (~2.4 M parameters), 'small' (SmolLM2-135M's shape, ~106 M), or a Hugging Face name or local path")
     parser.add_argument("--dataset", default="builtin", help="'builtin', 'yelp_review_full', or a local path")
     parser.add_argument("--max-length", type=int, default=64, help="tokens per example")
     parser.add_argument("--eval-examples", type=int, default=None, metavar="N",
@@ -94,9 +94,19 @@ def unavailable_strategy(name: str) -> str | None:
 
 
 def accumulation_problem(batch_size: int, world_size: int, grad_accum: int) -> str | None:
-    """Each rank splits its share of the global batch into ``grad_accum`` equal micro-batches."""
-    if grad_accum < 1 or batch_size % (world_size * grad_accum):
-        return f"batch-size {batch_size} does not divide by world size {world_size} x grad-accum {grad_accum}"
+    """Each rank splits its share of the global batch into ``grad_accum`` equal micro-batches.
+
+    The message names the two nearest batch sizes that do divide: the default 16 on three ranks is
+    the first thing a user launching ``--nproc_per_node=3`` meets.
+    """
+    if grad_accum < 1:
+        return f"grad-accum must be at least 1, not {grad_accum}"
+    multiple = world_size * grad_accum
+    if batch_size % multiple:
+        below, above = batch_size - batch_size % multiple, batch_size - batch_size % multiple + multiple
+        nearest = f"{below} or {above}" if below else f"{above}"
+        return (f"batch-size {batch_size} does not divide by world size {world_size} x grad-accum {grad_accum}: "
+                f"use a multiple of {multiple} ({nearest})")
     return None
 
 

@@ -32,6 +32,24 @@ def test_a_negative_eval_count_is_a_one_line_error(capsys: pytest.CaptureFixture
     assert capsys.readouterr().err.strip().splitlines()[-1].endswith("--eval-examples must be 0 or more")
 
 
+@pytest.mark.parametrize(
+    ("batch_size", "world_size", "grad_accum", "said"),
+    [
+        (16, 2, 2, None),
+        # 16 = 5 x 3 + 1: the multiples of 3 on either side are 15 and 18
+        (16, 3, 1, "batch-size 16 does not divide by world size 3 x grad-accum 1: use a multiple of 3 (15 or 18)"),
+        # 4 < 3 x 2: no multiple of 6 below it but 0, so only the one above
+        (4, 3, 2, "batch-size 4 does not divide by world size 3 x grad-accum 2: use a multiple of 6 (6)"),
+        (16, 2, 0, "grad-accum must be at least 1, not 0"),
+    ],
+)
+def test_a_batch_that_does_not_split_names_the_nearest_that_do(batch_size: int, world_size: int, grad_accum: int,
+                                                                  said: str | None) -> None:
+    import train
+
+    assert train.accumulation_problem(batch_size, world_size, grad_accum) == said
+
+
 def run_train(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, TRAIN, *args], capture_output=True, text=True, timeout=120)
 

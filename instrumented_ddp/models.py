@@ -26,7 +26,7 @@ class ModelUnavailableError(RuntimeError):
 #: SmolLM2's architecture (Llama with GQA, SiLU, RMSNorm, RoPE θ=1e5) at the sizes built in.
 #: ``tiny``: SmolLM2-360M's shape shrunk to ~3 M parameters, so a CPU trains it at once.
 #: ``small``: SmolLM2-135M's own shape (30 layers, hidden 576, 9 query and 3 key/value heads),
-#: ~110 M parameters with the built-in vocabulary: big enough to keep a GPU busy, so kernel
+#: 106 M parameters with the built-in vocabulary: big enough to keep a GPU busy, so kernel
 #: time, not Python launching kernels, sets the step (what ``ddpwatch doctor`` needs).
 BUILT_IN_SHAPES: dict[str, dict[str, int]] = {
     "tiny": {"hidden_size": 192, "intermediate_size": 512, "num_hidden_layers": 6, "num_attention_heads": 3,

@@ -802,6 +802,15 @@ class SegmentAccumulator:
                 self.recent_complete.sort(key=lambda s: s.step)
                 del self.recent_complete[:-STRAGGLER_STEPS]
 
+    def regroup(self, world_size: int, groups: Groups | None) -> None:
+        """The world and groups as the hellos now name them. A dashboard started mid-run can fold
+        a segment's first steps before every hello (resent every 2 s) is in: busbw and the
+        straggler are worked out from these when asked, so the whole segment then reads within
+        the groups; the steps' waits already folded stay as they were paired."""
+        if world_size != self.world_size or (groups is not self.groups and groups != self.groups):
+            self.world_size, self.groups = world_size, groups
+            self.all_reduce_ranks = all_reduce_ranks(groups, world_size)
+
     def copy(self) -> SegmentAccumulator:
         return copy.deepcopy(self)
 

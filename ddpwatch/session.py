@@ -519,6 +519,8 @@ class Session:
         if segment is not None and figures:
             if segment.folded is None:
                 segment.folded = metrics.SegmentAccumulator(self.world_size, self.all_reduce_groups())
+            else:
+                segment.folded.regroup(self.world_size, self.all_reduce_groups())
             segment.folded.add_step(figures, self.counted_calls(step), self.step_waits(step)[0])
 
     def step_figures(self, step: int) -> dict[int, metrics.StepFigures]:

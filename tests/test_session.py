@@ -292,3 +292,23 @@ def test_ranks_no_hello_groups_stay_in_the_waits_and_contradicting_hellos_fall_b
     exported = summary(contradicting)
     assert exported["all_reduce_groups"] is None and exported["all_reduce_groups_problem"] == why
     assert f"Not within groups: {why}." in summary_markdown(exported)
+
+
+def test_groups_named_after_a_segment_began_hold_for_the_whole_segment() -> None:
+    """A dashboard started mid-run folds steps by age (``FOLD_LAG``) before the hellos, resent
+    every 2 s, are in. Four HSDP ranks in replica groups {0, 2} and {1, 3}, the hellos arriving
+    after 30 steps: the segment was made over the world and kept it, so its busbw read 1.5 times
+    high (bus factor 2*3/4 against 2*1/2) for the rest of the run."""
+    def as_hsdp(report):  # noqa: ANN001, ANN202
+        return replace(report, strategy="fsdp", settings={"grad_accum": 1, "replicas": 2})
+
+    replicas = {rank: replace(hello(rank, world_size=4), all_reduce_group=[rank % 2, rank % 2 + 2]) for rank in range(4)}
+    messages = session_messages(steps=40, world_size=4, edit=as_hsdp, hellos=replicas)
+    hellos, before, after = messages[:4], messages[4:4 + 4 * 2 * 30], messages[4 + 4 * 2 * 30:]  # a report and a sample a rank a step
+    told_first, told_late = Session(None), Session(None)
+    ingest(told_first, messages)
+    ingest(told_late, before)
+    assert told_late.segments[0].folded is not None  # the first steps are in, figured over the world
+    ingest(told_late, hellos + after)
+    busbw = [session.segment_figures(session.segments[0]).busbw_gbps for session in (told_first, told_late)]
+    assert busbw[1] == pytest.approx(busbw[0])

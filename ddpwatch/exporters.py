@@ -32,7 +32,7 @@ __all__ = ["chrome_trace", "clock_offsets", "summary", "summary_csv", "summary_m
 CALLS_COLUMN = "all_reduce calls / rank / step"  # the dashboard's segments table says the same
 COLUMNS = ("Segment", "Steps", "Compute%", "Non_Compute%", "Idle%", "Overlap%", "Comm_overhead%",
            CALLS_COLUMN, "all_reduce_ms", "step ms p50", "step ms p95", "samples/s", "busbw GB/s",
-           "other collectives / rank / step", "held P/G/O MiB")
+           "other busbw GB/s", "other collectives / rank / step", "held P/G/O MiB")
 _FIGURE_KEYS = ("compute_pct", "non_compute_pct", "idle_pct", "overlap_pct", "comm_overhead_pct")
 _LANES = {"forward": "compute", "backward": "compute", "optimizer": "compute",
           **{kind: "communication" for kind in COMM_KINDS}, "wait": "wait", "data": "data"}
@@ -111,10 +111,18 @@ def _row(seg: dict[str, Any], digits: int | None) -> list[Any]:
             metrics.calls_text(calls) if digits is not None else round(calls, 6),
             num(seg.get("all_reduce_ms")), num(seg.get("step_ms_p50")), num(seg.get("step_ms_p95")),
             num(seg.get("samples_per_s")), num(seg.get("busbw_gbps")),
+            _other_busbw_text(seg.get("other_busbw_gbps") or {}) if digits is not None
+            else json.dumps(seg.get("other_busbw_gbps") or {}, sort_keys=True),
             metrics.kinds_text(seg.get("calls_by_kind") or {}) if digits is not None
             else json.dumps(seg.get("calls_by_kind") or {}, sort_keys=True),
             metrics.held_text(seg.get("memory") or {}) if digits is not None
             else json.dumps(seg.get("memory") or {}, sort_keys=True)]
+
+
+def _other_busbw_text(busbw_by_kind: dict[str, float | None]) -> str:
+    """busbw of each collective kind but the all-reduce, as ``AG 1.25 RS 1.00``; a dash without any."""
+    return " ".join(f"{metrics.KIND_SHORT.get(kind, kind)} {value:.2f}" for kind, value in sorted(busbw_by_kind.items())
+                    if value is not None) or "—"
 
 
 def summary_markdown(summary: dict[str, Any]) -> str:
@@ -138,6 +146,10 @@ def summary_markdown(summary: dict[str, Any]) -> str:
               "Other collectives are the reduce-scatters (RS), all-gathers (AG) and broadcasts (BC) each rank "
               "issued in one step (mean). held P/G/O MiB is the parameters, gradients and optimizer state the "
               "fullest rank held at a measured step end (every 10 steps), counted from the tensors it holds.",
+              "busbw GB/s is nccl-tests' bus bandwidth of the all-reduces: the median over the calls of bytes "
+              "over duration, times 2(n-1)/n for the n ranks each spans; other busbw GB/s is the same for each "
+              "other kind, over the whole (unsharded) tensor's bytes, times (n-1)/n (a broadcast: 1). A "
+              "duration includes any wait for a late rank.",
               "samples/s counts every rank's samples over the wall time from the segment's first step start to "
               "its last step end, the ranks put on one clock by the end of each step's last all-reduce: the time "
               "between steps counts.",

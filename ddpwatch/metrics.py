@@ -65,7 +65,7 @@ from .order_statistics import median_of, percentiles_and_median_interval
 __all__ = [
     "BLOCKING_KINDS", "COMM_KINDS", "COMPUTE_KINDS", "CallTimes", "Groups", "STRAGGLER_SHARE", "STRAGGLER_STEPS", "ClockAlignment", "Desync",
     "DesyncRange", "Figures", "Interval", "SegmentAccumulator", "SegmentFigures", "SpanLike", "StepFigures",
-    "StepRecordLike", "StepTimes", "StepWaits", "Straggler", "algbw_gbps", "all_reduce_ranks", "groups_of_the_world", "bus_factor", "busbw_gbps", "call_times", "calls_of", "calls_text",
+    "StepRecordLike", "StepTimes", "StepWaits", "Straggler", "algbw_gbps", "all_reduce_ranks", "groups_of_the_world", "shard_ranks", "bus_factor", "busbw_gbps", "call_times", "calls_of", "calls_text",
     "clip", "collective_key", "counted", "cross_rank_waits", "figures_and_calls", "find_desync", "find_straggler", "intersect", "merge", "segment_figures",
     "step_figures", "step_times", "straggler", "subtract", "total_length", "transfers", "union", "waited_for", "waiting_intervals",
     "waits_both_ways",
@@ -152,6 +152,16 @@ def all_reduce_ranks(groups: Groups | None, world_size: int) -> int:
     where they are all one size, else the world."""
     sizes = {len(group) for group in groups or ()}
     return sizes.pop() if len(sizes) == 1 else world_size
+
+
+def shard_ranks(groups: Groups | None, world_size: int) -> int:
+    """How many ranks a reduce-scatter or an all-gather spans, the ``n`` of its bus factor: the
+    world, or, where the hellos name all-reduce groups all of one size, one rank of each group.
+    Such groups with sharded collectives beside them are HSDP's replicas of a shard on a 2-D
+    mesh (replicas x shard), whose shard group takes one rank of each replica group: 2 x 4 on 8
+    ranks names four groups of 2 ({0, 4}, ...), and each shard group spans 4."""
+    sizes = {len(group) for group in groups or ()}
+    return len(groups) if groups and len(sizes) == 1 else world_size
 
 
 def _by_group(calls_of_one_step: Mapping[int, CallTimes], groups: Groups) -> list[dict[int, CallTimes]]:
@@ -607,6 +617,10 @@ class SegmentFigures(Figures):
     straggler: Straggler | None
     desyncs: tuple[Desync, ...]  # the first 100, each with its counts
     desync: DesyncRange | None  # all of them
+    #: busbw of each other collective kind the segment issued (reduce-scatter, all-gather,
+    #: broadcast): the median over its measurable calls times its bus factor over the ranks it
+    #: spans (``shard_ranks``). Over the whole segment only, not per rank.
+    other_busbw_gbps: dict[str, float]
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -770,6 +784,7 @@ class SegmentAccumulator:
         self.recent_complete: list[StepWaits] = []  # the last STRAGGLER_STEPS steps every rank reported
         self.desyncs: list[Desync] = []
         self.desync: DesyncRange | None = None
+        self.other_algbw: dict[str, FloatRing] = {}  # by kind, over every rank: see SegmentFigures.other_busbw_gbps
 
     def add_step(self, figures: Mapping[int, StepFigures], calls: Mapping[int, CallTimes],
                  waits: Mapping[int, float] | None = None) -> None:
@@ -789,6 +804,11 @@ class SegmentAccumulator:
         walls = []
         times: dict[int, StepTimes] = {}
         for rank, f in sorted(figures.items()):
+            for kind, alg in f.other_algbw_gbps.items():
+                ring = self.other_algbw.get(kind)
+                if ring is None:
+                    ring = self.other_algbw[kind] = FloatRing()
+                ring.extend(alg)
             self.overall.add_record(f, waits.get(rank, 0.0))
             self.per_rank[rank].add_record(f, waits.get(rank, 0.0))
             self.per_rank[rank].add_step_wall(f.step_ms)
@@ -823,6 +843,10 @@ class SegmentAccumulator:
         ``per_rank=False`` skips the per-rank figures (a percentile pass per rank)."""
         overall = self.overall.figures(self.all_reduce_ranks, self.clocks.wall_s())
         slow = find_straggler(self.recent_complete, self.groups)
+        spans = {kind: shard_ranks(self.groups, self.world_size) if kind != "broadcast" else self.world_size
+                 for kind in self.other_algbw}
+        other_busbw = {kind: median_of(ring.values()) * factor for kind, ring in sorted(self.other_algbw.items())
+                       if len(ring) and (factor := bus_factor(kind, spans[kind])) is not None}
         return SegmentFigures(
             **{f.name: getattr(overall, f.name) for f in fields(Figures)},
             world_size=self.world_size,
@@ -832,6 +856,7 @@ class SegmentAccumulator:
             straggler=slow,
             desyncs=tuple(self.desyncs),
             desync=self.desync,
+            other_busbw_gbps=other_busbw,
         )
 
 

@@ -174,6 +174,10 @@ class StepSummary:
     #: two of them overlap (gloo), so that two calls waiting at once are counted once. Empty
     #: otherwise, and from an older sender.
     all_reduce_starts: bytes = b""
+    #: float64 per measurable collective of each other kind (reduce-scatter, all-gather,
+    #: broadcast), issue order: their bandwidths, as ``algbw_gbps`` is the all-reduces'. Empty
+    #: from an older sender: the segment's busbw of those kinds is then made of full reports alone.
+    other_algbw_gbps: dict[str, bytes] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -406,7 +410,7 @@ _FIELD_TYPES: dict[str, Any] = {
     "all_reduce_tags": list, "all_reduce_seconds": bytes, "all_reduce_starts": bytes, "algbw_gbps": bytes, "full": bool, "sample_every": int,
     "pinned_steps": list, "device_every_s": float, "calls_by_kind": dict, "memory": dict,
     "settings": dict, "readings": dict, "spans": list, "parameter_layout": list, "bucket_layout": list,
-    "all_reduce_group": list,
+    "all_reduce_group": list, "other_algbw_gbps": dict,
 }
 
 
@@ -452,6 +456,12 @@ def _check_summary(values: dict[str, Any]) -> None:
         # none negative, and a finite sum: no NaN or infinity (nor values so large they overflow it)
         if floats and (min(floats) < 0 or not math.isfinite(sum(floats))):
             raise ProtocolError("invalid", "summary: a negative or non-finite duration or bandwidth")
+    for kind, packed in values.get("other_algbw_gbps", {}).items():
+        if (kind not in COMM_KINDS or kind == "all_reduce" or not isinstance(packed, bytes) or len(packed) % 8
+                or len(packed) > 8 * values.get("calls_by_kind", {}).get(kind, 0)):
+            raise ProtocolError("invalid", "summary.other_algbw_gbps: an unknown kind, or more bandwidths than its calls")
+        if not _plainly_valid(packed) and (min(floats := unpack_floats(packed)) < 0 or not math.isfinite(sum(floats))):
+            raise ProtocolError("invalid", "summary: a negative or non-finite bandwidth")
     starts = values.get("all_reduce_starts", b"")  # seconds after the step's start: may be negative, never NaN
     if starts and len(starts) != len(seconds):
         raise ProtocolError("invalid", "summary: all_reduce_starts do not match the tags")

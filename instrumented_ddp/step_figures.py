@@ -210,6 +210,19 @@ class StepFigures:
     calls_by_kind: dict[str, int] = field(default_factory=dict)
     #: Bytes this rank held at the step's end, when it measured them (``StepReport.memory``).
     memory: dict[str, int] = field(default_factory=dict)
+    #: Per measurable collective of each other kind (reduce-scatter, all-gather, broadcast), in
+    #: issue order: ``algbw_gbps`` over the whole tensor's bytes, as nccl-tests counts them.
+    other_algbw_gbps: dict[str, array[float]] = field(default_factory=dict)
+
+
+def _other_algbw(spans: Sequence[SpanLike]) -> dict[str, array[float]]:
+    """``StepFigures.other_algbw_gbps``: each kind but the all-reduce, kinds with none left out."""
+    by_kind: dict[str, array[float]] = {}
+    for s in sorted((s for s in spans if s.kind in WIRE_COMM_KINDS and s.kind != "all_reduce"), key=lambda s: s.start):
+        alg = algbw_gbps(s.nbytes, _length(s.start, s.end))
+        if alg is not None:
+            by_kind.setdefault(s.kind, float_array(())).append(alg)
+    return by_kind
 
 
 def step_figures(record: StepRecordLike, world_size: int | None = None) -> StepFigures:
@@ -253,6 +266,7 @@ def figures_and_calls(record: StepRecordLike, world_size: int | None = None) -> 
         times=StepTimes(record.start, record.end, max((s.end for s in ars if math.isfinite(s.end)), default=None)),
         calls_by_kind=dict(Counter(s.kind for s in spans if s.kind in COMM_KINDS)),
         memory=dict(getattr(record, "memory", None) or {}),
+        other_algbw_gbps=_other_algbw(spans),
     )
     return figures, calls
 
@@ -275,7 +289,7 @@ def summarize(report: StepReport, world_size: int) -> StepSummary:
         all_reduce_starts=pack_floats(calls.starts) if calls.starts is not None else b"",  # kept only where calls overlap
         algbw_gbps=pack_floats(f.algbw_gbps), loss=report.loss, excluded=report.excluded, unresolved=report.unresolved,
         calls_by_kind=f.calls_by_kind, memory=f.memory, update_skipped=report.update_skipped,
-        compiling=report.compiling,
+        compiling=report.compiling, other_algbw_gbps={kind: pack_floats(alg) for kind, alg in f.other_algbw_gbps.items()},
     )
 
 
@@ -295,6 +309,7 @@ def summary_figures(summary: StepSummary, calls: CallTimes | None = None) -> Ste
         samples=summary.samples, tokens=summary.tokens, times=StepTimes(summary.start, summary.end, summary.anchor),
         calls_by_kind=dict(summary.calls_by_kind) or ({"all_reduce": len(calls.seconds)} if calls.seconds else {}),
         memory=dict(summary.memory),
+        other_algbw_gbps={kind: unpack_floats(alg) for kind, alg in summary.other_algbw_gbps.items()},
     )
 
 

@@ -24,11 +24,16 @@ WORLD = 64
 def uneven(report: StepReport) -> StepReport | None:
     """Ranks that differ: all-reduces that last longer on some ranks (they waited: the others
     arrived late), rank 9 always last (a straggler), one excluded step, one step where rank 3
-    skipped a collective (a desync)."""
+    skipped a collective (a desync); and, as a sharded strategy issues, an all-gather in forward
+    and a reduce-scatter, of lengths that differ by rank, and an empty all-gather (no bandwidth)."""
     stretch = 0.006 * (1 + report.rank % 5) if report.rank != 9 else 0.0
     spans = [s._replace(end=s.end + stretch) if s.kind == "all_reduce" else s for s in report.spans]
     if report.step == 4 and report.rank == 3:
         spans = [s for s in spans if s.tag != "p2"]
+    at = report.start
+    spans += [Span("all_gather", at, at + 0.001 * (1 + report.rank % 3), nbytes=4_000_000, tag="u0"),
+              Span("all_gather", at, at + 0.001, nbytes=0, tag="u1"),
+              Span("reduce_scatter", at + 0.002, at + 0.0035 + 0.0001 * report.rank, nbytes=4_000_000, tag="u0")]
     return replace(report, spans=spans, excluded=report.step == 2)
 
 
@@ -64,6 +69,7 @@ def test_64_ranks_summarized_at_the_edge_give_the_central_figures_exactly() -> N
         assert edge_figures.as_dict() == central_figures.as_dict()
     assert central.desync_range() == edge.desync_range() is not None
     assert central.segment_figures(central.segments[0]).straggler_rank == 9
+    assert set(edge.segment_figures(edge.segments[0]).other_busbw_gbps) == {"all_gather", "reduce_scatter"}
     assert edge.rejected == central.rejected == {}
 
 

@@ -50,10 +50,11 @@ def step_spans(strategy: str, t0: float, early: float, straggle_ms: float = 0.0)
 
 
 def make_session(desync: bool = False, keep_steps: int | None = None, straggle_ms: float = 0.0,
-                 unresolved: bool = False, alone: bool = False) -> Session:
+                 unresolved: bool = False, alone: bool = False, sharded: bool = False) -> Session:
     """``straggle_ms``: rank 1 waits that long for rank 0 in each "simple" step; ``unresolved``: rank 1's
     step 4 is sent with one all-reduce that never completed; ``alone``: each rank's hello says its
-    all-reduces meet no other rank (each on a one-rank group)."""
+    all-reduces meet no other rank (each on a one-rank group); ``sharded``: each "bucket" step also
+    reduce-scatters 8 MB in 4 ms and all-gathers it in 2 ms."""
     session = Session(keep_steps)
     seq: dict[int, int] = defaultdict(int)
 
@@ -72,6 +73,9 @@ def make_session(desync: bool = False, keep_steps: int | None = None, straggle_m
             early = ms(5) if rank == 1 else 0.0
             t0 = CLOCK[rank] + 0.2 * step
             spans = step_spans(strategy, t0, early, straggle_ms if rank == 1 else 0.0)
+            if sharded and strategy == "bucket":
+                spans += [Span("reduce_scatter", t0 + ms(40), t0 + ms(44), False, 8_000_000, "b0", "float32"),
+                          Span("all_gather", t0 + ms(86), t0 + ms(88), True, 8_000_000, "b0", "float32")]
             if desync and rank == 1 and step == 1:
                 spans = [s for s in spans if s.tag != "p1"]
             gone = unresolved and rank == 1 and step == 4
@@ -251,7 +255,7 @@ def test_markdown_table(data: dict) -> None:
     assert lines[0].startswith("# ")
     header = ("| Segment | Steps | Compute% | Non_Compute% | Idle% | Overlap% | Comm_overhead% "
               "| all_reduce calls / rank / step | all_reduce_ms | step ms p50 | step ms p95 | samples/s | busbw GB/s "
-              "| other collectives / rank / step | held P/G/O MiB |")
+              "| other busbw GB/s | other collectives / rank / step | held P/G/O MiB |")
     assert header in lines
     rows = [line for line in lines[lines.index(header) + 2:] if line.startswith("| ")]
     assert len(rows) == 2
@@ -276,6 +280,21 @@ def test_the_exports_say_within_which_groups_the_all_reduces_meet_where_not_the_
             "subgroup): 0; 1.") in exporters.summary_markdown(alone)
     assert alone["segments"][0]["waited_for_others_ms"] == 0.0  # nobody to wait for in a group of one
     assert alone["segments"][0]["busbw_gbps"] == 0.0  # a one-rank all-reduce moves nothing over a bus
+
+
+def test_the_exports_give_the_busbw_of_reduce_scatters_and_all_gathers_beside_the_all_reduces() -> None:
+    """8 MB in 4 ms is 2 GB/s of algbw, in 2 ms 4 GB/s; over 2 ranks the bus factor of either kind
+    is (2-1)/2: RS 1.00, AG 2.00. A segment without them shows a dash, as does the all-reduce
+    column where a sharded strategy issued none (before, the only busbw shown: n/a)."""
+    data = exporters.summary(make_session(sharded=True))
+    simple, sharded = data["segments"]
+    assert simple["other_busbw_gbps"] == {}
+    assert sharded["other_busbw_gbps"] == pytest.approx({"reduce_scatter": 1.0, "all_gather": 2.0})
+    rows = [line for line in exporters.summary_markdown(data).splitlines() if line.startswith("| ")][1:]
+    column = exporters.COLUMNS.index("other busbw GB/s")
+    assert [[c.strip() for c in row.strip("|").split("|")][column] for row in rows] == ["—", "AG 2.00 RS 1.00"]
+    csv_rows = list(csv.DictReader(io.StringIO(exporters.summary_csv(data))))
+    assert json.loads(csv_rows[1]["other busbw GB/s"]) == pytest.approx({"all_gather": 2.0, "reduce_scatter": 1.0})
 
 
 def test_markdown_reports_desync() -> None:

@@ -32,6 +32,7 @@ from ddpwatch.metrics import (
     find_straggler,
     groups_of_the_world,
     segment_figures,
+    shard_ranks,
     step_figures,
     step_times,
     straggler,
@@ -418,6 +419,31 @@ def test_every_collective_kind_counts_as_communication_with_its_bus_factor():
     assert f.calls_by_kind == {"all_gather": 1}
     assert bus_factor("reduce_scatter", 4) == bus_factor("all_gather", 4) == approx(0.75)
     assert bus_factor("all_gather", 1) == 0.0
+
+
+def test_a_sharded_segments_reduce_scatters_and_all_gathers_have_a_busbw_each_over_the_ranks_they_span():
+    """Four ranks, each step one reduce-scatter of the whole 8,000,000-byte bucket in 4 ms
+    (algbw 2 GB/s) and two all-gathers of it, in 2 and 8 ms (4 and 1 GB/s), no all-reduce.
+    Over the world (n = 4, factor 3/4): RS 2 * 0.75 = 1.5; AG the median of 4 and 1 (2.5) * 0.75
+    = 1.875. Named as HSDP's replicas {0, 2} and {1, 3}, each shard group spans one rank of each
+    (n = 2, factor 1/2): RS 1.0, AG 1.25. busbw, the all-reduces', stays None."""
+    records = [record(100 * step, 100 * step + 20, span("reduce_scatter", 100 * step, 100 * step + 4, nbytes=8_000_000),
+                      span("all_gather", 100 * step + 5, 100 * step + 7, nbytes=8_000_000),
+                      span("all_gather", 100 * step + 10, 100 * step + 18, nbytes=8_000_000), rank=rank, step=step)
+               for step in range(3) for rank in range(4)]
+    over_the_world = segment_figures(records, world_size=4)
+    assert over_the_world.other_busbw_gbps == approx({"all_gather": 1.875, "reduce_scatter": 1.5})
+    assert over_the_world.busbw_gbps is None
+    within_replicas = segment_figures(records, world_size=4, groups=[[0, 2], [1, 3]])
+    assert within_replicas.other_busbw_gbps == approx({"all_gather": 1.25, "reduce_scatter": 1.0})
+    assert segment_figures(records[:0], world_size=4).other_busbw_gbps == {}
+
+
+def test_the_shard_group_of_a_2d_mesh_holds_one_rank_of_each_replica_group():
+    # 2 replicas x 4 shards on 8 ranks: replica groups {0, 4}, {1, 5}, {2, 6}, {3, 7}; shard groups of 4
+    assert shard_ranks([[0, 4], [1, 5], [2, 6], [3, 7]], 8) == 4
+    assert shard_ranks(None, 8) == 8
+    assert shard_ranks([[0, 1], [2, 3, 4]], 5) == 5  # not one size: not a mesh, the world
 
 
 # --- a segment --------------------------------------------------------------------------------

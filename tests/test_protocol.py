@@ -362,6 +362,11 @@ def test_malformed_span_is_rejected_as_invalid(span: Any) -> None:
         {"all_reduce_starts": b"\x00" * 7},
         {"all_reduce_starts": pack_floats([math.nan])},
         {"all_reduce_starts": pack_floats([-math.inf])},
+        {"other_algbw_gbps": {"all_reduce": pack_floats([1.0])}},  # the all-reduces' are algbw_gbps
+        {"other_algbw_gbps": {"gather": pack_floats([1.0])}},  # no such kind
+        {"other_algbw_gbps": {"all_gather": pack_floats([1.0])}},  # a bandwidth, no all-gather
+        *({"other_algbw_gbps": {"all_gather": bad}, "calls_by_kind": {"all_reduce": 1, "all_gather": 1}}
+          for bad in (pack_floats([math.nan]), pack_floats([-1.0]), b"\x00" * 7, [1.0])),
     ],
     ids=lambda c: next(iter(c)),
 )
@@ -383,6 +388,14 @@ def test_summary_durations_travel_bit_for_bit() -> None:
     decoded = decode(encode(summary)).message
     assert decoded.all_reduce_seconds == pack_floats([0.30000000000000004, 1e-9])
     assert decoded.all_reduce_starts == pack_floats([0.01, -1e-6])
+
+
+def test_a_summary_carries_the_bandwidths_of_its_other_collectives_bit_for_bit() -> None:
+    summary = replace(SUMMARY, calls_by_kind={"all_reduce": 1, "all_gather": 2}, other_algbw_gbps={"all_gather": pack_floats([0.1 + 0.2, 3.0])})
+    assert decode(encode(summary)).message.other_algbw_gbps == {"all_gather": pack_floats([0.30000000000000004, 3.0])}
+    raw = _raw(SUMMARY)
+    del raw["body"]["other_algbw_gbps"]  # an older sender
+    assert decode(_pack(raw)).message.other_algbw_gbps == {}
 
 
 def test_a_summary_without_starts_is_read_as_calls_that_never_overlapped() -> None:

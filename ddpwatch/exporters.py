@@ -111,18 +111,12 @@ def _row(seg: dict[str, Any], digits: int | None) -> list[Any]:
             metrics.calls_text(calls) if digits is not None else round(calls, 6),
             num(seg.get("all_reduce_ms")), num(seg.get("step_ms_p50")), num(seg.get("step_ms_p95")),
             num(seg.get("samples_per_s")), num(seg.get("busbw_gbps")),
-            _other_busbw_text(seg.get("other_busbw_gbps") or {}) if digits is not None
+            metrics.busbw_text(None, seg.get("other_busbw_gbps") or {}) if digits is not None
             else json.dumps(seg.get("other_busbw_gbps") or {}, sort_keys=True),
             metrics.kinds_text(seg.get("calls_by_kind") or {}) if digits is not None
             else json.dumps(seg.get("calls_by_kind") or {}, sort_keys=True),
             metrics.held_text(seg.get("memory") or {}) if digits is not None
             else json.dumps(seg.get("memory") or {}, sort_keys=True)]
-
-
-def _other_busbw_text(busbw_by_kind: dict[str, float | None]) -> str:
-    """busbw of each collective kind but the all-reduce, as ``AG 1.25 RS 1.00``; a dash without any."""
-    return " ".join(f"{metrics.KIND_SHORT.get(kind, kind)} {value:.2f}" for kind, value in sorted(busbw_by_kind.items())
-                    if value is not None) or "—"
 
 
 def summary_markdown(summary: dict[str, Any]) -> str:

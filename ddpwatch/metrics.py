@@ -65,7 +65,7 @@ from .order_statistics import median_of, percentiles_and_median_interval
 __all__ = [
     "BLOCKING_KINDS", "COMM_KINDS", "COMPUTE_KINDS", "CallTimes", "Groups", "STRAGGLER_SHARE", "STRAGGLER_STEPS", "ClockAlignment", "Desync",
     "DesyncRange", "Figures", "Interval", "SegmentAccumulator", "SegmentFigures", "SpanLike", "StepFigures",
-    "StepRecordLike", "StepTimes", "StepWaits", "Straggler", "algbw_gbps", "all_reduce_ranks", "groups_of_the_world", "shard_ranks", "bus_factor", "busbw_gbps", "call_times", "calls_of", "calls_text",
+    "StepRecordLike", "StepTimes", "StepWaits", "Straggler", "algbw_gbps", "all_reduce_ranks", "groups_of_the_world", "shard_ranks", "bus_factor", "busbw_text", "busbw_gbps", "call_times", "calls_of", "calls_text",
     "clip", "collective_key", "counted", "cross_rank_waits", "figures_and_calls", "find_desync", "find_straggler", "intersect", "merge", "segment_figures",
     "step_figures", "step_times", "straggler", "subtract", "total_length", "transfers", "union", "waited_for", "waiting_intervals",
     "waits_both_ways",
@@ -93,6 +93,14 @@ def kinds_text(calls_by_kind: Mapping[str, float]) -> str:
     parts = [f"{KIND_SHORT.get(kind, kind)} {calls_text(n)}" for kind, n in sorted(calls_by_kind.items())
              if kind != "all_reduce" and n > 0]
     return " ".join(parts) or "—"
+
+
+def busbw_text(all_reduce_gbps: float | None, other_gbps: Mapping[str, float | None]) -> str:
+    """Each collective kind's busbw, GB/s, the all-reduces' first, as ``AR 3.12 AG 0.32 RS 0.16``
+    (``Figures.busbw_gbps``, ``SegmentFigures.other_busbw_gbps``); a dash without any."""
+    by_kind = {"all_reduce": all_reduce_gbps, **dict(sorted(other_gbps.items()))}
+    return " ".join(f"{KIND_SHORT.get(kind, 'AR' if kind == 'all_reduce' else kind)} {value:.2f}"
+                    for kind, value in by_kind.items() if value is not None) or "—"
 
 
 def held_text(memory: Mapping[str, int]) -> str:

@@ -407,6 +407,22 @@ async def test_the_segments_table_widens_a_column_when_a_running_segment_grows()
         assert steps_column.content_width >= len("69-148")
 
 
+def test_the_segments_table_gives_each_collective_kinds_busbw() -> None:
+    """Each "bucket" step also all-gathers 4 MB in 2 ms: 2 GB/s of algbw, times (2-1)/2 over two
+    ranks, AG 1.00, after the all-reduces' own. Before, the dashboard showed no bandwidth at all."""
+    from instrumented_ddp.protocol import Span
+
+    def gathering(report: StepReport) -> StepReport:
+        if report.strategy != "bucket":
+            return report
+        return replace(report, spans=[*report.spans, Span("all_gather", report.start, report.start + 0.002, nbytes=4_000_000)])
+
+    _, snapshot = snapshot_of(session_messages(steps=4, edit=gathering))
+    simple, bucket = (row.busbw for row in snapshot.segments)
+    assert simple.startswith("AR ") and " " not in simple.removeprefix("AR ")
+    assert bucket.startswith("AR ") and bucket.endswith(" AG 1.00")
+
+
 # --- what stays on screen: desync, straggler, unresolved and late reports, device notes ---------------
 
 

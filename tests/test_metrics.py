@@ -24,6 +24,7 @@ from ddpwatch.metrics import (
     all_reduce_ranks,
     bus_factor,
     busbw_gbps,
+    busbw_text,
     calls_text,
     counted,
     calls_of,
@@ -437,6 +438,12 @@ def test_a_sharded_segments_reduce_scatters_and_all_gathers_have_a_busbw_each_ov
     within_replicas = segment_figures(records, world_size=4, groups=[[0, 2], [1, 3]])
     assert within_replicas.other_busbw_gbps == approx({"all_gather": 1.25, "reduce_scatter": 1.0})
     assert segment_figures(records[:0], world_size=4).other_busbw_gbps == {}
+
+
+def test_busbw_reads_each_kind_the_all_reduces_first():
+    assert busbw_text(3.125, {"reduce_scatter": 0.16, "all_gather": 0.32}) == "AR 3.12 AG 0.32 RS 0.16"
+    assert busbw_text(None, {"all_gather": 1.25}) == "AG 1.25"  # a sharded segment: no all-reduce
+    assert busbw_text(None, {}) == "—"
 
 
 def test_the_shard_group_of_a_2d_mesh_holds_one_rank_of_each_replica_group():

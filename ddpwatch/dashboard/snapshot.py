@@ -107,6 +107,7 @@ class SegmentRow:
     hidden_comm_pct: float = 0.0  # the part of Compute% that communication ran beside (the bars)
     other_calls: str = "—"  # reduce-scatters, all-gathers, broadcasts per rank per step (``metrics.kinds_text``)
     held: str = "—"  # the most a rank held, parameters/gradients/optimizer state (``metrics.held_text``)
+    busbw: str = "—"  # each collective kind's busbw (``metrics.busbw_text``)
 
 
 @dataclass(frozen=True)
@@ -461,7 +462,8 @@ class SnapshotBuilder:
         row = SegmentRow(segment.label, steps, f.compute_pct, f.non_compute_pct,
                          f.idle_pct, f.overlap_pct, f.comm_overhead_pct, f.all_reduce_calls, f.all_reduce_ms,
                          f.step_ms_p50, f.samples_per_s, f.hidden_comm_pct,
-                         metrics.kinds_text(f.calls_by_kind), metrics.held_text(f.memory))
+                         metrics.kinds_text(f.calls_by_kind), metrics.held_text(f.memory),
+                         metrics.busbw_text(f.busbw_gbps, f.other_busbw_gbps))
         self._segment_rows[segment.index] = (now, key, row)
         return row
 

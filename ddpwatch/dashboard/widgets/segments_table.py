@@ -12,9 +12,9 @@ from ..snapshot import SegmentRow
 # 160-column screen.
 # "other calls": reduce-scatters (RS), all-gathers (AG), broadcasts (BC) per rank per step;
 # "held P/G/O MiB": parameters/gradients/optimizer state the fullest rank held (the sharded
-# strategies' staircase).
+# strategies' staircase); "busbw GB/s": each collective kind's, as ``AR 3.12 AG 0.32 RS 0.16``.
 COLUMNS = ("segment", "steps", "Compute%", "Non_Compute%", "Idle%", "Overlap%", "Comm_overhead%",
-           "calls/rank/step", "all_reduce_ms", "step ms p50", "samples/s", "other calls", "held P/G/O MiB")
+           "calls/rank/step", "all_reduce_ms", "step ms p50", "samples/s", "busbw GB/s", "other calls", "held P/G/O MiB")
 
 
 class SegmentsTable(DataTable):
@@ -32,7 +32,7 @@ class SegmentsTable(DataTable):
     def show(self, rows: tuple[SegmentRow, ...]) -> None:
         cells = [[r.label, r.steps, *(f"{v:.2f}" for v in (r.compute_pct, r.non_compute_pct, r.idle_pct, r.overlap_pct,
                   r.comm_overhead_pct)), calls_text(r.all_reduce_calls), f"{r.all_reduce_ms:.1f}", f"{r.step_ms_p50:.1f}",
-                  f"{r.samples_per_s:.1f}", r.other_calls, r.held] for r in rows]
+                  f"{r.samples_per_s:.1f}", r.busbw, r.other_calls, r.held] for r in rows]
         if cells == self._shown:
             return
         widths = [max([len(name), *(len(row[index]) for row in cells)]) for index, name in enumerate(COLUMNS)]

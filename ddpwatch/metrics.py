@@ -84,7 +84,7 @@ def calls_text(calls_per_rank_per_step: float) -> str:
 
 
 #: How the segments table and summary.md name the collectives that are not all-reduces.
-KIND_SHORT = {"reduce_scatter": "RS", "all_gather": "AG", "broadcast": "BC"}
+KIND_SHORT = {"all_reduce": "AR", "reduce_scatter": "RS", "all_gather": "AG", "broadcast": "BC"}
 
 
 def kinds_text(calls_by_kind: Mapping[str, float]) -> str:
@@ -99,8 +99,7 @@ def busbw_text(all_reduce_gbps: float | None, other_gbps: Mapping[str, float | N
     """Each collective kind's busbw, GB/s, the all-reduces' first, as ``AR 3.12 AG 0.32 RS 0.16``
     (``Figures.busbw_gbps``, ``SegmentFigures.other_busbw_gbps``); a dash without any."""
     by_kind = {"all_reduce": all_reduce_gbps, **dict(sorted(other_gbps.items()))}
-    return " ".join(f"{KIND_SHORT.get(kind, 'AR' if kind == 'all_reduce' else kind)} {value:.2f}"
-                    for kind, value in by_kind.items() if value is not None) or "—"
+    return " ".join(f"{KIND_SHORT.get(kind, kind)} {value:.2f}" for kind, value in by_kind.items() if value is not None) or "—"
 
 
 def held_text(memory: Mapping[str, int]) -> str:
@@ -851,10 +850,9 @@ class SegmentAccumulator:
         ``per_rank=False`` skips the per-rank figures (a percentile pass per rank)."""
         overall = self.overall.figures(self.all_reduce_ranks, self.clocks.wall_s())
         slow = find_straggler(self.recent_complete, self.groups)
-        spans = {kind: shard_ranks(self.groups, self.world_size) if kind != "broadcast" else self.world_size
-                 for kind in self.other_algbw}
+        spanned = shard_ranks(self.groups, self.world_size)  # a broadcast's factor is 1 whatever it spans
         other_busbw = {kind: median_of(ring.values()) * factor for kind, ring in sorted(self.other_algbw.items())
-                       if len(ring) and (factor := bus_factor(kind, spans[kind])) is not None}
+                       if len(ring) and (factor := bus_factor(kind, spanned)) is not None}
         return SegmentFigures(
             **{f.name: getattr(overall, f.name) for f in fields(Figures)},
             world_size=self.world_size,

@@ -24,7 +24,8 @@ class ModelUnavailableError(RuntimeError):
 
 
 #: SmolLM2's architecture (Llama with GQA, SiLU, RMSNorm, RoPE θ=1e5) at the sizes built in.
-#: ``tiny``: SmolLM2-360M's shape shrunk to ~3 M parameters, so a CPU trains it at once.
+#: ``tiny``: SmolLM2-360M's shape shrunk to 2.4 M parameters (with the built-in vocabulary), so a
+#: CPU trains it at once.
 #: ``small``: SmolLM2-135M's own shape (30 layers, hidden 576, 9 query and 3 key/value heads),
 #: 106 M parameters with the built-in vocabulary: big enough to keep a GPU busy, so kernel
 #: time, not Python launching kernels, sets the step (what ``ddpwatch doctor`` needs).

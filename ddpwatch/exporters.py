@@ -154,6 +154,10 @@ def summary_markdown(summary: dict[str, Any]) -> str:
         lines.append(f"All-reduces meet within {len(groups)} groups of ranks, as the ranks said (HSDP's replicas of one "
                      f"shard, a DDP on a subgroup): {'; '.join(', '.join(map(str, group)) for group in groups)}. busbw "
                      "counts each over its group's size, and a rank's waiting is judged against its group only.")
+        if any(seg.get("other_busbw_gbps") for seg in summary.get("segments", [])):
+            lines.append("Other busbw (reduce-scatters, all-gathers) counts each over a shard group, one rank of each of "
+                         f"these groups where they are one size ({metrics.shard_ranks(groups, summary.get('world_size') or 0)} "
+                         "ranks: HSDP's 2-D mesh).")
     if summary.get("all_reduce_groups_problem"):
         lines.append(f"Not within groups: {summary['all_reduce_groups_problem']}.")
     for seg in summary.get("segments", []):

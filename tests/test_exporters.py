@@ -278,6 +278,9 @@ def test_the_exports_say_within_which_groups_the_all_reduces_meet_where_not_the_
     assert alone["all_reduce_groups"] == [[0], [1]]
     assert ("All-reduces meet within 2 groups of ranks, as the ranks said (HSDP's replicas of one shard, a DDP on a "
             "subgroup): 0; 1.") in exporters.summary_markdown(alone)
+    assert "shard group" not in exporters.summary_markdown(alone)  # no reduce-scatter or all-gather to count
+    sharded = exporters.summary(make_session(alone=True, sharded=True))
+    assert "over a shard group, one rank of each of these groups where they are one size (2 ranks" in exporters.summary_markdown(sharded)
     assert alone["segments"][0]["waited_for_others_ms"] == 0.0  # nobody to wait for in a group of one
     assert alone["segments"][0]["busbw_gbps"] == 0.0  # a one-rank all-reduce moves nothing over a bus
 

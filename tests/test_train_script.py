@@ -64,10 +64,24 @@ def run_train(*args: str) -> subprocess.CompletedProcess[str]:
         (["--device", "tpu"], "invalid choice: 'tpu'"),
     ],
 )
-def test_wrong_flags_fail_with_one_line_error(args: list[str], message: str) -> None:
-    result = run_train(*args)
+def test_wrong_flags_fail_with_one_line_error(args: list[str], message: str, capsys: pytest.CaptureFixture[str],
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """In this process, as ``train.parse_args`` sees them (each ``python train.py`` spends 3-4 s
+    importing torch and transformers before it parses); the next test runs one for real."""
+    import train
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    with pytest.raises(SystemExit) as exit_:
+        train.parse_args(args)
+    assert exit_.value.code == 2
+    assert message in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_a_wrong_flag_given_to_the_script_exits_2_with_its_one_line_error() -> None:
+    result = run_train("--batch-size", "16", "--grad-accum", "3")
     assert result.returncode == 2
-    assert message in result.stderr.strip().splitlines()[-1]
+    assert result.stderr.strip().splitlines()[-1].endswith(
+        "--batch-size 16 does not divide by world size 1 x grad-accum 3: use a multiple of 3 (15 or 18)")
 
 
 def test_fsdp_on_a_torch_without_fsdp2_is_a_one_line_error() -> None:

@@ -33,7 +33,7 @@ import math
 import statistics
 from array import array
 from collections import Counter, defaultdict, deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, NamedTuple
 
@@ -56,6 +56,7 @@ from instrumented_ddp.step_figures import (
     call_times,
     counted,
     figures_and_calls,
+    sharded_collectives,
     step_figures,
     step_times,
 )
@@ -65,9 +66,9 @@ from .order_statistics import median_of, percentiles_and_median_interval
 __all__ = [
     "BLOCKING_KINDS", "COMM_KINDS", "COMPUTE_KINDS", "CallTimes", "Groups", "STRAGGLER_SHARE", "STRAGGLER_STEPS", "ClockAlignment", "Desync",
     "DesyncRange", "Figures", "Interval", "SegmentAccumulator", "SegmentFigures", "SpanLike", "StepFigures",
-    "StepRecordLike", "StepTimes", "StepWaits", "Straggler", "algbw_gbps", "all_reduce_ranks", "groups_of_the_world", "shard_ranks", "bus_factor", "busbw_text", "busbw_gbps", "call_times", "calls_of", "calls_text",
+    "StepRecordLike", "StepTimes", "StepWaits", "Straggler", "algbw_gbps", "all_reduce_ranks", "groups_of_the_world", "shard_groups", "shard_ranks", "step_waits", "bus_factor", "busbw_text", "busbw_gbps", "call_times", "calls_of", "calls_text",
     "clip", "collective_key", "counted", "cross_rank_waits", "figures_and_calls", "find_desync", "find_straggler", "intersect", "merge", "segment_figures",
-    "step_figures", "step_times", "straggler", "subtract", "total_length", "transfers", "union", "waited_for", "waiting_intervals",
+    "sharded_collectives", "step_figures", "step_times", "straggler", "subtract", "total_length", "transfers", "union", "waited_for", "waiting_intervals",
     "waits_both_ways",
 ]
 
@@ -169,6 +170,34 @@ def shard_ranks(groups: Groups | None, world_size: int) -> int:
     ranks names four groups of 2 ({0, 4}, ...), and each shard group spans 4."""
     sizes = {len(group) for group in groups or ()}
     return len(groups) if groups and len(sizes) == 1 else world_size
+
+
+def shard_groups(groups: Groups | None) -> Groups | None:
+    """Who meets whom in the reduce-scatters and all-gathers: every rank (None), or, where the
+    hellos name all-reduce groups all of one size (HSDP's replicas of a shard), the i-th rank of
+    each: 2 x 2 on 4 ranks names {0, 2} and {1, 3}, whose shard groups are {0, 1} and {2, 3}."""
+    if not groups or len({len(group) for group in groups}) != 1:
+        return None
+    return [list(shard) for shard in zip(*(sorted(group) for group in groups))]
+
+
+def step_waits(calls_of_one_step: Mapping[int, CallTimes], figures: Mapping[int, StepFigures],
+               groups: Groups | None = None) -> tuple[dict[int, float], dict[int, float]]:
+    """:func:`waits_both_ways` of a step's all-reduces within ``groups``, plus that of its
+    reduce-scatters and all-gathers (``StepFigures.sharded_calls``) within the shard groups,
+    per rank: ``zero1``, ``zero2`` and FSDP issue few or no all-reduces, and their ranks wait
+    for each other in those (before, every rank of an ``fsdp`` run read 0 ms waited, and no
+    straggler could be named). Where both kinds ran at once on one rank (HSDP's all-reduce
+    across replicas beside the next unit's reduce-scatter), their waiting is added, not merged."""
+    waited, waited_on = waits_both_ways(calls_of_one_step, groups)
+    sharded = {rank: f.sharded_calls for rank, f in figures.items() if f.sharded_calls.tags}
+    if len(sharded) > 1:
+        more, more_on = waits_both_ways(sharded, shard_groups(groups))
+        for rank, ms in more.items():
+            waited[rank] = waited.get(rank, 0.0) + ms
+        for rank, ms in more_on.items():
+            waited_on[rank] = waited_on.get(rank, 0.0) + ms
+    return waited, waited_on
 
 
 def _by_group(calls_of_one_step: Mapping[int, CallTimes], groups: Groups) -> list[dict[int, CallTimes]]:
@@ -284,16 +313,19 @@ def _keys(tags: Sequence[str]) -> list[tuple[str, int]]:
 
 
 def waiting_intervals(calls_of_one_step: Mapping[int, CallTimes], records: Mapping[int, StepRecordLike],
-                      groups: Groups | None = None) -> dict[int, list[Interval]]:
+                      groups: Groups | None = None,
+                      collectives: Callable[[StepRecordLike], Sequence[SpanLike]] = _all_reduces) -> dict[int, list[Interval]]:
     """Per rank of ``records`` (those whose spans are at hand), the part of each all-reduce spent
     waiting for the others to arrive, on the rank's own clock, in issue order: from the call's
     start until its transfer (see :func:`_paired_calls`), which ends the call on every rank.
     The transfer is judged over every rank in ``calls_of_one_step`` (with ``groups``, over the
-    rank's own group). With fewer than two ranks nobody waits."""
+    rank's own group). With fewer than two ranks nobody waits. ``collectives``: the spans the
+    calls were read from (``sharded_collectives`` for ``StepFigures.sharded_calls``)."""
     if groups is not None:
         waiting_by_group: dict[int, list[Interval]] = {}
         for calls in _by_group(calls_of_one_step, groups):
-            waiting_by_group.update(waiting_intervals(calls, {rank: records[rank] for rank in calls if rank in records}))
+            waiting_by_group.update(waiting_intervals(calls, {rank: records[rank] for rank in calls if rank in records},
+                                                      collectives=collectives))
         return {rank: waiting_by_group.get(rank, []) for rank in records}
     waiting: dict[int, list[Interval]] = {rank: [] for rank in records}
     paired = _paired_calls(calls_of_one_step)
@@ -304,7 +336,7 @@ def waiting_intervals(calls_of_one_step: Mapping[int, CallTimes], records: Mappi
     for row, rank in enumerate(ranks):
         if rank not in records:
             continue
-        spans, out = _all_reduces(records[rank]), waiting[rank]
+        spans, out = collectives(records[rank]), waiting[rank]
         for column, index in enumerate(positions[row]):
             waited = float(seconds[row, column] - transfer[column])
             if waited > 0 and index < len(spans):
@@ -801,7 +833,7 @@ class SegmentAccumulator:
         session does, once a step: at 1,024 ranks a pass over 300 calls each)."""
         if not figures:
             return
-        waits = cross_rank_waits(calls, self.groups) if waits is None else waits
+        waits = step_waits(calls, figures, self.groups)[0] if waits is None else waits
         step = next(iter(figures.values())).step
         desync = find_desync(calls, step, {rank: f.calls_by_kind for rank, f in figures.items()})
         if desync is not None:

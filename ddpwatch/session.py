@@ -27,7 +27,7 @@ from instrumented_ddp.protocol import (
     StepSummary,
     SwitchCommand,
 )
-from instrumented_ddp.step_figures import call_times, float_array, report_without_spans, summary_calls, summary_figures
+from instrumented_ddp.step_figures import NO_CALLS, call_times, float_array, report_without_spans, summary_calls, summary_figures
 
 MAX_TAG_SEQUENCES = 256  # distinct all-reduce tag sequences shared before starting over (see ``TagSequences``)
 MIN_DETAIL_STEPS = 8  # steps whose details a session with ``detail_rank_steps`` keeps, however many ranks
@@ -475,8 +475,8 @@ class Session:
                 kept[rank] = replace(report, spans=NO_SPANS)
         figures = self._figures.get(step, {})
         for rank, f in figures.items():
-            if len(f.algbw_gbps):
-                figures[rank] = replace(f, algbw_gbps=NO_FLOATS)
+            if len(f.algbw_gbps) or f.other_algbw_gbps or f.sharded_calls.tags:
+                figures[rank] = replace(f, algbw_gbps=NO_FLOATS, other_algbw_gbps={}, sharded_calls=NO_CALLS)
 
     def step_waits(self, step: int) -> tuple[dict[int, float], dict[int, float]]:
         """``metrics.waits_both_ways`` of a kept step's counted calls: how long each rank waited
@@ -486,7 +486,7 @@ class Session:
         cached = self._waits.get(step)
         if cached is None or (cached[0] != seen and step in self._calls):
             counted = self.counted_calls(step)
-            cached = (seen, *(metrics.waits_both_ways(counted, self.all_reduce_groups()) if counted else ({}, {})))
+            cached = (seen, *metrics.step_waits(counted, self.step_figures(step), self.all_reduce_groups()))
             if step in self.reports:
                 self._waits[step] = cached
         return cached[1], cached[2]

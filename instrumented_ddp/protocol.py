@@ -178,6 +178,12 @@ class StepSummary:
     #: broadcast), issue order: their bandwidths, as ``algbw_gbps`` is the all-reduces'. Empty
     #: from an older sender: the segment's busbw of those kinds is then made of full reports alone.
     other_algbw_gbps: dict[str, bytes] = field(default_factory=dict)
+    #: The step's reduce-scatters and all-gathers as the all-reduces are sent: each one's kind and
+    #: tag (``all_gather:u0``), float64 duration and, where two overlapped, start. The sharded
+    #: strategies' waits and straggler are made of them. Empty from an older sender.
+    sharded_tags: Sequence[str] = field(default_factory=list)
+    sharded_seconds: bytes = b""
+    sharded_starts: bytes = b""
 
 
 @dataclass(frozen=True)
@@ -410,7 +416,8 @@ _FIELD_TYPES: dict[str, Any] = {
     "all_reduce_tags": list, "all_reduce_seconds": bytes, "all_reduce_starts": bytes, "algbw_gbps": bytes, "full": bool, "sample_every": int,
     "pinned_steps": list, "device_every_s": float, "calls_by_kind": dict, "memory": dict,
     "settings": dict, "readings": dict, "spans": list, "parameter_layout": list, "bucket_layout": list,
-    "all_reduce_group": list, "other_algbw_gbps": dict,
+    "all_reduce_group": list, "other_algbw_gbps": dict, "sharded_tags": list, "sharded_seconds": bytes,
+    "sharded_starts": bytes,
 }
 
 
@@ -462,11 +469,22 @@ def _check_summary(values: dict[str, Any]) -> None:
             raise ProtocolError("invalid", "summary.other_algbw_gbps: an unknown kind, or more bandwidths than its calls")
         if not _plainly_valid(packed) and (min(floats := unpack_floats(packed)) < 0 or not math.isfinite(sum(floats))):
             raise ProtocolError("invalid", "summary: a negative or non-finite bandwidth")
-    starts = values.get("all_reduce_starts", b"")  # seconds after the step's start: may be negative, never NaN
+    _check_starts("all_reduce", values.get("all_reduce_starts", b""), seconds)
+    tags, seconds = values.get("sharded_tags", []), values.get("sharded_seconds", b"")
+    if not set(map(type, tags)) <= {str} or len(seconds) != 8 * len(tags):
+        raise ProtocolError("invalid", "summary: sharded_seconds do not match sharded_tags")
+    if not _plainly_valid(seconds) and (min(floats := unpack_floats(seconds)) < 0 or not math.isfinite(sum(floats))):
+        raise ProtocolError("invalid", "summary: a negative or non-finite reduce-scatter or all-gather duration")
+    _check_starts("sharded", values.get("sharded_starts", b""), seconds)
+
+
+def _check_starts(name: str, starts: bytes, seconds: bytes) -> None:
+    """A summary's ``<name>_starts``: none, or one per duration, each finite (seconds after the
+    step's start: may be negative, never NaN)."""
     if starts and len(starts) != len(seconds):
-        raise ProtocolError("invalid", "summary: all_reduce_starts do not match the tags")
+        raise ProtocolError("invalid", f"summary: {name}_starts do not match the tags")
     if starts and not _plainly_valid(starts) and not math.isfinite(sum(map(abs, unpack_floats(starts)))):
-        raise ProtocolError("invalid", "summary: a non-finite all-reduce start")
+        raise ProtocolError("invalid", f"summary: a non-finite {name} start")
 
 
 def _plainly_valid(packed: bytes) -> bool:

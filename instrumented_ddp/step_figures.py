@@ -102,11 +102,33 @@ def call_times(record: StepRecordLike) -> CallTimes:
     return _call_times(_all_reduces(record), record.start)
 
 
-def _call_times(all_reduces: Sequence[SpanLike], step_start: float) -> CallTimes:
-    calls = CallTimes(tuple(getattr(s, "tag", "") or "" for s in all_reduces),
-                      float_array(_length(s.start, s.end) for s in all_reduces),
-                      float_array(s.start - step_start for s in all_reduces))
+def _call_times(collectives: Sequence[SpanLike], step_start: float, kind_in_tag: bool = False) -> CallTimes:
+    """``kind_in_tag``: each tag names its kind too (``all_gather:u0``), so that calls of several
+    kinds pair across ranks only with their own kind (``sharded_call_times``)."""
+    tags = (f"{s.kind}:{getattr(s, 'tag', '') or ''}" if kind_in_tag else getattr(s, "tag", "") or "" for s in collectives)
+    calls = CallTimes(tuple(tags), float_array(_length(s.start, s.end) for s in collectives),
+                      float_array(s.start - step_start for s in collectives))
     return calls if _overlapping(calls) else calls._replace(starts=None)
+
+
+#: The collectives the sharded strategies issue in place of all-reduces; like an all-reduce,
+#: every rank of the group joins each one, so the first to arrive waits for the last.
+SHARDED_KINDS = ("reduce_scatter", "all_gather")
+
+
+def sharded_collectives(record: StepRecordLike) -> list[SpanLike]:
+    """A step's reduce-scatters and all-gathers in issue order (``_all_reduces``' twin)."""
+    return sorted((s for s in record.spans if s.kind in SHARDED_KINDS), key=lambda s: s.start)
+
+
+def sharded_call_times(record: StepRecordLike) -> CallTimes:
+    """A step's reduce-scatters and all-gathers, in issue order, tagged with their kind: what
+    waits and the straggler need of ``zero1``, ``zero2`` and FSDP, which issue few or no
+    all-reduces (a ``StepSummary`` carries them as ``sharded_tags``, ``sharded_seconds``)."""
+    return _call_times(sharded_collectives(record), record.start, kind_in_tag=True)
+
+
+NO_CALLS = CallTimes((), array("d"))
 
 
 def _overlapping(calls: CallTimes) -> bool:
@@ -213,6 +235,9 @@ class StepFigures:
     #: Per measurable collective of each other kind (reduce-scatter, all-gather, broadcast), in
     #: issue order: ``algbw_gbps`` over the whole tensor's bytes, as nccl-tests counts them.
     other_algbw_gbps: dict[str, array[float]] = field(default_factory=dict)
+    #: The step's reduce-scatters and all-gathers (``sharded_call_times``): waits and the
+    #: straggler pair them across ranks as they do the all-reduces.
+    sharded_calls: CallTimes = field(default_factory=lambda: NO_CALLS)
 
 
 def _other_algbw(spans: Sequence[SpanLike]) -> dict[str, array[float]]:
@@ -267,6 +292,7 @@ def figures_and_calls(record: StepRecordLike, world_size: int | None = None) -> 
         calls_by_kind=dict(Counter(s.kind for s in spans if s.kind in COMM_KINDS)),
         memory=dict(getattr(record, "memory", None) or {}),
         other_algbw_gbps=_other_algbw(spans),
+        sharded_calls=sharded_call_times(record),
     )
     return figures, calls
 
@@ -290,6 +316,8 @@ def summarize(report: StepReport, world_size: int) -> StepSummary:
         algbw_gbps=pack_floats(f.algbw_gbps), loss=report.loss, excluded=report.excluded, unresolved=report.unresolved,
         calls_by_kind=f.calls_by_kind, memory=f.memory, update_skipped=report.update_skipped,
         compiling=report.compiling, other_algbw_gbps={kind: pack_floats(alg) for kind, alg in f.other_algbw_gbps.items()},
+        sharded_tags=list(f.sharded_calls.tags), sharded_seconds=pack_floats(f.sharded_calls.seconds),
+        sharded_starts=pack_floats(f.sharded_calls.starts) if f.sharded_calls.starts is not None else b"",
     )
 
 
@@ -310,6 +338,8 @@ def summary_figures(summary: StepSummary, calls: CallTimes | None = None) -> Ste
         calls_by_kind=dict(summary.calls_by_kind) or ({"all_reduce": len(calls.seconds)} if calls.seconds else {}),
         memory=dict(summary.memory),
         other_algbw_gbps={kind: unpack_floats(alg) for kind, alg in summary.other_algbw_gbps.items()},
+        sharded_calls=CallTimes(tuple(summary.sharded_tags), unpack_floats(summary.sharded_seconds),
+                                unpack_floats(summary.sharded_starts) if summary.sharded_starts else None),
     )
 
 

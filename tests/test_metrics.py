@@ -27,14 +27,17 @@ from ddpwatch.metrics import (
     busbw_text,
     calls_text,
     counted,
+    call_times,
     calls_of,
     cross_rank_waits,
     find_desync,
     find_straggler,
     groups_of_the_world,
     segment_figures,
+    shard_groups,
     shard_ranks,
     step_figures,
+    step_waits,
     step_times,
     straggler,
     transfers,
@@ -712,6 +715,42 @@ def test_the_straggler_is_found_within_the_groups_that_all_reduce_together():
     assert find_straggler(steps, [[0, 1], [2, 3]]) == Straggler(3, 0, 9, 10, approx(69.0), approx(100 * 69 / 214))
     assert find_straggler(steps, [[0, 1], [2, 3]]).describe().endswith("waited 69.0 ms a step for it (32% of step time)")
     assert find_straggler([StepWaits(s, {0: 82.0, 1: 97.0, 2: 84.0, 3: 96.0}, 214.0) for s in range(10)], [[0, 1], [2, 3]]) is None
+
+
+def sharded_steps(late: int, world: int = 2, steps: int = 10) -> list[Record]:
+    """``zero2``-like steps of 100 ms, no all-reduce: each a reduce-scatter tagged b0 from 40 ms and
+    an all-gather tagged b0 from 60 ms, 4 and 2 ms where nobody waits; rank ``late`` reaches the
+    reduce-scatter 30 ms after the others, who sit in it from 40 to 74 ms (34 ms: 30 of waiting)."""
+    records = []
+    for step in range(steps):
+        t = 1000 * step
+        for rank in range(world):
+            scatter = span("reduce_scatter", t + 70, t + 74, tag="b0") if rank == late else span("reduce_scatter", t + 40, t + 74, tag="b0")
+            records.append(record(t, t + 100, span("backward", t, t + 40), scatter, span("all_gather", t + 80, t + 82, tag="b0"),
+                                  rank=rank, step=step))
+    return records
+
+
+def test_ranks_of_a_sharded_strategy_wait_for_a_late_one_in_its_reduce_scatters():
+    """Two ranks, rank 1 late: rank 0 waits 30 ms a step in the reduce-scatter (34 less the
+    shortest, 4), 30 % of the 100 ms step: rank 1 is named. Before, with no all-reduce to pair,
+    both ranks read 0 ms waited and nobody was named."""
+    s = segment_figures(sharded_steps(late=1), world_size=2)
+    assert s.per_rank[0].waited_for_others_ms == approx(30.0) and s.per_rank[1].waited_for_others_ms == 0.0
+    assert s.straggler_rank == 1 and s.straggler.waited_ms_per_step == approx(30.0)
+
+
+def test_on_hsdps_mesh_reduce_scatters_are_paired_within_the_shard_groups():
+    """2 replicas x 2 shards: replica groups {0, 2} and {1, 3}, shard groups {0, 1} and {2, 3}.
+    Rank 1 late in the reduce-scatter: rank 0, in its shard group, waits 30 ms; ranks 2 and 3,
+    which never reduce-scatter with it, wait for nobody (over the world each read 30)."""
+    assert shard_groups([[0, 2], [1, 3]]) == [[0, 1], [2, 3]]
+    assert shard_groups(None) is None and shard_groups([[0, 1], [2, 3, 4]]) is None
+    records = sharded_steps(late=1, world=4, steps=1)
+    figures = {rec.rank: step_figures(rec) for rec in records}
+    waited, waited_for = step_waits({rank: call_times(rec) for rank, rec in enumerate(records)}, figures, [[0, 2], [1, 3]])
+    assert waited == approx({0: 30.0, 1: 0.0, 2: 0.0, 3: 0.0}) and waited_for == approx({0: 0.0, 1: 30.0, 2: 0.0, 3: 0.0})
+    assert step_waits({rank: call_times(rec) for rank, rec in enumerate(records)}, figures)[0] == approx({0: 30.0, 1: 0.0, 2: 30.0, 3: 30.0})
 
 
 # --- a desync stays --------------------------------------------------------------------------

@@ -34,7 +34,7 @@ from instrumented_ddp.protocol import (
     encode,
     pack_floats,
 )
-from instrumented_ddp.step_figures import summarize, summary_calls
+from instrumented_ddp.step_figures import summarize, summary_calls, summary_figures
 
 HELLO = Hello(
     rank=1, world_size=2, session="abc123", host="node-7", pid=4242, device="cpu", backend="gloo",
@@ -367,6 +367,12 @@ def test_malformed_span_is_rejected_as_invalid(span: Any) -> None:
         {"other_algbw_gbps": {"all_gather": pack_floats([1.0])}},  # a bandwidth, no all-gather
         *({"other_algbw_gbps": {"all_gather": bad}, "calls_by_kind": {"all_reduce": 1, "all_gather": 1}}
           for bad in (pack_floats([math.nan]), pack_floats([-1.0]), b"\x00" * 7, [1.0])),
+        {"sharded_tags": ["all_gather:u0"]},  # a tag, no duration
+        {"sharded_tags": [1], "sharded_seconds": pack_floats([0.1])},
+        {"sharded_tags": ["all_gather:u0"], "sharded_seconds": pack_floats([-0.1])},
+        {"sharded_tags": ["all_gather:u0"], "sharded_seconds": pack_floats([math.inf])},
+        {"sharded_tags": ["all_gather:u0"], "sharded_seconds": pack_floats([0.1]), "sharded_starts": pack_floats([0.1, 0.2])},
+        {"sharded_tags": ["all_gather:u0"], "sharded_seconds": pack_floats([0.1]), "sharded_starts": pack_floats([math.nan])},
     ],
     ids=lambda c: next(iter(c)),
 )
@@ -390,12 +396,14 @@ def test_summary_durations_travel_bit_for_bit() -> None:
     assert decoded.all_reduce_starts == pack_floats([0.01, -1e-6])
 
 
-def test_a_summary_carries_the_bandwidths_of_its_other_collectives_bit_for_bit() -> None:
+def test_a_summary_carries_its_other_collectives_bandwidths_and_an_older_one_reads_as_none() -> None:
     summary = replace(SUMMARY, calls_by_kind={"all_reduce": 1, "all_gather": 2}, other_algbw_gbps={"all_gather": pack_floats([0.1 + 0.2, 3.0])})
     assert decode(encode(summary)).message.other_algbw_gbps == {"all_gather": pack_floats([0.30000000000000004, 3.0])}
     raw = _raw(SUMMARY)
-    del raw["body"]["other_algbw_gbps"]  # an older sender
-    assert decode(_pack(raw)).message.other_algbw_gbps == {}
+    for name in ("other_algbw_gbps", "sharded_tags", "sharded_seconds", "sharded_starts"):
+        del raw["body"][name]  # an older sender
+    old = decode(_pack(raw)).message
+    assert old.other_algbw_gbps == {} and summary_figures(old).sharded_calls.tags == ()
 
 
 def test_a_summary_without_starts_is_read_as_calls_that_never_overlapped() -> None:

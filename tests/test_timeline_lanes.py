@@ -26,6 +26,22 @@ def test_exposed_all_reduce_splits_into_waiting_for_the_other_rank_and_transfer(
     assert lanes[1].exposed == ((0.070, 0.080),) and lanes[1].exposed_waiting == ()
 
 
+def test_exposed_reduce_scatter_splits_into_waiting_and_transfer_as_an_all_reduce_does() -> None:
+    # zero2's steps have no all-reduce: the ranks line up at their starts. rank 0 enters the
+    # reduce-scatter at 50 ms, rank 1 at 70: rank 0 waited 50-70 (drawn orange). Before, all of
+    # it read as transfer.
+    from instrumented_ddp.step_figures import sharded_call_times
+
+    r0 = report(0, [Span("backward", 0.0, 0.050), Span("reduce_scatter", 0.050, 0.080, True, 400, "b0", "float32")])
+    r1 = report(1, [Span("backward", 0.0, 0.070), Span("reduce_scatter", 0.070, 0.080, True, 400, "b0", "float32")])
+    reports = {0: r0, 1: r1}
+    data = timeline_of(4, reports, calls_of(reports), sharded_calls={rank: sharded_call_times(r) for rank, r in reports.items()})
+    lanes = {lane.rank: lane for lane in data.ranks}
+    assert [(round(a, 9), round(b, 9)) for a, b in lanes[0].exposed_waiting] == [(0.050, 0.070)]
+    assert lanes[1].exposed_waiting == ()
+    assert {lane.rank: lane.exposed_waiting for lane in timeline_of(4, reports, calls_of(reports)).ranks} == {0: (), 1: ()}
+
+
 def test_waiting_hidden_behind_compute_is_not_exposed() -> None:
     # rank 0's asynchronous all-reduce 20-60 ms runs beside backward until 50: of its 20 ms of
     # waiting (rank 1 enters at 40 and transfers 40-60), 20-40 is hidden, so nothing exposed waits.

@@ -252,8 +252,8 @@ class SnapshotBuilder:
         if (step, len(reports), roles, session.details) != self._shown_step:
             self._shown_step = (step, len(reports), roles, session.details)
             self._timeline = timeline_of(step, self._with_spans(step, reports), session.step_calls(step),  # type: ignore[arg-type]
-                                         session.step_times(step), roles,
-                                         session.all_reduce_groups()) if step is not None and reports else None
+                                         session.step_times(step), roles, session.all_reduce_groups(),
+                                         {rank: f.sharded_calls for rank, f in figures.items()}) if step is not None and reports else None
             self._desync = metrics.find_desync(session.counted_calls(step), step,  # type: ignore[arg-type]
                                                {rank: f.calls_by_kind for rank, f in figures.items()}) if reports else None
         trend = self.summaries(sorted(session.reports)[-TREND_POINTS:])
@@ -626,21 +626,27 @@ def pick_timeline_ranks(figures: dict[int, metrics.StepFigures], selected: int |
 
 def timeline_of(step: int, reports: dict[int, StepReport], calls: dict[int, metrics.CallTimes],
                 times: dict[int, metrics.StepTimes] | None = None,
-                roles: tuple[tuple[int, str], ...] | None = None, groups: metrics.Groups | None = None) -> TimelineData | None:
+                roles: tuple[tuple[int, str], ...] | None = None, groups: metrics.Groups | None = None,
+                sharded_calls: dict[int, metrics.CallTimes] | None = None) -> TimelineData | None:
     """The ranks of one step on one axis, put on the lowest drawn rank's clock by
     ``metrics.ClockAlignment`` over this one step: aligned at the end of each rank's last
     all-reduce (every rank leaves it together), ranks without one at their step start.
     ``times``: ranks' step times already known (``Session.step_times``); the rest are read.
     ``reports``: the ranks whose spans are at hand (None when no rank's are); ``calls``: every
     reporting rank's all-reduces, against which the waiting in the drawn ranks' collectives is
-    judged (among ``groups``, where not every rank meets every other: HSDP). ``roles``: only
-    these ranks are drawn (a large job)."""
+    judged (among ``groups``, where not every rank meets every other: HSDP); ``sharded_calls``:
+    their reduce-scatters and all-gathers (``StepFigures.sharded_calls``), judged likewise among
+    the shard groups. ``roles``: only these ranks are drawn (a large job)."""
     reported = max(len(reports), len(calls))
     if roles is not None:
         reports = {rank: reports[rank] for rank, _ in roles if rank in reports}  # whose spans came
     if not reports:
         return None
     waiting = metrics.waiting_intervals(calls, reports, groups)
+    if sharded_calls:
+        sharded = metrics.waiting_intervals(sharded_calls, reports, metrics.shard_groups(groups),
+                                            collectives=metrics.sharded_collectives)
+        waiting = {rank: sorted(waiting.get(rank, []) + sharded.get(rank, [])) for rank in reports}
     known = times or {}
     clocks = metrics.ClockAlignment(reference=min(reports))
     clocks.add_step({rank: known[rank] if rank in known else metrics.step_times(report) for rank, report in reports.items()})
@@ -656,7 +662,7 @@ def timeline_of(step: int, reports: dict[int, StepReport], calls: dict[int, metr
 
 def _lanes(rank: int, report: StepReport, offset: float, waiting: list[tuple[float, float]]) -> RankLanes:
     """One pass over the rank's spans: a frame at 64 ranks walks a few thousand of them.
-    ``waiting``: where this rank's all-reduces waited for the others (``metrics.waiting_intervals``,
+    ``waiting``: where this rank's collectives waited for the others (``metrics.waiting_intervals``,
     on its own clock): exposed communication is split into that and the transfer."""
     compute: list[Bar] = []
     comm: list[Bar] = []

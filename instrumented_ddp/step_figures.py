@@ -129,6 +129,7 @@ def sharded_call_times(record: StepRecordLike) -> CallTimes:
 
 
 NO_CALLS = CallTimes((), array("d"))
+_OTHER_KINDS = frozenset(WIRE_COMM_KINDS) - {"all_reduce"}
 
 
 def _overlapping(calls: CallTimes) -> bool:
@@ -240,10 +241,11 @@ class StepFigures:
     sharded_calls: CallTimes = field(default_factory=lambda: NO_CALLS)
 
 
-def _other_algbw(spans: Sequence[SpanLike]) -> dict[str, array[float]]:
-    """``StepFigures.other_algbw_gbps``: each kind but the all-reduce, kinds with none left out."""
+def _other_algbw(others: Sequence[SpanLike]) -> dict[str, array[float]]:
+    """``StepFigures.other_algbw_gbps`` of the step's other collectives, in issue order: each
+    kind but the all-reduce, kinds with none left out."""
     by_kind: dict[str, array[float]] = {}
-    for s in sorted((s for s in spans if s.kind in WIRE_COMM_KINDS and s.kind != "all_reduce"), key=lambda s: s.start):
+    for s in others:
         alg = algbw_gbps(s.nbytes, _length(s.start, s.end))
         if alg is not None:
             by_kind.setdefault(s.kind, float_array(())).append(alg)
@@ -271,6 +273,8 @@ def figures_and_calls(record: StepRecordLike, world_size: int | None = None) -> 
 
     ars = _all_reduces(record)
     calls = _call_times(ars, lo)
+    # every other collective, in issue order, in one pass: most steps have none (``sharded_call_times``)
+    others = sorted((s for s in spans if s.kind in _OTHER_KINDS), key=lambda s: s.start)
     alg = float_array(a for a in (algbw_gbps(s.nbytes, seconds) for s, seconds in zip(ars, calls.seconds)) if a is not None)
     factor = bus_factor("all_reduce", world_size) if world_size is not None else None
     figures = StepFigures(
@@ -291,8 +295,8 @@ def figures_and_calls(record: StepRecordLike, world_size: int | None = None) -> 
         times=StepTimes(record.start, record.end, max((s.end for s in ars if math.isfinite(s.end)), default=None)),
         calls_by_kind=dict(Counter(s.kind for s in spans if s.kind in COMM_KINDS)),
         memory=dict(getattr(record, "memory", None) or {}),
-        other_algbw_gbps=_other_algbw(spans),
-        sharded_calls=sharded_call_times(record),
+        other_algbw_gbps=_other_algbw(others),
+        sharded_calls=_call_times([s for s in others if s.kind in SHARDED_KINDS], lo, kind_in_tag=True),
     )
     return figures, calls
 

@@ -104,7 +104,7 @@ def call_times(record: StepRecordLike) -> CallTimes:
 
 def _call_times(collectives: Sequence[SpanLike], step_start: float, kind_in_tag: bool = False) -> CallTimes:
     """``kind_in_tag``: each tag names its kind too (``all_gather:u0``), so that calls of several
-    kinds pair across ranks only with their own kind (``sharded_call_times``)."""
+    kinds pair across ranks only with their own kind (``StepFigures.sharded_calls``)."""
     tags = (f"{s.kind}:{getattr(s, 'tag', '') or ''}" if kind_in_tag else getattr(s, "tag", "") or "" for s in collectives)
     calls = CallTimes(tuple(tags), float_array(_length(s.start, s.end) for s in collectives),
                       float_array(s.start - step_start for s in collectives))
@@ -119,13 +119,6 @@ SHARDED_KINDS = ("reduce_scatter", "all_gather")
 def sharded_collectives(record: StepRecordLike) -> list[SpanLike]:
     """A step's reduce-scatters and all-gathers in issue order (``_all_reduces``' twin)."""
     return sorted((s for s in record.spans if s.kind in SHARDED_KINDS), key=lambda s: s.start)
-
-
-def sharded_call_times(record: StepRecordLike) -> CallTimes:
-    """A step's reduce-scatters and all-gathers, in issue order, tagged with their kind: what
-    waits and the straggler need of ``zero1``, ``zero2`` and FSDP, which issue few or no
-    all-reduces (a ``StepSummary`` carries them as ``sharded_tags``, ``sharded_seconds``)."""
-    return _call_times(sharded_collectives(record), record.start, kind_in_tag=True)
 
 
 NO_CALLS = CallTimes((), array("d"))
@@ -236,8 +229,10 @@ class StepFigures:
     #: Per measurable collective of each other kind (reduce-scatter, all-gather, broadcast), in
     #: issue order: ``algbw_gbps`` over the whole tensor's bytes, as nccl-tests counts them.
     other_algbw_gbps: dict[str, array[float]] = field(default_factory=dict)
-    #: The step's reduce-scatters and all-gathers (``sharded_call_times``): waits and the
-    #: straggler pair them across ranks as they do the all-reduces.
+    #: The step's reduce-scatters and all-gathers, in issue order, tagged with their kind: waits
+    #: and the straggler pair them across ranks as they do the all-reduces, for ``zero1``,
+    #: ``zero2`` and FSDP, which issue few or none (a ``StepSummary`` carries them as
+    #: ``sharded_tags``, ``sharded_seconds`` and ``sharded_starts``).
     sharded_calls: CallTimes = field(default_factory=lambda: NO_CALLS)
 
 
@@ -273,7 +268,7 @@ def figures_and_calls(record: StepRecordLike, world_size: int | None = None) -> 
 
     ars = _all_reduces(record)
     calls = _call_times(ars, lo)
-    # every other collective, in issue order, in one pass: most steps have none (``sharded_call_times``)
+    # every other collective, in issue order, in one pass: most steps have none
     others = sorted((s for s in spans if s.kind in _OTHER_KINDS), key=lambda s: s.start)
     alg = float_array(a for a in (algbw_gbps(s.nbytes, seconds) for s, seconds in zip(ars, calls.seconds)) if a is not None)
     factor = bus_factor("all_reduce", world_size) if world_size is not None else None

@@ -30,12 +30,12 @@ def test_exposed_reduce_scatter_splits_into_waiting_and_transfer_as_an_all_reduc
     # zero2's steps have no all-reduce: the ranks line up at their starts. rank 0 enters the
     # reduce-scatter at 50 ms, rank 1 at 70: rank 0 waited 50-70 (drawn orange). Before, all of
     # it read as transfer.
-    from instrumented_ddp.step_figures import sharded_call_times
+    from instrumented_ddp.step_figures import step_figures
 
     r0 = report(0, [Span("backward", 0.0, 0.050), Span("reduce_scatter", 0.050, 0.080, True, 400, "b0", "float32")])
     r1 = report(1, [Span("backward", 0.0, 0.070), Span("reduce_scatter", 0.070, 0.080, True, 400, "b0", "float32")])
     reports = {0: r0, 1: r1}
-    data = timeline_of(4, reports, calls_of(reports), sharded_calls={rank: sharded_call_times(r) for rank, r in reports.items()})
+    data = timeline_of(4, reports, calls_of(reports), sharded_calls={rank: step_figures(r).sharded_calls for rank, r in reports.items()})
     lanes = {lane.rank: lane for lane in data.ranks}
     assert [(round(a, 9), round(b, 9)) for a, b in lanes[0].exposed_waiting] == [(0.050, 0.070)]
     assert lanes[1].exposed_waiting == ()

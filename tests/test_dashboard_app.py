@@ -209,10 +209,17 @@ async def test_a_narrow_terminal_shows_the_runs_live_figures_in_the_header(colum
         await draw_every_message(app, pilot)
         text = app.query_one("#header-text")
         lines = [strip.text.rstrip() for strip in text.render_lines(Region(0, 0, text.size.width, text.size.height))]
-        assert lines[0] == "ddpwatch fixed-session · 2 rank(s) · live · fixed data"
+        assert lines[0] == "ddpwatch fixed-session · 2 rank(s) · finished · fixed data"  # every rank said goodbye
         assert lines[1] == "bucket (bucket_mb=1.0, grad_accum=1) · step 10/10 · ETA 0:00 · 40.6 samples/s"
         assert app.query_one("#header-progress").display == (columns >= 120)
         assert app.query_one("#header").region.height == (3 if columns >= 120 else 2)  # the bar's row to the panels
+
+
+def test_the_header_says_a_run_is_finished_once_every_rank_said_goodbye() -> None:
+    """It said "live" on a run that had ended; only the ranks table's status said "finished"."""
+    for goodbye in (False, True):
+        _, snapshot = snapshot_of(session_messages(steps=3, goodbye=goodbye))
+        assert snapshot.header.finished is goodbye and snapshot.header.following
 
 
 async def test_the_timeline_is_titled_with_its_step_and_its_whole_strategy_and_settings() -> None:

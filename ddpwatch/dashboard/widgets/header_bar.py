@@ -31,7 +31,8 @@ class HeaderBar(Horizontal):
         yield self._progress
 
     def show(self, data: HeaderData, source: str) -> None:
-        mode = "live" if data.following else "paused"
+        # "live" on a run that had ended read as a run still going; the ranks table alone said "finished"
+        mode = "paused" if not data.following else "finished" if data.finished else "live"
         settings = f" ({data.settings})" if data.settings else ""
         text = (
             f"[b]ddpwatch[/b] {data.session} · {data.world_size} rank(s) · [i]{mode}[/i] · [dim]{source}[/dim]\n"

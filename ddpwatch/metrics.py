@@ -162,23 +162,23 @@ def all_reduce_ranks(groups: Groups | None, world_size: int) -> int:
     return sizes.pop() if len(sizes) == 1 else world_size
 
 
-def shard_ranks(groups: Groups | None, world_size: int) -> int:
-    """How many ranks a reduce-scatter or an all-gather spans, the ``n`` of its bus factor: the
-    world, or, where the hellos name all-reduce groups all of one size, one rank of each group.
-    Such groups with sharded collectives beside them are HSDP's replicas of a shard on a 2-D
-    mesh (replicas x shard), whose shard group takes one rank of each replica group: 2 x 4 on 8
-    ranks names four groups of 2 ({0, 4}, ...), and each shard group spans 4."""
-    sizes = {len(group) for group in groups or ()}
-    return len(groups) if groups and len(sizes) == 1 else world_size
-
-
 def shard_groups(groups: Groups | None) -> Groups | None:
     """Who meets whom in the reduce-scatters and all-gathers: every rank (None), or, where the
-    hellos name all-reduce groups all of one size (HSDP's replicas of a shard), the i-th rank of
-    each: 2 x 2 on 4 ranks names {0, 2} and {1, 3}, whose shard groups are {0, 1} and {2, 3}."""
+    hellos name all-reduce groups all of one size, the i-th rank of each. Such groups with
+    sharded collectives beside them are HSDP's replicas of a shard on a 2-D mesh (replicas x
+    shard), whose shard group takes one rank of each replica group: 2 x 2 on 4 ranks names
+    {0, 2} and {1, 3}, whose shard groups are {0, 1} and {2, 3}."""
     if not groups or len({len(group) for group in groups}) != 1:
         return None
     return [list(shard) for shard in zip(*(sorted(group) for group in groups))]
+
+
+def shard_ranks(groups: Groups | None, world_size: int) -> int:
+    """How many ranks a reduce-scatter or an all-gather spans, the ``n`` of its bus factor: a
+    shard group's (``shard_groups``), else the world. 2 x 4 on 8 ranks names four groups of 2
+    ({0, 4}, ...), and each shard group spans 4."""
+    shards = shard_groups(groups)
+    return len(shards[0]) if shards else world_size
 
 
 def step_waits(calls_of_one_step: Mapping[int, CallTimes], figures: Mapping[int, StepFigures],

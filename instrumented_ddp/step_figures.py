@@ -121,6 +121,8 @@ def sharded_collectives(record: StepRecordLike) -> list[SpanLike]:
     return sorted((s for s in record.spans if s.kind in SHARDED_KINDS), key=lambda s: s.start)
 
 
+#: A step's sharded calls where it made none (most steps): one object shared, not one per report
+#: (at 1,024 ranks and 120 kept steps, 123k of them).
 NO_CALLS = CallTimes((), array("d"))
 _OTHER_KINDS = frozenset(WIRE_COMM_KINDS) - {"all_reduce"}
 
@@ -236,6 +238,12 @@ class StepFigures:
     sharded_calls: CallTimes = field(default_factory=lambda: NO_CALLS)
 
 
+def _sharded_calls(others: Sequence[SpanLike], step_start: float) -> CallTimes:
+    """``StepFigures.sharded_calls`` from the step's other collectives, in issue order."""
+    sharded = [s for s in others if s.kind in SHARDED_KINDS]
+    return _call_times(sharded, step_start, kind_in_tag=True) if sharded else NO_CALLS
+
+
 def _other_algbw(others: Sequence[SpanLike]) -> dict[str, array[float]]:
     """``StepFigures.other_algbw_gbps`` of the step's other collectives, in issue order: each
     kind but the all-reduce, kinds with none left out."""
@@ -291,7 +299,7 @@ def figures_and_calls(record: StepRecordLike, world_size: int | None = None) -> 
         calls_by_kind=dict(Counter(s.kind for s in spans if s.kind in COMM_KINDS)),
         memory=dict(getattr(record, "memory", None) or {}),
         other_algbw_gbps=_other_algbw(others),
-        sharded_calls=_call_times([s for s in others if s.kind in SHARDED_KINDS], lo, kind_in_tag=True),
+        sharded_calls=_sharded_calls(others, lo),
     )
     return figures, calls
 
@@ -338,7 +346,8 @@ def summary_figures(summary: StepSummary, calls: CallTimes | None = None) -> Ste
         memory=dict(summary.memory),
         other_algbw_gbps={kind: unpack_floats(alg) for kind, alg in summary.other_algbw_gbps.items()},
         sharded_calls=CallTimes(tuple(summary.sharded_tags), unpack_floats(summary.sharded_seconds),
-                                unpack_floats(summary.sharded_starts) if summary.sharded_starts else None),
+                                unpack_floats(summary.sharded_starts) if summary.sharded_starts else None)
+        if summary.sharded_tags else NO_CALLS,
     )
 
 

@@ -829,8 +829,9 @@ class SegmentAccumulator:
                  waits: Mapping[int, float] | None = None) -> None:
         """One step: each rank's ``step_figures`` and all-reduces (``call_times``), computed
         centrally from spans or sent by the rank in a ``StepSummary``: the same either way.
-        ``waits``: the step's ``cross_rank_waits(calls)`` where the caller made them already (a
-        session does, once a step: at 1,024 ranks a pass over 300 calls each)."""
+        ``waits``: the step's ``step_waits(calls, figures, groups)[0]`` (its all-reduces' and its
+        reduce-scatters' and all-gathers' waits) where the caller made them already (a session
+        does, once a step: at 1,024 ranks a pass over 300 calls each)."""
         if not figures:
             return
         waits = step_waits(calls, figures, self.groups)[0] if waits is None else waits

@@ -110,6 +110,18 @@ def test_message_round_trips_through_encode_and_decode(message: Any) -> None:
     assert envelope.rank == getattr(message, "rank", -1)
 
 
+def test_a_field_at_its_default_is_not_sent_and_is_read_back_as_the_default() -> None:
+    """A summary's false flags and empty sharded fields cost bytes on every step of every rank."""
+    body = _raw(SUMMARY)["body"]
+    assert not {"compiling", "unresolved", "update_skipped", "memory", "sharded_tags", "sharded_seconds"} & set(body)
+    assert body["excluded"] is True and body["loss"] == 2.75  # away from their defaults: sent
+    assert decode(encode(SUMMARY)).message == SUMMARY
+    nan_loss = replace(SUMMARY, loss=math.nan, excluded=False)  # NaN is not None: sent, and read back as NaN
+    assert math.isnan(decode(encode(nan_loss)).message.loss) and "excluded" not in _raw(nan_loss)["body"]
+    as_tuple = replace(SUMMARY, sharded_tags=())  # not the default's type: sent as it is, read back as a list
+    assert _raw(as_tuple)["body"]["sharded_tags"] == [] and decode(encode(as_tuple)).message.sharded_tags == []
+
+
 def test_a_step_that_compiled_says_so_in_its_report_and_its_summary() -> None:
     compiling = replace(STEP, compiling=True, excluded=True)
     assert decode(encode(compiling)).message.compiling
@@ -141,7 +153,7 @@ def test_short_span_lists_take_the_defaults() -> None:
 def test_missing_optional_fields_take_their_defaults() -> None:
     raw = _raw(HELLO)
     for name in ("parameter_layout", "bucket_layout", "total_steps", "global_batch", "node_rank", "local_rank"):
-        del raw["body"][name]
+        raw["body"].pop(name, None)
     hello = decode(_pack(raw)).message
     assert hello.parameter_layout == [] and hello.total_steps == 0 and hello.local_rank == 0
 
@@ -401,7 +413,7 @@ def test_a_summary_carries_its_other_collectives_bandwidths_and_an_older_one_rea
     assert decode(encode(summary)).message.other_algbw_gbps == {"all_gather": pack_floats([0.30000000000000004, 3.0])}
     raw = _raw(SUMMARY)
     for name in ("other_algbw_gbps", "sharded_tags", "sharded_seconds", "sharded_starts"):
-        del raw["body"][name]  # an older sender
+        raw["body"].pop(name, None)  # an older sender (or one at the default: not sent)
     old = decode(_pack(raw)).message
     assert old.other_algbw_gbps == {} and summary_figures(old).sharded_calls.tags == ()
 
@@ -410,7 +422,7 @@ def test_a_summary_without_starts_is_read_as_calls_that_never_overlapped() -> No
     """An older sender's summary has no ``all_reduce_starts``; nor has one whose calls did not
     overlap (NCCL's one stream: durations alone give its waits)."""
     raw = _raw(SUMMARY)
-    del raw["body"]["all_reduce_starts"]
+    raw["body"].pop("all_reduce_starts", None)
     summary = decode(_pack(raw)).message
     assert summary.all_reduce_starts == b"" and summary_calls(summary).starts is None
 

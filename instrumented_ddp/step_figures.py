@@ -329,8 +329,12 @@ def summarize(report: StepReport, world_size: int) -> StepSummary:
 
 
 def summary_calls(summary: StepSummary) -> CallTimes:
-    starts = unpack_floats(summary.all_reduce_starts) if summary.all_reduce_starts else None
-    return CallTimes(tuple(summary.all_reduce_tags), unpack_floats(summary.all_reduce_seconds), starts)
+    return _unpacked_calls(summary.all_reduce_tags, summary.all_reduce_seconds, summary.all_reduce_starts)
+
+
+def _unpacked_calls(tags: Sequence[str], seconds: bytes, starts: bytes) -> CallTimes:
+    """Calls as ``summarize`` packs them; starts travel only where two calls overlapped, so none is None."""
+    return CallTimes(tuple(tags), unpack_floats(seconds), unpack_floats(starts) if starts else None)
 
 
 def summary_figures(summary: StepSummary, calls: CallTimes | None = None) -> StepFigures:
@@ -345,8 +349,7 @@ def summary_figures(summary: StepSummary, calls: CallTimes | None = None) -> Ste
         calls_by_kind=dict(summary.calls_by_kind) or ({"all_reduce": len(calls.seconds)} if calls.seconds else {}),
         memory=dict(summary.memory),
         other_algbw_gbps={kind: unpack_floats(alg) for kind, alg in summary.other_algbw_gbps.items()},
-        sharded_calls=CallTimes(tuple(summary.sharded_tags), unpack_floats(summary.sharded_seconds),
-                                unpack_floats(summary.sharded_starts) if summary.sharded_starts else None)
+        sharded_calls=_unpacked_calls(summary.sharded_tags, summary.sharded_seconds, summary.sharded_starts)
         if summary.sharded_tags else NO_CALLS,
     )
 

@@ -1,0 +1,447 @@
+"""Ranks against each other within one step: who met whom, who waited for whom, who is late.
+
+A step's collectives are paired across ranks by tag (the k-th call with a tag), within the
+groups that meet; each call's shortest duration over the ranks is its transfer and the rest of
+each rank's is waiting. From those come each rank's waits, the straggler and a desync. Pure, and
+re-exported by :mod:`ddpwatch.metrics`, where the dashboard, recorder and exporter read them.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from instrumented_ddp.intervals import Interval, total_length
+from instrumented_ddp.step_figures import CallTimes, SpanLike, StepFigures, StepRecordLike, _all_reduces, call_times
+
+STRAGGLER_STEPS = 10  # a straggler is judged over this many complete steps: one step is noise
+STRAGGLER_SHARE = 0.10  # ... and only when the others waited over this share of the step time for it
+
+
+def collective_key(tag: str, seen: Counter[str]) -> tuple[str, int]:
+    """The k-th call carrying ``tag`` in issue order. A tag can repeat within a step (the
+    baseline reduces every parameter after each micro-step); an empty tag keys by position
+    among the untagged calls."""
+    key = (tag, seen[tag])
+    seen[tag] += 1
+    return key
+
+
+def calls_of(records_of_one_step: Mapping[int, StepRecordLike]) -> dict[int, CallTimes]:
+    """Each rank's all-reduces read from its spans (a ``StepSummary`` carries them instead)."""
+    return {rank: call_times(record) for rank, record in records_of_one_step.items()}
+
+
+#: Who meets whom in the all-reduces, where not every rank meets every other: the groups the
+#: ranks' hellos name (``Hello.all_reduce_group``: HSDP's replicas of one shard, a DDP on a
+#: subgroup). None: the world, one group.
+Groups = Sequence[Sequence[int]]
+
+
+def groups_of_the_world(named: Iterable[Sequence[int]], world_size: int) -> tuple[Groups | None, str | None]:
+    """The all-reduce groups the ranks' hellos name, made a partition of the world: the ranks no
+    group names (whose hellos are not in yet, or name none) are one group of their own, so that
+    no rank falls out of the waits. ``(None, why)`` where two named groups share a rank: hellos
+    that contradict each other, so no pairing within them can be trusted and the figures are
+    made over the world. ``(None, None)``: no group named, the world."""
+    groups = sorted({tuple(sorted(group)) for group in named if group})
+    if not groups:
+        return None, None
+    owner: dict[int, tuple[int, ...]] = {}
+    for group in groups:
+        for rank in group:
+            if rank in owner:
+                return None, (f"the ranks' hellos name all-reduce groups that overlap (rank {rank} in "
+                              f"{{{', '.join(map(str, owner[rank]))}}} and {{{', '.join(map(str, group))}}}): "
+                              "waits and busbw are figured over every rank")
+            owner[rank] = group
+    rest = [rank for rank in range(world_size) if rank not in owner]
+    return [list(group) for group in groups] + ([rest] if rest else []), None
+
+
+def all_reduce_ranks(groups: Groups | None, world_size: int) -> int:
+    """How many ranks each all-reduce spans, the ``n`` of busbw's bus factor: the groups' size
+    where they are all one size, else the world."""
+    sizes = {len(group) for group in groups or ()}
+    return sizes.pop() if len(sizes) == 1 else world_size
+
+
+def shard_groups(groups: Groups | None) -> Groups | None:
+    """Who meets whom in the reduce-scatters and all-gathers: every rank (None), or, where the
+    hellos name all-reduce groups all of one size, the i-th rank of each. Such groups with
+    sharded collectives beside them are HSDP's replicas of a shard on a 2-D mesh (replicas x
+    shard), whose shard group takes one rank of each replica group: 2 x 2 on 4 ranks names
+    {0, 2} and {1, 3}, whose shard groups are {0, 1} and {2, 3}."""
+    if not groups or len({len(group) for group in groups}) != 1:
+        return None
+    return [list(shard) for shard in zip(*(sorted(group) for group in groups))]
+
+
+def shard_ranks(groups: Groups | None, world_size: int) -> int:
+    """How many ranks a reduce-scatter or an all-gather spans, the ``n`` of its bus factor: a
+    shard group's (``shard_groups``), else the world. 2 x 4 on 8 ranks names four groups of 2
+    ({0, 4}, ...), and each shard group spans 4."""
+    shards = shard_groups(groups)
+    return len(shards[0]) if shards else world_size
+
+
+def step_waits(calls_of_one_step: Mapping[int, CallTimes], figures: Mapping[int, StepFigures],
+               groups: Groups | None = None) -> tuple[dict[int, float], dict[int, float]]:
+    """:func:`waits_both_ways` of a step's all-reduces within ``groups``, plus that of its
+    reduce-scatters and all-gathers (``StepFigures.sharded_calls``) within the shard groups,
+    per rank: ``zero1``, ``zero2`` and FSDP issue few or no all-reduces, and their ranks wait
+    for each other in those (before, every rank of an ``fsdp`` run read 0 ms waited, and no
+    straggler could be named). Where both kinds ran at once on one rank (HSDP's all-reduce
+    across replicas beside the next unit's reduce-scatter), their waiting is added, not merged."""
+    waited, waited_on = waits_both_ways(calls_of_one_step, groups)
+    sharded = {rank: f.sharded_calls for rank, f in figures.items() if f.sharded_calls.tags}
+    if len(sharded) > 1:
+        more, more_on = waits_both_ways(sharded, shard_groups(groups))
+        for rank, ms in more.items():
+            waited[rank] = waited.get(rank, 0.0) + ms
+        for rank, ms in more_on.items():
+            waited_on[rank] = waited_on.get(rank, 0.0) + ms
+    return waited, waited_on
+
+
+def _by_group(calls_of_one_step: Mapping[int, CallTimes], groups: Groups) -> list[dict[int, CallTimes]]:
+    return [{rank: calls_of_one_step[rank] for rank in group if rank in calls_of_one_step} for group in groups]
+
+
+def cross_rank_waits(calls_of_one_step: Mapping[int, CallTimes], groups: Groups | None = None) -> dict[int, float]:
+    """Milliseconds each rank spent in all-reduces waiting for the others to arrive: the total
+    length of its :func:`waiting_intervals`. Fewer than two ranks wait for nobody: all 0.0.
+    ``groups``: who meets whom (``all_reduce_groups``; None: every rank)."""
+    return waits_both_ways(calls_of_one_step, groups)[0]
+
+
+def waited_for(calls_of_one_step: Mapping[int, CallTimes], groups: Groups | None = None) -> dict[int, float]:
+    """Milliseconds the other ranks spent waiting for each rank (see :func:`waits_both_ways`)."""
+    return waits_both_ways(calls_of_one_step, groups)[1]
+
+
+def waits_both_ways(calls_of_one_step: Mapping[int, CallTimes],
+                    groups: Groups | None = None) -> tuple[dict[int, float], dict[int, float]]:
+    """(:func:`cross_rank_waits`, what the others waited for each rank) from one pairing pass.
+    In each all-reduce the rank with the shortest duration arrived last (ties: the lowest rank),
+    and every other rank's waiting in that call is put down to it; so the second totals over
+    ranks equal the first's. A rank's waiting is the wall time its calls' waiting covers
+    (:func:`_waiting_covered_ms`): gloo runs two collectives at a time, and two calls waiting for
+    the same late rank at once were counted twice (a 2-rank ``async`` CPU run: 65 ms a step
+    summed, 48 covered); where they do, each call's share of what is put down to the rank it
+    waited for is scaled alike, so the totals still agree. The usual step (every rank made the
+    same calls) is one array operation over ranks x calls: at 1,024 ranks x 300 calls, a few
+    milliseconds. With ``groups`` each group's calls are paired among its own ranks only: a
+    rank waits only for those it all-reduces with."""
+    if groups is not None:
+        waited, waited_on = {}, {}
+        for calls in _by_group(calls_of_one_step, groups):
+            group_waited, group_waited_on = waits_both_ways(calls)
+            waited.update(group_waited)
+            waited_on.update(group_waited_on)
+        return waited, waited_on
+    waited = {rank: 0.0 for rank in calls_of_one_step}
+    waited_on = dict(waited)
+    paired = _paired_calls(calls_of_one_step)
+    if paired is None:
+        return waited, waited_on
+    ranks, positions, seconds = paired
+    if seconds.size == 0:
+        return waited, waited_on
+    in_call = 1000.0 * (seconds - seconds.min(axis=0))
+    covered = _waiting_covered_ms(calls_of_one_step, ranks, positions, in_call)
+    if covered is not None:  # some calls overlapped: each rank's calls count for what its total covers
+        summed = in_call.sum(axis=1)
+        in_call = in_call * np.divide(covered, summed, out=np.ones_like(summed), where=summed > 0)[:, None]
+    # argmin takes the first of equals: ranks are sorted, so the lowest
+    last = np.bincount(seconds.argmin(axis=0), weights=in_call.sum(axis=0), minlength=len(ranks))
+    waited.update(zip(ranks, in_call.sum(axis=1).tolist()))  # one pass over rows, not 1,024 numpy calls
+    waited_on.update(zip(ranks, last.tolist()))
+    return waited, waited_on
+
+
+def _waiting_covered_ms(calls_of_one_step: Mapping[int, CallTimes], ranks: list[int], positions: list[list[int]],
+                        in_call: np.ndarray) -> np.ndarray | None:
+    """Per rank (a row of ``in_call``, the ms each paired call waited), the ms of its own clock
+    that its calls' waiting covers: each call waits from its start, so calls waiting at once
+    count their common waiting once. None where no rank's calls overlapped (``CallTimes.starts``
+    is kept only where they do: NCCL never, gloo often), whose waiting is the sum; a rank
+    without starts among ranks with them keeps its sum."""
+    known = [calls_of_one_step[rank].starts for rank in ranks]
+    if all(starts is None for starts in known):
+        return None
+    covered = in_call.sum(axis=1)
+    for row, (starts, indices) in enumerate(zip(known, positions)):
+        if starts is not None:
+            waiting = [(starts[i], starts[i] + ms / 1000.0) for i, ms in zip(indices, in_call[row].tolist())]
+            covered[row] = 1000.0 * total_length(waiting)
+    return covered
+
+
+def transfers(calls_of_one_step: Mapping[int, CallTimes], groups: Groups | None = None) -> list[tuple[tuple[str, int], float]]:
+    """Each call every rank made, keyed by its tag and occurrence (``collective_key``), with its
+    transfer: its shortest duration over the ranks (:func:`_paired_calls`), the time the
+    collective itself took once its last participant joined. [] with fewer than two ranks.
+    Read from the durations alone, which a ``StepSummary`` carries too: at 1,024 ranks and 300
+    calls, one array of C doubles and one ``min`` over it, no span read.
+
+    With ``groups`` each group's call is a collective of its own, its transfer the shortest
+    duration among the group's ranks (over the world, a slow group's transfers were lost behind
+    a fast group's), and the call's is the mean over the groups that made it: one sample a call,
+    however many groups (one per group and call, 512 groups of 2 ranks gave the cost model
+    153,600 samples a step and took 153 ms; the line fitted through the means is the same)."""
+    minima: list[tuple[tuple[str, ...], list[int], np.ndarray]] = []
+    for calls in (_by_group(calls_of_one_step, groups) if groups is not None else (calls_of_one_step,)):
+        paired = _paired_calls(calls)
+        if paired is not None and paired[2].size:
+            ranks, positions, seconds = paired
+            minima.append((calls[ranks[0]].tags, positions[0], seconds.min(axis=0)))
+    if not minima:
+        return []
+    tags = minima[0][0]
+    if all(theirs == tags and len(positions) == len(tags) for theirs, positions, _ in minima):  # every group made every call
+        return list(zip(_keys(tags), np.mean([shortest for *_, shortest in minima], axis=0).tolist()))
+    sums: dict[tuple[str, int], list[float]] = {}  # key -> [sum over groups, groups]
+    for theirs, positions, shortest in minima:
+        keys = _keys(theirs)
+        for index, seconds in zip(positions, shortest.tolist()):
+            total = sums.setdefault(keys[index], [0.0, 0])
+            total[0] += seconds
+            total[1] += 1
+    return [(key, total / groups_made) for key, (total, groups_made) in sums.items()]
+
+
+def _keys(tags: Sequence[str]) -> list[tuple[str, int]]:
+    seen: Counter[str] = Counter()
+    return [collective_key(tag, seen) for tag in tags]
+
+
+def waiting_intervals(calls_of_one_step: Mapping[int, CallTimes], records: Mapping[int, StepRecordLike],
+                      groups: Groups | None = None,
+                      collectives: Callable[[StepRecordLike], Sequence[SpanLike]] = _all_reduces) -> dict[int, list[Interval]]:
+    """Per rank of ``records`` (those whose spans are at hand), the part of each all-reduce spent
+    waiting for the others to arrive, on the rank's own clock, in issue order: from the call's
+    start until its transfer (see :func:`_paired_calls`), which ends the call on every rank.
+    The transfer is judged over every rank in ``calls_of_one_step`` (with ``groups``, over the
+    rank's own group). With fewer than two ranks nobody waits. ``collectives``: the spans the
+    calls were read from (``sharded_collectives`` for ``StepFigures.sharded_calls``)."""
+    if groups is not None:
+        waiting_by_group: dict[int, list[Interval]] = {}
+        for calls in _by_group(calls_of_one_step, groups):
+            waiting_by_group.update(waiting_intervals(calls, {rank: records[rank] for rank in calls if rank in records},
+                                                      collectives=collectives))
+        return {rank: waiting_by_group.get(rank, []) for rank in records}
+    waiting: dict[int, list[Interval]] = {rank: [] for rank in records}
+    paired = _paired_calls(calls_of_one_step)
+    if paired is None:
+        return waiting
+    ranks, positions, seconds = paired
+    transfer = seconds.min(axis=0) if seconds.size else seconds
+    for row, rank in enumerate(ranks):
+        if rank not in records:
+            continue
+        spans, out = collectives(records[rank]), waiting[rank]
+        for column, index in enumerate(positions[row]):
+            waited = float(seconds[row, column] - transfer[column])
+            if waited > 0 and index < len(spans):
+                out.append((spans[index].start, spans[index].start + waited))
+    return waiting
+
+
+def _paired_calls(calls_of_one_step: Mapping[int, CallTimes]) -> tuple[list[int], list[list[int]], np.ndarray] | None:
+    """The ranks (sorted), and for the calls every rank made, in issue order, each rank's index
+    of that call among its all-reduces and the call's duration on each rank (ranks x calls);
+    None with fewer than two ranks.
+
+    A collective cannot finish before its last participant joins, so the shortest duration of
+    one call over ranks is taken as the pure transfer and the rest of each rank's duration as
+    waiting. Calls are paired across ranks by their tag (``p<i>``, ``b<i>``, ...; the k-th call
+    with that tag), not by position: one call missing on one rank (see :func:`find_desync`)
+    would otherwise shift every later pair. Only calls every rank made are compared; untagged
+    calls fall back to their position among the untagged.
+    """
+    if len(calls_of_one_step) < 2:
+        return None
+    ranks = sorted(calls_of_one_step)
+    first = calls_of_one_step[ranks[0]].tags
+    if all(calls_of_one_step[rank].tags == first for rank in ranks):  # the usual step: the same calls everywhere
+        joined = b"".join(calls_of_one_step[rank].seconds for rank in ranks)  # C doubles: no float objects
+        seconds = np.frombuffer(joined, dtype=np.float64).reshape(len(ranks), len(first))
+        return ranks, [list(range(len(first)))] * len(ranks), seconds
+    keyed: list[dict[tuple[str, int], int]] = []
+    for rank in ranks:
+        seen: Counter[str] = Counter()
+        keyed.append({collective_key(tag, seen): index for index, tag in enumerate(calls_of_one_step[rank].tags)})
+    common = sorted(set.intersection(*(set(k) for k in keyed)), key=lambda key: keyed[0][key])
+    positions = [[k[key] for key in common] for k in keyed]
+    seconds = np.array([[calls_of_one_step[rank].seconds[i] for i in row] for rank, row in zip(ranks, positions)],
+                       dtype=float).reshape(len(ranks), len(common))
+    return ranks, positions, seconds
+
+
+def straggler(waits: Mapping[int, float], tolerance_ms: float = 0.0) -> int | None:
+    """The rank everyone else waits for: the one that waited least (it always arrives last).
+
+    None with fewer than two ranks, or when the spread of waits is within
+    ``tolerance_ms`` (nobody is meaningfully late).  Ties go to the lowest rank.
+    This names a candidate only; whether it is late enough to report is :func:`find_straggler`.
+    """
+    if len(waits) < 2 or max(waits.values()) - min(waits.values()) <= tolerance_ms:
+        return None
+    return min(waits, key=lambda rank: (waits[rank], rank))
+
+
+class StepWaits(NamedTuple):
+    """What the straggler rule needs from one complete step (every rank reported)."""
+
+    step: int
+    waits_ms: Mapping[int, float]  # cross_rank_waits of the step
+    wall_ms: float  # the slowest rank's window: the step took that long for everyone
+
+
+@dataclass(frozen=True)
+class Straggler:
+    """A rank the others kept waiting for, and by how much."""
+
+    rank: int
+    first_step: int
+    last_step: int
+    steps: int
+    waited_ms_per_step: float  # the least any other rank of its group waited, less what it waited itself, per step
+    share_pct: float  # that wait as a share of the steps' wall time
+
+    def describe(self) -> str:
+        """The one sentence the dashboard's warnings and summary.md both print."""
+        return (f"rank {self.rank} is a straggler: over steps {self.first_step}-{self.last_step} the others waited "
+                f"{self.waited_ms_per_step:.1f} ms a step for it ({self.share_pct:.0f}% of step time)")
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Straggler:
+        return cls(**{f.name: data[f.name] for f in fields(cls)})
+
+
+def find_straggler(complete_steps: Iterable[StepWaits], groups: Groups | None = None) -> Straggler | None:
+    """The straggler rule, one function for the dashboard and the exports so they cannot disagree.
+
+    Over the last ``STRAGGLER_STEPS`` of the given complete steps, within each group of ranks
+    that all-reduce together (``groups``; None: the world), the candidate is the rank that waited
+    least in total (:func:`straggler`); it is named only when every other rank of its group
+    waited more than it did by over ``STRAGGLER_SHARE`` of those steps' wall time. Without that
+    threshold, noise of a few microseconds would always name someone; without "more than it
+    did", ranks that wait for each other by turns did (a balanced 2-rank ``async`` CPU run, 49
+    and 65 ms a step waited: "rank 0 is a straggler ... 43 % of step time"), and without the
+    groups a rank was said to keep waiting ranks that never all-reduce with it. Of several
+    groups' stragglers, the one its group waited for longest.
+    """
+    window = sorted(complete_steps, key=lambda s: s.step)[-STRAGGLER_STEPS:]
+    if not window:
+        return None
+    totals: dict[int, float] = defaultdict(float)
+    wall_ms = 0.0
+    for s in window:
+        wall_ms += s.wall_ms
+        for rank, waited in s.waits_ms.items():
+            totals[rank] += waited
+    found: tuple[float, int] | None = None  # (the others' excess, the rank)
+    for members in groups if groups is not None else (list(totals),):
+        waited = {rank: totals[rank] for rank in members if rank in totals}
+        slow = straggler(waited)
+        others = [w for r, w in waited.items() if r != slow]
+        if slow is None or not others:
+            continue
+        excess = min(others) - waited[slow]
+        if excess > STRAGGLER_SHARE * wall_ms and (found is None or excess > found[0]):
+            found = (excess, slow)
+    if found is None:
+        return None
+    excess, slow = found
+    return Straggler(slow, window[0].step, window[-1].step, len(window), excess / len(window), 100.0 * excess / wall_ms)
+
+
+@dataclass(frozen=True)
+class Desync:
+    """Kept per rank so the dashboard can point at the rank that skipped or added a call."""
+
+    step: int
+    calls_per_rank: dict[int, int]
+    kind: str = "all_reduce"  # the collective whose counts differ (the first such, all_reduce first)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Desync:
+        """From summary.json, whose keys are strings."""
+        return cls(int(data["step"]), {int(r): int(n) for r, n in data["calls_per_rank"].items()},
+                   str(data.get("kind", "all_reduce")))
+
+
+def find_desync(calls_of_one_step: Mapping[int, CallTimes], step: int,
+                kinds_of_one_step: Mapping[int, Mapping[str, int]] | None = None) -> Desync | None:
+    """Ranks issuing different numbers of any collective in a step will hang or corrupt
+    gradients: all-reduces (from ``calls_of_one_step``), then every other kind the ranks
+    counted (``StepFigures.calls_by_kind``), by name."""
+    calls = {rank: len(c.tags) for rank, c in sorted(calls_of_one_step.items())}
+    if len(set(calls.values())) > 1:
+        return Desync(step=step, calls_per_rank=calls)
+    for kind in sorted({k for counts in (kinds_of_one_step or {}).values() for k in counts} - {"all_reduce"}):
+        counts = {rank: int(c.get(kind, 0)) for rank, c in sorted((kinds_of_one_step or {}).items())}
+        if len(set(counts.values())) > 1:
+            return Desync(step=step, calls_per_rank=counts, kind=kind)
+    return None
+
+
+def _counts(desync: Desync) -> str:
+    return ", ".join(f"rank {r}: {n}" for r, n in sorted(desync.calls_per_rank.items()))
+
+
+def _kind_name(desync: Desync) -> str:
+    return desync.kind.replace("_", "-")
+
+
+@dataclass(frozen=True)
+class DesyncRange:
+    """Every desynchronised step of a segment or run, in one error that stays until the run ends:
+    a desync is a fault of the run, not of the step on screen."""
+
+    first_step: int
+    last_step: int
+    steps: int  # how many steps in that range were desynchronised
+    first: Desync
+    last: Desync
+
+    @classmethod
+    def of(cls, desync: Desync) -> DesyncRange:
+        return cls(desync.step, desync.step, 1, desync, desync)
+
+    def including(self, desync: Desync) -> DesyncRange:
+        """This range with one more desynchronised step (steps may come in any order)."""
+        first = desync if desync.step < self.first_step else self.first
+        last = desync if desync.step > self.last_step else self.last
+        return DesyncRange(first.step, last.step, self.steps + 1, first, last)
+
+    @staticmethod
+    def combine(ranges: Iterable[DesyncRange | None]) -> DesyncRange | None:
+        """Disjoint ranges (one per segment) as one: their counts add up."""
+        present = [r for r in ranges if r is not None]
+        if not present:
+            return None
+        first = min(present, key=lambda r: r.first_step).first
+        last = max(present, key=lambda r: r.last_step).last
+        return DesyncRange(first.step, last.step, sum(r.steps for r in present), first, last)
+
+    def describe(self) -> str:
+        """The one sentence the dashboard's warnings and summary.md both print."""
+        if self.first_step == self.last_step:
+            return (f"DESYNC at step {self.first_step}: the ranks issued different {_kind_name(self.first)} counts "
+                    f"({_counts(self.first)})")
+        return (f"DESYNC at steps {self.first_step}-{self.last_step} ({self.steps} steps): the ranks issued different "
+                f"{_kind_name(self.first)} counts (step {self.first_step}: {_counts(self.first)}; "
+                f"step {self.last_step}: {_counts(self.last)})")
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> DesyncRange:
+        """From summary.json, whose keys are strings."""
+        return cls(int(data["first_step"]), int(data["last_step"]), int(data["steps"]),
+                   Desync.from_dict(data["first"]), Desync.from_dict(data["last"]))

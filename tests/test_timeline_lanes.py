@@ -1,8 +1,8 @@
-"""The dashboard's timeline lanes of one step (``snapshot.timeline_of``), worked by hand."""
+"""The dashboard's timeline lanes of one step (``timeline_lanes.timeline_of``), worked by hand."""
 
 from __future__ import annotations
 
-from ddpwatch.dashboard.snapshot import pick_timeline_ranks, timeline_of
+from ddpwatch.dashboard.timeline_lanes import pick_timeline_ranks, timeline_of
 from ddpwatch.metrics import calls_of
 from instrumented_ddp.protocol import Span, StepReport
 

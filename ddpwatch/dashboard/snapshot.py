@@ -13,15 +13,17 @@ from collections import deque
 from collections.abc import Collection
 from dataclasses import dataclass, field, replace
 from itertools import islice
-from typing import Any, NamedTuple
+from typing import Any
 
 from ddpwatch import metrics
 from ddpwatch.advisor import Advice, advice_for_session
 from ddpwatch.heatmap import Heatmap, RowLayout, assemble_heatmap, heat_column, row_layout
 from ddpwatch.rank_lists import FEW_RANKS, ranks_text, runs_text
 from ddpwatch.rank_rows import RankRow, rows_by_node
-from ddpwatch.session import Segment, Session, StepSet, strategy_label
-from instrumented_ddp.protocol import COMM_KINDS, COMPUTE_KINDS, StepReport
+from ddpwatch.session import Segment, Session, StepSet
+from instrumented_ddp.protocol import StepReport
+
+from .timeline_lanes import TimelineData, pick_timeline_ranks, timeline_of
 
 SEGMENT_REFRESH_S = 1.0
 HEATMAP_REFRESH_S = 1.0
@@ -37,37 +39,6 @@ EVERY_RANK_A_ROW_UP_TO = 32  # ranks; a larger job's heatmap starts one row per 
 TOP_STRAGGLERS = 8  # ranks listed in the stragglers tab
 EVERY_RANK_IN_THE_TIMELINE_UP_TO = 64  # ranks (it scrolls); above, the timeline draws the slowest, fastest and selected
 RATE_STEPS = 20  # the header's samples/s is over this many recent complete steps
-
-
-class Bar(NamedTuple):
-    """One interval on the shared axis, seconds from the step's origin (a tuple: a frame at 64
-    ranks makes thousands)."""
-
-    kind: str
-    start: float
-    end: float
-    label: str = ""
-
-
-@dataclass(frozen=True)
-class RankLanes:
-    rank: int
-    compute: tuple[Bar, ...]
-    communication: tuple[Bar, ...]
-    exposed: tuple[tuple[float, float], ...]  # communication not hidden behind compute
-    exposed_waiting: tuple[tuple[float, float], ...] = ()  # the part of it waiting for other ranks to arrive
-    data: tuple[Bar, ...] = ()  # the loader and whatever a loop does between steps: neither compute nor communication
-
-
-@dataclass(frozen=True)
-class TimelineData:
-    step: int
-    strategy: str
-    span_s: float
-    ranks: tuple[RankLanes, ...]
-    reported: int = 0  # ranks that reported the step; more than ``ranks`` when only some are drawn
-    roles: tuple[tuple[int, str], ...] = ()  # (rank, why it is drawn) when only some are
-    label: str = ""  # the strategy with its settings (``session.strategy_label``)
 
 
 @dataclass(frozen=True)
@@ -609,84 +580,6 @@ class SnapshotBuilder:
         return tuple(StragglerRow(rank, nodes.get(rank, 0), totals[rank] / len(steps),
                                   100 * totals[rank] / wall_ms if wall_ms > 0 else 0.0, min(steps), max(steps))
                      for rank in top)
-
-
-def pick_timeline_ranks(figures: dict[int, metrics.StepFigures], selected: int | None) -> tuple[tuple[int, str], ...]:
-    """The ranks a large job's timeline draws, with why: the slowest and the fastest by step
-    time (ties: the lowest rank) and the selected one, in rank order."""
-    roles: dict[int, list[str]] = {}
-    if figures:
-        slowest = max(figures, key=lambda rank: (figures[rank].step_ms, -rank))
-        fastest = min(figures, key=lambda rank: (figures[rank].step_ms, rank))
-        roles.setdefault(slowest, []).append("slowest")
-        roles.setdefault(fastest, []).append("fastest")
-    if selected is not None:
-        roles.setdefault(selected, []).append("selected")
-    return tuple((rank, "+".join(why)) for rank, why in sorted(roles.items()))
-
-
-def timeline_of(step: int, reports: dict[int, StepReport], calls: dict[int, metrics.CallTimes],
-                times: dict[int, metrics.StepTimes] | None = None,
-                roles: tuple[tuple[int, str], ...] | None = None, groups: metrics.Groups | None = None,
-                sharded_calls: dict[int, metrics.CallTimes] | None = None) -> TimelineData | None:
-    """The ranks of one step on one axis, put on the lowest drawn rank's clock by
-    ``metrics.ClockAlignment`` over this one step: aligned at the end of each rank's last
-    all-reduce (every rank leaves it together), ranks without one at their step start.
-    ``times``: ranks' step times already known (``Session.step_times``); the rest are read.
-    ``reports``: the ranks whose spans are at hand (None when no rank's are); ``calls``: every
-    reporting rank's all-reduces, against which the waiting in the drawn ranks' collectives is
-    judged (among ``groups``, where not every rank meets every other: HSDP); ``sharded_calls``:
-    their reduce-scatters and all-gathers (``StepFigures.sharded_calls``), judged likewise among
-    the shard groups. ``roles``: only these ranks are drawn (a large job)."""
-    reported = max(len(reports), len(calls))
-    if roles is not None:
-        reports = {rank: reports[rank] for rank, _ in roles if rank in reports}  # whose spans came
-    if not reports:
-        return None
-    waiting = metrics.waiting_intervals(calls, reports, groups)
-    if sharded_calls:
-        sharded = metrics.waiting_intervals(sharded_calls, reports, metrics.shard_groups(groups),
-                                            collectives=metrics.sharded_collectives)
-        waiting = {rank: sorted(waiting.get(rank, []) + sharded.get(rank, [])) for rank in reports}
-    known = times or {}
-    clocks = metrics.ClockAlignment(reference=min(reports))
-    clocks.add_step({rank: known[rank] if rank in known else metrics.step_times(report) for rank, report in reports.items()})
-    offsets = clocks.offsets()
-    shift = {rank: offsets.get(rank, 0.0) for rank in reports}
-    origin = min(r.start + shift[rank] for rank, r in reports.items())
-    end = max(r.end + shift[rank] for rank, r in reports.items())
-    lanes = [_lanes(rank, reports[rank], shift[rank] - origin, waiting.get(rank, [])) for rank in sorted(reports)]
-    first = next(iter(reports.values()))
-    return TimelineData(step, first.strategy, max(end - origin, 1e-9), tuple(lanes), reported,
-                        tuple(role for role in roles or () if role[0] in reports), strategy_label(first.strategy, first.settings))
-
-
-def _lanes(rank: int, report: StepReport, offset: float, waiting: list[tuple[float, float]]) -> RankLanes:
-    """One pass over the rank's spans: a frame at 64 ranks walks a few thousand of them.
-    ``waiting``: where this rank's collectives waited for the others (``metrics.waiting_intervals``,
-    on its own clock): exposed communication is split into that and the transfer."""
-    compute: list[Bar] = []
-    comm: list[Bar] = []
-    data: list[Bar] = []
-    collectives: list[tuple[float, float]] = []
-    blocked: list[tuple[float, float]] = []
-    for s in report.spans:
-        start, end = s.start + offset, s.end + offset
-        if s.kind in COMPUTE_KINDS:
-            compute.append(Bar(s.kind, start, end))
-        elif s.kind in COMM_KINDS:
-            comm.append(Bar(s.kind, start, end, s.tag))
-            collectives.append((start, end))
-        elif s.kind == "wait":
-            comm.append(Bar(s.kind, start, end, s.tag))
-        elif s.kind == "data":
-            data.append(Bar(s.kind, start, end))
-        if s.blocking:
-            blocked.append((start, end))
-    busy = metrics.subtract([(b.start, b.end) for b in compute], blocked)
-    exposed = metrics.subtract(collectives, busy)
-    exposed_waiting = metrics.intersect(exposed, [(start + offset, end + offset) for start, end in waiting])
-    return RankLanes(rank, tuple(compute), tuple(comm), tuple(exposed), tuple(exposed_waiting), tuple(data))
 
 
 def describe_device(readings: dict[str, float], kind: str) -> tuple[str, str]:

@@ -9,7 +9,7 @@ from rich.style import Style
 from textual.strip import Strip
 from textual.widget import Widget
 
-from ..snapshot import RankLanes, TimelineData
+from ..timeline_lanes import RankLanes, TimelineData
 
 LABEL_WIDTH = 11
 STYLES = {

@@ -1,6 +1,6 @@
 """The product's figures, computed one way for the dashboard, the recorder and the exporter.
 
-Keeping every definition in one pure module is what lets a number on the live
+Reading every definition from one pure module is what lets a number on the live
 screen be compared with the same number in an exported report.  One rank's step
 figures live in ``instrumented_ddp.step_figures``, since the ranks compute them too, and
 one step's ranks held against each other (pairing, waits, the straggler, a desync) in

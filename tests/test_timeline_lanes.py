@@ -68,6 +68,26 @@ def test_data_is_drawn_apart_and_never_hides_communication() -> None:
     assert cells == "░" * 6 + "█" * 4
 
 
+def test_a_phase_is_drawn_only_where_its_thread_was_not_blocked_in_a_collective() -> None:
+    # hook: backward 0-100 ms sits in a blocking all-reduce 40-60 (a gradient hook's). Compute%
+    # counts 80 ms of compute, so the lane draws backward 0-40 and 60-100 and the all-reduce is
+    # exposed. Before, backward was drawn solid over the all-reduce it was blocked in (an FSDP2
+    # CPU rank read 16.5 % Compute beside a compute lane full from end to end).
+    from ddpwatch.dashboard.widgets.timeline_view import TimelineView
+    from instrumented_ddp.step_figures import step_figures
+
+    r0 = report(0, [Span("backward", 0.0, 0.100), Span("all_reduce", 0.040, 0.060, True, 400, "p0", "float32"),
+                    Span("all_reduce", 0.070, 0.090, False, 400, "p1", "float32")])  # not blocking: hidden
+    data = timeline_of(4, {0: r0}, calls_of({0: r0}))
+    lane = data.ranks[0]
+    assert [(b.kind, b.start, b.end) for b in lane.compute] == [("backward", 0.0, 0.040), ("backward", 0.060, 0.100)]
+    assert lane.exposed == ((0.040, 0.060),)
+    assert round(step_figures(r0).compute_pct, 9) == 80.0
+    view = TimelineView()
+    view.data = data
+    assert "".join(char for char, _style in view._paint_compute(lane, 10)) == "████  ████"  # 10 ms a column
+
+
 def test_a_large_job_draws_the_slowest_fastest_and_selected_ranks_judged_against_all() -> None:
     from ddpwatch.metrics import step_figures
 

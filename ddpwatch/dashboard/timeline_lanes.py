@@ -13,6 +13,7 @@ from typing import NamedTuple
 from ddpwatch import metrics
 from ddpwatch.session import strategy_label
 from instrumented_ddp.protocol import COMM_KINDS, COMPUTE_KINDS, StepReport
+from instrumented_ddp.step_figures import BLOCKING_KINDS
 
 
 class Bar(NamedTuple):
@@ -99,8 +100,10 @@ def timeline_of(step: int, reports: dict[int, StepReport], calls: dict[int, metr
 def _lanes(rank: int, report: StepReport, offset: float, waiting: list[tuple[float, float]]) -> RankLanes:
     """One pass over the rank's spans: a frame at 64 ranks walks a few thousand of them.
     ``waiting``: where this rank's collectives waited for the others (``metrics.waiting_intervals``,
-    on its own clock): exposed communication is split into that and the transfer."""
-    compute: list[Bar] = []
+    on its own clock): exposed communication is split into that and the transfer. Blocked is not
+    busy: a phase is drawn only where its thread was not sitting in a blocking collective or wait
+    (as Compute% counts it), so a backward blocked in its hooks' all-reduces shows gaps there."""
+    phases: list[Bar] = []
     comm: list[Bar] = []
     data: list[Bar] = []
     collectives: list[tuple[float, float]] = []
@@ -108,7 +111,7 @@ def _lanes(rank: int, report: StepReport, offset: float, waiting: list[tuple[flo
     for s in report.spans:
         start, end = s.start + offset, s.end + offset
         if s.kind in COMPUTE_KINDS:
-            compute.append(Bar(s.kind, start, end))
+            phases.append(Bar(s.kind, start, end))
         elif s.kind in COMM_KINDS:
             comm.append(Bar(s.kind, start, end, s.tag))
             collectives.append((start, end))
@@ -116,9 +119,12 @@ def _lanes(rank: int, report: StepReport, offset: float, waiting: list[tuple[flo
             comm.append(Bar(s.kind, start, end, s.tag))
         elif s.kind == "data":
             data.append(Bar(s.kind, start, end))
-        if s.blocking:
+        if s.blocking and s.kind in BLOCKING_KINDS:  # as ``step_figures`` takes them
             blocked.append((start, end))
-    busy = metrics.subtract([(b.start, b.end) for b in compute], blocked)
+    blocked = metrics.merge(blocked)
+    compute = [Bar(bar.kind, start, end) for bar in phases for start, end in metrics.subtract([(bar.start, bar.end)], blocked)] \
+        if blocked else phases
+    busy = metrics.merge((b.start, b.end) for b in compute)
     exposed = metrics.subtract(collectives, busy)
     exposed_waiting = metrics.intersect(exposed, [(start + offset, end + offset) for start, end in waiting])
     return RankLanes(rank, tuple(compute), tuple(comm), tuple(exposed), tuple(exposed_waiting), tuple(data))

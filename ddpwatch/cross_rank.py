@@ -8,6 +8,7 @@ re-exported by :mod:`ddpwatch.metrics`, where the dashboard, recorder and export
 
 from __future__ import annotations
 
+from array import array
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
@@ -91,21 +92,20 @@ def shard_ranks(groups: Groups | None, world_size: int) -> int:
 
 def step_waits(calls_of_one_step: Mapping[int, CallTimes], figures: Mapping[int, StepFigures],
                groups: Groups | None = None) -> tuple[dict[int, float], dict[int, float]]:
-    """:func:`waits_both_ways` of a step's all-reduces within ``groups``, plus that of its
-    reduce-scatters and all-gathers (``StepFigures.sharded_calls``) within the shard groups,
-    per rank: ``zero1``, ``zero2`` and FSDP issue few or no all-reduces, and their ranks wait
-    for each other in those (before, every rank of an ``fsdp`` run read 0 ms waited, and no
-    straggler could be named). Where both kinds ran at once on one rank (HSDP's all-reduce
-    across replicas beside the next unit's reduce-scatter), their waiting is added, not merged."""
-    waited, waited_on = waits_both_ways(calls_of_one_step, groups)
+    """:func:`waits_both_ways` of a step's all-reduces within ``groups`` and its reduce-scatters
+    and all-gathers (``StepFigures.sharded_calls``) within the shard groups, together, per rank:
+    ``zero1``, ``zero2`` and FSDP issue few or no all-reduces, and their ranks wait for each
+    other in those (before, every rank of an ``fsdp`` run read 0 ms waited, and no straggler
+    could be named). Where both kinds waited at once on one rank (on a GPU, HSDP's all-reduce
+    across replicas on FSDP2's own stream beside the next unit's reduce-scatter), that waiting
+    counts once, as two all-reduces waiting at once do: each kind's starts are kept wherever a
+    call of one overlapped a call of the other (``instrumented_ddp.step_figures``)."""
+    passes, met = _paired_waits(calls_of_one_step, groups)
     sharded = {rank: f.sharded_calls for rank, f in figures.items() if f.sharded_calls.tags}
     if len(sharded) > 1:
-        more, more_on = waits_both_ways(sharded, shard_groups(groups))
-        for rank, ms in more.items():
-            waited[rank] = waited.get(rank, 0.0) + ms
-        for rank, ms in more_on.items():
-            waited_on[rank] = waited_on.get(rank, 0.0) + ms
-    return waited, waited_on
+        more, more_met = _paired_waits(sharded, shard_groups(groups))
+        passes, met = passes + more, met + more_met
+    return _settle(passes, met)
 
 
 def _by_group(calls_of_one_step: Mapping[int, CallTimes], groups: Groups) -> list[dict[int, CallTimes]]:
@@ -130,56 +130,92 @@ def waits_both_ways(calls_of_one_step: Mapping[int, CallTimes],
     In each all-reduce the rank with the shortest duration arrived last (ties: the lowest rank),
     and every other rank's waiting in that call is put down to it; so the second totals over
     ranks equal the first's. A rank's waiting is the wall time its calls' waiting covers
-    (:func:`_waiting_covered_ms`): gloo runs two collectives at a time, and two calls waiting for
-    the same late rank at once were counted twice (a 2-rank ``async`` CPU run: 65 ms a step
-    summed, 48 covered); where they do, each call's share of what is put down to the rank it
-    waited for is scaled alike, so the totals still agree. The usual step (every rank made the
-    same calls) is one array operation over ranks x calls: at 1,024 ranks x 300 calls, a few
-    milliseconds. With ``groups`` each group's calls are paired among its own ranks only: a
-    rank waits only for those it all-reduces with."""
-    if groups is not None:
-        waited, waited_on = {}, {}
-        for calls in _by_group(calls_of_one_step, groups):
-            group_waited, group_waited_on = waits_both_ways(calls)
-            waited.update(group_waited)
-            waited_on.update(group_waited_on)
-        return waited, waited_on
-    waited = {rank: 0.0 for rank in calls_of_one_step}
+    (:func:`_settle`): gloo runs two collectives at a time, and two calls waiting for the same
+    late rank at once were counted twice (a 2-rank ``async`` CPU run: 65 ms a step summed, 48
+    covered); where they do, each call's share of what is put down to the rank it waited for is
+    scaled alike, so the totals still agree. The usual step (every rank made the same calls) is
+    one array operation over ranks x calls: at 1,024 ranks x 300 calls, a few milliseconds.
+    With ``groups`` each group's calls are paired among its own ranks only: a rank waits only
+    for those it all-reduces with."""
+    return _settle(*_paired_waits(calls_of_one_step, groups))
+
+
+class _PairedWaits(NamedTuple):
+    """One group's calls of one kind, paired across its ranks (:func:`_paired_calls`)."""
+
+    ranks: list[int]
+    in_call: np.ndarray  # ms each rank waited in each call, ranks x calls
+    last: np.ndarray  # per call, the row of the rank that arrived last: it waited least (ties: the lowest rank)
+    positions: list[list[int]]  # per row, each paired call's index among the rank's calls
+    #: Per row, the rank's calls' starts (seconds after the step's), where they were sent; None
+    #: where they were not: its calls overlapped no other call.
+    starts: list[array[float] | None]
+
+    def waiting(self, row: int, in_call: list[float]) -> list[Interval]:
+        """Each call's waiting on the rank's own clock, from its start (the row has starts)."""
+        starts = self.starts[row]
+        return [(starts[i], starts[i] + ms / 1000.0) for i, ms in zip(self.positions[row], in_call)]
+
+
+def _paired_waits(calls_of_one_step: Mapping[int, CallTimes],
+                  groups: Groups | None) -> tuple[list[_PairedWaits], list[int]]:
+    """Each group's calls paired, and every rank met (each waited 0 ms or more)."""
+    passes: list[_PairedWaits] = []
+    met: list[int] = []
+    for calls in (_by_group(calls_of_one_step, groups) if groups is not None else (calls_of_one_step,)):
+        met.extend(calls)
+        paired = _paired_calls(calls)
+        if paired is None or paired[2].size == 0:
+            continue
+        ranks, positions, seconds = paired
+        in_call = 1000.0 * (seconds - seconds.min(axis=0))
+        # argmin takes the first of equals: ranks are sorted, so the lowest
+        passes.append(_PairedWaits(ranks, in_call, seconds.argmin(axis=0), positions, [calls[rank].starts for rank in ranks]))
+    return passes, met
+
+
+def _settle(passes: Sequence[_PairedWaits], met: Iterable[int]) -> tuple[dict[int, float], dict[int, float]]:
+    """(each rank's waiting, what the others waited for each rank) over one or more pairings
+    (the all-reduces' groups; the reduce-scatters' and all-gathers' too). A rank's waiting is
+    the wall time its calls' waiting covers, C: calls that waited at once count their common
+    waiting once. Calls sent without starts overlapped no other call (starts are kept wherever
+    two did), so theirs is their sum. Each pairing's calls on a rank are scaled by U/R x C/ΣU,
+    R their summed waiting, U what they cover among themselves and ΣU over the pairings: one
+    pairing alone (or pairings that never waited at once) keeps U/R, and the rank's waiting put
+    down to the ranks it waited for still totals C."""
+    waited = dict.fromkeys(met, 0.0)
     waited_on = dict(waited)
-    paired = _paired_calls(calls_of_one_step)
-    if paired is None:
-        return waited, waited_on
-    ranks, positions, seconds = paired
-    if seconds.size == 0:
-        return waited, waited_on
-    in_call = 1000.0 * (seconds - seconds.min(axis=0))
-    covered = _waiting_covered_ms(calls_of_one_step, ranks, positions, in_call)
-    if covered is not None:  # some calls overlapped: each rank's calls count for what its total covers
-        summed = in_call.sum(axis=1)
-        in_call = in_call * np.divide(covered, summed, out=np.ones_like(summed), where=summed > 0)[:, None]
-    # argmin takes the first of equals: ranks are sorted, so the lowest
-    last = np.bincount(seconds.argmin(axis=0), weights=in_call.sum(axis=0), minlength=len(ranks))
-    waited.update(zip(ranks, in_call.sum(axis=1).tolist()))  # one pass over rows, not 1,024 numpy calls
-    waited_on.update(zip(ranks, last.tolist()))
+    scales: list[np.ndarray | None] = [None] * len(passes)
+    if any(starts is not None for p in passes for starts in p.starts):  # gloo; never NCCL: no row walked at 1,024 ranks
+        summed: list[list[float]] = [p.in_call.sum(axis=1).tolist() for p in passes]
+        own: list[list[float]] = []  # U per pass and row
+        own_total: dict[int, float] = {}  # ΣU per rank
+        timed: dict[int, list[tuple[_PairedWaits, int]]] = {}  # per rank, the pairings whose rows have starts
+        for p, sums in zip(passes, summed):
+            row_covered = []
+            for row, (rank, ms) in enumerate(zip(p.ranks, sums)):
+                if p.starts[row] is not None:
+                    ms = 1000.0 * total_length(p.waiting(row, p.in_call[row].tolist()))
+                    timed.setdefault(rank, []).append((p, row))
+                row_covered.append(ms)
+                own_total[rank] = own_total.get(rank, 0.0) + ms
+            own.append(row_covered)
+        covered = dict(own_total)  # C: ΣU, but for a rank whose waiting in two pairings both had starts
+        for rank, rows in timed.items():
+            if len(rows) > 1:
+                waitings = [p.waiting(row, p.in_call[row].tolist()) for p, row in rows]
+                covered[rank] += 1000.0 * (total_length([w for waiting in waitings for w in waiting])
+                                           - sum(total_length(waiting) for waiting in waitings))
+        for index, (p, sums, row_covered) in enumerate(zip(passes, summed, own)):
+            scales[index] = np.array([(u / r if r > 0 else 1.0) * (covered[rank] / own_total[rank] if own_total[rank] > 0 else 1.0)
+                                      for rank, r, u in zip(p.ranks, sums, row_covered)])
+    for p, scale in zip(passes, scales):
+        in_call = p.in_call if scale is None else p.in_call * scale[:, None]
+        for rank, ms in zip(p.ranks, in_call.sum(axis=1).tolist()):  # one pass over rows, not 1,024 numpy calls
+            waited[rank] += ms
+        for rank, ms in zip(p.ranks, np.bincount(p.last, weights=in_call.sum(axis=0), minlength=len(p.ranks)).tolist()):
+            waited_on[rank] += ms
     return waited, waited_on
-
-
-def _waiting_covered_ms(calls_of_one_step: Mapping[int, CallTimes], ranks: list[int], positions: list[list[int]],
-                        in_call: np.ndarray) -> np.ndarray | None:
-    """Per rank (a row of ``in_call``, the ms each paired call waited), the ms of its own clock
-    that its calls' waiting covers: each call waits from its start, so calls waiting at once
-    count their common waiting once. None where no rank's calls overlapped (``CallTimes.starts``
-    is kept only where they do: NCCL never, gloo often), whose waiting is the sum; a rank
-    without starts among ranks with them keeps its sum."""
-    known = [calls_of_one_step[rank].starts for rank in ranks]
-    if all(starts is None for starts in known):
-        return None
-    covered = in_call.sum(axis=1)
-    for row, (starts, indices) in enumerate(zip(known, positions)):
-        if starts is not None:
-            waiting = [(starts[i], starts[i] + ms / 1000.0) for i, ms in zip(indices, in_call[row].tolist())]
-            covered[row] = 1000.0 * total_length(waiting)
-    return covered
 
 
 def transfers(calls_of_one_step: Mapping[int, CallTimes], groups: Groups | None = None) -> list[tuple[tuple[str, int], float]]:

@@ -171,15 +171,15 @@ class StepSummary:
     update_skipped: bool = False  # as in ``StepReport``
     compiling: bool = False  # as in ``StepReport``
     #: float64 per all-reduce, issue order: its start, seconds after the step's; sent only where
-    #: two of them overlap (gloo), so that two calls waiting at once are counted once. Empty
-    #: otherwise, and from an older sender.
+    #: two of them overlap (gloo), or one overlaps a sharded call (HSDP on a GPU), so that two
+    #: calls waiting at once are counted once. Empty otherwise, and from an older sender.
     all_reduce_starts: bytes = b""
     #: float64 per measurable collective of each other kind (reduce-scatter, all-gather,
     #: broadcast), issue order: their bandwidths, as ``algbw_gbps`` is the all-reduces'. Empty
     #: from an older sender: the segment's busbw of those kinds is then made of full reports alone.
     other_algbw_gbps: dict[str, bytes] = field(default_factory=dict)
     #: The step's reduce-scatters and all-gathers as the all-reduces are sent: each one's kind and
-    #: tag (``all_gather:u0``), float64 duration and, where two overlapped, start. The sharded
+    #: tag (``all_gather:u0``), float64 duration and, where two overlapped (or one an all-reduce), start. The sharded
     #: strategies' waits and straggler are made of them. Empty from an older sender.
     sharded_tags: Sequence[str] = field(default_factory=list)
     sharded_seconds: bytes = b""

@@ -93,22 +93,36 @@ class CallTimes(NamedTuple):
     tags: tuple[str, ...]
     seconds: array[float]  # raw durations (``_length``)
     #: Each one's start, seconds after the step's, kept only where two of them ran at once (gloo's
-    #: two workers): two waiting for the same late rank then wait once (``metrics.waits_both_ways``).
+    #: two workers), or one ran beside a reduce-scatter or an all-gather (HSDP on a GPU): two
+    #: waiting for the same late rank then wait once (``cross_rank.waits_both_ways``, ``step_waits``).
     #: None where none overlap, whose waits the durations alone give, and from an older sender.
     starts: array[float] | None = None
 
 
 def call_times(record: StepRecordLike) -> CallTimes:
-    return _call_times(_all_reduces(record), record.start)
+    """The step's all-reduces as ``figures_and_calls`` gives them, in one pass over the spans."""
+    ars: list[SpanLike] = []
+    sharded: list[SpanLike] = []
+    for s in record.spans:
+        if s.kind == "all_reduce":
+            ars.append(s)
+        elif s.kind in SHARDED_KINDS:
+            sharded.append(s)
+    ars.sort(key=lambda s: s.start)
+    if not sharded:
+        return _call_times(ars, record.start)
+    return _calls_of_both_kinds(ars, sorted(sharded, key=lambda s: s.start), record.start)[0]
 
 
-def _call_times(collectives: Sequence[SpanLike], step_start: float, kind_in_tag: bool = False) -> CallTimes:
+def _call_times(collectives: Sequence[SpanLike], step_start: float, kind_in_tag: bool = False,
+                keep_starts: bool = False) -> CallTimes:
     """``kind_in_tag``: each tag names its kind too (``all_gather:u0``), so that calls of several
-    kinds pair across ranks only with their own kind (``StepFigures.sharded_calls``)."""
+    kinds pair across ranks only with their own kind (``StepFigures.sharded_calls``).
+    ``keep_starts``: even where none of these overlap (one of them overlapped a call of another kind)."""
     tags = (f"{s.kind}:{getattr(s, 'tag', '') or ''}" if kind_in_tag else getattr(s, "tag", "") or "" for s in collectives)
     calls = CallTimes(tuple(tags), float_array(_length(s.start, s.end) for s in collectives),
                       float_array(s.start - step_start for s in collectives))
-    return calls if _overlapping(calls) else calls._replace(starts=None)
+    return calls if keep_starts or _overlapping(calls) else calls._replace(starts=None)
 
 
 #: The collectives the sharded strategies issue in place of all-reduces; like an all-reduce,
@@ -238,10 +252,33 @@ class StepFigures:
     sharded_calls: CallTimes = field(default_factory=lambda: NO_CALLS)
 
 
-def _sharded_calls(others: Sequence[SpanLike], step_start: float) -> CallTimes:
-    """``StepFigures.sharded_calls`` from the step's other collectives, in issue order."""
-    sharded = [s for s in others if s.kind in SHARDED_KINDS]
-    return _call_times(sharded, step_start, kind_in_tag=True) if sharded else NO_CALLS
+def _sharded_calls(sharded: Sequence[SpanLike], step_start: float, keep_starts: bool = False) -> CallTimes:
+    """``StepFigures.sharded_calls`` from the step's reduce-scatters and all-gathers, in issue order."""
+    return _call_times(sharded, step_start, kind_in_tag=True, keep_starts=keep_starts) if sharded else NO_CALLS
+
+
+def _calls_of_both_kinds(ars: Sequence[SpanLike], sharded: Sequence[SpanLike], step_start: float) -> tuple[CallTimes, CallTimes]:
+    """The all-reduces' and the sharded calls' ``CallTimes``, each with its starts where its own
+    calls overlapped, and both with theirs where a call of one overlapped a call of the other:
+    on a GPU, HSDP's all-reduce across replicas runs on FSDP2's own stream beside the next unit's
+    reduce-scatter, and two waiting at once must count once (``cross_rank.step_waits``)."""
+    calls, sharded_calls = _call_times(ars, step_start), _sharded_calls(sharded, step_start)
+    if calls.seconds and sharded_calls.seconds and (calls.starts is None or sharded_calls.starts is None) \
+            and _kinds_overlap(ars, sharded):
+        calls, sharded_calls = _call_times(ars, step_start, keep_starts=True), _sharded_calls(sharded, step_start, keep_starts=True)
+    return calls, sharded_calls
+
+
+def _kinds_overlap(ars: Sequence[SpanLike], sharded: Sequence[SpanLike]) -> bool:
+    """Whether an all-reduce ran at once with a reduce-scatter or an all-gather (each list in
+    start order): one sweep, as ``intervals.intersect`` walks two lists."""
+    j = 0
+    for a in ars:
+        while j < len(sharded) and sharded[j].end <= a.start:
+            j += 1
+        if j < len(sharded) and sharded[j].start < a.end:
+            return True
+    return False
 
 
 def _other_algbw(others: Sequence[SpanLike]) -> dict[str, array[float]]:
@@ -275,9 +312,9 @@ def figures_and_calls(record: StepRecordLike, world_size: int | None = None) -> 
     busy = total_length(union(c, m))
 
     ars = _all_reduces(record)
-    calls = _call_times(ars, lo)
     # every other collective, in issue order, in one pass: most steps have none
     others = sorted((s for s in spans if s.kind in _OTHER_KINDS), key=lambda s: s.start)
+    calls, sharded_calls = _calls_of_both_kinds(ars, [s for s in others if s.kind in SHARDED_KINDS], lo)
     alg = float_array(a for a in (algbw_gbps(s.nbytes, seconds) for s, seconds in zip(ars, calls.seconds)) if a is not None)
     factor = bus_factor("all_reduce", world_size) if world_size is not None else None
     figures = StepFigures(
@@ -299,7 +336,7 @@ def figures_and_calls(record: StepRecordLike, world_size: int | None = None) -> 
         calls_by_kind=dict(Counter(s.kind for s in spans if s.kind in COMM_KINDS)),
         memory=dict(getattr(record, "memory", None) or {}),
         other_algbw_gbps=_other_algbw(others),
-        sharded_calls=_sharded_calls(others, lo),
+        sharded_calls=sharded_calls,
     )
     return figures, calls
 

@@ -753,6 +753,32 @@ def test_on_hsdps_mesh_reduce_scatters_are_paired_within_the_shard_groups():
     assert step_waits({rank: call_times(rec) for rank, rec in enumerate(records)}, figures)[0] == approx({0: 30.0, 1: 0.0, 2: 30.0, 3: 30.0})
 
 
+def test_an_all_reduce_and_a_reduce_scatter_waiting_at_once_count_that_waiting_once():
+    """HSDP on a GPU: a unit's all-reduce across replicas (FSDP2's own stream) beside the next
+    unit's reduce-scatter. Rank 0's all-reduce runs 0-40 ms and its reduce-scatter 10-50; rank 1
+    enters them at 30 and 40, so each call's transfer is 10 ms and rank 0 waited 30 ms in each:
+    0-30 and 10-40, which cover 0-40, 40 ms, not 60. Each kind's 30 is scaled by 40/60 (20 + 20),
+    so the 40 ms put down to rank 1 still equals what rank 0 waited. Before, 60 and 60."""
+    from instrumented_ddp.protocol import StepReport
+    from instrumented_ddp.step_figures import summarize, summary_calls, summary_figures
+
+    r0 = record(0, 100, span("all_reduce", 0, 40, tag="b0", nbytes=8), span("reduce_scatter", 10, 50, tag="u0", nbytes=8), rank=0)
+    r1 = record(0, 100, span("all_reduce", 30, 40, tag="b0", nbytes=8), span("reduce_scatter", 40, 50, tag="u0", nbytes=8), rank=1)
+    figures = {0: step_figures(r0), 1: step_figures(r1)}
+    # Neither rank's calls of one kind overlap each other; rank 0's of the two kinds do, so its
+    # starts travel for both kinds (rank 1's, which overlap nothing, do not).
+    calls = {0: call_times(r0), 1: call_times(r1)}
+    assert calls[0].starts is not None and figures[0].sharded_calls.starts is not None
+    assert calls[1].starts is None and figures[1].sharded_calls.starts is None
+    waited, waited_for = step_waits(calls, figures)
+    assert waited == approx({0: 40.0, 1: 0.0}) and waited_for == approx({0: 0.0, 1: 40.0})
+    # ... and from the ranks' summaries, the same, bit for bit
+    summaries = {rec.rank: summarize(StepReport(rec.rank, rec.step, "fsdp", {}, rec.start, rec.end, list(rec.spans), 0, 0, None),
+                                     world_size=2) for rec in (r0, r1)}
+    assert step_waits({r: summary_calls(s) for r, s in summaries.items()},
+                      {r: summary_figures(s) for r, s in summaries.items()}) == (waited, waited_for)
+
+
 # --- a desync stays --------------------------------------------------------------------------
 
 

@@ -86,8 +86,8 @@ def assert_all_reduces_hold_against_the_profiler(reports: Sequence[StepReport], 
     """Recorded all-reduces against the profiler's events of the same run, paired in order:
     each end within the clock's resolution for 19 ends in 20 (``ends_off_by_more_than_their_looks``;
     an ``async`` run as shipped left 0-8 of 285 outside, with ends stamped at the look itself
-    27-49), the mean Overlap% over the steps (a figure a user reads) within 5 points of the
-    profiler's, and the summed time within 25 % plus the ends' summed resolution as a coarse guard
+    27-49), Overlap% (a figure a user reads) within 5 points of the profiler's in the median
+    step, and the summed time within 25 % plus the ends' summed resolution as a coarse guard
     (the end check is the telling one): it also holds the time a gloo worker took
     to pick a collective up, 0.04-0.17 ms each here, so it moves with their count, and each end is
     read to within half its look gap (without that term an attached DDP's 1.2 ms buckets read
@@ -109,4 +109,8 @@ def assert_all_reduces_hold_against_the_profiler(reports: Sequence[StepReport], 
     outside = ends_off_by_more_than_their_looks(recorded, intervals, half_gaps)
     assert len(outside) <= len(recorded) / 20, outside
     ours, theirs = overlap_pcts(reports, intervals)
-    assert abs(statistics.mean(ours) - statistics.mean(theirs)) < 5.0, (ours, theirs)
+    # A bias every step would show (a worker's pick-up counted as communication read 5.04 points
+    # high in every step once), as the median step: one step's Overlap% moves with its ends, each
+    # held above to its resolution, and a bucket seen complete only at a look 10 ms after its start
+    # (4.9 ms early for a 5.7 ms half gap) put one step 17.3 points off and the mean of five at 5.1.
+    assert abs(statistics.median(o - t for o, t in zip(ours, theirs))) < 5.0, (ours, theirs)

@@ -191,21 +191,22 @@ def _settle(passes: Sequence[_PairedWaits], met: Iterable[int]) -> tuple[dict[in
         own: list[list[float]] = []  # U per pass and row
         own_total: dict[int, float] = {}  # ΣU per rank
         timed: dict[int, list[tuple[_PairedWaits, int]]] = {}  # per rank, the pairings whose rows have starts
+        timed_total: dict[int, float] = {}  # their U summed, per rank
         for p, sums in zip(passes, summed):
             row_covered = []
             for row, (rank, ms) in enumerate(zip(p.ranks, sums)):
                 if p.starts[row] is not None:
                     ms = 1000.0 * total_length(p.waiting(row, p.in_call[row].tolist()))
                     timed.setdefault(rank, []).append((p, row))
+                    timed_total[rank] = timed_total.get(rank, 0.0) + ms
                 row_covered.append(ms)
                 own_total[rank] = own_total.get(rank, 0.0) + ms
             own.append(row_covered)
         covered = dict(own_total)  # C: ΣU, but for a rank whose waiting in two pairings both had starts
         for rank, rows in timed.items():
-            if len(rows) > 1:
-                waitings = [p.waiting(row, p.in_call[row].tolist()) for p, row in rows]
-                covered[rank] += 1000.0 * (total_length([w for waiting in waitings for w in waiting])
-                                           - sum(total_length(waiting) for waiting in waitings))
+            if len(rows) > 1:  # their common waiting, once: the union of all of it in place of their U
+                union = total_length([w for p, row in rows for w in p.waiting(row, p.in_call[row].tolist())])
+                covered[rank] += 1000.0 * union - timed_total[rank]
         for index, (p, sums, row_covered) in enumerate(zip(passes, summed, own)):
             scales[index] = np.array([(u / r if r > 0 else 1.0) * (covered[rank] / own_total[rank] if own_total[rank] > 0 else 1.0)
                                       for rank, r, u in zip(p.ranks, sums, row_covered)])

@@ -100,18 +100,9 @@ class CallTimes(NamedTuple):
 
 
 def call_times(record: StepRecordLike) -> CallTimes:
-    """The step's all-reduces as ``figures_and_calls`` gives them, in one pass over the spans."""
-    ars: list[SpanLike] = []
-    sharded: list[SpanLike] = []
-    for s in record.spans:
-        if s.kind == "all_reduce":
-            ars.append(s)
-        elif s.kind in SHARDED_KINDS:
-            sharded.append(s)
-    ars.sort(key=lambda s: s.start)
-    if not sharded:
-        return _call_times(ars, record.start)
-    return _calls_of_both_kinds(ars, sorted(sharded, key=lambda s: s.start), record.start)[0]
+    """The step's all-reduces as ``figures_and_calls`` gives them (their starts kept where one
+    overlapped a reduce-scatter or an all-gather too)."""
+    return _calls_of_both_kinds(_all_reduces(record), sharded_collectives(record), record.start)[0]
 
 
 def _call_times(collectives: Sequence[SpanLike], step_start: float, kind_in_tag: bool = False,

@@ -100,14 +100,18 @@ def summary(session: Session) -> dict[str, Any]:
 
 
 def _row(seg: dict[str, Any], digits: int | None) -> list[Any]:
-    """One segment's cells, in COLUMNS order; rounded to ``digits`` when given (None: raw numbers)."""
+    """One segment's cells, in COLUMNS order; rounded to ``digits`` when given (None: raw numbers).
+    A segment with no counted step (every step it ran excluded: a one-step ``ddp`` segment, whose
+    first iteration is) has no figures: its cells say so instead of showing zeros as measured."""
     def num(value: Any) -> Any:
         if value is None:
             return "n/a" if digits is not None else ""
         return f"{value:.{digits}f}" if digits is not None else round(float(value), 6)
+    steps = f"{seg['first_step']}-{seg['last_step']}"
+    if seg.get("steps") == 0:
+        return [seg.get("label") or seg.get("strategy", ""), steps, *(num(None) for _ in COLUMNS[2:])]
     calls = float(seg.get("all_reduce_calls") or 0.0)  # per rank per step, as on the dashboard
-    return [seg.get("label") or seg.get("strategy", ""), f"{seg['first_step']}-{seg['last_step']}",
-            *(num(seg.get(k)) for k in _FIGURE_KEYS),
+    return [seg.get("label") or seg.get("strategy", ""), steps, *(num(seg.get(k)) for k in _FIGURE_KEYS),
             metrics.calls_text(calls) if digits is not None else round(calls, 6),
             num(seg.get("all_reduce_ms")), num(seg.get("step_ms_p50")), num(seg.get("step_ms_p95")),
             num(seg.get("samples_per_s")), num(seg.get("busbw_gbps")),
@@ -148,7 +152,8 @@ def summary_markdown(summary: dict[str, Any]) -> str:
               "its last step end, the ranks put on one clock by the end of each step's last all-reduce: the time "
               "between steps counts.",
               "Steps marked excluded (native DDP's first iteration, before buckets are rebuilt; a step in which "
-              "torch.compile compiled) or unresolved (timing marks that never completed) are left out of every figure."]
+              "torch.compile compiled) or unresolved (timing marks that never completed) are left out of every figure; "
+              "a segment with no other step has no figures (n/a)."]
     if summary.get("all_reduce_groups"):
         groups = summary["all_reduce_groups"]
         lines.append(f"All-reduces meet within {len(groups)} groups of ranks, as the ranks said (HSDP's replicas of one "

@@ -397,7 +397,7 @@ async def test_the_segments_table_widens_a_column_when_a_running_segment_grows()
     from ddpwatch.dashboard.snapshot import SegmentRow
 
     def row(steps: str) -> SegmentRow:
-        return SegmentRow("async", steps, 80.0, 15.0, 5.0, 70.0, 50.0, 57.0, 300.0, 280.0, 50.0)
+        return SegmentRow("async", steps, 10, 80.0, 15.0, 5.0, 70.0, 50.0, 57.0, 300.0, 280.0, 50.0)
 
     class OneTable(App[None]):
         def compose(self):  # noqa: ANN202
@@ -412,6 +412,32 @@ async def test_the_segments_table_widens_a_column_when_a_running_segment_grows()
         await pilot.pause()
         steps_column = list(table.columns.values())[1]
         assert steps_column.content_width >= len("69-148")
+
+
+async def test_the_segments_table_shows_dashes_for_a_segment_without_a_counted_step() -> None:
+    """A "bucket" segment whose two steps were both excluded (as a switch's first steps are, live,
+    before one is folded): its figures are dashes, where they read 0.00 Compute%, 0.0 step ms."""
+    from textual.app import App
+
+    def excluded_if_bucket(report: StepReport) -> StepReport:
+        return replace(report, excluded=True) if report.strategy == "bucket" else report
+
+    _, snapshot = snapshot_of(session_messages(steps=4, edit=excluded_if_bucket))
+    simple, bucket = snapshot.segments
+    assert (simple.counted_steps, bucket.counted_steps) == (2, 0)
+
+    class OneTable(App[None]):
+        def compose(self):  # noqa: ANN202
+            yield SegmentsTable()
+
+    app = OneTable()
+    async with app.run_test() as pilot:
+        table = app.query_one(SegmentsTable)
+        table.show(snapshot.segments)
+        await pilot.pause()
+        shown = [[str(cell) for cell in table.get_row_at(index)] for index in (0, 1)]
+    assert shown[1][:2] == [bucket.label, "3-4"] and set(shown[1][2:]) == {"—"}
+    assert shown[0][2] == f"{simple.compute_pct:.2f}" and "—" not in shown[0][2:6]
 
 
 def test_the_segments_table_gives_each_collective_kinds_busbw() -> None:

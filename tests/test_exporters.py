@@ -50,11 +50,12 @@ def step_spans(strategy: str, t0: float, early: float, straggle_ms: float = 0.0)
 
 
 def make_session(desync: bool = False, keep_steps: int | None = None, straggle_ms: float = 0.0,
-                 unresolved: bool = False, alone: bool = False, sharded: bool = False) -> Session:
+                 unresolved: bool = False, alone: bool = False, sharded: bool = False, steps: int = 6) -> Session:
     """``straggle_ms``: rank 1 waits that long for rank 0 in each "simple" step; ``unresolved``: rank 1's
     step 4 is sent with one all-reduce that never completed; ``alone``: each rank's hello says its
     all-reduces meet no other rank (each on a one-rank group); ``sharded``: each "bucket" step also
-    reduce-scatters 8 MB in 4 ms and all-gathers it in 2 ms."""
+    reduce-scatters 8 MB in 4 ms and all-gathers it in 2 ms; ``steps``: how many are sent (with 4, the
+    "bucket" segment holds only its excluded first step)."""
     session = Session(keep_steps)
     seq: dict[int, int] = defaultdict(int)
 
@@ -67,7 +68,7 @@ def make_session(desync: bool = False, keep_steps: int | None = None, straggle_m
         send(rank, Hello(rank=rank, world_size=2, session="sess-1", host=HOSTS[rank], pid=4000 + rank,
                          device="cpu", backend="gloo", strategy="simple", settings=SETTINGS["simple"],
                          model_parameters=10, global_batch=8, node_rank=rank, all_reduce_group=[rank] if alone else []))
-    for step in range(6):
+    for step in range(steps):
         strategy = "simple" if step < 3 else "bucket"
         for rank in (0, 1):
             early = ms(5) if rank == 1 else 0.0
@@ -298,6 +299,20 @@ def test_the_exports_give_the_busbw_of_reduce_scatters_and_all_gathers_beside_th
     assert [[c.strip() for c in row.strip("|").split("|")][column] for row in rows] == ["—", "AG 2.00 RS 1.00"]
     csv_rows = list(csv.DictReader(io.StringIO(exporters.summary_csv(data))))
     assert json.loads(csv_rows[1]["other busbw GB/s"]) == pytest.approx({"all_gather": 2.0, "reduce_scatter": 1.0})
+
+
+def test_a_segment_without_a_counted_step_shows_no_figures_rather_than_zeros() -> None:
+    """A "bucket" segment of one excluded step: summary.json says it counted no step, and the
+    table's cells say n/a (blank in the CSV); before, they read 0.00 Compute%, 0.00 step ms, as measured."""
+    data = exporters.summary(make_session(steps=4))
+    simple, bucket = data["segments"]
+    assert (simple["steps"], bucket["steps"], bucket["excluded_steps"]) == (3, 0, [3])
+    rows = [line for line in exporters.summary_markdown(data).splitlines() if line.startswith("| ")][1:]
+    cells = [c.strip() for c in rows[1].strip("|").split("|")]
+    assert cells[:2] == ["bucket (bucket_mb=25.0, grad_accum=1)", "3-3"] and set(cells[2:]) == {"n/a"}
+    assert [c.strip() for c in rows[0].strip("|").split("|")][2] == "70.71"
+    csv_rows = list(csv.DictReader(io.StringIO(exporters.summary_csv(data))))
+    assert {csv_rows[1][column] for column in exporters.COLUMNS[2:]} == {""}
 
 
 def test_markdown_reports_desync() -> None:

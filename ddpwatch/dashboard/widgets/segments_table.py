@@ -30,9 +30,7 @@ class SegmentsTable(DataTable):
         self._widths: list[int] = []
 
     def show(self, rows: tuple[SegmentRow, ...]) -> None:
-        cells = [[r.label, r.steps, *(f"{v:.2f}" for v in (r.compute_pct, r.non_compute_pct, r.idle_pct, r.overlap_pct,
-                  r.comm_overhead_pct)), calls_text(r.all_reduce_calls), f"{r.all_reduce_ms:.1f}", f"{r.step_ms_p50:.1f}",
-                  f"{r.samples_per_s:.1f}", r.busbw, r.other_calls, r.held] for r in rows]
+        cells = [_cells(r) for r in rows]
         if cells == self._shown:
             return
         widths = [max([len(name), *(len(row[index]) for row in cells)]) for index, name in enumerate(COLUMNS)]
@@ -51,3 +49,13 @@ class SegmentsTable(DataTable):
                     if cell != old:  # as wide as before: the column's width holds it
                         self.update_cell(str(index), column, cell)
         self._shown = cells
+
+
+def _cells(row: SegmentRow) -> list[str]:
+    """A segment without a counted step yet (a switch has just opened it, or every step it ran was
+    excluded) shows dashes, not zeros: 0.00 Compute% would read as a measurement."""
+    if row.counted_steps == 0:
+        return [row.label, row.steps, *("—" for _ in COLUMNS[2:])]
+    return [row.label, row.steps, *(f"{v:.2f}" for v in (row.compute_pct, row.non_compute_pct, row.idle_pct,
+            row.overlap_pct, row.comm_overhead_pct)), calls_text(row.all_reduce_calls), f"{row.all_reduce_ms:.1f}",
+            f"{row.step_ms_p50:.1f}", f"{row.samples_per_s:.1f}", row.busbw, row.other_calls, row.held]

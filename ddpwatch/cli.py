@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from instrumented_ddp.protocol import DEFAULT_ADDRESS, DEFAULT_MAX_MESSAGE_BYTES
+from instrumented_ddp.protocol import DEFAULT_ADDRESS, DEFAULT_MAX_MESSAGE_BYTES, STRATEGY_NAMES
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -15,7 +15,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="ddpwatch", description="Watch PyTorch data-parallel training, rank by rank. With no COMMAND: the live dashboard.")
     parser.add_argument("--listen", default=DEFAULT_ADDRESS, help=f"address to listen on (default {DEFAULT_ADDRESS})")
     parser.add_argument("--out", type=Path, help="session directory (default ddpwatch-sessions/<time>)")
-    parser.add_argument("--max-message-bytes", type=int, default=DEFAULT_MAX_MESSAGE_BYTES)
+    parser.add_argument("--max-message-bytes", type=int, default=DEFAULT_MAX_MESSAGE_BYTES,
+                        help=f"larger messages are rejected and counted (default {DEFAULT_MAX_MESSAGE_BYTES:,})")
     parser.add_argument("--keys", type=Path, help="CURVE key directory (made if missing); needed beyond loopback")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
@@ -24,9 +25,9 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--speed", type=float, default=1.0, help="times the recorded pace (0: as fast as possible)")
 
     demo = commands.add_parser("demo", help="the dashboard plus a 2-process CPU training run it starts itself")
-    demo.add_argument("--steps", type=int, default=2000)
-    demo.add_argument("--nproc", type=int, default=2)
-    demo.add_argument("--strategy", default="simple")
+    demo.add_argument("--steps", type=int, default=2000, help="training steps (default 2000)")
+    demo.add_argument("--nproc", type=int, default=2, help="ranks, on this machine's CPU (default 2)")
+    demo.add_argument("--strategy", default="simple", help=f"the strategy it starts with: {', '.join(STRATEGY_NAMES)} (default simple)")
 
     record = commands.add_parser("record", help="record a session headless and write its summary when it ends")
     record.add_argument("--listen", default=DEFAULT_ADDRESS, help=f"address to listen on (default {DEFAULT_ADDRESS})")
@@ -36,15 +37,16 @@ def build_parser() -> argparse.ArgumentParser:
     record.add_argument("--idle-exit", type=float, default=15.0, help="stop when every rank is silent this long")
     record.add_argument("--wait", type=float, help="give up, exit 2, when no rank has connected this many seconds after "
                         "start (default: wait as long as it takes; --idle-exit counts only once a rank has spoken)")
-    record.add_argument("--max-message-bytes", type=int, default=DEFAULT_MAX_MESSAGE_BYTES)
+    record.add_argument("--max-message-bytes", type=int, default=DEFAULT_MAX_MESSAGE_BYTES,
+                        help=f"larger messages are rejected and counted (default {DEFAULT_MAX_MESSAGE_BYTES:,})")
     record.add_argument("--keys", type=Path, help="CURVE key directory (made if missing); needed beyond loopback")
     record.add_argument("--sample", type=int, metavar="N", help="ask the ranks for the spans of every N-th step only "
                         "(summaries of the rest: figures exact, timelines sampled); default: every span")
 
     switch = commands.add_parser("switch", help="ask a running session to switch strategy (through the dashboard or recorder)")
-    switch.add_argument("strategy", help="simple, ga, hook, async, bucket or ddp")
-    switch.add_argument("--bucket-mb", type=float)
-    switch.add_argument("--grad-accum", type=int)
+    switch.add_argument("strategy", help=", ".join(STRATEGY_NAMES))
+    switch.add_argument("--bucket-mb", type=float, help="the bucket cap, MB (bucket, ddp, zero1, zero2)")
+    switch.add_argument("--grad-accum", type=int, help="micro-steps per optimizer step")
     switch.add_argument("--listen", default=DEFAULT_ADDRESS, help="the address the dashboard or recorder listens on")
     switch.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the acknowledgement")
     switch.add_argument("--key", help="CURVE client keys (client.json) of a dashboard beyond loopback")
@@ -127,20 +129,36 @@ def run_replay(args: argparse.Namespace) -> int:
 def run_demo(args: argparse.Namespace) -> int:
     from .dashboard.app import DashboardApp
     from .dashboard.process_feed import ProcessFeed
-    from .demo import free_loopback_address, start_training, stop_training
+    from .demo import free_loopback_address, report_if_training_fails, start_training, stop_training
     from .session_file import SESSION_FILE_NAME
 
     if args.steps < 1 or args.nproc < 1:
         raise ValueError("--steps and --nproc must be at least 1")
+    if args.strategy not in STRATEGY_NAMES:  # train.py would refuse it, unseen, behind a dashboard waiting for it
+        raise ValueError(f"unknown strategy {args.strategy!r}; choose one of {', '.join(STRATEGY_NAMES)}")
     out_dir = args.out or default_session_dir()
     address = free_loopback_address()
     training = start_training(address, out_dir / "train.log", args.nproc, args.steps, args.strategy)
+    failure: list[str] = []
     try:
         feed = ProcessFeed(address, out_dir / SESSION_FILE_NAME)  # ZeroMQ's threads start in its child process
-        DashboardApp(feed, out_dir).run()
+        app = DashboardApp(feed, out_dir)
+
+        def report(line: str) -> None:
+            failure.append(line)
+            try:
+                app.call_from_thread(app.hold_warning, line)
+            except RuntimeError:  # the dashboard is not running (yet, or any more): said below
+                pass
+
+        report_if_training_fails(training, report)
+        app.run()
     finally:
         stop_training(training)
     print(f"session recorded in {out_dir} (training output in {out_dir / 'train.log'})")
+    if failure:
+        print(f"ddpwatch demo: error: {failure[0]}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -180,7 +198,6 @@ def run_summary(args: argparse.Namespace) -> int:
 
 def run_doctor(args: argparse.Namespace) -> int:
     from .doctor import doctor
-    from instrumented_ddp.protocol import STRATEGY_NAMES
 
     strategies = [name.strip() for name in args.strategies.split(",") if name.strip()]
     if not strategies or any(name not in STRATEGY_NAMES for name in strategies):

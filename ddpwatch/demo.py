@@ -8,6 +8,9 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 TRAIN_SCRIPT = Path(__file__).resolve().parents[1] / "train.py"
@@ -30,7 +33,17 @@ def free_loopback_address() -> str:
         return f"tcp://127.0.0.1:{sock.getsockname()[1]}"
 
 
-def start_training(address: str, log_path: Path, nproc: int, steps: int, strategy: str) -> subprocess.Popen[bytes]:
+@dataclass
+class TrainingRun:
+    """The torchrun the demo started, where its output goes, and whether the demo is stopping it
+    (its end is then no failure to report)."""
+
+    process: subprocess.Popen[bytes]
+    log_path: Path
+    stopping: threading.Event = field(default_factory=threading.Event)
+
+
+def start_training(address: str, log_path: Path, nproc: int, steps: int, strategy: str) -> TrainingRun:
     """torchrun in its own process group (so quitting the dashboard stops every rank), output to a
     log. Start it before anything starts threads: the hook that ties it to the demo runs between
     fork and exec."""
@@ -41,11 +54,29 @@ def start_training(address: str, log_path: Path, nproc: int, steps: int, strateg
                str(TRAIN_SCRIPT), "--strategy", strategy, "--steps", str(steps), "--watch", address]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     with open(log_path, "wb") as log:
-        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-                                preexec_fn=_stop_when_the_demo_dies if sys.platform == "linux" else None)
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                                   preexec_fn=_stop_when_the_demo_dies if sys.platform == "linux" else None)
+    return TrainingRun(process, log_path)
 
 
-def stop_training(process: subprocess.Popen[bytes]) -> None:
+def report_if_training_fails(run: TrainingRun, report: Callable[[str], None]) -> threading.Thread:
+    """Waits for torchrun in a thread and, if it ends with an error before the demo stops it,
+    hands ``report`` one line naming its exit code and log. Before, a run that failed at start
+    (a strategy this torch cannot run, a port taken) left the dashboard "waiting for a run…" with
+    nothing saying why. A run the demo stopped (``stop_training``) reports nothing."""
+    def wait() -> None:
+        code = run.process.wait()
+        if code != 0 and not run.stopping.is_set():
+            report(f"the demo's training run exited with code {code}: its output is in {run.log_path}")
+
+    thread = threading.Thread(target=wait, name="ddpwatch-demo-training", daemon=True)
+    thread.start()
+    return thread
+
+
+def stop_training(run: TrainingRun) -> None:
+    run.stopping.set()
+    process = run.process
     if process.poll() is None:
         os.killpg(process.pid, signal.SIGTERM)
         try:

@@ -68,6 +68,7 @@ def test_a_flood_of_garbage_from_one_sender_leaves_the_valid_stream_intact(tmp_p
         (["record", "--out", "/tmp/x", "--listen", "tcp://0.0.0.0:5599"], "needs authentication"),
         (["record", "--out", "/tmp/x", "--listen", "not-an-address"], "cannot listen on not-an-address"),
         (["demo", "--steps", "0"], "--steps and --nproc must be at least 1"),
+        (["demo", "--strategy", "zero3"], "unknown strategy 'zero3'"),  # before, a dashboard waiting for ever
     ],
 )
 def test_wrong_cli_input_gets_a_one_line_error_and_a_non_zero_exit(args: list[str], message: str) -> None:

@@ -109,6 +109,7 @@ class DashboardApp(App[None]):
         self.pending_switches: dict[str, str] = {}
         self.run_is_switchable = True  # False for a run ddpwatch did not start (its hello says so)
         self.notices: deque[tuple[float, str]] = deque(maxlen=6)
+        self.held_warnings: tuple[str, ...] = ()  # shown until the dashboard closes (``hold_warning``)
         self.frames = 0
         self.frame_seconds = 0.0  # our code's time in frames (bench/dashboard_load.py reports it) ...
         self.frame_parts: Counter[str] = Counter()  # ... by part: "ingest", "build", then each panel's show
@@ -235,7 +236,7 @@ class DashboardApp(App[None]):
         self.feed.want_spans(self.span_wish())
         now = time.monotonic()
         notices = tuple(text for at, text in self.notices if now - at < NOTICE_S)
-        self.warnings_panel.show(snapshot.warnings, snapshot.notes + notices)
+        self.warnings_panel.show(self.held_warnings + snapshot.warnings, snapshot.notes + notices)
         timed("requests, warnings")
         self.frames += 1
         self.frame_seconds += time.perf_counter() - started
@@ -274,6 +275,11 @@ class DashboardApp(App[None]):
 
     def notify_user(self, text: str) -> None:
         self.notices.append((time.monotonic(), text))
+
+    def hold_warning(self, text: str) -> None:
+        """A warning the session's messages cannot carry, shown first until the dashboard closes:
+        the demo's training run that died before its ranks said anything."""
+        self.held_warnings = (*self.held_warnings, text)
 
     def _acknowledged(self, ack: Ack) -> None:
         strategy = self.pending_switches.pop(ack.command_id, None) if ack.rank == 0 else None

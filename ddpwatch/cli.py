@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -78,6 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return COMMANDS[args.command or "dashboard"](args)
+    except BrokenPipeError:  # the reader went away (``ddpwatch summary DIR | head``): not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's flush does not raise again
+        return 0
     except (OSError, ValueError, TimeoutError) as error:
         print(f"ddpwatch{' ' + args.command if args.command else ''}: error: {error}", file=sys.stderr)
         return 2

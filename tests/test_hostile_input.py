@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -76,6 +77,23 @@ def test_wrong_cli_input_gets_a_one_line_error_and_a_non_zero_exit(args: list[st
     assert result.returncode != 0
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], result.stderr
+
+
+def test_a_summary_piped_into_a_reader_that_stopped_is_no_error(tmp_path: Path) -> None:
+    """``ddpwatch summary DIR | head -1``: the reader closes the pipe before the table is written.
+    Before, that printed "ddpwatch summary: error: [Errno 32] Broken pipe" and exited 2. Here the
+    pipe is closed before the command has even started writing, so its write always fails."""
+    from ddpwatch import exporters
+    from ddpwatch.receiver import ingest
+
+    session = Session()
+    ingest(session, session_messages(steps=4))
+    (tmp_path / "summary.json").write_text(json.dumps(exporters.summary(session)))
+    summary = subprocess.Popen([sys.executable, "-m", "ddpwatch.cli", "summary", str(tmp_path)], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT)
+    summary.stdout.close()
+    _, stderr = summary.communicate(timeout=60)
+    assert summary.returncode == 0 and stderr == ""
 
 
 def test_record_gives_up_when_no_rank_connects_within_its_wait(tmp_path: Path) -> None:

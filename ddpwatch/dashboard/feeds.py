@@ -65,6 +65,11 @@ class Feed:
     def _arrived(self, item: Item) -> None:
         self._items.append(Arrival(time.monotonic(), item))
 
+    def heard_clock(self) -> float:
+        """Now, on the clock the arrivals are stamped with: a rank silent on it past
+        ``LOST_AFTER_S`` is lost (``SnapshotBuilder.build``'s ``heard_now``)."""
+        return time.monotonic()
+
     def request_switch(self, command: SwitchCommand) -> None:
         raise RuntimeError("this feed cannot switch strategies")
 
@@ -155,7 +160,13 @@ class LiveFeed(Feed):
 
 
 class ReplayFeed(Feed):
-    """Plays a session file back at its recorded pace times ``speed`` (0 = as fast as possible)."""
+    """Plays a session file back at its recorded pace times ``speed`` (0 = as fast as possible).
+
+    Each message is stamped with the time it was recorded, and ``heard_clock`` runs on that
+    clock, at ``speed``, from the last message played: a rank is lost in the replay where it
+    was silent in the recording, at any speed, and the end of the file stops the clock. Before,
+    stamps were the replay's own: every rank read "lost" seconds after a replay ended (its
+    ranks had only stopped being recorded), and at ``--speed 20`` a 10 s silence did not."""
 
     def __init__(self, path: Path, speed: float = 1.0) -> None:
         super().__init__()
@@ -163,6 +174,14 @@ class ReplayFeed(Feed):
         self.speed = speed
         self.finished = False
         self.description = f"replaying {path}"
+        self._played: tuple[float, float] | None = None  # (recorded time, monotonic time) of the last message played
+
+    def heard_clock(self) -> float:
+        played = self._played
+        if played is None:
+            return 0.0  # nothing heard: no rank to judge
+        recorded, at = played
+        return recorded if self.finished else recorded + (time.monotonic() - at) * self.speed
 
     def _run(self) -> None:
         previous: float | None = None
@@ -175,8 +194,10 @@ class ReplayFeed(Feed):
                     time.sleep(min(delay, 0.05))
                     delay -= 0.05
             previous = received_at
-            self._arrived(log_and_decode(data))
+            self._played = (received_at, time.monotonic())
+            self._items.append(Arrival(received_at, log_and_decode(data)))
         self.finished = True
+        self.description = f"replayed {self.path} to its end"
 
 
 class StaticFeed(Feed):

@@ -208,8 +208,11 @@ class SnapshotBuilder:
         return out
 
     def build(self, selected_step: int | None = None, now: float | None = None, heatmap_metric: str = "exposed",
-              open_nodes: Collection[int] = (), selected_rank: int | None = None, side_tab: str | None = None) -> Snapshot:
-        """``open_nodes``: nodes whose heatmap rows the user opened (a job above
+              open_nodes: Collection[int] = (), selected_rank: int | None = None, side_tab: str | None = None,
+              heard_now: float | None = None) -> Snapshot:
+        """``heard_now``: the time on the clock the messages were stamped with on arrival, by which a
+        rank's silence is judged lost or stopped (``Feed.heard_clock``: a replay's is the recording's,
+        still at its end once played); None: ``now``, the clock that paces what is remade. ``open_nodes``: nodes whose heatmap rows the user opened (a job above
         ``EVERY_RANK_A_ROW_UP_TO`` ranks starts with one row per node); ``selected_rank``: drawn in
         the timeline of a job too large to draw every rank; ``side_tab``: the side
         panel's tab on screen ("devices", "trends", "heatmap", "stragglers" or "advisor"), the
@@ -217,6 +220,7 @@ class SnapshotBuilder:
         device series and the heatmap cost more than the rest of a frame's snapshot together:
         what is not on screen is not made."""
         now = time.monotonic() if now is None else now
+        heard = now if heard_now is None else heard_now
         session = self.session
         latest = session.latest_complete_step()
         step = selected_step if selected_step in session.reports else latest
@@ -232,11 +236,11 @@ class SnapshotBuilder:
             self._desync = metrics.find_desync(session.counted_calls(step), step,  # type: ignore[arg-type]
                                                {rank: f.calls_by_kind for rank, f in figures.items()}) if reports else None
         trend = self.summaries(sorted(session.reports)[-TREND_POINTS:])
-        warnings, notes = self._warnings_and_notes(step, now)
+        warnings, notes = self._warnings_and_notes(step, now, heard)
         return Snapshot(
             header=self._header(step, selected_step is None or selected_step == latest, trend, now),
             timeline=self._timeline,
-            ranks=self._ranks(step, figures, waits, open_nodes, now),
+            ranks=self._ranks(step, figures, waits, open_nodes, now, heard),
             devices=self._all_device_series(now) if side_tab in (None, "devices") else (),
             loss=tuple(s.loss for s in trend if s.loss is not None),
             step_ms=tuple(s.step_ms for s in trend if s.ranks),
@@ -347,7 +351,7 @@ class SnapshotBuilder:
         return result
 
     def _ranks(self, step: int | None, figures: dict[int, metrics.StepFigures], waits: dict[int, float],
-               open_nodes: Collection[int], now: float) -> tuple[RankRow, ...]:
+               open_nodes: Collection[int], now: float, heard: float) -> tuple[RankRow, ...]:
         """A row per rank up to ``EVERY_RANK_IN_THE_TIMELINE_UP_TO`` ranks; above, a row per node,
         its ranks' rows below it where the user opened it (``rank_rows.rows_by_node``), remade at
         most every ``LARGE_JOB_ROWS_REFRESH_S``."""
@@ -356,21 +360,21 @@ class SnapshotBuilder:
         view = (step, frozenset(open_nodes))
         if large and made_for == view and now - made_at < LARGE_JOB_ROWS_REFRESH_S:
             return kept
-        rows = tuple(self._rank_row(rank, figures.get(rank), waits.get(rank), now) for rank in sorted(self.session.ranks))
+        rows = tuple(self._rank_row(rank, figures.get(rank), waits.get(rank), heard) for rank in sorted(self.session.ranks))
         if not large:
             return rows
         grouped = rows_by_node(rows, open_nodes)
         self._ranks_made = (now, view, grouped)
         return grouped
 
-    def _rank_row(self, rank: int, figures: metrics.StepFigures | None, waited_s: float | None, now: float) -> RankRow:
+    def _rank_row(self, rank: int, figures: metrics.StepFigures | None, waited_s: float | None, heard: float) -> RankRow:
         """Kept while nothing it shows changed: at 1,024 ranks most rows are the same from one
         frame to the next, and making each anew was 8 ms a frame. Its figures and hello are
         compared by identity (a new step's figures, a repeated hello: made anew), since
         comparing them field by field cost more than making the row."""
         state = self.session.ranks[rank]
         hello = state.hello
-        status = self.session.status(rank, now)
+        status = self.session.status(rank, heard)
         key = (figures, hello, (waited_s, status, state.devices_received, state.last_step,
                                 state.sender_dropped + state.lost_messages, state.memory_step))
         kept = self._rank_rows.get(rank)
@@ -442,22 +446,22 @@ class SnapshotBuilder:
         self._segment_rows[segment.index] = (now, key, row)
         return row
 
-    def _warnings_and_notes(self, step: int | None, now: float) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    def _warnings_and_notes(self, step: int | None, now: float, heard: float) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """A large job's made at most every ``LARGE_JOB_ROWS_REFRESH_S`` (and at once for another
         step): each is a few passes over every rank, and at 1,024 ranks they changed seldom."""
         made_at, made_for, kept = self._warnings_made
         if made_for == step and now - made_at < LARGE_JOB_ROWS_REFRESH_S and len(self.session.ranks) > EVERY_RANK_IN_THE_TIMELINE_UP_TO:
             return kept
-        made = (tuple(self._warnings(step, now)), tuple(self._notes(now)))
+        made = (tuple(self._warnings(step, heard)), tuple(self._notes(heard)))
         self._warnings_made = (now, step, made)
         return made
 
-    def _warnings(self, step: int | None, now: float) -> list[str]:
+    def _warnings(self, step: int | None, heard: float) -> list[str]:
         session, lines = self.session, []
         desync = self._desync_range(step)
         if desync is not None:
             lines.append(desync.describe())
-        lines += self._lost_ranks(now)
+        lines += self._lost_ranks(heard)
         straggler = self._straggler(step)
         if straggler is not None:
             lines.append(straggler.describe())
@@ -486,18 +490,18 @@ class SnapshotBuilder:
             lines.append(f"rejected {rejected} malformed message(s): {kinds}")
         return lines
 
-    def _lost_ranks(self, now: float) -> list[str]:
+    def _lost_ranks(self, heard: float) -> list[str]:
         """A line per lost rank, or one line for many (a node gone takes eight at once, and a
         thousand lines would each change every frame)."""
         session = self.session
-        silent = {rank: now - state.last_seen for rank, state in sorted(session.ranks.items())
-                  if session.status(rank, now) == "lost"}
+        silent = {rank: heard - state.last_seen for rank, state in sorted(session.ranks.items())
+                  if session.status(rank, heard) == "lost"}
         if len(silent) <= FEW_RANKS:
             return [f"rank {rank} lost: nothing heard from it for {s:.1f} s" for rank, s in silent.items()]
         return [f"{len(silent)} ranks lost: nothing heard from them for {min(silent.values()):.0f}-"
                 f"{max(silent.values()):.0f} s: ranks {ranks_text(silent)}"]
 
-    def _notes(self, now: float) -> list[str]:
+    def _notes(self, heard: float) -> list[str]:
         """Not faults: reports that came late (heartbeats run ahead of reports still resolving),
         why a rank's device readings are not what its device suggests, steps whose optimizer
         update was skipped, steps in which torch.compile compiled, and ranks whose steps stopped
@@ -505,7 +509,7 @@ class SnapshotBuilder:
         lines = [skipped_updates_text(self.session.skipped_updates)] if self.session.skipped_updates else []
         if self.session.compiling_steps:
             lines.append(compiling_steps_text(self.session.compiling_steps))
-        stopped = self.session.stopped_ranks(now)
+        stopped = self.session.stopped_ranks(heard)
         if stopped:
             lines.append(stopped_ranks_text(stopped, max(state.last_step for state in self.session.ranks.values())))
         late = {rank: state for rank, state in sorted(self.session.ranks.items()) if state.late}

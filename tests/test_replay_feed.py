@@ -1,0 +1,79 @@
+"""A replay judges a rank's silence on the recording's clock, not on the replay's."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from ddpwatch.dashboard.feeds import ReplayFeed
+from ddpwatch.dashboard.snapshot import SnapshotBuilder
+from ddpwatch.session import Session
+from ddpwatch.session_file import SESSION_FILE_NAME, SessionWriter
+from instrumented_ddp.protocol import Envelope, Heartbeat, encode
+from synthetic_session import hello
+
+T0 = 1_800_000_000.0  # the recorder stamps each message with time.time()
+
+
+def recorded(path: Path, heard_until: dict[int, int], last_s: int) -> None:
+    """Each rank's hello at T0, then a heartbeat a second up to its ``heard_until`` second; one
+    more heartbeat of rank 0 at ``last_s``, the recording's end."""
+    writer = SessionWriter(path)
+    seq = dict.fromkeys(heard_until, 0)
+    records = [(T0, rank, hello(rank)) for rank in heard_until]
+    records += [(T0 + s, rank, Heartbeat(rank, T0 + s, 0)) for rank, until in heard_until.items() for s in range(1, until + 1)]
+    records.append((T0 + last_s, 0, Heartbeat(0, T0 + last_s, 0)))
+    for at, rank, message in sorted(records, key=lambda record: (record[0], record[1])):
+        writer.append(encode(message, seq[rank], 0), at)
+        seq[rank] += 1
+    writer.close()
+
+
+def played(feed: ReplayFeed, timeout_s: float = 30.0) -> Session:
+    deadline = time.monotonic() + timeout_s
+    while not feed.finished:
+        assert time.monotonic() < deadline, "the replay did not finish"
+        time.sleep(0.01)
+    session = Session()
+    for arrival in feed.drain():
+        assert isinstance(arrival.item, Envelope)
+        session.ingest(arrival.item, arrival.at)
+    return session
+
+
+def test_a_replay_that_ended_keeps_its_ranks_as_the_recording_left_them(tmp_path: Path) -> None:
+    """Rank 0 heard to the recording's end (10 s), rank 1 silent after 4 s: at the end rank 0 is
+    live and rank 1 lost, 6 s silent, however long after the replay we look. Before, arrivals
+    were stamped with the replay's clock: both ranks read lost 2.5 s after the replay ended."""
+    path = tmp_path / SESSION_FILE_NAME
+    recorded(path, {0: 9, 1: 4}, last_s=10)
+    feed = ReplayFeed(path, speed=0)
+    feed.start()
+    session = played(feed)
+    heard = feed.heard_clock()
+    assert heard == T0 + 10
+    time.sleep(0.05)
+    assert feed.heard_clock() == heard  # the clock stopped with the recording
+    assert feed.description == f"replayed {path} to its end"  # the header's "replaying …" said it went on
+    snapshot = SnapshotBuilder(session).build(now=time.monotonic() + 60, heard_now=heard)
+    assert [(row.rank, row.status) for row in snapshot.ranks] == [(0, "live"), (1, "lost")]
+    assert snapshot.warnings == ("rank 1 lost: nothing heard from it for 6.0 s",)
+
+
+def test_a_replays_clock_runs_at_its_speed_between_messages(tmp_path: Path) -> None:
+    """The next message is 100 recorded seconds away: 0.2 s of waiting at speed 4 moves the clock
+    at least 0.8 recorded seconds past the last message, and never further than 4 × the wait."""
+    path = tmp_path / SESSION_FILE_NAME
+    recorded(path, {0: 0}, last_s=100)
+    feed = ReplayFeed(path, speed=4)
+    started = time.monotonic()
+    feed.start()
+    try:
+        while feed.heard_clock() == 0.0:  # nothing played yet
+            assert time.monotonic() - started < 30
+            time.sleep(0.01)
+        time.sleep(0.2)
+        heard, waited = feed.heard_clock(), time.monotonic() - started
+        assert 0.2 * 4 <= heard - T0 <= waited * 4
+    finally:
+        feed.stop()

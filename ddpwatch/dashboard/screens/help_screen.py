@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import textwrap
+
 from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.content import Content
@@ -30,12 +32,21 @@ KEYS = [
 ]
 
 
+KEY_WIDTH = 11
+#: ``#help-box``'s 80 columns less its border and padding (``dashboard.tcss``).
+TEXT_WIDTH = 80 - 2 - 4
+
+
 def help_text() -> Content:
     """The keys as styled text, not markup: a key such as ``] / [`` is not a tag to escape (an
-    escaped ``[`` at the end of a key still met the closing ``[/b]`` and drew ``[[/b]``)."""
+    escaped ``[`` at the end of a key still met the closing ``[/b]`` and drew ``[[/b]``). A long
+    description wraps under itself, not under the keys (the nine strategies' line put "fsdp" at
+    the box's left edge)."""
     parts: list[str | tuple[str, str]] = [("ddpwatch keys", "bold"), "\n\n"]
+    indent = " " * (KEY_WIDTH + 2)
     for key, what in KEYS:
-        parts += [(key.rjust(11), "bold"), f"  {what}\n"]
+        lines = textwrap.wrap(what, TEXT_WIDTH - len(indent))
+        parts += [(key.rjust(KEY_WIDTH), "bold"), f"  {lines[0]}\n", *(f"{indent}{line}\n" for line in lines[1:])]
     parts += ["\n", ("escape to close", "dim")]
     return Content.assemble(*parts)
 

@@ -9,7 +9,8 @@ from dataclasses import replace
 import pytest
 
 from ddpwatch.receiver import ingest
-from ddpwatch.session import PackedSpans, Session, ranks_left_behind
+from ddpwatch.compact import PackedSpans
+from ddpwatch.session import Session, ranks_left_behind
 from instrumented_ddp.protocol import Envelope, Heartbeat, Span
 from instrumented_ddp.step_figures import call_times
 from synthetic_session import hello, session_messages, step_report, waiting_ranks
@@ -69,7 +70,7 @@ def two_ranks(keep_steps: int | None = None) -> tuple[Session, Feeder]:
 
 
 def test_step_set_keeps_runs_of_consecutive_steps() -> None:
-    from ddpwatch.session import StepSet
+    from ddpwatch.compact import StepSet
 
     steps = StepSet()
     for step in (1, 2, 3, 7, 5, 6, 4, 10):

@@ -31,7 +31,8 @@ from instrumented_ddp.protocol import DEFAULT_MAX_MESSAGE_BYTES, Envelope, Hello
 from instrumented_ddp.span_policy import HELD_STEPS
 
 from ..auth import ServerKeys
-from ..session import PackedSpans, TagSequences, prepare_report
+from ..compact import PackedSpans, TagSequences
+from ..session import prepare_report
 from ..span_requests import SpanWish
 from .feeds import Arrival, Feed, Listener
 

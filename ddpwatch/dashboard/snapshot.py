@@ -20,7 +20,8 @@ from ddpwatch.advisor import Advice, advice_for_session
 from ddpwatch.heatmap import Heatmap, RowLayout, assemble_heatmap, heat_column, row_layout
 from ddpwatch.rank_lists import FEW_RANKS, ranks_text, runs_text
 from ddpwatch.rank_rows import RankRow, rows_by_node
-from ddpwatch.session import Segment, Session, StepSet
+from ddpwatch.compact import StepSet
+from ddpwatch.session import Segment, Session
 from instrumented_ddp.protocol import StepReport
 
 from .timeline_lanes import TimelineData, pick_timeline_ranks, timeline_of

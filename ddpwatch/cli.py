@@ -150,10 +150,7 @@ def run_demo(args: argparse.Namespace) -> int:
 
         def report(line: str) -> None:
             failure.append(line)
-            try:
-                app.call_from_thread(app.hold_warning, line)
-            except RuntimeError:  # the dashboard is not running (yet, or any more): said below
-                pass
+            app.hold_warning(line)  # from the waiting thread, even before the app runs: see hold_warning
 
         report_if_training_fails(training, report)
         app.run()

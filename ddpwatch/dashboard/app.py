@@ -278,7 +278,8 @@ class DashboardApp(App[None]):
 
     def hold_warning(self, text: str) -> None:
         """A warning the session's messages cannot carry, shown first until the dashboard closes:
-        the demo's training run that died before its ranks said anything."""
+        the demo's training run that died before its ranks said anything. Safe from any thread,
+        before the app runs too: it only rebinds a tuple that each frame reads."""
         self.held_warnings = (*self.held_warnings, text)
 
     def _acknowledged(self, ack: Ack) -> None:

@@ -73,6 +73,24 @@ async def test_arrow_keys_walk_back_through_steps_and_end_follows_again() -> Non
         assert app.query_one(TimelineView).data.step == 10
 
 
+async def test_t_steps_through_the_side_tabs_from_the_keyboard() -> None:
+    """← and → belong to the steps, so a focused tab bar could not move: without a mouse the
+    heatmap, stragglers and advisor tabs were out of reach. ``t`` and ``T`` go round them."""
+    app = DashboardApp(StaticFeed(session_messages()), export_on_exit=False)
+    async with app.run_test(size=(160, 50)) as pilot:
+        await pilot.pause(0.2)
+        seen = [app.side_tabs.active]
+        for _ in range(5):
+            await pilot.press("t")
+            await pilot.pause(0.15)
+            seen.append(app.side_tabs.active)
+        assert seen == ["devices-tab", "trends-tab", "heatmap-tab", "stragglers-tab", "advisor-tab", "devices-tab"]
+        await pilot.press("T")
+        await pilot.pause(0.15)
+        assert app.side_tabs.active == "advisor-tab"
+        assert str(app.advisor_panel.render()).strip()  # the tab's panel is drawn once shown
+
+
 async def test_help_screen_lists_the_keys() -> None:
     app = DashboardApp(StaticFeed(session_messages()), export_on_exit=False)
     async with app.run_test(size=(160, 50)) as pilot:

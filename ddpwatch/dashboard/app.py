@@ -87,6 +87,11 @@ class DashboardApp(App[None]):
         Binding("left_square_bracket", "accum(-1)", "accum-1", show=False),
         Binding("e", "export", "export"),
         Binding("h", "heatmap_metric", "heatmap", show=False),
+        # The side tabs from the keyboard: ← and → step through steps, so a focused tab bar could
+        # not move, and a terminal without the mouse (tmux without mouse mode) never saw the
+        # heatmap, the stragglers or the advisor.
+        Binding("t", "side_tab(1)", "next tab", show=False),
+        Binding("T", "side_tab(-1)", "previous tab", show=False),
         Binding("b", "apply_advice", "best bucket", show=False),
         Binding("greater_than_sign", "speed(2.0)", "faster", show=False),
         Binding("less_than_sign", "speed(0.5)", "slower", show=False),
@@ -311,6 +316,10 @@ class DashboardApp(App[None]):
     def action_heatmap_metric(self) -> None:
         metrics = list(HEATMAP_METRICS)
         self.heatmap_metric = metrics[(metrics.index(self.heatmap_metric) + 1) % len(metrics)]
+
+    def action_side_tab(self, delta: int) -> None:
+        tabs = [pane.id for pane in self.side_tabs.query(TabPane) if pane.id]
+        self.side_tabs.active = tabs[(tabs.index(self.side_tabs.active) + delta) % len(tabs)]
 
     def action_help(self) -> None:
         self.push_screen(HelpScreen())

@@ -38,6 +38,12 @@ class SegmentBar:
     def parts(self) -> tuple[float, float, float, float]:
         return (self.compute, self.hidden, self.exposed, self.idle)
 
+    @property
+    def measured(self) -> bool:
+        """False for a segment with no counted step (its figures all 0): drawn as saying so, not
+        as an empty bar with "Overlap 0 %", which reads as measured."""
+        return sum(self.parts) > 0
+
 
 def segment_bar(label: str, compute_pct: float, non_compute_pct: float, idle_pct: float,
                 hidden_comm_pct: float, overlap_pct: float) -> SegmentBar:
@@ -62,6 +68,7 @@ def cells(bar: SegmentBar, width: int) -> tuple[int, ...]:
     return tuple(counts)
 
 
+NOT_MEASURED = "no counted step"  # a segment whose steps were all excluded, or none folded yet
 BAR_PX = 480
 ROW_PX = 28
 LABEL_PX = 260
@@ -87,7 +94,10 @@ def bars_svg(bars: Sequence[SegmentBar], title: str) -> str:
                 out.append(f'<rect class="{name}" x="{x:.2f}" y="{y}" width="{w:.2f}" height="20" fill="{colour}">'
                            f'<title>{escape(what)}: {part:.1f} %</title></rect>')
             x += w
-        out.append(f'<text x="{LABEL_PX + BAR_PX + 8}" y="{y + 15}">Overlap {bar.overlap_pct:.0f} %</text>')
+        if bar.measured:
+            out.append(f'<text x="{LABEL_PX + BAR_PX + 8}" y="{y + 15}">Overlap {bar.overlap_pct:.0f} %</text>')
+        else:
+            out.append(f'<text x="{LABEL_PX}" y="{y + 15}" fill="#757575">{NOT_MEASURED}</text>')
     y = top + ROW_PX * len(bars) + 10
     for index, (name, what, colour) in enumerate(PARTS):
         out.append(f'<rect x="8" y="{y + 18 * index}" width="12" height="12" fill="{colour}"/>'

@@ -435,7 +435,7 @@ async def test_the_segments_table_widens_a_column_when_a_running_segment_grows()
         assert steps_column.content_width >= len("69-148")
 
 
-async def test_the_segments_table_shows_dashes_for_a_segment_without_a_counted_step() -> None:
+async def test_a_segment_without_a_counted_step_shows_dashes_and_says_so_in_its_bar() -> None:
     """A "bucket" segment whose two steps were both excluded (as a switch's first steps are, live,
     before one is folded): its figures are dashes, where they read 0.00 Compute%, 0.0 step ms."""
     from textual.app import App
@@ -450,14 +450,20 @@ async def test_the_segments_table_shows_dashes_for_a_segment_without_a_counted_s
     class OneTable(App[None]):
         def compose(self):  # noqa: ANN202
             yield SegmentsTable()
+            yield SegmentBarsView()
 
     app = OneTable()
-    async with app.run_test() as pilot:
+    async with app.run_test(size=(120, 20)) as pilot:
         table = app.query_one(SegmentsTable)
         table.show(snapshot.segments)
+        bars = app.query_one(SegmentBarsView)
+        bars.show(snapshot.segments)
         await pilot.pause()
         shown = [[str(cell) for cell in table.get_row_at(index)] for index in (0, 1)]
+        bar_lines = str(bars.render()).splitlines()[-2:]
     assert shown[1][:2] == [bucket.label, "3-4"] and set(shown[1][2:]) == {"—"}
+    assert bar_lines[0].startswith("simple 1-2") and bar_lines[0].endswith("ov   0%")
+    assert bar_lines[1].startswith("bucket 3-4") and bar_lines[1].endswith("no counted step")  # was "ov   0%"
     assert shown[0][2] == f"{simple.compute_pct:.2f}" and "—" not in shown[0][2:6]
 
 

@@ -313,6 +313,8 @@ def test_a_segment_without_a_counted_step_shows_no_figures_rather_than_zeros() -
     assert [c.strip() for c in rows[0].strip("|").split("|")][2] == "70.71"
     csv_rows = list(csv.DictReader(io.StringIO(exporters.summary_csv(data))))
     assert {csv_rows[1][column] for column in exporters.COLUMNS[2:]} == {""}
+    svg = exporters.summary_svg(data)  # the bar says so too, where it read "Overlap 0 %" beside no bar
+    assert svg.count("no counted step") == 1 and svg.count(">Overlap ") == 1
 
 
 def test_markdown_reports_desync() -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from textual.content import Content
 from textual.widget import Widget
 
-from ...segment_bars import SegmentBar, cells, segment_bar
+from ...segment_bars import NOT_MEASURED, SegmentBar, cells, segment_bar
 from ..snapshot import SegmentRow
 
 #: (glyph, style) per part, in ``segment_bars.PARTS`` order.
@@ -53,6 +53,9 @@ class SegmentBarsView(Widget):
             parts.append("\nno segment yet")
         for bar in self._bars:
             parts.append("\n" + bar.label[: LABEL_CELLS - 1].ljust(LABEL_CELLS))
+            if not bar.measured:
+                parts.append((NOT_MEASURED[:width + OVERLAP_CELLS], "grey50"))
+                continue
             for (glyph, style), count in zip(GLYPHS, cells(bar, width)):
                 if count:
                     parts.append((glyph * count, style))

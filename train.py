@@ -28,7 +28,7 @@ import torch
 import instrumented_ddp
 from instrumented_ddp.distributed import DistributedContext, exit_process, init_distributed, shutdown_distributed
 from instrumented_ddp.memory import MemorySampler
-from instrumented_ddp.protocol import DEFAULT_ADDRESS, address_problem, is_loopback, load_client_keys
+from instrumented_ddp.protocol import DEFAULT_ADDRESS, address_problem, bucket_mb_problem, is_loopback, load_client_keys
 from instrumented_ddp.replicas import gather_digests, ranks_that_differ
 from instrumented_ddp.strategies import strategy_class
 from instrumented_ddp.watch import Watch, parameter_layout
@@ -64,8 +64,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             parser.error(f"--{flag.replace('_', '-')} must be at least 1")
     if args.eval_examples is not None and args.eval_examples < 0:
         parser.error("--eval-examples must be 0 or more")
-    if args.bucket_mb <= 0:
-        parser.error("--bucket-mb must be positive")
+    if bucket_mb_problem(args.bucket_mb):
+        parser.error(f"--bucket-mb must be a positive, finite number of MB, not {args.bucket_mb:g}")
     args.watch_keys = None
     if not args.no_watch and (problem := address_problem(args.watch)):
         parser.error(f"--watch: {problem}")
@@ -165,7 +165,7 @@ def switch_strategy(model, optimizer, command, args: argparse.Namespace, context
         f"unknown strategy {command.strategy!r}" if command.strategy not in instrumented_ddp.STRATEGY_NAMES
         else unavailable_strategy(command.strategy)
         or accumulation_problem(args.batch_size, context.world_size, grad_accum)
-        or ("bucket size must be positive" if bucket_mb <= 0 else None)
+        or bucket_mb_problem(bucket_mb)
     )
     if problem:
         watch.acknowledge(command, False, watch.steps + 1, problem)

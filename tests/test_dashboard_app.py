@@ -1008,3 +1008,24 @@ async def test_the_strategy_picker_shows_every_strategy_where_the_terminal_has_r
         assert (options.max_scroll_y == 0) == all_in_view
         box = app.screen.query_one("#picker-box").region
         assert box.y >= 0 and box.bottom <= size[1]  # the whole picker on screen
+
+
+async def test_the_strategy_picker_refuses_a_cap_no_rank_could_take() -> None:
+    """"1e400" passes the number input and reads as inf: before, it was sent and rank 0 dropped the
+    command as invalid, the dashboard waiting on an acknowledgement that never came."""
+    from textual.widgets import Input, Label
+
+    from ddpwatch.dashboard.screens.strategy_picker import StrategyPicker
+
+    app = DashboardApp(StaticFeed(session_messages()), export_on_exit=False)
+    async with app.run_test(size=(160, 50)) as pilot:
+        await pilot.press("s")
+        await pilot.pause(0.2)
+        picker = app.screen
+        assert isinstance(picker, StrategyPicker)
+        picker.query_one("#picker-bucket", Input).value = "1e400"
+        picker._submit()
+        await pilot.pause(0.1)
+        assert app.screen is picker  # still open, nothing asked of the ranks
+        assert "finite number > 0" in str(picker.query_one("#picker-error", Label).render())
+        assert not app.pending_switches

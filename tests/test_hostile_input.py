@@ -61,7 +61,8 @@ def test_a_flood_of_garbage_from_one_sender_leaves_the_valid_stream_intact(tmp_p
     ("args", "message"),
     [
         (["switch", "zero3"], "unknown strategy 'zero3'"),
-        (["switch", "bucket", "--bucket-mb", "-1"], "--bucket-mb must be positive"),
+        (["switch", "bucket", "--bucket-mb", "-1"], "--bucket-mb must be a positive, finite number of MB, not -1"),
+        (["switch", "bucket", "--bucket-mb", "1e400"], "not inf"),  # was sent, dropped by rank 0 as invalid: a 30 s wait
         (["summary", "/no/such/session"], "holds no summary.json and no session file"),
         (["replay", "/no/such/session"], "holds no session file"),
         (["record", "--out", "/tmp/x", "--until-steps", "0"], "--until-steps must be positive"),

@@ -60,7 +60,8 @@ def run_train(*args: str) -> subprocess.CompletedProcess[str]:
         (["--strategy", "zero3"], "invalid choice: 'zero3'"),
         (["--batch-size", "10", "--grad-accum", "3"], "does not divide by world size 1 x grad-accum 3"),
         (["--steps", "0"], "--steps must be at least 1"),
-        (["--bucket-mb", "-1"], "--bucket-mb must be positive"),
+        (["--bucket-mb", "-1"], "--bucket-mb must be a positive, finite number of MB, not -1"),
+        (["--bucket-mb", "inf"], "--bucket-mb must be a positive, finite number of MB, not inf"),  # was a traceback in wrap
         (["--device", "tpu"], "invalid choice: 'tpu'"),
     ],
 )

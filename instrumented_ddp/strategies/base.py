@@ -25,6 +25,7 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from ..collectives import timed_collective
 from ..memory import reset_peak
+from ..protocol import bucket_mb_problem
 from ..timeline import NULL_TIMELINE, NullTimeline, StepTimeline
 
 
@@ -55,6 +56,8 @@ class DataParallelStrategy(nn.Module):
         self.timeline = timeline
         if not dist.is_initialized():
             raise RuntimeError("instrumented_ddp.wrap needs an initialized torch.distributed process group")
+        if (problem := bucket_mb_problem(bucket_mb)) is not None:  # before the broadcast: every rank given it stops here
+            raise ValueError(problem)
         self.module = module
         self.bucket_mb = float(bucket_mb)
         self.process_group = process_group

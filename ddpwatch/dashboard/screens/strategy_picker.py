@@ -9,7 +9,7 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, OptionList
 
-from instrumented_ddp.protocol import STRATEGY_NAMES
+from instrumented_ddp.protocol import STRATEGY_NAMES, bucket_mb_problem
 
 DESCRIPTIONS = {
     "simple": "all-reduce every gradient after backward",
@@ -76,9 +76,9 @@ class StrategyPicker(ModalScreen[SwitchChoice | None]):
         try:
             bucket_mb = float(bucket_text) if bucket_text else None
             grad_accum = int(accum_text) if accum_text else None
-            if (bucket_mb is not None and bucket_mb <= 0) or (grad_accum is not None and grad_accum < 1):
+            if (bucket_mb is not None and bucket_mb_problem(bucket_mb)) or (grad_accum is not None and grad_accum < 1):
                 raise ValueError
-        except ValueError:
-            self.query_one("#picker-error", Label).update("[red]bucket MB must be > 0 and grad accum ≥ 1[/red]")
+        except ValueError:  # "1e400" passes the number input and reads as inf: no rank could take it
+            self.query_one("#picker-error", Label).update("[red]bucket MB must be a finite number > 0 and grad accum ≥ 1[/red]")
             return
         self.dismiss(SwitchChoice(STRATEGY_NAMES[index], bucket_mb, grad_accum))

@@ -8,7 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-from instrumented_ddp.protocol import DEFAULT_ADDRESS, DEFAULT_MAX_MESSAGE_BYTES, STRATEGY_NAMES
+from instrumented_ddp.protocol import DEFAULT_ADDRESS, DEFAULT_MAX_MESSAGE_BYTES, STRATEGY_NAMES, bucket_mb_problem
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -220,8 +220,8 @@ def bucket_sizes(text: str) -> list[float]:
         sizes = [float(part) for part in text.split(",") if part.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of MB") from None
-    if not sizes or any(not size > 0 for size in sizes):
-        raise argparse.ArgumentTypeError("every cap must be a positive number of MB")
+    if not sizes or any(bucket_mb_problem(size) for size in sizes):  # inf too: no rank could take it
+        raise argparse.ArgumentTypeError("every cap must be a positive, finite number of MB")
     return sizes
 
 

@@ -122,7 +122,8 @@ def test_caps_are_told_apart_only_where_their_intervals_do_not_overlap() -> None
 
 
 @pytest.mark.parametrize(("flags", "says"), [
-    (["--sizes", "1,-2"], "every cap must be a positive number of MB"),
+    (["--sizes", "1,-2"], "every cap must be a positive, finite number of MB"),
+    (["--sizes", "1,inf"], "every cap must be a positive, finite number of MB"),  # was sent, and dropped by rank 0
     (["--sizes", "one"], "is not a comma-separated list of MB"),
     (["--strategy", "async"], "invalid choice: 'async'"),
     (["--steps-per-size", "1"], "--steps-per-size must be at least 2"),

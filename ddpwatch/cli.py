@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -121,11 +122,11 @@ def run_replay(args: argparse.Namespace) -> int:
     from .dashboard.feeds import ReplayFeed
     from .session_file import session_file_in
 
+    if not (math.isfinite(args.speed) and args.speed >= 0):  # inf and nan too: the replay's clock runs at it
+        raise ValueError("--speed must be 0 (as fast as possible) or a positive, finite number")
     path = session_file_in(args.session)
     if not path.is_file():
         raise ValueError(f"{args.session} holds no session file")
-    if args.speed < 0:
-        raise ValueError("--speed must be 0 (as fast as possible) or positive")
     DashboardApp(ReplayFeed(path, args.speed), args.out, export_on_exit=args.out is not None).run()
     return 0
 

@@ -65,6 +65,7 @@ def test_a_flood_of_garbage_from_one_sender_leaves_the_valid_stream_intact(tmp_p
         (["switch", "bucket", "--bucket-mb", "1e400"], "not inf"),  # was sent, dropped by rank 0 as invalid: a 30 s wait
         (["summary", "/no/such/session"], "holds no summary.json and no session file"),
         (["replay", "/no/such/session"], "holds no session file"),
+        (["replay", "/no/such/session", "--speed", "nan"], "--speed must be 0 (as fast as possible) or a positive, finite number"),
         (["record", "--out", "/tmp/x", "--until-steps", "0"], "--until-steps must be positive"),
         (["record", "--out", "/tmp/x", "--wait", "0"], "--wait must be positive"),
         (["record", "--out", "/tmp/x", "--listen", "tcp://0.0.0.0:5599"], "needs authentication"),

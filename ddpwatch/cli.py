@@ -169,10 +169,7 @@ def run_record(args: argparse.Namespace) -> int:
 
     from .recorder import StopRule, record
 
-    for flag in ("until_steps", "until_seconds", "sample", "wait"):
-        value = getattr(args, flag)
-        if value is not None and value <= 0:
-            raise ValueError(f"--{flag.replace('_', '-')} must be positive")
+    positive(args, "until_steps", "until_seconds", "sample", "wait", "idle_exit")
     started = time.monotonic()
     session = record(args.listen, args.out, StopRule(args.until_steps, args.until_seconds, args.idle_exit, args.wait),
                      args.max_message_bytes, keys=server_keys(args), sample_every=args.sample)
@@ -180,6 +177,14 @@ def run_record(args: argparse.Namespace) -> int:
         print(f"ddpwatch record: error: no rank connected within {args.wait:g} s", file=sys.stderr)
         return 2
     return 0
+
+
+def positive(args: argparse.Namespace, *flags: str) -> None:
+    """Each of ``flags`` given must be above 0 (``not > 0`` refuses nan too; inf means no limit)."""
+    for flag in flags:
+        value = getattr(args, flag)
+        if value is not None and not value > 0:
+            raise ValueError(f"--{flag.replace('_', '-')} must be positive")
 
 
 def run_summary(args: argparse.Namespace) -> int:
@@ -233,6 +238,7 @@ def run_tune(args: argparse.Namespace) -> int:
     if args.steps_per_size < 2:
         print("ddpwatch tune: error: --steps-per-size must be at least 2", file=sys.stderr)
         return 2
+    positive(args, "wait", "idle_exit")
     driver = SweepDriver(args.strategy, args.steps_per_size, args.sizes, connect_timeout_s=args.wait)
     args.out.mkdir(parents=True, exist_ok=True)
     record(args.listen, args.out, StopRule(idle_exit_s=args.idle_exit), keys=server_keys(args), drive=driver)

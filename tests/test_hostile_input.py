@@ -68,6 +68,9 @@ def test_a_flood_of_garbage_from_one_sender_leaves_the_valid_stream_intact(tmp_p
         (["replay", "/no/such/session", "--speed", "nan"], "--speed must be 0 (as fast as possible) or a positive, finite number"),
         (["record", "--out", "/tmp/x", "--until-steps", "0"], "--until-steps must be positive"),
         (["record", "--out", "/tmp/x", "--wait", "0"], "--wait must be positive"),
+        (["record", "--out", "/tmp/x", "--idle-exit", "-1"], "--idle-exit must be positive"),
+        (["record", "--out", "/tmp/x", "--until-seconds", "nan"], "--until-seconds must be positive"),  # nan passed "<= 0"
+        (["tune", "--out", "/tmp/x", "--idle-exit", "0"], "--idle-exit must be positive"),
         (["record", "--out", "/tmp/x", "--listen", "tcp://0.0.0.0:5599"], "needs authentication"),
         (["record", "--out", "/tmp/x", "--listen", "not-an-address"], "cannot listen on not-an-address"),
         (["demo", "--steps", "0"], "--steps and --nproc must be at least 1"),

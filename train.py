@@ -16,6 +16,7 @@ real Hugging Face names. Every run ends by checking that all ranks hold identica
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import signal
 import sys
@@ -64,6 +65,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             parser.error(f"--{flag.replace('_', '-')} must be at least 1")
     if args.eval_examples is not None and args.eval_examples < 0:
         parser.error("--eval-examples must be 0 or more")
+    if not (math.isfinite(args.lr) and args.lr >= 0):  # nan or inf would train on to nan parameters, silently
+        parser.error(f"--lr must be a finite number, 0 or more, not {args.lr:g}")
     if bucket_mb_problem(args.bucket_mb):
         parser.error(f"--bucket-mb must be a positive, finite number of MB, not {args.bucket_mb:g}")
     args.watch_keys = None

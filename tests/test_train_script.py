@@ -63,6 +63,7 @@ def run_train(*args: str) -> subprocess.CompletedProcess[str]:
         (["--bucket-mb", "-1"], "--bucket-mb must be a positive, finite number of MB, not -1"),
         (["--bucket-mb", "inf"], "--bucket-mb must be a positive, finite number of MB, not inf"),  # was a traceback in wrap
         (["--device", "tpu"], "invalid choice: 'tpu'"),
+        (["--lr", "nan"], "--lr must be a finite number, 0 or more, not nan"),
     ],
 )
 def test_wrong_flags_fail_with_one_line_error(args: list[str], message: str, capsys: pytest.CaptureFixture[str],

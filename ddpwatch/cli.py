@@ -110,6 +110,7 @@ def run_dashboard(args: argparse.Namespace) -> int:
     from .dashboard.process_feed import ProcessFeed
     from .session_file import SESSION_FILE_NAME
 
+    positive(args, "max_message_bytes")
     out_dir = args.out or default_session_dir()
     feed = ProcessFeed(args.listen, out_dir / SESSION_FILE_NAME, args.max_message_bytes, server_keys(args))
     DashboardApp(feed, out_dir).run()
@@ -169,7 +170,7 @@ def run_record(args: argparse.Namespace) -> int:
 
     from .recorder import StopRule, record
 
-    positive(args, "until_steps", "until_seconds", "sample", "wait", "idle_exit")
+    positive(args, "until_steps", "until_seconds", "sample", "wait", "idle_exit", "max_message_bytes")
     started = time.monotonic()
     session = record(args.listen, args.out, StopRule(args.until_steps, args.until_seconds, args.idle_exit, args.wait),
                      args.max_message_bytes, keys=server_keys(args), sample_every=args.sample)

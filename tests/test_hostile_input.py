@@ -71,6 +71,8 @@ def test_a_flood_of_garbage_from_one_sender_leaves_the_valid_stream_intact(tmp_p
         (["record", "--out", "/tmp/x", "--idle-exit", "-1"], "--idle-exit must be positive"),
         (["record", "--out", "/tmp/x", "--until-seconds", "nan"], "--until-seconds must be positive"),  # nan passed "<= 0"
         (["tune", "--out", "/tmp/x", "--idle-exit", "0"], "--idle-exit must be positive"),
+        (["record", "--out", "/tmp/x", "--max-message-bytes", "0"], "--max-message-bytes must be positive"),  # every message rejected
+        (["--max-message-bytes", "-1"], "--max-message-bytes must be positive"),  # the dashboard, before it takes the terminal
         (["record", "--out", "/tmp/x", "--listen", "tcp://0.0.0.0:5599"], "needs authentication"),
         (["record", "--out", "/tmp/x", "--listen", "not-an-address"], "cannot listen on not-an-address"),
         (["demo", "--steps", "0"], "--steps and --nproc must be at least 1"),

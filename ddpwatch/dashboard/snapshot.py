@@ -17,10 +17,10 @@ from typing import Any
 
 from ddpwatch import metrics
 from ddpwatch.advisor import Advice, advice_for_session
+from ddpwatch.compact import StepSet
 from ddpwatch.heatmap import Heatmap, RowLayout, assemble_heatmap, heat_column, row_layout
 from ddpwatch.rank_lists import FEW_RANKS, ranks_text, runs_text
 from ddpwatch.rank_rows import RankRow, rows_by_node
-from ddpwatch.compact import StepSet
 from ddpwatch.session import Segment, Session
 from instrumented_ddp.protocol import StepReport
 
@@ -213,7 +213,8 @@ class SnapshotBuilder:
               heard_now: float | None = None) -> Snapshot:
         """``heard_now``: the time on the clock the messages were stamped with on arrival, by which a
         rank's silence is judged lost or stopped (``Feed.heard_clock``: a replay's is the recording's,
-        still at its end once played); None: ``now``, the clock that paces what is remade. ``open_nodes``: nodes whose heatmap rows the user opened (a job above
+        still at its end once played); None: ``now``, the clock that paces what is remade.
+        ``open_nodes``: nodes whose heatmap rows the user opened (a job above
         ``EVERY_RANK_A_ROW_UP_TO`` ranks starts with one row per node); ``selected_rank``: drawn in
         the timeline of a job too large to draw every rank; ``side_tab``: the side
         panel's tab on screen ("devices", "trends", "heatmap", "stragglers" or "advisor"), the

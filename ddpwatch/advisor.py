@@ -254,7 +254,7 @@ def advise(*, strategy: str, cap_mb: float, backend: str, world_size: int, profi
     meeting = all_reduce_ranks(groups, world_size)
     model = fit_cost_model(samples, meeting)
     if model is None:
-        return why_no_model(samples, meeting)
+        return why_no_model(samples, meeting, cap_mb)
     current_bytes = max(1, int(cap_mb * MIB))
     options: dict[str, Any] = {"rule": strategy, "workers": workers_of(backend)}
     predictions = sweep(profile, model, caps or cap_grid(current_bytes), **options)
@@ -268,11 +268,17 @@ def advise(*, strategy: str, cap_mb: float, backend: str, world_size: int, profi
     return Advice(strategy, options["workers"], current, default, top, tuple(predictions), model, tuple(measured), words)
 
 
-def why_no_model(samples: Sequence[TransferSample], meeting: int) -> str:
-    """Why no cost model could be fitted; ``meeting``: how many ranks each all-reduce spans."""
+def why_no_model(samples: Sequence[TransferSample], meeting: int, cap_mb: float | None = None) -> str:
+    """Why no cost model could be fitted; ``meeting``: how many ranks each all-reduce spans;
+    ``cap_mb``: the cap running now. Where the one size seen is under the cap, another cap above
+    that size can give the same buckets again: it says to go under it (seen in the demo: 25 MB,
+    then 12.5, both one 9.2 MB bucket of every gradient, and "run another cap" both times)."""
     if meeting < 2:
         return "one rank in each all-reduce: no transfer to model"
     sizes = sorted({s.nbytes for s in samples})
+    if len(sizes) == 1 and cap_mb is not None and cap_mb * MIB >= sizes[0]:
+        return (f"needs all-reduces of two sizes or more to fit the cost model: every one seen was {sizes[0] / MIB:.3g} MB, "
+                f"under the cap: run a cap under {sizes[0] / MIB:.3g} MB (-) to cut them smaller")
     if len(sizes) < 2:
         return "needs all-reduces of two sizes or more to fit the cost model: run another cap (+ / -)"
     return (f"the all-reduces of {sizes[0] / MIB:.3g}-{sizes[-1] / MIB:.3g} MB did not take longer as they grew "

@@ -285,6 +285,21 @@ def test_without_what_it_needs_the_advisor_says_what_is_missing(changes: dict, s
     assert isinstance(advice, str) and says in advice
 
 
+def test_with_every_gradient_in_one_bucket_the_advisor_asks_for_a_cap_under_it() -> None:
+    """One 4 MiB all-reduce a step at a 25 MB cap: a larger cap gives the same one bucket, so
+    "another cap" is not enough; under 4 MiB the gradients split. Below its size, any cap will do."""
+    def one_bucket(rank: int) -> StepReport:
+        spans = [Span("all_reduce", 0.0, 0.02, False, 4 * MIB, "b0")]
+        return StepReport(rank=rank, step=1, strategy="bucket", settings={}, start=0.0, end=0.1, spans=spans, samples=1, tokens=0)
+
+    arguments = dict(strategy="bucket", backend="gloo", world_size=2, profile_steps=[{0: bucket_step()}],
+                     fit_steps=[step_collectives({0: one_bucket(0), 1: one_bucket(1)})], parameter_layout=LAYOUT,
+                     bucket_layout=[[3, 2], [1, 0]])
+    assert advise(cap_mb=25.0, **arguments) == ("needs all-reduces of two sizes or more to fit the cost model: every one "
+                                                "seen was 4 MB, under the cap: run a cap under 4 MB (-) to cut them smaller")
+    assert advise(cap_mb=2.0, **arguments) == "needs all-reduces of two sizes or more to fit the cost model: run another cap (+ / -)"
+
+
 def test_right_after_a_switch_the_advisor_waits_for_the_new_segment_rather_than_misread_the_old_one() -> None:
     """A switched rank sends its new hello (the 4 MB cap: one bucket [3, 2, 1, 0]) before the new
     segment's first report. Until that report comes, the last segment is still the 2 MB one, whose

@@ -123,7 +123,13 @@ def busbw_text(all_reduce_gbps: float | None, other_gbps: Mapping[str, float | N
     """Each collective kind's busbw, GB/s, the all-reduces' first, as ``AR 3.12 AG 0.32 RS 0.16``
     (``Figures.busbw_gbps``, ``SegmentFigures.other_busbw_gbps``); a dash without any."""
     by_kind = {"all_reduce": all_reduce_gbps, **dict(sorted(other_gbps.items()))}
-    return " ".join(f"{KIND_SHORT.get(kind, kind)} {value:.2f}" for kind, value in by_kind.items() if value is not None) or "—"
+    return " ".join(f"{KIND_SHORT.get(kind, kind)} {gbps_text(value)}" for kind, value in by_kind.items() if value is not None) or "—"
+
+
+def gbps_text(gbps: float) -> str:
+    """Two decimals, or two significant digits under 0.01 GB/s: DDP's broadcast of a few hundred
+    bytes of buffers each forward read "BC 0.00", as if nothing had moved."""
+    return f"{gbps:.2f}" if gbps >= 0.01 or gbps == 0 else f"{gbps:.2g}"
 
 
 def held_text(memory: Mapping[str, int]) -> str:

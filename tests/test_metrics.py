@@ -447,6 +447,7 @@ def test_busbw_reads_each_kind_the_all_reduces_first():
     assert busbw_text(3.125, {"reduce_scatter": 0.16, "all_gather": 0.32}) == "AR 3.12 AG 0.32 RS 0.16"
     assert busbw_text(None, {"all_gather": 1.25}) == "AG 1.25"  # a sharded segment: no all-reduce
     assert busbw_text(None, {}) == "—"
+    assert busbw_text(0.65, {"broadcast": 0.000123}) == "AR 0.65 BC 0.00012"  # a few bytes of buffers: was "BC 0.00"
 
 
 def test_the_shard_group_of_a_2d_mesh_holds_one_rank_of_each_replica_group():

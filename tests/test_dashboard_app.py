@@ -1029,3 +1029,13 @@ async def test_the_strategy_picker_refuses_a_cap_no_rank_could_take() -> None:
         assert app.screen is picker  # still open, nothing asked of the ranks
         assert "finite number > 0" in str(picker.query_one("#picker-error", Label).render())
         assert not app.pending_switches
+
+
+def test_the_timeline_axis_leaves_out_a_label_that_would_run_into_the_next() -> None:
+    """At 40 columns the ¾ tick's "|395ms" would end where "526ms|" begins: it was cut to
+    "|395m526ms|"; now it is left out. Wide enough, every label shows, as before."""
+    from ddpwatch.dashboard.widgets.timeline_view import axis_text
+
+    assert axis_text(526.4, 40) == "|0ms      |132ms    |263ms        526ms|"
+    assert axis_text(526.4, 60) == "|0ms           |132ms         |263ms         |395ms   526ms|"
+    assert axis_text(526.4, 4) == "    "

@@ -89,20 +89,8 @@ class TimelineView(Widget):
 
     def _axis(self, width: int) -> Strip:
         assert self.data is not None
-        span_ms = 1000 * self.data.span_s
-        columns = self._columns(width)
-        ticks = [" "] * columns
-        for fraction in (0.0, 0.25, 0.5, 0.75):
-            text = f"|{span_ms * fraction:.0f}ms"
-            at = int(fraction * columns)
-            for i, ch in enumerate(text):
-                if at + i < columns:
-                    ticks[at + i] = ch
-        end = f"{span_ms:.0f}ms|"
-        for i, ch in enumerate(end):
-            ticks[columns - len(end) + i] = ch
         return Strip([Segment(" " * (LABEL_WIDTH + 1), STYLES["label"]),  # the step and strategy: ``title``
-                      Segment("".join(ticks), STYLES["axis"])]).crop(0, width)
+                      Segment(axis_text(1000 * self.data.span_s, self._columns(width)), STYLES["axis"])]).crop(0, width)
 
     def _lane(self, rank: RankLanes, compute: bool, width: int) -> Strip:
         assert self.data is not None
@@ -190,3 +178,20 @@ def legend_rows(width: int) -> tuple[int, list[list[tuple[str, str, str]]]]:
 
     indented, flush = packed(LABEL_WIDTH + 1), packed(0)
     return (LABEL_WIDTH + 1, indented) if len(indented) == len(flush) else (0, flush)
+
+
+def axis_text(span_ms: float, columns: int) -> str:
+    """Ticks at 0, ¼, ½ and ¾ of the step and its end, each label whole or left out: in a narrow
+    panel a label that would run into the next lost its tail to it ("|395m526ms|")."""
+    ticks = [" "] * columns
+    end = f"{span_ms:.0f}ms|"
+    if len(end) > columns:  # not even the step's length fits: no label rather than a cut one
+        return "".join(ticks)
+    labels = [(int(fraction * columns), f"|{span_ms * fraction:.0f}ms") for fraction in (0.0, 0.25, 0.5, 0.75)]
+    starts = [at for at, _ in labels[1:]] + [columns - len(end)]
+    for (at, text), next_start in zip(labels, starts):
+        if at + len(text) < next_start:  # a column of space before the next label
+            ticks[at:at + len(text)] = text
+    ticks[columns - len(end):] = end
+    return "".join(ticks)
+

@@ -1039,3 +1039,21 @@ def test_the_timeline_axis_leaves_out_a_label_that_would_run_into_the_next() -> 
     assert axis_text(526.4, 40) == "|0ms      |132ms    |263ms        526ms|"
     assert axis_text(526.4, 60) == "|0ms           |132ms         |263ms         |395ms   526ms|"
     assert axis_text(526.4, 4) == "    "
+
+
+async def test_the_loss_and_step_time_grow_into_a_tall_tab() -> None:
+    """Two trends in the side panel of a 160 x 48 screen: each bar is several rows, where it was a
+    one-line strip at the top of an empty tab; the devices of two ranks the same."""
+    app = DashboardApp(StaticFeed(session_messages()), export_on_exit=False)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await draw_every_message(app, pilot)
+        assert app.device_panel.bar_rows > 1
+        await pilot.press("t")
+        await pilot.pause(0.2)
+        app.refresh_frame()
+        await pilot.pause(0.1)
+        panel = app.trends_panel
+        assert panel.bar_rows > 1 and panel.virtual_size.height == 2 * (panel.bar_rows + 2)
+        lines = [panel.render_line(y).text for y in range(panel.bar_rows + 2)]
+        assert lines[0].startswith("loss (mean over ranks)") and lines[-1].strip() == ""
+        assert all(line.strip() for line in lines[1:-1])  # every bar row draws something

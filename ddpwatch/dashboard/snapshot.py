@@ -17,14 +17,13 @@ from typing import Any
 
 from ddpwatch import metrics
 from ddpwatch.advisor import Advice, advice_for_session
-from ddpwatch.compact import StepSet
 from ddpwatch.heatmap import Heatmap, RowLayout, assemble_heatmap, heat_column, row_layout
-from ddpwatch.rank_lists import FEW_RANKS, ranks_text, runs_text
 from ddpwatch.rank_rows import RankRow, rows_by_node
 from ddpwatch.session import Segment, Session
 from instrumented_ddp.protocol import StepReport
 
 from .timeline_lanes import TimelineData, pick_timeline_ranks, timeline_of
+from .warning_lines import lost_rank_lines, note_lines, reporting_fault_lines
 
 SEGMENT_REFRESH_S = 1.0
 HEATMAP_REFRESH_S = 1.0
@@ -454,87 +453,20 @@ class SnapshotBuilder:
         made_at, made_for, kept = self._warnings_made
         if made_for == step and now - made_at < LARGE_JOB_ROWS_REFRESH_S and len(self.session.ranks) > EVERY_RANK_IN_THE_TIMELINE_UP_TO:
             return kept
-        made = (tuple(self._warnings(step, heard)), tuple(self._notes(heard)))
+        made = (tuple(self._warnings(step, heard)), tuple(note_lines(self.session, heard)))
         self._warnings_made = (now, step, made)
         return made
 
     def _warnings(self, step: int | None, heard: float) -> list[str]:
-        session, lines = self.session, []
+        """The desync first (the run's one error), lost ranks, the straggler, then what went wrong
+        in what the ranks reported (``warning_lines``)."""
         desync = self._desync_range(step)
-        if desync is not None:
-            lines.append(desync.describe())
-        lines += self._lost_ranks(heard)
+        lines = [desync.describe()] if desync is not None else []
+        lines += lost_rank_lines(self.session, heard)
         straggler = self._straggler(step)
         if straggler is not None:
             lines.append(straggler.describe())
-        unresolved = {rank: state.unresolved for rank, state in sorted(session.ranks.items()) if state.unresolved}
-        if len(unresolved) > FEW_RANKS:
-            lines.append(f"{len(unresolved)} ranks sent {sum(unresolved.values())} steps unresolved (timing marks never "
-                         f"completed; left out of the figures): ranks {ranks_text(unresolved)}")
-        else:
-            lines += [f"rank {rank}: {n} step{'s' if n != 1 else ''} sent unresolved "
-                      "(timing marks never completed; left out of the figures)" for rank, n in unresolved.items()]
-        dropped = {r: s.sender_dropped for r, s in session.ranks.items() if s.sender_dropped}
-        lost = {r: s.lost_messages for r, s in session.ranks.items() if s.lost_messages}
-        if len(dropped) + len(lost) > FEW_RANKS:
-            parts = [f"{sum(d.values())} {what} by {len(d)} rank{'s' if len(d) != 1 else ''} ({ranks_text(d)})"
-                     for d, what in ((dropped, "discarded"), (lost, "lost in transit")) if d]
-            lines.append("telemetry dropped: " + ", ".join(parts) + " (training was not slowed)")
-        elif dropped or lost:
-            parts = [f"rank {r} discarded {n}" for r, n in sorted(dropped.items())]
-            parts += [f"{n} from rank {r} lost in transit" for r, n in sorted(lost.items())]
-            lines.append("telemetry dropped: " + ", ".join(parts) + " (training was not slowed)")
-        if session.all_reduce_groups_problem:
-            lines.append(session.all_reduce_groups_problem)
-        rejected = sum(session.rejected.values())
-        if rejected:
-            kinds = ", ".join(f"{n} {k}" for k, n in sorted(session.rejected.items()))
-            lines.append(f"rejected {rejected} malformed message(s): {kinds}")
-        return lines
-
-    def _lost_ranks(self, heard: float) -> list[str]:
-        """A line per lost rank, or one line for many (a node gone takes eight at once, and a
-        thousand lines would each change every frame)."""
-        session = self.session
-        silent = {rank: heard - state.last_seen for rank, state in sorted(session.ranks.items())
-                  if session.status(rank, heard) == "lost"}
-        if len(silent) <= FEW_RANKS:
-            return [f"rank {rank} lost: nothing heard from it for {s:.1f} s" for rank, s in silent.items()]
-        return [f"{len(silent)} ranks lost: nothing heard from them for {min(silent.values()):.0f}-"
-                f"{max(silent.values()):.0f} s: ranks {ranks_text(silent)}"]
-
-    def _notes(self, heard: float) -> list[str]:
-        """Not faults: reports that came late (heartbeats run ahead of reports still resolving),
-        why a rank's device readings are not what its device suggests, steps whose optimizer
-        update was skipped, steps in which torch.compile compiled, and ranks whose steps stopped
-        while the others' went on."""
-        lines = [skipped_updates_text(self.session.skipped_updates)] if self.session.skipped_updates else []
-        if self.session.compiling_steps:
-            lines.append(compiling_steps_text(self.session.compiling_steps))
-        stopped = self.session.stopped_ranks(heard)
-        if stopped:
-            lines.append(stopped_ranks_text(stopped, max(state.last_step for state in self.session.ranks.values())))
-        late = {rank: state for rank, state in sorted(self.session.ranks.items()) if state.late}
-        if len(late) > FEW_RANKS:  # one line for many, as the warnings do
-            total, unused = sum(s.late for s in late.values()), sum(s.late_unused for s in late.values())
-            tail = f"; {unused} came after their step was folded and are left out" if unused else ""
-            lines.append(f"{len(late)} ranks sent {total} step reports late ({total - unused} used{tail}): ranks {ranks_text(late)}")
-        else:
-            for rank, state in late.items():
-                used = state.late - state.late_unused
-                tail = f"; {state.late_unused} came after their step was folded and are left out" if state.late_unused else ""
-                lines.append(f"rank {rank}: {state.late} step report{'s' if state.late != 1 else ''} arrived late "
-                             f"({used} used{tail})")
-        noted: dict[str, list[tuple[int, str]]] = {}  # a note -> the (rank, device) it came from
-        for rank, state in sorted(self.session.ranks.items()):
-            if state.hello is not None and state.hello.device_note:
-                noted.setdefault(state.hello.device_note, []).append((rank, state.hello.device))
-        for note, ranks in noted.items():  # a thousand GPUs without NVML say it once
-            if len(ranks) > FEW_RANKS:
-                lines.append(f"{len(ranks)} ranks ({ranks_text(rank for rank, _ in ranks)}): {note}")
-            else:
-                lines += [f"rank {rank} ({device}): {note}" for rank, device in ranks]
-        return lines
+        return lines + reporting_fault_lines(self.session)
 
     def _desync_range(self, step: int | None) -> metrics.DesyncRange | None:
         """Every desynchronised step folded so far, plus the shown step's if it is not folded yet:
@@ -603,28 +535,3 @@ def describe_device(readings: dict[str, float], kind: str) -> tuple[str, str]:
     util = f"CPU {readings['process_cpu_pct']:.0f}%" if "process_cpu_pct" in readings else "CPU —"
     memory = f"RSS {readings['rss_bytes'] / 2**20:.0f} MiB" if "rss_bytes" in readings else "—"
     return util, memory
-
-
-def stopped_ranks_text(stopped: dict[int, int], newest: int) -> str:
-    """One line for the ranks whose steps stopped while the others reached ``newest``."""
-    steps = sorted(set(stopped.values()))
-    at = f"step {steps[0]}" if len(steps) == 1 else f"steps {steps[0]}-{steps[-1]}"
-    who = f"rank {next(iter(stopped))} has" if len(stopped) == 1 else f"{len(stopped)} ranks ({ranks_text(stopped)}) have"
-    return (f"{who} passed no step since {at} while the others reached {newest}: out of data under DDP's join() "
-            "(uneven inputs), or out of the training loop")
-
-
-def compiling_steps_text(steps: StepSet) -> str:
-    """One line for the steps in which torch.compile compiled: a compiled model's first steps,
-    and any recompile after them, which is worth finding (``TORCH_LOGS=recompiles`` says which
-    guard failed)."""
-    count = len(steps)
-    return (f"torch.compile compiled in {count} step{'s' if count != 1 else ''} ({runs_text(steps.ranges())}): left out of "
-            "the figures; past the first steps it recompiled (TORCH_LOGS=recompiles says why)")
-
-
-def skipped_updates_text(steps: StepSet) -> str:
-    """One line for the steps whose optimizer update was skipped."""
-    count = len(steps)
-    return (f"optimizer update skipped in {count} step{'s' if count != 1 else ''} ({runs_text(steps.ranges())}): gradients reduced, "
-            "then cleared with no optimizer.step(), as a loss scaler does when it finds inf or NaN")

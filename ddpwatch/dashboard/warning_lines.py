@@ -1,0 +1,115 @@
+"""What the warnings panel says of a session, in plain words. Faults: lost ranks, steps sent
+unresolved, telemetry dropped or rejected, all-reduce groups the hellos contradict. Notes, not
+faults: reports that came late, device notes, skipped optimizer updates, steps that compiled,
+ranks whose steps stopped while the others' went on.
+
+Pure functions of the session and of the time on its arrivals' clock (``heard``); the snapshot
+builder puts the desync and the straggler it keeps cached among them and paces how often they
+are made. Many ranks saying the same thing say it in one line (a node gone takes eight at once,
+and a thousand lines would each change every frame).
+"""
+
+from __future__ import annotations
+
+from ddpwatch.compact import StepSet
+from ddpwatch.rank_lists import FEW_RANKS, ranks_text, runs_text
+from ddpwatch.session import Session
+
+
+def lost_rank_lines(session: Session, heard: float) -> list[str]:
+    """A line per rank silent past ``LOST_AFTER_S`` at ``heard``, or one line for many."""
+    silent = {rank: heard - state.last_seen for rank, state in sorted(session.ranks.items())
+              if session.status(rank, heard) == "lost"}
+    if len(silent) <= FEW_RANKS:
+        return [f"rank {rank} lost: nothing heard from it for {s:.1f} s" for rank, s in silent.items()]
+    return [f"{len(silent)} ranks lost: nothing heard from them for {min(silent.values()):.0f}-"
+            f"{max(silent.values()):.0f} s: ranks {ranks_text(silent)}"]
+
+
+def reporting_fault_lines(session: Session) -> list[str]:
+    """What went wrong in what the ranks reported: steps sent unresolved, telemetry discarded by
+    a sender or lost in transit, all-reduce groups the hellos contradict, rejected messages."""
+    lines = []
+    unresolved = {rank: state.unresolved for rank, state in sorted(session.ranks.items()) if state.unresolved}
+    if len(unresolved) > FEW_RANKS:
+        lines.append(f"{len(unresolved)} ranks sent {sum(unresolved.values())} steps unresolved (timing marks never "
+                     f"completed; left out of the figures): ranks {ranks_text(unresolved)}")
+    else:
+        lines += [f"rank {rank}: {n} step{'s' if n != 1 else ''} sent unresolved "
+                  "(timing marks never completed; left out of the figures)" for rank, n in unresolved.items()]
+    dropped = {r: s.sender_dropped for r, s in session.ranks.items() if s.sender_dropped}
+    lost = {r: s.lost_messages for r, s in session.ranks.items() if s.lost_messages}
+    if len(dropped) + len(lost) > FEW_RANKS:
+        parts = [f"{sum(d.values())} {what} by {len(d)} rank{'s' if len(d) != 1 else ''} ({ranks_text(d)})"
+                 for d, what in ((dropped, "discarded"), (lost, "lost in transit")) if d]
+        lines.append("telemetry dropped: " + ", ".join(parts) + " (training was not slowed)")
+    elif dropped or lost:
+        parts = [f"rank {r} discarded {n}" for r, n in sorted(dropped.items())]
+        parts += [f"{n} from rank {r} lost in transit" for r, n in sorted(lost.items())]
+        lines.append("telemetry dropped: " + ", ".join(parts) + " (training was not slowed)")
+    if session.all_reduce_groups_problem:
+        lines.append(session.all_reduce_groups_problem)
+    rejected = sum(session.rejected.values())
+    if rejected:
+        kinds = ", ".join(f"{n} {k}" for k, n in sorted(session.rejected.items()))
+        lines.append(f"rejected {rejected} malformed message(s): {kinds}")
+    return lines
+
+
+def note_lines(session: Session, heard: float) -> list[str]:
+    """Not faults: steps whose optimizer update was skipped, steps in which torch.compile
+    compiled, ranks whose steps stopped while the others' went on, reports that came late
+    (heartbeats run ahead of reports still resolving), why a rank's device readings are not what
+    its device suggests."""
+    lines = [skipped_updates_text(session.skipped_updates)] if session.skipped_updates else []
+    if session.compiling_steps:
+        lines.append(compiling_steps_text(session.compiling_steps))
+    stopped = session.stopped_ranks(heard)
+    if stopped:
+        lines.append(stopped_ranks_text(stopped, max(state.last_step for state in session.ranks.values())))
+    late = {rank: state for rank, state in sorted(session.ranks.items()) if state.late}
+    if len(late) > FEW_RANKS:
+        total, unused = sum(s.late for s in late.values()), sum(s.late_unused for s in late.values())
+        tail = f"; {unused} came after their step was folded and are left out" if unused else ""
+        lines.append(f"{len(late)} ranks sent {total} step reports late ({total - unused} used{tail}): ranks {ranks_text(late)}")
+    else:
+        for rank, state in late.items():
+            used = state.late - state.late_unused
+            tail = f"; {state.late_unused} came after their step was folded and are left out" if state.late_unused else ""
+            lines.append(f"rank {rank}: {state.late} step report{'s' if state.late != 1 else ''} arrived late "
+                         f"({used} used{tail})")
+    noted: dict[str, list[tuple[int, str]]] = {}  # a note -> the (rank, device) it came from
+    for rank, state in sorted(session.ranks.items()):
+        if state.hello is not None and state.hello.device_note:
+            noted.setdefault(state.hello.device_note, []).append((rank, state.hello.device))
+    for note, ranks in noted.items():  # a thousand GPUs without NVML say it once
+        if len(ranks) > FEW_RANKS:
+            lines.append(f"{len(ranks)} ranks ({ranks_text(rank for rank, _ in ranks)}): {note}")
+        else:
+            lines += [f"rank {rank} ({device}): {note}" for rank, device in ranks]
+    return lines
+
+
+def stopped_ranks_text(stopped: dict[int, int], newest: int) -> str:
+    """One line for the ranks whose steps stopped while the others reached ``newest``."""
+    steps = sorted(set(stopped.values()))
+    at = f"step {steps[0]}" if len(steps) == 1 else f"steps {steps[0]}-{steps[-1]}"
+    who = f"rank {next(iter(stopped))} has" if len(stopped) == 1 else f"{len(stopped)} ranks ({ranks_text(stopped)}) have"
+    return (f"{who} passed no step since {at} while the others reached {newest}: out of data under DDP's join() "
+            "(uneven inputs), or out of the training loop")
+
+
+def compiling_steps_text(steps: StepSet) -> str:
+    """One line for the steps in which torch.compile compiled: a compiled model's first steps,
+    and any recompile after them, which is worth finding (``TORCH_LOGS=recompiles`` says which
+    guard failed)."""
+    count = len(steps)
+    return (f"torch.compile compiled in {count} step{'s' if count != 1 else ''} ({runs_text(steps.ranges())}): left out of "
+            "the figures; past the first steps it recompiled (TORCH_LOGS=recompiles says why)")
+
+
+def skipped_updates_text(steps: StepSet) -> str:
+    """One line for the steps whose optimizer update was skipped."""
+    count = len(steps)
+    return (f"optimizer update skipped in {count} step{'s' if count != 1 else ''} ({runs_text(steps.ranges())}): gradients reduced, "
+            "then cleared with no optimizer.step(), as a loss scaler does when it finds inf or NaN")

@@ -256,6 +256,8 @@ def run_switch(args: argparse.Namespace) -> int:
 
     from instrumented_ddp.protocol import load_client_keys
 
+    if not (math.isfinite(args.timeout) and args.timeout > 0):  # inf broke the poll's int(), nan and 0 gave up at once
+        raise ValueError("--timeout must be a positive, finite number of seconds")
     keys = load_client_keys(args.key) if args.key else None
     ack = request_switch(args.listen, args.strategy, args.bucket_mb, args.grad_accum, args.timeout, keys)
     if not ack.applied:

@@ -62,6 +62,7 @@ def test_a_flood_of_garbage_from_one_sender_leaves_the_valid_stream_intact(tmp_p
     [
         (["switch", "zero3"], "unknown strategy 'zero3'"),
         (["switch", "bucket", "--bucket-mb", "-1"], "--bucket-mb must be a positive, finite number of MB, not -1"),
+        (["switch", "bucket", "--timeout", "inf"], "--timeout must be a positive, finite number of seconds"),  # was a traceback
         (["switch", "bucket", "--bucket-mb", "1e400"], "not inf"),  # was sent, dropped by rank 0 as invalid: a 30 s wait
         (["summary", "/no/such/session"], "holds no summary.json and no session file"),
         (["replay", "/no/such/session"], "holds no session file"),

@@ -25,6 +25,10 @@ def build_parser() -> argparse.ArgumentParser:
     replay = commands.add_parser("replay", help="play a recorded session through the dashboard")
     replay.add_argument("session", type=Path, help="a session directory (or its session file)")
     replay.add_argument("--speed", type=float, default=1.0, help="times the recorded pace (0: as fast as possible)")
+    # Here too, where a user looks for it (before, only ``ddpwatch --out DIR replay SESSION`` took it);
+    # SUPPRESS keeps this parser's default from overwriting the one given before the command.
+    replay.add_argument("--out", type=Path, default=argparse.SUPPRESS,
+                        help="where `e` and quitting write the exports (default: none, the recording's own are kept)")
 
     demo = commands.add_parser("demo", help="the dashboard plus a 2-process CPU training run it starts itself")
     demo.add_argument("--steps", type=int, default=2000, help="training steps (default 2000)")

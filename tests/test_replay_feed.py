@@ -77,3 +77,14 @@ def test_a_replays_clock_runs_at_its_speed_between_messages(tmp_path: Path) -> N
         assert 0.2 * 4 <= heard - T0 <= waited * 4
     finally:
         feed.stop()
+
+
+def test_replay_takes_its_output_directory_after_the_session_as_well_as_before() -> None:
+    """``ddpwatch replay SESSION --out DIR`` was refused (unrecognized arguments): only the form
+    with ``--out`` before the command took it, and the export key's hint did not say which."""
+    from ddpwatch.cli import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["replay", "runs/a", "--out", "exports"]).out == Path("exports")
+    assert parser.parse_args(["--out", "exports", "replay", "runs/a"]).out == Path("exports")
+    assert parser.parse_args(["replay", "runs/a"]).out is None

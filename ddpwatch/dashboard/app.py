@@ -401,7 +401,7 @@ class DashboardApp(App[None]):
 
     def action_export(self) -> None:
         if self.out_dir is None:
-            self.notify_user("no output directory: start ddpwatch with --out DIR to export")
+            self.notify_user("no output directory: replay with --out DIR to export (ddpwatch replay SESSION --out DIR)")
             return
         paths = write_exports(self.session, self.out_dir)
         screenshot = self.save_screenshot("dashboard.svg", str(self.out_dir))

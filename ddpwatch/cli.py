@@ -34,6 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--steps", type=int, default=2000, help="training steps (default 2000)")
     demo.add_argument("--nproc", type=int, default=2, help="ranks, on this machine's CPU (default 2)")
     demo.add_argument("--strategy", default="simple", help=f"the strategy it starts with: {', '.join(STRATEGY_NAMES)} (default simple)")
+    demo.add_argument("--out", type=Path, default=argparse.SUPPRESS, help="session directory (default ddpwatch-sessions/<time>)")
 
     record = commands.add_parser("record", help="record a session headless and write its summary when it ends")
     record.add_argument("--listen", default=DEFAULT_ADDRESS, help=f"address to listen on (default {DEFAULT_ADDRESS})")

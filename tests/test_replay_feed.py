@@ -88,3 +88,4 @@ def test_replay_takes_its_output_directory_after_the_session_as_well_as_before()
     assert parser.parse_args(["replay", "runs/a", "--out", "exports"]).out == Path("exports")
     assert parser.parse_args(["--out", "exports", "replay", "runs/a"]).out == Path("exports")
     assert parser.parse_args(["replay", "runs/a"]).out is None
+    assert parser.parse_args(["demo", "--out", "exports"]).out == Path("exports")  # the demo likewise

@@ -67,8 +67,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--eval-examples must be 0 or more")
     if not (math.isfinite(args.lr) and args.lr >= 0):  # nan or inf would train on to nan parameters, silently
         parser.error(f"--lr must be a finite number, 0 or more, not {args.lr:g}")
-    if bucket_mb_problem(args.bucket_mb):
-        parser.error(f"--bucket-mb must be a positive, finite number of MB, not {args.bucket_mb:g}")
+    if problem := bucket_mb_problem(args.bucket_mb, "--bucket-mb"):
+        parser.error(problem)
     args.watch_keys = None
     if not args.no_watch and (problem := address_problem(args.watch)):
         parser.error(f"--watch: {problem}")

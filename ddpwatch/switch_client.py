@@ -14,8 +14,8 @@ from .control import new_command
 def validate_switch(strategy: str, bucket_mb: float | None, grad_accum: int | None) -> None:
     if strategy not in STRATEGY_NAMES:
         raise ValueError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGY_NAMES)}")
-    if bucket_mb is not None and bucket_mb_problem(bucket_mb):
-        raise ValueError(f"--bucket-mb must be a positive, finite number of MB, not {bucket_mb:g}")
+    if bucket_mb is not None and (problem := bucket_mb_problem(bucket_mb, "--bucket-mb")):
+        raise ValueError(problem)
     if grad_accum is not None and grad_accum < 1:
         raise ValueError("--grad-accum must be at least 1")
 

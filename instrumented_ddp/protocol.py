@@ -561,14 +561,15 @@ def load_client_keys(path: str) -> ClientKeys:
         raise ValueError(f"cannot read CURVE client keys from {path}: {error}") from None
 
 
-def bucket_mb_problem(bucket_mb: object) -> str | None:
+def bucket_mb_problem(bucket_mb: object, name: str = "bucket_mb") -> str | None:
     """Why ``bucket_mb`` cannot be a bucket cap, or None: the one rule of ``wrap``, train.py,
-    ``ddpwatch switch`` and the dashboard's picker. An infinite cap passed ``> 0`` and then broke
-    the ``int()`` of bytes inside ``wrap`` (and inside DDP), a traceback on every rank."""
+    ``ddpwatch switch`` and ``tune`` and the dashboard's picker, each saying it of its own
+    ``name`` (a flag: ``--bucket-mb``). An infinite cap passed ``> 0`` and then broke the
+    ``int()`` of bytes inside ``wrap`` (and inside DDP), a traceback on every rank."""
     if isinstance(bucket_mb, bool) or not isinstance(bucket_mb, numbers.Real):  # numpy's numbers too
-        return f"bucket_mb must be a number of MB, not {bucket_mb!r}"
+        return f"{name} must be a number of MB, not {bucket_mb!r}"
     if not (math.isfinite(bucket_mb) and bucket_mb > 0):
-        return f"bucket_mb must be a positive, finite number of MB, not {bucket_mb:g}"
+        return f"{name} must be a positive, finite number of MB, not {bucket_mb:g}"
     return None
 
 

@@ -23,17 +23,16 @@ prediction came out short (README, "Advisor").
 from __future__ import annotations
 
 import statistics
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 from instrumented_ddp.bucket_plan import TensorSize
 from instrumented_ddp.protocol import READY_KIND, Hello, StepReport
 
 from .bucket_sim import MIB, BackwardProfile, Prediction, best, cap_grid, describe, sweep
-from .cost_model import CostModel, TransferSample, fit_cost_model
-from .metrics import CallTimes, ClockAlignment, Groups, all_reduce_ranks, call_times, collective_key, counted, transfers
+from .cost_model import CostModel, StepCollectives, TransferMemory, TransferSample, call_sizes, fit_cost_model, transfer_samples_of
+from .metrics import ClockAlignment, Groups, all_reduce_ranks, call_times, counted
 from .session import Segment, Session
 
 #: Bytes per element of the dtypes a parameter layout names (torch's names, less "torch.").
@@ -147,53 +146,12 @@ def _rank_whose_backward_ended_last(reports: Mapping[int, StepReport], own: int,
     return latest[1] if latest is not None else None
 
 
-class StepCollectives(NamedTuple):
-    """One step's all-reduces as the cost model reads them: every rank's durations in issue
-    order (``metrics.CallTimes``, which a rank's summary carries too) and their bytes by tag and
-    occurrence, read from any one rank's full report (a call moves the same bytes on every rank)."""
-
-    calls: Mapping[int, CallTimes]
-    sizes: Mapping[tuple[str, int], int]
-
-
-def call_sizes(report: StepReport) -> dict[tuple[str, int], int]:
-    """Each all-reduce's bytes, keyed as ``metrics.transfers`` keys it: the k-th call with its tag."""
-    seen: Counter[str] = Counter()
-    return {collective_key(span.tag, seen): span.nbytes for span in report.spans if span.kind == "all_reduce"}
-
-
 def step_collectives(reports: Mapping[int, StepReport]) -> StepCollectives:
-    """A step's collectives read from full reports (a test's steps, a replayed file's)."""
+    """A step's collectives read from full reports (a test's steps, a replayed file's); a kept
+    step's as the session holds them: ``Session.step_collectives``."""
     sized = next((report for report in reports.values() if len(report.spans)), None)
     return StepCollectives({rank: call_times(report) for rank, report in reports.items()},
                            call_sizes(sized) if sized is not None else {})
-
-
-def session_step_collectives(session: Session, step: int) -> StepCollectives:
-    """A kept step's collectives as the session holds them: the durations it figured as each
-    report or summary arrived (``Session.counted_calls``: no span read again), and the sizes from
-    the first counted report it holds in full. Above 64 ranks the dashboard asks most ranks for
-    summaries only; read from spans, a step counted only where every rank had sent them, one
-    step in 25, and a refresh at 256 ranks with spans every step took 0.21 s, most of it here."""
-    calls = session.counted_calls(step)
-    sized = next((report for rank, report in session.reports.get(step, {}).items() if rank in calls and len(report.spans)), None)
-    return StepCollectives(calls, call_sizes(sized) if sized is not None else {})
-
-
-def transfer_samples_of(steps: Sequence[StepCollectives], world_size: int, groups: Groups | None = None) -> list[TransferSample]:
-    """Each all-reduce of each step every rank reported, paired across ranks by tag and
-    occurrence: its bytes and its shortest duration over the ranks (the transfer; the rest of a
-    longer one was waiting for the slowest rank). ``groups``: who meets whom
-    (``Session.all_reduce_groups``; None, the world): each group's all-reduce is a transfer of
-    its own, paired within the group, and a call's sample is the mean over the groups
-    (``metrics.transfers``). A step some rank is missing from, or with no full report to give
-    the sizes, gives none."""
-    samples: list[TransferSample] = []
-    for step in steps:
-        if len(step.calls) < world_size or not step.sizes:
-            continue
-        samples.extend(TransferSample(step.sizes[key], seconds) for key, seconds in transfers(step.calls, groups) if key in step.sizes)
-    return samples
 
 
 @dataclass(frozen=True)
@@ -220,6 +178,7 @@ class Advice:
     model: CostModel
     measured: tuple[MeasuredCap, ...]
     words: str  # what limits the step at the current cap
+    remembered: int = 0  # of the model's samples, those of sizes only earlier steps issued
 
     @property
     def gain(self) -> float:
@@ -236,12 +195,13 @@ def advise(*, strategy: str, cap_mb: float, backend: str, world_size: int, profi
            fit_steps: Sequence[StepCollectives], parameter_layout: Sequence[tuple[str, int, str]],
            bucket_layout: Sequence[Sequence[int]] = (), measured: Sequence[MeasuredCap] = (),
            caps: Sequence[int] | None = None, offsets: Mapping[int, float] | None = None,
-           groups: Groups | None = None) -> Advice | str:
+           groups: Groups | None = None, memory: TransferMemory | None = None) -> Advice | str:
     """The sweep for the run as it is now, or a line saying what is missing. ``profile_steps``:
     recent steps' reports by rank, read on their lowest rank's clock (``offsets``: see
     ``backward_profile``). ``groups``: who meets whom in the all-reduces (None, the world): the
     transfers are paired within each group, busbw's bus factor is over a group's ranks, and the
-    backward simulated waits for the slowest rank of the reference's group."""
+    backward simulated waits for the slowest rank of the reference's group. ``memory``: the
+    run's earlier transfers; the sizes ``fit_steps`` did not issue are fitted from it."""
     if strategy not in ADVISED_STRATEGIES:
         return f"the advisor predicts bucket and ddp runs; this segment is {strategy}: switch to bucket to see it"
     tensors = layout_tensors(parameter_layout)
@@ -252,6 +212,8 @@ def advise(*, strategy: str, cap_mb: float, backend: str, world_size: int, profi
         return "waiting for a step with gradient-ready marks (steps after the first of a segment)"
     samples = transfer_samples_of(fit_steps, world_size, groups)
     meeting = all_reduce_ranks(groups, world_size)
+    remembered = memory.samples(meeting, besides={s.nbytes for s in samples}) if memory is not None else []
+    samples += remembered
     model = fit_cost_model(samples, meeting)
     if model is None:
         return why_no_model(samples, meeting, cap_mb)
@@ -265,7 +227,8 @@ def advise(*, strategy: str, cap_mb: float, backend: str, world_size: int, profi
     words = describe(current, model)
     if current.step_s <= top.step_s * 1.01:
         words = f"the current cap is within 1 % of the predicted best; {words}"
-    return Advice(strategy, options["workers"], current, default, top, tuple(predictions), model, tuple(measured), words)
+    return Advice(strategy, options["workers"], current, default, top, tuple(predictions), model, tuple(measured), words,
+                  len(remembered))
 
 
 def why_no_model(samples: Sequence[TransferSample], meeting: int, cap_mb: float | None = None) -> str:
@@ -304,11 +267,12 @@ def advice_for_session(session: Session, caps: Sequence[int] | None = None,
         cap = hello.settings.get("bucket_mb")
         return f"waiting for the run's first steps as {hello.strategy}{f' at {float(cap):g} MB' if cap else ''}, where it switched"
     profile_steps, offsets = profile if profile is not None else recent_profile_steps(session, segment)
-    fit_steps = [session_step_collectives(session, step) for step in sorted(session.reports)[-FIT_STEPS:]]
+    fit_steps = [session.step_collectives(step) for step in sorted(session.reports)[-FIT_STEPS:]]
     return advise(strategy=segment.strategy, cap_mb=float(segment.settings.get("bucket_mb") or 25.0),
                   backend=hello.backend, world_size=session.world_size, profile_steps=profile_steps,
                   fit_steps=fit_steps, parameter_layout=hello.parameter_layout, bucket_layout=hello.bucket_layout,
-                  measured=measured_caps(session), caps=caps, offsets=offsets, groups=session.all_reduce_groups())
+                  measured=measured_caps(session), caps=caps, offsets=offsets, groups=session.all_reduce_groups(),
+                  memory=session.transfer_memory)
 
 
 def recent_profile_steps(session: Session, segment: Segment, count: int = PROFILE_STEPS

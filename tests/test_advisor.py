@@ -8,18 +8,17 @@ from dataclasses import replace
 import pytest
 
 from ddpwatch.advisor import (
+    FIT_STEPS,
     Advice,
     MeasuredCap,
     advice_for_session,
     advise,
     backward_profile,
     layout_tensors,
-    StepCollectives,
     ready_times,
-    session_step_collectives,
     step_collectives,
-    transfer_samples_of,
 )
+from ddpwatch.cost_model import StepCollectives, transfer_samples_of
 from ddpwatch.session import Session
 from instrumented_ddp.protocol import Envelope, Hello, Span, StepReport
 from instrumented_ddp.step_figures import summarize
@@ -240,7 +239,7 @@ def test_a_session_fits_the_cost_model_from_ranks_that_sent_summaries() -> None:
         rank0 = full if step < 3 else summarize(full, 2)
         session.ingest(Envelope(rank0, 0, step, 0), received_at=0.0)
         session.ingest(Envelope(summarize(replace(late, step=step), 2), 1, step, 0), received_at=0.0)
-    samples = transfer_samples_of([session_step_collectives(session, step) for step in (1, 2, 3)], world_size=2)
+    samples = transfer_samples_of([session.step_collectives(step) for step in (1, 2, 3)], world_size=2)
     assert [(s.nbytes, round(s.seconds, 6)) for s in samples] == [(MIB, 0.014), (3 * MIB, 0.018)] * 2
 
 
@@ -298,6 +297,53 @@ def test_with_every_gradient_in_one_bucket_the_advisor_asks_for_a_cap_under_it()
     assert advise(cap_mb=25.0, **arguments) == ("needs all-reduces of two sizes or more to fit the cost model: every one "
                                                 "seen was 4 MB, under the cap: run a cap under 4 MB (-) to cut them smaller")
     assert advise(cap_mb=2.0, **arguments) == "needs all-reduces of two sizes or more to fit the cost model: run another cap (+ / -)"
+
+
+def test_sizes_the_recent_steps_no_longer_issue_still_fit_the_cost_model() -> None:
+    """Three steps at a 2 MB cap issue 1 and 3 MiB all-reduces (14 and 18 ms: 12 ms + 2 ms/MiB);
+    then the run switches to 25 MB, where every gradient makes one 4 MiB bucket (20 ms), for more
+    steps than the fit's recent window. Those steps alone cannot tell latency from bandwidth; the
+    session kept the earlier sizes' transfers, so the model is still 12 ms + 2 ms/MiB, six of its
+    samples remembered (three steps, two sizes), and the 25 MB step is predicted as measured:
+    110 ms besides backward + 40 ms of backward + the exposed 20 ms all-reduce = 170 ms. Before,
+    once the switch was 40 steps old the Advisor tab said it needed two sizes (seen in the demo)."""
+    session = Session()
+
+    def hello(rank: int, cap_mb: float, layout: list[list[int]]) -> Envelope:
+        return Envelope(Hello(rank, 2, "s", "h", 1, "cpu", "gloo", "bucket", {"bucket_mb": cap_mb, "grad_accum": 1}, 4 * MIB,
+                              parameter_layout=LAYOUT, bucket_layout=layout), rank, 0, 0)
+
+    def one_bucket(rank: int, step: int) -> StepReport:
+        spans = [Span("forward", 0.01, 0.1), Span("backward", 0.1, 0.16), Span("ready", 0.14, 0.14, False, 4 * MIB, "b0"),
+                 Span("all_reduce", 0.14, 0.16, False, 4 * MIB, "b0", "float32"), Span("wait", 0.14, 0.16, True),
+                 Span("optimizer", 0.16, 0.17)]
+        return StepReport(rank=rank, step=step, strategy="bucket", settings={"bucket_mb": 25.0}, start=0.0, end=0.17,
+                          spans=spans, samples=4, tokens=0)
+
+    (two_sized,) = two_sized_steps()
+    for rank in (0, 1):
+        session.ingest(hello(rank, 2.0, [[3, 2], [1, 0]]), received_at=0.0)
+    for step in (1, 2, 3):
+        for rank in (0, 1):
+            session.ingest(Envelope(replace(two_sized[rank], step=step, settings={"bucket_mb": 2.0}), rank, step, 0), received_at=0.0)
+    for rank in (0, 1):
+        session.ingest(hello(rank, 25.0, [[3, 2, 1, 0]]), received_at=0.0)
+    for step in range(4, 4 + FIT_STEPS + 5):
+        for rank in (0, 1):
+            session.ingest(Envelope(one_bucket(rank, step), rank, step, 0), received_at=0.0)
+    advice = advice_for_session(session)
+    assert isinstance(advice, Advice), advice
+    assert advice.remembered == 6 and advice.model.samples == FIT_STEPS + 6
+    assert advice.model.alpha_s == pytest.approx(0.012) and advice.model.seconds(MIB) == pytest.approx(0.014)
+    assert advice.current.cap_bytes == 25 * MIB and advice.current.step_s == pytest.approx(0.17)
+    from ddpwatch.dashboard.widgets.advisor_panel import render_advice
+    assert f"fitted on {FIT_STEPS + 6} calls of 1 MB-4 MB (6 of sizes only earlier steps issued)" in render_advice(advice, 200).plain
+
+
+@pytest.mark.parametrize(("nbytes", "shown"), [(768, "768 B"), (12 * 1024, "12 KB"), (9_636_864, "9.19 MB")])
+def test_the_cost_models_sizes_read_in_the_unit_that_fits_them(nbytes: int, shown: str) -> None:
+    from ddpwatch.dashboard.widgets.advisor_panel import size_text
+    assert size_text(nbytes) == shown
 
 
 def test_right_after_a_switch_the_advisor_waits_for_the_new_segment_rather_than_misread_the_old_one() -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from ddpwatch.bucket_sim import BackwardProfile, best, cap_grid, describe, simulate, sweep
-from ddpwatch.cost_model import CostModel, TransferSample, fit_cost_model
+from ddpwatch.cost_model import CostModel, TransferMemory, TransferSample, fit_cost_model
 from instrumented_ddp.bucket_plan import DDP_DEFAULT_FIRST_BUCKET_BYTES, TensorSize, plan_bucket_strategy, plan_ddp
 
 MIB = 1024 * 1024
@@ -64,6 +64,21 @@ def test_a_negative_latency_is_refitted_through_the_origin() -> None:
 ])
 def test_samples_that_cannot_make_a_model_make_none(samples: list[TransferSample], world_size: int) -> None:
     assert fit_cost_model(samples, world_size) is None
+
+
+def test_the_transfer_memory_keeps_the_newest_of_each_size_and_forgets_the_size_issued_longest_ago() -> None:
+    """Two kept a size, two sizes in all: 1 KB seen three times keeps its last two (2 and 3 ms);
+    a third size, 4 KB, pushes out 2 KB, the size issued longest ago, though it came after 1 KB's
+    first sample: 1 KB was issued again since. Calls spanning 4 ranks are kept apart from those
+    spanning 2, and the sizes the recent steps measured again are left out when asked."""
+    memory = TransferMemory(per_size=2, sizes=2)
+    memory.add([TransferSample(1024, 0.001), TransferSample(2048, 0.005)], meeting=2)
+    memory.add([TransferSample(1024, 0.002), TransferSample(1024, 0.003)], meeting=2)
+    assert memory.samples(2) == [TransferSample(2048, 0.005), TransferSample(1024, 0.002), TransferSample(1024, 0.003)]
+    memory.add([TransferSample(4096, 0.009)], meeting=2)
+    assert memory.samples(2) == [TransferSample(1024, 0.002), TransferSample(1024, 0.003), TransferSample(4096, 0.009)]
+    assert memory.samples(2, besides={1024}) == [TransferSample(4096, 0.009)]
+    assert memory.samples(4) == []
 
 
 # -- the simulator --------------------------------------------------------------------------------

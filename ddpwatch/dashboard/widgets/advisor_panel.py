@@ -36,6 +36,13 @@ def megabytes(nbytes: int) -> str:
     return f"{nbytes / MIB:.3g} MB"
 
 
+def size_text(nbytes: int) -> str:
+    """A call's size in the unit that reads: a bias's 768-byte all-reduce read "0.000732 MB"."""
+    if nbytes < 1024:
+        return f"{nbytes} B"
+    return f"{nbytes / 1024:.3g} KB" if nbytes < MIB else megabytes(nbytes)
+
+
 def spread_text(measured: MeasuredCap) -> str:
     """``176.0–186.0 over 10 steps``: the 90 % interval of the median, where known."""
     if measured.interval_s is None:
@@ -82,8 +89,9 @@ def render_advice(advice: Advice | str | None, width: int, switchable: bool = Tr
         text.append("measured: " + " · ".join(f"{m.strategy} {megabytes(m.cap_bytes)} {m.step_s * 1e3:.1f} ms ({spread_text(m)})"
                                               for m in advice.measured) + "\n")
     text.append(f"cost model: {model.alpha_s * 1e3:.3g} ms + S / {model.busbw_gbps:.3g} GB/s bus bandwidth, fitted on "
-                f"{model.samples} calls of {megabytes(model.min_bytes)}-{megabytes(model.max_bytes)}, "
-                f"median error {model.relative_error:.0%}" + (" (through 0: latency not seen)" if model.through_origin else ""),
+                f"{model.samples} calls of {size_text(model.min_bytes)}-{size_text(model.max_bytes)}"
+                + (f" ({advice.remembered} of sizes only earlier steps issued)" if advice.remembered else "")
+                + f", median error {model.relative_error:.0%}" + (" (through 0: latency not seen)" if model.through_origin else ""),
                 "dim")
     return text
 

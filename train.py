@@ -248,6 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     started = last_log = time.perf_counter()
+    last_logged_step = 0
     with watch.sends_failure():  # a dead peer, torchrun's SIGTERM: what was queued still goes out
         for step in range(1, args.steps + 1):
             command = watch.agree_on_command()  # a switch asked for from ddpwatch, the same on every rank
@@ -282,12 +283,12 @@ def main(argv: list[str] | None = None) -> int:
 
             if context.is_main and (step % args.log_every == 0 or step == args.steps):
                 now = time.perf_counter()
-                rate = args.log_every * args.batch_size / (now - last_log) if step % args.log_every == 0 else 0.0
+                rate = (step - last_logged_step) * args.batch_size / (now - last_log)  # the last line too, however few steps
                 eta = (now - started) / step * (args.steps - step)
                 dropped = f" | telemetry dropped {watch.dropped}" if watch.dropped else ""
                 say(f"step {step}/{args.steps} | {loss_text(watch, loss, args.grad_accum)} | "
                     f"{rate:.1f} samples/s | ETA {eta:.0f}s{dropped}")
-                last_log = now
+                last_log, last_logged_step = now, step
     if profiler is not None:
         profiler.stop()
     watch.close()

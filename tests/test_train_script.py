@@ -15,12 +15,16 @@ TRAIN = str(REPO_ROOT / "train.py")
 
 
 def test_a_short_run_learns_the_builtin_reviews_above_chance() -> None:
-    """60 steps: the run is seeded, and read 0.416 twice (0.499 at 120 steps, 17 s longer); chance is 0.2."""
-    result = run_torchrun([TRAIN, "--strategy", "bucket", "--bucket-mb", "2", "--steps", "60", "--log-every", "20"])
+    """60 steps: the run is seeded, and read 0.416 twice (0.499 at 120 steps, 17 s longer); chance is 0.2.
+    Logged at 25, 50 and the last step, 60: that line's rate is over its 10 steps (it read 0.0 samples/s)."""
+    result = run_torchrun([TRAIN, "--strategy", "bucket", "--bucket-mb", "2", "--steps", "60", "--log-every", "25"])
     assert result.returncode == 0, result.stderr[-3000:]
     accuracy = float(result.stdout.split("eval accuracy ")[1].split()[0])
     assert accuracy > 0.3, result.stdout
     assert "on 1000 held-out examples" in result.stdout  # the whole test split unless --eval-examples says less
+    rates = {line.split()[1]: float(line.split(" samples/s")[0].split("| ")[-1])
+             for line in result.stdout.splitlines() if line.startswith("step ") and "samples/s" in line}
+    assert list(rates) == ["25/60", "50/60", "60/60"] and all(rate > 0 for rate in rates.values()), result.stdout
 
 
 def test_a_negative_eval_count_is_a_one_line_error(capsys: pytest.CaptureFixture[str]) -> None:

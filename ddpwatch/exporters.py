@@ -126,7 +126,8 @@ def _row(seg: dict[str, Any], digits: int | None) -> list[Any]:
 def summary_markdown(summary: dict[str, Any]) -> str:
     """The seed blog's comparison table, one row per segment, so results read side by side with it;
     a desync, an error of the whole run, comes first."""
-    lines = [f"# ddpwatch session {summary.get('session') or '(unnamed)'} ({summary.get('world_size', 0)} ranks)", ""]
+    world = summary.get("world_size", 0)
+    lines = [f"# ddpwatch session {summary.get('session') or '(unnamed)'} ({world} rank{'' if world == 1 else 's'})", ""]
     if summary.get("desync"):
         lines += [f"**ERROR: {metrics.DesyncRange.from_dict(summary['desync']).describe()}**", ""]
     lines += ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]

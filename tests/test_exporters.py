@@ -267,6 +267,8 @@ def test_markdown_table(data: dict) -> None:
     assert cells[-2:] == ["—", "—"]  # no reduce-scatter, all-gather or broadcast; memory not measured
     assert "Comm_overhead%" in text.split(header)[1] and "excluded" in text
     assert "DESYNC" not in text
+    assert lines[0].endswith(f"({data['world_size']} ranks)")
+    assert exporters.summary_markdown({**data, "world_size": 1}).splitlines()[0].endswith("(1 rank)")  # read "1 ranks"
     # bucket's b0 (15 ms) and b1 (25 ms) overlap for 5 ms: all_reduce_ms is their sum, 40, and says so
     assert [c.strip() for c in rows[1].strip("|").split("|")][8] == "40.00" and "all_reduce_ms is that sum" in text
 

@@ -9,12 +9,13 @@ from dataclasses import replace
 
 import pytest
 from textual.content import Content
+from textual.geometry import Region
 import zmq
 from textual.widgets import Static, TabbedContent
 
 from ddpwatch import exporters
 from ddpwatch.dashboard.app import FULL_COLLECTION_AFTER, LARGE_JOB_FULL_COLLECTION_AFTER, DashboardApp
-from ddpwatch.dashboard.feeds import StaticFeed
+from ddpwatch.dashboard.feeds import ReplayFeed, StaticFeed
 from ddpwatch.dashboard.process_feed import ProcessFeed
 from ddpwatch.dashboard.screens.help_screen import HelpScreen
 from ddpwatch.dashboard.snapshot import Snapshot, SnapshotBuilder
@@ -25,6 +26,7 @@ from ddpwatch.dashboard.widgets.segments_table import SegmentsTable
 from ddpwatch.dashboard.widgets.timeline_view import TimelineView
 from ddpwatch.receiver import ingest
 from ddpwatch.session import Session
+from ddpwatch.session_file import SESSION_FILE_NAME, SessionWriter
 from instrumented_ddp.protocol import NOT_SWITCHABLE, Ack, Heartbeat, SpanRequest, StepReport, SwitchCommand, decode, encode
 from instrumented_ddp.telemetry import routing_id
 from synthetic_session import hello, session_messages, step_report, waiting_ranks
@@ -223,7 +225,6 @@ async def test_a_narrow_terminal_shows_the_runs_live_figures_in_the_header(colum
     wrapped into the second row and pushed "live · <source>" out. The run's identity and source
     are one line, what it does now the other, each cut at its end; under 120 columns the progress
     bar gives the text its 40 columns, and the panels its row."""
-    from textual.geometry import Region
 
     app = DashboardApp(StaticFeed(session_messages()), export_on_exit=False)
     async with app.run_test(size=(columns, 40)) as pilot:
@@ -234,6 +235,29 @@ async def test_a_narrow_terminal_shows_the_runs_live_figures_in_the_header(colum
         assert lines[1] == "bucket (bucket_mb=1.0, grad_accum=1) · step 10/10 · ETA 0:00 · 40.6 samples/s"
         assert app.query_one("#header-progress").display == (columns >= 120)
         assert app.query_one("#header").region.height == (3 if columns >= 120 else 2)  # the bar's row to the panels
+
+
+async def test_a_replay_at_its_end_says_ended_and_gives_no_eta_where_the_run_never_said_goodbye(tmp_path) -> None:  # noqa: ANN001
+    """A recording stopped at step 6 of 10 without goodbyes (a demo quit, a job killed): at the end
+    of its replay the header read "live" and "ETA 0:04", as if the run still trained."""
+    path = tmp_path / SESSION_FILE_NAME
+    writer = SessionWriter(path)
+    for index, data in enumerate(session_messages(steps=6, goodbye=False)):
+        writer.append(data, 1_800_000_000.0 + index * 0.01)
+    writer.close()
+    app = DashboardApp(ReplayFeed(path, speed=0), export_on_exit=False)
+    async with app.run_test(size=(300, 40)) as pilot:
+        deadline = time.monotonic() + 30
+        while not app.feed.ended:
+            assert time.monotonic() < deadline, "the replay did not end"
+            await pilot.pause(0.02)
+        app.ingest_arrived()
+        app.refresh_frame()
+        await pilot.pause()
+        text = app.query_one("#header-text")
+        lines = [strip.text.rstrip() for strip in text.render_lines(Region(0, 0, text.size.width, text.size.height))]
+        assert lines[0].endswith(f"2 rank(s) · ended · replayed {path} to its end")
+        assert " · step 6/10 · ETA — · " in lines[1]
 
 
 def test_the_header_says_a_run_is_finished_once_every_rank_said_goodbye() -> None:

@@ -31,7 +31,7 @@ def recorded(path: Path, heard_until: dict[int, int], last_s: int) -> None:
 
 def played(feed: ReplayFeed, timeout_s: float = 30.0) -> Session:
     deadline = time.monotonic() + timeout_s
-    while not feed.finished:
+    while not feed.ended:
         assert time.monotonic() < deadline, "the replay did not finish"
         time.sleep(0.01)
     session = Session()

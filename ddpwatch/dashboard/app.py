@@ -213,7 +213,7 @@ class DashboardApp(App[None]):
                                                       open_nodes=self.open_nodes, selected_rank=self.selected_rank,
                                                       side_tab=side_tab, heard_now=self.feed.heard_clock())
         timed("build")
-        self.header_bar.show(snapshot.header, self.feed.description)
+        self.header_bar.show(snapshot.header, self.feed.description, self.feed.ended)
         if snapshot.header.switchable != self.run_is_switchable:
             self.run_is_switchable = snapshot.header.switchable
             self.refresh_bindings()  # the switch keys are offered, or not (check_action)

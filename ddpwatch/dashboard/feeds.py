@@ -40,6 +40,8 @@ class Feed:
     """Queues decoded envelopes (or the errors of rejected messages) for the app to drain."""
 
     can_switch = False
+    #: Nothing more will come (a replay at the end of its file): the header says "ended", not "live".
+    ended = False
 
     def __init__(self) -> None:
         self._items: deque[Arrival] = deque()
@@ -172,7 +174,6 @@ class ReplayFeed(Feed):
         super().__init__()
         self.path = path
         self.speed = speed
-        self.finished = False
         self.description = f"replaying {path}"
         self._played: tuple[float, float] | None = None  # (recorded time, monotonic time) of the last message played
 
@@ -181,7 +182,7 @@ class ReplayFeed(Feed):
         if played is None:
             return 0.0  # nothing heard: no rank to judge
         recorded, at = played
-        return recorded if self.finished else recorded + (time.monotonic() - at) * self.speed
+        return recorded if self.ended else recorded + (time.monotonic() - at) * self.speed
 
     def _run(self) -> None:
         previous: float | None = None
@@ -196,8 +197,8 @@ class ReplayFeed(Feed):
             previous = received_at
             self._played = (received_at, time.monotonic())
             self._items.append(Arrival(received_at, log_and_decode(data)))
-        self.finished = True
         self.description = f"replayed {self.path} to its end"
+        self.ended = True
 
 
 class StaticFeed(Feed):

@@ -30,13 +30,17 @@ class HeaderBar(Horizontal):
         yield self._text
         yield self._progress
 
-    def show(self, data: HeaderData, source: str) -> None:
+    def show(self, data: HeaderData, source: str, source_ended: bool = False) -> None:
+        """``source_ended``: nothing more will come from the feed (a replay at its end). A run
+        recorded without its goodbyes (a demo quit, a job killed) read "live" there, with the ETA
+        the run had when the recording stopped, as if it still trained: it reads "ended", no ETA."""
         # "live" on a run that had ended read as a run still going; the ranks table alone said "finished"
-        mode = "paused" if not data.following else "finished" if data.finished else "live"
+        mode = "paused" if not data.following else "finished" if data.finished else "ended" if source_ended else "live"
+        eta = None if mode == "ended" else data.eta_s
         settings = f" ({data.settings})" if data.settings else ""
         text = (
             f"[b]ddpwatch[/b] {data.session} · {data.world_size} rank(s) · [i]{mode}[/i] · [dim]{source}[/dim]\n"
-            f"[b]{data.strategy}[/b]{settings} · step {data.step}/{data.total_steps or '?'} · {format_eta(data.eta_s)} · "
+            f"[b]{data.strategy}[/b]{settings} · step {data.step}/{data.total_steps or '?'} · {format_eta(eta)} · "
             f"{data.samples_per_s:.1f} samples/s" + ("" if data.switchable else f" · [b]{NOT_SWITCHABLE}[/b]")
         )
         if text != getattr(self, "_shown", None):  # fixed size (see dashboard.tcss): no layout pass

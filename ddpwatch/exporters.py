@@ -128,6 +128,8 @@ def summary_markdown(summary: dict[str, Any]) -> str:
     a desync, an error of the whole run, comes first."""
     world = summary.get("world_size", 0)
     lines = [f"# ddpwatch session {summary.get('session') or '(unnamed)'} ({world} rank{'' if world == 1 else 's'})", ""]
+    if world == 1:
+        lines += [f"*{metrics.ONE_RANK_NOTE[0].upper()}{metrics.ONE_RANK_NOTE[1:]}.*", ""]
     if summary.get("desync"):
         lines += [f"**ERROR: {metrics.DesyncRange.from_dict(summary['desync']).describe()}**", ""]
     lines += ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]

@@ -100,6 +100,13 @@ __all__ = [
 ALIGNMENT_STEPS = 512  # clock-offset samples kept per rank: a median over them, in bounded memory
 
 
+#: A one-rank all-reduce is a local blip inside backward: Overlap% reads 100 and busbw 0 (nccl-tests'
+#: bus factor for one rank), true by their definitions and telling nothing. The dashboard's notes
+#: and summary.md say so.
+ONE_RANK_NOTE = ("one rank: its collectives move nothing, so Overlap%, busbw and waits say nothing about communication "
+                 "(torchrun --nproc_per_node=2 or more)")
+
+
 def calls_text(calls_per_rank_per_step: float) -> str:
     """How a per-rank-per-step call count is written, on screen and in summary.md alike: a whole
     number as one ("57"), a mean that is not whole with up to two decimals ("56.5")."""

@@ -14,6 +14,7 @@ import zmq
 from textual.widgets import Static, TabbedContent
 
 from ddpwatch import exporters
+from ddpwatch.metrics import ONE_RANK_NOTE
 from ddpwatch.dashboard.app import FULL_COLLECTION_AFTER, LARGE_JOB_FULL_COLLECTION_AFTER, DashboardApp
 from ddpwatch.dashboard.feeds import ReplayFeed, StaticFeed
 from ddpwatch.dashboard.process_feed import ProcessFeed
@@ -582,6 +583,14 @@ def test_steps_whose_update_was_skipped_are_a_note_with_their_steps() -> None:
     assert snapshot.warnings == ()
     assert snapshot.notes == ("optimizer update skipped in 3 steps (3-4, 8): gradients reduced, then cleared with no "
                               "optimizer.step(), as a loss scaler does when it finds inf or NaN",)
+
+
+def test_a_run_of_one_rank_is_a_note_that_its_communication_figures_are_empty() -> None:
+    """One rank's all-reduce is a blip inside backward: Overlap% read 100 with nothing said."""
+    _, one = snapshot_of(session_messages(world_size=1))
+    assert one.notes == (ONE_RANK_NOTE,) and one.warnings == ()
+    _, two = snapshot_of(session_messages(world_size=2))
+    assert two.notes == ()
 
 
 def test_steps_in_which_torch_compile_compiled_are_a_note_with_their_steps() -> None:

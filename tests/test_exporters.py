@@ -268,7 +268,10 @@ def test_markdown_table(data: dict) -> None:
     assert "Comm_overhead%" in text.split(header)[1] and "excluded" in text
     assert "DESYNC" not in text
     assert lines[0].endswith(f"({data['world_size']} ranks)")
-    assert exporters.summary_markdown({**data, "world_size": 1}).splitlines()[0].endswith("(1 rank)")  # read "1 ranks"
+    one_rank = exporters.summary_markdown({**data, "world_size": 1}).splitlines()
+    assert one_rank[0].endswith("(1 rank)")  # read "1 ranks"
+    assert one_rank[2] == "*One rank: its collectives move nothing, so Overlap%, busbw and waits say nothing about communication (torchrun --nproc_per_node=2 or more).*"
+    assert "One rank" not in text
     # bucket's b0 (15 ms) and b1 (25 ms) overlap for 5 ms: all_reduce_ms is their sum, 40, and says so
     assert [c.strip() for c in rows[1].strip("|").split("|")][8] == "40.00" and "all_reduce_ms is that sum" in text
 

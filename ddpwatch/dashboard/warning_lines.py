@@ -12,6 +12,7 @@ and a thousand lines would each change every frame).
 from __future__ import annotations
 
 from ddpwatch.compact import StepSet
+from ddpwatch.metrics import ONE_RANK_NOTE
 from ddpwatch.rank_lists import FEW_RANKS, ranks_text, runs_text
 from ddpwatch.session import Session
 
@@ -60,8 +61,10 @@ def note_lines(session: Session, heard: float) -> list[str]:
     """Not faults: steps whose optimizer update was skipped, steps in which torch.compile
     compiled, ranks whose steps stopped while the others' went on, reports that came late
     (heartbeats run ahead of reports still resolving), why a rank's device readings are not what
-    its device suggests."""
-    lines = [skipped_updates_text(session.skipped_updates)] if session.skipped_updates else []
+    its device suggests; a run of one rank, whose figures of communication are empty."""
+    lines = [ONE_RANK_NOTE] if session.world_size == 1 else []
+    if session.skipped_updates:
+        lines.append(skipped_updates_text(session.skipped_updates))
     if session.compiling_steps:
         lines.append(compiling_steps_text(session.compiling_steps))
     stopped = session.stopped_ranks(heard)

@@ -24,7 +24,7 @@ from transformers import Trainer, TrainerCallback, TrainingArguments
 from instrumented_ddp import data, models
 from instrumented_ddp.distributed import exit_process
 from instrumented_ddp.integrations import DDPWatchCallback
-from instrumented_ddp.protocol import DEFAULT_ADDRESS
+from instrumented_ddp.protocol import DEFAULT_ADDRESS, bucket_mb_problem
 
 
 class ProfileSteps(TrainerCallback):
@@ -57,6 +57,11 @@ def main() -> None:
     parser.add_argument("--save-final", default=None, metavar="FILE", help="rank 0 saves the final parameters here")
     parser.add_argument("--profile", default=None, metavar="DIR", help="torch.profiler traces of steps 4-8, one per rank")
     args = parser.parse_args()
+    for flag in ("steps", "batch_size", "grad_accum"):  # one line, exit 2, before any process group, as train.py
+        if getattr(args, flag) < 1:
+            parser.error(f"--{flag.replace('_', '-')} must be at least 1, not {getattr(args, flag)}")
+    if args.bucket_mb is not None and (problem := bucket_mb_problem(args.bucket_mb, "--bucket-mb")):
+        parser.error(problem)
 
     datasets.disable_progress_bars()
     reviews = data.make_builtin_reviews(n_train=2000, n_test=200)

@@ -23,7 +23,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import instrumented_ddp
 from instrumented_ddp.distributed import exit_process
-from instrumented_ddp.protocol import DEFAULT_ADDRESS
+from instrumented_ddp.protocol import DEFAULT_ADDRESS, bucket_mb_problem
 
 
 class ToyModel(nn.Module):
@@ -50,6 +50,11 @@ def main() -> None:
     parser.add_argument("--save-final", default=None, metavar="FILE", help="rank 0 saves the final parameters here")
     parser.add_argument("--profile", default=None, metavar="DIR", help="torch.profiler traces of steps 4-8, one per rank")
     args = parser.parse_args()
+    for flag in ("steps", "batch_size", "grad_accum", "width", "layers"):  # one line, exit 2, before any process group, as train.py
+        if getattr(args, flag) < 1:
+            parser.error(f"--{flag.replace('_', '-')} must be at least 1, not {getattr(args, flag)}")
+    if problem := bucket_mb_problem(args.bucket_mb, "--bucket-mb"):  # inf went on into DDP's traceback
+        parser.error(problem)
 
     on_gpu = torch.cuda.is_available()
     dist.init_process_group("nccl" if on_gpu else "gloo")

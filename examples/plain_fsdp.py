@@ -58,6 +58,9 @@ def main() -> None:
     parser.add_argument("--watch", default=DEFAULT_ADDRESS, metavar="ADDRESS", help="where ddpwatch listens")
     parser.add_argument("--no-watch", action="store_true", help="the same loop without attach")
     args = parser.parse_args()
+    for flag in ("steps", "batch_size", "grad_accum", "width", "layers", "replicas"):  # one line, exit 2, before any process group, as train.py
+        if getattr(args, flag) < 1:
+            parser.error(f"--{flag.replace('_', '-')} must be at least 1, not {getattr(args, flag)}")
 
     on_gpu = torch.cuda.is_available()
     dist.init_process_group("nccl" if on_gpu else "gloo")

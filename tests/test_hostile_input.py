@@ -87,6 +87,22 @@ def test_wrong_cli_input_gets_a_one_line_error_and_a_non_zero_exit(args: list[st
     assert len(lines) == 1 and message in lines[0], result.stderr
 
 
+@pytest.mark.parametrize(
+    ("example", "args", "message"),
+    [
+        ("plain_ddp.py", ["--bucket-mb", "inf"], "--bucket-mb must be a positive, finite number of MB, not inf"),  # was DDP's traceback
+        ("plain_fsdp.py", ["--layers", "0"], "--layers must be at least 1, not 0"),
+        ("hf_trainer.py", ["--grad-accum", "0"], "--grad-accum must be at least 1, not 0"),
+    ],
+)
+def test_the_examples_refuse_a_wrong_flag_in_one_line_before_any_process_group(example: str, args: list[str], message: str) -> None:
+    """Run without torchrun: a flag read after the process group was made would fail there first."""
+    result = subprocess.run([sys.executable, str(REPO_ROOT / "examples" / example), *args], capture_output=True, text=True,
+                            cwd=REPO_ROOT, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1].endswith(message), result.stderr
+
+
 def test_a_summary_piped_into_a_reader_that_stopped_is_no_error(tmp_path: Path) -> None:
     """``ddpwatch summary DIR | head -1``: the reader closes the pipe before the table is written.
     Before, that printed "ddpwatch summary: error: [Errno 32] Broken pipe" and exited 2. Here the

@@ -20,7 +20,7 @@ from ddpwatch.dashboard.feeds import ReplayFeed, StaticFeed
 from ddpwatch.dashboard.process_feed import ProcessFeed
 from ddpwatch.dashboard.screens.help_screen import HelpScreen
 from ddpwatch.dashboard.snapshot import Snapshot, SnapshotBuilder
-from ddpwatch.dashboard.widgets.rank_heatmap import RankHeatmap
+from ddpwatch.dashboard.widgets.rank_heatmap import HEADER_ROWS, RankHeatmap
 from ddpwatch.dashboard.widgets.ranks_table import COLUMNS, RanksTable
 from ddpwatch.dashboard.widgets.segment_bars_view import SegmentBarsView
 from ddpwatch.dashboard.widgets.segments_table import SegmentsTable
@@ -687,11 +687,13 @@ async def test_heatmap_tab_gives_every_rank_a_row_and_h_switches_its_metric() ->
         heatmap = app.query_one(RankHeatmap)
         assert heatmap.data is not None and [row.label for row in heatmap.data.rows] == ["r0", "r1"]
         assert not heatmap.data.collapsible and heatmap.data.metric == "exposed"
-        assert len(heatmap.data.steps) == 10 and heatmap.render_line(2).text.startswith("r0")
+        assert len(heatmap.data.steps) == 10 and heatmap.render_line(HEADER_ROWS).text.startswith("r0")
+        # the scale's high end and its key, on a line of their own: after the metric's name they were cut at 64 columns
+        assert heatmap.size.width <= 64 and heatmap.render_line(1).text.rstrip().endswith(f"{heatmap.data.high:.1f}   h: next metric")
         await pilot.press("h")
         await pilot.pause(0.2)
         assert heatmap.data.metric == "step"
-        await pilot.click(RankHeatmap, offset=(2, 3))  # the r1 row: selects rank 1, as the ranks table does
+        await pilot.click(RankHeatmap, offset=(2, HEADER_ROWS + 1))  # the r1 row: selects rank 1, as the ranks table does
         assert app.selected_rank == 1
 
 
@@ -708,11 +710,11 @@ async def test_a_large_job_shows_a_row_per_node_and_the_timeline_draws_picked_ra
         heatmap = app.query_one(RankHeatmap)
         assert heatmap.data is not None and heatmap.data.collapsible
         assert [row.label for row in heatmap.data.rows] == [f"node {n} ×8" for n in range(10)]
-        await pilot.click(RankHeatmap, offset=(2, 2 + 1))  # node 1
+        await pilot.click(RankHeatmap, offset=(2, HEADER_ROWS + 1))  # node 1
         await pilot.pause(0.3)
         labels = [row.label for row in heatmap.data.rows]
         assert labels == ["node 0 ×8", *(f"r{r}" for r in range(8, 16)), *(f"node {n} ×8" for n in range(2, 10))]
-        await pilot.click(RankHeatmap, offset=(2, 2 + 3))  # rank 9's row: closes node 1 again
+        await pilot.click(RankHeatmap, offset=(2, HEADER_ROWS + 3))  # rank 9's row: closes node 1 again
         await pilot.pause(0.3)
         assert len(heatmap.data.rows) == 10
         app.selected_rank = 40  # as a click in the ranks table does: the timeline draws it too

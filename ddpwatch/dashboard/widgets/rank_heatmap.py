@@ -13,6 +13,9 @@ from textual.widget import Widget
 from ...heatmap import HEATMAP_METRICS, Heatmap, HeatRow, level
 
 LABEL_WIDTH = 12
+#: The metric, its scale, the steps shown; then the rows. The scale had shared the metric's line,
+#: 80 columns with its key, and the side tab is 64 wide at 160: the high end and "h" never showed.
+HEADER_ROWS = 3
 #: Low to high: cool to hot.
 RAMP = tuple(Style(color=c) for c in ("rgb(40,70,140)", "rgb(50,120,180)", "rgb(70,170,160)",
                                       "rgb(220,200,60)", "rgb(240,130,40)", "rgb(230,50,50)"))
@@ -21,7 +24,7 @@ TEXT = Style(color="rgb(200,200,200)")
 
 
 class RankHeatmap(Widget):
-    """One ``Strip`` per line: a title with the scale, then the rows; the newest step at the right."""
+    """One ``Strip`` per line: the metric, its scale, the steps, then the rows; the newest step at the right."""
 
     DEFAULT_CSS = "RankHeatmap { height: auto; }"
 
@@ -44,7 +47,7 @@ class RankHeatmap(Widget):
         self.refresh(layout=rows_changed)
 
     def get_content_height(self, container, viewport, width: int) -> int:  # noqa: ANN001 (Textual's signature)
-        return 2 + (len(self.data.rows) if self.data else 0)
+        return HEADER_ROWS + (len(self.data.rows) if self.data else 0)
 
     def render_line(self, y: int) -> Strip:
         width = self.size.width
@@ -52,13 +55,15 @@ class RankHeatmap(Widget):
         if data is None or not data.rows:
             return Strip([Segment("no steps yet" if y == 0 else "", TEXT)]).crop(0, width)
         if y == 0:
-            title = f"{HEATMAP_METRICS[data.metric]}  ·  {data.low:.1f} "
-            segments = [Segment(title, TEXT), *(Segment("█", style) for style in RAMP), Segment(f" {data.high:.1f}   h: switch", TEXT)]
-            return Strip(segments).crop(0, width)
+            return Strip([Segment(HEATMAP_METRICS[data.metric], TEXT)]).crop(0, width)
         if y == 1:
+            segments = [Segment(f"{'scale':<{LABEL_WIDTH}}{data.low:.1f} ", TEXT), *(Segment("█", style) for style in RAMP),
+                        Segment(f" {data.high:.1f}   h: next metric", TEXT)]
+            return Strip(segments).crop(0, width)
+        if y == 2:
             steps = data.steps[-self._columns(width):]
             return Strip([Segment(f"{'steps':<{LABEL_WIDTH}}{steps[0]}…{steps[-1]}" if steps else "", MISSING)]).crop(0, width)
-        index = y - 2
+        index = y - HEADER_ROWS
         if index >= len(data.rows):
             return Strip.blank(width)
         row = data.rows[index]
@@ -75,5 +80,5 @@ class RankHeatmap(Widget):
         return max(1, width - LABEL_WIDTH)
 
     def on_click(self, event: Click) -> None:
-        if self.data is not None and 0 <= event.y - 2 < len(self.data.rows):
-            self.post_message(self.RowClicked(self.data.rows[event.y - 2]))
+        if self.data is not None and 0 <= event.y - HEADER_ROWS < len(self.data.rows):
+            self.post_message(self.RowClicked(self.data.rows[event.y - HEADER_ROWS]))

@@ -739,8 +739,29 @@ async def test_stragglers_tab_names_the_rank_the_others_waited_for_and_how_long(
         (row,) = app.snapshot.stragglers
         # steps 1-10: 4 calls a step under simple (1-5), 2 under bucket (6-10): 30 calls x 2 ms / 10 steps
         assert (row.rank, row.first_step, row.last_step) == (1, 1, 10)
-        assert row.waited_for_ms == pytest.approx(6.0)
-        assert str(app.query_one("#stragglers").render()).startswith("rank 1 (node 0): the others waited 6.0 ms a step")
+        # steps of 185 ms (simple) and 170 (bucket): 6 ms of 177.5 is 3.4 %, under the rule's 10 %
+        assert row.waited_for_ms == pytest.approx(6.0) and row.waited_ms == 0.0 and not row.named
+        lines = str(app.query_one("#stragglers").render()).splitlines()
+        assert lines[0].startswith("steps 1-10, a step: who kept the others waiting, and how long it waited itself.")
+        assert lines[1] == "rank 1 (node 0): the others waited 6.0 ms for it (3.4 % of the step time), it 0.0 ms for them"
+
+
+async def test_stragglers_tab_shows_each_ranks_own_waiting_and_marks_the_rank_the_rule_names() -> None:
+    """Rank 1 waits 30 ms a step in its first all-reduce for rank 0 (17 % of a 177.5 ms step): rank 0
+    is named, as in the warnings, and rank 1, which the others (rank 0) waited for in the rest
+    of its calls, shows that it waited far longer itself. Before, the tab gave the others' waiting
+    alone: two ranks that wait by turns both read as stragglers."""
+    app = DashboardApp(StaticFeed(session_messages(edit=waiting_ranks(30.0))), export_on_exit=False)
+    async with app.run_test(size=(160, 50)) as pilot:
+        await pilot.pause(0.2)
+        app.query_one("#side", TabbedContent).active = "stragglers-tab"
+        await pilot.pause(0.2)
+        rows = {row.rank: row for row in app.snapshot.stragglers}
+        assert rows[0].named and rows[0].waited_for_ms == pytest.approx(30.0, abs=0.5) and rows[0].waited_ms < 1.0
+        assert any(warning.startswith("rank 0 is a straggler") for warning in app.snapshot.warnings)
+        assert 1 not in rows or (not rows[1].named and rows[1].waited_ms == pytest.approx(30.0, abs=0.5))
+        lines = str(app.query_one("#stragglers").render()).splitlines()
+        assert lines[1].startswith("straggler: rank 0 (node 0): the others waited 30.0 ms for it")
 
 
 def test_a_frame_folds_in_what_its_budget_allows_and_the_next_frames_the_rest() -> None:

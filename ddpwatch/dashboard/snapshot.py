@@ -93,6 +93,8 @@ class StragglerRow:
     share_pct: float  # of those steps' wall time
     first_step: int
     last_step: int
+    waited_ms: float = 0.0  # the rank itself, for the others, per step: ranks that wait by turns show both
+    named: bool = False  # the straggler rule names it (the warning's rank)
 
 
 @dataclass(frozen=True)
@@ -512,14 +514,19 @@ class SnapshotBuilder:
         if not steps:
             return ()
         totals: dict[int, float] = {}
+        own: dict[int, float] = {}
         for s in steps:
             for rank, waited in self.waited_for_of(s).items():
                 totals[rank] = totals.get(rank, 0.0) + waited
+            for rank, waited in self.waits_of(s).items():
+                own[rank] = own.get(rank, 0.0) + waited
         wall_ms = sum(1000 * self.summary_of(s).wall_s for s in steps)
         top = sorted((rank for rank, waited in totals.items() if waited > 0), key=lambda r: (-totals[r], r))[:count]
         nodes = self._node_of()
+        named = self._straggler(step)
         return tuple(StragglerRow(rank, nodes.get(rank, 0), totals[rank] / len(steps),
-                                  100 * totals[rank] / wall_ms if wall_ms > 0 else 0.0, min(steps), max(steps))
+                                  100 * totals[rank] / wall_ms if wall_ms > 0 else 0.0, min(steps), max(steps),
+                                  own.get(rank, 0.0) / len(steps), named is not None and named.rank == rank)
                      for rank in top)
 
 

@@ -1,22 +1,34 @@
 """The stragglers tab: the ranks the others waited for longest over the last complete steps,
-with how long, whether or not one crosses the warning's threshold (``metrics.waited_for``)."""
+with how long, beside how long each waited itself, and which one the straggler rule names
+(``metrics.waited_for``, ``metrics.find_straggler``)."""
 
 from __future__ import annotations
 
 from textual.widgets import Static
 
+from ...metrics import STRAGGLER_SHARE
 from ..snapshot import StragglerRow
 
 
 class StragglersPanel(Static):
     def show(self, rows: tuple[StragglerRow, ...]) -> None:
-        text = "\n".join(describe(row) for row in rows) if rows else \
-            "nobody kept the others waiting in the last complete steps (or there is one rank)"
+        text = panel_text(rows)
         if text != getattr(self, "_shown", None):
             self._shown = text
-            self.update(text)
+            self.update(text, layout=True)
+
+
+def panel_text(rows: tuple[StragglerRow, ...]) -> str:
+    """The window and the rule first, then a line a rank. Each rank's own waiting stands beside
+    the others' for it: two ranks that wait for each other by turns each read "the others waited
+    29 ms a step for it", as if both straggled, where the rule (which names neither) saw 29 against 28."""
+    if not rows:
+        return "nobody kept the others waiting in the last complete steps (or there is one rank)"
+    head = (f"steps {rows[0].first_step}-{rows[0].last_step}, a step: who kept the others waiting, and how long it waited "
+            f"itself. A straggler: the others waited for it more than it did, by over {STRAGGLER_SHARE:.0%} of the step time.")
+    return "\n".join([head, *(describe(row) for row in rows)])
 
 
 def describe(row: StragglerRow) -> str:
-    return (f"rank {row.rank} (node {row.node}): the others waited {row.waited_for_ms:.1f} ms a step for it "
-            f"({row.share_pct:.1f} % of the step time), steps {row.first_step}-{row.last_step}")
+    return (f"{'straggler: ' if row.named else ''}rank {row.rank} (node {row.node}): the others waited "
+            f"{row.waited_for_ms:.1f} ms for it ({row.share_pct:.1f} % of the step time), it {row.waited_ms:.1f} ms for them")

@@ -195,13 +195,14 @@ def advise(*, strategy: str, cap_mb: float, backend: str, world_size: int, profi
            fit_steps: Sequence[StepCollectives], parameter_layout: Sequence[tuple[str, int, str]],
            bucket_layout: Sequence[Sequence[int]] = (), measured: Sequence[MeasuredCap] = (),
            caps: Sequence[int] | None = None, offsets: Mapping[int, float] | None = None,
-           groups: Groups | None = None, memory: TransferMemory | None = None) -> Advice | str:
+           groups: Groups | None = None, memory: TransferMemory | None = None, switchable: bool = True) -> Advice | str:
     """The sweep for the run as it is now, or a line saying what is missing. ``profile_steps``:
     recent steps' reports by rank, read on their lowest rank's clock (``offsets``: see
     ``backward_profile``). ``groups``: who meets whom in the all-reduces (None, the world): the
     transfers are paired within each group, busbw's bus factor is over a group's ranks, and the
     backward simulated waits for the slowest rank of the reference's group. ``memory``: the
-    run's earlier transfers; the sizes ``fit_steps`` did not issue are fitted from it."""
+    run's earlier transfers; the sizes ``fit_steps`` did not issue are fitted from it.
+    ``switchable``: the run can be switched to another cap (else it is told to restart with one)."""
     if strategy not in ADVISED_STRATEGIES:
         return f"the advisor predicts bucket and ddp runs; this segment is {strategy}: switch to bucket to see it"
     tensors = layout_tensors(parameter_layout)
@@ -216,7 +217,7 @@ def advise(*, strategy: str, cap_mb: float, backend: str, world_size: int, profi
     samples += remembered
     model = fit_cost_model(samples, meeting)
     if model is None:
-        return why_no_model(samples, meeting, cap_mb)
+        return why_no_model(samples, meeting, cap_mb, switchable)
     current_bytes = max(1, int(cap_mb * MIB))
     options: dict[str, Any] = {"rule": strategy, "workers": workers_of(backend)}
     predictions = sweep(profile, model, caps or cap_grid(current_bytes), **options)
@@ -231,21 +232,32 @@ def advise(*, strategy: str, cap_mb: float, backend: str, world_size: int, profi
                   len(remembered))
 
 
-def why_no_model(samples: Sequence[TransferSample], meeting: int, cap_mb: float | None = None) -> str:
+def why_no_model(samples: Sequence[TransferSample], meeting: int, cap_mb: float | None = None, switchable: bool = True) -> str:
     """Why no cost model could be fitted; ``meeting``: how many ranks each all-reduce spans;
     ``cap_mb``: the cap running now. Where the one size seen is under the cap, another cap above
     that size can give the same buckets again: it says to go under it (seen in the demo: 25 MB,
-    then 12.5, both one 9.2 MB bucket of every gradient, and "run another cap" both times)."""
+    then 12.5, both one 9.2 MB bucket of every gradient, and "run another cap" both times). A run
+    that cannot switch (``attach``: the user's own DDP) is told where to set the cap on its
+    restart: "(-)" named a key that does nothing there (seen on ``examples/plain_ddp.py``, its
+    8 MB of gradients in one bucket at DDP's 25 MB)."""
     if meeting < 2:
         return "one rank in each all-reduce: no transfer to model"
     sizes = sorted({s.nbytes for s in samples})
+
+    def restart(cap: str) -> str:
+        return (f"restart with DistributedDataParallel(..., bucket_cap_mb={cap}) "
+                f"(a Trainer: TrainingArguments(ddp_bucket_cap_mb={cap}))")
+
     if len(sizes) == 1 and cap_mb is not None and cap_mb * MIB >= sizes[0]:
-        return (f"needs all-reduces of two sizes or more to fit the cost model: every one seen was {sizes[0] / MIB:.3g} MB, "
-                f"under the cap: run a cap under {sizes[0] / MIB:.3g} MB (-) to cut them smaller")
+        under = f"{sizes[0] / MIB:.3g}"
+        how = f"run a cap under {under} MB (-)" if switchable else restart(f"{sizes[0] / 2 / MIB:.3g}")  # half that size
+        return (f"needs all-reduces of two sizes or more to fit the cost model: every one seen was {under} MB, "
+                f"under the cap: {how} to cut them smaller")
+    another = "run another cap (+ / -)" if switchable else restart(f"{cap_mb / 2:.3g}" if cap_mb else "another cap")
     if len(sizes) < 2:
-        return "needs all-reduces of two sizes or more to fit the cost model: run another cap (+ / -)"
+        return f"needs all-reduces of two sizes or more to fit the cost model: {another}"
     return (f"the all-reduces of {sizes[0] / MIB:.3g}-{sizes[-1] / MIB:.3g} MB did not take longer as they grew "
-            "(too narrow a range, or ranks sharing cores): run another cap (+ / -) to widen it")
+            f"(too narrow a range, or ranks sharing cores): {another} to widen it")
 
 
 def advice_for_session(session: Session, caps: Sequence[int] | None = None,
@@ -272,7 +284,7 @@ def advice_for_session(session: Session, caps: Sequence[int] | None = None,
                   backend=hello.backend, world_size=session.world_size, profile_steps=profile_steps,
                   fit_steps=fit_steps, parameter_layout=hello.parameter_layout, bucket_layout=hello.bucket_layout,
                   measured=measured_caps(session), caps=caps, offsets=offsets, groups=session.all_reduce_groups(),
-                  memory=session.transfer_memory)
+                  memory=session.transfer_memory, switchable=hello.switchable)
 
 
 def recent_profile_steps(session: Session, segment: Segment, count: int = PROFILE_STEPS

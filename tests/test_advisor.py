@@ -297,6 +297,13 @@ def test_with_every_gradient_in_one_bucket_the_advisor_asks_for_a_cap_under_it()
     assert advise(cap_mb=25.0, **arguments) == ("needs all-reduces of two sizes or more to fit the cost model: every one "
                                                 "seen was 4 MB, under the cap: run a cap under 4 MB (-) to cut them smaller")
     assert advise(cap_mb=2.0, **arguments) == "needs all-reduces of two sizes or more to fit the cost model: run another cap (+ / -)"
+    # an attached run (the user's own DDP) has no key to press: it is told where to set a cap, half the size or the cap
+    assert advise(cap_mb=25.0, switchable=False, **arguments) == (
+        "needs all-reduces of two sizes or more to fit the cost model: every one seen was 4 MB, under the cap: restart with "
+        "DistributedDataParallel(..., bucket_cap_mb=2) (a Trainer: TrainingArguments(ddp_bucket_cap_mb=2)) to cut them smaller")
+    assert advise(cap_mb=2.0, switchable=False, **arguments) == (
+        "needs all-reduces of two sizes or more to fit the cost model: restart with "
+        "DistributedDataParallel(..., bucket_cap_mb=1) (a Trainer: TrainingArguments(ddp_bucket_cap_mb=1))")
 
 
 def test_sizes_the_recent_steps_no_longer_issue_still_fit_the_cost_model() -> None:

@@ -990,6 +990,10 @@ async def test_the_advisor_tab_draws_the_sweep_and_b_switches_to_its_best_cap() 
         await pilot.press("b")
         (command,) = sent
         assert command.strategy == "bucket" and command.bucket_mb == pytest.approx(2**21.5 / 2**20)
+        # a sweep remade between the frame and the key (its best a point from another cap's) is not what b applies
+        app.builder.advice = lambda now: "remade since the frame"  # type: ignore[method-assign]
+        app.action_apply_advice()  # at once: no frame between
+        assert len(sent) == 2 and sent[1].bucket_mb == pytest.approx(2**21.5 / 2**20)
 
 
 # --- the warnings panel's rows ------------------------------------------------------------------

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from instrumented_ddp.bucket_plan import TensorSize
@@ -45,6 +45,7 @@ ITEM_BYTES = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "float8_e
 PROFILE_STEPS = 20
 FIT_STEPS = 40  # recent complete steps whose collectives fit the cost model
 ADVISED_STRATEGIES = ("bucket", "ddp")
+KEEP_BEST_WITHIN = 0.01  # a best shown stays while predicted within 1 % of the fastest (``keep_shown_best``)
 
 
 def layout_tensors(parameter_layout: Sequence[tuple[str, int, str]]) -> tuple[TensorSize, ...]:
@@ -230,6 +231,20 @@ def advise(*, strategy: str, cap_mb: float, backend: str, world_size: int, profi
         words = f"the current cap is within 1 % of the predicted best; {words}"
     return Advice(strategy, options["workers"], current, default, top, tuple(predictions), model, tuple(measured), words,
                   len(remembered))
+
+
+def keep_shown_best(advice: Advice, shown_cap: int | None, within: float = KEEP_BEST_WITHIN) -> Advice:
+    """``advice`` with the best cap shown before kept while it is still predicted within
+    ``within`` of the fastest. Why: the profile is a median over the last 20 steps, and two caps
+    a point apart trade places from one refresh to the next (the demo's sweep at 25 MB named
+    0.5 MB, then 1.41, then 0.5 again, 136 ms against 137); a best that flips tells the user
+    nothing, and ``b`` applies what is shown."""
+    if shown_cap is None or shown_cap == advice.best.cap_bytes:
+        return advice
+    kept = next((p for p in advice.predictions if p.cap_bytes == shown_cap), None)
+    if kept is None or kept.step_s > advice.best.step_s * (1.0 + within):
+        return advice
+    return replace(advice, best=kept)
 
 
 def why_no_model(samples: Sequence[TransferSample], meeting: int, cap_mb: float | None = None, switchable: bool = True) -> str:

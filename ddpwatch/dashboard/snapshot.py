@@ -16,7 +16,7 @@ from itertools import islice
 from typing import Any
 
 from ddpwatch import metrics
-from ddpwatch.advisor import Advice, advice_for_session
+from ddpwatch.advisor import Advice, advice_for_session, keep_shown_best
 from ddpwatch.heatmap import Heatmap, RowLayout, assemble_heatmap, heat_column, row_layout
 from ddpwatch.rank_rows import RankRow, rows_by_node
 from ddpwatch.session import Segment, Session
@@ -265,11 +265,15 @@ class SnapshotBuilder:
         return self._roles[1]
 
     def advice(self, now: float) -> Advice | str:
-        """Remade at most once a second, and only when a step or segment came since."""
+        """Remade at most once a second, and only when a step or segment came since; the best
+        cap shown stays while it is predicted within 1 % of the fastest (``keep_shown_best``)."""
         made_at, made_from, advice = self._advice_made
         wanted = (self.session.latest_complete_step(), len(self.session.segments))
         if advice is None or (wanted != made_from and now - made_at >= ADVICE_REFRESH_S):
+            shown = advice.best.cap_bytes if isinstance(advice, Advice) else None
             advice = advice_for_session(self.session)
+            if isinstance(advice, Advice):
+                advice = keep_shown_best(advice, shown)
             self._advice_made = (now, wanted, advice)
         return advice
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -14,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 TRAIN_SCRIPT = Path(__file__).resolve().parents[1] / "train.py"
+TRAIN_DEFAULT_BATCH = 16  # train.py's --batch-size default: the global batch (not imported: train.py imports torch)
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
@@ -51,12 +53,36 @@ def start_training(address: str, log_path: Path, nproc: int, steps: int, strateg
         raise FileNotFoundError(f"{TRAIN_SCRIPT} not found: run the demo from a clone (pip install -e .)")
     log_path.parent.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-               str(TRAIN_SCRIPT), "--strategy", strategy, "--steps", str(steps), "--watch", address]
+               str(TRAIN_SCRIPT), "--strategy", strategy, "--steps", str(steps), "--batch-size", str(batch_size_for(nproc)),
+               "--watch", address]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     with open(log_path, "wb") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
                                    preexec_fn=_stop_when_the_demo_dies if sys.platform == "linux" else None)
     return TrainingRun(process, log_path)
+
+
+def batch_size_for(nproc: int) -> int:
+    """The global batch nearest train.py's 16 that ``nproc`` ranks split evenly (at least one sample
+    each): ``ddpwatch demo --nproc 3`` ran train.py with 16 and failed at once ("does not divide
+    by world size 3")."""
+    return max(nproc, round(TRAIN_DEFAULT_BATCH / nproc) * nproc)
+
+
+#: A rank's reason: train.py's one-line refusal ("train.py: error: …") or an exception's last line
+#: ("ValueError: …"); torchrun's own summary after it ("…ChildFailedError:") says only that a rank failed.
+REASON = re.compile(r"^(\S+: error: .+|[\w.]*(Error|Exception): .+)$")
+
+
+def last_error_line(log_path: Path, limit: int = 300) -> str | None:
+    """The last line of the log that gives a rank's reason (``REASON``), cut to ``limit``
+    characters; None where there is none or no log."""
+    try:
+        lines = log_path.read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    found = next((line.strip() for line in reversed(lines) if REASON.match(line.strip()) and "ChildFailedError" not in line), None)
+    return found[:limit] if found else None
 
 
 def report_if_training_fails(run: TrainingRun, report: Callable[[str], None]) -> threading.Thread:
@@ -67,7 +93,9 @@ def report_if_training_fails(run: TrainingRun, report: Callable[[str], None]) ->
     def wait() -> None:
         code = run.process.wait()
         if code != 0 and not run.stopping.is_set():
-            report(f"the demo's training run exited with code {code}: its output is in {run.log_path}")
+            reason = last_error_line(run.log_path)
+            report(f"the demo's training run exited with code {code}{f' ({reason})' if reason else ''}: "
+                   f"its output is in {run.log_path}")
 
     thread = threading.Thread(target=wait, name="ddpwatch-demo-training", daemon=True)
     thread.start()

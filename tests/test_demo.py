@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ddpwatch.dashboard.app import DashboardApp
 from ddpwatch.dashboard.feeds import StaticFeed
-from ddpwatch.demo import TrainingRun, report_if_training_fails, stop_training
+from ddpwatch.demo import TrainingRun, batch_size_for, report_if_training_fails, stop_training
 from synthetic_session import session_messages
 
 
@@ -23,6 +23,23 @@ def test_a_training_run_that_fails_on_its_own_is_reported_with_its_exit_code_and
     lines: list[str] = []
     report_if_training_fails(run, lines.append).join(30)
     assert lines == [f"the demo's training run exited with code 3: its output is in {tmp_path / 'train.log'}"]
+
+
+def test_the_report_gives_the_ranks_reason_not_torchruns_summary(tmp_path: Path) -> None:
+    """train.py's refusal comes before torchrun's own ending, which says only that a rank failed."""
+    log = tmp_path / "train.log"
+    log.write_text("usage: train.py [-h]\ntrain.py: error: --batch-size 16 does not divide by world size 3\n"
+                   "Traceback (most recent call last):\n    raise ChildFailedError(\n"
+                   "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n  error_file: <N/A>\n")
+    lines: list[str] = []
+    report_if_training_fails(TrainingRun(started("raise SystemExit(1)"), log), lines.append).join(30)
+    assert lines == [f"the demo's training run exited with code 1 (train.py: error: --batch-size 16 does not divide by world "
+                     f"size 3): its output is in {log}"]
+
+
+def test_the_demo_gives_train_py_a_global_batch_its_ranks_split_evenly() -> None:
+    """train.py's 16, or the multiple of the ranks nearest it: --nproc 3 ran with 16 and failed at once."""
+    assert [batch_size_for(n) for n in (1, 2, 3, 6, 7, 32)] == [16, 16, 15, 18, 14, 32]
 
 
 def test_a_training_run_that_ends_well_or_that_the_demo_stops_is_not_reported(tmp_path: Path) -> None:

@@ -63,10 +63,11 @@ def start_training(address: str, log_path: Path, nproc: int, steps: int, strateg
 
 
 def batch_size_for(nproc: int) -> int:
-    """The global batch nearest train.py's 16 that ``nproc`` ranks split evenly (at least one sample
-    each): ``ddpwatch demo --nproc 3`` ran train.py with 16 and failed at once ("does not divide
-    by world size 3")."""
-    return max(nproc, round(TRAIN_DEFAULT_BATCH / nproc) * nproc)
+    """The global batch nearest train.py's 16 that ``nproc`` ranks split evenly into ``ga``'s two
+    micro-steps too (so ``--strategy ga`` and a live switch to it run): ``ddpwatch demo --nproc 3``
+    ran train.py with 16 and failed at once ("does not divide by world size 3")."""
+    unit = 2 * nproc
+    return max(unit, round(TRAIN_DEFAULT_BATCH / unit) * unit)
 
 
 #: A rank's reason: train.py's one-line refusal ("train.py: error: …") or an exception's last line

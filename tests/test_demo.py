@@ -38,8 +38,9 @@ def test_the_report_gives_the_ranks_reason_not_torchruns_summary(tmp_path: Path)
 
 
 def test_the_demo_gives_train_py_a_global_batch_its_ranks_split_evenly() -> None:
-    """train.py's 16, or the multiple of the ranks nearest it: --nproc 3 ran with 16 and failed at once."""
-    assert [batch_size_for(n) for n in (1, 2, 3, 6, 7, 32)] == [16, 16, 15, 18, 14, 32]
+    """train.py's 16, or the multiple of twice the ranks nearest it (ga splits each rank's share in
+    two): --nproc 3 ran with 16 and failed at once; 15 would have failed under ga."""
+    assert [batch_size_for(n) for n in (1, 2, 3, 6, 7, 32)] == [16, 16, 18, 12, 14, 64]
 
 
 def test_a_training_run_that_ends_well_or_that_the_demo_stops_is_not_reported(tmp_path: Path) -> None:

@@ -83,6 +83,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"--{problem}")
     if problem := unavailable_strategy(args.strategy):
         parser.error(f"--strategy {problem}")
+    if args.device == "cuda" and not torch.cuda.is_available():  # a traceback from init_distributed before
+        parser.error("--device cuda: CUDA is not available on this machine (use --device auto or cpu)")
     return args
 
 

@@ -83,6 +83,19 @@ def test_wrong_flags_fail_with_one_line_error(args: list[str], message: str, cap
     assert message in capsys.readouterr().err.strip().splitlines()[-1]
 
 
+def test_device_cuda_without_cuda_is_a_one_line_error(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """It was a traceback from ``init_distributed`` (CUDA hidden here, so a GPU box says the same)."""
+    import train
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.setattr(train.torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit) as exit_:
+        train.parse_args(["--device", "cuda"])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith(
+        "--device cuda: CUDA is not available on this machine (use --device auto or cpu)")
+
+
 def test_a_wrong_flag_given_to_the_script_exits_2_with_its_one_line_error() -> None:
     result = run_train("--batch-size", "16", "--grad-accum", "3")
     assert result.returncode == 2

@@ -183,17 +183,23 @@ class Session:
         self.messages = 0
         self.details = 0  # spans received after their step's summary (a view that drew the step redraws it)
         self.session_id = ""
+        #: Hellos of another run (its session id -> how many) heard while this one went on: the
+        #: dashboard's warnings name it (``is_another_run``; a run that is over gives way instead).
+        self.other_runs: Counter[str] = Counter()
 
     # -- feeding ---------------------------------------------------------------------------------
     def ingest(self, envelope: Envelope, received_at: float | None = None, prepared: PreparedReport | None = None) -> str | None:
         """Fold one decoded message in; returns the rejection category of a well-formed message
-        whose values cannot be true here (and counts it), else None. ``prepared``: a step report's
+        whose values cannot be true here (and counts it; a hello of another run: ``other_runs``), else None. ``prepared``: a step report's
         ``prepare_report``, made elsewhere (used when figured for this session's world size)."""
         now = time.monotonic() if received_at is None else received_at
         message = envelope.message
         if isinstance(message, SwitchCommand):
             self.messages += 1
             return None
+        if isinstance(message, Hello) and self.is_another_run(message):
+            self.other_runs[message.session] += 1  # not "malformed": a second script pointed at the same address
+            return "another_run"
         problem = self._impossible(envelope)
         if problem is not None:
             self.reject(problem)
@@ -508,6 +514,16 @@ class Session:
         """Every rank of the world said goodbye."""
         ranks = [self.ranks.get(r) for r in range(self.world_size)]
         return bool(ranks) and all(r is not None and r.goodbye is not None for r in ranks)
+
+    def is_another_run(self, hello: Hello) -> bool:
+        """A hello of a run other than the one this session holds (its ranks carry another session id)."""
+        return bool(self.session_id) and hello.session != self.session_id
+
+    def over(self, now: float) -> bool:
+        """Every rank of the world said goodbye or is lost at ``now``: nothing more will come of
+        this run, and a new run's hello may begin the next session (the dashboard's)."""
+        ranks = range(self.world_size)
+        return bool(ranks) and all(r in self.ranks and self.status(r, now) in ("finished", "lost") for r in ranks)
 
     def stopped_ranks(self, now: float) -> dict[int, int]:
         """Ranks not lost whose steps stopped while the others' went on: the step each is at, for

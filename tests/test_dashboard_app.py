@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import json
 import socket
 import time
 from dataclasses import replace
@@ -259,6 +260,34 @@ async def test_a_replay_at_its_end_says_ended_and_gives_no_eta_where_the_run_nev
         lines = [strip.text.rstrip() for strip in text.render_lines(Region(0, 0, text.size.width, text.size.height))]
         assert lines[0].endswith(f"2 rank(s) · ended · replayed {path} to its end")
         assert " · step 6/10 · ETA — · " in lines[1]
+
+
+async def test_a_run_started_again_after_the_last_one_ended_gets_a_session_of_its_own(tmp_path) -> None:  # noqa: ANN001
+    """The same script run twice with the dashboard open: the second run was dropped whole as
+    "rejected 80 malformed message(s): 80 step_repeated" under the first run's figures (seen by
+    hand). Once every rank of the first said goodbye, the second's hello begins a session of its
+    own, and the first run's exports are written in a folder named after it."""
+    second = {rank: replace(hello(rank), session="second-session") for rank in (0, 1)}
+    feed = StaticFeed(session_messages(steps=10) + session_messages(steps=4, goodbye=False, hellos=second))
+    app = DashboardApp(feed, out_dir=tmp_path, export_on_exit=True)
+    async with app.run_test(size=(160, 40)) as pilot:
+        await draw_every_message(app, pilot)
+        assert app.session.session_id == "second-session" and not app.session.rejected
+        assert [(s.first_step, s.last_step) for s in app.session.segments] == [(1, 2), (3, 4)]
+        assert not any("malformed" in line for line in app.snapshot.warnings)
+        assert any("run fixed-session is over; now watching run second-session" in text for _, text in app.notices)
+    first = json.loads((tmp_path / "fixed-session" / "summary.json").read_text())
+    assert first["session"] == "fixed-session" and sum(seg["steps"] for seg in first["segments"]) > 0
+
+
+def test_another_run_sending_while_this_one_goes_on_is_named_not_taken_for_malformed_messages() -> None:
+    """Its hello is not applied (the header kept the first run's name; before, it took the second's)."""
+    second = [encode(replace(hello(rank), session="second-session"), seq=50) for rank in (0, 1)]
+    session, snapshot = snapshot_of(session_messages(steps=4, goodbye=False) + second)
+    assert session.session_id == "fixed-session" and session.other_runs == {"second-session": 2}
+    assert not session.rejected
+    assert ("another run (second-session) is sending here while run fixed-session goes on: its reports are mixed in with "
+            "this run's or rejected; give each run its own address (ddpwatch --listen, train.py --watch)") in snapshot.warnings
 
 
 def test_the_header_says_a_run_is_finished_once_every_rank_said_goodbye() -> None:

@@ -17,7 +17,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, VerticalScroll
 from textual.widgets import Footer, TabbedContent, TabPane
 
-from instrumented_ddp.protocol import NOT_SWITCHABLE, STRATEGY_NAMES, Ack, Envelope
+from instrumented_ddp.protocol import NOT_SWITCHABLE, STRATEGY_NAMES, Ack, Envelope, Hello
 
 from ..control import new_command
 from ..exporters import write_exports
@@ -64,6 +64,11 @@ LARGE_JOB_FULL_COLLECTION_AFTER = 1000
 SWITCH_ACTIONS = frozenset({"pick_strategy", "switch_to", "bucket", "accum", "apply_advice"})
 
 
+def new_session() -> Session:
+    """The dashboard's bounded session: recent steps' reports and details, device samples."""
+    return Session(keep_steps=KEEP_STEPS, detail_rank_steps=DETAIL_RANK_STEPS, device_samples=DEVICE_SAMPLES)
+
+
 class DashboardApp(App[None]):
     CSS_PATH = "dashboard.tcss"
     TITLE = "ddpwatch"
@@ -104,7 +109,7 @@ class DashboardApp(App[None]):
         self.out_dir = out_dir
         self.frame_interval_s = frame_interval_s
         self.export_on_exit = export_on_exit
-        self.session = Session(keep_steps=KEEP_STEPS, detail_rank_steps=DETAIL_RANK_STEPS, device_samples=DEVICE_SAMPLES)
+        self.session = new_session()
         self.builder = SnapshotBuilder(self.session)
         self.selected_step: int | None = None  # None: follow the latest step
         self.selected_rank: int | None = None
@@ -185,6 +190,9 @@ class DashboardApp(App[None]):
         deadline = None if budget_s is None else time.perf_counter() + budget_s
         while self._arrivals:  # at least one a frame, however small the budget
             arrived_at, item, prepared = self._arrivals.popleft()
+            if isinstance(item, Envelope) and isinstance(item.message, Hello) and self.session.is_another_run(item.message) \
+                    and self.session.over(arrived_at):
+                self.begin_next_run(item.message.session)
             if isinstance(item, Envelope):
                 if self.session.ingest(item, arrived_at, prepared) is None and isinstance(item.message, Ack):
                     self._acknowledged(item.message)
@@ -192,6 +200,27 @@ class DashboardApp(App[None]):
                 self.session.reject(item.category)
             if deadline is not None and time.perf_counter() >= deadline:
                 return
+
+    def begin_next_run(self, session_id: str) -> None:
+        """A new run said hello once the one on screen was over (every rank gone or said goodbye):
+        it gets a session of its own, and the finished run's exports are written beside the
+        recording, in a folder named after it. Before, a script run again with the dashboard
+        still open was dropped whole as "80 malformed messages: step_repeated" under the old
+        run's figures."""
+        finished = self.session
+        where = ""
+        if self.export_on_exit and self.out_dir is not None and finished.reports:
+            folder = self.out_dir / (finished.session_id or "run")
+            write_exports(finished, folder)
+            where = f"; its exports are in {folder}"
+        self.session = new_session()
+        self.builder = SnapshotBuilder(self.session)
+        self.selected_step = self.selected_rank = None
+        self.open_nodes.clear()
+        self.pending_switches.clear()
+        self._series_made.clear()
+        self._devices_shown = (None, ())
+        self.notify_user(f"run {finished.session_id} is over; now watching run {session_id}{where}")
 
     def refresh_frame(self) -> None:
         started = clock = time.perf_counter()

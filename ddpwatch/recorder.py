@@ -10,13 +10,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
-from instrumented_ddp.protocol import DEFAULT_MAX_MESSAGE_BYTES
+from instrumented_ddp.protocol import DEFAULT_MAX_MESSAGE_BYTES, Hello, ProtocolError
 
 from . import metrics
 from .auth import ServerKeys
 from .control import SwitchRelay
 from .exporters import write_exports
-from .receiver import TelemetryReceiver, ingest
+from .receiver import TelemetryReceiver, ingest, log_and_decode
 from .session import Session
 from .session_file import SESSION_FILE_NAME, SessionWriter, read_session_file
 from .span_requests import SpanRequester, SpanWish
@@ -110,8 +110,17 @@ def record(
 
 
 def load_session(path: Path, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Session:
-    """Rebuild a session from its file, exactly as the receiver folded it."""
+    """Rebuild the session of the file's last run as it was folded, each message at the time it
+    was recorded. A run whose hello came once the one before was over (a script run again with
+    the dashboard left open) begins a session of its own, as on the dashboard, whose exports at
+    exit are that run's: read as one session, its reports were mixed into the first run's."""
     session = Session()
     for received_at, data in read_session_file(path):
-        ingest(session, [data], max_message_bytes=max_message_bytes)
+        envelope = log_and_decode(data, max_message_bytes=max_message_bytes)
+        if isinstance(envelope, ProtocolError):
+            session.reject(envelope.category)
+            continue
+        if isinstance(envelope.message, Hello) and session.is_another_run(envelope.message) and session.over(received_at):
+            session = Session()
+        session.ingest(envelope, received_at)
     return session

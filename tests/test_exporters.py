@@ -420,6 +420,24 @@ def test_write_exports(session: Session, tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(60)
+def test_a_session_file_of_two_runs_one_after_the_other_loads_as_the_last_run(tmp_path: Path) -> None:
+    """A script run twice into one open dashboard: its file holds both. Read back (``ddpwatch
+    summary`` without a summary.json), the second run's reports went into the first run's session,
+    rejected as repeated steps; now the second run, begun once the first was over, is the session."""
+    from ddpwatch.recorder import load_session
+    from ddpwatch.session_file import SESSION_FILE_NAME, SessionWriter
+    from synthetic_session import hello, session_messages
+
+    second = {rank: replace(hello(rank), session="second-session") for rank in (0, 1)}
+    writer = SessionWriter(tmp_path / SESSION_FILE_NAME)
+    for index, data in enumerate(session_messages(steps=10) + session_messages(steps=4, hellos=second)):
+        writer.append(data, 1_800_000_000.0 + index * 0.01)
+    writer.close()
+    session = load_session(tmp_path / SESSION_FILE_NAME)
+    assert session.session_id == "second-session" and not session.rejected and not session.other_runs
+    assert sorted(session.reports) == [1, 2, 3, 4] and session.finished
+
+
 def test_the_recorder_says_a_desync_and_the_late_and_unresolved_counts_when_it_stops(tmp_path: Path) -> None:
     import threading
     import time

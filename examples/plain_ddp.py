@@ -69,7 +69,7 @@ def main() -> None:
     ddp_model = DDP(model, device_ids=[device.index] if on_gpu else None, bucket_cap_mb=args.bucket_mb)
     loss_fn = nn.MSELoss()
     optimizer = torch.optim.SGD(ddp_model.parameters(), lr=0.001)
-    watch = None if args.no_watch else instrumented_ddp.attach(ddp_model, optimizer, address=args.watch)  # <- ddpwatch
+    watch = None if args.no_watch else instrumented_ddp.attach(ddp_model, optimizer, address=args.watch, total_steps=args.steps)  # <- ddpwatch
 
     data = torch.Generator().manual_seed(1 + rank)
     profiler = None

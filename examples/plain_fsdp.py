@@ -82,7 +82,7 @@ def main() -> None:
     fully_shard(model, mesh=mesh)  # the root: the head, and the last word on when to reshard
     loss_fn = nn.MSELoss()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    watch = None if args.no_watch else instrumented_ddp.attach(model, optimizer, address=args.watch)  # <- ddpwatch
+    watch = None if args.no_watch else instrumented_ddp.attach(model, optimizer, address=args.watch, total_steps=args.steps)  # <- ddpwatch
 
     data = torch.Generator().manual_seed(1 + rank)
     for _ in range(args.steps):

@@ -73,15 +73,19 @@ class AttachError(RuntimeError):
 
 
 def attach(model: nn.Module, optimizer: torch.optim.Optimizer, *, address: str = DEFAULT_ADDRESS,
-           watch_key: str | None = None) -> Attachment:
+           watch_key: str | None = None, total_steps: int = 0) -> Attachment:
     """Watch ``model``, a ``DistributedDataParallel`` the caller built (or a model sharded with
     FSDP2's ``fully_shard``, its root included), and the ``optimizer`` that steps it. Every rank
     calls it once, after wrapping and before the first backward (it is a collective: the ranks
     agree on a session id). ``watch_key``: the dashboard's ``client.json`` when ``address`` is
-    beyond loopback. Raises ``AttachError`` (one line) on a misuse, having changed nothing. A
-    ``torch.compile`` of the model is seen through to the module it compiled."""
+    beyond loopback. ``total_steps``: the optimizer steps the loop will take, where it knows them
+    (the dashboard's progress bar and ETA; 0: unknown). Raises ``AttachError`` (one line) on a
+    misuse, having changed nothing. A ``torch.compile`` of the model is seen through to the module
+    it compiled."""
     model = compiled_module(model)
     problem = attach_problem(model, optimizer)
+    if problem is None and (isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps < 0):
+        problem = f"total_steps must be a whole number of optimizer steps, 0 or more (0: unknown), not {total_steps!r}"
     if problem is None:
         problem = address_problem(address)
         if problem is None and watch_key is None and not is_loopback(address):
@@ -92,7 +96,7 @@ def attach(model: nn.Module, optimizer: torch.optim.Optimizer, *, address: str =
         keys = load_client_keys(watch_key) if watch_key is not None else None
     except ValueError as error:
         raise AttachError(f"instrumented_ddp.attach: {error}") from None
-    return Attachment(model, innermost_optimizer(optimizer), address, keys)
+    return Attachment(model, innermost_optimizer(optimizer), address, keys, total_steps)
 
 
 def attach_problem(model: Any, optimizer: Any) -> str | None:
@@ -309,7 +313,7 @@ class Attachment:
     """The hooks ``attach`` installed on one DDP (or FSDP2) model and its optimizer, and the watch
     they feed."""
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, address: str, keys: Any) -> None:
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, address: str, keys: Any, total_steps: int = 0) -> None:
         self.model, self.optimizer = model, optimizer
         sharded = is_fsdp2(model)
         self.strategy = "fsdp" if sharded else "ddp"
@@ -324,7 +328,7 @@ class Attachment:
         self.watch = Watch.start(address, context, {
             "strategy": self.strategy, "settings": self._settings(1),
             "model_parameters": sum(p.numel() for p in module.parameters()),
-            "parameter_layout": parameter_layout(module), "all_reduce_group": meets,
+            "parameter_layout": parameter_layout(module), "all_reduce_group": meets, "total_steps": total_steps,
         }, keys=keys, switchable=False, collective_group=group)
         self.timeline = self.watch.timeline
         self.timing: DDPTiming | FSDPTiming = sharded_timing(model, self.timeline) if sharded else DDPTiming(model, self.timeline)

@@ -62,8 +62,10 @@ class DDPWatchCallback(TrainerCallback):
         if not isinstance(wrapped, DistributedDataParallel) and not is_fsdp2(wrapped):
             print(f"ddpwatch: {unwatched_because(wrapped)}: training goes on unwatched", file=sys.stderr, flush=True)
             return
+        planned = getattr(state, "max_steps", 0)  # the Trainer's optimizer steps: the dashboard's progress and ETA
         self.attachment = attach(wrapped, optimizer if optimizer is not None else self.trainer.optimizer,
-                                 address=self.address, watch_key=self.watch_key)
+                                 address=self.address, watch_key=self.watch_key,
+                                 total_steps=planned if isinstance(planned, int) and planned > 0 else 0)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.attachment is not None:

@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -437,9 +438,10 @@ def test_an_fsdp2_model_is_attached_as_fsdp_and_each_misuse_of_it_is_one_line(on
         model_wrapped, optimizer = sharded_classifier()
 
     callback = DDPWatchCallback(ShardingTrainer(), address=f"tcp://127.0.0.1:{free_port()}")
-    callback.on_train_begin(None, None, None)
+    callback.on_train_begin(None, SimpleNamespace(max_steps=30), None)  # the Trainer's TrainerState
     try:
         assert callback.attachment is not None and callback.attachment.model is ShardingTrainer.model_wrapped
+        assert callback.attachment.watch.publisher.hello.total_steps == 30  # the header read "step 60/?" and "ETA —"
     finally:
         callback.on_train_end(None, None, None)
 
@@ -451,6 +453,8 @@ def test_an_fsdp2_model_is_attached_as_fsdp_and_each_misuse_of_it_is_one_line(on
         assert "\n" not in str(caught.value)
         return str(caught.value)
 
+    with pytest.raises(AttachError, match=r"total_steps must be a whole number of optimizer steps, 0 or more \(0: unknown\), not -1"):
+        instrumented_ddp.attach(*sharded_classifier(), address=f"tcp://127.0.0.1:{free_port()}", total_steps=-1)
     assert "call fully_shard(model) on the root too" in refused(*sharded_classifier(root=False))
     fsdp1 = type("FullyShardedDataParallel", (nn.Module,), {})()
     assert "FSDP1's FullyShardedDataParallel, which ddpwatch cannot time" in refused(fsdp1, optimizer)

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from ddpwatch import metrics
-from ddpwatch.segment_bars import bars_svg, segment_bar
+from ddpwatch.segment_bars import bars_svg, lengths, segment_bar
 from ddpwatch.session import Session, ranks_left_behind
 from instrumented_ddp.protocol import COMM_KINDS, READY_KIND
 
@@ -199,10 +199,11 @@ def stopped_ranks_lines(ranks: list[dict[str, Any]]) -> list[str]:
 
 def summary_svg(summary: dict[str, Any]) -> str:
     """The same segments as bars of their step window (``segment_bars``), for the markdown to show."""
+    segments = summary.get("segments", [])
     bars = [segment_bar(f"{seg.get('label') or seg.get('strategy', '')} ({seg['first_step']}-{seg['last_step']})",
                         seg.get("compute_pct", 0.0), seg.get("non_compute_pct", 0.0), seg.get("idle_pct", 0.0),
-                        seg.get("hidden_comm_pct", 0.0), seg.get("overlap_pct", 0.0))
-            for seg in summary.get("segments", [])]
+                        seg.get("hidden_comm_pct", 0.0), seg.get("overlap_pct", 0.0), length)
+            for seg, length in zip(segments, lengths([seg.get("samples_per_s", 0.0) for seg in segments]))]
     return bars_svg(bars, f"ddpwatch session {summary.get('session') or '(unnamed)'}: where each step's time went")
 
 

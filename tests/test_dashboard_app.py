@@ -521,6 +521,32 @@ async def test_a_segment_without_a_counted_step_shows_dashes_and_says_so_in_its_
     assert shown[0][2] == f"{simple.compute_pct:.2f}" and "—" not in shown[0][2:6]
 
 
+async def test_a_segment_bar_is_as_long_as_its_time_per_sample_and_its_overlap_stays_in_column() -> None:
+    """Two segments, the second at twice the samples/s: its bar is half as long (time per sample,
+    the slowest full length), and both "ov" figures stand in one column. Full-length bars of
+    segments 50 % apart in speed looked alike in length."""
+    from textual.app import App
+
+    _, snapshot = snapshot_of(session_messages(steps=4))
+    slow, fast = snapshot.segments
+    rows = (replace(slow, samples_per_s=50.0), replace(fast, samples_per_s=100.0))
+
+    class Bars(App[None]):
+        def compose(self):  # noqa: ANN202
+            yield SegmentBarsView()
+
+    app = Bars()
+    async with app.run_test(size=(80, 10)) as pilot:
+        view = app.query_one(SegmentBarsView)
+        view.show(rows)
+        await pilot.pause()
+        lines = str(view.render()).splitlines()[-2:]
+        full = view.content_region.width - 16 - 8  # less the label and " ov  77%"
+    drawn = [sum(line.count(glyph) for glyph in "█▓░") for line in lines]
+    assert drawn[0] == full and abs(2 * drawn[1] - drawn[0]) <= 1
+    assert lines[0].index(" ov ") == lines[1].index(" ov ")
+
+
 def test_the_segments_table_gives_each_collective_kinds_busbw() -> None:
     """Each "bucket" step also all-gathers 4 MB in 2 ms: 2 GB/s of algbw, times (2-1)/2 over two
     ranks, AG 1.00, after the all-reduces' own. Before, the dashboard showed no bandwidth at all."""

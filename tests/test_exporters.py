@@ -133,7 +133,7 @@ def test_summary_segments_and_figures(data: dict) -> None:
     assert simple["compute_pct"] == pytest.approx((70.0 + 100 * 75 / 105) / 2)
 
 
-def test_summary_svg_draws_each_segment_as_its_window(data: dict) -> None:
+def test_summary_svg_draws_each_segment_as_its_window_as_long_as_its_time_per_sample(data: dict) -> None:
     import xml.etree.ElementTree as ElementTree
 
     root = ElementTree.fromstring(exporters.summary_svg(data))
@@ -143,7 +143,9 @@ def test_summary_svg_draws_each_segment_as_its_window(data: dict) -> None:
     assert "simple (grad_accum=1) (0-2)" in labels and "bucket (bucket_mb=25.0, grad_accum=1) (3-5)" in labels
     hidden = [r for r in root.findall("svg:rect", ns) if r.get("class") == "hidden"]
     assert len(hidden) == 1  # simple hides nothing: no rect drawn for it
-    assert float(hidden[0].get("width")) == pytest.approx(480 * bucket["hidden_comm_pct"] / 100, abs=0.01)
+    # each bar as long as its time per sample against the slowest segment's
+    length = min(simple["samples_per_s"], bucket["samples_per_s"]) / bucket["samples_per_s"]
+    assert float(hidden[0].get("width")) == pytest.approx(480 * length * bucket["hidden_comm_pct"] / 100, abs=0.01)
 
 
 def test_summary_telemetry(data: dict) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from textual.content import Content
 from textual.widget import Widget
 
-from ...segment_bars import NOT_MEASURED, SegmentBar, cells, segment_bar
+from ...segment_bars import NOT_MEASURED, SegmentBar, cells, lengths, segment_bar
 from ..snapshot import SegmentRow
 
 #: (glyph, style) per part, in ``segment_bars.PARTS`` order.
@@ -18,10 +18,11 @@ OVERLAP_CELLS = 8  # " ov  86%" (" ov 100%"): the percentage takes three cells
 
 
 def legend() -> Content:
-    """What each glyph is, one line where the panel is wide enough."""
+    """What each glyph is, and what a bar's length is, one line where the panel is wide enough."""
     parts: list[str | tuple[str, str]] = []
     for glyph, style, what in LEGEND:
         parts += [(glyph, style), f" {what}  "]
+    parts.append(("length: time per sample", "grey50"))
     return Content.assemble(*parts).rstrip()
 
 
@@ -37,7 +38,8 @@ class SegmentBarsView(Widget):
     def show(self, rows: tuple[SegmentRow, ...]) -> None:
         """A bar per segment, labelled by its strategy and steps (the table beside it has the rest)."""
         bars = tuple(segment_bar(f"{r.label.split(' (')[0]} {r.steps}", r.compute_pct, r.non_compute_pct,
-                                 r.idle_pct, r.hidden_comm_pct, r.overlap_pct) for r in rows)
+                                 r.idle_pct, r.hidden_comm_pct, r.overlap_pct, length)
+                     for r, length in zip(rows, lengths([r.samples_per_s if r.counted_steps else 0.0 for r in rows])))
         if bars != self._bars:
             self._bars = bars
             self.refresh(layout=True)
@@ -56,8 +58,9 @@ class SegmentBarsView(Widget):
             if not bar.measured:
                 parts.append((NOT_MEASURED[:width + OVERLAP_CELLS], "grey50"))
                 continue
-            for (glyph, style), count in zip(GLYPHS, cells(bar, width)):
+            counts = cells(bar, width)
+            for (glyph, style), count in zip(GLYPHS, counts):
                 if count:
                     parts.append((glyph * count, style))
-            parts.append(f" ov {bar.overlap_pct:3.0f}%")
+            parts.append(" " * (width - sum(counts)) + f" ov {bar.overlap_pct:3.0f}%")  # under the longest bar's end
         return Content.assemble(*parts)

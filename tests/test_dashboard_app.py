@@ -808,9 +808,11 @@ async def test_stragglers_tab_shows_each_ranks_own_waiting_and_marks_the_rank_th
     alone: two ranks that wait by turns both read as stragglers."""
     app = DashboardApp(StaticFeed(session_messages(edit=waiting_ranks(30.0))), export_on_exit=False)
     async with app.run_test(size=(160, 50)) as pilot:
-        await pilot.pause(0.2)
+        await draw_every_message(app, pilot)
         app.query_one("#side", TabbedContent).active = "stragglers-tab"
-        await pilot.pause(0.2)
+        await pilot.pause()
+        app.refresh_frame()  # the frame that makes the tab's rows, whatever the machine's load
+        await pilot.pause()
         rows = {row.rank: row for row in app.snapshot.stragglers}
         assert rows[0].named and rows[0].waited_for_ms == pytest.approx(30.0, abs=0.5) and rows[0].waited_ms < 1.0
         assert any(warning.startswith("rank 0 is a straggler") for warning in app.snapshot.warnings)

@@ -222,7 +222,7 @@ async def test_the_screen_fits_the_terminal_with_a_large_job_and_every_segment_b
 
 @pytest.mark.parametrize("columns", [80, 119, 120])
 async def test_a_narrow_terminal_shows_the_runs_live_figures_in_the_header(columns: int) -> None:
-    """At 80 columns the first line was cut after the session's name and "2 rank(s)": the
+    """At 80 columns the first line was cut after the session's name and "2 ranks": the
     strategy, step, ETA and samples/s, the figures that move, were never seen; and before that it
     wrapped into the second row and pushed "live · <source>" out. The run's identity and source
     are one line, what it does now the other, each cut at its end; under 120 columns the progress
@@ -233,7 +233,7 @@ async def test_a_narrow_terminal_shows_the_runs_live_figures_in_the_header(colum
         await draw_every_message(app, pilot)
         text = app.query_one("#header-text")
         lines = [strip.text.rstrip() for strip in text.render_lines(Region(0, 0, text.size.width, text.size.height))]
-        assert lines[0] == "ddpwatch fixed-session · 2 rank(s) · finished · fixed data"  # every rank said goodbye
+        assert lines[0] == "ddpwatch fixed-session · 2 ranks · finished · fixed data"  # every rank said goodbye
         assert lines[1] == "bucket (bucket_mb=1.0, grad_accum=1) · step 10/10 · ETA 0:00 · 40.6 samples/s"
         assert app.query_one("#header-progress").display == (columns >= 120)
         assert app.query_one("#header").region.height == (3 if columns >= 120 else 2)  # the bar's row to the panels
@@ -258,7 +258,7 @@ async def test_a_replay_at_its_end_says_ended_and_gives_no_eta_where_the_run_nev
         await pilot.pause()
         text = app.query_one("#header-text")
         lines = [strip.text.rstrip() for strip in text.render_lines(Region(0, 0, text.size.width, text.size.height))]
-        assert lines[0].endswith(f"2 rank(s) · ended · replayed {path} to its end")
+        assert lines[0].endswith(f"2 ranks · ended · replayed {path} to its end")
         assert " · step 6/10 · ETA — · " in lines[1]
 
 
@@ -288,6 +288,16 @@ def test_another_run_sending_while_this_one_goes_on_is_named_not_taken_for_malfo
     assert not session.rejected
     assert ("another run (second-session) is sending here while run fixed-session goes on: its reports are mixed in with "
             "this run's or rejected; give each run its own address (ddpwatch --listen, train.py --watch)") in snapshot.warnings
+
+
+async def test_the_header_counts_its_ranks_in_words() -> None:
+    """"2 rank(s)" read as a form to fill in: 2 ranks, 1 rank."""
+    app = DashboardApp(StaticFeed(session_messages(world_size=1)), export_on_exit=False)
+    async with app.run_test(size=(160, 40)) as pilot:
+        await draw_every_message(app, pilot)
+        text = app.query_one("#header-text")
+        first = text.render_lines(Region(0, 0, text.size.width, 1))[0].text.rstrip()
+    assert first == "ddpwatch fixed-session · 1 rank · finished · fixed data"
 
 
 def test_the_header_says_a_run_is_finished_once_every_rank_said_goodbye() -> None:

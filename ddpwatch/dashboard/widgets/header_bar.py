@@ -39,7 +39,8 @@ class HeaderBar(Horizontal):
         eta = None if mode == "ended" else data.eta_s
         settings = f" ({data.settings})" if data.settings else ""
         text = (
-            f"[b]ddpwatch[/b] {data.session} · {data.world_size} rank(s) · [i]{mode}[/i] · [dim]{source}[/dim]\n"
+            f"[b]ddpwatch[/b] {data.session} · {data.world_size} rank{'' if data.world_size == 1 else 's'} · "
+            f"[i]{mode}[/i] · [dim]{source}[/dim]\n"
             f"[b]{data.strategy}[/b]{settings} · step {data.step}/{data.total_steps or '?'} · {format_eta(eta)} · "
             f"{data.samples_per_s:.1f} samples/s" + ("" if data.switchable else f" · [b]{NOT_SWITCHABLE}[/b]")
         )

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
-from instrumented_ddp.protocol import DEFAULT_MAX_MESSAGE_BYTES, Hello, ProtocolError
+from instrumented_ddp.protocol import DEFAULT_MAX_MESSAGE_BYTES, ProtocolError
 
 from . import metrics
 from .auth import ServerKeys
@@ -120,7 +120,7 @@ def load_session(path: Path, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES)
         if isinstance(envelope, ProtocolError):
             session.reject(envelope.category)
             continue
-        if isinstance(envelope.message, Hello) and session.is_another_run(envelope.message) and session.over(received_at):
+        if session.begins_next_run(envelope.message, received_at):
             session = Session()
         session.ingest(envelope, received_at)
     return session

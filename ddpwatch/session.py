@@ -11,7 +11,7 @@ import time
 from collections import Counter, defaultdict, deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeGuard
 
 from ddpwatch import metrics
 from ddpwatch.compact import NO_SPANS, PackedSpans, StepSet, TagSequences
@@ -23,6 +23,7 @@ from instrumented_ddp.protocol import (
     Goodbye,
     Heartbeat,
     Hello,
+    Message,
     StepReport,
     StepSummary,
     SwitchCommand,
@@ -521,9 +522,15 @@ class Session:
 
     def over(self, now: float) -> bool:
         """Every rank of the world said goodbye or is lost at ``now``: nothing more will come of
-        this run, and a new run's hello may begin the next session (the dashboard's)."""
+        this run, and a new run's hello may begin the next session (``begins_next_run``)."""
         ranks = range(self.world_size)
         return bool(ranks) and all(r in self.ranks and self.status(r, now) in ("finished", "lost") for r in ranks)
+
+    def begins_next_run(self, message: Message, now: float) -> TypeGuard[Hello]:
+        """Whether ``message``, arriving at ``now``, is the hello of a run that began once this
+        one was over: the one rule by which the dashboard and ``recorder.load_session`` start a
+        session of its own for it (a script run again into a dashboard left open)."""
+        return isinstance(message, Hello) and self.is_another_run(message) and self.over(now)
 
     def stopped_ranks(self, now: float) -> dict[int, int]:
         """Ranks not lost whose steps stopped while the others' went on: the step each is at, for

@@ -17,7 +17,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, VerticalScroll
 from textual.widgets import Footer, TabbedContent, TabPane
 
-from instrumented_ddp.protocol import NOT_SWITCHABLE, STRATEGY_NAMES, Ack, Envelope, Hello
+from instrumented_ddp.protocol import NOT_SWITCHABLE, STRATEGY_NAMES, Ack, Envelope
 
 from ..control import new_command
 from ..exporters import write_exports
@@ -190,10 +190,9 @@ class DashboardApp(App[None]):
         deadline = None if budget_s is None else time.perf_counter() + budget_s
         while self._arrivals:  # at least one a frame, however small the budget
             arrived_at, item, prepared = self._arrivals.popleft()
-            if isinstance(item, Envelope) and isinstance(item.message, Hello) and self.session.is_another_run(item.message) \
-                    and self.session.over(arrived_at):
-                self.begin_next_run(item.message.session)
             if isinstance(item, Envelope):
+                if self.session.begins_next_run(item.message, arrived_at):
+                    self.begin_next_run(item.message.session)
                 if self.session.ingest(item, arrived_at, prepared) is None and isinstance(item.message, Ack):
                     self._acknowledged(item.message)
             else:

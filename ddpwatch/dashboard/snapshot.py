@@ -182,10 +182,6 @@ class SnapshotBuilder:
         ten steps every frame): see ``Session.step_waits``."""
         return self._waits_both_ways(step)[0]
 
-    def waited_for_of(self, step: int) -> dict[int, float]:
-        """How long the other ranks waited for each rank in a step (the stragglers tab)."""
-        return self._waits_both_ways(step)[1]
-
     def _waits_both_ways(self, step: int | None) -> tuple[dict[int, float], dict[int, float]]:
         return self.session.step_waits(step) if step is not None else ({}, {})
 
@@ -520,9 +516,10 @@ class SnapshotBuilder:
         totals: dict[int, float] = {}
         own: dict[int, float] = {}
         for s in steps:
-            for rank, waited in self.waited_for_of(s).items():
+            waits, waited_for = self._waits_both_ways(s)  # one lookup of the step's cached waits for both
+            for rank, waited in waited_for.items():
                 totals[rank] = totals.get(rank, 0.0) + waited
-            for rank, waited in self.waits_of(s).items():
+            for rank, waited in waits.items():
                 own[rank] = own.get(rank, 0.0) + waited
         wall_ms = sum(1000 * self.summary_of(s).wall_s for s in steps)
         top = sorted((rank for rank, waited in totals.items() if waited > 0), key=lambda r: (-totals[r], r))[:count]

@@ -63,12 +63,15 @@ def column_glyphs(level: float, rows: int) -> list[str]:
     """One column of a bar ``rows`` tall, top row first, for a level in [0, 1]: in eighths of a
     row, at least one (the lowest value still shows), whole rows of █ under the partial one. One
     row gives the glyph a one-line sparkline always drew."""
+    return [column_glyph(level, rows, row) for row in range(rows)]
+
+
+def column_glyph(level: float, rows: int, row: int) -> str:
+    """Row ``row`` (0: the top) of ``column_glyphs``: a line of the panel draws one row of every
+    column, and made whole for each, a six-row column was made six times over."""
     eighths = min(int(level * rows * 8), rows * 8 - 1) + 1
-    column = []
-    for row in range(rows):
-        fill = min(max(eighths - (rows - 1 - row) * 8, 0), 8)
-        column.append(BARS[fill - 1] if fill else " ")
-    return column
+    fill = min(max(eighths - (rows - 1 - row) * 8, 0), 8)
+    return BARS[fill - 1] if fill else " "
 
 
 class SparklineList(ScrollView):
@@ -131,5 +134,5 @@ class SparklineList(ScrollView):
         segments = []
         for level in bar_levels(series.values, width):
             colour = low.blend(high, level).rich_color
-            segments.append(Segment(column_glyphs(level, rows)[row], self.rich_style + Style(color=colour)))
+            segments.append(Segment(column_glyph(level, rows, row), self.rich_style + Style(color=colour)))
         return Strip(segments).simplify().crop_extend(0, width, self.rich_style)

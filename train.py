@@ -27,7 +27,7 @@ from typing import Iterator
 import torch
 
 import instrumented_ddp
-from instrumented_ddp.distributed import DistributedContext, exit_process, init_distributed, shutdown_distributed
+from instrumented_ddp.distributed import DistributedContext, exit_process, init_distributed, resolve_device, shutdown_distributed
 from instrumented_ddp.memory import MemorySampler
 from instrumented_ddp.protocol import DEFAULT_ADDRESS, address_problem, bucket_mb_problem, is_loopback, load_client_keys
 from instrumented_ddp.replicas import gather_digests, ranks_that_differ
@@ -83,8 +83,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"--{problem}")
     if problem := unavailable_strategy(args.strategy):
         parser.error(f"--strategy {problem}")
-    if args.device == "cuda" and not torch.cuda.is_available():  # a traceback from init_distributed before
-        parser.error("--device cuda: CUDA is not available on this machine (use --device auto or cpu)")
+    try:  # init_distributed's own rule, here before any process group (it was a traceback from there)
+        resolve_device(args.device, 0)
+    except ValueError as error:
+        parser.error(str(error))
     return args
 
 

@@ -35,7 +35,7 @@ def resolve_device(choice: str, local_rank: int) -> torch.device:
     if choice not in {"auto", "cpu", "cuda"}:
         raise ValueError(f"--device must be auto, cpu or cuda, not {choice!r}")
     if choice == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda was asked for but CUDA is not available on this machine")
+        raise ValueError("--device cuda: CUDA is not available on this machine (use --device auto or cpu)")
     if choice == "cpu" or not torch.cuda.is_available():
         return torch.device("cpu")
     return torch.device("cuda", local_rank % torch.cuda.device_count())

@@ -87,6 +87,10 @@ class Segment:
     def label(self) -> str:
         return strategy_label(self.strategy, self.settings)
 
+    @property
+    def short_label(self) -> str:
+        return short_strategy_label(self.strategy, self.settings)
+
 
 #: The settings a segment's label names: what tells a strategy's segments apart, and HSDP's
 #: replicas (an attached FSDP2 model on a 2-D mesh: ``fsdp (grad_accum=1, replicas=2)``).
@@ -98,6 +102,22 @@ def strategy_label(strategy: str, settings: Mapping[str, Any]) -> str:
     segments apart, as the segments table and the timeline's title name them."""
     shown = ", ".join(f"{k}={v}" for k, v in sorted(settings.items()) if k in LABELLED_SETTINGS)
     return f"{strategy} ({shown})" if shown else strategy
+
+
+def short_strategy_label(strategy: str, settings: Mapping[str, Any]) -> str:
+    """``bucket 1 MB``, ``ga accum 2``, ``fsdp 2 replicas``: the same settings as
+    ``strategy_label`` in the words a column has room for, an accumulation of 1 (no accumulation)
+    left unsaid. The segments table's first column: at 160 columns the long label
+    (``bucket (bucket_mb=1.0, grad_accum=1)``) pushed step ms and samples/s out of view."""
+    words = [strategy]
+    if "bucket_mb" in settings:
+        cap = settings["bucket_mb"]
+        words.append(f"{cap:g} MB" if isinstance(cap, (int, float)) else f"{cap} MB")
+    if settings.get("grad_accum", 1) != 1:
+        words.append(f"accum {settings['grad_accum']}")
+    if "replicas" in settings:
+        words.append(f"{settings['replicas']} replicas")
+    return " ".join(words)
 
 
 def ranks_left_behind(last_steps: Mapping[int, int]) -> dict[int, int]:

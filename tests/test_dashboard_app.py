@@ -482,7 +482,7 @@ async def test_the_segments_table_widens_a_column_when_a_running_segment_grows()
     from ddpwatch.dashboard.snapshot import SegmentRow
 
     def row(steps: str) -> SegmentRow:
-        return SegmentRow("async", steps, 10, 80.0, 15.0, 5.0, 70.0, 50.0, 57.0, 300.0, 280.0, 50.0)
+        return SegmentRow("async", "async", steps, 10, 80.0, 15.0, 5.0, 70.0, 50.0, 57.0, 300.0, 280.0, 50.0)
 
     class OneTable(App[None]):
         def compose(self):  # noqa: ANN202
@@ -497,6 +497,25 @@ async def test_the_segments_table_widens_a_column_when_a_running_segment_grows()
         await pilot.pause()
         steps_column = list(table.columns.values())[1]
         assert steps_column.content_width >= len("69-148")
+
+
+async def test_at_160_columns_the_segments_table_shows_step_time_and_throughput_beside_the_bars() -> None:
+    """Every figure up to Comm_overhead% in view, step ms and samples/s first after the steps, with
+    the bars beside the table. Before, at 160 columns the table showed "bucket (bucket_mb=1.0,
+    grad_accum=1)" and four percentages: step ms and samples/s were past its edge."""
+    app = DashboardApp(StaticFeed(session_messages()), export_on_exit=False)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await draw_every_message(app, pilot)
+        table = app.query_one(SegmentsTable)
+        assert app.query_one(SegmentBarsView).region.width > 0
+        names = [str(column.label) for column in table.columns.values()]
+        widths = [column.get_render_width(table) for column in table.columns.values()]
+        cells = [str(cell) for cell in table.get_row_at(1)]
+        in_view = table.scrollable_content_region.width
+    shown = names[:names.index("Comm_overhead%") + 1]
+    assert shown[:4] == ["segment", "steps", "step ms p50", "samples/s"]
+    assert sum(widths[:len(shown)]) <= in_view
+    assert cells[0] == "bucket 1 MB"  # the synthetic session's bucket segment, its cap in words
 
 
 async def test_a_segment_without_a_counted_step_shows_dashes_and_says_so_in_its_bar() -> None:
@@ -525,10 +544,11 @@ async def test_a_segment_without_a_counted_step_shows_dashes_and_says_so_in_its_
         await pilot.pause()
         shown = [[str(cell) for cell in table.get_row_at(index)] for index in (0, 1)]
         bar_lines = str(bars.render()).splitlines()[-2:]
-    assert shown[1][:2] == [bucket.label, "3-4"] and set(shown[1][2:]) == {"—"}
+    assert shown[1][:2] == [bucket.short_label, "3-4"] and set(shown[1][2:]) == {"—"}
     assert bar_lines[0].startswith("simple 1-2") and bar_lines[0].endswith("ov   0%")
     assert bar_lines[1].startswith("bucket 3-4") and bar_lines[1].endswith("no counted step")  # was "ov   0%"
-    assert shown[0][2] == f"{simple.compute_pct:.2f}" and "—" not in shown[0][2:6]
+    assert shown[0][2:5] == [f"{simple.step_ms_p50:.1f}", f"{simple.samples_per_s:.1f}", f"{simple.compute_pct:.2f}"]
+    assert "—" not in shown[0][2:9]
 
 
 async def test_a_segment_bar_is_as_long_as_its_time_per_sample_and_its_overlap_stays_in_column() -> None:

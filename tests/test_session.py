@@ -10,7 +10,7 @@ import pytest
 
 from ddpwatch.receiver import ingest
 from ddpwatch.compact import PackedSpans
-from ddpwatch.session import Session, ranks_left_behind
+from ddpwatch.session import Session, ranks_left_behind, short_strategy_label, strategy_label
 from instrumented_ddp.protocol import Envelope, Heartbeat, Span
 from instrumented_ddp.step_figures import call_times
 from synthetic_session import hello, session_messages, step_report, waiting_ranks
@@ -237,6 +237,17 @@ def test_ranks_left_behind_are_those_five_or_more_steps_behind_the_newest() -> N
     # newest 10: rank 1 at 5 is 5 behind (named), rank 2 at 6 is 4 behind (ranks drift that far)
     assert ranks_left_behind({0: 10, 1: 5, 2: 6, 3: 10}) == {1: 5}
     assert ranks_left_behind({}) == {} and ranks_left_behind({0: 3}) == {}
+
+
+def test_a_short_label_names_the_same_settings_in_words_and_leaves_an_accumulation_of_one_unsaid() -> None:
+    bucket = {"bucket_mb": 1.0, "grad_accum": 1}
+    assert strategy_label("bucket", bucket) == "bucket (bucket_mb=1.0, grad_accum=1)"
+    assert short_strategy_label("bucket", bucket) == "bucket 1 MB"
+    assert short_strategy_label("ddp", {"bucket_mb": 0.05, "grad_accum": 4}) == "ddp 0.05 MB accum 4"
+    assert short_strategy_label("ga", {"grad_accum": 2}) == "ga accum 2"
+    assert short_strategy_label("fsdp", {"grad_accum": 1, "replicas": 2}) == "fsdp 2 replicas"
+    assert short_strategy_label("simple", {}) == "simple"
+    assert short_strategy_label("bucket", {"bucket_mb": "odd"}) == "bucket odd MB"  # a hostile setting: no exception
 
 
 def test_an_hsdp_session_pairs_and_counts_busbw_within_the_groups_its_hellos_name() -> None:

@@ -65,7 +65,8 @@ class DeviceSeries:
 
 @dataclass(frozen=True)
 class SegmentRow:
-    label: str
+    label: str  # ``session.strategy_label``: the strategy and its settings, in full
+    short_label: str  # ``session.short_strategy_label``: the same, as the segments table's column has room for
     steps: str  # the segment's step range
     #: Its steps that count in the figures (``Figures.steps``): none yet in a segment a switch has
     #: just opened, or whose steps were all excluded; its figures are then no measurement at all.
@@ -441,7 +442,7 @@ class SnapshotBuilder:
             if made_for == key or (running and same_segment and now - made_at < SEGMENT_REFRESH_S):
                 return row if row.steps == steps else replace(row, steps=steps)
         f = self.session.segment_figures(segment, include_pending=False, per_rank=False)
-        row = SegmentRow(segment.label, steps, f.steps, f.compute_pct, f.non_compute_pct,
+        row = SegmentRow(segment.label, segment.short_label, steps, f.steps, f.compute_pct, f.non_compute_pct,
                          f.idle_pct, f.overlap_pct, f.comm_overhead_pct, f.all_reduce_calls, f.all_reduce_ms,
                          f.step_ms_p50, f.samples_per_s, f.hidden_comm_pct,
                          metrics.kinds_text(f.calls_by_kind), metrics.held_text(f.memory),

@@ -7,14 +7,17 @@ from textual.widgets import DataTable
 from ...metrics import calls_text
 from ..snapshot import SegmentRow
 
+# The segment as "bucket 1 MB" (``SegmentRow.short_label``), and the step's time and the throughput
+# right after the steps: what a switch bought is the first thing read, and at 160 columns the long
+# label and the seed blog's five percentages had pushed both out of view.
 # "calls/rank/step": all-reduce calls per rank per step, what summary.json's all_reduce_calls and
-# summary.md's "all_reduce calls / rank / step" mean; that long a name would push samples/s off a
-# 160-column screen.
+# summary.md's "all_reduce calls / rank / step" mean; that long a name would push the next columns
+# off a 160-column screen.
 # "other calls": reduce-scatters (RS), all-gathers (AG), broadcasts (BC) per rank per step;
 # "held P/G/O MiB": parameters/gradients/optimizer state the fullest rank held (the sharded
 # strategies' staircase); "busbw GB/s": each collective kind's, as ``AR 3.12 AG 0.32 RS 0.16``.
-COLUMNS = ("segment", "steps", "Compute%", "Non_Compute%", "Idle%", "Overlap%", "Comm_overhead%",
-           "calls/rank/step", "all_reduce_ms", "step ms p50", "samples/s", "busbw GB/s", "other calls", "held P/G/O MiB")
+COLUMNS = ("segment", "steps", "step ms p50", "samples/s", "Compute%", "Non_Compute%", "Idle%", "Overlap%",
+           "Comm_overhead%", "calls/rank/step", "all_reduce_ms", "busbw GB/s", "other calls", "held P/G/O MiB")
 
 
 class SegmentsTable(DataTable):
@@ -55,7 +58,8 @@ def _cells(row: SegmentRow) -> list[str]:
     """A segment without a counted step yet (a switch has just opened it, or every step it ran was
     excluded) shows dashes, not zeros: 0.00 Compute% would read as a measurement."""
     if row.counted_steps == 0:
-        return [row.label, row.steps, *("—" for _ in COLUMNS[2:])]
-    return [row.label, row.steps, *(f"{v:.2f}" for v in (row.compute_pct, row.non_compute_pct, row.idle_pct,
-            row.overlap_pct, row.comm_overhead_pct)), calls_text(row.all_reduce_calls), f"{row.all_reduce_ms:.1f}",
-            f"{row.step_ms_p50:.1f}", f"{row.samples_per_s:.1f}", row.busbw, row.other_calls, row.held]
+        return [row.short_label, row.steps, *("—" for _ in COLUMNS[2:])]
+    return [row.short_label, row.steps, f"{row.step_ms_p50:.1f}", f"{row.samples_per_s:.1f}",
+            *(f"{v:.2f}" for v in (row.compute_pct, row.non_compute_pct, row.idle_pct, row.overlap_pct,
+                                   row.comm_overhead_pct)),
+            calls_text(row.all_reduce_calls), f"{row.all_reduce_ms:.1f}", row.busbw, row.other_calls, row.held]

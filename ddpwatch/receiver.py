@@ -88,10 +88,11 @@ class TelemetryReceiver:
 
 
 def log_and_decode(data: bytes, writer: SessionWriter | None = None,
-                   max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Envelope | ProtocolError:
-    """Append the raw message to the session file (rejected ones too), then decode it."""
+                   max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, run: str = "") -> Envelope | ProtocolError:
+    """Append the raw message to the session file (rejected ones too), with the run that sent it
+    where known, then decode it."""
     if writer is not None:
-        writer.append(data, time.time())
+        writer.append(data, time.time(), run)
     try:
         return decode(data, max_message_bytes)
     except ProtocolError as error:
@@ -104,17 +105,19 @@ def ingest(
     writer: SessionWriter | None = None,
     on_reject: Callable[[str], None] | None = None,
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    run: str = "",
 ) -> list[Envelope]:
-    """Log every message as it came, then fold the valid ones into ``session`` (and return them)."""
+    """Log every message as it came, then fold the valid ones into ``session`` (and return them).
+    ``run``: the run whose rank sent them, where the listener knows it (``protocol.run_of_sender``)."""
     accepted: list[Envelope] = []
     for data in raw_messages:
-        envelope = log_and_decode(data, writer, max_message_bytes)
+        envelope = log_and_decode(data, writer, max_message_bytes, run)
         if isinstance(envelope, ProtocolError):
             session.reject(envelope.category)
             if on_reject is not None:
                 on_reject(str(envelope))
             continue
-        problem = session.ingest(envelope)
+        problem = session.ingest(envelope, run=run)
         if problem is None:
             accepted.append(envelope)
         elif on_reject is not None:

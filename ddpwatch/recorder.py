@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
-from instrumented_ddp.protocol import DEFAULT_MAX_MESSAGE_BYTES, ProtocolError
+from instrumented_ddp.protocol import DEFAULT_MAX_MESSAGE_BYTES, ProtocolError, run_of_sender
 
 from . import metrics
 from .auth import ServerKeys
@@ -18,7 +18,7 @@ from .control import SwitchRelay
 from .exporters import write_exports
 from .receiver import TelemetryReceiver, ingest, log_and_decode
 from .session import Session
-from .session_file import SESSION_FILE_NAME, SessionWriter, read_session_file
+from .session_file import SESSION_FILE_NAME, SessionWriter, read_session_records
 from .span_requests import SpanRequester, SpanWish
 
 
@@ -81,7 +81,7 @@ def record(
             if batch:
                 last_message = time.monotonic()
                 for peer, data in batch:
-                    for envelope in ingest(session, [data], writer, max_message_bytes=max_message_bytes):
+                    for envelope in ingest(session, [data], writer, max_message_bytes=max_message_bytes, run=run_of_sender(peer)):
                         relay.note(peer, envelope)
                         requester.note(peer, envelope)
             for _ in range(receiver.take_refused_handshakes()):
@@ -115,12 +115,12 @@ def load_session(path: Path, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES)
     the dashboard left open) begins a session of its own, as on the dashboard, whose exports at
     exit are that run's: read as one session, its reports were mixed into the first run's."""
     session = Session()
-    for received_at, data in read_session_file(path):
+    for received_at, data, run in read_session_records(path):
         envelope = log_and_decode(data, max_message_bytes=max_message_bytes)
         if isinstance(envelope, ProtocolError):
             session.reject(envelope.category)
             continue
-        if session.begins_next_run(envelope.message, received_at):
+        if session.next_run(envelope.message, received_at, run):
             session = Session()
-        session.ingest(envelope, received_at)
+        session.ingest(envelope, received_at, run=run)
     return session

@@ -11,7 +11,7 @@ import time
 from collections import Counter, defaultdict, deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, NamedTuple, TypeGuard
+from typing import Any, NamedTuple
 
 from ddpwatch import metrics
 from ddpwatch.compact import NO_SPANS, PackedSpans, StepSet, TagSequences
@@ -204,22 +204,36 @@ class Session:
         self.messages = 0
         self.details = 0  # spans received after their step's summary (a view that drew the step redraws it)
         self.session_id = ""
-        #: Hellos of another run (its session id -> how many) heard while this one went on: the
-        #: dashboard's warnings name it (``is_another_run``; a run that is over gives way instead).
+        #: Messages of another run (its session id -> how many) heard while this one went on, left
+        #: out: the dashboard's warnings name it (``is_another_run``; a run that is over gives way
+        #: instead). Its hellos, always; its other messages where the sender's run is known.
         self.other_runs: Counter[str] = Counter()
+        #: Whether messages came with the run that sent them (``ingest``'s ``run``: a live listener,
+        #: a recording made since): then another run's reports are left out, not mixed in.
+        self.runs_told_apart = False
 
     # -- feeding ---------------------------------------------------------------------------------
-    def ingest(self, envelope: Envelope, received_at: float | None = None, prepared: PreparedReport | None = None) -> str | None:
+    def ingest(self, envelope: Envelope, received_at: float | None = None, prepared: PreparedReport | None = None,
+               run: str = "") -> str | None:
         """Fold one decoded message in; returns the rejection category of a well-formed message
-        whose values cannot be true here (and counts it; a hello of another run: ``other_runs``), else None. ``prepared``: a step report's
-        ``prepare_report``, made elsewhere (used when figured for this session's world size)."""
+        whose values cannot be true here (and counts it; a message of another run: ``other_runs``), else None. ``prepared``: a step report's
+        ``prepare_report``, made elsewhere (used when figured for this session's world size).
+        ``run``: the run whose rank sent it, where the listener knew (``protocol.run_of_sender``):
+        a message of a run other than this session's is left out, whatever it is, so a second
+        script sending to the same address never mixes its reports into this run's figures."""
         now = time.monotonic() if received_at is None else received_at
         message = envelope.message
         if isinstance(message, SwitchCommand):
             self.messages += 1
             return None
-        if isinstance(message, Hello) and self.is_another_run(message):
-            self.other_runs[message.session] += 1  # not "malformed": a second script pointed at the same address
+        if run:
+            self.runs_told_apart = True
+            self.session_id = self.session_id or run  # the run heard first, before any hello
+        other = run if run != self.session_id else ""
+        if not other and isinstance(message, Hello) and self.is_another_run(message):
+            other = message.session
+        if other:
+            self.other_runs[other] += 1  # not "malformed": a second script pointed at the same address
             return "another_run"
         problem = self._impossible(envelope)
         if problem is not None:
@@ -542,15 +556,21 @@ class Session:
 
     def over(self, now: float) -> bool:
         """Every rank of the world said goodbye or is lost at ``now``: nothing more will come of
-        this run, and a new run's hello may begin the next session (``begins_next_run``)."""
+        this run, and a new run may begin the next session (``next_run``)."""
         ranks = range(self.world_size)
         return bool(ranks) and all(r in self.ranks and self.status(r, now) in ("finished", "lost") for r in ranks)
 
-    def begins_next_run(self, message: Message, now: float) -> TypeGuard[Hello]:
-        """Whether ``message``, arriving at ``now``, is the hello of a run that began once this
-        one was over: the one rule by which the dashboard and ``recorder.load_session`` start a
-        session of its own for it (a script run again into a dashboard left open)."""
-        return isinstance(message, Hello) and self.is_another_run(message) and self.over(now)
+    def next_run(self, message: Message, now: float, run: str = "") -> str:
+        """The run that ``message``, arriving at ``now`` from ``run`` (where known), begins once this
+        one is over, or "": its hello, or any message of its where the sender's run is known (its
+        step reports may come before its next hello). The one rule by which the dashboard and
+        ``recorder.load_session`` start a session of its own for it (a script run again into a
+        dashboard left open)."""
+        if run:
+            other = run if run != self.session_id and self.session_id else ""
+        else:
+            other = message.session if isinstance(message, Hello) and self.is_another_run(message) else ""
+        return other if other and self.over(now) else ""
 
     def stopped_ranks(self, now: float) -> dict[int, int]:
         """Ranks not lost whose steps stopped while the others' went on: the step each is at, for

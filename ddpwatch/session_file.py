@@ -2,7 +2,10 @@
 
 Raw bytes rather than decoded records, so replay and later versions see what the dashboard saw,
 rejected messages included. Each record is ``<f8 arrival time><u4 length><bytes>``; a crash can
-only cut the last record short, and the reader stops cleanly there.
+only cut the last record short, and the reader stops cleanly there. A record whose sender was a
+rank of a run (``protocol.run_of_sender``) sets the length's top bit and carries that run's id
+after the header, ``<u1 size><id>``, so a replay tells two runs that sent at once apart as the
+live dashboard did; a file written before has no such record, and reads as before.
 """
 
 from __future__ import annotations
@@ -11,10 +14,13 @@ import struct
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, NamedTuple
 
 SESSION_FILE_NAME = "session.ddpwatch"
 _HEADER = struct.Struct("<dI")
+_RUN_SIZE = struct.Struct("<B")
+_HAS_RUN = 1 << 31  # in the length: a run id follows the header (a message is never 2 GiB: the listener caps it)
+MAX_RUN_BYTES = 255
 FLUSH_EVERY_S = 1.0
 WRITE_BUFFER_BYTES = 1 << 20
 
@@ -31,8 +37,12 @@ class SessionWriter:
         self._last_flush = time.monotonic()
         self.records = 0
 
-    def append(self, data: bytes, received_at: float) -> None:
-        self._file.write(_HEADER.pack(received_at, len(data)))
+    def append(self, data: bytes, received_at: float, run: str = "") -> None:
+        """One message; ``run``: the run whose rank sent it, where the listener knows it."""
+        run_id = run.encode()[:MAX_RUN_BYTES]
+        self._file.write(_HEADER.pack(received_at, len(data) | (_HAS_RUN if run_id else 0)))
+        if run_id:
+            self._file.write(_RUN_SIZE.pack(len(run_id)) + run_id)
         self._file.write(data)
         self.records += 1
         self.flush_if_due()
@@ -50,18 +60,40 @@ class SessionWriter:
         self._file.close()
 
 
-def read_session_file(path: Path) -> Iterator[tuple[float, bytes]]:
-    """(arrival time, raw message) in arrival order; a cut-short last record is skipped."""
+class SessionRecord(NamedTuple):
+    received_at: float
+    data: bytes
+    run: str  # the run whose rank sent it; "" where the sender was none or is not known
+
+
+def read_session_records(path: Path) -> Iterator[SessionRecord]:
+    """Every record in arrival order; a cut-short last record is skipped."""
     with open(path, "rb") as file:
         while True:
             header = file.read(_HEADER.size)
             if len(header) < _HEADER.size:
                 return
             received_at, length = _HEADER.unpack(header)
+            run = ""
+            if length & _HAS_RUN:
+                length &= ~_HAS_RUN
+                size = file.read(_RUN_SIZE.size)
+                if len(size) < _RUN_SIZE.size:
+                    return
+                run_id = file.read(_RUN_SIZE.unpack(size)[0])
+                if len(run_id) < _RUN_SIZE.unpack(size)[0]:
+                    return
+                run = run_id.decode("utf-8", errors="replace")
             data = file.read(length)
             if len(data) < length:
                 return
-            yield received_at, data
+            yield SessionRecord(received_at, data, run)
+
+
+def read_session_file(path: Path) -> Iterator[tuple[float, bytes]]:
+    """(arrival time, raw message) in arrival order, for readers that do not tell runs apart."""
+    for record in read_session_records(path):
+        yield record.received_at, record.data
 
 
 def session_file_in(path: Path) -> Path:

@@ -591,3 +591,21 @@ def is_loopback(address: str) -> bool:
         return False
     host = address[len("tcp://"):].rsplit(":", 1)[0].strip("[]")
     return host in ("localhost", "::1") or host.startswith("127.")
+
+
+def routing_id(session: str, rank: int) -> bytes:
+    """The ZeroMQ routing id a rank's socket carries: how the dashboard's ROUTER tells ranks apart
+    (and finds rank 0 to send it commands), and which run a message comes from (``run_of_sender``)."""
+    return f"rank-{rank}-{session}".encode()
+
+
+def run_of_sender(peer: bytes) -> str:
+    """The run (its session id, as its hello names it) whose rank sent with routing id ``peer``; ""
+    for a peer that is no rank (``ddpwatch switch``, a raw socket). The listener learns from it
+    which run each message belongs to, whatever the message says, so two runs sending to one
+    address at once are told apart even between their hellos."""
+    prefix, _, rest = peer.partition(b"-")
+    rank, _, session = rest.partition(b"-")
+    if prefix != b"rank" or not rank.isdigit() or not session:
+        return ""
+    return session.decode("utf-8", errors="replace")

@@ -38,6 +38,7 @@ from .protocol import (
     SwitchCommand,
     decode,
     encode,
+    routing_id,
 )
 from .span_policy import SpanPolicy
 
@@ -185,7 +186,3 @@ class TelemetryPublisher:
         else:
             self.unsent_before_connect += 1
 
-
-def routing_id(session: str, rank: int) -> bytes:
-    """How the dashboard's ROUTER tells ranks apart (and finds rank 0 to send it commands)."""
-    return f"rank-{rank}-{session}".encode()

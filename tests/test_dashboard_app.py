@@ -290,6 +290,36 @@ def test_another_run_sending_while_this_one_goes_on_is_named_not_taken_for_malfo
             "this run's or rejected; give each run its own address (ddpwatch --listen, train.py --watch)") in snapshot.warnings
 
 
+def test_another_runs_reports_are_left_out_where_the_sender_names_its_run_and_a_finished_run_gives_way_to_them() -> None:
+    """Two scripts sending to one address at once, each message with the run its rank's routing id
+    names (``protocol.run_of_sender``): the second run's reports, for the same step numbers, were
+    mixed in or rejected as repeated steps; now none enters this run's figures, each is counted,
+    and once this run is over a report of the other (before its next hello) begins its session."""
+    first = [decode(data) for data in session_messages(steps=6)]
+    second = [decode(data) for data in session_messages(steps=4, goodbye=False, edit=waiting_ranks(40.0),
+                                                        hellos={rank: replace(hello(rank), session="second-session") for rank in (0, 1)})]
+    alone = Session()
+    ingest(alone, session_messages(steps=6))
+    session, now = Session(), 100.0
+    running, goodbyes = first[:-2], first[-2:]
+    for index in range(max(len(running), len(second))):  # interleaved, as two jobs' ranks send
+        for envelopes, run in ((running, "fixed-session"), (second, "second-session")):
+            if index < len(envelopes):
+                assert session.next_run(envelopes[index].message, now, run) == ""
+                session.ingest(envelopes[index], now, run=run)
+    for envelope in goodbyes:
+        session.ingest(envelope, now, run="fixed-session")
+    assert not session.rejected and session.other_runs == {"second-session": len(second)}
+    assert all(session.step_figures(step) == alone.step_figures(step) for step in range(1, 7))
+    warnings = SnapshotBuilder(session).build().warnings
+    assert (f"another run (second-session) is sending here while run fixed-session goes on: its {len(second)} messages so far "
+            "left out, none mixed into this run's figures; give each run its own address (ddpwatch --listen, train.py --watch)"
+            ) in warnings
+    report = step_report(0, 5, "bucket")
+    assert session.next_run(report, now, "second-session") == "second-session"  # every rank of this run said goodbye
+    assert session.next_run(report, now, "fixed-session") == ""
+
+
 async def test_the_header_counts_its_ranks_in_words() -> None:
     """"2 rank(s)" read as a form to fill in: 2 ranks, 1 rank."""
     app = DashboardApp(StaticFeed(session_messages(world_size=1)), export_on_exit=False)

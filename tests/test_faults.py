@@ -31,8 +31,8 @@ class WatchedRun:
         self.training = start_torchrun([*args, "--watch", address], nproc=nproc)
 
     def pump(self) -> None:
-        for arrived_at, item, prepared in self.feed.drain():
-            if isinstance(item, Envelope) and self.session.ingest(item, arrived_at, prepared) is None:
+        for arrived_at, item, prepared, run in self.feed.drain():
+            if isinstance(item, Envelope) and self.session.ingest(item, arrived_at, prepared, run) is None:
                 self.accepted += 1
 
     def wait_until_streaming(self, steps: int = 5, seconds: float = 120) -> None:

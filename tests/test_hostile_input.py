@@ -43,9 +43,9 @@ def test_a_flood_of_garbage_from_one_sender_leaves_the_valid_stream_intact(tmp_p
             honest.send(data)
         session, deadline = Session(), time.monotonic() + 30
         while sum(len(r) for r in session.reports.values()) < 60 and time.monotonic() < deadline:
-            for arrived_at, item, prepared in feed.drain():
+            for arrived_at, item, prepared, run in feed.drain():
                 if isinstance(item, Envelope):
-                    session.ingest(item, arrived_at, prepared)
+                    session.ingest(item, arrived_at, prepared, run)
                 else:
                     session.reject(item.category)
             time.sleep(0.05)

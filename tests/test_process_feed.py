@@ -42,11 +42,11 @@ class Ranks:
     """Two ranks' sockets, each message sent from its rank's own, as ranks send them. Kept
     here: a socket collected with messages unsent drops them."""
 
-    def __init__(self, context: zmq.Context, address: str) -> None:
+    def __init__(self, context: zmq.Context, address: str, session: str = "fixed-session") -> None:
         self.sockets = {}
         for rank in (0, 1):
             self.sockets[rank] = context.socket(zmq.DEALER)
-            self.sockets[rank].setsockopt(zmq.ROUTING_ID, routing_id("fixed-session", rank))
+            self.sockets[rank].setsockopt(zmq.ROUTING_ID, routing_id(session, rank))
             self.sockets[rank].setsockopt(zmq.LINGER, 0)
             self.sockets[rank].connect(address)
 
@@ -173,3 +173,47 @@ def test_a_summary_handed_over_is_never_figured_again_even_for_another_world() -
     session.ingest(Envelope(hello(1), 1, 0, 0))
     assert session.ingest(arrival.item, arrival.at, arrival.prepared) is None  # type: ignore[arg-type]
     assert session.step_figures(3)[1] == arrival.prepared.figures and len(session.step_calls(3)[1].seconds) > 0
+
+
+@pytest.mark.timeout(60)
+def test_two_runs_sending_at_once_are_told_apart_live_and_in_the_recording(tmp_path: Path) -> None:
+    """Four DEALER sockets, two runs' ranks 0 and 1 each with its run in its routing id, sending
+    to one listener at once: every arrival carries its run, the session folded from the arrivals
+    holds the first run's reports alone, and the recording read back (``ddpwatch summary``, a
+    replay) tells them apart the same way. Before, the second run's reports were mixed in or
+    rejected as repeated steps, and a recording could not tell them apart at all."""
+    from ddpwatch.recorder import load_session
+
+    address = free_loopback_address()
+    feed = ProcessFeed(address, tmp_path / "session.ddpwatch")
+    feed.start()
+    context = zmq.Context()
+    try:
+        first, second = Ranks(context, address), Ranks(context, address, session="second-session")
+        ours = session_messages(steps=6)
+        theirs = session_messages(steps=4, goodbye=False, hellos={rank: replace(hello(rank), session="second-session")
+                                                                  for rank in (0, 1)})
+        first.send(ours[:2])  # the hellos: the run on screen is the one heard first
+        arrivals = _drain(feed, 2)
+        steps, goodbyes = ours[2:-2], ours[-2:]
+        assert len(theirs) <= len(steps)
+        for index, data in enumerate(steps):  # then both at once, message for message
+            first.send([data])
+            second.send(theirs[index:index + 1])
+        arrivals += _drain(feed, len(steps) + len(theirs))
+        first.send(goodbyes)  # once every message of the other run is in: its run is over after them
+        arrivals += _drain(feed, 2)
+    finally:
+        feed.stop()
+        context.destroy(linger=0)
+    assert {a.run for a in arrivals} == {"fixed-session", "second-session"}
+    sent_by_second = sum(a.run == "second-session" for a in arrivals)
+    live, alone = Session(), Session()
+    for arrival in arrivals:
+        live.ingest(arrival.item, arrival.at, arrival.prepared, arrival.run)  # type: ignore[arg-type]
+    ingest(alone, ours)
+    replayed = load_session(tmp_path / "session.ddpwatch")
+    for session in (live, replayed):
+        assert session.session_id == "fixed-session" and not session.rejected
+        assert session.other_runs == {"second-session": sent_by_second} and sent_by_second > 0
+        assert all(session.step_figures(step) == alone.step_figures(step) for step in range(1, 7))

@@ -33,6 +33,8 @@ from instrumented_ddp.protocol import (
     decode,
     encode,
     pack_floats,
+    routing_id,
+    run_of_sender,
 )
 from instrumented_ddp.step_figures import summarize, summary_calls, summary_figures
 
@@ -510,3 +512,11 @@ def test_a_summary_of_non_negative_finite_durations_is_accepted(value: float) ->
     """The quick byte check sends -0.0 and values past 2**1009 to the exact one, which takes them."""
     envelope = decode(_with_body(SUMMARY, all_reduce_seconds=pack_floats([value]), algbw_gbps=pack_floats([value])))
     assert type(envelope.message) is type(SUMMARY)
+
+
+def test_the_run_of_a_sender_is_read_back_from_its_routing_id_and_other_peers_have_none() -> None:
+    session = "20261126-142929-929556"  # train.py's session ids hold dashes
+    assert run_of_sender(routing_id(session, 3)) == session
+    assert run_of_sender(routing_id("fixed-session", 0)) == "fixed-session"
+    for peer in (b"\x00k\x8bEg", b"rank-x-abc", b"rank-1-", b"rank-", b"ranks-1-abc", b""):  # ZeroMQ's own ids, raw peers
+        assert run_of_sender(peer) == ""

@@ -4,6 +4,7 @@ receiver gets hello, reports and goodbye in order, and ingest logs every raw mes
 from __future__ import annotations
 
 import socket
+import struct
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -13,7 +14,7 @@ import pytest
 
 from ddpwatch.receiver import TelemetryReceiver, ingest
 from ddpwatch.session import Session
-from ddpwatch.session_file import SESSION_FILE_NAME, SessionWriter, read_session_file
+from ddpwatch.session_file import SESSION_FILE_NAME, SessionRecord, SessionWriter, read_session_file, read_session_records
 from instrumented_ddp import telemetry
 from instrumented_ddp.protocol import Envelope, Goodbye, Heartbeat, Hello, Span, SpanRequest, StepReport, StepSummary, decode, encode
 from instrumented_ddp.step_figures import summarize
@@ -296,6 +297,28 @@ def test_session_file_stops_cleanly_at_a_cut_short_last_record(writer: SessionWr
     writer.path.write_bytes(whole[: len(whole) - last_record + cut])  # a crash mid-write
 
     assert [data for _, data in read_session_file(writer.path)] == raw
+
+
+def test_session_file_keeps_the_run_that_sent_each_message_beside_records_that_have_none(writer: SessionWriter) -> None:
+    """A record without a run is written as before this field existed (an older file reads the same)."""
+    writer.append(b"from run A", 1.0, "20261126-142929-929556")
+    writer.append(b"from no rank", 2.0)
+    writer.append(b"from run B", 3.0, "second")
+    writer.close()
+    assert list(read_session_records(writer.path)) == [SessionRecord(1.0, b"from run A", "20261126-142929-929556"),
+                                                       SessionRecord(2.0, b"from no rank", ""), SessionRecord(3.0, b"from run B", "second")]
+    assert writer.path.read_bytes()[12 + 1 + 22 + 10:][:12] == struct.pack("<dI", 2.0, len(b"from no rank"))  # the old record
+    assert [data for _, data in read_session_file(writer.path)] == [b"from run A", b"from no rank", b"from run B"]
+
+
+@pytest.mark.parametrize("cut", [12, 15, 20], ids=["before-the-run-id", "inside-the-run-id", "inside-body"])
+def test_session_file_stops_cleanly_inside_a_last_record_that_names_its_run(writer: SessionWriter, cut: int) -> None:
+    writer.append(b"whole", 1.0, "run-a")
+    writer.append(b"cut short", 2.0, "run-b")  # 12 header + 1 + 5 run id + 9 bytes
+    writer.close()
+    whole = writer.path.read_bytes()
+    writer.path.write_bytes(whole[: len(whole) - (12 + 1 + 5 + 9) + cut])
+    assert list(read_session_records(writer.path)) == [SessionRecord(1.0, b"whole", "run-a")]
 
 
 def test_session_writer_appends_to_an_existing_file(tmp_path: Path) -> None:

@@ -189,11 +189,11 @@ class DashboardApp(App[None]):
         self._arrivals.extend(self.feed.drain())
         deadline = None if budget_s is None else time.perf_counter() + budget_s
         while self._arrivals:  # at least one a frame, however small the budget
-            arrived_at, item, prepared = self._arrivals.popleft()
+            arrived_at, item, prepared, run = self._arrivals.popleft()
             if isinstance(item, Envelope):
-                if self.session.begins_next_run(item.message, arrived_at):
-                    self.begin_next_run(item.message.session)
-                if self.session.ingest(item, arrived_at, prepared) is None and isinstance(item.message, Ack):
+                if next_run := self.session.next_run(item.message, arrived_at, run):
+                    self.begin_next_run(next_run)
+                if self.session.ingest(item, arrived_at, prepared, run) is None and isinstance(item.message, Ack):
                     self._acknowledged(item.message)
             else:
                 self.session.reject(item.category)

@@ -13,13 +13,13 @@ from collections import deque
 from pathlib import Path
 from typing import NamedTuple
 
-from instrumented_ddp.protocol import DEFAULT_MAX_MESSAGE_BYTES, Envelope, ProtocolError, SwitchCommand
+from instrumented_ddp.protocol import DEFAULT_MAX_MESSAGE_BYTES, Envelope, ProtocolError, SwitchCommand, run_of_sender
 
 from ..auth import ServerKeys
 from ..control import SwitchRelay
 from ..receiver import TelemetryReceiver, log_and_decode
 from ..session import PreparedReport
-from ..session_file import SessionWriter, read_session_file
+from ..session_file import SessionWriter, read_session_records
 from ..span_requests import SpanRequester, SpanWish
 
 Item = Envelope | ProtocolError
@@ -29,11 +29,13 @@ class Arrival(NamedTuple):
     """An item and when it arrived (``time.monotonic()`` on the feed's thread or process: one
     clock across processes). A rank is lost after a silence measured from arrivals, not from when
     the UI got round to folding them in (a frame late, or a long garbage collection later).
-    ``prepared``: a step report's figures, where the feed figured them (``ProcessFeed``)."""
+    ``prepared``: a step report's figures, where the feed figured them (``ProcessFeed``). ``run``:
+    the run whose rank sent it (``protocol.run_of_sender``), where a listener or a recording knows."""
 
     at: float
     item: Item
     prepared: PreparedReport | None = None
+    run: str = ""
 
 
 class Feed:
@@ -106,13 +108,14 @@ class Listener:
         arrivals: list[Arrival] = []
         for peer, data in self.receiver.receive(timeout_ms, limit):
             arrived_at = time.monotonic()
-            item = log_and_decode(data, self._writer, self.max_message_bytes)
+            run = run_of_sender(peer)
+            item = log_and_decode(data, self._writer, self.max_message_bytes, run)
             if isinstance(item, Envelope):
                 self.relay.note(peer, item)
                 self.requester.note(peer, item)
                 if isinstance(item.message, SwitchCommand):
                     continue
-            arrivals.append(Arrival(arrived_at, item))
+            arrivals.append(Arrival(arrived_at, item, run=run))
         for _ in range(self.receiver.take_refused_handshakes()):
             arrivals.append(Arrival(time.monotonic(), ProtocolError("unauthenticated", "a peer without the CURVE key was refused")))
         return arrivals
@@ -186,7 +189,7 @@ class ReplayFeed(Feed):
 
     def _run(self) -> None:
         previous: float | None = None
-        for received_at, data in read_session_file(self.path):
+        for received_at, data, run in read_session_records(self.path):
             if self._stop.is_set():
                 return
             if previous is not None and self.speed > 0:
@@ -196,7 +199,7 @@ class ReplayFeed(Feed):
                     delay -= 0.05
             previous = received_at
             self._played = (received_at, time.monotonic())
-            self._items.append(Arrival(received_at, log_and_decode(data)))
+            self._items.append(Arrival(received_at, log_and_decode(data), run=run))
         self.description = f"replayed {self.path} to its end"
         self.ended = True
 

@@ -229,4 +229,4 @@ class KnownJob:
             tags = self.tag_sequences.shared(prepared.calls.tags)
             item = replace(item, message=replace(message, all_reduce_tags=tags, all_reduce_seconds=b"", algbw_gbps=b""))
             prepared = prepared._replace(calls=prepared.calls._replace(tags=tags))
-        return Arrival(arrival.at, item, prepared)
+        return arrival._replace(item=item, prepared=prepared)

@@ -50,9 +50,11 @@ def reporting_fault_lines(session: Session) -> list[str]:
         lines.append("telemetry dropped: " + ", ".join(parts) + " (training was not slowed)")
     if session.all_reduce_groups_problem:
         lines.append(session.all_reduce_groups_problem)
-    lines += [f"another run ({other}) is sending here while run {session.session_id} goes on: its reports are mixed in "
-              "with this run's or rejected; give each run its own address (ddpwatch --listen, train.py --watch)"
-              for other in session.other_runs]
+    lines += [f"another run ({other}) is sending here while run {session.session_id} goes on: "
+              + (f"its {count} message{'s' if count != 1 else ''} so far left out, none mixed into this run's figures"
+                 if session.runs_told_apart else "its reports are mixed in with this run's or rejected")
+              + "; give each run its own address (ddpwatch --listen, train.py --watch)"
+              for other, count in session.other_runs.items()]
     rejected = sum(session.rejected.values())
     if rejected:
         kinds = ", ".join(f"{n} {k}" for k, n in sorted(session.rejected.items()))

@@ -756,6 +756,20 @@ def test_the_header_samples_per_s_is_over_wall_time_with_the_time_between_steps(
     assert snapshot.header.samples_per_s == pytest.approx(80 / 1.97)
 
 
+async def test_the_header_gives_no_rate_before_two_complete_steps() -> None:
+    """Before any step (the demo's first seconds, while the ranks import torch) and after one, the
+    header read "0.0 samples/s", as if measured; two steps give a rate."""
+    assert snapshot_of(session_messages(steps=0, goodbye=False))[1].header.samples_per_s is None
+    assert snapshot_of(session_messages(steps=1, goodbye=False))[1].header.samples_per_s is None
+    assert snapshot_of(session_messages(steps=2, goodbye=False))[1].header.samples_per_s > 0
+    app = DashboardApp(StaticFeed(session_messages(steps=1, goodbye=False)), export_on_exit=False)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await draw_every_message(app, pilot)
+        text = app.query_one("#header-text")
+        second = text.render_lines(Region(0, 1, text.size.width, 1))[0].text.rstrip()
+    assert second.endswith(" · ETA — · — samples/s")
+
+
 async def test_a_device_note_is_shown_per_rank_as_sent_even_with_brackets_in_it() -> None:
     note = "NVML unavailable: libnvidia-ml.so not found; sending CPU readings"
     hellos = {0: hello(0, device="cuda:0", device_note=note), 1: hello(1, device="cuda:1", device_note="[/] [b]odd")}

@@ -50,7 +50,7 @@ class HeaderData:
     step: int
     total_steps: int
     eta_s: float | None
-    samples_per_s: float
+    samples_per_s: float | None  # None until two complete steps give a rate
     following: bool  # the latest step, or a step the user chose
     switchable: bool = True  # False: a run ddpwatch did not start (``attach``), whose loop cannot re-wrap
     finished: bool = False  # every rank said goodbye: the run is over, whatever step is shown
@@ -169,7 +169,7 @@ class SnapshotBuilder:
     _desync: metrics.Desync | None = None
     _devices: dict[int, _KeptSeries] = field(default_factory=dict)
     _rank_rows: dict[int, tuple[tuple[Any, ...], RankRow]] = field(default_factory=dict)  # rank -> (what it showed, row)
-    _rate: tuple[float, tuple[StepSummary, ...], tuple[float, float | None]] = (0.0, (), (0.0, None))  # (made at, from, result)
+    _rate: tuple[float, tuple[StepSummary, ...], tuple[float | None, float | None]] = (0.0, (), (None, None))  # (made at, from, result)
     _rate_clocks: tuple[int, metrics.ClockAlignment, set[int]] | None = None  # (window, its alignment, steps in it)
     _ranks_made: tuple[float, Any, tuple[RankRow, ...]] = (0.0, None, ())  # (made at, (step, nodes opened), rows)
     _devices_made: tuple[float, tuple[DeviceSeries, ...]] = (0.0, ())  # (made at, series): large jobs
@@ -323,8 +323,9 @@ class SnapshotBuilder:
         return HeaderData(session.session_id or "waiting for a run…", session.world_size, strategy, settings,
                           step or 0, total, eta, rate, following, hello.switchable if hello else True, session.finished)
 
-    def _recent_rate(self, trend: list[StepSummary], now: float, window: int = RATE_STEPS) -> tuple[float, float | None]:
-        """Global samples/s and seconds per step over the last ``window`` complete steps: the
+    def _recent_rate(self, trend: list[StepSummary], now: float, window: int = RATE_STEPS) -> tuple[float | None, float | None]:
+        """Global samples/s and seconds per step over the last ``window`` complete steps (None and
+        None before two of them: the header read "0.0 samples/s" as if measured), the
         samples over the wall time from the first one's start to the last one's end, ranks on one
         clock (``metrics.ClockAlignment``, as the segments' samples/s, offsets over the last
         ``window`` steps), so the time between steps counts. Remade when those steps changed, at
@@ -335,7 +336,7 @@ class SnapshotBuilder:
         same = len(made_from) == len(complete) and all(a is b for a, b in zip(made_from, complete))
         if same or (result[1] is not None and now - made_at < SEGMENT_REFRESH_S):
             return result
-        result = (0.0, None)
+        result: tuple[float | None, float | None] = (None, None)
         if len(complete) >= 2:
             if self._rate_clocks is None or self._rate_clocks[0] != window:
                 self._rate_clocks = (window, metrics.ClockAlignment(keep=window), set())

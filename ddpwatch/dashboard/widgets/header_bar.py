@@ -42,7 +42,8 @@ class HeaderBar(Horizontal):
             f"[b]ddpwatch[/b] {data.session} · {data.world_size} rank{'' if data.world_size == 1 else 's'} · "
             f"[i]{mode}[/i] · [dim]{source}[/dim]\n"
             f"[b]{data.strategy}[/b]{settings} · step {data.step}/{data.total_steps or '?'} · {format_eta(eta)} · "
-            f"{data.samples_per_s:.1f} samples/s" + ("" if data.switchable else f" · [b]{NOT_SWITCHABLE}[/b]")
+            f"{'—' if data.samples_per_s is None else f'{data.samples_per_s:.1f}'} samples/s"
+            + ("" if data.switchable else f" · [b]{NOT_SWITCHABLE}[/b]")
         )
         if text != getattr(self, "_shown", None):  # fixed size (see dashboard.tcss): no layout pass
             self._shown = text

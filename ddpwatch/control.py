@@ -2,7 +2,9 @@
 
 The dashboard and ``ddpwatch record`` both relay: a command from the UI or from
 ``ddpwatch switch`` goes to rank 0 (found by its routing id), is resent every second until rank
-0 acknowledges it, and the acknowledgement goes back to whoever asked.
+0 acknowledges it, and the acknowledgement goes back to whoever asked. Where two runs send to one
+address at once, the command goes to the rank 0 of the run heard first, the one the dashboard
+shows (``Session.ingest``), until that rank 0 said goodbye or fell silent.
 """
 
 from __future__ import annotations
@@ -12,10 +14,13 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from instrumented_ddp.protocol import Ack, Envelope, SwitchCommand, encode
+from instrumented_ddp.protocol import Ack, Envelope, Goodbye, SwitchCommand, encode, run_of_sender
 
 RESEND_EVERY_S = 1.0
 GIVE_UP_AFTER_S = 60.0
+#: A rank 0 silent this long (heartbeats come every second) gives way to another run's: as
+#: ``session.LOST_AFTER_S`` judges a rank lost.
+RANK0_QUIET_AFTER_S = 2.5
 
 
 def new_command(strategy: str, bucket_mb: float | None = None, grad_accum: int | None = None) -> SwitchCommand:
@@ -34,9 +39,12 @@ class PendingSwitch:
 class SwitchRelay:
     """Owned by the thread that owns the receiving socket; ``send(peer, data)`` never blocks."""
 
-    def __init__(self, send: Callable[[bytes, bytes], bool]) -> None:
+    def __init__(self, send: Callable[[bytes, bytes], bool], clock: Callable[[], float] = time.monotonic) -> None:
         self._send = send
+        self._clock = clock
         self.rank0: bytes | None = None
+        self._rank0_heard_at = float("-inf")
+        self._rank0_gone = False  # it said goodbye
         self.pending: dict[str, PendingSwitch] = {}
         self.acks: list[Ack] = []
 
@@ -46,8 +54,9 @@ class SwitchRelay:
         if isinstance(message, SwitchCommand):
             self.request(message, requester=peer)
             return
-        if envelope.rank == 0:
-            self.rank0 = peer
+        if envelope.rank == 0 and self._takes_rank0(peer):
+            self.rank0, self._rank0_heard_at = peer, self._clock()
+            self._rank0_gone = isinstance(message, Goodbye)
         if isinstance(message, Ack):
             self.acks.append(message)
             pending = self.pending.get(message.command_id)
@@ -55,6 +64,19 @@ class SwitchRelay:
                 del self.pending[message.command_id]
                 if pending.requester is not None:
                     self._send(pending.requester, encode(message))
+
+    def _takes_rank0(self, peer: bytes) -> bool:
+        """Whether a rank 0 speaking from ``peer`` is where commands go from now: the first heard,
+        the same one again, one whose run is not known (a sender without a rank's routing id), or
+        another run's once the one followed is over for commands (its rank 0 said goodbye or has
+        been silent ``RANK0_QUIET_AFTER_S``). Before, the last rank 0 to speak took every command,
+        so with two runs at once a key pressed for the run on screen could switch the other."""
+        if self.rank0 is None or peer == self.rank0:
+            return True
+        run = run_of_sender(peer)
+        if not run or not run_of_sender(self.rank0):
+            return True
+        return self._rank0_gone or self._clock() - self._rank0_heard_at >= RANK0_QUIET_AFTER_S
 
     def request(self, command: SwitchCommand, requester: bytes | None = None) -> None:
         self.pending[command.command_id] = PendingSwitch(command, requester, time.monotonic())

@@ -1,0 +1,63 @@
+"""Where the switch relay sends a command: rank 0 of the run on screen, even while another run talks."""
+
+from __future__ import annotations
+
+from ddpwatch.control import RANK0_QUIET_AFTER_S, SwitchRelay, new_command
+from instrumented_ddp.protocol import Envelope, Goodbye, Heartbeat, routing_id
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def relay_and_sent() -> tuple[SwitchRelay, list[bytes], FakeClock]:
+    sent: list[bytes] = []
+    clock = FakeClock()
+    relay = SwitchRelay(lambda peer, data: sent.append(peer) or True, clock=clock)
+    return relay, sent, clock
+
+
+def heard(relay: SwitchRelay, peer: bytes, message: Heartbeat | Goodbye) -> None:
+    relay.note(peer, Envelope(message, message.rank, 0, 0))
+
+
+A0, B0 = routing_id("run-a", 0), routing_id("run-b", 0)
+
+
+def test_a_command_goes_to_rank_0_of_the_run_heard_first_while_another_run_talks() -> None:
+    relay, sent, clock = relay_and_sent()
+    heard(relay, A0, Heartbeat(0, 1.0, 3))
+    heard(relay, B0, Heartbeat(0, 1.0, 1))  # a second script pointed at the same address
+    clock.now += 1.0
+    heard(relay, B0, Heartbeat(0, 2.0, 2))
+    relay.request(new_command("bucket", 1.0))
+    assert sent == [A0]  # before, the last rank 0 to speak: run B's
+
+
+def test_the_other_runs_rank_0_takes_the_commands_once_the_first_said_goodbye_or_fell_silent() -> None:
+    relay, sent, clock = relay_and_sent()
+    heard(relay, A0, Heartbeat(0, 1.0, 3))
+    heard(relay, A0, Goodbye(0, 3))
+    heard(relay, B0, Heartbeat(0, 1.0, 1))
+    assert relay.rank0 == B0
+
+    relay, sent, clock = relay_and_sent()
+    heard(relay, A0, Heartbeat(0, 1.0, 3))  # then killed: no goodbye
+    clock.now += RANK0_QUIET_AFTER_S - 0.1
+    heard(relay, B0, Heartbeat(0, 1.0, 1))
+    assert relay.rank0 == A0
+    clock.now += 0.2
+    heard(relay, B0, Heartbeat(0, 1.0, 2))
+    assert relay.rank0 == B0
+
+
+def test_a_rank_0_whose_run_is_not_known_is_taken_as_it_speaks() -> None:
+    """A sender without a rank's routing id (ZeroMQ's own id, a tool of the user's): the last one heard."""
+    relay, sent, clock = relay_and_sent()
+    heard(relay, A0, Heartbeat(0, 1.0, 3))
+    heard(relay, b"\x00k\x8bEg", Heartbeat(0, 1.0, 1))
+    assert relay.rank0 == b"\x00k\x8bEg"

@@ -20,7 +20,7 @@ SESSION_FILE_NAME = "session.ddpwatch"
 _HEADER = struct.Struct("<dI")
 _RUN_SIZE = struct.Struct("<B")
 _HAS_RUN = 1 << 31  # in the length: a run id follows the header (a message is never 2 GiB: the listener caps it)
-MAX_RUN_BYTES = 255
+MAX_RUN_BYTES = 255  # what a size byte holds; ZeroMQ's routing ids, where runs come from, are at most 255 bytes too
 FLUSH_EVERY_S = 1.0
 WRITE_BUFFER_BYTES = 1 << 20
 
@@ -80,8 +80,9 @@ def read_session_records(path: Path) -> Iterator[SessionRecord]:
                 size = file.read(_RUN_SIZE.size)
                 if len(size) < _RUN_SIZE.size:
                     return
-                run_id = file.read(_RUN_SIZE.unpack(size)[0])
-                if len(run_id) < _RUN_SIZE.unpack(size)[0]:
+                (run_size,) = _RUN_SIZE.unpack(size)
+                run_id = file.read(run_size)
+                if len(run_id) < run_size:
                     return
                 run = run_id.decode("utf-8", errors="replace")
             data = file.read(length)

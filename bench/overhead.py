@@ -15,7 +15,11 @@ user's own loop on torch's DDP, attached against not attached (see ``attached_an
 ``attach-fsdp`` the same loop on a model sharded with FSDP2's ``fully_shard``, ``attach-hsdp`` on
 a 2-D mesh of 2 replicas (HSDP: each shard's gradients all-reduced across the replicas too).
 ``--a-a`` leaves both copies unwatched (not for ``attach``): the ratio it prints is the bench's
-own noise and order bias, the floor a watched ratio is read against.
+own noise and order bias, the floor a watched ratio is read against. ``--listener`` has a
+``ddpwatch record`` listen at ``--port`` for the whole run, as a user watching their job has a
+dashboard: the watched copy's reports are then encoded and sent (every span: a recorder asks for
+all of them), where with nobody listening the sender only counts them. The header line says how
+many messages went out, so a run that meant to be listened to and was not shows it.
 
 What watching costs is host time: a few microseconds per mark and per collective, about a
 millisecond per step for the agreement and the report. A step the host is the bottleneck of
@@ -35,9 +39,11 @@ import argparse
 import copy
 import functools
 import os
+import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -121,7 +127,8 @@ def measure(args: argparse.Namespace) -> None:
     if context.is_main:
         print(f"{'strategy':8} {'watched ms':>11} {'plain ms':>9} {'ratio':>6} {'90% interval':>13}   ({args.steps} steps each, "
               f"alternating, {context.world_size} ranks on {context.device.type}, {args.model} model, "
-              f"micro-batch {args.micro_batch}x{args.seq_len}, blocks of {block}, telemetry dropped {watched.dropped})")
+              f"micro-batch {args.micro_batch}x{args.seq_len}, blocks of {block}, telemetry dropped {watched.dropped}, "
+              f"sent {watched.publisher.sent if watched.publisher is not None else 0})")
         for strategy, watched_ms, plain_ms, ratio, low, high in rows:
             print(f"{strategy:8} {watched_ms:11.1f} {plain_ms:9.1f} {ratio:6.3f} {low:6.3f}-{high:6.3f}")
     shutdown_distributed()
@@ -201,13 +208,27 @@ def main() -> None:
                              "'attach-fsdp' the same on FSDP2, 'attach-hsdp' on FSDP2's 2-D mesh of 2 replicas")
     parser.add_argument("--block", type=int, default=5, help="steps per alternating block on a GPU")
     parser.add_argument("--a-a", action="store_true", help="both copies unwatched: the bench's own noise floor")
+    parser.add_argument("--listener", action="store_true",
+                        help="a `ddpwatch record` listens at --port (as a dashboard would): the reports are encoded and sent")
     args = parser.parse_args()
     if args.a_a and {"attach", "attach-fsdp", "attach-hsdp"} & set(args.strategies.split(",")):
         parser.error("--a-a compares two unwatched copies of a strategy; attach has none: leave it out of --strategies")
     if "RANK" in os.environ:
         measure(args)
         return
-    relaunch_on_ranks(__file__, args.ranks)
+    if not args.listener:
+        relaunch_on_ranks(__file__, args.ranks)
+    with tempfile.TemporaryDirectory(prefix="overhead-listener-") as out:
+        listener = subprocess.Popen([sys.executable, "-m", "ddpwatch", "record", "--listen", f"tcp://127.0.0.1:{args.port}",
+                                     "--out", out, "--idle-exit", "600"], stdout=subprocess.DEVNULL)
+        try:
+            relaunch_on_ranks(__file__, args.ranks)
+        finally:
+            listener.send_signal(signal.SIGINT)  # it writes its exports and exits
+            try:
+                listener.wait(60)
+            except subprocess.TimeoutExpired:
+                listener.kill()
 
 
 def relaunch_on_ranks(script: str, ranks: int) -> NoReturn:

@@ -73,8 +73,7 @@ class SwitchRelay:
         so with two runs at once a key pressed for the run on screen could switch the other."""
         if self.rank0 is None or peer == self.rank0:
             return True
-        run = run_of_sender(peer)
-        if not run or not run_of_sender(self.rank0):
+        if not run_of_sender(peer) or not run_of_sender(self.rank0):
             return True
         return self._rank0_gone or self._clock() - self._rank0_heard_at >= RANK0_QUIET_AFTER_S
 

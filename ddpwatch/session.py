@@ -229,10 +229,7 @@ class Session:
         if run:
             self.runs_told_apart = True
             self.session_id = self.session_id or run  # the run heard first, before any hello
-        other = run if run != self.session_id else ""
-        if not other and isinstance(message, Hello) and self.is_another_run(message):
-            other = message.session
-        if other:
+        if other := self.other_run(message, run):
             self.other_runs[other] += 1  # not "malformed": a second script pointed at the same address
             return "another_run"
         problem = self._impossible(envelope)
@@ -554,6 +551,14 @@ class Session:
         """A hello of a run other than the one this session holds (its ranks carry another session id)."""
         return bool(self.session_id) and hello.session != self.session_id
 
+    def other_run(self, message: Message, run: str = "") -> str:
+        """The run other than this session's that ``message`` comes from, or "": the run its rank
+        sent from (``run``, where known), else the run its hello names. The one rule by which
+        ``ingest`` leaves a message out and ``next_run`` begins a session."""
+        if run and self.session_id and run != self.session_id:
+            return run
+        return message.session if isinstance(message, Hello) and self.is_another_run(message) else ""
+
     def over(self, now: float) -> bool:
         """Every rank of the world said goodbye or is lost at ``now``: nothing more will come of
         this run, and a new run may begin the next session (``next_run``)."""
@@ -566,10 +571,7 @@ class Session:
         step reports may come before its next hello). The one rule by which the dashboard and
         ``recorder.load_session`` start a session of its own for it (a script run again into a
         dashboard left open)."""
-        if run:
-            other = run if run != self.session_id and self.session_id else ""
-        else:
-            other = message.session if isinstance(message, Hello) and self.is_another_run(message) else ""
+        other = self.other_run(message, run)
         return other if other and self.over(now) else ""
 
     def stopped_ranks(self, now: float) -> dict[int, int]:

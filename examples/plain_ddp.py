@@ -4,6 +4,7 @@ PyTorch's DDP tutorial loop, watched by ddpwatch with one added line (``instrume
     ddpwatch &                                                   # the dashboard, listening
     torchrun --nproc_per_node=2 examples/plain_ddp.py            # CPU (gloo) or one GPU per rank (NCCL)
     torchrun --nproc_per_node=2 examples/plain_ddp.py --grad-accum 4 --bucket-mb 1
+    torchrun --nproc_per_node=2 examples/plain_ddp.py --compile inductor   # torch.compile(ddp_model)
 
 The model is the tutorial's ToyModel made deeper (``--layers``) so that DDP has several buckets
 to show; the data is random, the same on every run. Everything but the ``attach`` and ``detach``
@@ -49,12 +50,17 @@ def main() -> None:
     parser.add_argument("--no-watch", action="store_true", help="the same loop without attach")
     parser.add_argument("--save-final", default=None, metavar="FILE", help="rank 0 saves the final parameters here")
     parser.add_argument("--profile", default=None, metavar="DIR", help="torch.profiler traces of steps 4-8, one per rank")
+    parser.add_argument("--compile", default=None, metavar="BACKEND",
+                        help="torch.compile the DDP model with this backend (inductor on a GPU; aot_eager needs no compiler)")
     args = parser.parse_args()
     for flag in ("steps", "batch_size", "grad_accum", "width", "layers"):  # one line, exit 2, before any process group, as train.py
         if getattr(args, flag) < 1:
             parser.error(f"--{flag.replace('_', '-')} must be at least 1, not {getattr(args, flag)}")
     if problem := bucket_mb_problem(args.bucket_mb, "--bucket-mb"):  # inf went on into DDP's traceback
         parser.error(problem)
+    if args.compile and args.compile not in torch._dynamo.list_backends(exclude_tags=()):  # else Dynamo's traceback at step 1
+        parser.error(f"--compile {args.compile}: torch.compile has no such backend (inductor, aot_eager, ...: "
+                     "torch._dynamo.list_backends(exclude_tags=()) lists them)")
 
     on_gpu = torch.cuda.is_available()
     dist.init_process_group("nccl" if on_gpu else "gloo")
@@ -67,6 +73,8 @@ def main() -> None:
     torch.manual_seed(0)
     model = ToyModel(args.width, args.layers).to(device)
     ddp_model = DDP(model, device_ids=[device.index] if on_gpu else None, bucket_cap_mb=args.bucket_mb)
+    if args.compile:  # attach takes the compiled module: the steps in which Dynamo compiles are marked and left out
+        ddp_model = torch.compile(ddp_model, backend=args.compile)
     loss_fn = nn.MSELoss()
     optimizer = torch.optim.SGD(ddp_model.parameters(), lr=0.001)
     watch = None if args.no_watch else instrumented_ddp.attach(ddp_model, optimizer, address=args.watch, total_steps=args.steps)  # <- ddpwatch
@@ -97,7 +105,7 @@ def main() -> None:
     if watch is not None:
         watch.detach()  # <- ddpwatch: goodbye now (the end of the process would send it too)
     if rank == 0:  # what ddpwatch's all-reduces per step should match: DDP's own buckets
-        logged = ddp_model._get_ddp_logging_data()
+        logged = getattr(ddp_model, "_orig_mod", ddp_model)._get_ddp_logging_data()
         sizes = logged.get("rebuilt_bucket_sizes") or logged["bucket_sizes"]
         print(f"DDP reduced gradients in {len(sizes.split(','))} bucket(s) of {sizes} bytes")
     if args.save_final and rank == 0:

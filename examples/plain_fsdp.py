@@ -57,6 +57,7 @@ def main() -> None:
                         help="HSDP: replicas of each shard (the world size must be a multiple); 1 shards over every rank")
     parser.add_argument("--watch", default=DEFAULT_ADDRESS, metavar="ADDRESS", help="where ddpwatch listens")
     parser.add_argument("--no-watch", action="store_true", help="the same loop without attach")
+    parser.add_argument("--profile", default=None, metavar="DIR", help="torch.profiler traces of steps 4-8, one per rank")
     args = parser.parse_args()
     for flag in ("steps", "batch_size", "grad_accum", "width", "layers", "replicas"):  # one line, exit 2, before any process group, as train.py
         if getattr(args, flag) < 1:
@@ -85,6 +86,12 @@ def main() -> None:
     watch = None if args.no_watch else instrumented_ddp.attach(model, optimizer, address=args.watch, total_steps=args.steps)  # <- ddpwatch
 
     data = torch.Generator().manual_seed(1 + rank)
+    profiler = None
+    if args.profile:  # what bench/attach_check.py holds ddpwatch's figures against, as plain_ddp.py's
+        profiler = torch.profiler.profile(
+            schedule=torch.profiler.schedule(wait=2, warmup=1, active=5, repeat=1),
+            on_trace_ready=torch.profiler.tensorboard_trace_handler(args.profile, worker_name=f"rank{rank}"))
+        profiler.start()
     for _ in range(args.steps):
         optimizer.zero_grad()
         for micro in range(args.grad_accum):
@@ -96,6 +103,10 @@ def main() -> None:
                 watch.record_loss(loss * args.grad_accum)  # <- optional: the dashboard's Loss tab
             loss.backward()
         optimizer.step()
+        if profiler is not None:
+            profiler.step()
+    if profiler is not None:
+        profiler.stop()
 
     if watch is not None:
         watch.detach()  # <- ddpwatch: goodbye now (the end of the process would send it too)

@@ -91,6 +91,8 @@ def test_wrong_cli_input_gets_a_one_line_error_and_a_non_zero_exit(args: list[st
     ("example", "args", "message"),
     [
         ("plain_ddp.py", ["--bucket-mb", "inf"], "--bucket-mb must be a positive, finite number of MB, not inf"),  # was DDP's traceback
+        ("plain_ddp.py", ["--compile", "inductr"], "--compile inductr: torch.compile has no such backend (inductor, aot_eager, ...: "
+         "torch._dynamo.list_backends(exclude_tags=()) lists them)"),
         ("plain_fsdp.py", ["--layers", "0"], "--layers must be at least 1, not 0"),
         ("hf_trainer.py", ["--grad-accum", "0"], "--grad-accum must be at least 1, not 0"),
     ],

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# What a lent GPU machine is asked, in as few calls as its lease allows (see README, "Seen on a real GPU").
+#
+#   bash bench/gpu_session.sh doctor    # ddpwatch doctor as shipped, one rank
+#   bash bench/gpu_session.sh attach    # attach on a user's own loops, two or four ranks sharing the GPU:
+#                                       # FSDP2, HSDP (2 replicas x 2 shards) and torch.compile'd DDP (inductor),
+#                                       # each recorded and profiled, held against its kernels by bench/attach_check.py
+#
+# The machine has torch but not every package ddpwatch needs: wheels carried in .whl/ (pyzmq, datasets,
+# dill, multiprocess for Python 3.12) are installed into /tmp/site first. Logs go to $OUT (the device
+# tool's folder that comes back), or /tmp/gpu-session elsewhere.
+set -u
+OUT=${OUT:-/tmp/gpu-session}
+mkdir -p "$OUT"
+if compgen -G ".whl/*.whl" > /dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+    export PYTHONPATH=/tmp/site:$PWD
+fi
+export PYTHONUNBUFFERED=1
+
+python3 - <<'EOF' | tee "$OUT/machine.txt"
+import time, torch, torch.distributed as dist
+start = time.perf_counter(); total = 0
+for i in range(10**6):
+    total += i
+print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}, "
+      f"{torch.cuda.get_device_name(0)} x{torch.cuda.device_count()}; host: 10^6 additions in {1e3 * (time.perf_counter() - start):.0f} ms")
+EOF
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,power.draw --format=csv | tee -a "$OUT/machine.txt"
+
+# torchrun with each local rank its own NCCL host, so ranks can share one GPU (what train.py's gpu_sharing_env does;
+# the examples are a user's plain scripts and do not)
+shared() {
+    local ranks=$1; shift
+    python3 -m torch.distributed.run --standalone --nproc_per_node="$ranks" --no-python bash -c \
+        'NCCL_HOSTID=ddpwatch-local-rank-$LOCAL_RANK NCCL_SOCKET_IFNAME=lo exec python3 "$@"' _ "$@"
+}
+
+# attached LABEL RANKS SCRIPT ARGS...: recorded and profiled, then the same loop unwatched, then the check
+attached() {
+    local label=$1 ranks=$2; shift 2
+    local dir=/tmp/gpu-session/$label port=$((5700 + RANDOM % 200))
+    rm -rf "$dir"; mkdir -p "$dir"
+    python3 -m ddpwatch record --listen "tcp://127.0.0.1:$port" --out "$dir/session" --idle-exit 8 --wait 200 > "$dir/record.log" 2>&1 &
+    local recorder=$!
+    echo "== $label: $ranks ranks, watched"
+    timeout 150 bash -c "$(declare -f shared); shared $ranks $* --watch tcp://127.0.0.1:$port --profile $dir/profile" \
+        > "$OUT/$label.log" 2>&1 || echo "$label: the watched run failed: $(tail -3 "$OUT/$label.log")"
+    wait "$recorder"
+    echo "== $label: $ranks ranks, unwatched"
+    timeout 150 bash -c "$(declare -f shared); shared $ranks $* --no-watch --profile $dir/unwatched" \
+        > "$OUT/$label-unwatched.log" 2>&1 || echo "$label: the unwatched run failed: $(tail -3 "$OUT/$label-unwatched.log")"
+    grep -h -i -E 'bucket\(s\)|error|Traceback' "$OUT/$label.log" | head -5
+    python3 bench/attach_check.py "$dir/session" "$dir/profile" --unwatched "$dir/unwatched" --label "$label" --sharing --steps \
+        2>&1 | tee "$OUT/$label-check.txt" | sed -n '/^run /,$p'
+    python3 -m ddpwatch summary "$dir/session" > "$OUT/$label-summary.md" 2>&1
+    grep -E '^\| [a-z]|^- segment' "$OUT/$label-summary.md"
+}
+
+case "${1:-}" in
+doctor)
+    timeout 420 python3 -m ddpwatch doctor 2>&1 | tee "$OUT/doctor.txt"
+    ;;
+attach)
+    attached fsdp2 2 examples/plain_fsdp.py --steps 10 --width 2048 --layers 8 --batch-size 512
+    attached hsdp 4 examples/plain_fsdp.py --steps 10 --width 2048 --layers 8 --batch-size 256 --replicas 2
+    attached ddp-compiled 2 examples/plain_ddp.py --steps 12 --width 2048 --layers 8 --batch-size 512 --compile inductor
+    ;;
+*)
+    echo "usage: bash bench/gpu_session.sh doctor|attach" >&2
+    exit 2
+    ;;
+esac

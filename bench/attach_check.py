@@ -27,10 +27,21 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ddpwatch.doctor import COLLECTIVE_FLOOR_US, Section, _trace_file, profile_sections, render  # noqa: E402
-from ddpwatch.profile_check import compare_rank, render_steps, syncs_per_iteration  # noqa: E402
+from ddpwatch.profile_check import RankComparison, compare_rank, render_steps, syncs_per_iteration  # noqa: E402
 from ddpwatch.profiler_trace import load_trace  # noqa: E402
 from ddpwatch.recorder import load_session  # noqa: E402
 from ddpwatch.session_file import session_file_in  # noqa: E402
+
+DURATION_TOLERANCE = 0.20  # compare_rank's default, as the doctor uses it
+
+
+def outside_lines(comparison: RankComparison) -> list[str]:
+    """Each collective whose duration missed: where its kernel began and ended against its span
+    (a kernel that began late in a span that ended with it waited for the GPU, not the wire)."""
+    missed = [p for p in comparison.pairs if abs(p.ddpwatch_ms - p.profiler_ms) * 1000 > COLLECTIVE_FLOOR_US
+              and abs(p.error) > DURATION_TOLERANCE]
+    return [f"  step {p.step} {p.kind} #{p.index}: span {p.ddpwatch_ms:.3f} ms, kernel {p.profiler_ms:.3f} ms, "
+            f"kernel start {p.start_difference_us:+.1f} µs and end {p.end_difference_us:+.1f} µs from the span's" for p in missed]
 
 
 def check(session_dir: Path, profile: Path, unwatched: Path | None, label: str, sharing: bool) -> tuple[list[Section], list[str]]:
@@ -46,7 +57,7 @@ def check(session_dir: Path, profile: Path, unwatched: Path | None, label: str, 
         comparison = compare_rank(load_trace(_trace_file(profile, rank)), reports, rank=rank, unwatched_syncs=twin,
                                   duration_floor_us=COLLECTIVE_FLOOR_US)
         comparisons.append(comparison)
-        steps.append(f"{label}, rank {rank}:\n{render_steps(comparison)}")
+        steps.append(f"{label}, rank {rank}:\n{render_steps(comparison)}" + "".join(f"\n{line}" for line in outside_lines(comparison)))
     return profile_sections(label, comparisons, len(ranks), sharing_gpus=sharing), steps
 
 

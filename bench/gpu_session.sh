@@ -2,7 +2,7 @@
 # What a lent GPU machine is asked, in as few calls as its lease allows (see README, "Seen on a real GPU").
 #
 #   bash bench/gpu_session.sh doctor    # ddpwatch doctor as shipped, one rank
-#   bash bench/gpu_session.sh attach    # attach on a user's own loops, two or four ranks sharing the GPU:
+#   bash bench/gpu_session.sh attach [RUN...]  # attach on a user's own loops, two or four ranks sharing the GPU:
 #                                       # FSDP2, HSDP (2 replicas x 2 shards) and torch.compile'd DDP (inductor),
 #                                       # each recorded and profiled, held against its kernels by bench/attach_check.py
 #
@@ -49,10 +49,10 @@ attached() {
     wait "$recorder"
     echo "== $label: $ranks ranks, unwatched"
     timeout 150 bash -c "$(declare -f shared); shared $ranks $* --no-watch --profile $dir/unwatched" \
-        > "$OUT/$label-unwatched.log" 2>&1 || echo "$label: the unwatched run failed: $(tail -3 "$OUT/$label-unwatched.log")"
+        > "$dir/unwatched.log" 2>&1 || echo "$label: the unwatched run failed: $(tail -3 "$dir/unwatched.log")"
     grep -h -i -E 'bucket\(s\)|error|Traceback' "$OUT/$label.log" | head -5
     python3 bench/attach_check.py "$dir/session" "$dir/profile" --unwatched "$dir/unwatched" --label "$label" --sharing --steps \
-        2>&1 | tee "$OUT/$label-check.txt" | sed -n '/^run /,$p'
+        2>&1 | tee "$OUT/$label-check.txt" | grep -v '^[0-9]'
     python3 -m ddpwatch summary "$dir/session" > "$OUT/$label-summary.md" 2>&1
     grep -E '^\| [a-z]|^- segment' "$OUT/$label-summary.md"
 }
@@ -61,10 +61,16 @@ case "${1:-}" in
 doctor)
     timeout 420 python3 -m ddpwatch doctor 2>&1 | tee "$OUT/doctor.txt"
     ;;
-attach)
-    attached fsdp2 2 examples/plain_fsdp.py --steps 10 --width 2048 --layers 8 --batch-size 512
-    attached hsdp 4 examples/plain_fsdp.py --steps 10 --width 2048 --layers 8 --batch-size 256 --replicas 2
-    attached ddp-compiled 2 examples/plain_ddp.py --steps 12 --width 2048 --layers 8 --batch-size 512 --compile inductor
+attach)  # attach [fsdp2] [hsdp] [ddp-compiled]: all three when none is named
+    runs=("${@:2}"); [ ${#runs[@]} -eq 0 ] && runs=(fsdp2 hsdp ddp-compiled)
+    for run in "${runs[@]}"; do
+        case $run in
+        fsdp2) attached fsdp2 2 examples/plain_fsdp.py --steps 10 --width 2048 --layers 8 --batch-size 512 ;;
+        hsdp) attached hsdp 4 examples/plain_fsdp.py --steps 10 --width 2048 --layers 8 --batch-size 256 --replicas 2 ;;
+        ddp-compiled) attached ddp-compiled 2 examples/plain_ddp.py --steps 12 --width 2048 --layers 8 --batch-size 512 --compile inductor ;;
+        *) echo "unknown run $run" >&2; exit 2 ;;
+        esac
+    done
     ;;
 *)
     echo "usage: bash bench/gpu_session.sh doctor|attach" >&2

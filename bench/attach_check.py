@@ -61,7 +61,7 @@ def check(session_dir: Path, profile: Path, unwatched: Path | None, label: str, 
     return profile_sections(label, comparisons, len(ranks), sharing_gpus=sharing), steps
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="an attached example's reports held against torch.profiler's kernels")
     parser.add_argument("session", type=Path, help="the ddpwatch record --out directory of the watched run")
     parser.add_argument("profile", type=Path, help="the watched run's --profile directory")
@@ -69,7 +69,7 @@ def main() -> int:
     parser.add_argument("--label", default="attached loop")
     parser.add_argument("--sharing", action="store_true", help="the ranks shared a GPU: Compute%% and Overlap%% noted, not checked")
     parser.add_argument("--steps", action="store_true", help="also print each rank's step-by-step comparison")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     try:
         sections, steps = check(args.session, args.profile, args.unwatched, args.label, args.sharing)
     except (OSError, ValueError, RuntimeError) as error:

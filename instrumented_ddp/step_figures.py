@@ -385,6 +385,9 @@ def summary_figures(summary: StepSummary, calls: CallTimes | None = None) -> Ste
 
 
 def report_without_spans(summary: StepSummary) -> StepReport:
-    """The report a summary stands for, its spans not (yet) known: what the receiver keeps."""
-    return StepReport(summary.rank, summary.step, summary.strategy, summary.settings, summary.start, summary.end, [],
-                      summary.samples, summary.tokens, summary.loss, summary.excluded, summary.unresolved, summary.memory)
+    """The report a summary stands for, its spans not (yet) known: what the receiver keeps. By
+    keyword: given by position, the memory once landed where ``update_skipped`` goes."""
+    return StepReport(rank=summary.rank, step=summary.step, strategy=summary.strategy, settings=summary.settings,
+                      start=summary.start, end=summary.end, spans=[], samples=summary.samples, tokens=summary.tokens,
+                      loss=summary.loss, excluded=summary.excluded, unresolved=summary.unresolved,
+                      update_skipped=summary.update_skipped, compiling=summary.compiling, memory=summary.memory)

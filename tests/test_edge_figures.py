@@ -132,3 +132,22 @@ def test_a_sampled_recording_exports_the_central_figures_and_the_sampled_steps_s
     windows = {e["args"]["step"] for e in trace["traceEvents"] if e.get("name", "").startswith("step ")}
     spans = {e["args"]["step"] for e in trace["traceEvents"] if "blocking" in e.get("args", {})}
     assert windows == set(range(1, 13)) and spans == {5, 10}  # every step's window (from summaries), sampled spans
+
+
+def test_a_summarized_steps_marks_and_memory_reach_the_exports_as_a_full_reports_do() -> None:
+    """The report kept for a summary took its fields by position, and the memory landed where
+    ``update_skipped`` goes: every summarized step whose memory was measured was exported as an
+    update skipped, its memory was lost, and so was ``compiling``."""
+    from ddpwatch.exporters import summary
+
+    def marked(report: StepReport) -> StepReport:
+        return replace(report, memory={"parameters": 8} if report.step == 10 else {}, compiling=report.step == 3,
+                       excluded=report.step == 3, update_skipped=report.step == 7)
+
+    central = fed(session_messages(steps=12, world_size=4, edit=marked))
+    edge = fed(session_messages(steps=12, world_size=4, edit=lambda r: summarize(marked(r), 4)))
+    keys = ("excluded_steps", "unresolved_steps", "update_skipped_steps", "compiling_steps")
+    lists = [[{key: segment[key] for key in keys} for segment in summary(session)["segments"]] for session in (central, edge)]
+    assert lists[1] == lists[0]
+    assert [(s["update_skipped_steps"], s["compiling_steps"]) for s in lists[1]] == [([], [3]), ([7], [])]  # simple, then bucket
+    assert edge.reports[10][2].memory == {"parameters": 8}

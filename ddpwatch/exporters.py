@@ -69,7 +69,8 @@ def summary(session: Session) -> dict[str, Any]:
         ranks.append({"rank": rank, "host": h.host if h else None, "device": h.device if h else None,
                       "backend": h.backend if h else None, "node_rank": h.node_rank if h else None,
                       "pid": h.pid if h else None, "device_note": h.device_note if h else "",
-                      "unresolved_steps": state.unresolved, "last_step": state.last_step})
+                      "unresolved_steps": state.unresolved, "unresolved_reason": state.unresolved_reason,
+                      "last_step": state.last_step})
     segments = []
     ranges = []
     for seg in session.segments:
@@ -183,6 +184,8 @@ def summary_markdown(summary: dict[str, Any]) -> str:
             lines.append(f"- segment {seg['index']}: {metrics.DesyncRange.from_dict(seg['desync']).describe()}")
         if seg.get("straggler"):
             lines.append(f"- segment {seg['index']}: {metrics.Straggler.from_dict(seg['straggler']).describe()}")
+    lines += [f"- rank {r['rank']}: why its steps were sent unresolved (the last to say): {r['unresolved_reason']}"
+              for r in summary.get("ranks", []) if r.get("unresolved_reason")]
     lines += stopped_ranks_lines(summary.get("ranks", []))
     return "\n".join(lines) + "\n"
 

@@ -145,6 +145,7 @@ class RankState:
     late: int = 0  # reports for a step it had already passed (not rejected: see Session.ingest)
     late_unused: int = 0  # ... of which came after the session had folded their step
     unresolved: int = 0  # reports whose timing marks never all resolved (left out of the figures)
+    unresolved_reason: str = ""  # why, as the newest such report said
     goodbye: Goodbye | None = None
     devices: deque[DeviceSample] = field(default_factory=lambda: deque(maxlen=DEVICE_SAMPLES_PER_RANK))
     devices_received: int = 0  # ever appended to ``devices``: how many are new since a count
@@ -339,6 +340,7 @@ class Session:
             rank.late_unused += folded
         if report.unresolved:
             rank.unresolved += 1
+            rank.unresolved_reason = report.unresolved_reason or rank.unresolved_reason
         if report.update_skipped:
             self.skipped_updates.add(report.step)
         if report.compiling:

@@ -351,7 +351,7 @@ def summarize(report: StepReport, world_size: int) -> StepSummary:
         busbw_gbps=f.busbw_gbps, all_reduce_tags=list(calls.tags), all_reduce_seconds=pack_floats(calls.seconds),
         all_reduce_starts=pack_floats(calls.starts) if calls.starts is not None else b"",  # kept only where calls overlap
         algbw_gbps=pack_floats(f.algbw_gbps), loss=report.loss, excluded=report.excluded, unresolved=report.unresolved,
-        calls_by_kind=f.calls_by_kind, memory=f.memory, update_skipped=report.update_skipped,
+        unresolved_reason=report.unresolved_reason, calls_by_kind=f.calls_by_kind, memory=f.memory, update_skipped=report.update_skipped,
         compiling=report.compiling, other_algbw_gbps={kind: pack_floats(alg) for kind, alg in f.other_algbw_gbps.items()},
         sharded_tags=list(f.sharded_calls.tags), sharded_seconds=pack_floats(f.sharded_calls.seconds),
         sharded_starts=pack_floats(f.sharded_calls.starts) if f.sharded_calls.starts is not None else b"",
@@ -390,4 +390,5 @@ def report_without_spans(summary: StepSummary) -> StepReport:
     return StepReport(rank=summary.rank, step=summary.step, strategy=summary.strategy, settings=summary.settings,
                       start=summary.start, end=summary.end, spans=[], samples=summary.samples, tokens=summary.tokens,
                       loss=summary.loss, excluded=summary.excluded, unresolved=summary.unresolved,
-                      update_skipped=summary.update_skipped, compiling=summary.compiling, memory=summary.memory)
+                      update_skipped=summary.update_skipped, compiling=summary.compiling, memory=summary.memory,
+                      unresolved_reason=summary.unresolved_reason)

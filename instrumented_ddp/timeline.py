@@ -309,7 +309,8 @@ class _PendingSpan:
 
     def fail(self, error: BaseException) -> None:
         """The completion could not be stamped: the span will never resolve."""
-        self.failure = f"{type(error).__name__}: {error}"
+        first_line = (str(error).strip().splitlines() or [""])[0]  # torch's C++ errors go on with a stack trace
+        self.failure = f"{type(error).__name__}: {first_line}"[:300]
 
     def read_duration(self) -> float | None:
         """NCCL's duration in seconds, or None while the collective may still be running.
@@ -485,7 +486,8 @@ class StepTimeline:
         start, end = resolve(step.start), resolve(step.end)
         if (start is None or end is None) and not overdue:
             return None
-        failed = False
+        reason = ""  # why the step is unresolved: its first mark that failed, else that marks were still pending
+        pending_marks = int(start is None) + int(end is None)
         resolved: list[tuple[Span, float | None, str]] = []  # (span, NCCL's duration: its end is to be found, queue)
         for pending in step.spans:
             span_start = resolve(pending.start)
@@ -498,11 +500,16 @@ class StepTimeline:
             if pending.failure is not None or span_start is None or span_end is None:
                 if pending.failure is None and not overdue:
                     return None
-                failed = True
+                if pending.failure is not None and not reason:
+                    reason = f"{pending.kind} {pending.tag}".rstrip() + f" could not be timed: {pending.failure}"
+                pending_marks += pending.failure is None
                 continue
             resolved.append((Span(pending.kind, span_start, max(span_start, span_end), pending.blocking,
                                   pending.nbytes, pending.tag, pending.dtype), duration, pending.queue))
-        unresolved = failed or start is None or end is None
+        if pending_marks and not reason:
+            reason = (f"{pending_marks} timing mark{'s' if pending_marks != 1 else ''} had not completed "
+                      f"{self.unresolved_after_steps} steps later")
+        unresolved = bool(reason)
         start = self.clock.host_time(step.start) if start is None else start
         end = self.clock.host_time(step.end) if end is None else end
         spans = self._start_when_a_worker_was_free(resolved, self.clock.worker_threads)
@@ -513,7 +520,7 @@ class StepTimeline:
             rank=self.rank, step=step.step, strategy=step.strategy, settings=step.settings, start=first,
             end=max(end, first), spans=spans, samples=step.samples, tokens=tokens, loss=loss,
             excluded=step.excluded, unresolved=unresolved, memory=step.memory, update_skipped=step.update_skipped,
-            compiling=step.compiling,
+            compiling=step.compiling, unresolved_reason=reason,
         )
 
     @staticmethod

@@ -84,7 +84,8 @@ def make_session(desync: bool = False, keep_steps: int | None = None, straggle_m
                 spans = [s for s in spans if s.tag != "b1"]
             report = StepReport(rank=rank, step=step, strategy=strategy, settings=SETTINGS[strategy],
                                 start=t0 - early, end=t0 + ms(100), spans=spans, samples=4, tokens=512,
-                                loss=1.0, excluded=step == 3, unresolved=gone)
+                                loss=1.0, excluded=step == 3, unresolved=gone,
+                                unresolved_reason="1 timing mark had not completed 8 steps later" if gone else "")
             send(rank, report, skip=2 if (rank == 1 and step == 2) else 0, dropped=3 if rank == 0 else 0)
     send(0, DeviceSample(rank=0, time=CLOCK[0] + 0.05, kind="cpu", readings={"cpu_pct": 50.0, "rss_mb": 300.0}))
     session.reject("garbage")
@@ -109,7 +110,8 @@ def test_summary_is_strict_json_and_round_trips(data: dict) -> None:
     assert data["session"] == "sess-1" and data["world_size"] == 2
     assert [r["host"] for r in data["ranks"]] == ["host-a", "host-b"]
     assert data["ranks"][1] == {"rank": 1, "host": "host-b", "device": "cpu", "backend": "gloo",
-                                "node_rank": 1, "pid": 4001, "device_note": "", "unresolved_steps": 0, "last_step": 5}
+                                "node_rank": 1, "pid": 4001, "device_note": "", "unresolved_steps": 0, "unresolved_reason": "",
+                                "last_step": 5}
     assert data["desync"] is None
 
 
@@ -207,6 +209,9 @@ def test_unresolved_steps_are_counted_per_rank_listed_per_segment_and_left_out()
     assert bucket["all_reduce_calls_total"] == 6  # 2 + 2 at step 5, 2 at step 4 (rank 0 only)
     assert bucket["per_rank"]["1"]["steps"] == 1
     assert "- segment 1: steps sent unresolved 4" in exporters.summary_markdown(data)
+    assert data["ranks"][1]["unresolved_reason"] == "1 timing mark had not completed 8 steps later"
+    assert ("- rank 1: why its steps were sent unresolved (the last to say): 1 timing mark had not completed 8 steps later"
+            in exporters.summary_markdown(data))
 
 
 def test_steps_whose_update_was_skipped_are_listed_per_segment() -> None:

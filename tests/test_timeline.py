@@ -541,6 +541,9 @@ def test_nccl_work_that_completed_without_a_duration_sends_its_step_unresolved(g
     gpu.done_ms = 3.0
     report = _only_report(timeline)
     assert report.unresolved and [s.kind for s in report.spans] == ["optimizer"]
+    # what a lent H200 sent for every step of an attached HSDP run before its replicate groups were timed
+    assert report.unresolved_reason.startswith("all_reduce b0 could not be timed: RuntimeError: ")
+    assert "\n" not in report.unresolved_reason
 
 
 def test_cuda_loss_is_read_without_waiting_for_the_device(gpu: FakeGpu, host_time: FakeHostTime) -> None:
@@ -605,8 +608,9 @@ def test_cuda_completion_callback_that_raises_sends_its_step_unresolved_and_hold
 
     first, second = timeline.completed_reports()
     assert (first.step, first.unresolved, [s.kind for s in first.spans]) == (1, True, ["optimizer"])
+    assert first.unresolved_reason == "all_reduce b0 could not be timed: RuntimeError: cudaErrorLaunchFailure"
     assert first.loss is None and first.excluded is False
-    assert (second.step, second.unresolved) == (2, False)
+    assert (second.step, second.unresolved, second.unresolved_reason) == (2, False, "")
     assert timeline.unresolved_steps == 1
 
 
@@ -640,6 +644,7 @@ def test_a_completion_that_never_comes_is_sent_unresolved_after_the_limit(host_t
             assert reports == []  # held: it may still come
         sent += reports
     assert [(r.step, r.unresolved) for r in sent] == [(1, True), (2, False), (3, False), (4, False), (5, False)]
+    assert sent[0].unresolved_reason == "1 timing mark had not completed 3 steps later"
     assert timeline.unresolved_steps == 1
 
 

@@ -11,6 +11,8 @@ and a thousand lines would each change every frame).
 
 from __future__ import annotations
 
+from collections import Counter
+
 from ddpwatch.compact import StepSet
 from ddpwatch.metrics import ONE_RANK_NOTE
 from ddpwatch.rank_lists import FEW_RANKS, ranks_text, runs_text
@@ -32,12 +34,14 @@ def reporting_fault_lines(session: Session) -> list[str]:
     a sender or lost in transit, all-reduce groups the hellos contradict, rejected messages."""
     lines = []
     unresolved = {rank: state.unresolved for rank, state in sorted(session.ranks.items()) if state.unresolved}
+    reasons = Counter(session.ranks[rank].unresolved_reason for rank in unresolved if session.ranks[rank].unresolved_reason)
     if len(unresolved) > FEW_RANKS:
+        why = f"; most often: {reasons.most_common(1)[0][0]}" if reasons else ""
         lines.append(f"{len(unresolved)} ranks sent {sum(unresolved.values())} steps unresolved (timing marks never "
-                     f"completed; left out of the figures): ranks {ranks_text(unresolved)}")
+                     f"completed; left out of the figures): ranks {ranks_text(unresolved)}{why}")
     else:
-        lines += [f"rank {rank}: {n} step{'s' if n != 1 else ''} sent unresolved "
-                  "(timing marks never completed; left out of the figures)" for rank, n in unresolved.items()]
+        lines += [f"rank {rank}: {n} step{'s' if n != 1 else ''} sent unresolved (left out of the figures): "
+                  + (session.ranks[rank].unresolved_reason or "timing marks never completed") for rank, n in unresolved.items()]
     dropped = {r: s.sender_dropped for r, s in session.ranks.items() if s.sender_dropped}
     lost = {r: s.lost_messages for r, s in session.ranks.items() if s.lost_messages}
     if len(dropped) + len(lost) > FEW_RANKS:

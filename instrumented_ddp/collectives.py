@@ -40,6 +40,8 @@ def timed_collective(
     span = _open(timeline, kind, whole, tag, blocking=not async_op if blocking is None else blocking, queue=queue)
     if marks_ready and span is not None:
         timeline.mark_ready(tag, span.nbytes, at=span.start)
+    if async_op and span is not None:
+        timeline.time_collectives_in(group)
     if kind == "all_reduce":
         work = dist.all_reduce(tensor, op=op, group=group, async_op=async_op)
     elif kind == "broadcast":
@@ -111,6 +113,7 @@ def timed_all_reduce_result(timeline: Any, tensor: torch.Tensor, *, tag: str, gr
     communication hook must return, and ends its span: one completion callback does both.
     ``at``: the issue stamp, where the caller made one this moment (``open_collective``)."""
     span = _open(timeline, "all_reduce", tensor, tag, blocking=False, at=at)
+    timeline.time_collectives_in(group)
     work = dist.all_reduce(tensor, op=op, group=group, async_op=True)
     return timeline.close_collective_with_result(span, work)
 

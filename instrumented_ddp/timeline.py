@@ -56,6 +56,7 @@ class Clock(Protocol):
     def capture(self, value: Any) -> Any: ...
     def on_completion(self, work: Any, span: _PendingSpan) -> None: ...
     def result_on_completion(self, work: Any, span: _PendingSpan) -> Any: ...
+    def time_collectives_in(self, group: Any) -> None: ...
 
 
 def _first_tensor(future: Any) -> Any:
@@ -177,6 +178,9 @@ class HostClock:
         self.on_completion(work, span)
         return work.get_future().then(_first_tensor)
 
+    def time_collectives_in(self, group: Any) -> None:
+        """Gloo's works need nothing turned on: their ends are looked for."""
+
 
 class CudaEventClock:
     """GPU: CUDA events on the current stream, converted to the host clock against a reference
@@ -214,6 +218,7 @@ class CudaEventClock:
         self._reference_host = 0.0
         self._streams: dict[tuple[int, int], Any] = {}
         self._raw_stream: Callable[[int], int] | None = getattr(getattr(torch_module, "_C", None), "_cuda_getCurrentRawStream", None)
+        self._timed_groups: dict[int, Any] = {}  # groups whose NCCL timing this clock turned on (``time_collectives_in``)
 
     def poll(self, waited: Any = None) -> None:
         pass
@@ -287,6 +292,21 @@ class CudaEventClock:
             span.complete_after(work)
             return work.get_future().then(_first_tensor)
         return work.get_future().then(_ending_then_first_tensor(span, self.stamp))
+
+    def time_collectives_in(self, group: Any) -> None:
+        """With NCCL timing on, a work's end is its duration, which ProcessGroupNCCL records only
+        in groups whose timing is on: ``Watch`` turns it on in the groups it knows of at start,
+        and this in any other group an asynchronous collective is timed in (a subgroup given to
+        ``wrap``), once, before its first one. Else every step with such a collective would go
+        out unresolved, as every step of an attached HSDP run did on a lent H200. A group that
+        refuses is left as it is: its spans fail, and their steps say why."""
+        if not self.nccl_timing or group is None or id(group) in self._timed_groups:
+            return
+        self._timed_groups[id(group)] = group  # held: an id is unique only while its object lives
+        try:
+            group._enable_collectives_timing()
+        except (RuntimeError, AttributeError):
+            pass
 
 
 class _PendingSpan:
@@ -404,6 +424,11 @@ class StepTimeline:
         span = _PendingSpan(READY_KIND, self.clock.stamp() if at is None else at, False, nbytes, tag)
         span.complete(span.start)
         self._spans().append(span)
+
+    def time_collectives_in(self, group: Any) -> None:
+        """About to time an asynchronous collective in ``group`` (None: the default group): see
+        ``CudaEventClock.time_collectives_in``."""
+        self.clock.time_collectives_in(group)
 
     def close_collective(self, span: _PendingSpan, work: Any | None) -> None:
         """Synchronous (``work`` is None): ends now. Asynchronous: ends when the work completes."""
@@ -579,6 +604,9 @@ class NullTimeline:
         return None
 
     def mark_ready(self, tag: str, nbytes: int, at: Any = None) -> None:
+        pass
+
+    def time_collectives_in(self, group: Any) -> None:
         pass
 
     def close_collective(self, span: Any, work: Any | None) -> None:

@@ -185,6 +185,11 @@ class FakeProcessGroupNccl:
         self.stream = gpu.nccl if stream is None else stream
         self.works: list[FakeNcclWork] = []
 
+    def _enable_collectives_timing(self) -> None:
+        """``ProcessGroupNCCL::enableCollectivesTiming``: works issued from now on record their
+        start events, so ``_get_duration`` can be read once they end."""
+        self.timing = True
+
     def all_reduce(self, transfer_ms: float) -> FakeNcclWork:
         self.stream.wait_until(self.gpu.current.position())  # syncStream(current -> nccl)
         start, end = self.stream.run(transfer_ms)

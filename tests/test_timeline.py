@@ -546,6 +546,30 @@ def test_nccl_work_that_completed_without_a_duration_sends_its_step_unresolved(g
     assert "\n" not in report.unresolved_reason
 
 
+def test_a_group_met_with_nccl_timing_off_has_it_turned_on_before_its_first_collective(gpu: FakeGpu, host_time: FakeHostTime) -> None:
+    """A group ``Watch`` did not know of at start (a subgroup given to ``wrap``): the timeline turns
+    its timing on, once, before the first asynchronous collective timed there, and the span gets
+    NCCL's duration instead of failing as above. A gloo clock leaves groups alone."""
+    timeline = _cuda_timeline(gpu, nccl_timing=True)
+    group = FakeProcessGroupNccl(gpu, timing=False)
+    timeline.begin_step(1, "bucket", {})
+    span = timeline.open_collective("all_reduce", 64, "b0", "float32", blocking=False)
+    timeline.time_collectives_in(group)
+    work = group.all_reduce(transfer_ms=2.0)  # 0-2 ms
+    timeline.close_collective(span, work)
+    timeline.end_step(samples=1, tokens=1)
+    gpu.done_ms = 3.0
+    report = _only_report(timeline)
+    assert not report.unresolved and [(s.kind, s.start, s.end) for s in report.spans] == [
+        ("all_reduce", pytest.approx(0.0), pytest.approx(0.002))]
+    group.timing = False
+    timeline.time_collectives_in(group)  # once per group: not asked again
+    assert group.timing is False
+    cpu_group = FakeProcessGroupNccl(gpu, timing=False)
+    StepTimeline(rank=0, clock=HostClock()).time_collectives_in(cpu_group)
+    assert cpu_group.timing is False
+
+
 def test_cuda_loss_is_read_without_waiting_for_the_device(gpu: FakeGpu, host_time: FakeHostTime) -> None:
     timeline = _cuda_timeline(gpu)
     timeline.begin_step(1, "bucket", {})

@@ -173,13 +173,6 @@ def all_reduce_group(model: nn.Module, sharded: bool) -> list[int]:
     return dist.get_process_group_ranks(group) if group.size() != dist.get_world_size() else []
 
 
-def replicate_groups(model: nn.Module) -> list[dist.ProcessGroup]:
-    """The process groups an HSDP model all-reduces across replicas in; [] on a 1-D mesh."""
-    from .fsdp_timing import replicate_groups as groups
-
-    return groups(model)
-
-
 def sharded_timing(model: nn.Module, timeline: Any) -> FSDPTiming:
     """``FSDPTiming`` for a model ``sharded_model_problem`` passed (so FSDP2's comms import)."""
     from .fsdp_timing import FSDPTiming
@@ -326,8 +319,6 @@ class Attachment:
         self.strategy = "fsdp" if sharded else "ddp"
         module = model if sharded else model.module
         group = None if sharded else model.process_group  # FSDP's: its mesh, over the default group's ranks
-        # where asynchronous collectives are timed besides the default group: DDP's own group, HSDP's replicate groups
-        timed_groups = replicate_groups(model) if sharded else [group]
         self.device = next(module.parameters()).device
         meets = all_reduce_group(model, sharded)
         replicas = len(meets) if sharded and len(meets) > 1 else 0
@@ -338,7 +329,7 @@ class Attachment:
             "strategy": self.strategy, "settings": self._settings(1),
             "model_parameters": sum(p.numel() for p in module.parameters()),
             "parameter_layout": parameter_layout(module), "all_reduce_group": meets, "total_steps": total_steps,
-        }, keys=keys, switchable=False, collective_groups=timed_groups)
+        }, keys=keys, switchable=False)
         self.timeline = self.watch.timeline
         self.timing: DDPTiming | FSDPTiming = sharded_timing(model, self.timeline) if sharded else DDPTiming(model, self.timeline)
         self.timing.install()

@@ -109,22 +109,11 @@ def replica_ranks(model: nn.Module) -> list[int]:
     ``fully_shard`` model is on a 2-D mesh (HSDP: the replicate dimension's group, which FSDP
     all-reduces across); [] on a 1-D mesh (sharded over every rank). A ``ForwardingGroup``,
     which ``torch.distributed`` does not know, is read through to the group it stands for."""
-    groups = replicate_groups(model)
-    return dist.get_process_group_ranks(groups[0]) if groups else []
-
-
-def replicate_groups(model: nn.Module) -> list[dist.ProcessGroup]:
-    """The process groups a ``fully_shard`` model on a 2-D mesh (HSDP) all-reduces its units'
-    gradients across replicas in, each once, read through a ``ForwardingGroup``; [] on a 1-D mesh.
-    Those all-reduces are asynchronous works of their own groups: on NCCL, ``Watch`` turns
-    timing on there so that their durations can be read (``watch.turn_on_nccl_timing``)."""
-    groups = {}
     for unit in fsdp_units(model):
         for mesh_info in _replicated_meshes(unit):
             replicas = mesh_info.replicate_process_group
-            inner = getattr(replicas, "inner", replicas)
-            groups[id(inner)] = inner
-    return list(groups.values())
+            return dist.get_process_group_ranks(getattr(replicas, "inner", replicas))
+    return []
 
 
 def _replicated_meshes(unit: FSDPModule) -> list[Any]:

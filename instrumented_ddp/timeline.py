@@ -295,11 +295,12 @@ class CudaEventClock:
 
     def time_collectives_in(self, group: Any) -> None:
         """With NCCL timing on, a work's end is its duration, which ProcessGroupNCCL records only
-        in groups whose timing is on: ``Watch`` turns it on in the groups it knows of at start,
-        and this in any other group an asynchronous collective is timed in (a subgroup given to
-        ``wrap``), once, before its first one. Else every step with such a collective would go
-        out unresolved, as every step of an attached HSDP run did on a lent H200. A group that
-        refuses is left as it is: its spans fail, and their steps say why."""
+        in groups whose timing is on: ``Watch`` turns it on in the default group, and this in any
+        other group an asynchronous collective is timed in (a DDP's own ``process_group``, HSDP's
+        replicate groups, a subgroup given to ``wrap``), once, before its first one. Else every
+        step with such a collective goes out unresolved, as every step of an attached HSDP run
+        did on a lent H200. A group that refuses is left as it is: its spans fail, and their
+        steps say why."""
         if not self.nccl_timing or group is None or id(group) in self._timed_groups:
             return
         self._timed_groups[id(group)] = group  # held: an id is unique only while its object lives

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import socket
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
@@ -42,24 +42,22 @@ def shared_session_id() -> str:
     return chosen[0]
 
 
-def turn_on_nccl_timing(backend: str, groups: Sequence[Any] = ()) -> bool:
+def turn_on_nccl_timing(backend: str) -> bool:
     """Whether ProcessGroupNCCL records each collective's start event, so ``work._get_duration()``
     can be read (see ``CudaEventClock``). ``TORCH_NCCL_ENABLE_TIMING``, read as PyTorch's
     ``getCvarBool`` reads it, decides where it is set; unset, ddpwatch turns timing on for the
     default group (``_enable_collectives_timing()``: one more CUDA event recorded per collective,
-    by ProcessGroupNCCL in C++), which saves a Python completion callback per collective; and
-    for each of ``groups`` too, where timed asynchronous collectives run in other groups (a user's
-    DDP given its own ``process_group``, HSDP's all-reduces across replicas), whose works would
-    otherwise have no duration to read: on a lent H200 every step of an attached HSDP run was sent
-    unresolved, its all-reduces' spans failed by ``_get_duration()``."""
+    by ProcessGroupNCCL in C++), which saves a Python completion callback per collective. Any
+    other group a timed collective runs in (a user's DDP on its own ``process_group``, HSDP's
+    replicate groups) is turned on by the clock before its first one
+    (``CudaEventClock.time_collectives_in``)."""
     setting = os.environ.get("TORCH_NCCL_ENABLE_TIMING", "").strip().lower()
     if setting:
         return setting in ("1", "true", "yes", "y")
     if backend != "nccl":
         return False
     try:
-        for timed in {id(g): g for g in (dist.group.WORLD, *groups) if g is not None}.values():
-            timed._enable_collectives_timing()
+        dist.group.WORLD._enable_collectives_timing()
     except (RuntimeError, AttributeError):  # a PyTorch without it: the callbacks time the ends
         return False
     return True
@@ -102,12 +100,11 @@ class Watch:
 
     @classmethod
     def start(cls, address: str, context: DistributedContext, hello_fields: dict[str, Any],
-              keys: ClientKeys | None = None, switchable: bool = True, collective_groups: Sequence[Any] = ()) -> Watch:
+              keys: ClientKeys | None = None, switchable: bool = True) -> Watch:
         """A collective: every rank calls it. ``switchable=False`` (a loop ddpwatch did not start)
-        makes no control group and tells the dashboard, which then offers no switch.
-        ``collective_groups``: where timed asynchronous collectives run besides the default group."""
+        makes no control group and tells the dashboard, which then offers no switch."""
         on_gpu = context.device.type == "cuda"
-        clock = CudaEventClock(torch, nccl_timing=turn_on_nccl_timing(context.backend, collective_groups)) if on_gpu else HostClock()
+        clock = CudaEventClock(torch, nccl_timing=turn_on_nccl_timing(context.backend)) if on_gpu else HostClock()
         timeline = StepTimeline(context.rank, clock)
         reader, device_note = make_reader(context.device.type, cuda_device_identity(torch, context.device.index) if on_gpu else None)
         hello = Hello(

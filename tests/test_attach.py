@@ -480,39 +480,6 @@ def test_an_fsdp2_model_is_attached_as_fsdp_and_each_misuse_of_it_is_one_line(on
         train(ddp, optimizer, steps=1)
 
 
-def test_nccl_timing_is_asked_for_in_hsdps_replicate_group_and_ddps_own_group(one_rank_group: None, sent: list[Any],
-                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    """HSDP's all-reduces across replicas are asynchronous works of the replicate dimension's own
-    group: with NCCL timing on in the default group only, their durations could never be read,
-    and on a lent H200 every step of an attached HSDP run (4 ranks, 2 x 2) was sent unresolved.
-    A 1 x 1 mesh on one gloo rank has that group too (gloo itself is never timed: what the watch
-    is given is checked; ``test_watch.py`` pins what it does with it on NCCL)."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-
-    from instrumented_ddp.watch import Watch
-
-    asked: list[list[Any]] = []
-    start = Watch.start
-
-    def recorded_start(*args: Any, collective_groups: Any = (), **kwargs: Any) -> Watch:
-        asked.append(list(collective_groups))
-        return start(*args, collective_groups=collective_groups, **kwargs)
-
-    monkeypatch.setattr(Watch, "start", recorded_start)
-    mesh = init_device_mesh("cpu", (1, 1), mesh_dim_names=("replicate", "shard"))
-    torch.manual_seed(0)
-    model = TinyClassifier()
-    for part in (model.embed, model.body, model.head, model):
-        fully_shard(part, mesh=mesh)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    with attached(model, optimizer):
-        assert asked == [[mesh.get_group("replicate")]]  # the real group, once, not the ForwardingGroup put in its place
-    ddp, optimizer = make_ddp()
-    with attached(ddp, optimizer):
-        assert asked[1] == [ddp.process_group]
-
-
 def test_attaching_twice_or_beyond_loopback_without_keys_is_refused(one_rank_group: None) -> None:
     ddp, optimizer = make_ddp()
     with pytest.raises(AttachError, match="not loopback: pass watch_key="):

@@ -27,6 +27,34 @@ def test_a_gpu_collective_on_fsdps_stream_blocks_no_compute_and_a_gloo_call_does
         "ReduceScatter", "reduce_scatter")
 
 
+def test_hsdps_all_reduce_across_replicas_and_ddps_bucket_ask_for_timing_in_their_own_group(one_rank_group: None) -> None:
+    """Both are asynchronous works of a group that need not be the default one (the replicate
+    group; a DDP's own ``process_group``): the clock is asked to time that group before the call.
+    On NCCL it turns timing on there (``test_timeline.py``); without it, on a lent H200 every step
+    of an attached HSDP run went out unresolved, its all-reduces' durations unreadable."""
+    import torch.distributed as dist
+
+    from instrumented_ddp.collectives import timed_all_reduce_result
+    from instrumented_ddp.timeline import HostClock, StepTimeline
+
+    class AskedClock(HostClock):
+        def __init__(self) -> None:
+            super().__init__()
+            self.asked: list = []
+
+        def time_collectives_in(self, group: object) -> None:
+            self.asked.append(group)
+
+    clock = AskedClock()
+    timeline = StepTimeline(rank=0, clock=clock)
+    replicas, own = dist.new_group([0]), dist.new_group([0])
+    timeline.begin_step(1, "fsdp", {})
+    options = dist.AllreduceOptions()
+    fsdp_timing.TimedReplicaAllReduce(timeline, 0)(replicas, [torch.ones(4)], options).wait()
+    timed_all_reduce_result(timeline, torch.ones(4), tag="b0", group=own, op=dist.ReduceOp.SUM).wait()
+    assert clock.asked == [replicas, own]
+
+
 def test_units_are_the_decoder_layers_then_the_root() -> None:
     layers = torch.nn.ModuleList([torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)])
     root = torch.nn.Sequential(torch.nn.Embedding(4, 2), torch.nn.Sequential(layers))

@@ -174,19 +174,6 @@ def test_nccl_timing_unset_is_turned_on_for_the_default_nccl_group(
     assert turned_on == ([True] if enabled else [])
 
 
-def test_nccl_timing_is_turned_on_in_the_groups_the_collectives_run_in_too(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A user's DDP with its own process group, HSDP's replicate groups: their works need timing
-    there, not only in WORLD."""
-    turned_on: list[str] = []
-    world, own, replicas = (SimpleNamespace(_enable_collectives_timing=lambda name=name: turned_on.append(name))
-                            for name in ("world", "own", "replicas"))
-    monkeypatch.delenv("TORCH_NCCL_ENABLE_TIMING", raising=False)
-    monkeypatch.setattr(watch_module, "dist", SimpleNamespace(group=SimpleNamespace(WORLD=world)))
-    assert turn_on_nccl_timing("nccl", [own]) and turned_on == ["world", "own"]
-    turned_on.clear()
-    assert turn_on_nccl_timing("nccl", [world, replicas, replicas]) and turned_on == ["world", "replicas"]  # each group once
-
-
 def test_latest_loss_comes_from_the_newest_report_that_has_one() -> None:
     def report(step: int, loss: float | None) -> StepReport:
         return StepReport(0, step, "ddp", {}, 0.0, 1.0, [Span("forward", 0.0, 1.0)], 1, 1, loss)

@@ -206,6 +206,11 @@ class PairedCollective:
             return (self.ddpwatch_ms - self.profiler_ms) / self.profiler_ms
         return 0.0 if self.ddpwatch_ms == self.profiler_ms else math.inf
 
+    def within(self, tolerance: float, floor_us: float) -> bool:
+        """The duration check's rule for one collective: within ``tolerance`` of the kernel's, or
+        ``floor_us`` of it (NCCL's start event leads a short kernel by tens of µs)."""
+        return abs(self.error) <= tolerance or abs(self.ddpwatch_ms - self.profiler_ms) * 1e3 <= floor_us
+
 
 @dataclass(frozen=True)
 class StepRow:
@@ -365,14 +370,11 @@ def _count_check(rows: Sequence[StepRow]) -> Check:
 
 def _duration_check(pairs: Sequence[PairedCollective], tolerance: float, floor_us: float) -> Check:
     """Every pair, not a mean: one collective timed from its issue instead of its start is the fault."""
-    def ok(p: PairedCollective) -> bool:
-        return abs(p.error) <= tolerance or abs(p.ddpwatch_ms - p.profiler_ms) * 1e3 <= floor_us
-
     text = f"±{tolerance * 100:g} %" + (f" or {floor_us:g} µs" if floor_us > 0 else "")
     if not pairs:
         return Check("collective duration", None, None, text, False, "ms", "no collective to pair")
     worst = max(pairs, key=lambda p: abs(p.error))
-    outside = sum(not ok(p) for p in pairs)
+    outside = sum(not p.within(tolerance, floor_us) for p in pairs)
     detail = (f"worst of {len(pairs)}: step {worst.step} {worst.kind} #{worst.index} ({_signed(worst.error * 100)} %)"
               + (f"; {outside} outside" if outside else ""))
     return Check("collective duration", worst.ddpwatch_ms, worst.profiler_ms, text, outside == 0, "ms", detail)

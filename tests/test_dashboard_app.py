@@ -692,6 +692,23 @@ def test_unresolved_steps_are_counted_per_rank_in_the_warnings_and_make_no_desyn
     assert session.segment_figures(session.segments[0]).per_rank[1].steps == 3
 
 
+def test_many_ranks_unresolved_are_one_warning_naming_the_most_common_reason() -> None:
+    from ddpwatch.dashboard.warning_lines import reporting_fault_lines
+
+    failed = "all_reduce u3 could not be timed: RuntimeError: getDuration only works if timing was enabled"
+
+    def unresolved(report: StepReport) -> StepReport:
+        if report.rank in (1, 2, 3, 5) and report.step == 4:
+            why = failed if report.rank != 5 else "1 timing mark had not completed 32 steps later"
+            return replace(report, unresolved=True, spans=[s for s in report.spans if s.tag != "b1"], unresolved_reason=why)
+        return report
+
+    session = Session()
+    ingest(session, session_messages(world_size=8, edit=unresolved))
+    assert [line for line in reporting_fault_lines(session) if "unresolved" in line] == [
+        f"4 ranks sent 4 steps unresolved (timing marks never completed; left out of the figures): ranks 1-3, 5; most often: {failed}"]
+
+
 def test_steps_whose_update_was_skipped_are_a_note_with_their_steps() -> None:
     def skipped(report: StepReport) -> StepReport:
         return replace(report, update_skipped=True) if report.step in (3, 4, 8) else report

@@ -10,6 +10,10 @@
 # dill, multiprocess for Python 3.12) are installed into /tmp/site first. Logs go to $OUT (the device
 # tool's folder that comes back), or /tmp/gpu-session elsewhere.
 set -u
+case "${1:-}" in
+doctor|attach) ;;
+*) echo "usage: bash bench/gpu_session.sh doctor | attach [fsdp2] [hsdp] [ddp-compiled]" >&2; exit 2 ;;
+esac
 OUT=${OUT:-/tmp/gpu-session}
 mkdir -p "$OUT"
 if compgen -G ".whl/*.whl" > /dev/null; then
@@ -71,9 +75,5 @@ attach)  # attach [fsdp2] [hsdp] [ddp-compiled]: all three when none is named
         *) echo "unknown run $run" >&2; exit 2 ;;
         esac
     done
-    ;;
-*)
-    echo "usage: bash bench/gpu_session.sh doctor|attach" >&2
-    exit 2
     ;;
 esac

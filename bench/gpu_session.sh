@@ -3,8 +3,10 @@
 #
 #   bash bench/gpu_session.sh doctor    # ddpwatch doctor as shipped, one rank
 #   bash bench/gpu_session.sh attach [RUN...]  # attach on a user's own loops, two or four ranks sharing the GPU:
-#                                       # FSDP2, HSDP (2 replicas x 2 shards) and torch.compile'd DDP (inductor),
-#                                       # each recorded and profiled, held against its kernels by bench/attach_check.py
+#                                       # FSDP2, HSDP (2 replicas x 2 shards), torch.compile'd DDP (inductor), and
+#                                       # the Hugging Face Trainer's callback on its DDP and on its FSDP2 (hf-ddp,
+#                                       # hf-fsdp: asked by name), each recorded and profiled, held against its
+#                                       # kernels by bench/attach_check.py
 #
 # The machine has torch but not every package ddpwatch needs: wheels carried in .whl/ (pyzmq, datasets,
 # dill, multiprocess for Python 3.12) are installed into /tmp/site first. Logs go to $OUT (the device
@@ -12,7 +14,7 @@
 set -u
 case "${1:-}" in
 doctor|attach) ;;
-*) echo "usage: bash bench/gpu_session.sh doctor | attach [fsdp2] [hsdp] [ddp-compiled]" >&2; exit 2 ;;
+*) echo "usage: bash bench/gpu_session.sh doctor | attach [fsdp2] [hsdp] [ddp-compiled] [hf-ddp] [hf-fsdp]" >&2; exit 2 ;;
 esac
 OUT=${OUT:-/tmp/gpu-session}
 mkdir -p "$OUT"
@@ -54,7 +56,7 @@ attached() {
     echo "== $label: $ranks ranks, unwatched"
     timeout 150 bash -c "$(declare -f shared); shared $ranks $* --no-watch --profile $dir/unwatched" \
         > "$dir/unwatched.log" 2>&1 || echo "$label: the unwatched run failed: $(tail -3 "$dir/unwatched.log")"
-    grep -h -i -E 'bucket\(s\)|error|Traceback' "$OUT/$label.log" | head -5
+    grep -h -i -E 'bucket\(s\)|unit\(s\)|error|Traceback' "$OUT/$label.log" | head -5
     python3 bench/attach_check.py "$dir/session" "$dir/profile" --unwatched "$dir/unwatched" --label "$label" --sharing --steps \
         2>&1 | tee "$OUT/$label-check.txt" | grep -v '^[0-9]'
     python3 -m ddpwatch summary "$dir/session" > "$OUT/$label-summary.md" 2>&1
@@ -65,13 +67,15 @@ case "${1:-}" in
 doctor)
     timeout 420 python3 -m ddpwatch doctor 2>&1 | tee "$OUT/doctor.txt"
     ;;
-attach)  # attach [fsdp2] [hsdp] [ddp-compiled]: all three when none is named
+attach)  # attach [fsdp2] [hsdp] [ddp-compiled] [hf-ddp] [hf-fsdp]: the first three when none is named
     runs=("${@:2}"); [ ${#runs[@]} -eq 0 ] && runs=(fsdp2 hsdp ddp-compiled)
     for run in "${runs[@]}"; do
         case $run in
         fsdp2) attached fsdp2 2 examples/plain_fsdp.py --steps 10 --width 2048 --layers 8 --batch-size 512 ;;
         hsdp) attached hsdp 4 examples/plain_fsdp.py --steps 10 --width 2048 --layers 8 --batch-size 256 --replicas 2 ;;
         ddp-compiled) attached ddp-compiled 2 examples/plain_ddp.py --steps 12 --width 2048 --layers 8 --batch-size 512 --compile inductor ;;
+        hf-ddp) attached hf-ddp 2 examples/hf_trainer.py --steps 12 --batch-size 64 ;;  # Accelerate: cuda:LOCAL_RANK % 1 GPU
+        hf-fsdp) attached hf-fsdp 2 examples/hf_trainer.py --steps 12 --batch-size 64 --fsdp ;;
         *) echo "unknown run $run" >&2; exit 2 ;;
         esac
     done

@@ -4,6 +4,7 @@ A Hugging Face ``Trainer`` watched by ddpwatch: one ``add_callback`` line.
     ddpwatch &                                                    # the dashboard, listening
     torchrun --nproc_per_node=2 examples/hf_trainer.py            # CPU (gloo) or one GPU per rank
     torchrun --nproc_per_node=2 examples/hf_trainer.py --grad-accum 2 --bucket-mb 1
+    torchrun --nproc_per_node=2 examples/hf_trainer.py --fsdp                 # FSDP2 through the Trainer (GPUs)
 
 The model is ddpwatch's tiny SmolLM2-shaped classifier and the data its built-in reviews, so it
 runs offline; swap in your own model and dataset, the callback line stays the same.
@@ -56,12 +57,18 @@ def main() -> None:
     parser.add_argument("--no-watch", action="store_true", help="the same Trainer without the callback")
     parser.add_argument("--save-final", default=None, metavar="FILE", help="rank 0 saves the final parameters here")
     parser.add_argument("--profile", default=None, metavar="DIR", help="torch.profiler traces of steps 4-8, one per rank")
+    parser.add_argument("--fsdp", action="store_true",
+                        help="shard with FSDP2 through the Trainer's own fsdp_config (one unit per decoder layer); GPUs only")
     args = parser.parse_args()
     for flag in ("steps", "batch_size", "grad_accum"):  # one line, exit 2, before any process group, as train.py
         if getattr(args, flag) < 1:
             parser.error(f"--{flag.replace('_', '-')} must be at least 1, not {getattr(args, flag)}")
     if args.bucket_mb is not None and (problem := bucket_mb_problem(args.bucket_mb, "--bucket-mb")):
         parser.error(problem)
+    if args.fsdp and args.bucket_mb is not None:
+        parser.error("--bucket-mb is DDP's bucket cap: FSDP has no buckets (it gathers and reduces one unit at a time)")
+    if args.fsdp and not torch.cuda.is_available():  # Accelerate takes FSDP only in its GPU branch: this would be DDP
+        parser.error("--fsdp needs CUDA: Accelerate shards with FSDP only on GPUs (on the CPU the Trainer would train with DDP)")
 
     datasets.disable_progress_bars()
     reviews = data.make_builtin_reviews(n_train=2000, n_test=200)
@@ -76,6 +83,7 @@ def main() -> None:
         per_device_train_batch_size=args.batch_size, gradient_accumulation_steps=args.grad_accum,
         ddp_bucket_cap_mb=args.bucket_mb, ddp_find_unused_parameters=False,  # every parameter gets a gradient
         use_cpu=not torch.cuda.is_available(),
+        **({"fsdp": "full_shard", "fsdp_config": {"fsdp_version": 2}} if args.fsdp else {}),  # units: _no_split_modules
         save_strategy="no", report_to=[], logging_steps=max(1, args.steps // 10), disable_tqdm=True, seed=0,
     )
     trainer = Trainer(model=model, args=training, train_dataset=train_set)
@@ -86,13 +94,18 @@ def main() -> None:
     trainer.train()
 
     rank = int(os.environ.get("RANK", "0"))
+    final = {name: value.full_tensor() if hasattr(value, "full_tensor") else value  # FSDP2's DTensor shards, gathered
+             for name, value in model.state_dict().items()} if args.save_final else {}  # by every rank, in one order
     if rank == 0:
         if isinstance(trainer.model_wrapped, DistributedDataParallel):  # one process: the Trainer builds none
             logged = trainer.model_wrapped._get_ddp_logging_data()  # what ddpwatch's all-reduces should match
             sizes = logged.get("rebuilt_bucket_sizes") or logged["bucket_sizes"]
             print(f"DDP reduced gradients in {len(sizes.split(','))} bucket(s) of {sizes} bytes")
+        elif args.fsdp:  # each unit: one all-gather before its forward, one before its backward, one reduce-scatter
+            units = sum(type(module).__name__.startswith("FSDP") for module in trainer.model_wrapped.modules())
+            print(f"FSDP2 sharded the model in {units} unit(s)")
         if args.save_final:
-            torch.save(model.state_dict(), args.save_final)
+            torch.save(final, args.save_final)
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
     scratch.cleanup()  # exit_process skips the interpreter's own cleanup

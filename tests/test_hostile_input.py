@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -95,6 +96,11 @@ def test_wrong_cli_input_gets_a_one_line_error_and_a_non_zero_exit(args: list[st
          "torch._dynamo.list_backends(exclude_tags=()) lists them)"),
         ("plain_fsdp.py", ["--layers", "0"], "--layers must be at least 1, not 0"),
         ("hf_trainer.py", ["--grad-accum", "0"], "--grad-accum must be at least 1, not 0"),
+        pytest.param("hf_trainer.py", ["--fsdp"], "--fsdp needs CUDA: Accelerate shards with FSDP only on GPUs "
+                     "(on the CPU the Trainer would train with DDP)", marks=pytest.mark.skipif(
+                         shutil.which("nvidia-smi") is not None, reason="a CUDA machine runs --fsdp")),
+        ("hf_trainer.py", ["--fsdp", "--bucket-mb", "1"], "--bucket-mb is DDP's bucket cap: FSDP has no buckets "
+         "(it gathers and reduces one unit at a time)"),
     ],
 )
 def test_the_examples_refuse_a_wrong_flag_in_one_line_before_any_process_group(example: str, args: list[str], message: str) -> None:

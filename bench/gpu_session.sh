@@ -35,11 +35,12 @@ EOF
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,power.draw --format=csv | tee -a "$OUT/machine.txt"
 
 # torchrun with each local rank its own NCCL host, so ranks can share one GPU (what train.py's gpu_sharing_env does;
-# the examples are a user's plain scripts and do not)
+# the examples are a user's plain scripts and do not). AS_LOCAL_RANK_0=1: each rank is also told it is local rank 0,
+# for Accelerate, whose DDP is given device_ids=[LOCAL_RANK] (cuda:1 on a one-GPU machine: an IndexError in DDP's forward)
 shared() {
     local ranks=$1; shift
     python3 -m torch.distributed.run --standalone --nproc_per_node="$ranks" --no-python bash -c \
-        'NCCL_HOSTID=ddpwatch-local-rank-$LOCAL_RANK NCCL_SOCKET_IFNAME=lo exec python3 "$@"' _ "$@"
+        'exec env NCCL_HOSTID=ddpwatch-local-rank-$LOCAL_RANK NCCL_SOCKET_IFNAME=lo ${AS_LOCAL_RANK_0:+LOCAL_RANK=0} python3 "$@"' _ "$@"
 }
 
 # attached LABEL RANKS SCRIPT ARGS...: recorded and profiled, then the same loop unwatched, then the check
@@ -74,7 +75,7 @@ attach)  # attach [fsdp2] [hsdp] [ddp-compiled] [hf-ddp] [hf-fsdp]: the first th
         fsdp2) attached fsdp2 2 examples/plain_fsdp.py --steps 10 --width 2048 --layers 8 --batch-size 512 ;;
         hsdp) attached hsdp 4 examples/plain_fsdp.py --steps 10 --width 2048 --layers 8 --batch-size 256 --replicas 2 ;;
         ddp-compiled) attached ddp-compiled 2 examples/plain_ddp.py --steps 12 --width 2048 --layers 8 --batch-size 512 --compile inductor ;;
-        hf-ddp) attached hf-ddp 2 examples/hf_trainer.py --steps 12 --batch-size 64 ;;  # Accelerate: cuda:LOCAL_RANK % 1 GPU
+        hf-ddp) AS_LOCAL_RANK_0=1 attached hf-ddp 2 examples/hf_trainer.py --steps 12 --batch-size 64 ;;
         hf-fsdp) attached hf-fsdp 2 examples/hf_trainer.py --steps 12 --batch-size 64 --fsdp ;;
         *) echo "unknown run $run" >&2; exit 2 ;;
         esac

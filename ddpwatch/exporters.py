@@ -23,6 +23,8 @@ from typing import Any
 import numpy as np
 
 from ddpwatch import metrics
+from ddpwatch.compact import StepSet
+from ddpwatch.rank_lists import runs_text
 from ddpwatch.segment_bars import bars_svg, lengths, segment_bar
 from ddpwatch.session import Session, ranks_left_behind
 from instrumented_ddp.protocol import COMM_KINDS, READY_KIND
@@ -84,6 +86,8 @@ def summary(session: Session) -> dict[str, Any]:
                          "unresolved_steps": sorted({r.step for r in reports if r.unresolved}),
                          "update_skipped_steps": sorted({r.step for r in reports if r.update_skipped}),
                          "compiling_steps": sorted({r.step for r in reports if r.compiling}),
+                         "untimed_collective_steps": sorted({r.step for r in reports if r.untimed_collectives}),
+                         "untimed_collectives_most": max((r.untimed_collectives for r in reports), default=0),
                          **figures.as_dict()})
     desync = metrics.DesyncRange.combine(ranges)
     states = sorted(session.ranks.items())
@@ -180,6 +184,13 @@ def summary_markdown(summary: dict[str, Any]) -> str:
         if seg.get("compiling_steps"):
             lines.append(f"- segment {seg['index']}: steps in which torch.compile compiled (excluded) "
                          f"{', '.join(map(str, seg['compiling_steps']))}")
+        if seg.get("untimed_collective_steps"):
+            steps = StepSet()
+            for step in seg["untimed_collective_steps"]:
+                steps.add(step)
+            lines.append(f"- segment {seg['index']}: steps with collectives ddpwatch did not time (outside DDP's buckets and "
+                         f"FSDP's gathers and reductions; up to {seg.get('untimed_collectives_most', 0)} a step on a rank) "
+                         f"{runs_text(steps.ranges(), limit=20)}")
         if seg.get("desync"):
             lines.append(f"- segment {seg['index']}: {metrics.DesyncRange.from_dict(seg['desync']).describe()}")
         if seg.get("straggler"):

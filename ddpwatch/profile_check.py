@@ -231,6 +231,7 @@ class StepRow:
     profiler_overlap_pct: float
     syncs: tuple[str, ...]  # names, in order, of the syncs in this iteration
     syncs_in_step_window: int  # of those, the ones whose CPU time falls in ddpwatch's shifted window (approximate)
+    untimed_calls: int = 0  # collectives the rank counted and did not time (``StepReport.untimed_collectives``)
 
 
 @dataclass(frozen=True)
@@ -326,6 +327,7 @@ def _compare_step(trace: ProfilerTrace, report: StepReport, number: int, offset_
         ddpwatch_compute_pct=ours.compute_pct, profiler_compute_pct=theirs.compute_pct,
         ddpwatch_overlap_pct=ours.overlap_pct, profiler_overlap_pct=theirs.overlap_pct,
         syncs=tuple(s.name for s in syncs), syncs_in_step_window=sum(lo <= s.at_us <= hi for s in syncs),
+        untimed_calls=report.untimed_collectives,
     )
     return row, pairs
 
@@ -353,18 +355,36 @@ def _steps_check(profiled: Sequence[int], compared: Sequence[int], unresolved: S
     return Check("profiled steps reported", len(compared), len(profiled), "all", bool(profiled) and not missing, "", detail)
 
 
+def _counts_agree(row: StepRow) -> bool:
+    """Exact per kind; where the rank counted collectives it issued and did not time (an attached
+    script's own: ``StepReport.untimed_collectives``), the profiler has exactly that many more, of
+    whatever kinds, and none fewer of any kind ddpwatch timed."""
+    ours, theirs = row.ddpwatch_calls, row.profiler_calls
+    if not row.untimed_calls:
+        return dict(ours) == dict(theirs)
+    return (all(theirs.get(kind, 0) >= n for kind, n in ours.items())
+            and sum(theirs.values()) - sum(ours.values()) == row.untimed_calls)
+
+
 def _count_check(rows: Sequence[StepRow]) -> Check:
     """Exact per step and per kind: one call more or less is a desync or a lost span."""
-    bad = [r for r in rows if dict(r.ddpwatch_calls) != dict(r.profiler_calls)]
-    total_ours = sum(sum(r.ddpwatch_calls.values()) for r in rows)
+    bad = [r for r in rows if not _counts_agree(r)]
+    total_ours = sum(sum(r.ddpwatch_calls.values()) + r.untimed_calls for r in rows)
     total_theirs = sum(sum(r.profiler_calls.values()) for r in rows)
+
+    def untimed(row: StepRow) -> str:
+        return f" and {row.untimed_calls} untimed" if row.untimed_calls else ""
+
     if not rows:
         detail = "no step to compare"
     elif bad:
-        detail = "; ".join(f"step {r.step}: ddpwatch {_calls_text(r.ddpwatch_calls)}, profiler {_calls_text(r.profiler_calls)}"
+        detail = "; ".join(f"step {r.step}: ddpwatch {_calls_text(r.ddpwatch_calls)}{untimed(r)}, profiler {_calls_text(r.profiler_calls)}"
                            for r in bad[:3]) + (f" (+{len(bad) - 3} more steps)" if len(bad) > 3 else "")
     else:
         detail = "per step: " + "/".join(str(sum(r.profiler_calls.values())) for r in rows)
+        if any(r.untimed_calls for r in rows):
+            detail += (", of which issued outside what ddpwatch times (counted, not timed): "
+                       + "/".join(str(r.untimed_calls) for r in rows))
     return Check("collectives per step", total_ours, total_theirs, "exact per step", bool(rows) and not bad, "", detail)
 
 
@@ -567,7 +587,8 @@ def render_checks(comparisons: RankComparison | Iterable[RankComparison]) -> str
 def render_steps(comparison: RankComparison) -> str:
     """One rank's per-step rows, for when a check fails and the step matters."""
     def calls(row: StepRow) -> str:
-        return f"{sum(row.ddpwatch_calls.values())}/{sum(row.profiler_calls.values())}"
+        untimed = f"+{row.untimed_calls}" if row.untimed_calls else ""  # counted, not timed
+        return f"{sum(row.ddpwatch_calls.values())}{untimed}/{sum(row.profiler_calls.values())}"
 
     rows = [[str(r.step), f"#{r.profiler_step}", _signed(r.offset_us - comparison.offset.offset_us), f"{r.window_ms:.3f}",
              calls(r), str(sum(r.outside_calls.values())),

@@ -202,6 +202,10 @@ class Session:
         self.skipped_updates = StepSet()
         #: Steps any rank reported torch.compile compiling in (``StepReport.compiling``).
         self.compiling_steps = StepSet()
+        #: Steps in which a rank issued collectives it did not time (``StepReport.untimed_collectives``:
+        #: an attached script's own), and the most one rank issued in one step.
+        self.untimed_collective_steps = StepSet()
+        self.untimed_collectives_most = 0
         self.messages = 0
         self.details = 0  # spans received after their step's summary (a view that drew the step redraws it)
         self.session_id = ""
@@ -345,6 +349,9 @@ class Session:
             self.skipped_updates.add(report.step)
         if report.compiling:
             self.compiling_steps.add(report.step)
+        if report.untimed_collectives:
+            self.untimed_collective_steps.add(report.step)
+            self.untimed_collectives_most = max(self.untimed_collectives_most, report.untimed_collectives)
         rank.reported.add(report.step)
         if isinstance(report, StepSummary):
             rank.summarized.add(report.step)

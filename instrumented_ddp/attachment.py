@@ -58,6 +58,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from .ddp_timing import DDPTiming
 from .distributed import DistributedContext
+from .issued_collectives import IssuedCollectives
 from .memory import MemorySampler
 from .protocol import DEFAULT_ADDRESS, NOT_SWITCHABLE, address_problem, is_loopback, load_client_keys
 from .watch import Watch, parameter_layout
@@ -346,6 +347,7 @@ class Attachment:
         self._trainable = [p for p in module.parameters() if p.requires_grad]
         self._parameters = list(module.parameters())  # FSDP's are its DTensor shards
         self._memory = MemorySampler()  # bytes held, every few steps, as train.py measures
+        self._issued = IssuedCollectives()  # the script's own collectives: what the step issued beyond what we time
         #: After a backward that reduced, a parameter it left a gradient on: ``_update_skipped``.
         self._reduced_gradient_of: nn.Parameter | None = None
         self._inside_optimizer_step = False  # between the optimizer's step pre- and post-hooks
@@ -412,7 +414,8 @@ class Attachment:
         loss = torch.stack(losses).mean() if losses else None
         memory = self._memory.sample(self) if self.publisher is not None else None
         self.timeline.end_step(samples, tokens, loss, excluded=self.timing.on_first_buckets, memory=memory,
-                               settings={"grad_accum": max(1, self._micro_steps)}, at=at, update_skipped=update_skipped)
+                               settings={"grad_accum": max(1, self._micro_steps)}, at=at, update_skipped=update_skipped,
+                               issued_collectives=self._issued.since_last())
         if self._steps == 1 and self.publisher is not None:
             self.watch.update_hello(global_batch=samples * dist.get_world_size())
         if not self._bucket_layout_sent and (layout := self.timing.bucket_layout()):
@@ -441,6 +444,7 @@ class Attachment:
             return
         if not self.timeline.in_step:
             self._begin_step()
+            self._issued.since_last()  # counted from here: the first step's
             self._data_from = None
         elif self._update_skipped():
             self._end_step(at=self._after_backward, update_skipped=True)

@@ -116,7 +116,9 @@ class StepReport:
     ``compiling``: torch.compile compiled during the step (its first steps, or a recompile): the
     step is also ``excluded``, and the dashboard and exports say which steps they were.
     ``unresolved_reason``: why, in one line (the first mark that failed and its error, or how
-    long the marks were waited for), so that a user is told more than that it happened."""
+    long the marks were waited for), so that a user is told more than that it happened.
+    ``untimed_collectives``: collectives the rank issued in the step besides those it timed, an
+    attached script's own (``instrumented_ddp.issued_collectives``); 0 where none or not counted."""
 
     TYPE: ClassVar[str] = "step"
     rank: int
@@ -134,6 +136,7 @@ class StepReport:
     update_skipped: bool = False
     compiling: bool = False
     unresolved_reason: str = ""
+    untimed_collectives: int = 0
     #: Bytes the rank held at the step's end (``instrumented_ddp.memory``: ``parameters``,
     #: ``gradients``, ``optimizer_state``, ``peak``), measured every few steps; empty otherwise.
     memory: dict[str, int] = field(default_factory=dict)
@@ -175,6 +178,7 @@ class StepSummary:
     update_skipped: bool = False  # as in ``StepReport``
     compiling: bool = False  # as in ``StepReport``
     unresolved_reason: str = ""  # as in ``StepReport``
+    untimed_collectives: int = 0  # as in ``StepReport``
     #: float64 per all-reduce, issue order: its start, seconds after the step's; sent only where
     #: two of them overlap (gloo), or one overlaps a sharded call (HSDP on a GPU), so that two
     #: calls waiting at once are counted once. Empty otherwise, and from an older sender.
@@ -430,7 +434,7 @@ _FIELD_TYPES: dict[str, Any] = {
     "grad_accum": (int, type(None)), "session": str, "host": str, "device": str, "backend": str, "strategy": str,
     "command_id": str, "reason": str, "detail": str, "kind": str, "start": float, "end": float, "time": float,
     "loss": (float, type(None)), "bucket_mb": (float, type(None)), "excluded": bool, "unresolved": bool, "update_skipped": bool, "compiling": bool, "applied": bool,
-    "device_note": str, "unresolved_reason": str, "switchable": bool, "compute_pct": float, "non_compute_pct": float, "idle_pct": float, "overlap_pct": float,
+    "device_note": str, "unresolved_reason": str, "untimed_collectives": int, "switchable": bool, "compute_pct": float, "non_compute_pct": float, "idle_pct": float, "overlap_pct": float,
     "comm_overhead_pct": float, "anchor": (float, type(None)), "busbw_gbps": (float, type(None)),
     "all_reduce_tags": list, "all_reduce_seconds": bytes, "all_reduce_starts": bytes, "algbw_gbps": bytes, "full": bool, "sample_every": int,
     "pinned_steps": list, "device_every_s": float, "calls_by_kind": dict, "memory": dict,
@@ -451,8 +455,8 @@ def _check_all_reduce_group(values: dict[str, Any]) -> None:
 def _check_step(values: dict[str, Any]) -> None:
     if values["end"] < values["start"]:
         raise ProtocolError("invalid", "step ends before it starts")
-    if values["step"] < 0 or values["samples"] < 0 or values["tokens"] < 0:
-        raise ProtocolError("invalid", "negative step, samples or tokens")
+    if values["step"] < 0 or values["samples"] < 0 or values["tokens"] < 0 or values.get("untimed_collectives", 0) < 0:
+        raise ProtocolError("invalid", "negative step, samples, tokens or untimed collectives")
 
 
 MEMORY_KINDS = ("parameters", "gradients", "optimizer_state", "peak")

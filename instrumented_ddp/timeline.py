@@ -355,6 +355,7 @@ class _PendingStep:
         self.excluded = False
         self.update_skipped = False
         self.compiling = False
+        self.untimed_collectives = 0
         self.memory: dict[str, int] = {}
         self.carries_outside_spans = bool(spans)  # it starts with marks made before it began (a wrap-time broadcast)
         self.graphs_compiled_at_start = dynamo_graphs_compiled()  # torch.compile's count: ``compile_counter``
@@ -452,7 +453,7 @@ class StepTimeline:
 
     def end_step(self, samples: int, tokens: Any, loss: Any = None, excluded: bool = False,
                  settings: dict[str, Any] | None = None, memory: dict[str, int] | None = None, at: Stamp = None,
-                 update_skipped: bool = False) -> None:
+                 update_skipped: bool = False, issued_collectives: int | None = None) -> None:
         """The step ends now, or at ``at`` (a stamp made earlier, where an attached loop's step is
         found to have ended only later, its update skipped: ``update_skipped``). ``loss`` and
         ``tokens`` may be device tensors: they are captured without waiting for the device and
@@ -461,7 +462,10 @@ class StepTimeline:
         the bytes the rank holds now (``memory.MemorySampler``), when measured. A step that
         carries collectives issued outside any step (the wrap-time state broadcast after a
         switch) is excluded from the statistics: it is not a step of the strategy alone; so is a
-        step in which torch.compile compiled (``compile_counter``), marked ``compiling``."""
+        step in which torch.compile compiled (``compile_counter``), marked ``compiling``.
+        ``issued_collectives``: how many the rank issued in the step, all process groups together
+        (``issued_collectives``), where counted: those beyond the step's timed ones are reported
+        as ``untimed_collectives``."""
         step = self._current
         if step is None:
             return
@@ -472,6 +476,9 @@ class StepTimeline:
         step.compiling = dynamo_graphs_compiled() != step.graphs_compiled_at_start
         step.excluded = excluded or step.carries_outside_spans or step.compiling
         step.update_skipped = update_skipped
+        if issued_collectives is not None:
+            timed = sum(span.kind in COMM_KINDS for span in step.spans)
+            step.untimed_collectives = max(0, issued_collectives - timed)
         step.memory = memory or {}
         with self._lock:
             self._pending.append(step)
@@ -546,7 +553,7 @@ class StepTimeline:
             rank=self.rank, step=step.step, strategy=step.strategy, settings=step.settings, start=first,
             end=max(end, first), spans=spans, samples=step.samples, tokens=tokens, loss=loss,
             excluded=step.excluded, unresolved=unresolved, memory=step.memory, update_skipped=step.update_skipped,
-            compiling=step.compiling, unresolved_reason=reason,
+            compiling=step.compiling, unresolved_reason=reason, untimed_collectives=step.untimed_collectives,
         )
 
     @staticmethod
@@ -583,7 +590,7 @@ class NullTimeline:
 
     def end_step(self, samples: int, tokens: Any, loss: Any = None, excluded: bool = False,
                  settings: dict[str, Any] | None = None, memory: dict[str, int] | None = None, at: Any = None,
-                 update_skipped: bool = False) -> None:
+                 update_skipped: bool = False, issued_collectives: int | None = None) -> None:
         pass
 
     def completed_reports(self) -> list[StepReport]:

@@ -139,6 +139,26 @@ def test_an_attached_loop_reports_every_phase_of_every_step(one_rank_group: None
     assert isinstance(sent[-1], Goodbye)
 
 
+def test_collectives_the_loop_issues_itself_are_counted_as_untimed_in_their_step(one_rank_group: None, sent: list[Any]) -> None:
+    """A loss all-reduced every other step before the update (as a gradient norm would be) and a
+    barrier in step 3: DDP's buckets are timed, these are not, and each is counted in its step
+    (``issued_collectives``). So are the two broadcasts DDP issues itself in its second forward,
+    where it rebuilds its buckets (their count, then their order)."""
+    ddp, optimizer = make_ddp()
+    with attached(ddp, optimizer):
+        for step in range(1, 6):
+            optimizer.zero_grad()
+            ddp(**batch(step)).loss.backward()
+            if step % 2 == 0:
+                dist.all_reduce(torch.ones(1))
+            if step == 3:
+                dist.barrier()
+            optimizer.step()
+    reports = [m for m in sent if isinstance(m, StepReport)]
+    assert [r.untimed_collectives for r in reports] == [0, 2 + 1, 1, 1, 0]
+    assert [sum(s.kind == "all_reduce" for s in r.spans) for r in reports] == [1, 3, 3, 3, 3]  # DDP's buckets: timed
+
+
 def test_a_loops_gaps_are_data_before_a_forward_and_optimizer_after_the_last_backward(
         one_rank_group: None, sent: list[Any]) -> None:
     """What a user's loop does between the hooks is named by what comes next: before a forward it

@@ -737,6 +737,18 @@ def test_steps_in_which_torch_compile_compiled_are_a_note_with_their_steps() -> 
                               "it recompiled (TORCH_LOGS=recompiles says why)",)
 
 
+def test_collectives_a_script_issued_untimed_are_a_note_with_their_steps_and_the_most_in_one() -> None:
+    """Through the wire as ranks send them (summaries carry the count too)."""
+    def trainer_like(report: StepReport) -> StepReport:
+        return replace(report, untimed_collectives=4 if report.rank == 0 else 3) if report.step >= 2 else report
+
+    _, snapshot = snapshot_of(session_messages(edit=trainer_like))
+    assert snapshot.warnings == ()
+    assert snapshot.notes == ("collectives not timed in 9 steps (2-10), up to 4 a step on a rank: issued outside DDP's "
+                              "buckets and FSDP's gathers and reductions (by the script itself, or DDP rebuilding its "
+                              "buckets): their time reads as compute",)
+
+
 def test_a_rank_whose_steps_stopped_while_the_others_went_on_is_a_note() -> None:
     """DDP's ``join()`` with uneven inputs: rank 1 runs out of data after step 4 and shadows the
     others' collectives outside any step; it goes on beating, so it is not lost, and rank 0

@@ -234,6 +234,18 @@ def test_steps_in_which_torch_compile_compiled_are_listed_per_segment() -> None:
     assert "- segment 1: steps in which torch.compile compiled (excluded) 5" in exporters.summary_markdown(data)
 
 
+def test_steps_with_collectives_not_timed_are_listed_per_segment_with_the_most_in_a_step() -> None:
+    session = make_session()
+    for step, untimed in ((4, 3), (5, 4)):
+        for rank in (0, 1):
+            session.reports[step][rank] = replace(session.reports[step][rank], untimed_collectives=untimed)
+    data = exporters.summary(session)
+    assert [seg["untimed_collective_steps"] for seg in data["segments"]] == [[], [4, 5]]
+    assert [seg["untimed_collectives_most"] for seg in data["segments"]] == [0, 4]
+    assert ("- segment 1: steps with collectives ddpwatch did not time (outside DDP's buckets and FSDP's gathers and "
+            "reductions; up to 4 a step on a rank) 4-5") in exporters.summary_markdown(data)
+
+
 def test_a_rank_whose_steps_stopped_before_the_others_is_named() -> None:
     """DDP's join() with uneven inputs: rank 1's last step is 4 where rank 0 went on to 10."""
     session = make_session()

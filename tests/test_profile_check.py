@@ -24,6 +24,7 @@ are in the trace too and must all be ignored.
 
 from __future__ import annotations
 
+from dataclasses import replace
 import subprocess
 import sys
 from collections.abc import Callable
@@ -267,6 +268,30 @@ def test_a_collective_ddpwatch_missed_fails_only_the_count() -> None:
     row = result.rows[2]
     assert row.profiler_overlap_pct == pytest.approx(100 * 2 / 4.1)
     assert row.pairs == 2 and row.worst_duration_error == pytest.approx(0.0, abs=1e-6)
+
+
+def test_a_collective_the_rank_counted_untimed_is_the_profilers_extra_one_and_no_other() -> None:
+    """The same extra all-reduce in step 6, now one the rank says it issued and did not time (an
+    attached script's own: ``untimed_collectives``): the counts agree, 10 + 1 against 11, and the
+    two timed spans still pair with their own kernels. Counted 2 untimed, or said of step 5 where
+    there is none, it is a miss again."""
+    def extra(trace: Trace) -> None:
+        trace.kernel(ALL_REDUCE, us(6, 8.5), us(6, 8.6), us(6, 8.2), "cuLaunchKernelEx", "cuda_driver")
+
+    def with_untimed(step: int, untimed: int) -> list[StepReport]:
+        return replace_report(standard_reports(), replace(report(step), untimed_collectives=untimed))
+
+    result = compare(standard_trace(extra), with_untimed(6, 1))
+    assert failed(result) == set()
+    count = checks(result)["collectives per step"]
+    assert (count.ddpwatch, count.profiler) == (11, 11)
+    assert count.detail == ("per step: 2/2/3/2/2, of which issued outside what ddpwatch times (counted, not timed): "
+                            "0/0/1/0/0")
+    assert result.rows[2].pairs == 2 and result.rows[2].worst_duration_error == pytest.approx(0.0, abs=1e-6)
+    assert " 2+1/3 " in render_steps(result).splitlines()[4]  # step 6
+    assert "step 6: ddpwatch all_reduce 2 and 2 untimed, profiler all_reduce 3" in checks(
+        compare(standard_trace(extra), with_untimed(6, 2)))["collectives per step"].detail
+    assert failed(compare(standard_trace(), with_untimed(5, 1))) == {"collectives per step"}
 
 
 def test_a_duration_30_percent_off_fails_only_the_duration() -> None:

@@ -132,6 +132,15 @@ def test_a_step_that_compiled_says_so_in_its_report_and_its_summary() -> None:
     assert _category(_with_body(compiling, compiling=1)) == "invalid"
 
 
+def test_collectives_not_timed_travel_in_the_report_and_the_summary_and_are_never_negative() -> None:
+    untimed = replace(STEP, untimed_collectives=4)
+    assert decode(encode(untimed)).message.untimed_collectives == 4
+    assert decode(encode(summarize(untimed, world_size=2))).message.untimed_collectives == 4
+    assert "untimed_collectives" not in _raw(STEP)["body"] and SUMMARY.untimed_collectives == 0  # a default is not sent
+    assert _category(_with_body(untimed, untimed_collectives=-1)) == "invalid"
+    assert _category(_with_body(untimed, untimed_collectives=1.5)) == "invalid"
+
+
 def test_a_step_whose_update_was_skipped_says_so_in_its_report_and_its_summary() -> None:
     skipped = replace(STEP, update_skipped=True)
     assert decode(encode(skipped)).message.update_skipped

@@ -319,6 +319,19 @@ def test_a_step_in_which_torch_compile_compiled_is_marked_compiling_and_excluded
     assert [(r.compiling, r.excluded) for r in reports] == [(True, True), (False, False), (True, True), (False, False)]
 
 
+def test_collectives_issued_beyond_the_timed_ones_are_reported_untimed(host_time: FakeHostTime) -> None:
+    """Every timed collective kind counts against what the step issued; phases do not; a step
+    whose issued count is unknown reports 0; never fewer than none."""
+    timeline = StepTimeline(rank=0, clock=HostClock())
+    for step, issued in ((1, 6), (2, None), (3, 1)):
+        timeline.begin_step(step, "fsdp", {})
+        with timeline.phase("forward"):
+            for kind in ("all_gather", "reduce_scatter", "broadcast"):
+                timeline.close_collective(timeline.open_collective(kind, 4, "u0", "float32", blocking=True), None)
+        timeline.end_step(samples=1, tokens=1, issued_collectives=issued)
+    assert [r.untimed_collectives for r in timeline.completed_reports()] == [3, 0, 0]
+
+
 def test_step_without_loss_reports_none(host_time: FakeHostTime) -> None:
     timeline = StepTimeline(rank=0, clock=HostClock())
     timeline.begin_step(1, "simple", {})

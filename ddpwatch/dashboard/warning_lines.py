@@ -1,7 +1,7 @@
 """What the warnings panel says of a session, in plain words. Faults: lost ranks, steps sent
 unresolved, telemetry dropped or rejected, all-reduce groups the hellos contradict. Notes, not
 faults: reports that came late, device notes, skipped optimizer updates, steps that compiled,
-ranks whose steps stopped while the others' went on.
+collectives not timed, ranks whose steps stopped while the others' went on.
 
 Pure functions of the session and of the time on its arrivals' clock (``heard``); the snapshot
 builder puts the desync and the straggler it keeps cached among them and paces how often they
@@ -76,6 +76,8 @@ def note_lines(session: Session, heard: float) -> list[str]:
         lines.append(skipped_updates_text(session.skipped_updates))
     if session.compiling_steps:
         lines.append(compiling_steps_text(session.compiling_steps))
+    if session.untimed_collective_steps:
+        lines.append(untimed_collectives_text(session.untimed_collective_steps, session.untimed_collectives_most))
     stopped = session.stopped_ranks(heard)
     if stopped:
         lines.append(stopped_ranks_text(stopped, max(state.last_step for state in session.ranks.values())))
@@ -118,6 +120,16 @@ def compiling_steps_text(steps: StepSet) -> str:
     count = len(steps)
     return (f"torch.compile compiled in {count} step{'s' if count != 1 else ''} ({runs_text(steps.ranges())}): left out of "
             "the figures; past the first steps it recompiled (TORCH_LOGS=recompiles says why)")
+
+
+def untimed_collectives_text(steps: StepSet, most: int) -> str:
+    """One line for the steps in which ranks issued collectives ddpwatch does not time: an attached
+    script's own (a Trainer's loss and token counts gathered for logging, a gradient norm of sharded
+    gradients), or DDP's broadcast of its rebuilt buckets in its second step."""
+    count = len(steps)
+    return (f"collectives not timed in {count} step{'s' if count != 1 else ''} ({runs_text(steps.ranges())}), up to {most} "
+            "a step on a rank: issued outside DDP's buckets and FSDP's gathers and reductions (by the script itself, "
+            "or DDP rebuilding its buckets): their time reads as compute")
 
 
 def skipped_updates_text(steps: StepSet) -> str:

@@ -1,0 +1,81 @@
+"""How many collectives this process issued in a step, in every process group it belongs to.
+
+Why: ``attach`` times the collectives of the DDP or FSDP it is attached to, and nothing else. A
+user's script issues its own as well, and they are real communication inside the step: the
+Hugging Face Trainer all-gathers the loss for each logging step and the batch's token counts for
+each step, and under FSDP2 its gradient clipping all-reduces the norm of the sharded gradients
+(seen on an H200: 3 all-gathers and 1 all-reduce a step beside FSDP's 16 and 9); DDP with
+``find_unused_parameters=True`` all-reduces its map of used parameters. Their time falls in
+whichever phase issued them and reads as compute. Counting them tells the user they are there.
+
+Each backend keeps a count of the collectives issued on it, the one ``ProcessGroupNCCL`` calls
+``seqCollective_`` and gloo ``seq_`` (``Backend._get_sequence_number_for_group``): a counter read,
+no communication, nothing waited for. What the step issued is the sum of the counts' growth over
+every group in ``torch.distributed`` (a group made in the step counts from 0); what ddpwatch did
+not time is that less the collectives it timed. On gloo the count includes point-to-point sends
+and receives; NCCL counts those apart (``seqP2P_``), so they are not in it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+
+#: The device types whose backends a group may hold apart ("cpu:gloo,cuda:nccl" holds two).
+_DEVICE_TYPES = ("cpu", "cuda")
+
+
+def process_groups() -> list[Any]:
+    """Every process group this process made (the default one included), as torch keeps them."""
+    from torch.distributed.distributed_c10d import _world
+
+    return list(_world.pg_map)
+
+
+def backends_of(group: Any) -> list[Any]:
+    """The distinct backends of ``group``: one, or one per device type it was given."""
+    found: list[Any] = []
+    for device_type in _DEVICE_TYPES:
+        try:
+            backend = group._get_backend(torch.device(device_type))
+        except Exception:  # no backend for this device type
+            continue
+        if not any(backend is known for known in found):
+            found.append(backend)
+    return found
+
+
+class IssuedCollectives:
+    """Collectives issued since the last ``since_last``, summed over every process group."""
+
+    def __init__(self, groups: Callable[[], Iterable[Any]] = process_groups) -> None:
+        self._groups = groups
+        self._backends: dict[Any, list[Any]] = {}  # per group, found once
+        self._counts: dict[Any, int] = {}  # per backend, at the last look
+        self.readable = True  # False once a backend could not say: counts are then never reported
+
+    def _read(self) -> dict[Any, int] | None:
+        counts: dict[Any, int] = {}
+        try:
+            self._backends = {group: self._backends.get(group) or backends_of(group) for group in self._groups()}
+            for backends in self._backends.values():
+                for backend in backends:
+                    counts[backend] = int(backend._get_sequence_number_for_group())
+        except Exception:  # a backend without a count (a third-party one): say nothing rather than guess
+            self.readable = False
+            return None
+        return counts
+
+    def since_last(self) -> int | None:
+        """Collectives issued since the last call; None on the first call or where they cannot be read."""
+        if not self.readable:
+            return None
+        counts = self._read()
+        if counts is None:
+            return None
+        first = not self._counts
+        issued = sum(count - self._counts.get(backend, 0) for backend, count in counts.items())
+        self._counts = counts
+        return None if first else issued

@@ -1,0 +1,73 @@
+"""``issued_collectives``: what a step issued, read from each backend's own count, on hand-made groups."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from instrumented_ddp.issued_collectives import IssuedCollectives, backends_of
+
+
+class FakeBackend:
+    def __init__(self, issued: int = 0) -> None:
+        self.issued = issued
+
+    def _get_sequence_number_for_group(self) -> int:
+        return self.issued
+
+
+class FakeGroup:
+    """A group with a backend per device type, as ``ProcessGroup._get_backend`` answers."""
+
+    def __init__(self, **backends: FakeBackend) -> None:
+        self.backends = backends
+
+    def _get_backend(self, device: torch.device) -> FakeBackend:
+        if device.type not in self.backends:
+            raise RuntimeError(f"no backend for {device.type}")
+        return self.backends[device.type]
+
+
+def test_the_first_look_is_the_baseline_and_each_later_one_the_growth_since_the_last() -> None:
+    backend = FakeBackend(issued=7)  # made before the first look: not counted
+    issued = IssuedCollectives(lambda: [FakeGroup(cpu=backend)])
+    assert issued.since_last() is None
+    backend.issued += 3
+    assert issued.since_last() == 3
+    assert issued.since_last() == 0
+
+
+def test_a_group_made_after_the_first_look_counts_from_zero_and_groups_add_up() -> None:
+    world = FakeGroup(cpu=FakeBackend(issued=5))
+    groups: list[Any] = [world]
+    issued = IssuedCollectives(lambda: groups)
+    issued.since_last()
+    groups.append(FakeGroup(cpu=FakeBackend(issued=2)))  # made in the step: both its collectives are the step's
+    world.backends["cpu"].issued += 1
+    assert issued.since_last() == 3
+
+
+def test_a_group_with_a_backend_per_device_counts_each_once_and_a_shared_one_once() -> None:
+    gloo, nccl = FakeBackend(), FakeBackend()
+    shared = FakeBackend()
+    groups = [FakeGroup(cpu=gloo, cuda=nccl), FakeGroup(cpu=shared, cuda=shared)]
+    assert backends_of(groups[0]) == [gloo, nccl] and backends_of(groups[1]) == [shared]
+    issued = IssuedCollectives(lambda: groups)
+    issued.since_last()
+    gloo.issued, nccl.issued, shared.issued = 1, 2, 4
+    assert issued.since_last() == 7
+
+
+def test_a_backend_that_cannot_say_turns_the_count_off_for_good() -> None:
+    class Mute(FakeBackend):
+        def _get_sequence_number_for_group(self) -> int:
+            raise NotImplementedError("this backend keeps no sequence number")
+
+    groups: list[Any] = [FakeGroup(cpu=FakeBackend())]
+    issued = IssuedCollectives(lambda: groups)
+    issued.since_last()
+    groups.append(FakeGroup(cpu=Mute()))
+    assert issued.since_last() is None and not issued.readable
+    groups.pop()
+    assert issued.since_last() is None  # a guess from half the groups would be wrong: nothing is said

@@ -162,3 +162,25 @@ def test_the_fsdp_example_reports_every_units_collectives_and_its_shards(tmp_pat
     held = [state.memory["parameters"] for state in session.ranks.values()]
     shards = 2 // replicas
     assert all(weights / shards <= h < weights / shards + 4 * 64 * units for h in held), (held, weights)  # a shard, padded per unit
+
+
+
+def test_collectives_the_script_issues_itself_are_counted_and_not_timed(example_runs: ExampleRuns, request: pytest.FixtureRequest) -> None:
+    """Each step's collectives beyond DDP's buckets (``issued_collectives``), the same on both ranks.
+    DDP broadcasts its rebuilt buckets in step 2 (their count, then their order). The Trainer, with
+    logging every step (12 steps: ``logging_steps`` 1), all-gathers the batch's label count before
+    each forward (``average_tokens_across_devices``), then after each update the loss and the
+    step's floating-point operations for the log (``store_flos``): 3 a step, counted from step 1's
+    first forward, so its label count is not in it and its log falls in step 2."""
+    runs = example_runs
+    untimed = {step: {rank: report.untimed_collectives for rank, report in reports.items()}
+               for step, reports in sorted(runs.session.reports.items())}
+    assert all(by_rank[0] == by_rank[1] for by_rank in untimed.values())
+    per_step = [by_rank[0] for by_rank in untimed.values()]
+    if "plain_ddp" in request.node.name:
+        assert per_step == [0, 2] + [0] * 10
+    else:
+        assert per_step == [0, 2 + 3] + [3] * 10
+    (segment,) = runs.summary["segments"]
+    assert segment["untimed_collective_steps"] == [step for step, n in zip(range(1, 13), per_step) if n]
+    assert segment["untimed_collectives_most"] == max(per_step)

@@ -20,8 +20,9 @@ pins it):
   it is not counted as training (its time falls in the ``data`` gap before the next step).
 - Under FSDP2 (``fsdp_config={"fsdp_version": 2}``) Accelerate shards the model in place with
   ``fully_shard`` and ``model_wrapped`` is that model: attached as ``attach`` takes any FSDP2
-  model. Accelerate shards on GPUs only (on CPU the same arguments train with DDP), so this path
-  is not run here with a real Trainer.
+  model. Accelerate shards on GPUs only (on CPU the same arguments train with DDP), so the suite
+  pins this path with a stand-in Trainer; a real one (transformers 5.17) ran it on one H200 shared
+  by 2 ranks (``examples/hf_trainer.py --fsdp``, README).
 """
 
 from __future__ import annotations

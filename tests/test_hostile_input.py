@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import runpy
 import shutil
 import signal
 import subprocess
@@ -96,11 +97,6 @@ def test_wrong_cli_input_gets_a_one_line_error_and_a_non_zero_exit(args: list[st
          "torch._dynamo.list_backends(exclude_tags=()) lists them)"),
         ("plain_fsdp.py", ["--layers", "0"], "--layers must be at least 1, not 0"),
         ("hf_trainer.py", ["--grad-accum", "0"], "--grad-accum must be at least 1, not 0"),
-        pytest.param("hf_trainer.py", ["--fsdp"], "--fsdp needs CUDA: Accelerate shards with FSDP only on GPUs "
-                     "(on the CPU the Trainer would train with DDP)", marks=pytest.mark.skipif(
-                         shutil.which("nvidia-smi") is not None, reason="a CUDA machine runs --fsdp")),
-        ("hf_trainer.py", ["--fsdp", "--bucket-mb", "1"], "--bucket-mb is DDP's bucket cap: FSDP has no buckets "
-         "(it gathers and reduces one unit at a time)"),
     ],
 )
 def test_the_examples_refuse_a_wrong_flag_in_one_line_before_any_process_group(example: str, args: list[str], message: str) -> None:
@@ -109,6 +105,27 @@ def test_the_examples_refuse_a_wrong_flag_in_one_line_before_any_process_group(e
                             cwd=REPO_ROOT, timeout=120)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1].endswith(message), result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        pytest.param(["--fsdp"], "--fsdp needs CUDA: Accelerate shards with FSDP only on GPUs (on the CPU the Trainer "
+                     "would train with DDP)", marks=pytest.mark.skipif(shutil.which("nvidia-smi") is not None,
+                                                                      reason="a CUDA machine runs --fsdp")),
+        (["--fsdp", "--bucket-mb", "1"], "--bucket-mb is DDP's bucket cap: FSDP has no buckets (it gathers and reduces "
+         "one unit at a time)"),
+    ],
+)
+def test_the_trainer_example_refuses_fsdp_where_it_cannot_shard_in_one_line(
+        args: list[str], message: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """In this process, as ``python examples/hf_trainer.py`` (a process of its own spends 11 s importing
+    transformers to print one line): refused while parsing, before any process group or Trainer."""
+    monkeypatch.setattr(sys, "argv", ["hf_trainer.py", *args])
+    with pytest.raises(SystemExit) as exited:
+        runpy.run_path(str(REPO_ROOT / "examples" / "hf_trainer.py"), run_name="__main__")
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == f"hf_trainer.py: error: {message}"
 
 
 def test_a_summary_piped_into_a_reader_that_stopped_is_no_error(tmp_path: Path) -> None:

@@ -23,8 +23,7 @@ from typing import Any
 import numpy as np
 
 from ddpwatch import metrics
-from ddpwatch.compact import StepSet
-from ddpwatch.rank_lists import runs_text
+from ddpwatch.rank_lists import rank_runs, runs_text
 from ddpwatch.segment_bars import bars_svg, lengths, segment_bar
 from ddpwatch.session import Session, ranks_left_behind
 from instrumented_ddp.protocol import COMM_KINDS, READY_KIND
@@ -185,12 +184,9 @@ def summary_markdown(summary: dict[str, Any]) -> str:
             lines.append(f"- segment {seg['index']}: steps in which torch.compile compiled (excluded) "
                          f"{', '.join(map(str, seg['compiling_steps']))}")
         if seg.get("untimed_collective_steps"):
-            steps = StepSet()
-            for step in seg["untimed_collective_steps"]:
-                steps.add(step)
             lines.append(f"- segment {seg['index']}: steps with collectives ddpwatch did not time (outside DDP's buckets and "
                          f"FSDP's gathers and reductions; up to {seg.get('untimed_collectives_most', 0)} a step on a rank) "
-                         f"{runs_text(steps.ranges(), limit=20)}")
+                         f"{runs_text(rank_runs(seg['untimed_collective_steps']), limit=20)}")
         if seg.get("desync"):
             lines.append(f"- segment {seg['index']}: {metrics.DesyncRange.from_dict(seg['desync']).describe()}")
         if seg.get("straggler"):

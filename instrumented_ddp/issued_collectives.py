@@ -2,10 +2,10 @@
 
 Why: ``attach`` times the collectives of the DDP or FSDP it is attached to, and nothing else. A
 user's script issues its own as well, and they are real communication inside the step: the
-Hugging Face Trainer all-gathers the loss for each logging step and the batch's token counts for
-each step, and under FSDP2 its gradient clipping all-reduces the norm of the sharded gradients
-(seen on an H200: 3 all-gathers and 1 all-reduce a step beside FSDP's 16 and 9); DDP with
-``find_unused_parameters=True`` all-reduces its map of used parameters. Their time falls in
+Hugging Face Trainer all-gathers each batch's label count, and at each logging step the loss and
+the step's floating-point operations, and under FSDP2 its gradient clipping all-reduces the norm
+of the sharded gradients (seen on an H200: 3 all-gathers and 1 all-reduce a step beside FSDP's 16
+and 9); DDP with ``find_unused_parameters=True`` all-reduces its map of used parameters. Their time falls in
 whichever phase issued them and reads as compute. Counting them tells the user they are there.
 
 Each backend keeps a count of the collectives issued on it, the one ``ProcessGroupNCCL`` calls
@@ -53,7 +53,7 @@ class IssuedCollectives:
     def __init__(self, groups: Callable[[], Iterable[Any]] = process_groups) -> None:
         self._groups = groups
         self._backends: dict[Any, list[Any]] = {}  # per group, found once
-        self._counts: dict[Any, int] = {}  # per backend, at the last look
+        self._counts: dict[Any, int] | None = None  # per backend, at the last look (None: no look yet)
         self.readable = True  # False once a backend could not say: counts are then never reported
 
     def _read(self) -> dict[Any, int] | None:
@@ -75,7 +75,7 @@ class IssuedCollectives:
         counts = self._read()
         if counts is None:
             return None
-        first = not self._counts
-        issued = sum(count - self._counts.get(backend, 0) for backend, count in counts.items())
-        self._counts = counts
-        return None if first else issued
+        before, self._counts = self._counts, counts
+        if before is None:
+            return None
+        return sum(count - before.get(backend, 0) for backend, count in counts.items())

@@ -33,6 +33,7 @@ import pytest
 
 from ddpwatch.profile_check import (
     Check,
+    PairedCollective,
     RankComparison,
     all_passed,
     compare_rank,
@@ -307,6 +308,40 @@ def test_a_duration_30_percent_off_fails_only_the_duration() -> None:
     assert "1 outside" in duration.detail
     (late,) = [p for p in result.pairs if p.step == 5 and p.index == 2]
     assert late.start_difference_us == pytest.approx(300.0) and late.end_difference_us == pytest.approx(0.0, abs=1e-3)
+    # its end agrees with the kernel's: the miss is said apart as a wait at one end, and still fails
+    assert ("collective durations outside: each is its kernel plus 0.30-0.30 ms at one end (at the other under a tenth "
+            "of that): the kernel waited for the GPU, not the wire (as when ranks sharing a GPU time-slice it)" in result.notes)
+
+
+@pytest.mark.parametrize(("span_ms", "wait_ms"), [((6.7, 8.0), 0.3), ((6.9, 8.4), None), ((7.2, 8.0), None)])
+def test_a_missed_duration_is_a_wait_at_one_end_only_where_the_other_end_agrees(span_ms: tuple[float, float],
+                                                                                 wait_ms: float | None) -> None:
+    """Step 5's second all-reduce (kernel [7, 8] ms) recorded as a span that began 0.3 ms early,
+    one 0.1 ms early and 0.4 ms late, or one that began 0.2 ms late (inside its kernel): only the
+    first is its kernel plus a wait at one end, said in a note (the check fails all three)."""
+    spans = standard_spans(5)
+    spans[3] = spans[3]._replace(start=sec(5, span_ms[0]), end=sec(5, span_ms[1]))
+    result = compare(reports=replace_report(standard_reports(), report(5, spans)))
+    assert "collective duration" in failed(result)
+    (pair,) = [p for p in result.pairs if p.step == 5 and p.index == 2]
+    assert pair.wait_at_one_end_us() == (None if wait_ms is None else pytest.approx(wait_ms * 1e3))
+    said = [note for note in result.notes if note.startswith("collective durations outside")]
+    assert len(said) == (wait_ms is not None)
+
+
+def test_a_span_whose_end_mark_came_late_is_a_wait_at_its_end() -> None:
+    """As seen on an H200 shared by 2 ranks (µs, kernel minus span): start +143.7 and end -2,398.8
+    (NCCL's launch lead at the start, a time slice at the end); start +4.7, end -345.5; start
+    +2,398.1, end +1.2 (a time slice before the kernel). Not a wait at one end: a kernel that began
+    20 µs before its span, and excess at both ends (+100 and -400)."""
+    def pair(start_us: float, end_us: float) -> PairedCollective:
+        return PairedCollective(7, "all_gather", 6, 2.838, 0.295, end_difference_us=end_us, start_difference_us=start_us)
+
+    assert pair(143.7, -2398.8).wait_at_one_end_us() == pytest.approx(2398.8)
+    assert pair(4.7, -345.5).wait_at_one_end_us() == pytest.approx(345.5)
+    assert pair(2398.1, 1.2).wait_at_one_end_us() == pytest.approx(2398.1)
+    assert pair(-20.0, 0.0).wait_at_one_end_us() is None
+    assert pair(100.0, -400.0).wait_at_one_end_us() is None
 
 
 def test_a_short_collective_within_the_floor_passes() -> None:

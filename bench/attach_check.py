@@ -32,15 +32,13 @@ from ddpwatch.profiler_trace import load_trace  # noqa: E402
 from ddpwatch.recorder import load_session  # noqa: E402
 from ddpwatch.session_file import session_file_in  # noqa: E402
 
-DURATION_TOLERANCE = 0.20  # compare_rank's default, as the doctor uses it
-
 
 def outside_lines(comparison: RankComparison) -> list[str]:
     """Each collective whose duration missed: where its kernel began and ended against its span
     (a kernel that began late in a span that ended with it waited for the GPU, not the wire)."""
-    missed = [p for p in comparison.pairs if not p.within(DURATION_TOLERANCE, COLLECTIVE_FLOOR_US)]
     return [f"  step {p.step} {p.kind} #{p.index}: span {p.ddpwatch_ms:.3f} ms, kernel {p.profiler_ms:.3f} ms, "
-            f"kernel start {p.start_difference_us:+.1f} µs and end {p.end_difference_us:+.1f} µs from the span's" for p in missed]
+            f"kernel start {p.start_difference_us:+.1f} µs and end {p.end_difference_us:+.1f} µs from the span's"
+            for p in comparison.missed]
 
 
 def check(session_dir: Path, profile: Path, unwatched: Path | None, label: str, sharing: bool) -> tuple[list[Section], list[str]]:

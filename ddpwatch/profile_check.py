@@ -267,8 +267,9 @@ class Check:
 
 @dataclass(frozen=True)
 class RankComparison:
-    """One rank's verdict: ``checks`` for the table, ``rows`` and ``pairs`` for the detail behind it,
-    ``notes`` for what the checks cannot show (the offset and how it was found, kernels set apart)."""
+    """One rank's verdict: ``checks`` for the table, ``rows`` and ``pairs`` for the detail behind it
+    (``missed``: the pairs outside the duration check's tolerance), ``notes`` for what the checks
+    cannot show (the offset and how it was found, kernels set apart)."""
 
     rank: int
     offset: ClockOffset
@@ -276,6 +277,7 @@ class RankComparison:
     pairs: tuple[PairedCollective, ...]
     checks: tuple[Check, ...]
     notes: tuple[str, ...] = field(default=())
+    missed: tuple[PairedCollective, ...] = field(default=())
 
     @property
     def passed(self) -> bool:
@@ -406,13 +408,15 @@ def _count_check(rows: Sequence[StepRow]) -> Check:
     return Check("collectives per step", total_ours, total_theirs, "exact per step", bool(rows) and not bad, "", detail)
 
 
-def _duration_check(pairs: Sequence[PairedCollective], tolerance: float, floor_us: float) -> Check:
-    """Every pair, not a mean: one collective timed from its issue instead of its start is the fault."""
+def _duration_check(pairs: Sequence[PairedCollective], missed: Sequence[PairedCollective], tolerance: float,
+                    floor_us: float) -> Check:
+    """Every pair, not a mean: one collective timed from its issue instead of its start is the fault.
+    ``missed``: the pairs not ``within`` the tolerance and floor."""
     text = f"±{tolerance * 100:g} %" + (f" or {floor_us:g} µs" if floor_us > 0 else "")
     if not pairs:
         return Check("collective duration", None, None, text, False, "ms", "no collective to pair")
     worst = max(pairs, key=lambda p: abs(p.error))
-    outside = sum(not p.within(tolerance, floor_us) for p in pairs)
+    outside = len(missed)
     detail = (f"worst of {len(pairs)}: step {worst.step} {worst.kind} #{worst.index} ({_signed(worst.error * 100)} %)"
               + (f"; {outside} outside" if outside else ""))
     return Check("collective duration", worst.ddpwatch_ms, worst.profiler_ms, text, outside == 0, "ms", detail)
@@ -532,7 +536,8 @@ def compare_rank(
     if outside:
         notes.append(f"NCCL kernels of the profiled iterations that ran outside ddpwatch's step windows, not compared: "
                      f"{_calls_text(outside)}")
-    if note := _one_end_waits_note([p for p in pairs if not p.within(duration_tolerance, duration_floor_us)]):
+    missed = tuple(p for p in pairs if not p.within(duration_tolerance, duration_floor_us))
+    if note := _one_end_waits_note(missed):
         notes.append(note)
     unlinked = sum(k.launched_us is None for k in trace.collectives)
     if unlinked:
@@ -541,12 +546,12 @@ def compare_rank(
     checks = (
         _steps_check(profiled, compared, unresolved),
         _count_check(rows),
-        _duration_check(pairs, duration_tolerance, duration_floor_us),
+        _duration_check(pairs, missed, duration_tolerance, duration_floor_us),
         _pct_check("Compute%", rows, "ddpwatch_compute_pct", "profiler_compute_pct", pct_tolerance),
         _pct_check("Overlap%", rows, "ddpwatch_overlap_pct", "profiler_overlap_pct", pct_tolerance),
         _sync_check(rows) if unwatched_syncs is None else _added_sync_check(rows, unwatched_syncs),
     )
-    return RankComparison(rank, offset, tuple(rows), tuple(pairs), checks, tuple(notes))
+    return RankComparison(rank, offset, tuple(rows), tuple(pairs), checks, tuple(notes), missed)
 
 
 def _one_end_waits_note(missed: Sequence[PairedCollective]) -> str:

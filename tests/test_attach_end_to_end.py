@@ -73,7 +73,7 @@ def test_parameters_are_bitwise_those_of_the_run_without_ddpwatch(example_runs: 
 def test_all_reduces_and_overlap_hold_against_the_profiler(example_runs: ExampleRuns) -> None:
     """Each rank's recorded all-reduces of the profiled steps against the profiler's gloo events:
     the same count, each end within the CPU clock's resolution, the summed time, and the
-    Overlap% figured from the profiler's intervals (put on ddpwatch's clock) within 5 points, in the median step, of
+    Overlap% figured from the profiler's starts (put on ddpwatch's clock) within 5 points, in the median step, of
     ddpwatch's own (``assert_all_reduces_hold_against_the_profiler``)."""
     runs = example_runs
     for rank in (0, 1):

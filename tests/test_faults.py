@@ -99,8 +99,8 @@ def test_training_finishes_normally_when_the_recorder_is_killed_mid_run(tmp_path
 
         killer = threading.Thread(target=kill_after_first_messages)
         killer.start()
-        result = run_torchrun([str(REPO_ROOT / "train.py"), *QUICK_EVAL, "--strategy", "bucket", "--steps", "60", "--batch-size", "8",
-                               "--log-every", "20", "--watch", recorder.address])
+        result = run_torchrun([str(REPO_ROOT / "train.py"), *QUICK_EVAL, "--strategy", "bucket", "--steps", "30", "--batch-size", "8",
+                               "--log-every", "10", "--watch", recorder.address])
         killer.join()
     assert recorder.proc.returncode == -signal.SIGKILL
     assert result.returncode == 0, result.stderr[-3000:]
@@ -109,11 +109,15 @@ def test_training_finishes_normally_when_the_recorder_is_killed_mid_run(tmp_path
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("order", ["kill_then_switch", "switch_then_kill", "kill_at_first_ack"])
+@pytest.mark.parametrize("order", ["switch_then_kill", "kill_at_first_ack"])
 def test_a_switch_sent_as_a_rank_dies_lands_on_every_rank_or_none_and_nothing_hangs(tmp_path: Path, order: str) -> None:
     """Three ranks, so two survive: a rank on another strategy than its peers would deadlock or
     average the wrong gradients. The agreement is a broadcast every rank joins, so a dead peer
-    must make it fail everywhere rather than reach some ranks only."""
+    must make it fail everywhere rather than reach some ranks only. (A third order, the kill
+    before the switch, was run too until the suite neared its 15 minutes: a command reaches rank
+    0 within a 50 ms poll and the next agreement comes a step (~0.2 s) later, so
+    ``switch_then_kill`` meets the same dead peer at the agreement; both read "switched
+    nowhere", and the ~16 s run of three ranks bought nothing the other two do not.)"""
     from ddpwatch.control import new_command
 
     with WatchedRun(tmp_path, 3, ["--strategy", "simple", "--steps", "500", "--batch-size", "12"]) as run:
@@ -125,7 +129,7 @@ def test_a_switch_sent_as_a_rank_dies_lands_on_every_rank_or_none_and_nothing_ha
             feed.request_switch(command)
             time.sleep(0.05)  # the relay thread sends it within one 50 ms poll
             os.kill(victim, signal.SIGKILL)
-        elif order == "kill_at_first_ack":  # mid-switch: one rank has re-wrapped its model, others may not have
+        else:  # kill_at_first_ack, mid-switch: one rank has re-wrapped its model, others may not have
             feed.request_switch(command)
             deadline = time.monotonic() + 60
             while not any(ack.command_id == command.command_id for ack in session.acks):
@@ -133,9 +137,6 @@ def test_a_switch_sent_as_a_rank_dies_lands_on_every_rank_or_none_and_nothing_ha
                 run.pump()
                 time.sleep(0.001)
             os.kill(victim, signal.SIGKILL)
-        else:
-            os.kill(victim, signal.SIGKILL)
-            feed.request_switch(command)
         killed_at = time.monotonic()
         run.training.wait(120)  # well inside the 300 s process-group timeout: a dead peer fails the broadcast at once
         ended_after = time.monotonic() - killed_at
@@ -162,10 +163,10 @@ def test_the_dashboard_started_late_then_killed_and_restarted_never_pauses_train
 
     address = f"tcp://127.0.0.1:{free_port()}"
     first_file, second_file = tmp_path / "first" / "session.ddpwatch", tmp_path / "second" / "session.ddpwatch"
-    training = start_torchrun(["--strategy", "async", "--steps", "150", "--batch-size", "8", "--log-every", "10",
+    training = start_torchrun(["--strategy", "async", "--steps", "100", "--batch-size", "8", "--log-every", "10",
                                "--watch", address], tmp_path / "train.log")
     try:
-        wait_for_line(tmp_path / "train.log", "step 10/150 ", training)  # unwatched so far
+        wait_for_line(tmp_path / "train.log", "step 10/100 ", training)  # unwatched so far
         with DashboardProcess("--listen", address, "--out", str(tmp_path / "first")) as first:
             deadline = time.monotonic() + 120
             while not (first_file.exists() and first_file.stat().st_size > 100_000):

@@ -16,7 +16,7 @@ TRAIN = str(REPO_ROOT / "train.py")
 #: throughout (ga too), so that every segment averages the same sums as the unswitched run.
 SWITCHES = (("ga", None), ("hook", None), ("async", None), ("bucket", 1.0), ("ddp", 1.0), ("zero1", 1.0),
             ("zero2", 1.0), ("fsdp", None), ("simple", None))
-STEPS = 100
+STEPS = 72
 #: A line a step, so that the test can pace its switches by the run's steps.
 COMMON = ["--steps", str(STEPS), "--batch-size", "8", "--grad-accum", "1", "--log-every", "1", "--seed", "3"]
 

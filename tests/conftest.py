@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -17,15 +16,11 @@ def child_processes_keep_their_temp_files_here() -> Iterator[None]:
     torchrun makes a ``torchelastic_*`` folder of rank logs in the temp folder at every launch
     and never removes it (about 35 a suite run, 599 left in /tmp here before this)."""
     folder = tempfile.mkdtemp(prefix="ddpwatch-tests-")
-    before = os.environ.get("TMPDIR")
-    os.environ["TMPDIR"] = folder
     try:
-        yield
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv("TMPDIR", folder)
+            yield
     finally:
-        if before is None:
-            del os.environ["TMPDIR"]
-        else:
-            os.environ["TMPDIR"] = before
         shutil.rmtree(folder, ignore_errors=True)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import stat
 import subprocess
 import sys
@@ -52,7 +53,8 @@ def test_rogue_sender_and_controller_are_rejected_while_the_real_run_goes_on(tmp
             [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(REPO_ROOT / "train.py"), *QUICK_EVAL,
              "--strategy", "simple", "--steps", "40", "--batch-size", "8", "--log-every", "10",
              "--watch", recorder.address, "--watch-key", str(client_file)],
-            cwd=REPO_ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            cwd=REPO_ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            start_new_session=True)  # killed as a group: the ranks with torchrun
         context = zmq.Context()
         try:
             rogue = context.socket(zmq.DEALER)  # no keys at all
@@ -70,7 +72,7 @@ def test_rogue_sender_and_controller_are_rejected_while_the_real_run_goes_on(tmp
             try:
                 ack = request_switch(recorder.address, "bucket", 1.0, None, timeout_s=60, keys=load_client_keys(str(client_file)))
             except TimeoutError:
-                training.kill()
+                os.killpg(training.pid, signal.SIGKILL)
                 pytest.fail(f"no acknowledgement; training said:\n{training.communicate()[0].decode()[-3000:]}")
             assert ack.applied
             output, _ = training.communicate(timeout=240)
@@ -78,7 +80,7 @@ def test_rogue_sender_and_controller_are_rejected_while_the_real_run_goes_on(tmp
         finally:
             context.destroy(linger=0)
             if training.poll() is None:
-                training.kill()
+                os.killpg(training.pid, signal.SIGKILL)
         recorder.wait()
     summary = json.loads((tmp_path / "session" / "summary.json").read_text())
     assert summary["session"] != "spoofed"

@@ -6,7 +6,8 @@
 #                                       # FSDP2, HSDP (2 replicas x 2 shards), torch.compile'd DDP (inductor), and
 #                                       # the Hugging Face Trainer's callback on its DDP and on its FSDP2 (hf-ddp,
 #                                       # hf-fsdp: asked by name), each recorded and profiled, held against its
-#                                       # kernels by bench/attach_check.py
+#                                       # kernels by bench/attach_check.py; the Trainer's final parameters
+#                                       # held bit for bit against its unwatched run's
 #
 # The machine has torch but not every package ddpwatch needs: wheels carried in .whl/ (pyzmq, datasets,
 # dill, multiprocess for Python 3.12) are installed into /tmp/site first. Logs go to $OUT (the device
@@ -43,23 +44,33 @@ shared() {
         'exec env NCCL_HOSTID=ddpwatch-local-rank-$LOCAL_RANK NCCL_SOCKET_IFNAME=lo ${AS_LOCAL_RANK_0:+LOCAL_RANK=0} python3 "$@"' _ "$@"
 }
 
-# attached LABEL RANKS SCRIPT ARGS...: recorded and profiled, then the same loop unwatched, then the check
+# attached LABEL RANKS SCRIPT ARGS...: recorded and profiled, then the same loop unwatched, then the check.
+# SAVES_FINAL=1: each run's rank 0 saves the final parameters (the example's --save-final), compared bit for bit
 attached() {
     local label=$1 ranks=$2; shift 2
     local dir=/tmp/gpu-session/$label port=$((5700 + RANDOM % 200))
+    local watched_final=${SAVES_FINAL:+--save-final $dir/watched.pt} unwatched_final=${SAVES_FINAL:+--save-final $dir/unwatched.pt}
     rm -rf "$dir"; mkdir -p "$dir"
     python3 -m ddpwatch record --listen "tcp://127.0.0.1:$port" --out "$dir/session" --idle-exit 8 --wait 200 > "$dir/record.log" 2>&1 &
     local recorder=$!
     echo "== $label: $ranks ranks, watched"
-    timeout 150 bash -c "$(declare -f shared); shared $ranks $* --watch tcp://127.0.0.1:$port --profile $dir/profile" \
+    timeout 150 bash -c "$(declare -f shared); shared $ranks $* --watch tcp://127.0.0.1:$port --profile $dir/profile $watched_final" \
         > "$OUT/$label.log" 2>&1 || echo "$label: the watched run failed: $(tail -3 "$OUT/$label.log")"
     wait "$recorder"
     echo "== $label: $ranks ranks, unwatched"
-    timeout 150 bash -c "$(declare -f shared); shared $ranks $* --no-watch --profile $dir/unwatched" \
+    timeout 150 bash -c "$(declare -f shared); shared $ranks $* --no-watch --profile $dir/unwatched $unwatched_final" \
         > "$dir/unwatched.log" 2>&1 || echo "$label: the unwatched run failed: $(tail -3 "$dir/unwatched.log")"
     grep -h -i -E 'bucket\(s\)|unit\(s\)|error|Traceback' "$OUT/$label.log" | head -5
     python3 bench/attach_check.py "$dir/session" "$dir/profile" --unwatched "$dir/unwatched" --label "$label" --sharing --steps \
         2>&1 | tee "$OUT/$label-check.txt" | grep -v '^[0-9]'
+    [ -n "${SAVES_FINAL:-}" ] && python3 - "$dir/watched.pt" "$dir/unwatched.pt" <<'EOF' 2>&1 | tee "$OUT/$label-final.txt"
+import sys, torch
+watched, unwatched = (torch.load(path, map_location="cpu") for path in sys.argv[1:3])
+differ = sorted(name for name in unwatched.keys() | watched.keys()
+                if name not in watched or name not in unwatched or not torch.equal(watched[name], unwatched[name]))
+print(f"final parameters, watched against unwatched: {len(unwatched)} tensors, "
+      + (f"{len(differ)} differ ({', '.join(differ[:4])})" if differ else "bit for bit equal"))
+EOF
     python3 -m ddpwatch summary "$dir/session" > "$OUT/$label-summary.md" 2>&1
     grep -E '^\| [a-z]|^- segment' "$OUT/$label-summary.md"
 }
@@ -75,8 +86,8 @@ attach)  # attach [fsdp2] [hsdp] [ddp-compiled] [hf-ddp] [hf-fsdp]: the first th
         fsdp2) attached fsdp2 2 examples/plain_fsdp.py --steps 10 --width 2048 --layers 8 --batch-size 512 ;;
         hsdp) attached hsdp 4 examples/plain_fsdp.py --steps 10 --width 2048 --layers 8 --batch-size 256 --replicas 2 ;;
         ddp-compiled) attached ddp-compiled 2 examples/plain_ddp.py --steps 12 --width 2048 --layers 8 --batch-size 512 --compile inductor ;;
-        hf-ddp) AS_LOCAL_RANK_0=1 attached hf-ddp 2 examples/hf_trainer.py --steps 12 --batch-size 64 ;;
-        hf-fsdp) attached hf-fsdp 2 examples/hf_trainer.py --steps 12 --batch-size 64 --fsdp ;;
+        hf-ddp) AS_LOCAL_RANK_0=1 SAVES_FINAL=1 attached hf-ddp 2 examples/hf_trainer.py --steps 12 --batch-size 64 ;;
+        hf-fsdp) SAVES_FINAL=1 attached hf-fsdp 2 examples/hf_trainer.py --steps 12 --batch-size 64 --fsdp ;;
         *) echo "unknown run $run" >&2; exit 2 ;;
         esac
     done

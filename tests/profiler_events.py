@@ -101,7 +101,8 @@ def assert_all_reduces_hold_against_the_profiler(reports: Sequence[StepReport], 
     each end within the clock's resolution for 19 ends in 20 (``ends_off_by_more_than_their_looks``;
     an ``async`` run as shipped left 0-8 of 285 outside, with ends stamped at the look itself
     27-49), Overlap% (a figure a user reads) within 5 points in the median step of the profiler's,
-    taken at the profiler's starts and ddpwatch's own ends (``at_the_profilers_starts``), and the summed time within 25 % plus the ends' summed resolution as a coarse guard
+    taken at the profiler's starts and ddpwatch's own ends (``at_the_profilers_starts``), and the
+    summed time within 25 % plus the ends' summed resolution as a coarse guard
     (the end check is the telling one): it also holds the time a gloo worker took
     to pick a collective up, 0.04-0.17 ms each here, so it moves with their count, and each end is
     read to within half its look gap (without that term an attached DDP's 1.2 ms buckets read

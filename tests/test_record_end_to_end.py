@@ -1,8 +1,11 @@
-"""Training through torchrun, recorded by ``ddpwatch record``: every strategy trains with identical
+"""Training on two ranks, recorded by ``ddpwatch record``: every strategy trains with identical
 replicas, exact collective counts, true overlap, exports.
 
 Each distinct run is made once per module (``recordings``) and every test that needs it reads it:
-a torchrun run is ~14 s on two cores, and a run is worth several assertions."""
+a run is ~8 s on two cores, and a run is worth several assertions. The ranks are started with the
+environment torchrun gives them (``launch.run_ranks``), not by torchrun itself, whose launcher
+added ~1.3 s to each of these ten runs on two cores; train.py under torchrun is what the switching,
+fault, key and two-node tests run."""
 
 from __future__ import annotations
 
@@ -19,16 +22,16 @@ import instrumented_ddp
 from ddpwatch.recorder import load_session
 from ddpwatch.session import Session
 from instrumented_ddp.protocol import COMM_KINDS
-from launch import QUICK_EVAL, REPO_ROOT, Recorder, run_torchrun
+from launch import QUICK_EVAL, REPO_ROOT, Recorder, describe_failure, run_ranks
 
-TRAIN = str(REPO_ROOT / "train.py")
+TRAIN = REPO_ROOT / "train.py"
 PARAMETER_TENSORS = 57  # the tiny SmolLM2: embeddings, 6 layers x 9, final norm, score
 
 
 class Recording(NamedTuple):
     session: Session
     summary: dict
-    stdout: str  # train.py's, rank 0's lines included
+    stdout: str  # rank 0's, the rank train.py prints on
     directory: Path  # the recorder's: session file and exports
     final: Path  # train.py --save-final
 
@@ -53,13 +56,13 @@ def recordings(tmp_path_factory: pytest.TempPathFactory) -> Record:
 def record_training(tmp_path: Path, *train_args: str, steps: int = 4) -> Recording:
     final = tmp_path / "final.pt"
     with Recorder(tmp_path / "session", "--idle-exit", "20") as recorder:
-        result = run_torchrun([TRAIN, *QUICK_EVAL, "--steps", str(steps), "--batch-size", "8", "--log-every", "2",
-                               "--watch", recorder.address, "--save-final", str(final), *train_args])
-        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+        ranks = run_ranks(TRAIN, [*QUICK_EVAL, "--steps", str(steps), "--batch-size", "8", "--log-every", "2",
+                                  "--watch", recorder.address, "--save-final", str(final), *train_args])
+        assert all(rank.returncode == 0 for rank in ranks), describe_failure(ranks)
         log = recorder.wait()
     assert "every rank said goodbye" in log, log
     summary = json.loads((tmp_path / "session" / "summary.json").read_text())
-    return Recording(load_session(tmp_path / "session" / "session.ddpwatch"), summary, result.stdout, tmp_path / "session", final)
+    return Recording(load_session(tmp_path / "session" / "session.ddpwatch"), summary, ranks[0].stdout, tmp_path / "session", final)
 
 
 #: The run each strategy is proven on below (the same arguments: the same run).

@@ -2,7 +2,7 @@
 replicas, exact collective counts, true overlap, exports.
 
 Each distinct run is made once per module (``recordings``) and every test that needs it reads it:
-a run is ~8 s on two cores, and a run is worth several assertions. The ranks are started with the
+a run is ~11 s on two cores, and a run is worth several assertions. The ranks are started with the
 environment torchrun gives them (``launch.run_ranks``), not by torchrun itself, whose launcher
 added ~1.3 s to each of these ten runs on two cores; train.py under torchrun is what the switching,
 fault, key and two-node tests run."""

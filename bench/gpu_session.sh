@@ -8,14 +8,16 @@
 #                                       # hf-fsdp: asked by name), each recorded and profiled, held against its
 #                                       # kernels by bench/attach_check.py; the Trainer's final parameters
 #                                       # held bit for bit against its unwatched run's
+#   bash bench/gpu_session.sh memory    # bench/memory_staircase.py --step-peak on the GPU, 2 ranks sharing it, at
+#                                       # 25 and 1 MB: what each strategy holds and what sets its step's peak
 #
 # The machine has torch but not every package ddpwatch needs: wheels carried in .whl/ (pyzmq, datasets,
 # dill, multiprocess for Python 3.12) are installed into /tmp/site first. Logs go to $OUT (the device
 # tool's folder that comes back), or /tmp/gpu-session elsewhere.
 set -u
 case "${1:-}" in
-doctor|attach) ;;
-*) echo "usage: bash bench/gpu_session.sh doctor | attach [fsdp2] [hsdp] [ddp-compiled] [hf-ddp] [hf-fsdp]" >&2; exit 2 ;;
+doctor|attach|memory) ;;
+*) echo "usage: bash bench/gpu_session.sh doctor | attach [fsdp2] [hsdp] [ddp-compiled] [hf-ddp] [hf-fsdp] | memory" >&2; exit 2 ;;
 esac
 OUT=${OUT:-/tmp/gpu-session}
 mkdir -p "$OUT"
@@ -90,6 +92,12 @@ attach)  # attach [fsdp2] [hsdp] [ddp-compiled] [hf-ddp] [hf-fsdp]: the first th
         hf-fsdp) SAVES_FINAL=1 attached hf-fsdp 2 examples/hf_trainer.py --steps 12 --batch-size 64 --fsdp ;;
         *) echo "unknown run $run" >&2; exit 2 ;;
         esac
+    done
+    ;;
+memory)  # train.py's rule (init_distributed) lets the two ranks share the GPU
+    for cap in 25 1; do
+        timeout 240 python3 -m torch.distributed.run --standalone --nproc_per_node=2 bench/memory_staircase.py --device cuda \
+            --hidden 768 --layers 12 --bucket-mb "$cap" --step-peak 2>&1 | grep -v -E '^(W|\[W)[0-9]' | tee "$OUT/memory-$cap-mb.txt"
     done
     ;;
 esac

@@ -4,6 +4,8 @@ its optimizer state carried; and each holds the share of memory its stage promis
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -116,3 +118,52 @@ def test_a_sharded_strategy_without_its_optimizer_says_how_to_make_it(one_rank_g
     optimizer.step()
     assert [p.shape for p in optimizer.param_groups[0]["params"]] == [torch.Size([10])]  # one bucket's slice: 8 + 2
     assert instrumented_ddp.unwrap(model).weight.shape == (2, 4)
+
+
+class SeenCompleted:
+    """A ``Work`` as NCCL's reads once its kernel has ended: ``is_completed()`` is True (an event
+    query on NCCL; gloo's reduce-scatter, torch 2.13, never says so, even after ``wait()``)."""
+
+    def __init__(self, work: torch.distributed.Work) -> None:
+        work.wait()
+
+    def is_completed(self) -> bool:
+        return True
+
+    def wait(self) -> bool:
+        return True
+
+
+def test_zero2_gives_back_each_full_bucket_once_its_reduce_scatter_is_seen_done(one_rank_group: None,
+                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each parameter its own bucket (a 1-byte cap), launched by its own gradient's hook, in
+    reverse order: the fc2 weight, the fc1 bias, the fc1 weight. Each reduce-scatter reads
+    done by the next look, which is the end of its own hook, so every earlier bucket has given
+    its full buffer back when the next one launches: one full buffer held at each launch,
+    where waiting until the end of backward held 1, 2, 3. The slices, averaged early, are the
+    gradients one process gets (one rank: the slice is the whole, padded)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 1, bias=False))
+    reference = copy.deepcopy(model)
+    wrapped = instrumented_ddp.wrap(model, "zero2", bucket_mb=1 / 2**20)
+    optimizer = wrapped.make_optimizer(torch.optim.SGD, lr=0.1)
+    issue, launch = wrapped._collective, wrapped._launch
+    monkeypatch.setattr(wrapped, "_collective", lambda *args, **kwargs: SeenCompleted(issue(*args, **kwargs)))
+    held_at_launch: list[int] = []
+
+    def counting_launch(bucket) -> None:  # noqa: ANN001
+        held_at_launch.append(sum(b.buffer is not None for b in wrapped.buckets))
+        launch(bucket)
+
+    monkeypatch.setattr(wrapped, "_launch", counting_launch)
+    batch = torch.randn(5, 4)
+    wrapped(batch).sum().backward()
+    assert held_at_launch == [1, 1, 1]
+    assert wrapped._next_to_settle == 3 and all(b.buffer is None for b in wrapped.buckets)
+    wrapped.finish_gradient_sync()  # nothing left to wait for
+    reference(batch).sum().backward()
+    expected = [p.grad.reshape(-1) for p in reversed(list(reference.parameters()))]
+    assert [len(b.parameters) for b in wrapped.buckets] == [1, 1, 1]
+    for shard, gradient in zip(wrapped.shards, expected, strict=True):
+        torch.testing.assert_close(shard.shard.grad, gradient)
+    optimizer.step()

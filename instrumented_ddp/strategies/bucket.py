@@ -63,9 +63,10 @@ def plan_buckets(parameters: list[nn.Parameter], cap_bytes: int) -> list[list[nn
 class BucketedAsyncHook(DataParallelStrategy):
     """A bucket launches as soon as all its gradients are ready and every earlier bucket has
     launched; ``finish_gradient_sync`` launches the rest (a gradient no rank produced is zeros),
-    waits, and averages. Gradients are views into the bucket buffers, so there is no copy per
-    step while the optimizer zeroes gradients in place (``zero_grad(set_to_none=False)``); a
-    gradient that was set to ``None`` is copied into its view once, when it is ready again.
+    waits, and averages every bucket not settled yet (``_settle``). Gradients are views into the
+    bucket buffers, so there is no copy per step while the optimizer zeroes gradients in place
+    (``zero_grad(set_to_none=False)``); a gradient that was set to ``None`` is copied into its
+    view once, when it is ready again.
     """
 
     name: ClassVar[str] = "bucket"
@@ -92,6 +93,9 @@ class BucketedAsyncHook(DataParallelStrategy):
                 self._location[id(parameter)] = (bucket, position)
             self.buckets.append(bucket)
         self._next_to_launch = 0
+        #: Buckets before this one were settled in this backward already (``zero2`` settles each as
+        #: soon as its collective has completed, to give its full buffer back): never waited again.
+        self._next_to_settle = 0
         self._handles: list[RemovableHandle] = [
             p.register_post_accumulate_grad_hook(self._on_gradient_ready) for p in self.trainable_parameters()
         ]
@@ -152,9 +156,14 @@ class BucketedAsyncHook(DataParallelStrategy):
                 if position not in bucket.ready:
                     self._place_gradient_in_view(bucket, position)
             self._launch(bucket)
-        self._wait_all([bucket.work for bucket in self.buckets])
-        for bucket in self.buckets:
-            self._average(bucket)
-            bucket.ready.clear()
-            bucket.work, bucket.launched = None, False
-        self._next_to_launch = 0
+        unsettled = self.buckets[self._next_to_settle :]
+        self._wait_all([bucket.work for bucket in unsettled])
+        for bucket in unsettled:
+            self._settle(bucket)
+        self._next_to_launch = self._next_to_settle = 0
+
+    def _settle(self, bucket: GradientBucket) -> None:
+        """The bucket's collective has been waited for: average it, and ready it for the next backward."""
+        self._average(bucket)
+        bucket.ready.clear()
+        bucket.work, bucket.launched = None, False

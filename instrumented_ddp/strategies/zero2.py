@@ -15,7 +15,11 @@ class ShardedGradients(ShardedOptimizerState):
     ready in backward (overlapped, as in ``bucket``): a rank receives only the sum of its own
     slice, half the traffic of an all-reduce, and releases the bucket's full gradients once
     the slice has arrived, so between steps it holds 1/N of the gradients. During backward a
-    bucket's full buffer exists from its first ready gradient until its reduce-scatter is done.
+    bucket's full buffer exists from its first ready gradient until its reduce-scatter is seen
+    done: each later gradient's hook looks (``_settle_completed_buckets``), so backward holds the
+    full buffers of the buckets still in flight, where waiting for the end of backward held all
+    of them at once, the bytes ``zero1`` keeps for good. gloo's reduce-scatter never reads
+    completed (torch 2.13), so there every bucket still waits for the end of backward.
     A parameter that got no gradient is reduced as zeros, as in ``bucket``.
     """
 
@@ -32,6 +36,23 @@ class ShardedGradients(ShardedOptimizerState):
                                        tag=f"b{bucket.index}", async_op=True)
         bucket.launched = True
         self._next_to_launch += 1
+
+    def _launch_ready_buckets(self) -> None:
+        super()._launch_ready_buckets()
+        self._settle_completed_buckets()
+
+    def _settle_completed_buckets(self) -> None:
+        """Settle, oldest first, the launched buckets whose reduce-scatter has completed: a look
+        (``Work.is_completed``: on NCCL an event query, no device sync), never a wait. The
+        ``wait()`` that follows returns at once; gloo copies the slice into the shard there, and
+        on NCCL it orders the division after the collective on the current stream."""
+        while self._next_to_settle < self._next_to_launch:
+            bucket = self.buckets[self._next_to_settle]
+            if not bucket.work.is_completed():
+                return
+            bucket.work.wait()
+            self._settle(bucket)
+            self._next_to_settle += 1
 
     def _average(self, bucket: GradientBucket) -> None:
         self.gradient_shards[bucket.index].div_(self.world_size)

@@ -45,7 +45,9 @@ class ShardedGradients(ShardedOptimizerState):
         """Settle, oldest first, the launched buckets whose reduce-scatter has completed: a look
         (``Work.is_completed``: on NCCL an event query, no device sync), never a wait. The
         ``wait()`` that follows returns at once; gloo copies the slice into the shard there, and
-        on NCCL it orders the division after the collective on the current stream."""
+        on NCCL it orders the division after the collective on the current stream and lets go of
+        the input NCCL keeps for the allocator (``WorkNCCL::synchronizeStream`` unstashes it), so
+        the buffer's memory is free though a timeline still holds the work until its step resolves."""
         while self._next_to_settle < self._next_to_launch:
             bucket = self.buckets[self._next_to_settle]
             if not bucket.work.is_completed():

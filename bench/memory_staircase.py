@@ -30,7 +30,7 @@ from transformers import LlamaConfig, LlamaForSequenceClassification
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import instrumented_ddp  # noqa: E402
 from instrumented_ddp.distributed import exit_process, init_distributed, shutdown_distributed  # noqa: E402
-from instrumented_ddp.memory import held_memory  # noqa: E402
+from instrumented_ddp.memory import allocation_peak, held_memory  # noqa: E402
 
 
 PHASES = ("forward", "backward", "gradient sync", "optimizer")
@@ -51,10 +51,8 @@ def train_step(wrapped: torch.nn.Module, optimizer: torch.optim.Optimizer, batch
 
 def step_peak(wrapped: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: dict[str, torch.Tensor],
               device: torch.device) -> str:
-    """One profiled step: its peak above its start, the phase it fell in, and what was alive then.
-
-    Read from the profiler's raw allocation records (size, address, device; a free is a negative
-    size), every thread's, in time order: the allocations made before the step are the baseline."""
+    """One profiled step: its peak above its start, the phase it fell in, and what was alive then,
+    from the profiler's raw allocation records on the device, every thread's (``allocation_peak``)."""
     from torch._C._profiler import _EventType
 
     activities = [torch.profiler.ProfilerActivity.CPU]
@@ -68,23 +66,13 @@ def step_peak(wrapped: torch.nn.Module, optimizer: torch.optim.Optimizer, batch:
         pending.extend(node.children)
         if node.tag == _EventType.Allocation and node.extra_fields.device.type == device.type:
             events.append((node.start_time_ns, node.extra_fields.alloc_size, node.extra_fields.ptr))
-    rise = peak = peak_at = 0
-    alive: dict[int, int] = {}
-    alive_at_peak: dict[int, int] = {}
-    for at, size, address in sorted(events):
-        rise += size
-        if size > 0:
-            alive[address] = size
-        else:
-            alive.pop(address, None)
-        if rise > peak:
-            peak, peak_at, alive_at_peak = rise, at, dict(alive)
+    peak = allocation_peak(events)
     start_ns = prof.profiler.kineto_results.trace_start_ns()
     phase = next((event.name for event in prof.events() if event.name in PHASES
-                  and event.time_range.start * 1000 <= peak_at - start_ns <= event.time_range.end * 1000), "?")
-    sizes = Counter(round(size / 2**20, 2) for size in alive_at_peak.values() if size >= 2**18)
+                  and event.time_range.start * 1000 <= peak.at - start_ns <= event.time_range.end * 1000), "?")
+    sizes = Counter(round(size / 2**20, 2) for size in peak.alive.values() if size >= 2**18)
     largest = sorted(sizes.items(), key=lambda item: -item[0] * item[1])[:5]
-    return f"+{peak / 2**20:.1f} MiB in {phase}: " + ", ".join(f"{mib:g} x {count}" for mib, count in largest)
+    return f"+{peak.rise / 2**20:.1f} MiB in {phase}: " + ", ".join(f"{mib:g} x {count}" for mib, count in largest)
 
 
 def main() -> None:

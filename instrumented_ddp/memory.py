@@ -5,7 +5,8 @@ a gradient that is a view of a bucket (``bucket``), a shard's gradient that is a
 all count the buffer once. A ``DTensor`` counts its local shard. Padding a strategy adds to
 make shards equal is held, so it is counted. ``peak`` is what the allocator saw at its highest
 since the strategy was wrapped (``torch.cuda.max_memory_allocated``) on a GPU, and the resident
-set of the process on a CPU (there is no per-tensor peak there).
+set of the process on a CPU (the allocator keeps no peak there; ``allocation_peak`` reads one
+from the profiler's allocation records, for a bench, not for every step).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import os
 import resource
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
 import torch
@@ -101,3 +103,32 @@ class MemorySampler:
         if self._steps % self.every != 2 % self.every:
             return None
         return held_memory(strategy)._asdict()
+
+
+@dataclass
+class AllocationPeak:
+    """Where a run of allocations rose highest above where it began: ``rise`` bytes at ``at``,
+    with ``alive`` (address -> bytes) the allocations of the run still held then."""
+
+    rise: int = 0
+    at: int = 0
+    alive: dict[int, int] = field(default_factory=dict)
+
+
+def allocation_peak(records: Iterable[tuple[int, int, int]]) -> AllocationPeak:
+    """The peak of ``(time, bytes, address)`` allocation records (a free: negative bytes, the
+    address it frees), taken in time order, as ``torch.profiler``'s ``profile_memory`` records
+    them. What was allocated before the first record is the baseline, and freeing it lowers the
+    rise below zero (``bench/memory_staircase.py --step-peak``: a step's peak and what sets it)."""
+    peak = AllocationPeak()
+    rise = 0
+    alive: dict[int, int] = {}
+    for at, size, address in sorted(records):
+        rise += size
+        if size > 0:
+            alive[address] = size
+        else:
+            alive.pop(address, None)
+        if rise > peak.rise:
+            peak = AllocationPeak(rise, at, dict(alive))
+    return peak

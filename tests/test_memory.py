@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from ddpwatch.metrics import held_text, kinds_text
-from instrumented_ddp.memory import MemorySampler, storage_bytes
+from instrumented_ddp.memory import AllocationPeak, MemorySampler, allocation_peak, storage_bytes
 from instrumented_ddp.protocol import ProtocolError, StepSummary, decode, encode
 
 
@@ -61,3 +61,15 @@ def test_summaries_carry_calls_by_kind_and_memory_and_refuse_unknown_names() -> 
         with pytest.raises(ProtocolError, match="unknown name or a bad count"):
             decode(encode(StepSummary(**summary(**bad)), seq=0))
 
+
+
+def test_allocation_peak_is_the_highest_rise_above_the_start_with_what_was_alive_then() -> None:
+    """Records out of time order, as the profiler's tree gives them; by hand, in time order:
+    t=1 +100 at A (rise 100), t=2 +50 at B (150), t=3 -100 frees A (50), t=4 +80 at C (130),
+    t=5 -300 frees D, held before the run began (-170), t=6 +200 at E (30): the peak is 150 at
+    t=2, A and B alive; C and E, allocated later, never count; freeing what the run did not
+    allocate lowers the rise and removes nothing."""
+    records = [(4, 80, 0xC), (1, 100, 0xA), (3, -100, 0xA), (2, 50, 0xB), (6, 200, 0xE), (5, -300, 0xD)]
+    assert allocation_peak(records) == AllocationPeak(rise=150, at=2, alive={0xA: 100, 0xB: 50})
+    assert allocation_peak([]) == AllocationPeak()  # nothing allocated: no rise
+    assert allocation_peak([(1, -64, 0xF)]) == AllocationPeak()  # only frees: the rise never passes 0

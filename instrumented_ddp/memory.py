@@ -120,15 +120,19 @@ def allocation_peak(records: Iterable[tuple[int, int, int]]) -> AllocationPeak:
     address it frees), taken in time order, as ``torch.profiler``'s ``profile_memory`` records
     them. What was allocated before the first record is the baseline, and freeing it lowers the
     rise below zero (``bench/memory_staircase.py --step-peak``: a step's peak and what sets it)."""
-    peak = AllocationPeak()
-    rise = 0
-    alive: dict[int, int] = {}
-    for at, size, address in sorted(records):
+    ordered = sorted(records)
+    rise = highest = 0
+    peak_index = -1
+    for index, (_at, size, _address) in enumerate(ordered):
         rise += size
+        if rise > highest:
+            highest, peak_index = rise, index
+    if peak_index < 0:
+        return AllocationPeak()
+    alive: dict[int, int] = {}  # replayed up to the peak, not copied at every new high
+    for _at, size, address in ordered[: peak_index + 1]:
         if size > 0:
             alive[address] = size
         else:
             alive.pop(address, None)
-        if rise > peak.rise:
-            peak = AllocationPeak(rise, at, dict(alive))
-    return peak
+    return AllocationPeak(highest, ordered[peak_index][0], alive)

@@ -122,33 +122,46 @@ def test_a_sharded_strategy_without_its_optimizer_says_how_to_make_it(one_rank_g
 
 class SeenCompleted:
     """A ``Work`` as NCCL's reads once its kernel has ended: ``is_completed()`` is True (an event
-    query on NCCL; gloo's reduce-scatter, torch 2.13, never says so, even after ``wait()``)."""
+    query on NCCL; gloo's reduce-scatter, torch 2.13, never says so, even after ``wait()``).
+    ``reads_completed=False``: one still running, as far as a look can tell."""
 
-    def __init__(self, work: torch.distributed.Work) -> None:
+    def __init__(self, work: torch.distributed.Work, reads_completed: bool = True) -> None:
         work.wait()
+        self.reads_completed = reads_completed
 
     def is_completed(self) -> bool:
-        return True
+        return self.reads_completed
 
     def wait(self) -> bool:
         return True
 
 
-def test_zero2_gives_back_each_full_bucket_once_its_reduce_scatter_is_seen_done(one_rank_group: None,
-                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("first_reads_completed, held, settled_in_backward", [
+    (True, [1, 1, 1], 3),
+    (False, [1, 2, 3], 0),  # the oldest still running holds the later ones back: settled in order
+], ids=["each-reads-completed", "the-first-still-running"])
+def test_zero2_gives_back_each_full_bucket_once_its_reduce_scatter_is_seen_done(
+        one_rank_group: None, monkeypatch: pytest.MonkeyPatch, first_reads_completed: bool, held: list[int],
+        settled_in_backward: int) -> None:
     """Each parameter its own bucket (a 1-byte cap), launched by its own gradient's hook, in
     reverse order: the fc2 weight, the fc1 bias, the fc1 weight. Each reduce-scatter reads
     done by the next look, which is the end of its own hook, so every earlier bucket has given
     its full buffer back when the next one launches: one full buffer held at each launch,
-    where waiting until the end of backward held 1, 2, 3. The slices, averaged early, are the
-    gradients one process gets (one rank: the slice is the whole, padded)."""
+    where waiting until the end of backward held 1, 2, 3 — as it still does when the first
+    bucket's collective never reads done, since buckets are settled oldest first. Either way
+    the slices, some averaged in backward, are the gradients one process gets (one rank: the
+    slice is the whole, padded), and every full buffer is gone once the sync is finished."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 1, bias=False))
     reference = copy.deepcopy(model)
     wrapped = instrumented_ddp.wrap(model, "zero2", bucket_mb=1 / 2**20)
     optimizer = wrapped.make_optimizer(torch.optim.SGD, lr=0.1)
     issue, launch = wrapped._collective, wrapped._launch
-    monkeypatch.setattr(wrapped, "_collective", lambda *args, **kwargs: SeenCompleted(issue(*args, **kwargs)))
+
+    def collective(*args, **kwargs) -> SeenCompleted:  # noqa: ANN002, ANN003
+        return SeenCompleted(issue(*args, **kwargs), first_reads_completed or kwargs["tag"] != "b0")
+
+    monkeypatch.setattr(wrapped, "_collective", collective)
     held_at_launch: list[int] = []
 
     def counting_launch(bucket) -> None:  # noqa: ANN001
@@ -158,9 +171,10 @@ def test_zero2_gives_back_each_full_bucket_once_its_reduce_scatter_is_seen_done(
     monkeypatch.setattr(wrapped, "_launch", counting_launch)
     batch = torch.randn(5, 4)
     wrapped(batch).sum().backward()
-    assert held_at_launch == [1, 1, 1]
-    assert wrapped._next_to_settle == 3 and all(b.buffer is None for b in wrapped.buckets)
-    wrapped.finish_gradient_sync()  # nothing left to wait for
+    assert held_at_launch == held
+    assert wrapped._next_to_settle == settled_in_backward
+    wrapped.finish_gradient_sync()
+    assert all(b.buffer is None for b in wrapped.buckets)
     reference(batch).sum().backward()
     expected = [p.grad.reshape(-1) for p in reversed(list(reference.parameters()))]
     assert [len(b.parameters) for b in wrapped.buckets] == [1, 1, 1]

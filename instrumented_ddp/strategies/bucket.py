@@ -25,7 +25,6 @@ class GradientBucket:
     views: list[torch.Tensor] = field(default_factory=list)
     ready: set[int] = field(default_factory=set)
     work: dist.Work | None = None
-    launched: bool = False
 
     @property
     def nbytes(self) -> int:
@@ -145,7 +144,6 @@ class BucketedAsyncHook(DataParallelStrategy):
 
     def _launch(self, bucket: GradientBucket) -> None:
         bucket.work = self._all_reduce(bucket.buffer, tag=f"b{bucket.index}", async_op=True)
-        bucket.launched = True
         self._next_to_launch += 1
 
     def finish_gradient_sync(self) -> None:
@@ -166,4 +164,4 @@ class BucketedAsyncHook(DataParallelStrategy):
         """The bucket's collective has been waited for: average it, and ready it for the next backward."""
         self._average(bucket)
         bucket.ready.clear()
-        bucket.work, bucket.launched = None, False
+        bucket.work = None

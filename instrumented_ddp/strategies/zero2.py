@@ -34,7 +34,6 @@ class ShardedGradients(ShardedOptimizerState):
     def _launch(self, bucket: GradientBucket) -> None:
         bucket.work = self._collective("reduce_scatter", bucket.buffer, output=self.gradient_shards[bucket.index],
                                        tag=f"b{bucket.index}", async_op=True)
-        bucket.launched = True
         self._next_to_launch += 1
 
     def _launch_ready_buckets(self) -> None:

@@ -107,12 +107,13 @@ def main() -> None:
         del wrapped, optimizer
     if context.is_main:
         parameters = sum(p.numel() for p in model.parameters())
+        base = "ddp" if "ddp" in dict(rows) else rows[0][0]  # the shares' reference: ddp, or the first one run
         print(f"{parameters / 1e6:.1f} M parameters (hidden {args.hidden}, {args.layers} layers), {context.world_size} ranks "
-              f"on {context.device.type}; MiB rank 0 holds after 2 AdamW steps; share = of ddp's")
+              f"on {context.device.type}; MiB rank 0 holds after 2 AdamW steps; share = of {base}'s")
         print(f"{'strategy':8} {'params':>8} {'grads':>8} {'optim':>8} {'peak':>8}  share P/G/O")
-        ddp = dict(rows).get("ddp", rows[0][1])
+        reference = dict(rows)[base]
         for strategy, held in rows:
-            shares = "/".join(f"{getattr(held, k) / getattr(ddp, k):.2f}" for k in ("parameters", "gradients", "optimizer_state"))
+            shares = "/".join(f"{getattr(held, k) / getattr(reference, k):.2f}" for k in ("parameters", "gradients", "optimizer_state"))
             print(f"{strategy:8} " + " ".join(f"{getattr(held, k) / 2**20:8.1f}" for k in held._fields) + f"  {shares}")
         for strategy, peak in peaks.items():
             print(f"{strategy:8} step peak {peak}")

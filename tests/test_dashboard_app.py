@@ -16,7 +16,7 @@ from textual.widgets import Static, TabbedContent
 
 from ddpwatch import exporters
 from ddpwatch.metrics import ONE_RANK_NOTE
-from ddpwatch.dashboard.app import FULL_COLLECTION_AFTER, LARGE_JOB_FULL_COLLECTION_AFTER, DashboardApp
+from ddpwatch.dashboard.app import FULL_COLLECTION_AFTER, LARGE_JOB_FULL_COLLECTION_AFTER, DashboardApp, stack_the_ranks
 from ddpwatch.dashboard.feeds import ReplayFeed, StaticFeed
 from ddpwatch.dashboard.process_feed import ProcessFeed
 from ddpwatch.dashboard.screens.help_screen import HelpScreen
@@ -218,6 +218,34 @@ async def test_the_screen_fits_the_terminal_with_a_large_job_and_every_segment_b
         assert warnings.region.bottom <= app.screen.size.height - 1  # above the footer
         bars = app.query_one(SegmentBarsView)  # its legend wraps to two lines at this width ...
         assert bars.content_region.height >= 2 + len(app.snapshot.segments)  # ... and every bar still shows
+
+
+def test_the_ranks_stack_above_the_side_tabs_only_where_the_tabs_keep_twelve_rows() -> None:
+    # 2 ranks in a 25-row middle (160 x 45): the box is 2 + 3 = 5 rows and leaves the tabs 20
+    assert stack_the_ranks(2, 25)
+    # 8 ranks in 23 rows: 11 + 12 = 23, just; in 22 the tabs would get 11: side by side
+    assert stack_the_ranks(8, 23) and not stack_the_ranks(8, 22)
+    assert not stack_the_ranks(2, 0)  # before the first layout the middle has no height
+
+
+@pytest.mark.parametrize(("world", "size", "stacked"), [(2, (160, 50), True), (2, (80, 24), False), (64, (160, 50), False)])
+async def test_few_ranks_on_a_tall_terminal_get_the_full_width_and_leave_the_side_tabs_the_rest(
+        world: int, size: tuple[int, int], stacked: bool) -> None:
+    """Two ranks beside the side tabs were two rows of figures over twenty blank ones, the host
+    and device columns cut off, and the device sparklines squeezed into two fifths of the width."""
+    hellos = {rank: hello(rank, world_size=world) for rank in range(world)}
+    app = DashboardApp(StaticFeed(session_messages(steps=4, world_size=world, hellos=hellos)), export_on_exit=False)
+    async with app.run_test(size=size) as pilot:
+        await draw_every_message(app, pilot)
+        await pilot.pause(0.1)
+        ranks, side = app.query_one("#ranks").region, app.query_one("#side").region
+        assert app.middle.has_class("-stacked") == stacked
+        if stacked:
+            assert ranks.height == world + 3 and ranks.width == side.width == size[0]  # header, rows, border
+            assert side.y == ranks.bottom and side.bottom == app.middle.region.bottom  # the tabs take the rest
+        else:
+            assert ranks.y == side.y and ranks.right <= side.x  # side by side, as tall as each other
+        assert app.screen.max_scroll_y == 0
 
 
 @pytest.mark.parametrize("columns", [80, 119, 120])
@@ -840,7 +868,7 @@ def test_the_dashboard_dates_a_message_by_its_arrival_not_by_the_frame_that_fold
 
 async def test_heatmap_tab_gives_every_rank_a_row_and_h_switches_its_metric() -> None:
     app = DashboardApp(StaticFeed(session_messages()), export_on_exit=False)
-    async with app.run_test(size=(160, 50)) as pilot:
+    async with app.run_test(size=(160, 36)) as pilot:  # too short to stack the ranks: the tabs beside them, 64 columns
         await pilot.pause(0.3)
         app.query_one("#side", TabbedContent).active = "heatmap-tab"
         await pilot.pause(0.2)

@@ -44,6 +44,10 @@ INGEST_BUDGET_S = 0.06  # a frame folds in messages for at most this long (see i
 NOTICE_S = 10.0
 SHORT_SCREEN_ROWS = 36  # below it every panel fits only in the short layout (``VERTICAL_BREAKPOINTS``)
 NARROW_SCREEN_COLUMNS = 120  # below it the header's two lines need the progress bar's columns
+#: The side tabs' rows (their tab bar's two included) kept under a ranks table that is stacked
+#: above them (``stack_the_ranks``): ten to show, what a short terminal's tabs have and the
+#: advisor tab is laid out for.
+SIDE_ROWS_UNDER_STACKED_RANKS = 12
 KEEP_STEPS = 120  # steps whose reports stay in memory (timeline, trends); older ones live on in the segment figures
 DEVICE_SAMPLES = 64 * DEVICE_SAMPLES_PER_RANK  # device samples kept over all ranks: 600 each up to 64 ranks, 37 at 1,024
 DETAIL_RANK_STEPS = 64 * KEEP_STEPS  # reports whose spans and all-reduce durations stay (see Session): all of 64 ranks'
@@ -62,6 +66,17 @@ LARGE_JOB_FULL_COLLECTION_AFTER = 1000
 
 #: The actions that ask the run to switch (keys hidden for a run that cannot).
 SWITCH_ACTIONS = frozenset({"pick_strategy", "switch_to", "bucket", "accum", "apply_advice"})
+
+
+def stack_the_ranks(rows: int, middle_rows: int) -> bool:
+    """Whether the ranks table goes above the side tabs, full width, rather than beside them.
+
+    Beside them it is as tall as they are: with two ranks on a 45-row terminal, two rows of
+    figures over twenty blank ones, while the device sparklines beside them were squeezed into
+    two fifths of the width. Stacked, it takes its rows (a header and two border lines besides)
+    and the tabs the rest, at full width; a job with more ranks than leave the tabs
+    ``SIDE_ROWS_UNDER_STACKED_RANKS`` keeps them side by side, the table scrolling as before."""
+    return middle_rows > 0 and rows + 3 + SIDE_ROWS_UNDER_STACKED_RANKS <= middle_rows
 
 
 def new_session() -> Session:
@@ -143,7 +158,8 @@ class DashboardApp(App[None]):
         yield self.header_bar
         with self.timeline_box:
             yield self.timeline_view
-        with Horizontal(id="middle"):
+        self.middle = Horizontal(id="middle")
+        with self.middle:
             yield self.ranks_table
             with self.side_tabs:
                 with TabPane("Devices", id="devices-tab"):
@@ -251,6 +267,7 @@ class DashboardApp(App[None]):
             self.timeline_box.border_title = self.timeline_view.title
         timed("timeline")
         self.ranks_table.show(snapshot.ranks)
+        self.middle.set_class(stack_the_ranks(self.ranks_table.row_count, self.middle.size.height), "-stacked")
         timed("ranks table")
         if side_tab == "devices":  # the side panel's hidden tabs are drawn when they are shown
             self.device_panel.show(self._device_series(snapshot.devices))

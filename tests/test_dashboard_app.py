@@ -228,12 +228,14 @@ def test_the_ranks_stack_above_the_side_tabs_only_where_the_tabs_keep_twelve_row
     assert not stack_the_ranks(2, 0)  # before the first layout the middle has no height
 
 
-@pytest.mark.parametrize(("world", "size", "stacked"), [(2, (160, 50), True), (2, (80, 24), False), (64, (160, 50), False)])
+@pytest.mark.parametrize(("world", "size", "stacked"), [(2, (160, 50), True), (2, (80, 24), False), (64, (160, 50), False),
+                                                       (80, (160, 60), False)])
 async def test_few_ranks_on_a_tall_terminal_get_the_full_width_and_leave_the_side_tabs_the_rest(
         world: int, size: tuple[int, int], stacked: bool) -> None:
     """Two ranks beside the side tabs were two rows of figures over twenty blank ones, the host
-    and device columns cut off, and the device sparklines squeezed into two fifths of the width."""
-    hellos = {rank: hello(rank, world_size=world) for rank in range(world)}
+    and device columns cut off, and the device sparklines squeezed into two fifths of the width.
+    80 ranks are 10 node rows, which would fit, but opening a node adds 8: they stay beside."""
+    hellos = {rank: replace(hello(rank, world_size=world), node_rank=rank // 8) for rank in range(world)}
     app = DashboardApp(StaticFeed(session_messages(steps=4, world_size=world, hellos=hellos)), export_on_exit=False)
     async with app.run_test(size=size) as pilot:
         await draw_every_message(app, pilot)

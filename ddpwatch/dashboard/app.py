@@ -75,7 +75,9 @@ def stack_the_ranks(rows: int, middle_rows: int) -> bool:
     figures over twenty blank ones, while the device sparklines beside them were squeezed into
     two fifths of the width. Stacked, it takes its rows (a header and two border lines besides)
     and the tabs the rest, at full width; a job with more ranks than leave the tabs
-    ``SIDE_ROWS_UNDER_STACKED_RANKS`` keeps them side by side, the table scrolling as before."""
+    ``SIDE_ROWS_UNDER_STACKED_RANKS`` keeps them side by side, the table scrolling as before, and
+    so does a large job's table of node rows (the caller's rule), so that opening a node does not
+    move the panels under the user's click."""
     return middle_rows > 0 and rows + 3 + SIDE_ROWS_UNDER_STACKED_RANKS <= middle_rows
 
 
@@ -267,7 +269,8 @@ class DashboardApp(App[None]):
             self.timeline_box.border_title = self.timeline_view.title
         timed("timeline")
         self.ranks_table.show(snapshot.ranks)
-        self.middle.set_class(stack_the_ranks(self.ranks_table.row_count, self.middle.size.height), "-stacked")
+        self.middle.set_class(not self.ranks_table.has_node_rows
+                              and stack_the_ranks(self.ranks_table.row_count, self.middle.size.height), "-stacked")
         timed("ranks table")
         if side_tab == "devices":  # the side panel's hidden tabs are drawn when they are shown
             self.device_panel.show(self._device_series(snapshot.devices))

@@ -98,6 +98,11 @@ class RanksTable(ScrollView, can_focus=True):
     def row_count(self) -> int:
         return len(self.rows)
 
+    @property
+    def has_node_rows(self) -> bool:
+        """Whether rows stand for nodes (a large job), whose opening adds their ranks' rows."""
+        return any(node is not None for node in self.nodes)
+
     def show(self, rows: tuple[RankRow, ...]) -> None:
         cells = [row_cells(row) for row in rows]
         if cells == self.rows:

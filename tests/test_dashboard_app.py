@@ -870,7 +870,7 @@ def test_the_dashboard_dates_a_message_by_its_arrival_not_by_the_frame_that_fold
 
 async def test_heatmap_tab_gives_every_rank_a_row_and_h_switches_its_metric() -> None:
     app = DashboardApp(StaticFeed(session_messages()), export_on_exit=False)
-    async with app.run_test(size=(160, 36)) as pilot:  # too short to stack the ranks: the tabs beside them, 64 columns
+    async with app.run_test(size=(160, 28)) as pilot:  # too short to stack the ranks: the tabs beside them, 64 columns
         await pilot.pause(0.3)
         app.query_one("#side", TabbedContent).active = "heatmap-tab"
         await pilot.pause(0.2)

@@ -38,12 +38,14 @@ class HeaderBar(Horizontal):
         mode = "paused" if not data.following else "finished" if data.finished else "ended" if source_ended else "live"
         eta = None if mode == "ended" else data.eta_s
         settings = f" ({data.settings})" if data.settings else ""
+        # A run that cannot switch says so before the source, which is what gets cut: at the end of
+        # the second line, after the live figures, an attached run's notice was cut at 160 columns.
+        cannot_switch = "" if data.switchable else f"[b]{NOT_SWITCHABLE}[/b] · "
         text = (
             f"[b]ddpwatch[/b] {data.session} · {data.world_size} rank{'' if data.world_size == 1 else 's'} · "
-            f"[i]{mode}[/i] · [dim]{source}[/dim]\n"
+            f"[i]{mode}[/i] · {cannot_switch}[dim]{source}[/dim]\n"
             f"[b]{data.strategy}[/b]{settings} · step {data.step}/{data.total_steps or '?'} · {format_eta(eta)} · "
             f"{'—' if data.samples_per_s is None else f'{data.samples_per_s:.1f}'} samples/s"
-            + ("" if data.switchable else f" · [b]{NOT_SWITCHABLE}[/b]")
         )
         if text != getattr(self, "_shown", None):  # fixed size (see dashboard.tcss): no layout pass
             self._shown = text

@@ -878,6 +878,9 @@ async def test_heatmap_tab_gives_every_rank_a_row_and_h_switches_its_metric() ->
         assert heatmap.data is not None and [row.label for row in heatmap.data.rows] == ["r0", "r1"]
         assert not heatmap.data.collapsible and heatmap.data.metric == "exposed"
         assert len(heatmap.data.steps) == 10 and heatmap.render_line(HEADER_ROWS).text.startswith("r0")
+        # the steps shown end the metric's line, so the rows begin on the third line (the fourth
+        # before: at 80 x 24 one rank's row was left in view)
+        assert HEADER_ROWS == 2 and heatmap.render_line(0).text.rstrip().endswith("(Non_Compute%) · steps 1…10")
         # the scale's high end and its key, on a line of their own: after the metric's name they were cut at 64 columns
         assert heatmap.size.width <= 64 and heatmap.render_line(1).text.rstrip().endswith(f"{heatmap.data.high:.1f}   h: next metric")
         await pilot.press("h")

@@ -13,9 +13,10 @@ from textual.widget import Widget
 from ...heatmap import HEATMAP_METRICS, Heatmap, HeatRow, level
 
 LABEL_WIDTH = 12
-#: The metric, its scale, the steps shown; then the rows. The scale had shared the metric's line,
-#: 80 columns with its key, and the side tab is 64 wide at 160: the high end and "h" never showed.
-HEADER_ROWS = 3
+#: The metric and the steps shown, then its scale; then the rows. The scale had shared the metric's
+#: line, 80 columns with its key, and the side tab is 64 wide at 160: the high end and "h" never
+#: showed. The steps had a line of their own, a third, which at 80 x 24 left one rank's row in view.
+HEADER_ROWS = 2
 #: Low to high: cool to hot.
 RAMP = tuple(Style(color=c) for c in ("rgb(40,70,140)", "rgb(50,120,180)", "rgb(70,170,160)",
                                       "rgb(220,200,60)", "rgb(240,130,40)", "rgb(230,50,50)"))
@@ -24,7 +25,7 @@ TEXT = Style(color="rgb(200,200,200)")
 
 
 class RankHeatmap(Widget):
-    """One ``Strip`` per line: the metric, its scale, the steps, then the rows; the newest step at the right."""
+    """One ``Strip`` per line: the metric and its steps, its scale, then the rows; the newest step at the right."""
 
     DEFAULT_CSS = "RankHeatmap { height: auto; }"
 
@@ -54,15 +55,14 @@ class RankHeatmap(Widget):
         data = self.data
         if data is None or not data.rows:
             return Strip([Segment("no steps yet" if y == 0 else "", TEXT)]).crop(0, width)
-        if y == 0:
-            return Strip([Segment(HEATMAP_METRICS[data.metric], TEXT)]).crop(0, width)
+        if y == 0:  # the steps last: a narrow tab cuts them, the least needed
+            steps = data.steps[-self._columns(width):]
+            shown = [Segment(f" · steps {steps[0]}…{steps[-1]}", MISSING)] if steps else []
+            return Strip([Segment(HEATMAP_METRICS[data.metric], TEXT), *shown]).crop(0, width)
         if y == 1:
             segments = [Segment(f"{'scale':<{LABEL_WIDTH}}{data.low:.1f} ", TEXT), *(Segment("█", style) for style in RAMP),
                         Segment(f" {data.high:.1f}   h: next metric", TEXT)]
             return Strip(segments).crop(0, width)
-        if y == 2:
-            steps = data.steps[-self._columns(width):]
-            return Strip([Segment(f"{'steps':<{LABEL_WIDTH}}{steps[0]}…{steps[-1]}" if steps else "", MISSING)]).crop(0, width)
         index = y - HEADER_ROWS
         if index >= len(data.rows):
             return Strip.blank(width)

@@ -157,10 +157,10 @@ class DashboardApp(App[None]):
         self.side_tabs = TabbedContent(id="side")
         self.warnings_panel = WarningsPanel(id="warnings")
         self.timeline_box = VerticalScroll(id="timeline-box")
+        self.middle = Horizontal(id="middle")  # the ranks and the side tabs: side by side, or stacked
         yield self.header_bar
         with self.timeline_box:
             yield self.timeline_view
-        self.middle = Horizontal(id="middle")
         with self.middle:
             yield self.ranks_table
             with self.side_tabs:

@@ -1134,9 +1134,15 @@ async def test_a_run_ddpwatch_did_not_start_offers_no_switch_and_says_why() -> N
     async with app.run_test(size=(160, 50)) as pilot:
         await pilot.pause(0.4)
         assert not app.snapshot.header.switchable
-        text = app.header_bar.query_one("#header-text")
-        lines = [strip.text for strip in text.render_lines(Region(0, 0, text.size.width, text.size.height))]
-        assert NOT_SWITCHABLE in lines[0]  # whole, in view: at the end of the second line it was cut at 160 columns
+        # Whole and in view on every width a user has: at the end of the second line it was cut at
+        # 160 columns, after the session's name on the first at 120-151 and under 112.
+        for columns in (160, 130, 100, 64):
+            await pilot.resize_terminal(columns, 50)
+            await pilot.pause(0.2)
+            text = app.header_bar.query_one("#header-text")
+            lines = [strip.text for strip in text.render_lines(Region(0, 0, text.size.width, text.size.height))]
+            assert len(lines) == 3 and lines[2].strip() == NOT_SWITCHABLE, (columns, lines)
+            assert app.header_bar.region.height == 3
         assert app.check_action("pick_strategy", ()) is False and app.check_action("help", ()) is True
         assert "switch" not in {active.binding.description for active in app.screen.active_bindings.values()}
         await pilot.press("s", "5", "plus")

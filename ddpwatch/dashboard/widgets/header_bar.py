@@ -22,7 +22,8 @@ class HeaderBar(Horizontal):
     """Two lines: the first says which run and where it comes from (fixed), the second what it is
     doing now (strategy, step, ETA, throughput), so that each is cut at its end on a narrow
     terminal and the live figures are never the part cut (they were, after the session's name,
-    at 80 columns)."""
+    at 80 columns). A run that cannot switch gets a third line saying why, alone on it so that
+    nothing before it pushes it out of view."""
 
     def compose(self) -> ComposeResult:
         self._text = Static(id="header-text")
@@ -38,15 +39,16 @@ class HeaderBar(Horizontal):
         mode = "paused" if not data.following else "finished" if data.finished else "ended" if source_ended else "live"
         eta = None if mode == "ended" else data.eta_s
         settings = f" ({data.settings})" if data.settings else ""
-        # A run that cannot switch says so before the source, which is what gets cut: at the end of
-        # the second line, after the live figures, an attached run's notice was cut at 160 columns.
-        cannot_switch = "" if data.switchable else f"[b]{NOT_SWITCHABLE}[/b] · "
+        # Its own line: at the end of the second line an attached run's notice was cut at 160
+        # columns, and on the first, after the session's name, at 120-151 and under 112.
+        cannot_switch = "" if data.switchable else f"\n[b]{NOT_SWITCHABLE}[/b]"
         text = (
             f"[b]ddpwatch[/b] {data.session} · {data.world_size} rank{'' if data.world_size == 1 else 's'} · "
-            f"[i]{mode}[/i] · {cannot_switch}[dim]{source}[/dim]\n"
+            f"[i]{mode}[/i] · [dim]{source}[/dim]\n"
             f"[b]{data.strategy}[/b]{settings} · step {data.step}/{data.total_steps or '?'} · {format_eta(eta)} · "
-            f"{'—' if data.samples_per_s is None else f'{data.samples_per_s:.1f}'} samples/s"
+            f"{'—' if data.samples_per_s is None else f'{data.samples_per_s:.1f}'} samples/s{cannot_switch}"
         )
+        self.set_class(not data.switchable, "-not-switchable")
         if text != getattr(self, "_shown", None):  # fixed size (see dashboard.tcss): no layout pass
             self._shown = text
             self._text.update(text, layout=False)

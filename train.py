@@ -22,7 +22,7 @@ import signal
 import sys
 import time
 from contextlib import nullcontext
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import torch
 
@@ -33,6 +33,12 @@ from instrumented_ddp.protocol import DEFAULT_ADDRESS, address_problem, bucket_m
 from instrumented_ddp.replicas import gather_digests, ranks_that_differ
 from instrumented_ddp.strategies import strategy_class
 from instrumented_ddp.watch import Watch, parameter_layout
+
+if TYPE_CHECKING:
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    from instrumented_ddp.protocol import SwitchCommand
+    from instrumented_ddp.strategies.base import DataParallelStrategy
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -117,7 +123,8 @@ def accumulation_problem(batch_size: int, world_size: int, grad_accum: int) -> s
     return None
 
 
-def load_model_and_data(args: argparse.Namespace, context: DistributedContext):
+def load_model_and_data(args: argparse.Namespace, context: DistributedContext,
+                        ) -> tuple[torch.nn.Module, DataLoader, DataLoader, DistributedSampler]:
     """Tokenizer, model and loaders; every rank builds the same ones (the data is deterministic)."""
     import datasets
 
@@ -141,7 +148,7 @@ def load_model_and_data(args: argparse.Namespace, context: DistributedContext):
     return model.to(context.device), train_loader, eval_loader, sampler
 
 
-def endless(loader, sampler) -> Iterator[dict[str, torch.Tensor]]:
+def endless(loader: DataLoader, sampler: DistributedSampler) -> Iterator[dict[str, torch.Tensor]]:
     """Batches forever, reshuffling each epoch the same way on every rank."""
     epoch = 0
     while True:
@@ -151,7 +158,7 @@ def endless(loader, sampler) -> Iterator[dict[str, torch.Tensor]]:
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, loader, device: torch.device) -> float:
+def evaluate(model: torch.nn.Module, loader: DataLoader, device: torch.device) -> float:
     model.eval()
     counts = torch.zeros(2, dtype=torch.float64, device=device)
     for batch in loader:
@@ -163,7 +170,8 @@ def evaluate(model: torch.nn.Module, loader, device: torch.device) -> float:
     return (counts[0] / counts[1]).item()
 
 
-def switch_strategy(model, optimizer, command, args: argparse.Namespace, context: DistributedContext, watch: Watch):
+def switch_strategy(model: DataParallelStrategy, optimizer: torch.optim.Optimizer, command: SwitchCommand, args: argparse.Namespace,
+                    context: DistributedContext, watch: Watch) -> tuple[DataParallelStrategy, torch.optim.Optimizer, str]:
     """Re-wrap the model at this optimizer-step boundary, with a new optimizer holding the old
     one's state (gathered from shards or scattered to them); every rank runs this with the same command."""
     grad_accum = command.grad_accum or (2 if command.strategy == "ga" and args.grad_accum == 1 else args.grad_accum)

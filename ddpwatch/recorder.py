@@ -52,7 +52,7 @@ def record(
     out_dir: Path,
     rule: StopRule,
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
-    log=lambda line: print(line, file=sys.stderr, flush=True),
+    log: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True),
     keys: ServerKeys | None = None,
     sample_every: int | None = None,
     drive: Callable[[Session, SwitchRelay], str | None] | None = None,

@@ -159,10 +159,13 @@ def counted(record: Any) -> bool:
 
 
 def algbw_gbps(nbytes: int, seconds: float) -> float | None:
-    """S/t.  None for an empty payload or a non-positive time, which measure no link."""
+    """S/t.  None for an empty payload or a non-positive time, which measure no link, and for a
+    time so short (subnormal) that S/t overflows: an infinite bandwidth made a rank's summary one
+    the wire schema rejects, and its busbw NaN at one rank (inf × 0)."""
     if nbytes <= 0 or not (math.isfinite(seconds) and seconds > 0):
         return None
-    return nbytes / seconds / _BYTES_PER_GB
+    gbps = nbytes / seconds / _BYTES_PER_GB
+    return gbps if math.isfinite(gbps) else None
 
 
 def bus_factor(kind: str, world_size: int) -> float | None:

@@ -8,9 +8,12 @@ field, not within a tolerance.
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from synthetic_session import session_messages, step_report
 
 from ddpwatch.receiver import ingest
@@ -151,3 +154,44 @@ def test_a_summarized_steps_marks_and_memory_reach_the_exports_as_a_full_reports
     assert lists[1] == lists[0]
     assert [(s["update_skipped_steps"], s["compiling_steps"]) for s in lists[1]] == [([], [3]), ([7], [])]  # simple, then bucket
     assert edge.reports[10][2].memory == {"parameters": 8}
+
+
+def test_a_collective_too_short_for_a_bandwidth_is_measured_as_none_and_its_summary_is_accepted() -> None:
+    """1 byte in 2.2e-309 s (a subnormal duration) is 4.5e299 GB/s... as a float, inf: the
+    summary carried an infinite algbw, which the wire schema rejects (the step lost), and at one
+    rank its busbw was inf × 0 = NaN. No link was measured: None, as for a zero duration."""
+    report = StepReport(rank=0, step=1, strategy="bucket", settings={}, start=0.0, end=0.01, samples=4, tokens=256,
+                        spans=[Span("backward", 0.0, 0.008), Span("all_reduce", 0.0, 2.225073858507203e-309, nbytes=1, tag="b0")])
+    for world in (1, 2):
+        figures = step_figures(report, world)
+        assert len(figures.algbw_gbps) == 0 and figures.busbw_gbps is None
+        summary = decode(encode(summarize(report, world))).message
+        assert summary_figures(summary) == figures
+
+
+_KINDS = ("forward", "backward", "optimizer", "data", "wait", "all_reduce", "reduce_scatter", "all_gather", "broadcast")
+
+
+@st.composite
+def _spans(draw: st.DrawFn) -> Span:
+    start = draw(st.floats(-1.0, 2.0))
+    length = draw(st.floats(0.0, 1.0) | st.floats(0.0, 1e-300) | st.just(math.inf))
+    return Span(draw(st.sampled_from(_KINDS)), start, start + length, draw(st.booleans()), draw(st.integers(0, 10**9)),
+                draw(st.sampled_from(["", "b0", "b1", "p0", "u0", "u1", "buffers"])), "float32")
+
+
+@settings(max_examples=200, deadline=None)
+@given(spans=st.lists(_spans(), max_size=16), start=st.floats(0.0, 0.5), length=st.floats(0.0, 1.5),
+       world=st.integers(1, 16))
+def test_any_report_summarized_and_sent_gives_back_its_figures(spans: list[Span], start: float, length: float,
+                                                               world: int) -> None:
+    """Whatever the spans (overlapping, outside the window, empty, unended, of any kind and tag):
+    the summary a rank sends passes the wire schema and gives back the figures the full report
+    gives, and the step's three shares of its window add up to 100."""
+    report = StepReport(rank=1, step=3, strategy="bucket", settings={}, start=start, end=start + length, spans=spans,
+                        samples=8, tokens=512)
+    figures = step_figures(report, world)
+    summary = decode(encode(summarize(report, world))).message
+    assert summary_figures(summary) == figures and summary_calls(summary) == call_times(report)
+    if report.end > report.start:  # else an empty window: every share 0.0
+        assert figures.compute_pct + figures.non_compute_pct + figures.idle_pct == pytest.approx(100.0)

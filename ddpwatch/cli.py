@@ -126,13 +126,16 @@ def run_dashboard(args: argparse.Namespace) -> int:
 def run_replay(args: argparse.Namespace) -> int:
     from .dashboard.app import DashboardApp
     from .dashboard.feeds import ReplayFeed
-    from .session_file import session_file_in
+    from .session_file import not_a_session_file, session_file_in
 
     if not (math.isfinite(args.speed) and args.speed >= 0):  # inf and nan too: the replay's clock runs at it
         raise ValueError("--speed must be 0 (as fast as possible) or a positive, finite number")
     path = session_file_in(args.session)
     if not path.is_file():
         raise ValueError(f"{args.session} holds no session file")
+    problem = not_a_session_file(path)
+    if problem:
+        raise ValueError(problem)
     DashboardApp(ReplayFeed(path, args.speed), args.out, export_on_exit=args.out is not None).run()
     return 0
 
@@ -196,12 +199,15 @@ def positive(args: argparse.Namespace, *flags: str) -> None:
 def run_summary(args: argparse.Namespace) -> int:
     from .exporters import summary, summary_markdown
     from .recorder import load_session
-    from .session_file import session_file_in
+    from .session_file import not_a_session_file, session_file_in
 
     path: Path = args.session
     if (path / "summary.json").is_file():
         data = json.loads((path / "summary.json").read_text())
     elif session_file_in(path).is_file():
+        problem = not_a_session_file(session_file_in(path))
+        if problem:
+            raise ValueError(problem)
         data = summary(load_session(session_file_in(path)))
     else:
         raise ValueError(f"{path} holds no summary.json and no session file")

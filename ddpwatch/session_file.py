@@ -16,6 +16,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO, NamedTuple
 
+from instrumented_ddp.protocol import ProtocolError, decode
+
 SESSION_FILE_NAME = "session.ddpwatch"
 _HEADER = struct.Struct("<dI")
 _RUN_SIZE = struct.Struct("<B")
@@ -100,3 +102,21 @@ def read_session_file(path: Path) -> Iterator[tuple[float, bytes]]:
 def session_file_in(path: Path) -> Path:
     """Accept either the session directory or the file itself."""
     return path / SESSION_FILE_NAME if path.is_dir() else path
+
+
+def not_a_session_file(path: Path) -> str | None:
+    """Why ``path`` holds nothing to replay or summarize, or None once one of its records is a
+    ddpwatch message (the first, in any file the recorder wrote: read no further). A session file
+    has no magic number, being appended to as messages arrive, so any file reads as records until
+    one is cut short: a summary.md or a trace given instead came back as an empty session, an
+    empty dashboard or a table of no rows, unexplained."""
+    records = 0
+    for record in read_session_records(path):
+        records += 1
+        try:
+            decode(record.data)
+        except ProtocolError:
+            continue  # a rogue's message is recorded too: a real session may hold some
+        return None
+    what = "not one whole record" if records == 0 else f"no ddpwatch message in its {records} record{'s' if records > 1 else ''}"
+    return f"{path} is not a ddpwatch session (a recording's session.ddpwatch): {what}"

@@ -10,7 +10,7 @@ from ddpwatch.dashboard.snapshot import SnapshotBuilder
 from ddpwatch.session import Session
 from ddpwatch.session_file import SESSION_FILE_NAME, SessionWriter
 from instrumented_ddp.protocol import Envelope, Heartbeat, encode
-from synthetic_session import hello
+from synthetic_session import hello, session_messages
 
 T0 = 1_800_000_000.0  # the recorder stamps each message with time.time()
 
@@ -89,3 +89,24 @@ def test_replay_takes_its_output_directory_after_the_session_as_well_as_before()
     assert parser.parse_args(["--out", "exports", "replay", "runs/a"]).out == Path("exports")
     assert parser.parse_args(["replay", "runs/a"]).out is None
     assert parser.parse_args(["demo", "--out", "exports"]).out == Path("exports")  # the demo likewise
+
+
+def test_only_a_file_holding_a_ddpwatch_message_is_taken_for_a_session(tmp_path: Path) -> None:
+    """Any file reads as records until one is cut short, so a wrong file (empty, or whole records
+    of something else) is told apart by its messages: one that decodes is enough, a rogue's
+    rejected message before it included, as the recorder writes those too."""
+    from ddpwatch.session_file import not_a_session_file
+
+    empty = tmp_path / "empty.ddpwatch"
+    empty.write_bytes(b"")
+    assert not_a_session_file(empty).endswith(": not one whole record")
+    other = SessionWriter(tmp_path / "other.ddpwatch")
+    other.append(b"not msgpack at all \xc1", 1.0)
+    other.append(b"\x93\x01\x02", 1.5)
+    other.close()
+    assert not_a_session_file(tmp_path / "other.ddpwatch").endswith(": no ddpwatch message in its 2 records")
+    session = SessionWriter(tmp_path / SESSION_FILE_NAME)
+    session.append(b"\xc1", 1.0)  # garbage a rogue sent, recorded first
+    session.append(session_messages(steps=1)[0], 1.1)
+    session.close()
+    assert not_a_session_file(tmp_path / SESSION_FILE_NAME) is None

@@ -253,7 +253,8 @@ def run_tune(args: argparse.Namespace) -> int:
     positive(args, "wait", "idle_exit")
     driver = SweepDriver(args.strategy, args.steps_per_size, args.sizes, connect_timeout_s=args.wait)
     args.out.mkdir(parents=True, exist_ok=True)
-    record(args.listen, args.out, StopRule(idle_exit_s=args.idle_exit), keys=server_keys(args), drive=driver)
+    record(args.listen, args.out, StopRule(idle_exit_s=args.idle_exit), keys=server_keys(args), drive=driver,
+           command="ddpwatch tune")
     if driver.failure:
         print(f"ddpwatch tune: error: {driver.failure}", file=sys.stderr)
         return 2

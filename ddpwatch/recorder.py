@@ -56,11 +56,13 @@ def record(
     keys: ServerKeys | None = None,
     sample_every: int | None = None,
     drive: Callable[[Session, SwitchRelay], str | None] | None = None,
+    command: str = "ddpwatch record",
 ) -> Session:
     """Every rank's every span by default, so a recording loses nothing; ``sample_every``: the
     spans of every N-th step only, summaries (exact figures) of the rest. ``drive``: called
     after each receive with the session and the switch relay (``ddpwatch tune`` switches the run
-    through it); a line it returns ends the recording, said as the reason."""
+    through it); a line it returns ends the recording, said as the reason. ``command``: the name
+    its lines begin with (``ddpwatch tune`` records through this too)."""
     session = Session()
     receiver = TelemetryReceiver(listen, max_message_bytes, keys)
     relay = SwitchRelay(receiver.send)
@@ -72,7 +74,7 @@ def record(
         stop_requested.append(signal.Signals(signum).name)
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    log(f"ddpwatch record: listening on {listen}, writing {out_dir}")
+    log(f"{command}: listening on {listen}, writing {out_dir}")
     started = last_message = time.monotonic()
     reason = None
     try:
@@ -100,12 +102,12 @@ def record(
     paths = write_exports(session, out_dir)
     late = sum(state.late for state in session.ranks.values())
     unresolved = sum(state.unresolved for state in session.ranks.values())
-    log(f"ddpwatch record: stopped ({reason}); {session.messages} messages, "
+    log(f"{command}: stopped ({reason}); {session.messages} messages, "
         f"{sum(session.rejected.values())} rejected, {late} late, {unresolved} unresolved step(s); "
         f"wrote {', '.join(p.name for p in paths.values())}")
     desync = metrics.DesyncRange.combine(session.segment_figures(seg, per_rank=False).desync for seg in session.segments)
     if desync is not None:  # the run's one error: said where a headless user looks, not only in the files
-        log(f"ddpwatch record: ERROR: {desync.describe()}")
+        log(f"{command}: ERROR: {desync.describe()}")
     return session
 
 

@@ -118,5 +118,7 @@ def not_a_session_file(path: Path) -> str | None:
         except ProtocolError:
             continue  # a rogue's message is recorded too: a real session may hold some
         return None
+    if records == 0 and path.stat().st_size == 0:
+        return f"{path} is empty: nothing was recorded there (no rank connected?)"
     what = "not one whole record" if records == 0 else f"no ddpwatch message in its {records} record{'s' if records > 1 else ''}"
     return f"{path} is not a ddpwatch session (a recording's session.ddpwatch): {what}"

@@ -99,7 +99,10 @@ def test_only_a_file_holding_a_ddpwatch_message_is_taken_for_a_session(tmp_path:
 
     empty = tmp_path / "empty.ddpwatch"
     empty.write_bytes(b"")
-    assert not_a_session_file(empty).endswith(": not one whole record")
+    assert not_a_session_file(empty).endswith(" is empty: nothing was recorded there (no rank connected?)")
+    (tmp_path / "notes.txt").write_text("a few words, shorter than a record's length says")
+    assert not_a_session_file(tmp_path / "notes.txt").endswith(" is not a ddpwatch session (a recording's session.ddpwatch): "
+                                                               "not one whole record")
     other = SessionWriter(tmp_path / "other.ddpwatch")
     other.append(b"not msgpack at all \xc1", 1.0)
     other.append(b"\x93\x01\x02", 1.5)

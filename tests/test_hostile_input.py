@@ -100,6 +100,8 @@ def test_wrong_cli_input_gets_a_one_line_error_and_a_non_zero_exit(args: list[st
          "torch._dynamo.list_backends(exclude_tags=()) lists them)"),
         ("plain_fsdp.py", ["--layers", "0"], "--layers must be at least 1, not 0"),
         ("hf_trainer.py", ["--grad-accum", "0"], "--grad-accum must be at least 1, not 0"),
+        ("plain_fsdp.py", ["--profile", "README.md"], "--profile README.md: is a file, not a directory"),  # was a traceback at step 8
+        ("plain_ddp.py", ["--save-final", "README.md/final.pt"], "README.md is a file, not a directory"),  # was one after the last step
     ],
 )
 def test_the_examples_refuse_a_wrong_flag_in_one_line_before_any_process_group(example: str, args: list[str], message: str) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -68,6 +69,10 @@ def run_train(*args: str) -> subprocess.CompletedProcess[str]:
         (["--bucket-mb", "inf"], "--bucket-mb must be a positive, finite number of MB, not inf"),  # was a traceback in wrap
         (["--device", "tpu"], "invalid choice: 'tpu'"),
         (["--lr", "nan"], "--lr must be a finite number, 0 or more, not nan"),
+        # a traceback when the profiler wrote its first trace at step 8, or after the last step
+        (["--profile", __file__], f"--profile {__file__}: is a file, not a directory"),
+        (["--save-final", f"{__file__}/final.pt"], f"--save-final {__file__}/final.pt: {__file__} is a file, not a directory"),
+        (["--save-final", str(Path(__file__).parent)], "is a directory, not a file"),
     ],
 )
 def test_wrong_flags_fail_with_one_line_error(args: list[str], message: str, capsys: pytest.CaptureFixture[str],

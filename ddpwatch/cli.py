@@ -9,6 +9,7 @@ import os
 import sys
 from pathlib import Path
 
+from instrumented_ddp.output_paths import directory_problem
 from instrumented_ddp.protocol import DEFAULT_ADDRESS, DEFAULT_MAX_MESSAGE_BYTES, STRATEGY_NAMES, bucket_mb_problem
 
 
@@ -93,6 +94,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+def writable_out_dir(path: Path) -> Path:
+    """``--out``, made now. One that could not be made failed unseen: the dashboard's receiver
+    process ended at once (its session file could not be opened), no rank could connect, and
+    quitting said "session recorded in" a directory that never existed, exit 0."""
+    if problem := directory_problem("--out", str(path)):
+        raise ValueError(problem)
+    return path
+
+
 def default_session_dir() -> Path:
     import time
 
@@ -116,7 +126,7 @@ def run_dashboard(args: argparse.Namespace) -> int:
     from .session_file import SESSION_FILE_NAME
 
     positive(args, "max_message_bytes")
-    out_dir = args.out or default_session_dir()
+    out_dir = writable_out_dir(args.out or default_session_dir())
     feed = ProcessFeed(args.listen, out_dir / SESSION_FILE_NAME, args.max_message_bytes, server_keys(args))
     DashboardApp(feed, out_dir).run()
     print(f"session recorded in {out_dir}")
@@ -136,7 +146,8 @@ def run_replay(args: argparse.Namespace) -> int:
     problem = not_a_session_file(path)
     if problem:
         raise ValueError(problem)
-    DashboardApp(ReplayFeed(path, args.speed), args.out, export_on_exit=args.out is not None).run()
+    out_dir = writable_out_dir(args.out) if args.out is not None else None
+    DashboardApp(ReplayFeed(path, args.speed), out_dir, export_on_exit=out_dir is not None).run()
     return 0
 
 
@@ -150,7 +161,7 @@ def run_demo(args: argparse.Namespace) -> int:
         raise ValueError("--steps and --nproc must be at least 1")
     if args.strategy not in STRATEGY_NAMES:  # train.py would refuse it, unseen, behind a dashboard waiting for it
         raise ValueError(f"unknown strategy {args.strategy!r}; choose one of {', '.join(STRATEGY_NAMES)}")
-    out_dir = args.out or default_session_dir()
+    out_dir = writable_out_dir(args.out or default_session_dir())
     address = free_loopback_address()
     training = start_training(address, out_dir / "train.log", args.nproc, args.steps, args.strategy)
     failure: list[str] = []
@@ -180,7 +191,7 @@ def run_record(args: argparse.Namespace) -> int:
 
     positive(args, "until_steps", "until_seconds", "sample", "wait", "idle_exit", "max_message_bytes")
     started = time.monotonic()
-    session = record(args.listen, args.out, StopRule(args.until_steps, args.until_seconds, args.idle_exit, args.wait),
+    session = record(args.listen, writable_out_dir(args.out), StopRule(args.until_steps, args.until_seconds, args.idle_exit, args.wait),
                      args.max_message_bytes, keys=server_keys(args), sample_every=args.sample)
     if args.wait is not None and not session.messages and time.monotonic() - started >= args.wait:  # not a Ctrl-C before it
         print(f"ddpwatch record: error: no rank connected within {args.wait:g} s", file=sys.stderr)
@@ -252,8 +263,7 @@ def run_tune(args: argparse.Namespace) -> int:
         return 2
     positive(args, "wait", "idle_exit")
     driver = SweepDriver(args.strategy, args.steps_per_size, args.sizes, connect_timeout_s=args.wait)
-    args.out.mkdir(parents=True, exist_ok=True)
-    record(args.listen, args.out, StopRule(idle_exit_s=args.idle_exit), keys=server_keys(args), drive=driver,
+    record(args.listen, writable_out_dir(args.out), StopRule(idle_exit_s=args.idle_exit), keys=server_keys(args), drive=driver,
            command="ddpwatch tune")
     if driver.failure:
         print(f"ddpwatch tune: error: {driver.failure}", file=sys.stderr)

@@ -1,9 +1,10 @@
-"""Where a script will write its results, checked before it trains.
+"""Where a command will write, checked before it starts.
 
-A ``--profile`` directory the profiler cannot make failed as a traceback at step 8, when the
-first trace was written, and a ``--save-final`` file whose directory did not exist failed after
-the last step: the run, or its result, lost to a flag that could have been refused at once.
-Pure standard library, shared by ``train.py`` and the examples.
+A ``--profile`` directory the profiler could not make failed as a traceback at step 8, when the
+first trace was written; a ``--save-final`` file whose directory did not exist, after the last
+step, the run's result lost; a dashboard's ``--out`` it could not make, unseen (its receiver
+ended, and quitting said the session was recorded there). Each could have been refused at once.
+Pure standard library, shared by ``train.py``, the examples and ``ddpwatch``.
 """
 
 from __future__ import annotations
@@ -12,32 +13,34 @@ import os
 from pathlib import Path
 
 
-def directory_problem(flag: str, path: str) -> str | None:
-    """Make the directory ``path`` (and its parents) now, as the profiler would later; why it
-    cannot be made or written to, or None."""
-    if Path(path).exists() and not Path(path).is_dir():
-        return f"{flag} {path}: is a file, not a directory"
+def _why_not_a_directory(directory: Path) -> str | None:
+    """Make ``directory`` (and its parents) now, as the writer would later; why it cannot be
+    made or written to, or None."""
+    nearest = next((part for part in (directory, *directory.parents) if part.exists()), None)
+    if nearest is not None and not nearest.is_dir():
+        return f"{nearest} is a file, not a directory"
     try:
-        Path(path).mkdir(parents=True, exist_ok=True)
+        directory.mkdir(parents=True, exist_ok=True)
     except OSError as error:
-        return f"{flag} {path}: cannot make the directory ({error.strerror or error})"
-    if not os.access(path, os.W_OK | os.X_OK):
-        return f"{flag} {path}: the directory is not writable"
+        return f"cannot make {directory} ({error.strerror or error})"
+    if not os.access(directory, os.W_OK | os.X_OK):
+        return f"{directory} is not writable"
     return None
+
+
+def directory_problem(flag: str, path: str) -> str | None:
+    """Why the directory ``path``, given as ``flag``, cannot be written in (made now), or None."""
+    why = _why_not_a_directory(Path(path))
+    return None if why is None else f"{flag} {path}: {why}"
 
 
 def file_problem(flag: str, path: str) -> str | None:
-    """Make the directory of the file ``path`` now; why the file could not be written there at
-    the end, or None. The file itself is not touched: an earlier run's stays until this one ends."""
+    """Why the file ``path``, given as ``flag``, could not be written at the end (its directory
+    made now), or None. The file itself is not touched: an earlier run's stays until this one ends."""
     target = Path(path)
     if target.is_dir():
         return f"{flag} {path}: is a directory, not a file"
-    if target.parent.exists() and not target.parent.is_dir():
-        return f"{flag} {path}: {target.parent} is a file, not a directory"
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        return f"{flag} {path}: cannot make its directory ({error.strerror or error})"
-    if not os.access(target.parent, os.W_OK | os.X_OK) or (target.exists() and not os.access(target, os.W_OK)):
-        return f"{flag} {path}: not writable"
-    return None
+    why = _why_not_a_directory(target.parent)
+    if why is None and target.exists() and not os.access(target, os.W_OK):
+        why = f"{target} is not writable"
+    return None if why is None else f"{flag} {path}: {why}"

@@ -83,6 +83,9 @@ def test_a_flood_of_garbage_from_one_sender_leaves_the_valid_stream_intact(tmp_p
         (["record", "--out", "/tmp/x", "--listen", "not-an-address"], "cannot listen on not-an-address"),
         (["demo", "--steps", "0"], "--steps and --nproc must be at least 1"),
         (["demo", "--strategy", "zero3"], "unknown strategy 'zero3'"),  # before, a dashboard waiting for ever
+        # before: the receiver ended unseen, and quitting said "session recorded in README.md/x", exit 0
+        (["--out", "README.md/x"], "--out README.md/x: README.md is a file, not a directory"),
+        (["record", "--out", "README.md", "--wait", "1"], "--out README.md: README.md is a file, not a directory"),
     ],
 )
 def test_wrong_cli_input_gets_a_one_line_error_and_a_non_zero_exit(args: list[str], message: str) -> None:
@@ -100,7 +103,7 @@ def test_wrong_cli_input_gets_a_one_line_error_and_a_non_zero_exit(args: list[st
          "torch._dynamo.list_backends(exclude_tags=()) lists them)"),
         ("plain_fsdp.py", ["--layers", "0"], "--layers must be at least 1, not 0"),
         ("hf_trainer.py", ["--grad-accum", "0"], "--grad-accum must be at least 1, not 0"),
-        ("plain_fsdp.py", ["--profile", "README.md"], "--profile README.md: is a file, not a directory"),  # was a traceback at step 8
+        ("plain_fsdp.py", ["--profile", "README.md"], "--profile README.md: README.md is a file, not a directory"),  # was a traceback at step 8
         ("plain_ddp.py", ["--save-final", "README.md/final.pt"], "README.md is a file, not a directory"),  # was one after the last step
     ],
 )

@@ -70,7 +70,7 @@ def run_train(*args: str) -> subprocess.CompletedProcess[str]:
         (["--device", "tpu"], "invalid choice: 'tpu'"),
         (["--lr", "nan"], "--lr must be a finite number, 0 or more, not nan"),
         # a traceback when the profiler wrote its first trace at step 8, or after the last step
-        (["--profile", __file__], f"--profile {__file__}: is a file, not a directory"),
+        (["--profile", __file__], f"--profile {__file__}: {__file__} is a file, not a directory"),
         (["--save-final", f"{__file__}/final.pt"], f"--save-final {__file__}/final.pt: {__file__} is a file, not a directory"),
         (["--save-final", str(Path(__file__).parent)], "is a directory, not a file"),
     ],

@@ -15,7 +15,8 @@ from launch import REPO_ROOT, free_port
 #: What both sides import: the wire schema and one rank's step figures (computed at the edge by
 #: the ranks, centrally by ddpwatch from full spans).
 SHARED_GROUND = {"instrumented_ddp.protocol", "instrumented_ddp.intervals", "instrumented_ddp.step_figures",
-                 "instrumented_ddp.bucket_plan"}  # the bucket rule: the strategy uses it, the advisor simulates it
+                 "instrumented_ddp.bucket_plan",  # the bucket rule: the strategy uses it, the advisor simulates it
+                 "instrumented_ddp.output_paths"}  # where a command will write: train.py's --profile, ddpwatch's --out
 
 
 def modules_loaded_by(statement: str) -> set[str]:

@@ -94,11 +94,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
-def writable_out_dir(path: Path) -> Path:
+def writable_out_dir(path: Path, flag: str = "--out") -> Path:
     """``--out``, made now. One that could not be made failed unseen: the dashboard's receiver
     process ended at once (its session file could not be opened), no rank could connect, and
     quitting said "session recorded in" a directory that never existed, exit 0."""
-    if problem := directory_problem("--out", str(path)):
+    if problem := directory_problem(flag, str(path)):
         raise ValueError(problem)
     return path
 
@@ -236,6 +236,8 @@ def run_doctor(args: argparse.Namespace) -> int:
         raise ValueError("--overhead-steps must be 0 (no overhead runs) or at least 4")
     if args.ranks is not None and not 1 <= args.ranks <= 8:
         raise ValueError(f"--ranks must be 1 to 8, not {args.ranks}")
+    if args.keep is not None:  # before the minutes of runs that write there
+        writable_out_dir(args.keep, "--keep")
     try:
         return doctor(strategies, args.overhead_steps, args.keep, args.ranks)
     except RuntimeError as error:  # the probe or a run failed outright

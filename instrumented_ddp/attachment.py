@@ -280,6 +280,16 @@ def describe(value: Any) -> str:
     return f"a {type(value).__name__}"
 
 
+def mean_loss(losses: list[torch.Tensor]) -> torch.Tensor:
+    """The micro-steps' mean loss, on the device of any that is not on the host: a number given
+    to ``record_loss`` is a host tensor, and stacking it with a device loss of the same step
+    (one micro-step logged with ``.item()``, the next not) raised. The host ones are copied over
+    (a few bytes, never a wait for the device)."""
+    device = next((loss.device for loss in losses if loss.device.type != "cpu"), None)
+    return torch.stack([loss.reshape(()).float() if device is None else loss.reshape(()).float().to(device, non_blocking=True)
+                        for loss in losses]).mean()
+
+
 def _tensors(values: Iterable[Any]) -> list[torch.Tensor]:
     return [value for value in values if isinstance(value, torch.Tensor)]
 
@@ -384,13 +394,16 @@ class Attachment:
         model's, or under FSDP its shards."""
         return self._parameters
 
-    def record_loss(self, loss: torch.Tensor) -> None:
+    def record_loss(self, loss: torch.Tensor | float) -> None:
         """This micro-step's loss, for a loop that computes it outside the model (where the
         forward returns it, it is read there: ``loss_of``; a step with losses recorded here
         reports those alone). Optional, one line after the loss is computed; a device tensor is
-        read when the step resolves, never waited for here."""
+        read when the step resolves, never waited for here. A number is taken too (a loop that
+        logs ``loss.item()`` has one already): it was refused, an exception in the user's loop."""
+        if isinstance(loss, (int, float)) and not isinstance(loss, bool):
+            loss = torch.tensor(float(loss))
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
-            raise AttachError(f"record_loss: expected the loss as a one-element tensor, got {describe(loss)}")
+            raise AttachError(f"record_loss: expected the loss as a one-element tensor or a number, got {describe(loss)}")
         self._recorded_losses.append(loss.detach())
 
     def _settings(self, micro_steps: int) -> dict[str, Any]:
@@ -411,7 +424,7 @@ class Attachment:
         samples = sum(forward.samples for forward in trained)
         tokens = sum((forward.tokens for forward in trained), 0)
         losses = self._recorded_losses or [forward.loss for forward in trained if forward.loss is not None]
-        loss = torch.stack(losses).mean() if losses else None
+        loss = mean_loss(losses) if losses else None
         memory = self._memory.sample(self) if self.publisher is not None else None
         self.timeline.end_step(samples, tokens, loss, excluded=self.timing.on_first_buckets, memory=memory,
                                settings={"grad_accum": max(1, self._micro_steps)}, at=at, update_skipped=update_skipped,

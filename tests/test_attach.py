@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import subprocess
 import sys
 import time
@@ -635,25 +636,27 @@ def test_the_loss_is_read_where_the_forward_returns_one(output: Any, loss: float
 
 def test_a_loss_computed_outside_the_model_is_recorded_with_one_optional_line(one_rank_group: None, sent: list[Any]) -> None:
     """The tutorial's ``loss_fn(ddp_model(x), y)``: the model returns logits, so the loop hands the
-    loss over (``record_loss``); each step reports its micro-steps' mean. A wrong value is one line.
-    Where the model returns a loss too, the one handed over is the one reported."""
+    loss over (``record_loss``), as a tensor or as the number ``loss.item()`` gives (refused before:
+    an exception in the user's loop); each step reports its micro-steps' mean. A wrong value is one
+    line. Where the model returns a loss too, the one handed over is the one reported."""
     torch.manual_seed(0)
     ddp = DistributedDataParallel(nn.Linear(4, 2))
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
     with attached(ddp, optimizer) as watch:
-        with pytest.raises(AttachError, match="^record_loss: expected the loss as a one-element tensor, got a float$"):
-            watch.record_loss(1.0)  # type: ignore[arg-type]
-        for step in range(2):
+        for wrong, what in (([1.0], "a list"), (torch.ones(2), "a tensor of shape (2,)"), (True, "a bool")):
+            with pytest.raises(AttachError, match=re.escape(f"record_loss: expected the loss as a one-element tensor or a number, got {what}")):
+                watch.record_loss(wrong)  # type: ignore[arg-type]
+        for step in range(3):
             for micro in range(2):
                 with ddp.no_sync() if micro == 0 else torch.enable_grad():
                     logits = ddp(torch.ones(3, 4))
-                    loss = logits.square().mean() * 0 + (step + micro)  # losses 0, 1 then 1, 2
-                    watch.record_loss(loss)
+                    loss = logits.square().mean() * 0 + (step + micro)  # losses 0, 1 then 1, 2 then 2, 3
+                    watch.record_loss(loss if step == 0 else loss.item() if step == 1 or micro == 0 else loss)
                     loss.backward()
             optimizer.step()
             optimizer.zero_grad()
     reports = [m for m in sent if isinstance(m, StepReport)]
-    assert [r.loss for r in reports] == [pytest.approx(0.5), pytest.approx(1.5)]
+    assert [r.loss for r in reports] == [pytest.approx(0.5), pytest.approx(1.5), pytest.approx(2.5)]  # tensors, numbers, both
 
     sent.clear()
     ddp, optimizer = make_ddp()  # its forward returns a loss as well

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import numbers
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -400,7 +401,7 @@ class Attachment:
         reports those alone). Optional, one line after the loss is computed; a device tensor is
         read when the step resolves, never waited for here. A number is taken too (a loop that
         logs ``loss.item()`` has one already): it was refused, an exception in the user's loop."""
-        if isinstance(loss, (int, float)) and not isinstance(loss, bool):
+        if isinstance(loss, numbers.Real) and not isinstance(loss, bool):  # numpy's scalars too
             loss = torch.tensor(float(loss))
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
             raise AttachError(f"record_loss: expected the loss as a one-element tensor or a number, got {describe(loss)}")

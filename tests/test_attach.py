@@ -16,6 +16,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
@@ -651,7 +652,8 @@ def test_a_loss_computed_outside_the_model_is_recorded_with_one_optional_line(on
                 with ddp.no_sync() if micro == 0 else torch.enable_grad():
                     logits = ddp(torch.ones(3, 4))
                     loss = logits.square().mean() * 0 + (step + micro)  # losses 0, 1 then 1, 2 then 2, 3
-                    watch.record_loss(loss if step == 0 else loss.item() if step == 1 or micro == 0 else loss)
+                    number = loss.item() if micro == 0 else np.float32(loss.item())  # numpy's scalar is not a float
+                    watch.record_loss(loss if step == 0 else number if step == 1 or micro == 0 else loss)
                     loss.backward()
             optimizer.step()
             optimizer.zero_grad()

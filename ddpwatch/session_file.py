@@ -114,7 +114,7 @@ def not_a_session_file(path: Path) -> str | None:
     for record in read_session_records(path):
         records += 1
         try:
-            decode(record.data)
+            decode(record.data, max_bytes=len(record.data))  # whatever cap it was recorded under
         except ProtocolError:
             continue  # a rogue's message is recorded too: a real session may hold some
         return None

@@ -9,7 +9,7 @@ import os
 import sys
 from pathlib import Path
 
-from instrumented_ddp.output_paths import directory_problem
+from instrumented_ddp.output_paths import directory_problem, file_in_the_way
 from instrumented_ddp.protocol import DEFAULT_ADDRESS, DEFAULT_MAX_MESSAGE_BYTES, STRATEGY_NAMES, bucket_mb_problem
 
 
@@ -113,6 +113,8 @@ def server_keys(args: argparse.Namespace):  # noqa: ANN201 - ServerKeys | None, 
     """The CURVE keys to listen with (made on first use), telling the user where the client file is."""
     if args.keys is None:
         return None
+    if (blocker := file_in_the_way(args.keys)) is not None:  # else mkdir's bare "[Errno 17] File exists"
+        raise ValueError(f"--keys {args.keys}: {blocker} is a file, not a directory (the key directory, made if missing)")
     from .auth import ensure_keys
 
     keys, client_file = ensure_keys(args.keys)

@@ -86,6 +86,7 @@ def test_a_flood_of_garbage_from_one_sender_leaves_the_valid_stream_intact(tmp_p
         # before: the receiver ended unseen, and quitting said "session recorded in README.md/x", exit 0
         (["--out", "README.md/x"], "--out README.md/x: README.md is a file, not a directory"),
         (["record", "--out", "README.md", "--wait", "1"], "--out README.md: README.md is a file, not a directory"),
+        (["record", "--out", "/tmp/x", "--keys", "README.md"], "--keys README.md: README.md is a file, not a directory"),
         (["doctor", "--keep", "README.md/runs"], "--keep README.md/runs: README.md is a file, not a directory"),  # even with no GPU
     ],
 )

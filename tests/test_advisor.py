@@ -455,3 +455,6 @@ def test_a_run_that_cannot_switch_is_told_how_to_set_the_best_cap_in_its_own_scr
     assert f"DistributedDataParallel(..., bucket_cap_mb={best_mb})" in attached
     assert f"TrainingArguments(ddp_bucket_cap_mb={best_mb})" in attached
     assert "b: switch to ddp" in render_advice(advice, 60).plain
+    replayed = render_advice(advice, 60, replay=True).plain  # a replay cannot switch either: the next run's flags
+    assert "b: switch" not in replayed and f"train.py with --strategy ddp --bucket-mb {best_mb} (a replay cannot switch)" in replayed
+    assert "DistributedDataParallel(" in render_advice(advice, 60, switchable=False, replay=True).plain

@@ -292,6 +292,27 @@ async def test_a_replay_at_its_end_says_ended_and_gives_no_eta_where_the_run_nev
         assert " · step 6/10 · ETA — · " in lines[1]
 
 
+async def test_a_replay_offers_no_switch_keys(tmp_path) -> None:  # noqa: ANN001
+    """A replay cannot switch: its footer showed "s switch", and the picker opened, was filled in,
+    and only then said "this is a replay". Now no switch key is offered, and `s` opens nothing."""
+    from ddpwatch.dashboard.screens.strategy_picker import StrategyPicker
+
+    path = tmp_path / SESSION_FILE_NAME
+    writer = SessionWriter(path)
+    for index, data in enumerate(session_messages(steps=3)):
+        writer.append(data, 1_800_000_000.0 + index * 0.01)
+    writer.close()
+    app = DashboardApp(ReplayFeed(path, speed=0), export_on_exit=False)
+    async with app.run_test(size=(160, 50)) as pilot:
+        await pilot.pause(0.3)
+        assert app.run_is_switchable  # the run itself could: train.py's
+        assert app.check_action("pick_strategy", ()) is False and app.check_action("apply_advice", ()) is False
+        assert "switch" not in {active.binding.description for active in app.screen.active_bindings.values()}
+        await pilot.press("s", "5")
+        await pilot.pause(0.1)
+        assert not isinstance(app.screen, StrategyPicker) and not app.pending_switches
+
+
 async def test_a_run_started_again_after_the_last_one_ended_gets_a_session_of_its_own(tmp_path) -> None:  # noqa: ANN001
     """The same script run twice with the dashboard open: the second run was dropped whole as
     "rejected 80 malformed message(s): 80 step_repeated" under the first run's figures (seen by
@@ -1127,7 +1148,6 @@ async def test_a_run_ddpwatch_did_not_start_offers_no_switch_and_says_why() -> N
     says why, and a switch asked for anyway (the picker was open) is not sent."""
     hellos = {rank: replace(hello(rank), switchable=False) for rank in (0, 1)}
     feed = StaticFeed(session_messages(steps=4, hellos=hellos))
-    feed.can_switch = True  # live, as far as the feed goes
     sent: list[object] = []
     feed.request_switch = sent.append  # type: ignore[method-assign]
     app = DashboardApp(feed, export_on_exit=False)
@@ -1170,7 +1190,6 @@ async def test_the_advisor_tab_draws_the_sweep_and_b_switches_to_its_best_cap() 
                              spans=[s._replace(start=s.start + shift, end=s.end + shift) for s in spans])
             messages.append(encode(report, seq=step))
     feed = StaticFeed(messages)
-    feed.can_switch = True
     sent: list[SwitchCommand] = []
     feed.request_switch = sent.append  # type: ignore[method-assign]
     app = DashboardApp(feed, export_on_exit=False)

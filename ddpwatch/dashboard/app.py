@@ -281,7 +281,7 @@ class DashboardApp(App[None]):
         elif side_tab == "stragglers":
             self.stragglers_panel.show(snapshot.stragglers)
         elif side_tab == "advisor":
-            self.advisor_panel.show(snapshot.advice, self.run_is_switchable)
+            self.advisor_panel.show(snapshot.advice, self.run_is_switchable, replay=not self.feed.can_switch)
         timed(side_tab)
         self.segments_table.show(snapshot.segments)
         self.segment_bars.show(snapshot.segments)
@@ -396,8 +396,9 @@ class DashboardApp(App[None]):
         return hello.strategy, hello.settings.get("bucket_mb"), hello.settings.get("grad_accum")
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        """A run ddpwatch did not start cannot switch: its switch keys are not offered."""
-        return self.run_is_switchable or action not in SWITCH_ACTIONS
+        """A run ddpwatch did not start cannot switch, nor can a replay: their switch keys are not
+        offered (a replay offered them, and its picker was filled in before it said no)."""
+        return (self.run_is_switchable and self.feed.can_switch) or action not in SWITCH_ACTIONS
 
     def request_switch(self, strategy: str, bucket_mb: float | None = None, grad_accum: int | None = None) -> None:
         if not self.feed.can_switch:

@@ -205,7 +205,11 @@ class ReplayFeed(Feed):
 
 
 class StaticFeed(Feed):
-    """A fixed list of messages, delivered at once (tests, snapshots)."""
+    """A fixed list of messages, delivered at once (tests, snapshots), standing for a live run:
+    it offers the switch keys, and a switch asked for goes to ``request_switch``, which does
+    nothing until a test puts its own there."""
+
+    can_switch = True
 
     def __init__(self, messages: list[bytes]) -> None:
         super().__init__()

@@ -23,13 +23,13 @@ class AdvisorPanel(Static):
     """Inside a scrolling pane (the side tabs are a few rows high): what to do and the plot fill
     the rows in view, the legend, measured caps and cost model follow below them."""
 
-    def show(self, advice: Advice | str | None, switchable: bool = True) -> None:
+    def show(self, advice: Advice | str | None, switchable: bool = True, replay: bool = False) -> None:
         width = max(20, self.size.width - LABEL_WIDTH - 1)
         in_view = self.parent.size.height if isinstance(self.parent, Widget) else 0
-        key = (advice, switchable, width, in_view)
+        key = (advice, switchable, replay, width, in_view)
         if key != getattr(self, "_shown", None):
             self._shown = key
-            self.update(render_advice(advice, width, switchable, in_view))
+            self.update(render_advice(advice, width, switchable, in_view, replay))
 
 
 def megabytes(nbytes: int) -> str:
@@ -51,17 +51,20 @@ def spread_text(measured: MeasuredCap) -> str:
     return f"{low * 1e3:.1f}–{high * 1e3:.1f} over {measured.steps} steps"
 
 
-def render_advice(advice: Advice | str | None, width: int, switchable: bool = True, rows_in_view: int = 0) -> Text:
-    """Most needed first: what limits the step, now against the best, what applies the best;
-    then the plot, given the rows left in view (``rows_in_view``; 0: ``PLOT_ROWS``) but at least
-    ``MIN_PLOT_ROWS``, and its axis; then the legend, the measured caps and the cost model."""
+def render_advice(advice: Advice | str | None, width: int, switchable: bool = True, rows_in_view: int = 0,
+                  replay: bool = False) -> Text:
+    """Most needed first: what limits the step, now against the best, what applies the best
+    (``b`` live; a run ddpwatch did not start, its own script's argument; a replay, the next
+    run's flags); then the plot, given the rows left in view (``rows_in_view``; 0: ``PLOT_ROWS``)
+    but at least ``MIN_PLOT_ROWS``, and its axis; then the legend, the measured caps and the cost model."""
     if advice is None:
         return Text("")
     if isinstance(advice, str):
         return Text(f"bucket advisor: {advice}")
     model, now, top = advice.model, advice.current, advice.best
     change = f"{-advice.gain:+.1%}" if advice.gain >= 0.0005 else "as now"
-    action = f"b: switch to {advice.strategy} at {megabytes(top.cap_bytes)}" if switchable else apply_in_your_script(top.cap_bytes)
+    action = (apply_in_your_script(top.cap_bytes) if not switchable else apply_in_the_next_run(advice.strategy, top.cap_bytes)
+              if replay else f"b: switch to {advice.strategy} at {megabytes(top.cap_bytes)}")
     comparison = (f"now {megabytes(now.cap_bytes)}: {now.step_s * 1e3:.1f} ms predicted · ",
                   f"best {megabytes(top.cap_bytes)}: {top.step_s * 1e3:.1f} ms ({change})",
                   f" · 25 MB: {advice.default.step_s * 1e3:.1f} ms")
@@ -99,6 +102,12 @@ def render_advice(advice: Advice | str | None, width: int, switchable: bool = Tr
 def wrapped_rows(line: str, width: int) -> int:
     """Rows ``line`` takes wrapped at ``width`` columns (by characters: words wrap a little later)."""
     return max(1, -(-len(line) // max(1, width)))
+
+
+def apply_in_the_next_run(strategy: str, cap_bytes: int) -> str:
+    """What a replayed train.py run, which cannot be switched, is started with to run at ``cap_bytes``."""
+    mb = f"{cap_bytes / MIB:.3g}"
+    return f"to run at {mb} MB, start train.py with --strategy {strategy} --bucket-mb {mb} (a replay cannot switch)"
 
 
 def apply_in_your_script(cap_bytes: int) -> str:

@@ -8,9 +8,13 @@ import math
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from instrumented_ddp.output_paths import directory_problem, file_in_the_way
 from instrumented_ddp.protocol import DEFAULT_ADDRESS, DEFAULT_MAX_MESSAGE_BYTES, STRATEGY_NAMES, bucket_mb_problem
+
+if TYPE_CHECKING:
+    from .dashboard.app import DashboardApp
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -130,9 +134,18 @@ def run_dashboard(args: argparse.Namespace) -> int:
     positive(args, "max_message_bytes")
     out_dir = writable_out_dir(args.out or default_session_dir())
     feed = ProcessFeed(args.listen, out_dir / SESSION_FILE_NAME, args.max_message_bytes, server_keys(args))
-    DashboardApp(feed, out_dir).run()
+    app = DashboardApp(feed, out_dir)
+    app.run()
     print(f"session recorded in {out_dir}")
-    return 0
+    return exports_failed(app)
+
+
+def exports_failed(app: DashboardApp) -> int:
+    """1, with the reason, where the dashboard could not write its exports (it stayed open)."""
+    if app.export_failure is None:
+        return 0
+    print(f"ddpwatch: error: {app.export_failure}", file=sys.stderr)
+    return 1
 
 
 def run_replay(args: argparse.Namespace) -> int:
@@ -149,8 +162,9 @@ def run_replay(args: argparse.Namespace) -> int:
     if problem:
         raise ValueError(problem)
     out_dir = writable_out_dir(args.out) if args.out is not None else None
-    DashboardApp(ReplayFeed(path, args.speed), out_dir, export_on_exit=out_dir is not None).run()
-    return 0
+    app = DashboardApp(ReplayFeed(path, args.speed), out_dir, export_on_exit=out_dir is not None)
+    app.run()
+    return exports_failed(app)
 
 
 def run_demo(args: argparse.Namespace) -> int:
@@ -183,7 +197,7 @@ def run_demo(args: argparse.Namespace) -> int:
     if failure:
         print(f"ddpwatch demo: error: {failure[0]}", file=sys.stderr)
         return 1
-    return 0
+    return exports_failed(app)
 
 
 def run_record(args: argparse.Namespace) -> int:

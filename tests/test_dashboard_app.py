@@ -292,6 +292,25 @@ async def test_a_replay_at_its_end_says_ended_and_gives_no_eta_where_the_run_nev
         assert " · step 6/10 · ETA — · " in lines[1]
 
 
+async def test_exports_that_cannot_be_written_are_said_and_the_dashboard_stays(tmp_path) -> None:  # noqa: ANN001
+    """The session folder replaced by a file while the dashboard ran: `e` ended the app in a
+    traceback (the live view of a run still training with it), and so did the exports at exit.
+    Now the reason is a notice, kept for the command to print at exit (exit 1)."""
+    out = tmp_path / "session"
+    out.mkdir()
+    app = DashboardApp(StaticFeed(session_messages()), out)  # exports at exit too
+    async with app.run_test(size=(160, 50)) as pilot:
+        await draw_every_message(app, pilot)
+        out.rmdir()
+        out.write_text("a file where the session folder was")
+        await pilot.press("e")
+        await pilot.pause(0.1)
+        said = f"the exports could not be written to {out}: {out} is a file, not a directory"
+        assert app.notices[-1][1] == said and app.export_failure == said
+        assert app.is_running
+    assert app.export_failure == said  # the exports at exit failed the same way, unraised (run_test re-raises what the app raised)
+
+
 async def test_a_replay_offers_no_switch_keys(tmp_path) -> None:  # noqa: ANN001
     """A replay cannot switch: its footer showed "s switch", and the picker opened, was filled in,
     and only then said "this is a replay". Now no switch key is offered, and `s` opens nothing."""

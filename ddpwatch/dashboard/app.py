@@ -17,6 +17,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, VerticalScroll
 from textual.widgets import Footer, TabbedContent, TabPane
 
+from instrumented_ddp.output_paths import file_in_the_way
 from instrumented_ddp.protocol import NOT_SWITCHABLE, STRATEGY_NAMES, Ack, Envelope
 
 from ..control import new_command
@@ -137,6 +138,7 @@ class DashboardApp(App[None]):
         self.run_is_switchable = True  # False for a run ddpwatch did not start (its hello says so)
         self.notices: deque[tuple[float, str]] = deque(maxlen=6)
         self.held_warnings: tuple[str, ...] = ()  # shown until the dashboard closes (``hold_warning``)
+        self.export_failure: str | None = None  # the last export that could not be written, said at exit
         self.frames = 0
         self.frame_seconds = 0.0  # our code's time in frames (bench/dashboard_load.py reports it) ...
         self.frame_parts: Counter[str] = Counter()  # ... by part: "ingest", "build", then each panel's show
@@ -195,7 +197,7 @@ class DashboardApp(App[None]):
         self.feed.stop()
         self.ingest_arrived()  # what came since the last frame is in the session file: the exports match it
         if self.export_on_exit and self.out_dir is not None and self.session.reports:
-            write_exports(self.session, self.out_dir)
+            self.write_exports(self.session, self.out_dir)
 
     # -- the frame ---------------------------------------------------------------------------------
     def ingest_arrived(self, budget_s: float | None = None) -> None:
@@ -228,8 +230,8 @@ class DashboardApp(App[None]):
         where = ""
         if self.export_on_exit and self.out_dir is not None and finished.reports:
             folder = self.out_dir / (finished.session_id or "run")
-            write_exports(finished, folder)
-            where = f"; its exports are in {folder}"
+            if self.write_exports(finished, folder) is not None:
+                where = f"; its exports are in {folder}"
         self.session = new_session()
         self.builder = SnapshotBuilder(self.session)
         self.selected_step = self.selected_rank = None
@@ -455,6 +457,23 @@ class DashboardApp(App[None]):
         if self.out_dir is None:
             self.notify_user("no output directory: replay with --out DIR to export (ddpwatch replay SESSION --out DIR)")
             return
-        paths = write_exports(self.session, self.out_dir)
-        screenshot = self.save_screenshot("dashboard.svg", str(self.out_dir))
-        self.notify_user(f"exported {', '.join(p.name for p in paths.values())} and {Path(screenshot).name} to {self.out_dir}")
+        paths = self.write_exports(self.session, self.out_dir, screenshot=True)
+        if paths is not None:
+            self.notify_user(f"exported {', '.join(p.name for p in paths.values())} to {self.out_dir}")
+
+    def write_exports(self, session: Session, folder: Path, screenshot: bool = False) -> dict[str, Path] | None:
+        """``session``'s exports in ``folder`` (and this screen, ``screenshot``), or None, the
+        reason said and kept for the command to print at exit: a folder removed, replaced or
+        full costs the exports, never the dashboard (its OSError ended the app, the live view
+        of a run still training with it)."""
+        try:
+            paths = write_exports(session, folder)
+            if screenshot:
+                paths["screenshot"] = Path(self.save_screenshot("dashboard.svg", str(folder)))
+        except OSError as error:
+            blocker = file_in_the_way(folder)
+            why = f"{blocker} is a file, not a directory" if blocker is not None else error.strerror or str(error)
+            self.export_failure = f"the exports could not be written to {folder}: {why}"
+            self.notify_user(self.export_failure)
+            return None
+        return paths

@@ -197,7 +197,7 @@ class DashboardApp(App[None]):
         self.feed.stop()
         self.ingest_arrived()  # what came since the last frame is in the session file: the exports match it
         if self.export_on_exit and self.out_dir is not None and self.session.reports:
-            self.write_exports(self.session, self.out_dir)
+            self.export_to(self.session, self.out_dir)
 
     # -- the frame ---------------------------------------------------------------------------------
     def ingest_arrived(self, budget_s: float | None = None) -> None:
@@ -230,7 +230,7 @@ class DashboardApp(App[None]):
         where = ""
         if self.export_on_exit and self.out_dir is not None and finished.reports:
             folder = self.out_dir / (finished.session_id or "run")
-            if self.write_exports(finished, folder) is not None:
+            if self.export_to(finished, folder) is not None:
                 where = f"; its exports are in {folder}"
         self.session = new_session()
         self.builder = SnapshotBuilder(self.session)
@@ -457,11 +457,11 @@ class DashboardApp(App[None]):
         if self.out_dir is None:
             self.notify_user("no output directory: replay with --out DIR to export (ddpwatch replay SESSION --out DIR)")
             return
-        paths = self.write_exports(self.session, self.out_dir, screenshot=True)
+        paths = self.export_to(self.session, self.out_dir, screenshot=True)
         if paths is not None:
             self.notify_user(f"exported {', '.join(p.name for p in paths.values())} to {self.out_dir}")
 
-    def write_exports(self, session: Session, folder: Path, screenshot: bool = False) -> dict[str, Path] | None:
+    def export_to(self, session: Session, folder: Path, screenshot: bool = False) -> dict[str, Path] | None:
         """``session``'s exports in ``folder`` (and this screen, ``screenshot``), or None, the
         reason said and kept for the command to print at exit: a folder removed, replaced or
         full costs the exports, never the dashboard (its OSError ended the app, the live view

@@ -140,11 +140,11 @@ def run_dashboard(args: argparse.Namespace) -> int:
     return exports_failed(app)
 
 
-def exports_failed(app: DashboardApp) -> int:
+def exports_failed(app: DashboardApp, command: str = "ddpwatch") -> int:
     """1, with the reason, where the dashboard could not write its exports (it stayed open)."""
     if app.export_failure is None:
         return 0
-    print(f"ddpwatch: error: {app.export_failure}", file=sys.stderr)
+    print(f"{command}: error: {app.export_failure}", file=sys.stderr)
     return 1
 
 
@@ -164,7 +164,7 @@ def run_replay(args: argparse.Namespace) -> int:
     out_dir = writable_out_dir(args.out) if args.out is not None else None
     app = DashboardApp(ReplayFeed(path, args.speed), out_dir, export_on_exit=out_dir is not None)
     app.run()
-    return exports_failed(app)
+    return exports_failed(app, "ddpwatch replay")
 
 
 def run_demo(args: argparse.Namespace) -> int:
@@ -197,7 +197,7 @@ def run_demo(args: argparse.Namespace) -> int:
     if failure:
         print(f"ddpwatch demo: error: {failure[0]}", file=sys.stderr)
         return 1
-    return exports_failed(app)
+    return exports_failed(app, "ddpwatch demo")
 
 
 def run_record(args: argparse.Namespace) -> int:

@@ -19,7 +19,7 @@ from ddpwatch.metrics import ONE_RANK_NOTE
 from ddpwatch.dashboard.app import FULL_COLLECTION_AFTER, LARGE_JOB_FULL_COLLECTION_AFTER, DashboardApp, stack_the_ranks
 from ddpwatch.dashboard.feeds import ReplayFeed, StaticFeed
 from ddpwatch.dashboard.process_feed import ProcessFeed
-from ddpwatch.dashboard.screens.help_screen import HelpScreen
+from ddpwatch.dashboard.screens.help_screen import HelpScreen, help_text
 from ddpwatch.dashboard.snapshot import Snapshot, SnapshotBuilder
 from ddpwatch.dashboard.widgets.rank_heatmap import HEADER_ROWS, RankHeatmap
 from ddpwatch.dashboard.widgets.ranks_table import COLUMNS, RanksTable
@@ -113,6 +113,10 @@ async def test_help_screen_lists_the_keys() -> None:
         assert all(len(line) <= box.content_region.width for line in lines)  # none wrapped by the box
         await pilot.press("escape")
         assert not isinstance(app.screen, HelpScreen)
+        assert not any("Not offered" in line for line in lines)
+    # where the switch keys are not offered, the list still names them: it says so first
+    assert str(help_text(NOT_SWITCHABLE)).splitlines()[2:4] == [
+        "Not offered here (this run was not started by ddpwatch: switching is off):", "s, 1 … 9, + -, ] [ and b."]
 
 
 async def test_malformed_messages_are_counted_and_shown() -> None:
@@ -330,6 +334,9 @@ async def test_a_replay_offers_no_switch_keys(tmp_path) -> None:  # noqa: ANN001
         await pilot.press("s", "5")
         await pilot.pause(0.1)
         assert not isinstance(app.screen, StrategyPicker) and not app.pending_switches
+        await pilot.press("question_mark")
+        await pilot.pause(0.1)
+        assert "Not offered here (a replay cannot switch): s, 1 … 9, + -, ] [ and b." in str(app.screen.query_one("#help-text", Static).render())
 
 
 async def test_a_run_started_again_after_the_last_one_ended_gets_a_session_of_its_own(tmp_path) -> None:  # noqa: ANN001

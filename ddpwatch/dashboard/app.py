@@ -372,7 +372,8 @@ class DashboardApp(App[None]):
         self.side_tabs.active = tabs[(tabs.index(self.side_tabs.active) + delta) % len(tabs)]
 
     def action_help(self) -> None:
-        self.push_screen(HelpScreen())
+        off = NOT_SWITCHABLE if not self.run_is_switchable else None if self.feed.can_switch else "a replay cannot switch"
+        self.push_screen(HelpScreen(off))
 
     def action_toggle_pause(self) -> None:
         if self.selected_step is None:

@@ -38,12 +38,17 @@ KEY_WIDTH = 11
 TEXT_WIDTH = 80 - 2 - 4
 
 
-def help_text() -> Content:
+def help_text(switching_off: str | None = None) -> Content:
     """The keys as styled text, not markup: a key such as ``] / [`` is not a tag to escape (an
     escaped ``[`` at the end of a key still met the closing ``[/b]`` and drew ``[[/b]``). A long
     description wraps under itself, not under the keys (the nine strategies' line put "fsdp" at
-    the box's left edge)."""
+    the box's left edge). ``switching_off``: why this run's switch keys are not offered (a
+    replay, a run ddpwatch did not start), said first: the list names them all the same."""
     parts: list[str | tuple[str, str]] = [("ddpwatch keys", "bold"), "\n\n"]
+    if switching_off:
+        parts += [(line + "\n", "italic") for line in textwrap.wrap(f"Not offered here ({switching_off}): s, 1 … "
+                                                                      f"{len(STRATEGY_NAMES)}, + -, ] [ and b.", TEXT_WIDTH)]
+        parts += ["\n"]
     indent = " " * (KEY_WIDTH + 2)
     for key, what in KEYS:
         lines = textwrap.wrap(what, TEXT_WIDTH - len(indent))
@@ -55,9 +60,13 @@ def help_text() -> Content:
 class HelpScreen(ModalScreen[None]):
     BINDINGS = [("escape,question_mark,q", "dismiss", "close")]
 
+    def __init__(self, switching_off: str | None = None) -> None:
+        super().__init__()
+        self.switching_off = switching_off
+
     def compose(self) -> ComposeResult:
         with Vertical(id="help-box"):
-            yield Static(help_text(), id="help-text")
+            yield Static(help_text(self.switching_off), id="help-text")
 
     def action_dismiss(self) -> None:  # type: ignore[override]
         self.dismiss(None)

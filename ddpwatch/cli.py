@@ -107,6 +107,19 @@ def writable_out_dir(path: Path, flag: str = "--out") -> Path:
     return path
 
 
+def session_file_to_read(given: Path) -> Path:
+    """The session file ``given`` names (its directory or the file itself), refused in one line
+    where there is none or it holds no ddpwatch message (``replay`` and ``summary``)."""
+    from .session_file import not_a_session_file, session_file_in
+
+    path = session_file_in(given)
+    if not path.is_file():
+        raise ValueError(f"{given} holds no session file")
+    if problem := not_a_session_file(path):
+        raise ValueError(problem)
+    return path
+
+
 def default_session_dir() -> Path:
     import time
 
@@ -151,16 +164,10 @@ def exports_failed(app: DashboardApp, command: str = "ddpwatch") -> int:
 def run_replay(args: argparse.Namespace) -> int:
     from .dashboard.app import DashboardApp
     from .dashboard.feeds import ReplayFeed
-    from .session_file import not_a_session_file, session_file_in
 
     if not (math.isfinite(args.speed) and args.speed >= 0):  # inf and nan too: the replay's clock runs at it
         raise ValueError("--speed must be 0 (as fast as possible) or a positive, finite number")
-    path = session_file_in(args.session)
-    if not path.is_file():
-        raise ValueError(f"{args.session} holds no session file")
-    problem = not_a_session_file(path)
-    if problem:
-        raise ValueError(problem)
+    path = session_file_to_read(args.session)
     out_dir = writable_out_dir(args.out) if args.out is not None else None
     app = DashboardApp(ReplayFeed(path, args.speed), out_dir, export_on_exit=out_dir is not None)
     app.run()
@@ -226,16 +233,13 @@ def positive(args: argparse.Namespace, *flags: str) -> None:
 def run_summary(args: argparse.Namespace) -> int:
     from .exporters import summary, summary_markdown
     from .recorder import load_session
-    from .session_file import not_a_session_file, session_file_in
+    from .session_file import session_file_in
 
     path: Path = args.session
     if (path / "summary.json").is_file():
         data = json.loads((path / "summary.json").read_text())
     elif session_file_in(path).is_file():
-        problem = not_a_session_file(session_file_in(path))
-        if problem:
-            raise ValueError(problem)
-        data = summary(load_session(session_file_in(path)))
+        data = summary(load_session(session_file_to_read(path)))
     else:
         raise ValueError(f"{path} holds no summary.json and no session file")
     print(summary_markdown(data))

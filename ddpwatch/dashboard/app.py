@@ -372,8 +372,7 @@ class DashboardApp(App[None]):
         self.side_tabs.active = tabs[(tabs.index(self.side_tabs.active) + delta) % len(tabs)]
 
     def action_help(self) -> None:
-        off = NOT_SWITCHABLE if not self.run_is_switchable else None if self.feed.can_switch else "a replay cannot switch"
-        self.push_screen(HelpScreen(off))
+        self.push_screen(HelpScreen(self.switching_off))
 
     def action_toggle_pause(self) -> None:
         if self.selected_step is None:
@@ -398,17 +397,22 @@ class DashboardApp(App[None]):
             return "", None, None
         return hello.strategy, hello.settings.get("bucket_mb"), hello.settings.get("grad_accum")
 
+    @property
+    def switching_off(self) -> str | None:
+        """Why this run cannot be switched from here, or None: a replay, or a run ddpwatch did not
+        start (its hello says so). The switch keys, the help and a switch asked for all read it."""
+        if not self.feed.can_switch:
+            return "a replay cannot switch"
+        return None if self.run_is_switchable else NOT_SWITCHABLE
+
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        """A run ddpwatch did not start cannot switch, nor can a replay: their switch keys are not
-        offered (a replay offered them, and its picker was filled in before it said no)."""
-        return (self.run_is_switchable and self.feed.can_switch) or action not in SWITCH_ACTIONS
+        """Where switching is off, the switch keys are not offered (a replay offered them, and its
+        picker was filled in before it said no)."""
+        return self.switching_off is None or action not in SWITCH_ACTIONS
 
     def request_switch(self, strategy: str, bucket_mb: float | None = None, grad_accum: int | None = None) -> None:
-        if not self.feed.can_switch:
-            self.notify_user("this is a replay: switching needs a live run")
-            return
-        if not self.run_is_switchable:
-            self.notify_user(NOT_SWITCHABLE)
+        if (off := self.switching_off) is not None:
+            self.notify_user(off)
             return
         command = new_command(strategy, bucket_mb, grad_accum)
         self.pending_switches[command.command_id] = strategy

@@ -29,7 +29,7 @@ import torch
 import instrumented_ddp
 from instrumented_ddp.distributed import DistributedContext, exit_process, init_distributed, resolve_device, shutdown_distributed
 from instrumented_ddp.memory import MemorySampler
-from instrumented_ddp.output_paths import directory_problem, file_problem
+from instrumented_ddp.output_paths import outputs_problem
 from instrumented_ddp.protocol import DEFAULT_ADDRESS, address_problem, bucket_mb_problem, is_loopback, load_client_keys
 from instrumented_ddp.replicas import gather_digests, ranks_that_differ
 from instrumented_ddp.strategies import strategy_class
@@ -91,8 +91,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if problem := unavailable_strategy(args.strategy):
         parser.error(f"--strategy {problem}")
     # here, not as a traceback when the profiler writes at step 8 or the state_dict after the last step
-    if problem := (args.profile and directory_problem("--profile", args.profile)) or \
-            (args.save_final and file_problem("--save-final", args.save_final)):
+    if problem := outputs_problem(args.profile, args.save_final):
         parser.error(problem)
     try:  # init_distributed's own rule, here before any process group (it was a traceback from there)
         resolve_device(args.device, 0)

@@ -25,7 +25,7 @@ from transformers import Trainer, TrainerCallback, TrainingArguments
 from instrumented_ddp import data, models
 from instrumented_ddp.distributed import exit_process
 from instrumented_ddp.integrations import DDPWatchCallback
-from instrumented_ddp.output_paths import directory_problem, file_problem
+from instrumented_ddp.output_paths import outputs_problem
 from instrumented_ddp.protocol import DEFAULT_ADDRESS, bucket_mb_problem
 
 
@@ -66,8 +66,7 @@ def main() -> None:
             parser.error(f"--{flag.replace('_', '-')} must be at least 1, not {getattr(args, flag)}")
     if args.bucket_mb is not None and (problem := bucket_mb_problem(args.bucket_mb, "--bucket-mb")):
         parser.error(problem)
-    if problem := (args.profile and directory_problem("--profile", args.profile)) or \
-            (args.save_final and file_problem("--save-final", args.save_final)):  # else a traceback at step 8 or at the end
+    if problem := outputs_problem(args.profile, args.save_final):  # else a traceback at step 8 or after the last step
         parser.error(problem)
     if args.fsdp and args.bucket_mb is not None:
         parser.error("--bucket-mb is DDP's bucket cap: FSDP has no buckets (it gathers and reduces one unit at a time)")

@@ -24,7 +24,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import instrumented_ddp
 from instrumented_ddp.distributed import exit_process
-from instrumented_ddp.output_paths import directory_problem, file_problem
+from instrumented_ddp.output_paths import outputs_problem
 from instrumented_ddp.protocol import DEFAULT_ADDRESS, bucket_mb_problem
 
 
@@ -59,8 +59,7 @@ def main() -> None:
             parser.error(f"--{flag.replace('_', '-')} must be at least 1, not {getattr(args, flag)}")
     if problem := bucket_mb_problem(args.bucket_mb, "--bucket-mb"):  # inf went on into DDP's traceback
         parser.error(problem)
-    if problem := (args.profile and directory_problem("--profile", args.profile)) or \
-            (args.save_final and file_problem("--save-final", args.save_final)):  # else a traceback at step 8 or at the end
+    if problem := outputs_problem(args.profile, args.save_final):  # else a traceback at step 8 or after the last step
         parser.error(problem)
     if args.compile and args.compile not in torch._dynamo.list_backends(exclude_tags=()):  # else Dynamo's traceback at step 1
         parser.error(f"--compile {args.compile}: torch.compile has no such backend (inductor, aot_eager, ...: "

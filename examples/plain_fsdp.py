@@ -27,7 +27,7 @@ from torch.distributed.fsdp import fully_shard
 
 import instrumented_ddp
 from instrumented_ddp.distributed import exit_process
-from instrumented_ddp.output_paths import directory_problem
+from instrumented_ddp.output_paths import outputs_problem
 from instrumented_ddp.protocol import DEFAULT_ADDRESS
 
 
@@ -63,7 +63,7 @@ def main() -> None:
     for flag in ("steps", "batch_size", "grad_accum", "width", "layers", "replicas"):  # one line, exit 2, before any process group, as train.py
         if getattr(args, flag) < 1:
             parser.error(f"--{flag.replace('_', '-')} must be at least 1, not {getattr(args, flag)}")
-    if args.profile and (problem := directory_problem("--profile", args.profile)):  # else a traceback at step 8
+    if problem := outputs_problem(args.profile):  # else a traceback at step 8
         parser.error(problem)
 
     on_gpu = torch.cuda.is_available()

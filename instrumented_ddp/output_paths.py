@@ -50,3 +50,9 @@ def file_problem(flag: str, path: str) -> str | None:
     if why is None and target.exists() and not os.access(target, os.W_OK):
         why = f"{target} is not writable"
     return None if why is None else f"{flag} {path}: {why}"
+
+
+def outputs_problem(profile: str | None = None, save_final: str | None = None) -> str | None:
+    """The scripts' two output flags checked at once: ``--profile DIR`` (the profiler's traces,
+    written from step 8) and ``--save-final FILE`` (written after the last step)."""
+    return (profile and directory_problem("--profile", profile)) or (save_final and file_problem("--save-final", save_final)) or None

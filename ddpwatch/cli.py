@@ -130,8 +130,8 @@ def server_keys(args: argparse.Namespace):  # noqa: ANN201 - ServerKeys | None, 
     """The CURVE keys to listen with (made on first use), telling the user where the client file is."""
     if args.keys is None:
         return None
-    if (blocker := file_in_the_way(args.keys)) is not None:  # else mkdir's bare "[Errno 17] File exists"
-        raise ValueError(f"--keys {args.keys}: {blocker} is a file, not a directory (the key directory, made if missing)")
+    if (in_the_way := file_in_the_way(args.keys)) is not None:  # else mkdir's bare "[Errno 17] File exists"
+        raise ValueError(f"--keys {args.keys}: {in_the_way} (the key directory, made if missing)")
     from .auth import ensure_keys
 
     keys, client_file = ensure_keys(args.keys)

@@ -13,18 +13,19 @@ import os
 from pathlib import Path
 
 
-def file_in_the_way(directory: Path) -> Path | None:
-    """The file at ``directory`` or at the nearest of its parents that exists, where a directory
-    is wanted, or None: what makes ``mkdir`` fail with a bare *File exists* or *Not a directory*."""
+def file_in_the_way(directory: Path) -> str | None:
+    """*X is a file, not a directory*, X the file at ``directory`` or at the nearest of its
+    parents that exists, where a directory is wanted, or None: what makes ``mkdir`` fail with a
+    bare *File exists* or *Not a directory*."""
     nearest = next((part for part in (directory, *directory.parents) if part.exists()), None)
-    return nearest if nearest is not None and not nearest.is_dir() else None
+    return f"{nearest} is a file, not a directory" if nearest is not None and not nearest.is_dir() else None
 
 
 def _why_not_a_directory(directory: Path) -> str | None:
     """Make ``directory`` (and its parents) now, as the writer would later; why it cannot be
     made or written to, or None."""
-    if (blocker := file_in_the_way(directory)) is not None:
-        return f"{blocker} is a file, not a directory"
+    if (in_the_way := file_in_the_way(directory)) is not None:
+        return in_the_way
     try:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as error:

@@ -476,8 +476,7 @@ class DashboardApp(App[None]):
             if screenshot:
                 paths["screenshot"] = Path(self.save_screenshot("dashboard.svg", str(folder)))
         except OSError as error:
-            blocker = file_in_the_way(folder)
-            why = f"{blocker} is a file, not a directory" if blocker is not None else error.strerror or str(error)
+            why = file_in_the_way(folder) or error.strerror or str(error)
             self.export_failure = f"the exports could not be written to {folder}: {why}"
             self.notify_user(self.export_failure)
             return None

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import resource
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
@@ -41,16 +42,34 @@ def storage_bytes(tensors: Iterable[torch.Tensor | None]) -> int:
     """Bytes of the distinct storages behind ``tensors`` (``None`` and empty ones hold nothing)."""
     seen: set[int] = set()
     total = 0
-    for tensor in tensors:
-        if tensor is None:
-            continue
-        tensor = getattr(tensor, "_local_tensor", tensor)  # a DTensor's shard (read by name: no DTensor import)
+    for tensor in held_tensors(tensors):
         storage = tensor.untyped_storage()
         if storage.nbytes() == 0 or storage.data_ptr() in seen:
             continue
         seen.add(storage.data_ptr())
         total += storage.nbytes()
     return total
+
+
+_COMPRESSED_INDICES = {torch.sparse_csr: ("crow_indices", "col_indices"), torch.sparse_bsr: ("crow_indices", "col_indices"),
+                       torch.sparse_csc: ("ccol_indices", "row_indices"), torch.sparse_bsc: ("ccol_indices", "row_indices")}
+
+
+def held_tensors(tensors: Iterable[torch.Tensor | None]) -> Iterable[torch.Tensor]:
+    """The strided tensors that hold the bytes of ``tensors``: a DTensor's local shard, a sparse
+    tensor's indices and values (a sparse embedding's gradient, under DDP's ``sparse=True``: it has no
+    storage of its own, and asking for one raises)."""
+    for tensor in tensors:
+        if tensor is None:
+            continue
+        tensor = getattr(tensor, "_local_tensor", tensor)  # a DTensor's shard (read by name: no DTensor import)
+        if tensor.layout == torch.sparse_coo:
+            yield from (tensor._indices(), tensor._values())
+        elif tensor.layout in _COMPRESSED_INDICES:
+            compressed, plain = _COMPRESSED_INDICES[tensor.layout]
+            yield from (getattr(tensor, compressed)(), getattr(tensor, plain)(), tensor.values())
+        else:
+            yield tensor
 
 
 def held_memory(strategy: HoldsTrainingState) -> MemoryHeld:
@@ -95,14 +114,21 @@ class MemorySampler:
         self.every = every
         self._strategy: HoldsTrainingState | None = None
         self._steps = 0
+        self.unmeasurable: str | None = None  # why held_memory failed, once it has: no more tries
 
     def sample(self, strategy: HoldsTrainingState) -> dict[str, int] | None:
         if strategy is not self._strategy:
             self._strategy, self._steps = strategy, 0
         self._steps += 1
-        if self._steps % self.every != 2 % self.every:
+        if self._steps % self.every != 2 % self.every or self.unmeasurable is not None:
             return None
-        return held_memory(strategy)._asdict()
+        try:
+            return held_memory(strategy)._asdict()
+        except (RuntimeError, NotImplementedError) as error:  # a tensor kind not counted yet: telemetry never stops training
+            self.unmeasurable = f"{type(error).__name__}: {error}".splitlines()[0]
+            print(f"ddpwatch: the memory this rank holds cannot be measured ({self.unmeasurable}): "
+                  "its memory columns stay empty; training goes on", file=sys.stderr, flush=True)
+            return None
 
 
 @dataclass

@@ -319,6 +319,33 @@ def test_the_attached_hook_leaves_parameters_bitwise_those_of_plain_ddp(one_rank
         assert torch.equal(a, b)
 
 
+def test_a_sparse_embedding_trains_attached_bitwise_and_its_gradient_is_counted_sparse(
+        one_rank_group: None, sent: list[Any]) -> None:
+    """DDP all-reduces a ``sparse=True`` embedding's gradient as it is; counting the memory held
+    asked a sparse tensor for its storage and raised in the user's ``optimizer.step()``."""
+    def make() -> tuple[DistributedDataParallel, torch.optim.Optimizer]:
+        torch.manual_seed(0)
+        model = TinyClassifier()
+        model.embed = nn.Embedding(50, 16, sparse=True)
+        ddp = DistributedDataParallel(model, bucket_cap_mb=0.001)
+        return ddp, torch.optim.SGD(ddp.parameters(), lr=0.1)
+
+    (watched, watched_optimizer), (plain, plain_optimizer) = make(), make()
+    with attached(watched, watched_optimizer):
+        train(watched, watched_optimizer, steps=3)
+    train(plain, plain_optimizer, steps=3)
+    for a, b in zip(watched.parameters(), plain.parameters(), strict=True):
+        assert torch.equal(a, b)
+    reports = [m for m in sent if isinstance(m, StepReport)]
+    buckets = len(watched._get_ddp_logging_data()["rebuilt_bucket_sizes"].split(","))
+    assert [sum(s.kind == "all_reduce" for s in r.spans) for r in reports][1:] == [buckets] * 2
+    held = reports[1].memory  # a strategy's second step is measured
+    # the table's gradient, summed by the all-reduce, is a row of 16 floats and an int64 index per distinct
+    # token of the step's batch, not the 50 x 16 floats of the table
+    rows = len(batch(1)["input_ids"].unique())
+    assert held is not None and held["parameters"] - held["gradients"] == 50 * 16 * 4 - rows * (16 * 4 + 8)
+
+
 class CheckpointedBody(nn.Module):
     """Reentrant activation checkpointing (``use_reentrant=True``): each checkpointed layer's
     backward runs as a backward of its own, nested in the step's, and the DDP buckets whose last

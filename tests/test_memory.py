@@ -17,6 +17,17 @@ def test_views_of_one_buffer_count_it_once_and_empty_or_missing_tensors_nothing(
     assert storage_bytes([torch.zeros(3, dtype=torch.float64), torch.zeros(3)]) == 24 + 12
 
 
+@pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta")
+def test_a_sparse_gradient_counts_its_indices_and_values() -> None:
+    # a sparse embedding's gradient (DDP supports them): 3 rows of 4 float32 values = 48 bytes,
+    # and 3 int64 row indices in a 1 x 3 index tensor = 24; the dense 10 x 4 would be 160
+    coo = torch.sparse_coo_tensor(torch.tensor([[1, 4, 7]]), torch.ones(3, 4), (10, 4))
+    assert storage_bytes([coo]) == 48 + 24
+    # CSR of a 3 x 3 with 2 values: 4 int64 row pointers (32) + 2 int64 columns (16) + 2 floats (8)
+    csr = torch.sparse_csr_tensor(torch.tensor([0, 1, 1, 2]), torch.tensor([0, 2]), torch.ones(2), (3, 3))
+    assert storage_bytes([csr]) == 32 + 16 + 8
+
+
 def test_sampler_measures_a_strategys_second_step_then_every_tenth() -> None:
     class Strategy:  # what held_memory reads
         def __init__(self) -> None:
@@ -73,3 +84,17 @@ def test_allocation_peak_is_the_highest_rise_above_the_start_with_what_was_alive
     assert allocation_peak(records) == AllocationPeak(rise=150, at=2, alive={0xA: 100, 0xB: 50})
     assert allocation_peak([]) == AllocationPeak()  # nothing allocated: no rise
     assert allocation_peak([(1, -64, 0xF)]) == AllocationPeak()  # only frees: the rise never passes 0
+
+
+def test_a_rank_whose_memory_cannot_be_measured_says_so_once_and_trains_on(capsys: pytest.CaptureFixture[str]) -> None:
+    class Unmeasurable:  # a tensor kind held_memory cannot count yet
+        optimizer = None
+
+        def held_parameters(self) -> list[torch.Tensor]:
+            raise NotImplementedError("Cannot access storage of SomeTensorImpl")
+
+    sampler = MemorySampler(every=1)
+    assert [sampler.sample(Unmeasurable()) for _ in range(3)] == [None, None, None]
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == ["ddpwatch: the memory this rank holds cannot be measured (NotImplementedError: Cannot access "
+                     "storage of SomeTensorImpl): its memory columns stay empty; training goes on"]

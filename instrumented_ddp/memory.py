@@ -76,11 +76,22 @@ def held_memory(strategy: HoldsTrainingState) -> MemoryHeld:
     """This rank's bytes of parameters, gradients and optimizer state, and its peak."""
     parameters = strategy.held_parameters()
     gradients = [p.grad for p in parameters]  # the shards' too: ``held_parameters`` includes them
-    optimizer = strategy.optimizer
-    state = [] if optimizer is None else [v for entries in optimizer.state.values() for v in entries.values()
-                                          if isinstance(v, torch.Tensor)]
-    return MemoryHeld(storage_bytes(parameters), storage_bytes(gradients), storage_bytes(state),
+    return MemoryHeld(storage_bytes(parameters), storage_bytes(gradients), storage_bytes(optimizer_state(strategy.optimizer)),
                       peak_bytes(parameters[0].device if parameters else torch.device("cpu")))
+
+
+def optimizer_state(optimizer: torch.optim.Optimizer | None) -> list[torch.Tensor]:
+    """The tensors of ``optimizer``'s state, and of the optimizers it wraps: PyTorch's
+    ``ZeroRedundancyOptimizer`` keeps its shard's state in the one it steps (``.optim``) and none in
+    its own ``state``; Accelerate's wrapper keeps the real one as ``.optimizer``."""
+    tensors: list[torch.Tensor] = []
+    seen: set[int] = set()
+    while isinstance(optimizer, torch.optim.Optimizer) and id(optimizer) not in seen:
+        seen.add(id(optimizer))
+        tensors += [v for entries in optimizer.state.values() for v in entries.values() if isinstance(v, torch.Tensor)]
+        inner = getattr(optimizer, "optim", None)
+        optimizer = inner if isinstance(inner, torch.optim.Optimizer) else getattr(optimizer, "optimizer", None)
+    return tensors
 
 
 def peak_bytes(device: torch.device) -> int:

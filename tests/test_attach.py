@@ -346,6 +346,22 @@ def test_a_sparse_embedding_trains_attached_bitwise_and_its_gradient_is_counted_
     assert held is not None and held["parameters"] - held["gradients"] == 50 * 16 * 4 - rows * (16 * 4 + 8)
 
 
+def test_a_zero_redundancy_optimizers_state_is_counted_where_it_keeps_it(one_rank_group: None, sent: list[Any]) -> None:
+    """PyTorch's ZeRO-1 beside DDP keeps its shard's state in the optimizer it steps (``.optim``),
+    none in its own ``state``: the memory column read 0 bytes of optimizer state."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+    torch.manual_seed(0)
+    ddp = DistributedDataParallel(TinyClassifier(), bucket_cap_mb=0.001)
+    optimizer = ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=torch.optim.AdamW, lr=1e-3)
+    with attached(ddp, optimizer):
+        train(ddp, optimizer, steps=2)
+    held = [m for m in sent if isinstance(m, StepReport)][1].memory
+    # 2,979 parameters (embedding 50 x 16, 16 x 64 + 64, 64 x 16 + 16, 16 x 3 + 3) in float32: 11,916 bytes;
+    # one rank holds all of AdamW's state: two moments of each, and a float32 step count for each of the 7 tensors
+    assert held["parameters"] == 11_916
+    assert held["optimizer_state"] == 2 * 11_916 + 7 * 4
+
+
 class CheckpointedBody(nn.Module):
     """Reentrant activation checkpointing (``use_reentrant=True``): each checkpointed layer's
     backward runs as a backward of its own, nested in the step's, and the DDP buckets whose last

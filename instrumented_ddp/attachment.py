@@ -36,7 +36,9 @@ Where the phases come from, since the loop is not ours to mark:
   bit for bit. DDP's first iteration (one bucket of everything, before DDP rebuilds its buckets)
   is excluded from the statistics, as for the ``ddp`` strategy; under ``static_graph`` its first
   two (``DDPTiming.on_first_buckets``). Under FSDP2 every unit's all-gather and reduce-scatter
-  goes through FSDP's custom-comm hooks, issuing what its defaults issue (``FSDPTiming``).
+  goes through FSDP's custom-comm hooks, issuing what its defaults issue (``FSDPTiming``);
+- ``detach()`` leaves that hook (DDP cannot drop one) averaging untimed, and a later ``attach`` of
+  the same model (a Trainer's second ``train()``) times it again, a new run on the dashboard.
 
 An attached run cannot switch strategies: the loop is the user's. Its hello says so, the
 dashboard offers no switch, and a switch command is answered with a refusal.
@@ -123,15 +125,17 @@ def attach_problem(model: Any, optimizer: Any) -> str | None:
         return f"the model is a {kind}, not a DistributedDataParallel module"
     if getattr(model, "_ddpwatch_attached", False):
         return f"this {type(model).__name__} is already attached: call attach once per model"
-    hook = existing_comm_hook(model) if isinstance(model, DistributedDataParallel) else None
+    resumed = getattr(model, "_ddpwatch_timing", None) is not None  # attached and detached: its timing kept
+    hook = existing_comm_hook(model) if isinstance(model, DistributedDataParallel) and not resumed else None
     if hook is not None:
         return (f"this DistributedDataParallel already has the communication hook {hook!r}, and DDP takes only one: "
                 "ddpwatch times each bucket through its own hook (which does what DDP's default does); "
-                "remove the register_comm_hook call to watch this run")
+                "remove the register_comm_hook call (or Accelerate's DistributedDataParallelKwargs comm_hook) "
+                "to watch this run")
     inner = innermost_optimizer(optimizer)
     if not isinstance(inner, torch.optim.Optimizer):
         return f"the optimizer is a {type(optimizer).__name__}, not a torch.optim.Optimizer: pass the one that steps this model"
-    if training_began(model):
+    if training_began(model) and not resumed:
         return "training has already begun (gradients exist): call attach right after wrapping in DDP, before the first backward"
     return None
 
@@ -343,8 +347,14 @@ class Attachment:
             "parameter_layout": parameter_layout(module), "all_reduce_group": meets, "total_steps": total_steps,
         }, keys=keys, switchable=False)
         self.timeline = self.watch.timeline
-        self.timing: DDPTiming | FSDPTiming = sharded_timing(model, self.timeline) if sharded else DDPTiming(model, self.timeline)
-        self.timing.install()
+        kept: DDPTiming | FSDPTiming | None = getattr(model, "_ddpwatch_timing", None)
+        if kept is not None:  # attached before and detached: DDP keeps the hook it was given, FSDP its comms
+            kept.resume(self.timeline)
+            self.timing = kept
+        else:
+            self.timing = sharded_timing(model, self.timeline) if sharded else DDPTiming(model, self.timeline)
+            self.timing.install()
+            model._ddpwatch_timing = self.timing
         self._steps = 0
         self._micro_steps = 0  # backwards in this step
         self._forwards: list[TrainingForward] = []  # this step's, with what each returned (``loss_of``)

@@ -88,10 +88,16 @@ class DDPTiming:
         profiler's for a typical 5.4 ms in an attached Trainer run). A Python hook on every
         parameter cost 1-2 % of the tiny model's step on two cores, so the looks are spread by
         gradient elements instead (``parameters_to_look_from``)."""
+        if not isinstance(self.process_group, ForwardingGroup):
+            self.ddp.register_comm_hook(state=None, hook=self._all_reduce_hook())
+        self.resume(self.timeline)
+
+    def resume(self, timeline: StepTimeline | NullTimeline) -> None:
+        """Time the buckets on ``timeline``: at ``install``, and again after ``stop_timing`` for a
+        second ``attach`` of the same DDP (a Trainer's second ``train()``), whose hook it kept."""
+        self.timeline = timeline
         if isinstance(self.process_group, ForwardingGroup):
             self.process_group.watcher = self._launch_watched_bucket
-        else:
-            self.ddp.register_comm_hook(state=None, hook=self._all_reduce_hook())
         self.ddp._distributed_broadcast_coalesced = self._timed_buffer_broadcast(self.ddp._distributed_broadcast_coalesced)
         if self.timeline.polls:
             poll = self.timeline.poll

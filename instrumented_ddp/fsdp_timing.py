@@ -180,6 +180,12 @@ class FSDPTiming:
             if time_replica_all_reduces(unit, replicas):
                 self._comms.append(replicas)
 
+    def resume(self, timeline: StepTimeline | NullTimeline) -> None:
+        """Time the units' comms on ``timeline`` again, after ``stop_timing`` (a second ``attach``)."""
+        for comm in self._comms:
+            comm.timeline = timeline
+        self.timeline = timeline
+
     def stop_timing(self) -> None:
         """FSDP has no way back to its default comms but to set them again, a private class: the
         timed ones stay and go on issuing the same collectives, untimed (the all-reduces across

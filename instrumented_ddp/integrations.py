@@ -43,7 +43,9 @@ class DDPWatchCallback(TrainerCallback):
     ``on_train_end``. Where the Trainer built no DDP, the run is trained as usual, with one line
     saying why there is nothing to watch: one process (Accelerate wraps a model in DDP only for
     two or more, torchrun's one process included), or another wrapper (FSDP1, DeepSpeed), which
-    ``attach`` does not watch. Raising there would stop a training run for its telemetry."""
+    ``attach`` does not watch; so is a model ``attach`` refuses (a DDP given a communication hook
+    through Accelerate's ``DistributedDataParallelKwargs``). Raising there would stop a training
+    run for its telemetry. A second ``train()`` attaches again to the DDP the first one built."""
 
     def __init__(self, trainer: Any = None, *, address: str = DEFAULT_ADDRESS, watch_key: str | None = None) -> None:
         self.trainer = trainer
@@ -64,9 +66,12 @@ class DDPWatchCallback(TrainerCallback):
             print(f"ddpwatch: {unwatched_because(wrapped)}: training goes on unwatched", file=sys.stderr, flush=True)
             return
         planned = getattr(state, "max_steps", 0)  # the Trainer's optimizer steps: the dashboard's progress and ETA
-        self.attachment = attach(wrapped, optimizer if optimizer is not None else self.trainer.optimizer,
-                                 address=self.address, watch_key=self.watch_key,
-                                 total_steps=planned if isinstance(planned, int) and planned > 0 else 0)
+        try:
+            self.attachment = attach(wrapped, optimizer if optimizer is not None else self.trainer.optimizer,
+                                     address=self.address, watch_key=self.watch_key,
+                                     total_steps=planned if isinstance(planned, int) and planned > 0 else 0)
+        except AttachError as refused:  # e.g. Accelerate's comm_hook on the DDP: said, and the Trainer trains
+            print(f"ddpwatch: {refused}: training goes on unwatched", file=sys.stderr, flush=True)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.attachment is not None:

@@ -434,6 +434,29 @@ def test_detach_removes_the_hooks_and_ddp_averages_on_untimed(one_rank_group: No
     assert not watch.timing.timeline.has_pending()
 
 
+def test_attached_again_after_detach_times_the_hook_ddp_kept_bitwise(one_rank_group: None, sent: list[Any]) -> None:
+    """A Trainer's second ``train()`` hands its callback the same DDP, whose hook is ddpwatch's
+    from the first: that attach was refused (as a user's own hook, "remove the register_comm_hook
+    call"), which stopped the Trainer."""
+    ddp, optimizer = make_ddp()
+    plain, plain_optimizer = make_ddp()
+    with attached(ddp, optimizer):
+        train(ddp, optimizer, steps=2)
+    train(ddp, optimizer, steps=1)  # between the two: averaged untimed
+    first_run = len(sent)
+    with attached(ddp, optimizer) as again:
+        train(ddp, optimizer, steps=2)
+    for steps in (2, 1, 2):  # the same batches
+        train(plain, plain_optimizer, steps=steps)
+    for a, b in zip(ddp.parameters(), plain.parameters(), strict=True):
+        assert torch.equal(a, b)
+    assert isinstance(sent[first_run], Hello)  # a new run on the dashboard
+    reports = [m for m in sent[first_run:] if isinstance(m, StepReport)]
+    buckets = len(ddp._get_ddp_logging_data()["rebuilt_bucket_sizes"].split(","))
+    assert [(r.step, r.excluded, sum(s.kind == "all_reduce" for s in r.spans)) for r in reports] == [(1, False, buckets), (2, False, buckets)]
+    assert untouched(ddp, optimizer, comm_hooks=1) and again.timing is ddp._ddpwatch_timing
+
+
 MISUSES = {
     "a module that is not DDP": ("not DistributedDataParallel: wrap it first", lambda ddp, opt: (ddp.module, opt)),
     "DDP with a Python hook": ("already has the communication hook 'allreduce_hook'",
@@ -777,6 +800,26 @@ def test_the_trainer_callback_on_another_wrapper_trains_on_and_names_it(capsys: 
     assert capsys.readouterr().err == ("ddpwatch: the Trainer wrapped the model as Linear, neither DistributedDataParallel "
                                        "nor FSDP2's fully_shard (FSDP1 or DeepSpeed?), which ddpwatch's Trainer callback "
                                        "watches: training goes on unwatched\n")
+
+
+def test_the_trainer_callback_on_a_ddp_attach_refuses_trains_on_and_says_why(
+        one_rank_group: None, capsys: pytest.CaptureFixture[str]) -> None:
+    """Accelerate registers a ``DistributedDataParallelKwargs(comm_hook=...)`` hook in ``prepare``,
+    before ``on_train_begin``: the refusal raised there and stopped the Trainer."""
+    from instrumented_ddp.integrations import DDPWatchCallback
+
+    ddp, optimizer = make_ddp()
+    ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    callback = DDPWatchCallback(SimpleNamespace(model_wrapped=ddp, optimizer=optimizer), address=f"tcp://127.0.0.1:{free_port()}")
+    callback.on_train_begin(None, SimpleNamespace(max_steps=3), None)
+    train(ddp, optimizer, steps=1)
+    callback.on_train_end(None, None, None)
+    assert callback.attachment is None and untouched(ddp, optimizer, comm_hooks=1)
+    assert capsys.readouterr().err == (
+        "ddpwatch: instrumented_ddp.attach: this DistributedDataParallel already has the communication hook "
+        "'fp16_compress_hook', and DDP takes only one: ddpwatch times each bucket through its own hook (which does "
+        "what DDP's default does); remove the register_comm_hook call (or Accelerate's DistributedDataParallelKwargs "
+        "comm_hook) to watch this run: training goes on unwatched\n")
 
 
 END_WITHOUT_DETACH = """

@@ -231,18 +231,21 @@ def positive(args: argparse.Namespace, *flags: str) -> None:
 
 
 def run_summary(args: argparse.Namespace) -> int:
+    """Every run's table, oldest first: a dashboard left open records a script run twice (or a
+    Trainer's second ``train()``) in one session file, and writes each earlier run's exports in a
+    folder named after it beside the last one's; only the last was printed."""
     from .exporters import summary, summary_markdown
-    from .recorder import load_session
+    from .recorder import load_runs
     from .session_file import session_file_in
 
     path: Path = args.session
     if (path / "summary.json").is_file():
-        data = json.loads((path / "summary.json").read_text())
+        summaries = [json.loads(file.read_text()) for file in [*sorted(path.glob("*/summary.json")), path / "summary.json"]]
     elif session_file_in(path).is_file():
-        data = summary(load_session(session_file_to_read(path)))
+        summaries = [summary(run) for run in load_runs(session_file_to_read(path))]
     else:
         raise ValueError(f"{path} holds no summary.json and no session file")
-    print(summary_markdown(data))
+    print("\n\n".join(summary_markdown(data) for data in summaries))
     return 0
 
 

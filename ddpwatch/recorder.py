@@ -5,7 +5,8 @@ from __future__ import annotations
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -111,11 +112,12 @@ def record(
     return session
 
 
-def load_session(path: Path, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Session:
-    """Rebuild the session of the file's last run as it was folded, each message at the time it
-    was recorded. A run whose hello came once the one before was over (a script run again with
-    the dashboard left open) begins a session of its own, as on the dashboard, whose exports at
-    exit are that run's: read as one session, its reports were mixed into the first run's."""
+def load_runs(path: Path, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Iterator[Session]:
+    """Rebuild the session of each run in the file, in order, as it was folded, each message at the
+    time it was recorded. A run whose hello came once the one before was over (a script run again
+    with the dashboard left open, a Trainer's second ``train()``) begins a session of its own, as
+    on the dashboard, whose exports at exit are that run's: read as one session, its reports were
+    mixed into the first run's."""
     session = Session()
     for received_at, data, run in read_session_records(path):
         envelope = log_and_decode(data, max_message_bytes=max_message_bytes)
@@ -123,6 +125,12 @@ def load_session(path: Path, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES)
             session.reject(envelope.category)
             continue
         if session.next_run(envelope.message, received_at, run):
+            yield session
             session = Session()
         session.ingest(envelope, received_at, run=run)
-    return session
+    yield session
+
+
+def load_session(path: Path, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Session:
+    """The session of the file's last run (``load_runs``): the one the recording's exports are of."""
+    return deque(load_runs(path, max_message_bytes), maxlen=1)[0]

@@ -457,6 +457,33 @@ def test_a_session_file_of_two_runs_one_after_the_other_loads_as_the_last_run(tm
     assert sorted(session.reports) == [1, 2, 3, 4] and session.finished
 
 
+def test_ddpwatch_summary_prints_every_run_of_a_session_oldest_first(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A dashboard left open over two runs: its file holds both, and it wrote the first one's exports
+    in a folder named after it beside the second's. ``ddpwatch summary`` printed the last run alone."""
+    from ddpwatch import cli
+    from ddpwatch.recorder import load_runs
+    from ddpwatch.session_file import SESSION_FILE_NAME, SessionWriter
+    from synthetic_session import hello, session_messages
+
+    second = {rank: replace(hello(rank), session="second-session") for rank in (0, 1)}
+    writer = SessionWriter(tmp_path / SESSION_FILE_NAME)
+    for index, data in enumerate(session_messages(steps=10) + session_messages(steps=4, hellos=second)):
+        writer.append(data, 1_800_000_000.0 + index * 0.01)
+    writer.close()
+    first, last = load_runs(tmp_path / SESSION_FILE_NAME)
+    assert (sorted(first.reports), sorted(last.reports)) == (list(range(1, 11)), [1, 2, 3, 4])
+
+    def printed(path: Path) -> list[str]:
+        assert cli.main(["summary", str(path)]) == 0
+        return [line for line in capsys.readouterr().out.splitlines() if line.startswith("# ddpwatch session")]
+
+    both = [f"# ddpwatch session {first.session_id} (2 ranks)", "# ddpwatch session second-session (2 ranks)"]
+    assert printed(tmp_path / SESSION_FILE_NAME) == both
+    exporters.write_exports(first, tmp_path / first.session_id)  # as the dashboard leaves them
+    exporters.write_exports(last, tmp_path)
+    assert printed(tmp_path) == both
+
+
 def test_the_recorder_says_a_desync_and_the_late_and_unresolved_counts_when_it_stops(tmp_path: Path) -> None:
     import threading
     import time

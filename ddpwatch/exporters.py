@@ -23,10 +23,10 @@ from typing import Any
 import numpy as np
 
 from ddpwatch import metrics
-from ddpwatch.rank_lists import rank_runs, runs_text
+from ddpwatch.rank_lists import failed_ranks_lines, rank_runs, runs_text
 from ddpwatch.segment_bars import bars_svg, lengths, segment_bar
 from ddpwatch.session import Session, ranks_left_behind
-from instrumented_ddp.protocol import COMM_KINDS, READY_KIND
+from instrumented_ddp.protocol import COMM_KINDS, FAILED, READY_KIND
 
 __all__ = ["chrome_trace", "clock_offsets", "summary", "summary_csv", "summary_markdown", "summary_svg", "write_exports"]
 
@@ -63,7 +63,9 @@ def summary(session: Session) -> dict[str, Any]:
 
     Errors that concern the whole run stay in it however long ago they happened: ``desync`` (every
     desynchronised step, first to last) at the top and per segment; per rank, steps sent
-    ``unresolved``, the ``device_note`` its hello carried and the ``last_step`` it passed."""
+    ``unresolved``, the ``device_note`` its hello carried, the ``last_step`` it passed and its
+    ``goodbye`` (None for a rank lost or still running; a reason beginning ``failed:`` where its
+    training raised, said in summary.md as an error)."""
     ranks = []
     for rank, state in sorted(session.ranks.items()):
         h = state.hello
@@ -71,7 +73,8 @@ def summary(session: Session) -> dict[str, Any]:
                       "backend": h.backend if h else None, "node_rank": h.node_rank if h else None,
                       "pid": h.pid if h else None, "device_note": h.device_note if h else "",
                       "unresolved_steps": state.unresolved, "unresolved_reason": state.unresolved_reason,
-                      "last_step": state.last_step})
+                      "last_step": state.last_step,
+                      "goodbye": {"steps": state.goodbye.steps, "reason": state.goodbye.reason} if state.goodbye else None})
     segments = []
     ranges = []
     for seg in session.segments:
@@ -127,6 +130,13 @@ def _row(seg: dict[str, Any], digits: int | None) -> list[Any]:
             else json.dumps(seg.get("memory") or {}, sort_keys=True)]
 
 
+def failed_ranks(summary: dict[str, Any]) -> dict[int, tuple[int, str]]:
+    """``Session.failed_ranks`` read back from a summary's ranks (one written before they carried
+    their goodbye has none)."""
+    return {rank["rank"]: (rank["goodbye"]["steps"], rank["goodbye"]["reason"].removeprefix(FAILED))
+            for rank in summary.get("ranks", []) if (rank.get("goodbye") or {}).get("reason", "").startswith(FAILED)}
+
+
 def summary_markdown(summary: dict[str, Any]) -> str:
     """The seed blog's comparison table, one row per segment, so results read side by side with it;
     a desync, an error of the whole run, comes first."""
@@ -136,6 +146,8 @@ def summary_markdown(summary: dict[str, Any]) -> str:
         lines += [f"*{metrics.ONE_RANK_NOTE[0].upper()}{metrics.ONE_RANK_NOTE[1:]}.*", ""]
     if summary.get("desync"):
         lines += [f"**ERROR: {metrics.DesyncRange.from_dict(summary['desync']).describe()}**", ""]
+    for line in failed_ranks_lines(failed_ranks(summary)):
+        lines += [f"**ERROR: {line}**", ""]
     lines += ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for seg in summary.get("segments", []):
         lines.append("| " + " | ".join(str(c) for c in _row(seg, 2)) + " |")

@@ -37,8 +37,8 @@ class RankRow:
     opened: bool = False  # a node's row whose ranks are shown below it
 
 
-#: Worst first: a node with one lost rank reads lost, one still running reads live.
-STATUS_ORDER = {"lost": 2, "live": 1, "finished": 0}
+#: Worst first: a node with one failed or lost rank reads so, one still running reads live.
+STATUS_ORDER = {"failed": 3, "lost": 2, "live": 1, "finished": 0}
 
 T = TypeVar("T", int, float)
 

@@ -17,6 +17,7 @@ from . import metrics
 from .auth import ServerKeys
 from .control import SwitchRelay
 from .exporters import write_exports
+from .rank_lists import failed_ranks_lines
 from .receiver import TelemetryReceiver, ingest, log_and_decode
 from .session import Session
 from .session_file import SESSION_FILE_NAME, SessionWriter, read_session_records
@@ -109,6 +110,8 @@ def record(
     desync = metrics.DesyncRange.combine(session.segment_figures(seg, per_rank=False).desync for seg in session.segments)
     if desync is not None:  # the run's one error: said where a headless user looks, not only in the files
         log(f"{command}: ERROR: {desync.describe()}")
+    for line in failed_ranks_lines(session.failed_ranks):  # a rank whose training raised, and what
+        log(f"{command}: ERROR: {line}")
     return session
 
 

@@ -17,6 +17,7 @@ from ddpwatch import metrics
 from ddpwatch.compact import NO_SPANS, PackedSpans, StepSet, TagSequences
 from ddpwatch.cost_model import StepCollectives, TransferMemory, call_sizes
 from instrumented_ddp.protocol import (
+    FAILED,
     Ack,
     DeviceSample,
     Envelope,
@@ -572,7 +573,7 @@ class Session:
         """Every rank of the world said goodbye or is lost at ``now``: nothing more will come of
         this run, and a new run may begin the next session (``next_run``)."""
         ranks = range(self.world_size)
-        return bool(ranks) and all(r in self.ranks and self.status(r, now) in ("finished", "lost") for r in ranks)
+        return bool(ranks) and all(r in self.ranks and self.status(r, now) != "live" for r in ranks)
 
     def next_run(self, message: Message, now: float, run: str = "") -> str:
         """The run that ``message``, arriving at ``now`` from ``run`` (where known), begins once this
@@ -593,10 +594,19 @@ class Session:
         return {rank: step for rank, step in behind.items()
                 if now - self.ranks[rank].last_step_at >= STOPPED_AFTER_S and self.status(rank, now) != "lost"}
 
+    @property
+    def failed_ranks(self) -> dict[int, tuple[int, str]]:
+        """Ranks whose goodbye says their training failed: ``{rank: (steps done, why)}``."""
+        return {rank: (state.goodbye.steps, state.goodbye.reason.removeprefix(FAILED))
+                for rank, state in sorted(self.ranks.items())
+                if state.goodbye is not None and state.goodbye.reason.startswith(FAILED)}
+
     def status(self, rank: int, now: float | None = None) -> str:
+        """``live``, ``lost`` (nothing heard for ``LOST_AFTER_S``), or, once it said goodbye,
+        ``finished`` or ``failed`` (its training raised: the goodbye says what)."""
         state = self.ranks[rank]
         if state.goodbye is not None:
-            return "finished"
+            return "failed" if state.goodbye.reason.startswith(FAILED) else "finished"
         now = time.monotonic() if now is None else now
         return "lost" if now - state.last_seen > LOST_AFTER_S else "live"
 

@@ -50,8 +50,10 @@ import atexit
 import functools
 import numbers
 import os
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
+from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -64,7 +66,7 @@ from .distributed import DistributedContext
 from .issued_collectives import IssuedCollectives
 from .memory import MemorySampler
 from .protocol import DEFAULT_ADDRESS, NOT_SWITCHABLE, address_problem, is_loopback, load_client_keys
-from .watch import Watch, parameter_layout
+from .watch import Watch, failure_reason, parameter_layout
 
 if TYPE_CHECKING:
     from .fsdp_timing import FSDPTiming
@@ -381,7 +383,10 @@ class Attachment:
             optimizer.register_step_post_hook(self._after_optimizer_step),
         ]
         model._ddpwatch_attached = True
-        atexit.register(self.detach)
+        self._uncaught: BaseException | None = None  # what ended the process, if the loop raised
+        self._previous_excepthook = sys.excepthook
+        sys.excepthook = self._note_uncaught
+        atexit.register(self._detach_at_exit)
 
     @property
     def publisher(self) -> Any:
@@ -397,8 +402,21 @@ class Attachment:
         self._handles = []
         self.timing.stop_timing()
         self.model._ddpwatch_attached = False
-        atexit.unregister(self.detach)
+        atexit.unregister(self._detach_at_exit)
+        if sys.excepthook == self._note_uncaught:  # a later attach's, chained to ours, stays
+            sys.excepthook = self._previous_excepthook
         self.watch.close(reason)
+
+    def _note_uncaught(self, kind: type[BaseException], error: BaseException, trace: TracebackType | None) -> None:
+        """Python's hook for an exception no one caught, which runs before the exit's: the loop
+        raised, and the goodbye says so (it said *finished*, and the rank read so)."""
+        self._uncaught = error
+        self._previous_excepthook(kind, error, trace)
+
+    def _detach_at_exit(self) -> None:
+        """The end of the process detaches what the script did not: finished, or failed with
+        what it raised."""
+        self.detach("finished" if self._uncaught is None else failure_reason(self._uncaught))
 
     def held_parameters(self) -> list[torch.Tensor]:
         """The parameters this rank holds (``memory.held_memory``; with ``optimizer``): the

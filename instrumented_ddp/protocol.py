@@ -256,10 +256,15 @@ class Ack:
 
 @dataclass(frozen=True)
 class Goodbye:
+    """A rank's last message. ``reason``: ``finished``, or ``FAILED`` and what its training raised."""
+
     TYPE: ClassVar[str] = "goodbye"
     rank: int
     steps: int
     reason: str = "finished"
+
+
+FAILED = "failed: "  # a goodbye's reason when the rank's training raised: "failed: RuntimeError: ..."
 
 
 Message = Hello | StepReport | StepSummary | Heartbeat | DeviceSample | SwitchCommand | SpanRequest | Ack | Goodbye

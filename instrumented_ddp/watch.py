@@ -21,7 +21,7 @@ from torch import nn
 
 from .device_sampler import DeviceSampler, cuda_device_identity, make_reader
 from .distributed import DistributedContext
-from .protocol import Ack, ClientKeys, Hello, StepReport, SwitchCommand
+from .protocol import FAILED, Ack, ClientKeys, Hello, StepReport, SwitchCommand
 from .telemetry import TelemetryPublisher
 from .timeline import NULL_TIMELINE, CudaEventClock, HostClock, NullTimeline, StepTimeline
 
@@ -259,10 +259,15 @@ class Watch:
         try:
             yield
         except BaseException as error:
-            text = str(error).strip().splitlines()
-            self.close(f"failed: {type(error).__name__}" + (f": {text[0][:200]}" if text else ""), wait_for_pending_s=0.0)
+            self.close(failure_reason(error), wait_for_pending_s=0.0)
             raise
 
     @property
     def dropped(self) -> int:
         return self.publisher.dropped if self.publisher is not None else 0
+
+
+def failure_reason(error: BaseException) -> str:
+    """A goodbye's reason for training that raised ``error``: ``failed: Kind: its first line``."""
+    text = str(error).strip().splitlines()
+    return f"{FAILED}{type(error).__name__}" + (f": {text[0][:200]}" if text else "")

@@ -822,6 +822,24 @@ def test_the_trainer_callback_on_a_ddp_attach_refuses_trains_on_and_says_why(
         "comm_hook) to watch this run: training goes on unwatched\n")
 
 
+def test_a_loop_that_raises_says_goodbye_as_failed_with_what_it_raised(one_rank_group: None, sent: list[Any],
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Python calls ``sys.excepthook`` on an exception no one caught, then the exit's handlers, one
+    of which detaches: its goodbye said *finished*, and the dashboard showed the rank so."""
+    shown: list[BaseException] = []
+    monkeypatch.setattr(sys, "excepthook", lambda kind, error, trace: shown.append(error))  # the interpreter's printer
+    ddp, optimizer = make_ddp()
+    watch = attach_for_test(ddp, optimizer)
+    train(ddp, optimizer, steps=2)
+    error = RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB\n(the rest of torch's message)")
+    sys.excepthook(RuntimeError, error, None)  # what the interpreter does with the loop's exception
+    watch._detach_at_exit()  # then its exit's handlers
+    assert shown == [error]  # still printed, by the hook that was there before
+    (goodbye,) = [m for m in sent if isinstance(m, Goodbye)]
+    assert (goodbye.steps, goodbye.reason) == (2, "failed: RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB")
+    assert sys.excepthook is not watch._note_uncaught and sys.excepthook.__name__ == "<lambda>"  # detach put it back
+
+
 END_WITHOUT_DETACH = """
 import sys
 import time

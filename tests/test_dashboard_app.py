@@ -29,7 +29,7 @@ from ddpwatch.dashboard.widgets.timeline_view import TimelineView
 from ddpwatch.receiver import ingest
 from ddpwatch.session import Session
 from ddpwatch.session_file import SESSION_FILE_NAME, SessionWriter
-from instrumented_ddp.protocol import NOT_SWITCHABLE, Ack, Heartbeat, SpanRequest, StepReport, SwitchCommand, decode, encode
+from instrumented_ddp.protocol import NOT_SWITCHABLE, Ack, Goodbye, Heartbeat, SpanRequest, StepReport, SwitchCommand, decode, encode
 from instrumented_ddp.telemetry import routing_id
 from synthetic_session import hello, session_messages, step_report, waiting_ranks
 
@@ -1031,6 +1031,20 @@ def test_a_few_lost_ranks_are_warned_of_one_by_one_and_many_in_one_line(world_si
         assert lost == ["rank 0 lost: nothing heard from it for 10.0 s", "rank 1 lost: nothing heard from it for 10.0 s"]
     else:
         assert lost == ["6 ranks lost: nothing heard from them for 10-10 s: ranks 0-5"]
+
+
+def test_a_rank_whose_training_failed_reads_failed_and_the_warnings_and_exports_say_why() -> None:
+    """Its goodbye names the failure (``Watch.sends_failure``): the ranks table read *finished*, and
+    nothing on screen or in the files said it."""
+    session = Session()
+    ingest(session, session_messages(steps=4, goodbye=False))
+    ingest(session, [encode(Goodbye(0, 4), 90, 0), encode(Goodbye(1, 3, "failed: RuntimeError: Connection reset by peer"), 90, 0)])
+    snapshot = SnapshotBuilder(session).build(now=max(state.last_seen for state in session.ranks.values()))
+    assert [(row.rank, row.status) for row in snapshot.ranks] == [(0, "finished"), (1, "failed")]
+    assert "rank 1 failed after step 3: RuntimeError: Connection reset by peer" in snapshot.warnings
+    data = exporters.summary(session)
+    assert exporters.failed_ranks(json.loads(json.dumps(data))) == {1: (3, "RuntimeError: Connection reset by peer")}
+    assert "**ERROR: rank 1 failed after step 3: RuntimeError: Connection reset by peer**" in exporters.summary_markdown(data)
 
 
 @pytest.mark.parametrize("metric", ["exposed", "wait"])

@@ -111,7 +111,7 @@ def test_summary_is_strict_json_and_round_trips(data: dict) -> None:
     assert [r["host"] for r in data["ranks"]] == ["host-a", "host-b"]
     assert data["ranks"][1] == {"rank": 1, "host": "host-b", "device": "cpu", "backend": "gloo",
                                 "node_rank": 1, "pid": 4001, "device_note": "", "unresolved_steps": 0, "unresolved_reason": "",
-                                "last_step": 5}
+                                "last_step": 5, "goodbye": None}
     assert data["desync"] is None
 
 

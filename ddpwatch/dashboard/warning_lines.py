@@ -1,4 +1,4 @@
-"""What the warnings panel says of a session, in plain words. Faults: lost ranks, steps sent
+"""What the warnings panel says of a session, in plain words. Faults: lost and failed ranks, steps sent
 unresolved, telemetry dropped or rejected, all-reduce groups the hellos contradict. Notes, not
 faults: reports that came late, device notes, skipped optimizer updates, steps that compiled,
 collectives not timed, ranks whose steps stopped while the others' went on.
@@ -15,18 +15,21 @@ from collections import Counter
 
 from ddpwatch.compact import StepSet
 from ddpwatch.metrics import ONE_RANK_NOTE
-from ddpwatch.rank_lists import FEW_RANKS, ranks_text, runs_text
+from ddpwatch.rank_lists import FEW_RANKS, failed_ranks_lines, ranks_text, runs_text
 from ddpwatch.session import Session
 
 
 def lost_rank_lines(session: Session, heard: float) -> list[str]:
-    """A line per rank silent past ``LOST_AFTER_S`` at ``heard``, or one line for many."""
+    """A line per rank silent past ``LOST_AFTER_S`` at ``heard``, or one line for many; then the
+    ranks whose goodbye said their training failed, and why (``rank_lists.failed_ranks_lines``)."""
     silent = {rank: heard - state.last_seen for rank, state in sorted(session.ranks.items())
               if session.status(rank, heard) == "lost"}
     if len(silent) <= FEW_RANKS:
-        return [f"rank {rank} lost: nothing heard from it for {s:.1f} s" for rank, s in silent.items()]
-    return [f"{len(silent)} ranks lost: nothing heard from them for {min(silent.values()):.0f}-"
-            f"{max(silent.values()):.0f} s: ranks {ranks_text(silent)}"]
+        lines = [f"rank {rank} lost: nothing heard from it for {s:.1f} s" for rank, s in silent.items()]
+    else:
+        lines = [f"{len(silent)} ranks lost: nothing heard from them for {min(silent.values()):.0f}-"
+                 f"{max(silent.values()):.0f} s: ranks {ranks_text(silent)}"]
+    return lines + failed_ranks_lines(session.failed_ranks)
 
 
 def reporting_fault_lines(session: Session) -> list[str]:

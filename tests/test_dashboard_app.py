@@ -1033,18 +1033,25 @@ def test_a_few_lost_ranks_are_warned_of_one_by_one_and_many_in_one_line(world_si
         assert lost == ["6 ranks lost: nothing heard from them for 10-10 s: ranks 0-5"]
 
 
-def test_a_rank_whose_training_failed_reads_failed_and_the_warnings_and_exports_say_why() -> None:
-    """Its goodbye names the failure (``Watch.sends_failure``): the ranks table read *finished*, and
-    nothing on screen or in the files said it."""
+async def test_a_rank_whose_training_failed_reads_failed_and_the_warnings_and_exports_say_why() -> None:
+    """Its goodbye names the failure (``Watch.sends_failure``): the ranks table and the header read
+    *finished*, and nothing on screen or in the files said it."""
+    messages = [*session_messages(steps=4, goodbye=False),
+                encode(Goodbye(0, 4), 90, 0), encode(Goodbye(1, 3, "failed: RuntimeError: Connection reset by peer"), 90, 0)]
     session = Session()
-    ingest(session, session_messages(steps=4, goodbye=False))
-    ingest(session, [encode(Goodbye(0, 4), 90, 0), encode(Goodbye(1, 3, "failed: RuntimeError: Connection reset by peer"), 90, 0)])
+    ingest(session, messages)
     snapshot = SnapshotBuilder(session).build(now=max(state.last_seen for state in session.ranks.values()))
     assert [(row.rank, row.status) for row in snapshot.ranks] == [(0, "finished"), (1, "failed")]
     assert "rank 1 failed after step 3: RuntimeError: Connection reset by peer" in snapshot.warnings
     data = exporters.summary(session)
     assert exporters.failed_ranks(json.loads(json.dumps(data))) == {1: (3, "RuntimeError: Connection reset by peer")}
     assert "**ERROR: rank 1 failed after step 3: RuntimeError: Connection reset by peer**" in exporters.summary_markdown(data)
+    app = DashboardApp(StaticFeed(messages), export_on_exit=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await draw_every_message(app, pilot)
+        text = app.query_one("#header-text")
+        assert text.render_lines(Region(0, 0, text.size.width, 1))[0].text.startswith(
+            "ddpwatch fixed-session · 2 ranks · failed · fixed data")
 
 
 @pytest.mark.parametrize("metric", ["exposed", "wait"])

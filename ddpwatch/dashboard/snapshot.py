@@ -54,6 +54,7 @@ class HeaderData:
     following: bool  # the latest step, or a step the user chose
     switchable: bool = True  # False: a run ddpwatch did not start (``attach``), whose loop cannot re-wrap
     finished: bool = False  # every rank said goodbye: the run is over, whatever step is shown
+    failed: bool = False  # a rank's goodbye said its training raised (``Session.failed_ranks``)
 
 
 @dataclass(frozen=True)
@@ -321,7 +322,8 @@ class SnapshotBuilder:
         done = max((s.last_step for s in session.ranks.values()), default=0)
         eta = (total - done) * step_s if step_s and total else None
         return HeaderData(session.session_id or "waiting for a run…", session.world_size, strategy, settings,
-                          step or 0, total, eta, rate, following, hello.switchable if hello else True, session.finished)
+                          step or 0, total, eta, rate, following, hello.switchable if hello else True, session.finished,
+                          bool(session.failed_ranks))
 
     def _recent_rate(self, trend: list[StepSummary], now: float, window: int = RATE_STEPS) -> tuple[float | None, float | None]:
         """Global samples/s and seconds per step over the last ``window`` complete steps (None and

@@ -36,7 +36,8 @@ class HeaderBar(Horizontal):
         recorded without its goodbyes (a demo quit, a job killed) read "live" there, with the ETA
         the run had when the recording stopped, as if it still trained: it reads "ended", no ETA."""
         # "live" on a run that had ended read as a run still going; the ranks table alone said "finished"
-        mode = "paused" if not data.following else "finished" if data.finished else "ended" if source_ended else "live"
+        mode = ("paused" if not data.following else "failed" if data.failed else "finished" if data.finished
+                else "ended" if source_ended else "live")  # failed: a rank's training raised (the warnings say what)
         eta = None if mode == "ended" else data.eta_s
         settings = f" ({data.settings})" if data.settings else ""
         # Its own line: at the end of the second line an attached run's notice was cut at 160

@@ -295,6 +295,11 @@ def run_tune(args: argparse.Namespace) -> int:
         return 2
     write_results(args.out, driver.results, driver.start_mb)
     print("\n".join(table(driver.results, driver.start_mb)))
+    if unmeasured := driver.unmeasured():  # the table alone left them out without a word, exit 0
+        print(f"ddpwatch tune: not measured: {', '.join(f'{mb:.3g}' for mb in unmeasured)} MB: the run ended or went "
+              f"silent first; give it more steps (each cap takes {args.steps_per_size} counted steps after its switch, "
+              "--steps-per-size)", file=sys.stderr)
+        return 1
     return 0 if len(driver.results) > 1 else 1
 
 

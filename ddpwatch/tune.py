@@ -120,6 +120,16 @@ class SweepDriver:
     def _ran(self, cap_mb: float) -> bool:
         return any(abs(r.cap_mb - cap_mb) <= 1e-9 * cap_mb for r in self.results)
 
+    def unmeasured(self) -> list[float]:
+        """The caps the sweep meant to measure and did not, in MB: the run ended (or went silent)
+        first. ``--sizes`` not yet measured, or the planned ones still queued and the one switched
+        to; a sweep whose plan was never made (the starting cap not measured) left out nothing
+        it had named, but measured nothing either (the table says so: one row or none)."""
+        if self.sizes is not None:
+            return [mb for mb in self.sizes if not self._ran(mb)]
+        switched = [self._waiting_for[1].cap_mb] if self._waiting_for is not None and self._waiting_for[1] is not None else []
+        return switched + self._queue
+
     def _switch_to(self, cap_mb: float, session: Session, relay: SwitchRelay) -> None:
         tuned = TunedCap(cap_mb, _predicted_ms(session, cap_mb))
         command = new_command(self.strategy, bucket_mb=cap_mb)

@@ -97,6 +97,28 @@ def test_a_run_that_cannot_switch_or_refuses_ends_the_sweep_with_nothing_switche
     assert driver(session, relay) == "rank 0 refused the switch: bucket size must be positive"
 
 
+def test_a_run_that_ends_mid_sweep_leaves_the_caps_not_measured_named() -> None:
+    """``--sizes 0.1,1,5,25`` on a 20-step job: the table had two rows and exit 0, with no word
+    of the two caps the run ended before."""
+    session, relay = Session(), FakeRelay()
+    run = MadeUpRun(session, {0.25: 200.0, 1.0: 180.0})
+    driver = SweepDriver("bucket", steps_per_size=3, sizes=[1.0, 4.0], log=lambda line: None)
+    assert driver.unmeasured() == [1.0, 4.0]
+    run.steps(4, 0.25)
+    driver(session, relay)
+    relay.acks.append(Ack(0, relay.requested[0].command_id, True, run.step + 1))
+    run.steps(1, 1.0)  # the job's last step: one after the switch, not the 3 a cap takes
+    assert driver(session, relay) is None
+    assert [r.cap_mb for r in driver.results] == [0.25] and driver.unmeasured() == [1.0, 4.0]
+
+    session, relay = Session(), FakeRelay()
+    run = MadeUpRun(session, {0.25: 200.0})
+    planned = SweepDriver("bucket", steps_per_size=3, log=lambda line: None)  # no --sizes: what it planned
+    run.steps(4, 0.25)
+    planned(session, relay)  # no cost model from one size: it probes a quarter and four times the start
+    assert relay.requested[-1].bucket_mb == 0.0625 and planned.unmeasured() == [0.0625, 1.0]
+
+
 def test_the_table_gives_each_cap_its_error_the_measured_best_and_the_median_error() -> None:
     """Errors: (190 - 200) / 200 = -5 %, (170 - 180) / 180 = -5.6 %, (209 - 190) / 190 = +10 %:
     median |error| 5.6 %. Best measured: 1 MB, 10 % faster than the starting 0.25 MB. Its steps'

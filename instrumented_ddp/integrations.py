@@ -65,11 +65,9 @@ class DDPWatchCallback(TrainerCallback):
         if not isinstance(wrapped, DistributedDataParallel) and not is_fsdp2(wrapped):
             print(f"ddpwatch: {unwatched_because(wrapped)}: training goes on unwatched", file=sys.stderr, flush=True)
             return
-        planned = getattr(state, "max_steps", 0)  # the Trainer's optimizer steps: the dashboard's progress and ETA
         try:
             self.attachment = attach(wrapped, optimizer if optimizer is not None else self.trainer.optimizer,
-                                     address=self.address, watch_key=self.watch_key,
-                                     total_steps=planned if isinstance(planned, int) and planned > 0 else 0)
+                                     address=self.address, watch_key=self.watch_key, total_steps=steps_to_take(state))
         except AttachError as refused:  # e.g. Accelerate's comm_hook on the DDP: said, and the Trainer trains
             print(f"ddpwatch: {refused}: training goes on unwatched", file=sys.stderr, flush=True)
 
@@ -77,6 +75,16 @@ class DDPWatchCallback(TrainerCallback):
         if self.attachment is not None:
             self.attachment.detach()
             self.attachment = None
+
+
+def steps_to_take(state: Any) -> int:
+    """The optimizer steps this ``train()`` will take, for the dashboard's progress and ETA (0:
+    unknown): the Trainer's ``max_steps`` less the ``global_step`` a run resumed from a
+    checkpoint starts at (attached steps count from 1; the ETA counted the resumed ones again)."""
+    planned, done = getattr(state, "max_steps", 0), getattr(state, "global_step", 0)
+    if not isinstance(planned, int) or planned <= 0:
+        return 0
+    return max(planned - done, 0) if isinstance(done, int) else planned
 
 
 def unwatched_because(wrapped: Any) -> str:

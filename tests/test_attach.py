@@ -840,6 +840,18 @@ def test_a_loop_that_raises_says_goodbye_as_failed_with_what_it_raised(one_rank_
     assert sys.excepthook is not watch._note_uncaught and sys.excepthook.__name__ == "<lambda>"  # detach put it back
 
 
+def test_the_trainer_callback_plans_the_steps_a_resumed_run_has_left() -> None:
+    """``trainer.train(resume_from_checkpoint=...)``: the Trainer's state is at the checkpoint's
+    global step when ``on_train_begin`` runs; the attached steps count from 1, so the progress and
+    ETA counted the steps already trained again."""
+    from instrumented_ddp.integrations import steps_to_take
+
+    assert steps_to_take(SimpleNamespace(max_steps=1000, global_step=600)) == 400
+    assert steps_to_take(SimpleNamespace(max_steps=30, global_step=0)) == 30
+    assert steps_to_take(SimpleNamespace(max_steps=-1, global_step=0)) == 0  # unknown
+    assert steps_to_take(None) == 0
+
+
 END_WITHOUT_DETACH = """
 import sys
 import time

@@ -109,8 +109,9 @@ def attach_problem(model: Any, optimizer: Any) -> str | None:
     """What is wrong with attaching to ``model`` and ``optimizer``, in words that name the fix."""
     if not dist.is_available() or not dist.is_initialized():
         return "no process group: call torch.distributed.init_process_group() (torchrun sets it up) before attach"
+    resumed = getattr(model, "_ddpwatch_timing", None) is not None  # ddpwatch's own hook or comms, kept since an attach
     if is_fsdp2(model):
-        problem = sharded_model_problem(model)
+        problem = None if resumed else sharded_model_problem(model)
         if problem is not None:
             return problem
     elif not isinstance(model, DistributedDataParallel):
@@ -127,7 +128,6 @@ def attach_problem(model: Any, optimizer: Any) -> str | None:
         return f"the model is a {kind}, not a DistributedDataParallel module"
     if getattr(model, "_ddpwatch_attached", False):
         return f"this {type(model).__name__} is already attached: call attach once per model"
-    resumed = getattr(model, "_ddpwatch_timing", None) is not None  # attached and detached: its timing kept
     hook = existing_comm_hook(model) if isinstance(model, DistributedDataParallel) and not resumed else None
     if hook is not None:
         return (f"this DistributedDataParallel already has the communication hook {hook!r}, and DDP takes only one: "

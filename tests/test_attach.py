@@ -519,6 +519,12 @@ def test_an_fsdp2_model_is_attached_as_fsdp_and_each_misuse_of_it_is_one_line(on
     assert reports[0].memory == {}  # measured at a segment's second step, then every tenth, as train.py does
     assert (reports[1].memory["parameters"], reports[1].memory["gradients"], reports[1].memory["optimizer_state"]) == (
         weights, weights, 2 * weights + 4 * len(list(model.parameters())))  # read as step() returns; AdamW: two moments, a step count
+    sent.clear()
+    with attached(model, optimizer):  # again (a Trainer's second train()): its units' comms are ddpwatch's, kept
+        optimizer.zero_grad()
+        model(**batch(2)).loss.backward()
+        optimizer.step()
+    assert [(m.step, m.strategy) for m in sent if isinstance(m, StepReport)] == [(1, "fsdp")]
 
     from instrumented_ddp.integrations import DDPWatchCallback
 

@@ -104,13 +104,13 @@ def test_wrong_cli_input_gets_a_one_line_error_and_a_non_zero_exit(args: list[st
         ("plain_ddp.py", ["--compile", "inductr"], "--compile inductr: torch.compile has no such backend (inductor, aot_eager, ...: "
          "torch._dynamo.list_backends(exclude_tags=()) lists them)"),
         ("plain_fsdp.py", ["--layers", "0"], "--layers must be at least 1, not 0"),
-        ("hf_trainer.py", ["--grad-accum", "0"], "--grad-accum must be at least 1, not 0"),
         ("plain_fsdp.py", ["--profile", "README.md"], "--profile README.md: README.md is a file, not a directory"),  # was a traceback at step 8
         ("plain_ddp.py", ["--save-final", "README.md/final.pt"], "README.md is a file, not a directory"),  # was one after the last step
     ],
 )
 def test_the_examples_refuse_a_wrong_flag_in_one_line_before_any_process_group(example: str, args: list[str], message: str) -> None:
-    """Run without torchrun: a flag read after the process group was made would fail there first."""
+    """Run without torchrun: a flag read after the process group was made would fail there first
+    (the Trainer example's, in this process: below)."""
     result = subprocess.run([sys.executable, str(REPO_ROOT / "examples" / example), *args], capture_output=True, text=True,
                             cwd=REPO_ROOT, timeout=120)
     assert result.returncode == 2
@@ -125,9 +125,10 @@ def test_the_examples_refuse_a_wrong_flag_in_one_line_before_any_process_group(e
                                                                       reason="a CUDA machine runs --fsdp")),
         (["--fsdp", "--bucket-mb", "1"], "--bucket-mb is DDP's bucket cap: FSDP has no buckets (it gathers and reduces "
          "one unit at a time)"),
+        (["--grad-accum", "0"], "--grad-accum must be at least 1, not 0"),
     ],
 )
-def test_the_trainer_example_refuses_fsdp_where_it_cannot_shard_in_one_line(
+def test_the_trainer_example_refuses_a_wrong_flag_or_fsdp_where_it_cannot_shard_in_one_line(
         args: list[str], message: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """In this process, as ``python examples/hf_trainer.py`` (a process of its own spends 11 s importing
     transformers to print one line): refused while parsing, before any process group or Trainer."""

@@ -81,17 +81,12 @@ def held_memory(strategy: HoldsTrainingState) -> MemoryHeld:
 
 
 def optimizer_state(optimizer: torch.optim.Optimizer | None) -> list[torch.Tensor]:
-    """The tensors of ``optimizer``'s state, and of the optimizers it wraps: PyTorch's
-    ``ZeroRedundancyOptimizer`` keeps its shard's state in the one it steps (``.optim``) and none in
-    its own ``state``; Accelerate's wrapper keeps the real one as ``.optimizer``."""
-    tensors: list[torch.Tensor] = []
-    seen: set[int] = set()
-    while isinstance(optimizer, torch.optim.Optimizer) and id(optimizer) not in seen:
-        seen.add(id(optimizer))
-        tensors += [v for entries in optimizer.state.values() for v in entries.values() if isinstance(v, torch.Tensor)]
-        inner = getattr(optimizer, "optim", None)
-        optimizer = inner if isinstance(inner, torch.optim.Optimizer) else getattr(optimizer, "optimizer", None)
-    return tensors
+    """The tensors of ``optimizer``'s state, and of the one it steps where it is PyTorch's
+    ``ZeroRedundancyOptimizer``, which keeps its shard's state there (``.optim``), none in its own
+    (Accelerate's wrapper ``attach`` has already looked through: ``innermost_optimizer``)."""
+    optimizers = (optimizer, getattr(optimizer, "optim", None))
+    return [value for held in optimizers if isinstance(held, torch.optim.Optimizer)
+            for entries in held.state.values() for value in entries.values() if isinstance(value, torch.Tensor)]
 
 
 def peak_bytes(device: torch.device) -> int:

@@ -26,7 +26,7 @@ from ddpwatch import metrics
 from ddpwatch.rank_lists import failed_ranks_lines, rank_runs, runs_text
 from ddpwatch.segment_bars import bars_svg, lengths, segment_bar
 from ddpwatch.session import Session, ranks_left_behind
-from instrumented_ddp.protocol import COMM_KINDS, FAILED, READY_KIND
+from instrumented_ddp.protocol import COMM_KINDS, FAILED, READY_KIND, StepReport
 
 __all__ = ["chrome_trace", "clock_offsets", "summary", "summary_csv", "summary_markdown", "summary_svg", "write_exports"]
 
@@ -90,6 +90,7 @@ def summary(session: Session) -> dict[str, Any]:
                          "compiling_steps": sorted({r.step for r in reports if r.compiling}),
                          "untimed_collective_steps": sorted({r.step for r in reports if r.untimed_collectives}),
                          "untimed_collectives_most": max((r.untimed_collectives for r in reports), default=0),
+                         **pauses(reports),
                          **figures.as_dict()})
     desync = metrics.DesyncRange.combine(ranges)
     states = sorted(session.ranks.items())
@@ -104,6 +105,19 @@ def summary(session: Session) -> dict[str, Any]:
                       "all_reduce_groups_problem": session.all_reduce_groups_problem,
                       "desync": asdict(desync) if desync is not None else None,
                       "segments": segments, "telemetry": telemetry})
+
+
+def pauses(reports: list[StepReport]) -> dict[str, Any]:
+    """A segment's pauses of training (``StepReport.paused_s``: a Trainer's evaluations and
+    checkpoints): the steps they came before, what for, and their seconds in all (each step's
+    longest over the ranks, which pause together)."""
+    longest: dict[int, float] = {}
+    what: dict[str, None] = {}
+    for r in reports:
+        if r.paused_s or r.paused_for:
+            longest[r.step] = max(longest.get(r.step, 0.0), r.paused_s)
+            what.update(dict.fromkeys(part for part in r.paused_for.split(", ") if part))
+    return {"paused_steps": sorted(longest), "paused_for": list(what), "paused_s": sum(longest.values())}
 
 
 def _row(seg: dict[str, Any], digits: int | None) -> list[Any]:
@@ -169,9 +183,9 @@ def summary_markdown(summary: dict[str, Any]) -> str:
               "duration includes any wait for a late rank.",
               "samples/s counts every rank's samples over the wall time from the segment's first step start to "
               "its last step end, the ranks put on one clock by the end of each step's last all-reduce: the time "
-              "between steps counts.",
+              "between steps counts, less the loop's pauses of training (a Trainer's evaluations and checkpoints).",
               "Steps marked excluded (native DDP's first iteration, before buckets are rebuilt; a step in which "
-              "torch.compile compiled) or unresolved (timing marks that never completed) are left out of every figure; "
+              "torch.compile compiled; a step the loop paused inside) or unresolved (timing marks that never completed) are left out of every figure; "
               "a segment with no other step has no figures (n/a)."]
     if summary.get("all_reduce_groups"):
         groups = summary["all_reduce_groups"]
@@ -199,6 +213,10 @@ def summary_markdown(summary: dict[str, Any]) -> str:
             lines.append(f"- segment {seg['index']}: steps with collectives ddpwatch did not time (outside DDP's buckets and "
                          f"FSDP's gathers and reductions; up to {seg.get('untimed_collectives_most', 0)} a step on a rank) "
                          f"{runs_text(rank_runs(seg['untimed_collective_steps']), limit=20)}")
+        if seg.get("paused_steps"):
+            lines.append(f"- segment {seg['index']}: steps the loop paused training before ({', '.join(seg['paused_for'])}; "
+                         f"{seg['paused_s']:.2f} s in all, left out of step times and samples/s) "
+                         f"{runs_text(rank_runs(seg['paused_steps']), limit=20)}")
         if seg.get("desync"):
             lines.append(f"- segment {seg['index']}: {metrics.DesyncRange.from_dict(seg['desync']).describe()}")
         if seg.get("straggler"):
@@ -291,6 +309,8 @@ def chrome_trace(session: Session) -> dict[str, Any]:
 
     for step in sorted(session.reports):
         for rank, rep in sorted(session.reports[step].items()):
+            if rep.paused_s:  # the loop's own work before the step began (``StepReport.paused_s``)
+                place(rank, "data", f"paused: {rep.paused_for}", rep.start - rep.paused_s, rep.start, {"step": step})
             place(rank, "step", f"step {step}", rep.start, rep.end,
                   {"step": step, "strategy": rep.strategy, "excluded": rep.excluded, "unresolved": rep.unresolved,
                    "compiling": rep.compiling, "samples": rep.samples})

@@ -169,6 +169,8 @@ class ClockAlignment:
         self._start_deltas: dict[int, deque[float]] = {}
         self._first_start: dict[int, float] = {}  # each rank's own clock
         self._last_end: dict[int, float] = {}
+        self._paused: dict[int, float] = {}  # each rank's pauses of training before its steps, summed
+        self._paused_first: dict[int, float] = {}  # the pause before its earliest step: before its wall begins
 
     def add_step(self, times: Mapping[int, StepTimes]) -> None:
         """One step's times of every rank that reported it (steps may come in any order)."""
@@ -179,6 +181,9 @@ class ClockAlignment:
         ref = times.get(self.reference)
         for rank, t in times.items():
             if math.isfinite(t.start) and math.isfinite(t.end):
+                if rank not in self._first_start or t.start < self._first_start[rank]:
+                    self._paused_first[rank] = t.paused
+                self._paused[rank] = self._paused.get(rank, 0.0) + t.paused
                 self._first_start[rank] = min(self._first_start.get(rank, t.start), t.start)
                 self._last_end[rank] = max(self._last_end.get(rank, t.end), t.end)
             if ref is None or rank == self.reference:
@@ -202,21 +207,27 @@ class ClockAlignment:
         return out
 
     def own_wall_s(self, rank: int) -> float:
-        """One rank's first step start to its last step end, on its own clock."""
+        """One rank's first step start to its last step end, on its own clock, less its pauses."""
         if rank not in self._first_start:
             return 0.0
-        return max(self._last_end[rank] - self._first_start[rank], 0.0)
+        return max(self._last_end[rank] - self._first_start[rank] - self._paused_within(rank), 0.0)
 
     def wall_s(self) -> float:
         """First step start to last step end over every aligned rank: the time the steps took,
-        the time between steps included."""
+        the time between steps included, less the loop's pauses of training (an evaluation, a
+        checkpoint: ``StepTimes.paused``) within it; those of the rank that paused least, so
+        that no rank's training is counted short."""
         offsets = self.offsets()
         ranks = [r for r in self._first_start if r in offsets]
         if not ranks:
             return 0.0
         first = min(self._first_start[r] + offsets[r] for r in ranks)
         last = max(self._last_end[r] + offsets[r] for r in ranks)
-        return max(last - first, 0.0)
+        return max(last - first - min(self._paused_within(r) for r in ranks), 0.0)
+
+    def _paused_within(self, rank: int) -> float:
+        """A rank's pauses between its first step's start and its last step's end."""
+        return self._paused.get(rank, 0.0) - self._paused_first.get(rank, 0.0)
 
 
 # --- a run of steps under one strategy -------------------------------------------------

@@ -207,6 +207,11 @@ class Session:
         #: an attached script's own), and the most one rank issued in one step.
         self.untimed_collective_steps = StepSet()
         self.untimed_collectives_most = 0
+        #: Steps before which a rank's loop paused training (``StepReport.paused_s``: an
+        #: evaluation, a checkpoint), what for, and the longest pause of one rank.
+        self.paused_steps = StepSet()
+        self.paused_for: dict[str, None] = {}  # in the order first heard
+        self.paused_longest_s = 0.0
         self.messages = 0
         self.details = 0  # spans received after their step's summary (a view that drew the step redraws it)
         self.session_id = ""
@@ -353,6 +358,10 @@ class Session:
         if report.untimed_collectives:
             self.untimed_collective_steps.add(report.step)
             self.untimed_collectives_most = max(self.untimed_collectives_most, report.untimed_collectives)
+        if report.paused_s or report.paused_for:
+            self.paused_steps.add(report.step)
+            self.paused_for.update(dict.fromkeys(what for what in report.paused_for.split(", ") if what))
+            self.paused_longest_s = max(self.paused_longest_s, report.paused_s)
         rank.reported.add(report.step)
         if isinstance(report, StepSummary):
             rank.summarized.add(report.step)

@@ -4,6 +4,7 @@ A Hugging Face ``Trainer`` watched by ddpwatch: one ``add_callback`` line.
     ddpwatch &                                                    # the dashboard, listening
     torchrun --nproc_per_node=2 examples/hf_trainer.py            # CPU (gloo) or one GPU per rank
     torchrun --nproc_per_node=2 examples/hf_trainer.py --grad-accum 2 --bucket-mb 1
+    torchrun --nproc_per_node=2 examples/hf_trainer.py --eval-every 10        # evaluations: pauses, not data
     torchrun --nproc_per_node=2 examples/hf_trainer.py --fsdp                 # FSDP2 through the Trainer (GPUs)
 
 The model is ddpwatch's tiny SmolLM2-shaped classifier and the data its built-in reviews, so it
@@ -54,6 +55,8 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=8, help="per rank, per micro-step")
     parser.add_argument("--grad-accum", type=int, default=1)
     parser.add_argument("--bucket-mb", type=float, default=None, help="DDP's bucket_cap_mb (default: DDP's 25)")
+    parser.add_argument("--eval-every", type=int, default=0, metavar="N",
+                        help="evaluate the 200 held-out reviews every N optimizer steps (eval_strategy='steps'; default 0: never)")
     parser.add_argument("--watch", default=DEFAULT_ADDRESS, metavar="ADDRESS", help="where ddpwatch listens")
     parser.add_argument("--no-watch", action="store_true", help="the same Trainer without the callback")
     parser.add_argument("--save-final", default=None, metavar="FILE", help="rank 0 saves the final parameters here")
@@ -64,6 +67,8 @@ def main() -> None:
     for flag in ("steps", "batch_size", "grad_accum"):  # one line, exit 2, before any process group, as train.py
         if getattr(args, flag) < 1:
             parser.error(f"--{flag.replace('_', '-')} must be at least 1, not {getattr(args, flag)}")
+    if args.eval_every < 0:
+        parser.error(f"--eval-every must be 0 (never) or more, not {args.eval_every}")
     if args.bucket_mb is not None and (problem := bucket_mb_problem(args.bucket_mb, "--bucket-mb")):
         parser.error(problem)
     if problem := outputs_problem(args.profile, args.save_final):  # else a traceback at step 8 or after the last step
@@ -76,7 +81,7 @@ def main() -> None:
     datasets.disable_progress_bars()
     reviews = data.make_builtin_reviews(n_train=2000, n_test=200)
     tokenizer = data.build_tokenizer(reviews["train"]["text"])
-    train_set = data.tokenize_reviews(reviews, tokenizer, max_length=64)["train"]
+    tokenized = data.tokenize_reviews(reviews, tokenizer, max_length=64)
     torch.manual_seed(0)
     model = models.build_built_in_model("tiny", len(tokenizer), data.NUM_LABELS, tokenizer.pad_token_id)
 
@@ -87,9 +92,11 @@ def main() -> None:
         ddp_bucket_cap_mb=args.bucket_mb, ddp_find_unused_parameters=False,  # every parameter gets a gradient
         use_cpu=not torch.cuda.is_available(),
         **({"fsdp": "full_shard", "fsdp_config": {"fsdp_version": 2}} if args.fsdp else {}),  # units: _no_split_modules
-        save_strategy="no", report_to=[], logging_steps=max(1, args.steps // 10), disable_tqdm=True, seed=0,
+        save_strategy="no", eval_strategy="steps" if args.eval_every else "no", eval_steps=args.eval_every or None,
+        per_device_eval_batch_size=args.batch_size, report_to=[], logging_steps=max(1, args.steps // 10), disable_tqdm=True, seed=0,
     )
-    trainer = Trainer(model=model, args=training, train_dataset=train_set)
+    trainer = Trainer(model=model, args=training, train_dataset=tokenized["train"],
+                      eval_dataset=tokenized["test"] if args.eval_every else None)
     if not args.no_watch:
         trainer.add_callback(DDPWatchCallback(trainer, address=args.watch))  # <- ddpwatch
     if args.profile:

@@ -37,6 +37,11 @@ Where the phases come from, since the loop is not ours to mark:
   is excluded from the statistics, as for the ``ddp`` strategy; under ``static_graph`` its first
   two (``DDPTiming.on_first_buckets``). Under FSDP2 every unit's all-gather and reduce-scatter
   goes through FSDP's custom-comm hooks, issuing what its defaults issue (``FSDPTiming``);
+- the loop's own work between steps that is not training (an evaluation, a checkpoint) is
+  ``data`` too, unless marked: ``with watch.paused("evaluate"): ...`` (the Trainer callback
+  marks its evaluations and checkpoints itself). The next step then begins where the pause
+  ended, and the pause, from the end of the step before, is reported with it, in no figure
+  (``StepReport.paused_s``);
 - ``detach()`` leaves that hook (DDP cannot drop one) averaging untimed, and a later ``attach`` of
   the same model (a Trainer's second ``train()``) times it again, a new run on the dashboard.
 
@@ -51,7 +56,8 @@ import functools
 import numbers
 import os
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -434,6 +440,34 @@ class Attachment:
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
             raise AttachError(f"record_loss: expected the loss as a one-element tensor or a number, got {describe(loss)}")
         self._recorded_losses.append(loss.detach())
+
+    @contextmanager
+    def paused(self, what: str) -> Iterator[None]:
+        """Mark the loop's own work between two steps that is not training, so that it does not
+        read as the next step's data loading (a stall that is not one), and its collectives (an
+        evaluation's gathers) as the step's::
+
+            with watch.paused("evaluate"):
+                accuracy = evaluate(model, eval_loader)
+
+        The pause runs from the end of the step before it to the end of the block; the next step
+        begins there. Inside a step (between the micro-steps of gradient accumulation) the step
+        is left out of the figures instead: it holds time that was not training."""
+        if not isinstance(what, str) or not what.strip():
+            raise AttachError(f"paused: expected what the loop pauses for, in words (\"evaluate\"), got {describe(what)}")
+        yield
+        self.pause_ends(what.strip())
+
+    def pause_ends(self, what: str) -> None:
+        """The loop paused training since the step before ended, to do ``what``, and trains on
+        from now (``paused``; the Trainer callback's ``on_evaluate`` and ``on_save``)."""
+        if not self._handles:  # detached
+            return
+        now = self.timeline.stamp()
+        if self.timeline.in_step and not self._forwards:  # between steps: the next one begins now
+            self._data_from = now
+            self._issued.since_last()  # the pause's collectives are not the step's
+        self.timeline.paused_until(what, now)
 
     def _settings(self, micro_steps: int) -> dict[str, Any]:
         if isinstance(self.model, DistributedDataParallel):

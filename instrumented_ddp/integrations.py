@@ -17,7 +17,11 @@ pins it):
   optimizer's (kept as ``.optimizer``) once per optimizer step; ``attach`` hooks that one.
 - With gradient accumulation the Trainer runs the micro-batches before the last under DDP's
   ``no_sync``, and forward goes through the DDP wrapper; evaluation runs the unwrapped model, so
-  it is not counted as training (its time falls in the ``data`` gap before the next step).
+  it is not counted as training.
+- Between two steps (``_maybe_log_save_evaluate``, after ``on_step_end``) it logs, evaluates,
+  calling ``on_evaluate`` at the end, and saves a checkpoint, calling ``on_save`` after: the
+  callback marks each a pause (``Attachment.pause_ends``), so the next step begins there and its
+  data loading is not the evaluation's seconds (nor its step time, p95 and samples/s).
 - Under FSDP2 (``fsdp_config={"fsdp_version": 2}``) Accelerate shards the model in place with
   ``fully_shard`` and ``model_wrapped`` is that model: attached as ``attach`` takes any FSDP2
   model. Accelerate shards on GPUs only (on CPU the same arguments train with DDP), so the suite
@@ -40,7 +44,8 @@ from .protocol import DEFAULT_ADDRESS
 
 class DDPWatchCallback(TrainerCallback):
     """Attaches ddpwatch to the Trainer's DDP (or FSDP2) model at ``on_train_begin``; detaches at
-    ``on_train_end``. Where the Trainer built no DDP, the run is trained as usual, with one line
+    ``on_train_end``; marks its evaluations and checkpoints between steps as pauses of training.
+    Where the Trainer built no DDP, the run is trained as usual, with one line
     saying why there is nothing to watch: one process (Accelerate wraps a model in DDP only for
     two or more, torchrun's one process included), or another wrapper (FSDP1, DeepSpeed), which
     ``attach`` does not watch; so is a model ``attach`` refuses (a DDP given a communication hook
@@ -70,6 +75,14 @@ class DDPWatchCallback(TrainerCallback):
                                      address=self.address, watch_key=self.watch_key, total_steps=steps_to_take(state))
         except AttachError as refused:  # e.g. Accelerate's comm_hook on the DDP: said, and the Trainer trains
             print(f"ddpwatch: {refused}: training goes on unwatched", file=sys.stderr, flush=True)
+
+    def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.attachment is not None:
+            self.attachment.pause_ends("evaluate")
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.attachment is not None:
+            self.attachment.pause_ends("save")
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.attachment is not None:

@@ -118,7 +118,12 @@ class StepReport:
     ``unresolved_reason``: why, in one line (the first mark that failed and its error, or how
     long the marks were waited for), so that a user is told more than that it happened.
     ``untimed_collectives``: collectives the rank issued in the step besides those it timed, an
-    attached script's own (``instrumented_ddp.issued_collectives``); 0 where none or not counted."""
+    attached script's own (``instrumented_ddp.issued_collectives``); 0 where none or not counted.
+    ``paused_s``: how long the loop paused training before the step began, doing what
+    ``paused_for`` names (a Trainer's evaluation or checkpoint: ``Attachment.paused``): the pause
+    ends where ``start`` is, so it is in no figure of the step, and is taken out of the wall time
+    that samples/s divide by. A pause inside a step (between its micro-steps) is in its window,
+    and the step is ``excluded``."""
 
     TYPE: ClassVar[str] = "step"
     rank: int
@@ -137,6 +142,8 @@ class StepReport:
     compiling: bool = False
     unresolved_reason: str = ""
     untimed_collectives: int = 0
+    paused_s: float = 0.0
+    paused_for: str = ""
     #: Bytes the rank held at the step's end (``instrumented_ddp.memory``: ``parameters``,
     #: ``gradients``, ``optimizer_state``, ``peak``), measured every few steps; empty otherwise.
     memory: dict[str, int] = field(default_factory=dict)
@@ -179,6 +186,8 @@ class StepSummary:
     compiling: bool = False  # as in ``StepReport``
     unresolved_reason: str = ""  # as in ``StepReport``
     untimed_collectives: int = 0  # as in ``StepReport``
+    paused_s: float = 0.0  # as in ``StepReport``
+    paused_for: str = ""  # as in ``StepReport``
     #: float64 per all-reduce, issue order: its start, seconds after the step's; sent only where
     #: two of them overlap (gloo), or one overlaps a sharded call (HSDP on a GPU), so that two
     #: calls waiting at once are counted once. Empty otherwise, and from an older sender.
@@ -439,7 +448,7 @@ _FIELD_TYPES: dict[str, Any] = {
     "grad_accum": (int, type(None)), "session": str, "host": str, "device": str, "backend": str, "strategy": str,
     "command_id": str, "reason": str, "detail": str, "kind": str, "start": float, "end": float, "time": float,
     "loss": (float, type(None)), "bucket_mb": (float, type(None)), "excluded": bool, "unresolved": bool, "update_skipped": bool, "compiling": bool, "applied": bool,
-    "device_note": str, "unresolved_reason": str, "untimed_collectives": int, "switchable": bool, "compute_pct": float, "non_compute_pct": float, "idle_pct": float, "overlap_pct": float,
+    "device_note": str, "unresolved_reason": str, "untimed_collectives": int, "paused_s": float, "paused_for": str, "switchable": bool, "compute_pct": float, "non_compute_pct": float, "idle_pct": float, "overlap_pct": float,
     "comm_overhead_pct": float, "anchor": (float, type(None)), "busbw_gbps": (float, type(None)),
     "all_reduce_tags": list, "all_reduce_seconds": bytes, "all_reduce_starts": bytes, "algbw_gbps": bytes, "full": bool, "sample_every": int,
     "pinned_steps": list, "device_every_s": float, "calls_by_kind": dict, "memory": dict,
@@ -462,6 +471,8 @@ def _check_step(values: dict[str, Any]) -> None:
         raise ProtocolError("invalid", "step ends before it starts")
     if values["step"] < 0 or values["samples"] < 0 or values["tokens"] < 0 or values.get("untimed_collectives", 0) < 0:
         raise ProtocolError("invalid", "negative step, samples, tokens or untimed collectives")
+    if not 0.0 <= values.get("paused_s", 0.0) < math.inf:
+        raise ProtocolError("invalid", "paused_s is negative or not finite")
 
 
 MEMORY_KINDS = ("parameters", "gradients", "optimizer_state", "peak")

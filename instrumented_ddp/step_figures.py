@@ -202,12 +202,13 @@ class StepTimes(NamedTuple):
     start: float
     end: float
     anchor: float | None  # end of the step's last all-reduce: every rank leaves it at the same moment
+    paused: float = 0.0  # seconds the loop paused training just before ``start`` (``StepReport.paused_s``)
 
 
 def step_times(record: StepRecordLike) -> StepTimes:
     """The same times ``step_figures`` keeps, for a caller that has only the record."""
     ends = [s.end for s in record.spans if s.kind == "all_reduce" and math.isfinite(s.end)]
-    return StepTimes(record.start, record.end, max(ends) if ends else None)
+    return StepTimes(record.start, record.end, max(ends) if ends else None, getattr(record, "paused_s", 0.0))
 
 
 @dataclass(frozen=True)
@@ -328,7 +329,8 @@ def figures_and_calls(record: StepRecordLike, world_size: int | None = None) -> 
         busbw_gbps=float(statistics.median(alg)) * factor if alg and factor is not None else None,
         samples=max(int(record.samples), 0),
         tokens=max(int(record.tokens), 0),
-        times=StepTimes(record.start, record.end, max((s.end for s in ars if math.isfinite(s.end)), default=None)),
+        times=StepTimes(record.start, record.end, max((s.end for s in ars if math.isfinite(s.end)), default=None),
+                        getattr(record, "paused_s", 0.0)),
         calls_by_kind=dict(Counter(s.kind for s in spans if s.kind in COMM_KINDS)),
         memory=dict(getattr(record, "memory", None) or {}),
         other_algbw_gbps=_other_algbw(others),
@@ -355,7 +357,8 @@ def summarize(report: StepReport, world_size: int) -> StepSummary:
         all_reduce_starts=pack_floats(calls.starts) if calls.starts is not None else b"",  # kept only where calls overlap
         algbw_gbps=pack_floats(f.algbw_gbps), loss=report.loss, excluded=report.excluded, unresolved=report.unresolved,
         unresolved_reason=report.unresolved_reason, calls_by_kind=f.calls_by_kind, memory=f.memory, update_skipped=report.update_skipped,
-        compiling=report.compiling, untimed_collectives=report.untimed_collectives, other_algbw_gbps={kind: pack_floats(alg) for kind, alg in f.other_algbw_gbps.items()},
+        compiling=report.compiling, untimed_collectives=report.untimed_collectives,
+        paused_s=report.paused_s, paused_for=report.paused_for, other_algbw_gbps={kind: pack_floats(alg) for kind, alg in f.other_algbw_gbps.items()},
         sharded_tags=list(f.sharded_calls.tags), sharded_seconds=pack_floats(f.sharded_calls.seconds),
         sharded_starts=pack_floats(f.sharded_calls.starts) if f.sharded_calls.starts is not None else b"",
     )
@@ -378,7 +381,7 @@ def summary_figures(summary: StepSummary, calls: CallTimes | None = None) -> Ste
         overlap_pct=summary.overlap_pct, comm_overhead_pct=summary.comm_overhead_pct,
         all_reduce_calls=len(calls.seconds), all_reduce_ms=1000.0 * sum(calls.seconds),
         algbw_gbps=unpack_floats(summary.algbw_gbps), busbw_gbps=summary.busbw_gbps,
-        samples=summary.samples, tokens=summary.tokens, times=StepTimes(summary.start, summary.end, summary.anchor),
+        samples=summary.samples, tokens=summary.tokens, times=StepTimes(summary.start, summary.end, summary.anchor, summary.paused_s),
         calls_by_kind=dict(summary.calls_by_kind) or ({"all_reduce": len(calls.seconds)} if calls.seconds else {}),
         memory=dict(summary.memory),
         other_algbw_gbps={kind: unpack_floats(alg) for kind, alg in summary.other_algbw_gbps.items()},
@@ -394,4 +397,5 @@ def report_without_spans(summary: StepSummary) -> StepReport:
                       start=summary.start, end=summary.end, spans=[], samples=summary.samples, tokens=summary.tokens,
                       loss=summary.loss, excluded=summary.excluded, unresolved=summary.unresolved,
                       update_skipped=summary.update_skipped, compiling=summary.compiling, memory=summary.memory,
-                      unresolved_reason=summary.unresolved_reason, untimed_collectives=summary.untimed_collectives)
+                      unresolved_reason=summary.unresolved_reason, untimed_collectives=summary.untimed_collectives,
+                      paused_s=summary.paused_s, paused_for=summary.paused_for)

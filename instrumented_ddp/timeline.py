@@ -32,7 +32,7 @@ from contextlib import contextmanager, nullcontext
 from typing import Any, Protocol
 
 from .compile_counter import dynamo_graphs_compiled
-from .protocol import COMM_KINDS, READY_KIND, Span, StepReport
+from .protocol import COMM_KINDS, COMPUTE_KINDS, READY_KIND, Span, StepReport
 
 Stamp = Any  # a float (host clock) or whatever a clock's resolve() understands
 
@@ -40,6 +40,7 @@ Stamp = Any  # a float (host clock) or whatever a clock's resolve() understands
 #: On a GPU the host runs ahead of the device by a few steps at most (the launch queue is
 #: bounded), so this is far beyond any step that is merely late.
 UNRESOLVED_AFTER_STEPS = 32
+MAX_PAUSED_FOR = 80  # characters of a step's ``paused_for``: what the loop paused for, in a few words
 
 
 class Clock(Protocol):
@@ -357,6 +358,10 @@ class _PendingStep:
         self.compiling = False
         self.untimed_collectives = 0
         self.memory: dict[str, int] = {}
+        self.paused_from: Stamp = None  # where the loop's pause before the step began and ended (``paused_until``)
+        self.paused_to: Stamp = None
+        self.paused_for: list[str] = []
+        self.paused_inside = False  # a pause after the step's training began: its window holds it
         self.carries_outside_spans = bool(spans)  # it starts with marks made before it began (a wrap-time broadcast)
         self.graphs_compiled_at_start = dynamo_graphs_compiled()  # torch.compile's count: ``compile_counter``
 
@@ -427,6 +432,29 @@ class StepTimeline:
         span.complete(span.start)
         self._spans().append(span)
 
+    def paused_until(self, what: str, end: Stamp) -> None:
+        """The loop paused training until ``end`` to do ``what`` (evaluate, save a checkpoint),
+        its own work between steps. Before the step's training began: the step now begins at
+        ``end``, and the time from its old start (the step before's end) is reported as paused
+        (``StepReport.paused_s``), in no figure, with the collectives the pause issued (an
+        evaluation's gathers); a pause after it runs on from the first. After (between micro-steps),
+        the pause is in the step's window, and the step is excluded (``paused_for`` named,
+        ``paused_s`` 0): it holds time that was not training. Between steps (no step begun) there
+        is nothing to keep apart."""
+        step = self._current
+        if step is None:
+            return
+        if what not in step.paused_for:
+            step.paused_for.append(what)
+        if step.paused_inside or any(span.kind in COMPUTE_KINDS for span in step.spans):
+            step.paused_inside = True
+            return
+        if step.paused_from is None:  # else a second pause runs on from the first: one, however many parts
+            step.paused_from = step.start
+        step.start = step.paused_to = end
+        step.spans = []  # what the pause issued is the pause's
+        step.carries_outside_spans = False
+
     def time_collectives_in(self, group: Any) -> None:
         """About to time an asynchronous collective in ``group`` (None: the default group): see
         ``CudaEventClock.time_collectives_in``."""
@@ -474,7 +502,7 @@ class StepTimeline:
         step.end, step.samples = self.clock.stamp() if at is None else at, samples
         step.settings.update(settings or {})
         step.compiling = dynamo_graphs_compiled() != step.graphs_compiled_at_start
-        step.excluded = excluded or step.carries_outside_spans or step.compiling
+        step.excluded = excluded or step.carries_outside_spans or step.compiling or step.paused_inside
         step.update_skipped = update_skipped
         if issued_collectives is not None:
             timed = sum(span.kind in COMM_KINDS for span in step.spans)
@@ -542,6 +570,12 @@ class StepTimeline:
         if pending_marks and not reason:
             reason = (f"{pending_marks} timing mark{'s' if pending_marks != 1 else ''} had not completed "
                       f"{self.unresolved_after_steps} steps later")
+        paused_s = 0.0
+        if step.paused_from is not None:
+            began, ended = resolve(step.paused_from), resolve(step.paused_to)
+            if (began is None or ended is None) and not overdue:
+                return None
+            paused_s = max(ended - began, 0.0) if began is not None and ended is not None else 0.0
         unresolved = bool(reason)
         start = self.clock.host_time(step.start) if start is None else start
         end = self.clock.host_time(step.end) if end is None else end
@@ -554,6 +588,7 @@ class StepTimeline:
             end=max(end, first), spans=spans, samples=step.samples, tokens=tokens, loss=loss,
             excluded=step.excluded, unresolved=unresolved, memory=step.memory, update_skipped=step.update_skipped,
             compiling=step.compiling, unresolved_reason=reason, untimed_collectives=step.untimed_collectives,
+            paused_s=paused_s, paused_for=", ".join(step.paused_for)[:MAX_PAUSED_FOR],
         )
 
     @staticmethod
@@ -612,6 +647,9 @@ class NullTimeline:
         return None
 
     def mark_ready(self, tag: str, nbytes: int, at: Any = None) -> None:
+        pass
+
+    def paused_until(self, what: str, end: Any) -> None:
         pass
 
     def time_collectives_in(self, group: Any) -> None:

@@ -5,6 +5,7 @@ through torchrun are in ``test_attach_end_to_end.py``."""
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import re
 import subprocess
@@ -187,6 +188,63 @@ def test_a_loops_gaps_are_data_before_a_forward_and_optimizer_after_the_last_bac
         assert any(s.start == backwards[0].end and s.end == second_forward.start for s in data)
         (optimizer_span,) = [s for s in spans if s.kind == "optimizer"]
         assert optimizer_span.start == backwards[-1].end and optimizer_span.end - optimizer_span.start >= clipping_s
+
+
+def test_the_trainers_evaluation_and_checkpoint_between_steps_are_a_pause_not_the_next_steps_data(
+        one_rank_group: None, sent: list[Any]) -> None:
+    """As ``Trainer`` runs them after a step (``_maybe_log_save_evaluate``): an evaluation of the
+    unwrapped model with a gather of its metrics, ending in ``on_evaluate``, then a checkpoint,
+    ending in ``on_save``. The next step begins where the checkpoint ended; the pause runs from
+    the step before's end, for both, and its gather is not the step's. Its data loading is the
+    loader's alone again (it read the evaluation's seconds)."""
+    from instrumented_ddp.integrations import DDPWatchCallback
+
+    eval_s, save_s, loader_s = 0.15, 0.05, 0.01
+    ddp, optimizer = make_ddp()
+    callback = DDPWatchCallback(SimpleNamespace(model_wrapped=ddp, optimizer=optimizer), address=f"tcp://127.0.0.1:{free_port()}")
+    callback.on_train_begin(None, SimpleNamespace(max_steps=4, global_step=0), None)
+    for step in range(1, 5):
+        optimizer.zero_grad()
+        time.sleep(loader_s)
+        ddp(**batch(step)).loss.backward()
+        optimizer.step()
+        if step == 2:
+            with torch.no_grad():
+                ddp.module(**batch(99))
+            dist.all_reduce(torch.ones(1))  # gather_for_metrics
+            time.sleep(eval_s)
+            callback.on_evaluate(None, None, None, metrics={})
+            time.sleep(save_s)
+            callback.on_save(None, None, None)
+    callback.on_train_end(None, None, None)
+    reports = [m for m in sent if isinstance(m, StepReport)]
+    assert [r.paused_for for r in reports] == ["", "", "evaluate, save", ""]
+    second, third = reports[1], reports[2]
+    assert third.paused_s >= eval_s + save_s and third.start - second.end == pytest.approx(third.paused_s, abs=2e-3)
+    (data,) = [s for s in third.spans if s.kind == "data"]
+    assert third.start <= data.start and data.end - data.start < loader_s + eval_s / 2
+    assert third.untimed_collectives == 0 and not third.excluded
+    assert all(r.paused_s == 0.0 for r in reports if r is not third)
+
+
+def test_a_pause_marked_in_a_plain_loop_between_micro_steps_leaves_its_step_out_and_a_bad_label_is_one_line(
+        one_rank_group: None, sent: list[Any]) -> None:
+    ddp, optimizer = make_ddp()
+    with attached(ddp, optimizer) as watch:
+        train(ddp, optimizer, steps=2)
+        with pytest.raises(AttachError, match=r"^paused: expected what the loop pauses for, in words"):
+            with watch.paused(3):  # type: ignore[arg-type]
+                pass
+        optimizer.zero_grad()
+        with ddp.no_sync():
+            (ddp(**batch(5)).loss / 2).backward()
+        with watch.paused("checkpoint"):
+            torch.save(ddp.module.state_dict(), io.BytesIO())
+        (ddp(**batch(6)).loss / 2).backward()
+        optimizer.step()
+    reports = [m for m in sent if isinstance(m, StepReport)]
+    assert [(r.step, r.excluded, r.paused_for, r.paused_s) for r in reports] == [
+        (1, True, "", 0.0), (2, False, "", 0.0), (3, True, "checkpoint", 0.0)]
 
 
 def test_with_two_optimizers_the_one_stepped_first_falls_inside_the_attached_ones_optimizer_phase(

@@ -826,6 +826,19 @@ def test_collectives_a_script_issued_untimed_are_a_note_with_their_steps_and_the
                               "buckets): their time reads as compute",)
 
 
+def test_steps_the_loop_paused_training_before_are_a_note_with_their_steps_and_the_longest() -> None:
+    """A Trainer evaluating before steps 4 and 8 and saving before 8: ranks pause together, rank
+    1 a little longer. Through the wire as ranks send them (summaries carry the pause too)."""
+    def evaluating(report: StepReport) -> StepReport:
+        what = {4: "evaluate", 8: "evaluate, save"}.get(report.step)
+        return replace(report, paused_s=1.25 + 0.5 * report.rank, paused_for=what) if what else report
+
+    _, snapshot = snapshot_of(session_messages(edit=evaluating))
+    assert snapshot.warnings == ()
+    assert snapshot.notes == ("the loop paused training (evaluate, save) before 2 steps (4, 8), up to 1.75 s: left out "
+                              "of the step times and of samples/s",)
+
+
 def test_a_rank_whose_steps_stopped_while_the_others_went_on_is_a_note() -> None:
     """DDP's ``join()`` with uneven inputs: rank 1 runs out of data after step 4 and shadows the
     others' collectives outside any step; it goes on beating, so it is not lost, and rank 0
@@ -862,6 +875,19 @@ def test_the_header_samples_per_s_is_over_wall_time_with_the_time_between_steps(
     # 100.2 s to 102.17 s = 1.97 s for 2 ranks x 10 steps x 4 samples (the windows alone sum to 1.775 s)
     _, snapshot = snapshot_of(session_messages())
     assert snapshot.header.samples_per_s == pytest.approx(80 / 1.97)
+
+
+def test_the_header_samples_per_s_leaves_out_the_loops_pauses_but_its_eta_keeps_them() -> None:
+    """The same steps with the time before step 6 paused (an evaluation): rank 0 0.015 s, rank 1
+    0.010 s. The wall is still 1.97 s; the least any rank paused, 0.010 s, is not training:
+    80 / 1.96. The seconds per step the ETA counts are 1.97 / 10 still (evaluations recur)."""
+    def evaluating(report: StepReport) -> StepReport:
+        return replace(report, paused_s=0.015 - 0.005 * report.rank, paused_for="evaluate") if report.step == 6 else report
+
+    planned = {rank: replace(hello(rank), total_steps=20) for rank in (0, 1)}  # 10 steps to go
+    _, snapshot = snapshot_of(session_messages(edit=evaluating, goodbye=False, hellos=planned))
+    assert snapshot.header.samples_per_s == pytest.approx(80 / 1.96)
+    assert snapshot.header.eta_s == pytest.approx(10 * 1.97 / 10)
 
 
 async def test_the_header_gives_no_rate_before_two_complete_steps() -> None:

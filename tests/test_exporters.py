@@ -246,6 +246,28 @@ def test_steps_with_collectives_not_timed_are_listed_per_segment_with_the_most_i
             "reductions; up to 4 a step on a rank) 4-5") in exporters.summary_markdown(data)
 
 
+def test_steps_the_loop_paused_before_are_listed_per_segment_with_their_seconds_and_drawn_in_the_trace() -> None:
+    """Pauses before steps 4 (rank 0: 2.0 s, rank 1: 2.5 s) and 5 (1.0 s both): 2.5 + 1.0 = 3.5 s
+    in all, each step counted once at its longest rank; the trace puts each before its step."""
+    session = make_session()
+    for step, seconds, what in ((4, 2.0, "evaluate"), (5, 1.0, "save")):
+        for rank in (0, 1):
+            session.reports[step][rank] = replace(session.reports[step][rank], paused_s=seconds + 0.5 * rank * (step == 4),
+                                                  paused_for=what)
+    data = exporters.summary(session)
+    segment = data["segments"][1]
+    assert (segment["paused_steps"], segment["paused_for"], segment["paused_s"]) == ([4, 5], ["evaluate", "save"], 3.5)
+    assert data["segments"][0]["paused_steps"] == []
+    assert ("- segment 1: steps the loop paused training before (evaluate, save; 3.50 s in all, left out of step times "
+            "and samples/s) 4-5") in exporters.summary_markdown(data)
+    pauses = [e for e in exporters.chrome_trace(session)["traceEvents"] if e.get("name", "").startswith("paused")]
+    step_of = {(e["pid"], e["args"]["step"]): e for e in exporters.chrome_trace(session)["traceEvents"]
+               if e.get("cat") == "step"}
+    assert sorted((e["pid"], e["args"]["step"], e["dur"]) for e in pauses) == [
+        (1, 4, 2_000_000.0), (1, 5, 1_000_000.0), (2, 4, 2_500_000.0), (2, 5, 1_000_000.0)]
+    assert all(e["ts"] + e["dur"] == pytest.approx(step_of[(e["pid"], e["args"]["step"])]["ts"]) for e in pauses)
+
+
 def test_a_rank_whose_steps_stopped_before_the_others_is_named() -> None:
     """DDP's join() with uneven inputs: rank 1's last step is 4 where rank 0 went on to 10."""
     session = make_session()

@@ -126,6 +126,7 @@ def test_the_examples_refuse_a_wrong_flag_in_one_line_before_any_process_group(e
         (["--fsdp", "--bucket-mb", "1"], "--bucket-mb is DDP's bucket cap: FSDP has no buckets (it gathers and reduces "
          "one unit at a time)"),
         (["--grad-accum", "0"], "--grad-accum must be at least 1, not 0"),
+        (["--eval-every", "-1"], "--eval-every must be 0 (never) or more, not -1"),
     ],
 )
 def test_the_trainer_example_refuses_a_wrong_flag_or_fsdp_where_it_cannot_shard_in_one_line(

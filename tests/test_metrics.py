@@ -8,7 +8,7 @@ from the comment next to it.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pytest
 
@@ -72,6 +72,7 @@ class Record:
     spans: tuple[Span, ...] = field(default_factory=tuple)
     samples: int = 0
     tokens: int = 0
+    paused_s: float = 0.0
 
 
 def span(kind: str, a: float, b: float, blocking: bool = False, nbytes: int = 0, tag: str = "") -> Span:
@@ -600,6 +601,24 @@ def test_samples_per_s_divides_by_wall_time_from_first_start_to_last_end_with_ra
     assert s.samples_per_s == approx(24 / ms(112))
     assert s.tokens_per_s == approx(240 / ms(112))
     assert s.per_rank[1].samples_per_s == approx(12 / ms(112))  # its own clock: -2 to 110
+
+
+def test_wall_time_leaves_out_the_loops_pauses_within_it_the_least_any_rank_paused():
+    # 3 steps of 10 ms at 0, 50 and 300 ms on both ranks (one clock); before step 2 the loop
+    # evaluated: rank0 paused 230 ms (70-300, ending where step 2 begins), rank1 220 ms; before step 0
+    # both paused 500 ms, which is before the wall begins. Wall 0-310 = 310 ms, less the least
+    # pause within it (220 ms) = 90 ms: 2 ranks x 3 steps x 4 samples = 24 -> 24 / 0.090 s.
+    # Each rank's own wall takes its own pauses: rank0 310 - 230 = 80 ms, 12 samples.
+    recs = []
+    for step, t in enumerate((0, 50, 300)):
+        for rank, paused in ((0, {0: 500, 2: 230}), (1, {0: 500, 2: 220})):
+            recs.append(replace(record(t, t + 10, span("all_reduce", t + 5, t + 8), rank=rank, step=step, samples=4),
+                                paused_s=ms(paused.get(step, 0))))
+    s = segment_figures(recs, world_size=2)
+    assert s.wall_s == approx(ms(90))
+    assert s.samples_per_s == approx(24 / ms(90))
+    assert s.per_rank[0].samples_per_s == approx(12 / ms(80))
+    assert s.step_ms_p50 == approx(10)  # the windows themselves hold no pause
 
 
 def test_clock_alignment_takes_the_median_anchor_offset_and_falls_back_to_step_starts():

@@ -141,6 +141,16 @@ def test_collectives_not_timed_travel_in_the_report_and_the_summary_and_are_neve
     assert _category(_with_body(untimed, untimed_collectives=1.5)) == "invalid"
 
 
+def test_a_pause_before_the_step_travels_in_the_report_and_the_summary_and_is_never_negative() -> None:
+    paused = replace(STEP, paused_s=0.75, paused_for="evaluate, save")
+    for message in (decode(encode(paused)).message, decode(encode(summarize(paused, world_size=2))).message):
+        assert (message.paused_s, message.paused_for) == (0.75, "evaluate, save")
+    assert "paused_s" not in _raw(STEP)["body"] and SUMMARY.paused_s == 0.0  # a default is not sent
+    for bad in (-0.5, float("nan"), float("inf"), "1"):
+        assert _category(_with_body(paused, paused_s=bad)) == "invalid"
+    assert _category(_with_body(paused, paused_for=3)) == "invalid"
+
+
 def test_a_step_whose_update_was_skipped_says_so_in_its_report_and_its_summary() -> None:
     skipped = replace(STEP, update_skipped=True)
     assert decode(encode(skipped)).message.update_skipped

@@ -332,6 +332,52 @@ def test_collectives_issued_beyond_the_timed_ones_are_reported_untimed(host_time
     assert [r.untimed_collectives for r in timeline.completed_reports()] == [3, 0, 0]
 
 
+def test_a_pause_between_steps_moves_the_next_steps_start_to_its_end_and_takes_what_it_issued(host_time: FakeHostTime) -> None:
+    """Step 1 ends at 1.0 and step 2 begins there; the loop evaluates, issuing a gather (1.2-1.3),
+    until 3.0, then saves until 3.5: step 2's window is 3.5-4.0, and it was paused 3.5 - 1.0 =
+    2.5 s, for both; the gather is the pause's, not the step's."""
+    timeline = StepTimeline(rank=0, clock=HostClock())
+    timeline.begin_step(1, "ddp", {})
+    host_time.now = 1.0
+    timeline.end_step(samples=1, tokens=1)
+    timeline.begin_step(2, "ddp", {}, at=1.0)
+    host_time.now = 1.2
+    gather = timeline.open_collective("all_gather", 8, "", "float32", blocking=True)
+    host_time.now = 1.3
+    timeline.close_collective(gather, None)
+    timeline.paused_until("evaluate", 3.0)
+    timeline.paused_until("save", 3.5)
+    host_time.now = 3.6
+    with timeline.phase("forward"):
+        host_time.now = 3.9
+    host_time.now = 4.0
+    timeline.end_step(samples=1, tokens=1, issued_collectives=0)
+
+    first, second = timeline.completed_reports()
+    assert (first.paused_s, first.paused_for) == (0.0, "")
+    assert (second.start, second.end) == (3.5, 4.0)
+    assert second.paused_s == pytest.approx(2.5) and second.paused_for == "evaluate, save"
+    assert [s.kind for s in second.spans] == ["forward"] and not second.excluded
+
+
+def test_a_pause_inside_a_step_excludes_it_and_a_pause_before_any_step_is_nothing(host_time: FakeHostTime) -> None:
+    """Between micro-steps the pause is in the window (nothing moves, 0 s reported), and the step
+    is left out; with no step begun there is nothing to keep apart."""
+    timeline = StepTimeline(rank=0, clock=HostClock())
+    timeline.paused_until("evaluate", 0.5)  # before the first step: ignored
+    host_time.now = 1.0
+    timeline.begin_step(1, "ddp", {})
+    with timeline.phase("forward"):
+        host_time.now = 2.0
+    timeline.paused_until("evaluate", 3.0)
+    host_time.now = 4.0
+    timeline.end_step(samples=1, tokens=1)
+
+    report = _only_report(timeline)
+    assert (report.start, report.end, report.paused_s, report.paused_for) == (1.0, 4.0, 0.0, "evaluate")
+    assert report.excluded
+
+
 def test_step_without_loss_reports_none(host_time: FakeHostTime) -> None:
     timeline = StepTimeline(rank=0, clock=HostClock())
     timeline.begin_step(1, "simple", {})
@@ -400,6 +446,30 @@ def test_cuda_step_stays_pending_until_its_events_complete(gpu: FakeGpu, host_ti
     (forward,) = report.spans
     assert forward.start == pytest.approx(100.005) and forward.end == pytest.approx(100.030)
     assert report.start == pytest.approx(100.0) and report.end == pytest.approx(100.042)
+
+
+def test_cuda_pause_is_read_from_its_events_and_holds_its_step_until_they_ran(gpu: FakeGpu, host_time: FakeHostTime) -> None:
+    """On a GPU the pause's ends are events, like the step's: step 2 begins at 10 ms, the
+    evaluation's kernels run 10-40 ms and the pause ends at 40, the step at 45. Until the GPU
+    reaches 45 ms step 2 waits; then it reads 40-45 ms, paused 30 ms."""
+    timeline = _cuda_timeline(gpu)
+    host_time.now = 100.0
+    timeline.begin_step(1, "ddp", {})
+    gpu.compute.run(10.0)
+    timeline.end_step(samples=1, tokens=1)
+    host_time.now = 100.010  # where the host is when the GPU reaches 10 ms: each step's events are read against it
+    timeline.begin_step(2, "ddp", {})
+    gpu.compute.run(30.0)
+    timeline.paused_until("evaluate", timeline.stamp())
+    gpu.compute.run(5.0)
+    timeline.end_step(samples=1, tokens=1)
+
+    gpu.done_ms = 42.0
+    assert len(timeline.completed_reports()) == 1 and timeline.has_pending()
+    gpu.done_ms = 45.0
+    report = _only_report(timeline)
+    assert report.start == pytest.approx(100.040) and report.end == pytest.approx(100.045)
+    assert report.paused_s == pytest.approx(0.030) and report.paused_for == "evaluate"
 
 
 def _three_back_to_back_buckets(gpu: FakeGpu, timeline: StepTimeline, nccl_timing: bool,

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from ddpwatch.dashboard.timeline_lanes import pick_timeline_ranks, timeline_of
+from dataclasses import replace
+
+from ddpwatch.dashboard.timeline_lanes import paused_text, pick_timeline_ranks, timeline_of
 from ddpwatch.metrics import calls_of
 from instrumented_ddp.protocol import Span, StepReport
 
@@ -107,3 +109,14 @@ def test_a_large_job_draws_the_slowest_fastest_and_selected_ranks_judged_against
     start, end = data.ranks[0].exposed_waiting[0]  # waited 50-70 ms for rank 12, which is not drawn
     assert (round(start, 9), round(end, 9)) == (0.050, 0.070)
     assert pick_timeline_ranks({}, None) == ()
+
+
+def test_a_step_the_loop_paused_before_is_drawn_without_the_pause_and_titled_with_the_longest() -> None:
+    """Ranks pause together (an evaluation): the window drawn is the step's, 0-100 ms, and the
+    title says the longest pause of the drawn ranks and what it was for."""
+    reports = {rank: replace(report(rank, [Span("forward", 0.0, 0.050)]), paused_s=1.25 + 0.5 * rank, paused_for="evaluate")
+               for rank in (0, 1)}
+    data = timeline_of(4, reports, calls_of(reports))
+    assert data.paused == "after 1.75 s paused: evaluate" and data.span_s == 0.100
+    assert paused_text([report(0, [])]) == ""
+    assert paused_text([replace(report(0, []), paused_for="checkpoint")]) == "paused inside: checkpoint"

@@ -330,7 +330,9 @@ class SnapshotBuilder:
         None before two of them: the header read "0.0 samples/s" as if measured), the
         samples over the wall time from the first one's start to the last one's end, ranks on one
         clock (``metrics.ClockAlignment``, as the segments' samples/s, offsets over the last
-        ``window`` steps), so the time between steps counts. Remade when those steps changed, at
+        ``window`` steps), so the time between steps counts but the loop's pauses of training in
+        it (an evaluation) do not, the least any rank paused, as there; the seconds per step, for
+        the ETA, keep them (they will recur). Remade when those steps changed, at
         most once a second (like the running segment's figures); each step is aligned once, when
         it first enters the window (aligning 20 steps of 1,024 ranks afresh took ~100 ms)."""
         complete = tuple(s for s in trend[-window:] if s.ranks >= self.session.world_size)
@@ -352,8 +354,9 @@ class SnapshotBuilder:
             starts = [t.start + offsets[r] for r, t in complete[0].times.items() if r in offsets and math.isfinite(t.start)]
             ends = [t.end + offsets[r] for r, t in complete[-1].times.items() if r in offsets and math.isfinite(t.end)]
             wall = max(ends) - min(starts) if starts and ends else 0.0
-            if wall > 0:
-                result = (sum(s.samples for s in complete) / wall, wall / len(complete))
+            paused = min((sum(s.times[r].paused for s in complete[1:] if r in s.times) for r in offsets), default=0.0)
+            if wall - paused > 0:
+                result = (sum(s.samples for s in complete) / (wall - paused), wall / len(complete))
         self._rate = (now, complete, result)
         return result
 

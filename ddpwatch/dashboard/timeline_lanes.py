@@ -7,6 +7,7 @@ the same pairing as the ranks table's "waited" (``metrics.waiting_intervals``).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -45,6 +46,7 @@ class TimelineData:
     reported: int = 0  # ranks that reported the step; more than ``ranks`` when only some are drawn
     roles: tuple[tuple[int, str], ...] = ()  # (rank, why it is drawn) when only some are
     label: str = ""  # the strategy with its settings (``session.strategy_label``)
+    paused: str = ""  # what the loop paused training for before the step, and how long (``paused_text``)
 
 
 def pick_timeline_ranks(figures: dict[int, metrics.StepFigures], selected: int | None) -> tuple[tuple[int, str], ...]:
@@ -94,7 +96,19 @@ def timeline_of(step: int, reports: dict[int, StepReport], calls: dict[int, metr
     lanes = [_lanes(rank, reports[rank], shift[rank] - origin, waiting.get(rank, [])) for rank in sorted(reports)]
     first = next(iter(reports.values()))
     return TimelineData(step, first.strategy, max(end - origin, 1e-9), tuple(lanes), reported,
-                        tuple(role for role in roles or () if role[0] in reports), strategy_label(first.strategy, first.settings))
+                        tuple(role for role in roles or () if role[0] in reports), strategy_label(first.strategy, first.settings),
+                        paused_text(reports.values()))
+
+
+def paused_text(reports: Iterable[StepReport]) -> str:
+    """What the drawn ranks' loop paused training for before the step and the longest pause,
+    in words ("after 0.92 s paused: evaluate"), or "" where it did not: the step is drawn
+    without it (``StepReport.paused_s``), and its title says it was there."""
+    paused = [r for r in reports if r.paused_s or r.paused_for]
+    if not paused:
+        return ""
+    longest = max(paused, key=lambda r: r.paused_s)
+    return f"after {longest.paused_s:.2f} s paused: {longest.paused_for}" if longest.paused_s else f"paused inside: {longest.paused_for}"
 
 
 def _lanes(rank: int, report: StepReport, offset: float, waiting: list[tuple[float, float]]) -> RankLanes:

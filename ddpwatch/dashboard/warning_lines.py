@@ -81,6 +81,8 @@ def note_lines(session: Session, heard: float) -> list[str]:
         lines.append(compiling_steps_text(session.compiling_steps))
     if session.untimed_collective_steps:
         lines.append(untimed_collectives_text(session.untimed_collective_steps, session.untimed_collectives_most))
+    if session.paused_steps:
+        lines.append(paused_steps_text(session.paused_steps, list(session.paused_for), session.paused_longest_s))
     stopped = session.stopped_ranks(heard)
     if stopped:
         lines.append(stopped_ranks_text(stopped, max(state.last_step for state in session.ranks.values())))
@@ -133,6 +135,16 @@ def untimed_collectives_text(steps: StepSet, most: int) -> str:
     return (f"collectives not timed in {count} step{'s' if count != 1 else ''} ({runs_text(steps.ranges())}), up to {most} "
             "a step on a rank: issued outside DDP's buckets and FSDP's gathers and reductions (by the script itself, "
             "or DDP rebuilding its buckets): their time reads as compute")
+
+
+def paused_steps_text(steps: StepSet, what: list[str], longest_s: float) -> str:
+    """One line for the steps before which the loop paused training: a Trainer's evaluation or
+    checkpoint, or what a loop marked with ``Attachment.paused``. Kept out of the step times, or
+    they would read as a data-loading stall."""
+    count = len(steps)
+    doing = ", ".join(what) or "its own work"
+    return (f"the loop paused training ({doing}) before {count} step{'s' if count != 1 else ''} ({runs_text(steps.ranges())}), "
+            f"up to {longest_s:.2f} s: left out of the step times and of samples/s")
 
 
 def skipped_updates_text(steps: StepSet) -> str:

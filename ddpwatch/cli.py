@@ -47,6 +47,10 @@ def build_parser() -> argparse.ArgumentParser:
     record.add_argument("--until-steps", type=int, help="stop once every rank reported this step")
     record.add_argument("--until-seconds", type=float, help="stop after this long")
     record.add_argument("--idle-exit", type=float, default=15.0, help="stop when every rank is silent this long")
+    record.add_argument("--runs", type=int, default=1, metavar="N",
+                        help="record N runs one after another (a script that trains more than once: a Trainer's train() "
+                        "called again, hyperparameter_search's trials); each earlier run's exports go in a folder named "
+                        "after it (default 1: stop when the first run's ranks have all said goodbye)")
     record.add_argument("--wait", type=float, help="give up, exit 2, when no rank has connected this many seconds after "
                         "start (default: wait as long as it takes; --idle-exit counts only once a rank has spoken)")
     record.add_argument("--max-message-bytes", type=int, default=DEFAULT_MAX_MESSAGE_BYTES,
@@ -212,10 +216,10 @@ def run_record(args: argparse.Namespace) -> int:
 
     from .recorder import StopRule, record
 
-    positive(args, "until_steps", "until_seconds", "sample", "wait", "idle_exit", "max_message_bytes")
+    positive(args, "until_steps", "until_seconds", "sample", "wait", "idle_exit", "max_message_bytes", "runs")
     started = time.monotonic()
     session = record(args.listen, writable_out_dir(args.out), StopRule(args.until_steps, args.until_seconds, args.idle_exit, args.wait),
-                     args.max_message_bytes, keys=server_keys(args), sample_every=args.sample)
+                     args.max_message_bytes, keys=server_keys(args), sample_every=args.sample, runs=args.runs)
     if args.wait is not None and not session.messages and time.monotonic() - started >= args.wait:  # not a Ctrl-C before it
         print(f"ddpwatch record: error: no rank connected within {args.wait:g} s", file=sys.stderr)
         return 2

@@ -18,7 +18,7 @@ from .auth import ServerKeys
 from .control import SwitchRelay
 from .exporters import write_exports
 from .rank_lists import failed_ranks_lines
-from .receiver import TelemetryReceiver, ingest, log_and_decode
+from .receiver import TelemetryReceiver, log_and_decode
 from .session import Session
 from .session_file import SESSION_FILE_NAME, SessionWriter, read_session_records
 from .span_requests import SpanRequester, SpanWish
@@ -33,9 +33,11 @@ class StopRule:
     idle_exit_s: float = 15.0  # every rank silent this long after the session began
     connect_within_s: float | None = None  # no message at all this long after listening began (None: wait on)
 
-    def reached(self, session: Session, started: float, last_message: float) -> str | None:
+    def reached(self, session: Session, started: float, last_message: float, runs_to_come: bool = False) -> str | None:
+        """Why the recording ends now, or None. ``runs_to_come``: a run that ends is not the last
+        one awaited (``record``'s ``runs``), so its goodbyes end nothing; silence still does."""
         now = time.monotonic()
-        if session.finished:
+        if session.finished and not runs_to_come:
             return "every rank said goodbye"
         if self.until_steps is not None and session.latest_complete_step() is not None:
             if session.latest_complete_step() >= self.until_steps:
@@ -59,12 +61,17 @@ def record(
     sample_every: int | None = None,
     drive: Callable[[Session, SwitchRelay], str | None] | None = None,
     command: str = "ddpwatch record",
+    runs: int = 1,
 ) -> Session:
     """Every rank's every span by default, so a recording loses nothing; ``sample_every``: the
     spans of every N-th step only, summaries (exact figures) of the rest. ``drive``: called
     after each receive with the session and the switch relay (``ddpwatch tune`` switches the run
     through it); a line it returns ends the recording, said as the reason. ``command``: the name
-    its lines begin with (``ddpwatch tune`` records through this too)."""
+    its lines begin with (``ddpwatch tune`` records through this too). ``runs``: how many runs
+    to record, one after another, from the same address (a process that trains more than once:
+    a Trainer's second ``train()``, ``hyperparameter_search``'s trials); a run that begins once
+    the one before is over gets a session of its own, as on the dashboard, and the one before's
+    exports go in a folder named after it, beside the last run's. Returns the last run's."""
     session = Session()
     receiver = TelemetryReceiver(listen, max_message_bytes, keys)
     relay = SwitchRelay(receiver.send)
@@ -85,7 +92,19 @@ def record(
             if batch:
                 last_message = time.monotonic()
                 for peer, data in batch:
-                    for envelope in ingest(session, [data], writer, max_message_bytes=max_message_bytes, run=run_of_sender(peer)):
+                    run = run_of_sender(peer)
+                    envelope = log_and_decode(data, writer, max_message_bytes, run)
+                    if isinstance(envelope, ProtocolError):
+                        session.reject(envelope.category)
+                        continue
+                    if runs > 1 and (next_run := session.next_run(envelope.message, time.monotonic(), run)):
+                        runs -= 1
+                        folder = out_dir / (session.session_id or "run")
+                        paths = write_exports(session, folder)
+                        log(f"{command}: run {session.session_id} is over; its exports are in {folder} "
+                            f"({', '.join(p.name for p in paths.values())}); now recording run {next_run}")
+                        session = Session()
+                    if session.ingest(envelope, run=run) is None:
                         relay.note(peer, envelope)
                         requester.note(peer, envelope)
             for _ in range(receiver.take_refused_handshakes()):
@@ -93,7 +112,7 @@ def record(
             relay.tick()
             requester.tick()
             writer.flush_if_due()
-            reason = stop_requested[0] if stop_requested else rule.reached(session, started, last_message)
+            reason = stop_requested[0] if stop_requested else rule.reached(session, started, last_message, runs > 1)
             if reason is None and drive is not None:
                 reason = drive(session, relay)
     finally:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import threading
 from collections import defaultdict
 from dataclasses import replace
 from pathlib import Path
@@ -506,23 +507,11 @@ def test_ddpwatch_summary_prints_every_run_of_a_session_oldest_first(tmp_path: P
     assert printed(tmp_path) == both
 
 
-def test_the_recorder_says_a_desync_and_the_late_and_unresolved_counts_when_it_stops(tmp_path: Path) -> None:
-    import threading
+def _send_later(address: str, messages: list[bytes]) -> threading.Thread:
+    """A thread that sends ``messages`` to ``address`` from one socket once the recorder is bound."""
     import time
 
     import zmq
-
-    from ddpwatch.recorder import StopRule, record
-    from launch import free_port
-    from synthetic_session import session_messages
-
-    def skip_a_call(report: StepReport) -> StepReport:
-        if report.rank == 1 and report.step == 3:
-            return replace(report, spans=[s for s in report.spans if s.tag != "p3"])
-        return replace(report, unresolved=True) if report.rank == 0 and report.step == 8 else report
-
-    address = f"tcp://127.0.0.1:{free_port()}"
-    messages = session_messages(edit=skip_a_call)
 
     def send() -> None:
         context = zmq.Context()
@@ -535,15 +524,65 @@ def test_the_recorder_says_a_desync_and_the_late_and_unresolved_counts_when_it_s
         sender.close()
         context.term()
 
-    lines: list[str] = []
     thread = threading.Thread(target=send)
     thread.start()
+    return thread
+
+
+def test_the_recorder_says_a_desync_and_the_late_and_unresolved_counts_when_it_stops(tmp_path: Path) -> None:
+    from ddpwatch.recorder import StopRule, record
+    from launch import free_port
+    from synthetic_session import session_messages
+
+    def skip_a_call(report: StepReport) -> StepReport:
+        if report.rank == 1 and report.step == 3:
+            return replace(report, spans=[s for s in report.spans if s.tag != "p3"])
+        return replace(report, unresolved=True) if report.rank == 0 and report.step == 8 else report
+
+    address = f"tcp://127.0.0.1:{free_port()}"
+    lines: list[str] = []
+    thread = _send_later(address, session_messages(edit=skip_a_call))
     record(address, tmp_path, StopRule(idle_exit_s=10.0), log=lines.append)
     thread.join()
     assert "every rank said goodbye" in lines[-2] and "0 rejected, 0 late, 1 unresolved step(s)" in lines[-2]
     assert lines[-1] == ("ddpwatch record: ERROR: DESYNC at step 3: the ranks issued different all-reduce counts "
                          "(rank 0: 4, rank 1: 3)")
     assert json.loads((tmp_path / "summary.json").read_text())["desync"]["first_step"] == 3
+
+
+@pytest.mark.timeout(60)
+def test_the_recorder_told_to_record_two_runs_writes_each_and_goes_on_past_the_first_goodbyes(tmp_path: Path) -> None:
+    """A process that trains twice (a Trainer's second ``train()``): the recorder stopped at the
+    first run's goodbyes and the second went unrecorded. With ``runs=2`` the first run's exports
+    go in a folder named after it and the second's beside it, as the dashboard leaves them; told
+    two and sent one, it stops once the ranks are silent, that run's exports in place."""
+    from ddpwatch import cli
+    from ddpwatch.recorder import StopRule, record
+    from launch import free_port
+    from synthetic_session import hello, session_messages
+
+    second = {rank: replace(hello(rank), session="second-session") for rank in (0, 1)}
+    address = f"tcp://127.0.0.1:{free_port()}"
+    thread = _send_later(address, session_messages(steps=10) + session_messages(steps=4, hellos=second))
+    lines: list[str] = []
+    last = record(address, tmp_path / "two", StopRule(idle_exit_s=10.0), log=lines.append, runs=2)
+    thread.join()
+    assert last.session_id == "second-session" and sorted(last.reports) == [1, 2, 3, 4] and not last.rejected
+    assert lines[1] == (f"ddpwatch record: run fixed-session is over; its exports are in {tmp_path / 'two' / 'fixed-session'} "
+                        "(summary.json, summary.md, summary.svg, summary.csv, trace.json); now recording run second-session")
+    assert "every rank said goodbye" in lines[-1]
+    first = json.loads((tmp_path / "two" / "fixed-session" / "summary.json").read_text())
+    assert (first["session"], first["segments"][-1]["last_step"]) == ("fixed-session", 10)
+    assert json.loads((tmp_path / "two" / "summary.json").read_text())["session"] == "second-session"
+    assert cli.main(["summary", str(tmp_path / "two")]) == 0
+
+    address = f"tcp://127.0.0.1:{free_port()}"
+    thread = _send_later(address, session_messages(steps=3))
+    lines = []
+    only = record(address, tmp_path / "one", StopRule(idle_exit_s=1.0), log=lines.append, runs=2)
+    thread.join()
+    assert only.session_id == "fixed-session" and "no message for 1 s" in lines[-1]
+    assert json.loads((tmp_path / "one" / "summary.json").read_text())["session"] == "fixed-session"
 
 
 def test_trace_puts_every_collective_kind_in_the_communication_lane() -> None:

@@ -75,6 +75,7 @@ def test_a_flood_of_garbage_from_one_sender_leaves_the_valid_stream_intact(tmp_p
         (["record", "--out", "/tmp/x", "--until-steps", "0"], "--until-steps must be positive"),
         (["record", "--out", "/tmp/x", "--wait", "0"], "--wait must be positive"),
         (["record", "--out", "/tmp/x", "--idle-exit", "-1"], "--idle-exit must be positive"),
+        (["record", "--out", "/tmp/x", "--runs", "0"], "--runs must be positive"),
         (["record", "--out", "/tmp/x", "--until-seconds", "nan"], "--until-seconds must be positive"),  # nan passed "<= 0"
         (["tune", "--out", "/tmp/x", "--idle-exit", "0"], "--idle-exit must be positive"),
         (["record", "--out", "/tmp/x", "--max-message-bytes", "0"], "--max-message-bytes must be positive"),  # every message rejected

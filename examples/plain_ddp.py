@@ -5,10 +5,12 @@ PyTorch's DDP tutorial loop, watched by ddpwatch with one added line (``instrume
     torchrun --nproc_per_node=2 examples/plain_ddp.py            # CPU (gloo) or one GPU per rank (NCCL)
     torchrun --nproc_per_node=2 examples/plain_ddp.py --grad-accum 4 --bucket-mb 1
     torchrun --nproc_per_node=2 examples/plain_ddp.py --compile inductor   # torch.compile(ddp_model)
+    torchrun --nproc_per_node=2 examples/plain_ddp.py --eval-every 50      # evaluations marked as pauses
 
 The model is the tutorial's ToyModel made deeper (``--layers``) so that DDP has several buckets
 to show; the data is random, the same on every run. Everything but the ``attach`` and ``detach``
-lines (and the optional ``record_loss``, for the Loss tab) is the loop you already have.
+lines (and the optional ``record_loss``, for the Loss tab, and ``paused``, around an evaluation) is
+the loop you already have.
 """
 
 from __future__ import annotations
@@ -39,6 +41,16 @@ class ToyModel(nn.Module):
         return self.head(self.net(x))
 
 
+def evaluate(model: nn.Module, loss_fn: nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> float:
+    """The mean loss over held-out batches, averaged over the ranks."""
+    model.eval()
+    with torch.no_grad():
+        total = sum(loss_fn(model(inputs), labels) for inputs, labels in batches) / len(batches)
+    dist.all_reduce(total, op=dist.ReduceOp.SUM)
+    model.train()
+    return total.item() / dist.get_world_size()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="PyTorch's DDP tutorial loop, watched by ddpwatch")
     parser.add_argument("--steps", type=int, default=200)
@@ -47,6 +59,8 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=512)
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--bucket-mb", type=float, default=25.0, help="DDP's bucket_cap_mb")
+    parser.add_argument("--eval-every", type=int, default=0, metavar="N",
+                        help="evaluate 8 held-out batches every N optimizer steps, marked as a pause of training (default 0: never)")
     parser.add_argument("--watch", default=DEFAULT_ADDRESS, metavar="ADDRESS", help="where ddpwatch listens")
     parser.add_argument("--no-watch", action="store_true", help="the same loop without attach")
     parser.add_argument("--save-final", default=None, metavar="FILE", help="rank 0 saves the final parameters here")
@@ -57,6 +71,8 @@ def main() -> None:
     for flag in ("steps", "batch_size", "grad_accum", "width", "layers"):  # one line, exit 2, before any process group, as train.py
         if getattr(args, flag) < 1:
             parser.error(f"--{flag.replace('_', '-')} must be at least 1, not {getattr(args, flag)}")
+    if args.eval_every < 0:
+        parser.error(f"--eval-every must be 0 (never) or more, not {args.eval_every}")
     if problem := bucket_mb_problem(args.bucket_mb, "--bucket-mb"):  # inf went on into DDP's traceback
         parser.error(problem)
     if problem := outputs_problem(args.profile, args.save_final):  # else a traceback at step 8 or after the last step
@@ -83,6 +99,9 @@ def main() -> None:
     watch = None if args.no_watch else instrumented_ddp.attach(ddp_model, optimizer, address=args.watch, total_steps=args.steps)  # <- ddpwatch
 
     data = torch.Generator().manual_seed(1 + rank)
+    held_out_data = torch.Generator().manual_seed(1000 + rank)
+    held_out = [(torch.randn(args.batch_size, 10, generator=held_out_data).to(device),
+                 torch.randn(args.batch_size, 5, generator=held_out_data).to(device)) for _ in range(8 if args.eval_every else 0)]
     profiler = None
     if args.profile:
         profiler = torch.profiler.profile(
@@ -100,6 +119,11 @@ def main() -> None:
                     watch.record_loss(loss * args.grad_accum)  # <- optional: the dashboard's Loss tab
                 loss.backward()
         optimizer.step()
+        if args.eval_every and (step + 1) % args.eval_every == 0:
+            with watch.paused("evaluate") if watch is not None else nullcontext():  # <- optional: not the next step's data
+                eval_loss = evaluate(ddp_model, loss_fn, held_out)
+            if rank == 0:
+                print(f"step {step + 1}: held-out loss {eval_loss:.4f}")
         if profiler is not None:
             profiler.step()
     if profiler is not None:

@@ -452,8 +452,9 @@ class StepTimeline:
         if step.paused_from is None:  # else a second pause runs on from the first: one, however many parts
             step.paused_from = step.start
         step.start = step.paused_to = end
-        step.spans = []  # what the pause issued is the pause's
+        step.spans = []  # what the pause issued is the pause's, and what it compiled (an evaluation under no_grad)
         step.carries_outside_spans = False
+        step.graphs_compiled_at_start = dynamo_graphs_compiled()
 
     def time_collectives_in(self, group: Any) -> None:
         """About to time an asynchronous collective in ``group`` (None: the default group): see

@@ -101,44 +101,33 @@ def test_wrong_cli_input_gets_a_one_line_error_and_a_non_zero_exit(args: list[st
 @pytest.mark.parametrize(
     ("example", "args", "message"),
     [
+        pytest.param("hf_trainer.py", ["--fsdp"], "--fsdp needs CUDA: Accelerate shards with FSDP only on GPUs (on the CPU "
+                     "the Trainer would train with DDP)", marks=pytest.mark.skipif(shutil.which("nvidia-smi") is not None,
+                                                                                  reason="a CUDA machine runs --fsdp")),
+        ("hf_trainer.py", ["--fsdp", "--bucket-mb", "1"], "--bucket-mb is DDP's bucket cap: FSDP has no buckets (it gathers "
+         "and reduces one unit at a time)"),
+        ("hf_trainer.py", ["--grad-accum", "0"], "--grad-accum must be at least 1, not 0"),
+        ("hf_trainer.py", ["--eval-every", "-1"], "--eval-every must be 0 (never) or more, not -1"),
+        ("plain_ddp.py", ["--eval-every", "-1"], "--eval-every must be 0 (never) or more, not -1"),
         ("plain_ddp.py", ["--bucket-mb", "inf"], "--bucket-mb must be a positive, finite number of MB, not inf"),  # was DDP's traceback
         ("plain_ddp.py", ["--compile", "inductr"], "--compile inductr: torch.compile has no such backend (inductor, aot_eager, ...: "
          "torch._dynamo.list_backends(exclude_tags=()) lists them)"),
         ("plain_fsdp.py", ["--layers", "0"], "--layers must be at least 1, not 0"),
         ("plain_fsdp.py", ["--profile", "README.md"], "--profile README.md: README.md is a file, not a directory"),  # was a traceback at step 8
-        ("plain_ddp.py", ["--save-final", "README.md/final.pt"], "README.md is a file, not a directory"),  # was one after the last step
+        ("plain_ddp.py", ["--save-final", "README.md/final.pt"], "--save-final README.md/final.pt: README.md is a file, not a directory"),  # was one after the last step
     ],
 )
-def test_the_examples_refuse_a_wrong_flag_in_one_line_before_any_process_group(example: str, args: list[str], message: str) -> None:
-    """Run without torchrun: a flag read after the process group was made would fail there first
-    (the Trainer example's, in this process: below)."""
-    result = subprocess.run([sys.executable, str(REPO_ROOT / "examples" / example), *args], capture_output=True, text=True,
-                            cwd=REPO_ROOT, timeout=120)
-    assert result.returncode == 2
-    assert result.stderr.strip().splitlines()[-1].endswith(message), result.stderr
-
-
-@pytest.mark.parametrize(
-    ("args", "message"),
-    [
-        pytest.param(["--fsdp"], "--fsdp needs CUDA: Accelerate shards with FSDP only on GPUs (on the CPU the Trainer "
-                     "would train with DDP)", marks=pytest.mark.skipif(shutil.which("nvidia-smi") is not None,
-                                                                      reason="a CUDA machine runs --fsdp")),
-        (["--fsdp", "--bucket-mb", "1"], "--bucket-mb is DDP's bucket cap: FSDP has no buckets (it gathers and reduces "
-         "one unit at a time)"),
-        (["--grad-accum", "0"], "--grad-accum must be at least 1, not 0"),
-        (["--eval-every", "-1"], "--eval-every must be 0 (never) or more, not -1"),
-    ],
-)
-def test_the_trainer_example_refuses_a_wrong_flag_or_fsdp_where_it_cannot_shard_in_one_line(
-        args: list[str], message: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    """In this process, as ``python examples/hf_trainer.py`` (a process of its own spends 11 s importing
-    transformers to print one line): refused while parsing, before any process group or Trainer."""
-    monkeypatch.setattr(sys, "argv", ["hf_trainer.py", *args])
+def test_an_example_refuses_a_wrong_flag_in_one_line_before_any_process_group(
+        example: str, args: list[str], message: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """In this process, as ``python examples/hf_trainer.py`` would (a process of its own spent 11 s
+    importing transformers to print one line, the others 3-5 s importing torch): refused while
+    parsing, before any process group (without torchrun, one made first would fail there) or
+    Trainer."""
+    monkeypatch.setattr(sys, "argv", [example, *args])
     with pytest.raises(SystemExit) as exited:
-        runpy.run_path(str(REPO_ROOT / "examples" / "hf_trainer.py"), run_name="__main__")
+        runpy.run_path(str(REPO_ROOT / "examples" / example), run_name="__main__")
     assert exited.value.code == 2
-    assert capsys.readouterr().err.strip().splitlines()[-1] == f"hf_trainer.py: error: {message}"
+    assert capsys.readouterr().err.strip().splitlines()[-1] == f"{example}: error: {message}"
 
 
 def test_a_summary_piped_into_a_reader_that_stopped_is_no_error(tmp_path: Path) -> None:

@@ -360,6 +360,23 @@ def test_a_pause_between_steps_moves_the_next_steps_start_to_its_end_and_takes_w
     assert [s.kind for s in second.spans] == ["forward"] and not second.excluded
 
 
+def test_what_torch_compile_compiled_in_a_pause_is_the_pauses_not_the_steps(host_time: FakeHostTime) -> None:
+    """An evaluation under ``no_grad`` compiles a compiled model again (a guard on grad mode):
+    that compile is the pause's, and the step after it, which compiled nothing, is counted."""
+    compiled = torch.compile(lambda x: x * 2, backend="eager", dynamic=False)
+    compiled(torch.ones(2))
+    timeline = StepTimeline(rank=0, clock=HostClock())
+    timeline.begin_step(1, "ddp", {})
+    torch.compile(lambda x: x - 1, backend="eager")(torch.ones(2))  # the evaluation's compile
+    host_time.now = 1.0
+    timeline.paused_until("evaluate", 1.0)
+    compiled(torch.ones(2))  # cached
+    host_time.now = 2.0
+    timeline.end_step(samples=1, tokens=1)
+    report = _only_report(timeline)
+    assert not report.compiling and not report.excluded and report.paused_for == "evaluate"
+
+
 def test_a_pause_inside_a_step_excludes_it_and_a_pause_before_any_step_is_nothing(host_time: FakeHostTime) -> None:
     """Between micro-steps the pause is in the window (nothing moves, 0 s reported), and the step
     is left out; with no step begun there is nothing to keep apart."""

@@ -25,7 +25,7 @@ import numpy as np
 from ddpwatch import metrics
 from ddpwatch.rank_lists import failed_ranks_lines, rank_runs, runs_text
 from ddpwatch.segment_bars import bars_svg, lengths, segment_bar
-from ddpwatch.session import Session, ranks_left_behind
+from ddpwatch.session import Session, note_pause_kinds, ranks_left_behind
 from instrumented_ddp.protocol import COMM_KINDS, FAILED, READY_KIND, StepReport
 
 __all__ = ["chrome_trace", "clock_offsets", "summary", "summary_csv", "summary_markdown", "summary_svg", "write_exports"]
@@ -116,7 +116,7 @@ def pauses(reports: list[StepReport]) -> dict[str, Any]:
     for r in reports:
         if r.paused_s or r.paused_for:
             longest[r.step] = max(longest.get(r.step, 0.0), r.paused_s)
-            what.update(dict.fromkeys(part for part in r.paused_for.split(", ") if part))
+            note_pause_kinds(what, r.paused_for)
     return {"paused_steps": sorted(longest), "paused_for": list(what), "paused_s": sum(longest.values())}
 
 

@@ -98,6 +98,18 @@ class Segment:
 LABELLED_SETTINGS = ("bucket_mb", "grad_accum", "replicas")
 
 
+PAUSE_KINDS_KEPT = 8  # what a run's loop paused for, named: evaluate, save, ... (a sender could name thousands)
+
+
+def note_pause_kinds(kinds: dict[str, None], paused_for: str) -> None:
+    """Add what one report's pause was for (``StepReport.paused_for``: "evaluate, save") to
+    ``kinds``, in the order first heard, up to ``PAUSE_KINDS_KEPT`` of them, each cut to 80
+    characters, as a rank's timeline cuts the whole."""
+    for what in paused_for.split(", "):
+        if what and len(kinds) < PAUSE_KINDS_KEPT:
+            kinds[what[:80]] = None
+
+
 def strategy_label(strategy: str, settings: Mapping[str, Any]) -> str:
     """``bucket (bucket_mb=1.0, grad_accum=1)``: the strategy and the settings that tell its
     segments apart, as the segments table and the timeline's title name them."""
@@ -360,7 +372,7 @@ class Session:
             self.untimed_collectives_most = max(self.untimed_collectives_most, report.untimed_collectives)
         if report.paused_s or report.paused_for:
             self.paused_steps.add(report.step)
-            self.paused_for.update(dict.fromkeys(what for what in report.paused_for.split(", ") if what))
+            note_pause_kinds(self.paused_for, report.paused_for)
             self.paused_longest_s = max(self.paused_longest_s, report.paused_s)
         rank.reported.add(report.step)
         if isinstance(report, StepSummary):

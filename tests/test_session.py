@@ -10,7 +10,7 @@ import pytest
 
 from ddpwatch.receiver import ingest
 from ddpwatch.compact import PackedSpans
-from ddpwatch.session import Session, ranks_left_behind, short_strategy_label, strategy_label
+from ddpwatch.session import PAUSE_KINDS_KEPT, Session, note_pause_kinds, ranks_left_behind, short_strategy_label, strategy_label
 from instrumented_ddp.protocol import Envelope, Heartbeat, Span
 from instrumented_ddp.step_figures import call_times
 from synthetic_session import hello, session_messages, step_report, waiting_ranks
@@ -324,3 +324,12 @@ def test_groups_named_after_a_segment_began_hold_for_the_whole_segment() -> None
     ingest(told_late, hellos + after)
     busbw = [session.segment_figures(session.segments[0]).busbw_gbps for session in (told_first, told_late)]
     assert busbw[1] == pytest.approx(busbw[0])
+
+
+def test_what_the_loop_paused_for_is_kept_in_order_first_heard_a_few_kinds_of_a_few_words() -> None:
+    """A sender naming a thousand kinds of pause (or one of a megabyte) would grow the notes line
+    without bound: eight kinds kept, each cut to 80 characters."""
+    kinds: dict[str, None] = {}
+    for paused_for in ("evaluate, save", "save", "", "x" * 200, *(f"kind {i}" for i in range(20))):
+        note_pause_kinds(kinds, paused_for)
+    assert list(kinds) == ["evaluate", "save", "x" * 80, *(f"kind {i}" for i in range(PAUSE_KINDS_KEPT - 3))]

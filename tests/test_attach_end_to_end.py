@@ -17,9 +17,11 @@ from launch import REPO_ROOT, Recorder, free_port, run_torchrun
 from profiler_events import assert_all_reduces_hold_against_the_profiler, rank_reports
 
 PROFILED_STEPS = range(4, 9)  # the examples' profiler schedule: wait 2, warmup 1, active 5
-EXAMPLES = {  # each with two buckets or more and an accumulation (no_sync) in every step
-    "plain_ddp": [str(REPO_ROOT / "examples" / "plain_ddp.py"), "--steps", "12", "--bucket-mb", "1", "--grad-accum", "2"],
-    "hf_trainer": [str(REPO_ROOT / "examples" / "hf_trainer.py"), "--steps", "12", "--bucket-mb", "1", "--grad-accum", "2"],
+EXAMPLES = {  # each with two buckets or more, an accumulation (no_sync) in every step, an evaluation after step 10
+    "plain_ddp": [str(REPO_ROOT / "examples" / "plain_ddp.py"), "--steps", "12", "--bucket-mb", "1", "--grad-accum", "2",
+                  "--eval-every", "10"],
+    "hf_trainer": [str(REPO_ROOT / "examples" / "hf_trainer.py"), "--steps", "12", "--bucket-mb", "1", "--grad-accum", "2",
+                   "--eval-every", "10"],
 }
 
 
@@ -62,6 +64,17 @@ def test_all_reduces_per_step_are_ddps_buckets_on_every_rank(example_runs: Examp
     for figures in [segment, *segment["per_rank"].values()]:
         assert figures["compute_pct"] + figures["non_compute_pct"] + figures["idle_pct"] == pytest.approx(100.0)
     assert all(not rank.hello.switchable for rank in runs.session.ranks.values())
+
+
+def test_the_evaluation_between_steps_is_a_pause_before_the_next_step_not_its_data(example_runs: ExampleRuns) -> None:
+    """The evaluation after step 10 (``watch.paused`` in the DDP example; in the Trainer's, its own
+    ``_maybe_log_save_evaluate`` then ``on_evaluate``, as the installed transformers calls them):
+    step 11 begins where it ended, on both ranks, and its gathers are not step 11's."""
+    (segment,) = example_runs.summary["segments"]
+    assert (segment["paused_steps"], segment["paused_for"]) == ([11], ["evaluate"]) and segment["paused_s"] > 0
+    for rank, report in example_runs.session.reports[11].items():
+        assert report.paused_s > 0 and report.start - report.paused_s >= example_runs.session.reports[10][rank].end - 1e-3
+        assert report.untimed_collectives <= max(r.untimed_collectives for r in example_runs.session.reports[9].values())
 
 
 def test_parameters_are_bitwise_those_of_the_run_without_ddpwatch(example_runs: ExampleRuns) -> None:
@@ -171,7 +184,9 @@ def test_collectives_the_script_issues_itself_are_counted_and_not_timed(example_
     logging every step (12 steps: ``logging_steps`` 1), all-gathers the batch's label count before
     each forward (``average_tokens_across_devices``), then after each update the loss and the
     step's floating-point operations for the log (``store_flos``): 3 a step, counted from step 1's
-    first forward, so its label count is not in it and its log falls in step 2."""
+    first forward, so its label count is not in it and its log falls in step 2; the log after step
+    10 runs in the pause its evaluation ends, whose collectives are the pause's: step 11 counts its
+    label count alone."""
     runs = example_runs
     untimed = {step: {rank: report.untimed_collectives for rank, report in reports.items()}
                for step, reports in sorted(runs.session.reports.items())}
@@ -180,7 +195,7 @@ def test_collectives_the_script_issues_itself_are_counted_and_not_timed(example_
     if "plain_ddp" in request.node.name:
         assert per_step == [0, 2] + [0] * 10
     else:
-        assert per_step == [0, 2 + 3] + [3] * 10
+        assert per_step == [0, 2 + 3] + [3] * 8 + [1, 3]
     (segment,) = runs.summary["segments"]
     assert segment["untimed_collective_steps"] == [step for step, n in zip(range(1, 13), per_step) if n]
     assert segment["untimed_collectives_most"] == max(per_step)

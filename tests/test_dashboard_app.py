@@ -822,8 +822,9 @@ def test_collectives_a_script_issued_untimed_are_a_note_with_their_steps_and_the
     _, snapshot = snapshot_of(session_messages(edit=trainer_like))
     assert snapshot.warnings == ()
     assert snapshot.notes == ("collectives not timed in 9 steps (2-10), up to 4 a step on a rank: issued outside DDP's "
-                              "buckets and FSDP's gathers and reductions (by the script itself, or DDP rebuilding its "
-                              "buckets): their time reads as compute",)
+                              "buckets and FSDP's gathers and reductions (by the script itself, or by DDP: its rebuilt "
+                              "buckets, its map of used parameters under find_unused_parameters=True): their time reads "
+                              "as compute",)
 
 
 def test_steps_the_loop_paused_training_before_are_a_note_with_their_steps_and_the_longest() -> None:

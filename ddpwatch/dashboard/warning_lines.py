@@ -130,11 +130,13 @@ def compiling_steps_text(steps: StepSet) -> str:
 def untimed_collectives_text(steps: StepSet, most: int) -> str:
     """One line for the steps in which ranks issued collectives ddpwatch does not time: an attached
     script's own (a Trainer's loss and token counts gathered for logging, a gradient norm of sharded
-    gradients), or DDP's broadcast of its rebuilt buckets in its second step."""
+    gradients), or DDP's own: the broadcast of its rebuilt buckets in its second step, the
+    all-reduce of its map of used parameters every step under ``find_unused_parameters=True``."""
     count = len(steps)
     return (f"collectives not timed in {count} step{'s' if count != 1 else ''} ({runs_text(steps.ranges())}), up to {most} "
             "a step on a rank: issued outside DDP's buckets and FSDP's gathers and reductions (by the script itself, "
-            "or DDP rebuilding its buckets): their time reads as compute")
+            "or by DDP: its rebuilt buckets, its map of used parameters under find_unused_parameters=True): "
+            "their time reads as compute")
 
 
 def paused_steps_text(steps: StepSet, what: list[str], longest_s: float) -> str:

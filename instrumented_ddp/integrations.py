@@ -4,7 +4,7 @@
     trainer.add_callback(DDPWatchCallback(trainer, address="tcp://127.0.0.1:5555"))
     trainer.train()
 
-What this relies on, checked against transformers 5.23 and accelerate 1.15 (``test_hf_trainer``
+What this relies on, checked against transformers 5.23 and 5.24 and accelerate 1.15 (``test_attach_end_to_end``
 pins it):
 
 - ``Trainer`` wraps the model in ``DistributedDataParallel`` inside ``train()``, through

@@ -7,7 +7,8 @@
 #                                       # the Hugging Face Trainer's callback on its DDP and on its FSDP2 (hf-ddp,
 #                                       # hf-fsdp: asked by name), each recorded and profiled, held against its
 #                                       # kernels by bench/attach_check.py; the Trainer's final parameters
-#                                       # held bit for bit against its unwatched run's
+#                                       # held bit for bit against its unwatched run's; each Trainer evaluates
+#                                       # after step 10, a pause on CUDA events (its summary names step 11)
 #   bash bench/gpu_session.sh memory    # bench/memory_staircase.py --step-peak on the GPU, 2 ranks sharing it, at
 #                                       # 25 and 1 MB: what each strategy holds and what sets its step's peak
 #
@@ -88,8 +89,8 @@ attach)  # attach [fsdp2] [hsdp] [ddp-compiled] [hf-ddp] [hf-fsdp]: the first th
         fsdp2) attached fsdp2 2 examples/plain_fsdp.py --steps 10 --width 2048 --layers 8 --batch-size 512 ;;
         hsdp) attached hsdp 4 examples/plain_fsdp.py --steps 10 --width 2048 --layers 8 --batch-size 256 --replicas 2 ;;
         ddp-compiled) attached ddp-compiled 2 examples/plain_ddp.py --steps 12 --width 2048 --layers 8 --batch-size 512 --compile inductor ;;
-        hf-ddp) AS_LOCAL_RANK_0=1 SAVES_FINAL=1 attached hf-ddp 2 examples/hf_trainer.py --steps 12 --batch-size 64 ;;
-        hf-fsdp) SAVES_FINAL=1 attached hf-fsdp 2 examples/hf_trainer.py --steps 12 --batch-size 64 --fsdp ;;
+        hf-ddp) AS_LOCAL_RANK_0=1 SAVES_FINAL=1 attached hf-ddp 2 examples/hf_trainer.py --steps 12 --batch-size 64 --eval-every 10 ;;
+        hf-fsdp) SAVES_FINAL=1 attached hf-fsdp 2 examples/hf_trainer.py --steps 12 --batch-size 64 --fsdp --eval-every 10 ;;
         *) echo "unknown run $run" >&2; exit 2 ;;
         esac
     done

@@ -84,6 +84,12 @@ class AttachError(RuntimeError):
     """A misuse of ``attach``, said in one line that names the fix; nothing was changed."""
 
 
+#: The address each live attachment of this process sends to: a dashboard watches one run, and
+#: a second model attached to the same address (a GAN's two DDPs) is another run, which it
+#: leaves out whole.
+_ADDRESSES_IN_USE: dict[str, Attachment] = {}
+
+
 def attach(model: nn.Module, optimizer: torch.optim.Optimizer, *, address: str = DEFAULT_ADDRESS,
            watch_key: str | None = None, total_steps: int = 0) -> Attachment:
     """Watch ``model``, a ``DistributedDataParallel`` the caller built (or a model sharded with
@@ -102,6 +108,9 @@ def attach(model: nn.Module, optimizer: torch.optim.Optimizer, *, address: str =
         problem = address_problem(address)
         if problem is None and watch_key is None and not is_loopback(address):
             problem = f"address {address} is not loopback: pass watch_key= (the dashboard's client.json)"
+        if problem is None and address in _ADDRESSES_IN_USE:
+            problem = (f"another model of this process is attached to {address}, and a dashboard watches one run: "
+                       "attach this one to another address, with a dashboard of its own (ddpwatch --listen ADDRESS)")
     if problem is not None:
         raise AttachError(f"instrumented_ddp.attach: {problem}")
     try:
@@ -389,6 +398,8 @@ class Attachment:
             optimizer.register_step_post_hook(self._after_optimizer_step),
         ]
         model._ddpwatch_attached = True
+        _ADDRESSES_IN_USE[address] = self
+        self.address = address
         self._uncaught: BaseException | None = None  # what ended the process, if the loop raised
         self._previous_excepthook = sys.excepthook
         sys.excepthook = self._note_uncaught
@@ -408,6 +419,8 @@ class Attachment:
         self._handles = []
         self.timing.stop_timing()
         self.model._ddpwatch_attached = False
+        if _ADDRESSES_IN_USE.get(self.address) is self:
+            del _ADDRESSES_IN_USE[self.address]
         atexit.unregister(self._detach_at_exit)
         if sys.excepthook == self._note_uncaught:  # a later attach's, chained to ours, stays
             sys.excepthook = self._previous_excepthook

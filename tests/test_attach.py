@@ -642,6 +642,27 @@ def test_attaching_twice_or_beyond_loopback_without_keys_is_refused(one_rank_gro
             attach_for_test(ddp, optimizer)
 
 
+def test_a_second_model_attached_to_the_address_of_a_live_one_is_refused_and_another_address_is_not(
+        one_rank_group: None) -> None:
+    """A GAN's two DDPs attached to one dashboard: the second was another run, which the dashboard
+    leaves out whole (a warning there, nothing here). Refused in one line; free again once the
+    first detaches."""
+    (generator, g_optimizer), (critic, c_optimizer) = make_ddp(), make_ddp()
+    address = f"tcp://127.0.0.1:{free_port()}"
+    first = instrumented_ddp.attach(generator, g_optimizer, address=address)
+    try:
+        with pytest.raises(AttachError, match=rf"^instrumented_ddp.attach: another model of this process is attached to "
+                                              rf"{re.escape(address)}, and a dashboard watches one run: attach this one to "
+                                              r"another address, with a dashboard of its own \(ddpwatch --listen ADDRESS\)$"):
+            instrumented_ddp.attach(critic, c_optimizer, address=address)
+        assert untouched(critic, c_optimizer)
+        with attached(critic, c_optimizer):  # another address
+            pass
+    finally:
+        first.detach()
+    instrumented_ddp.attach(critic, c_optimizer, address=address).detach()
+
+
 def test_attach_without_a_process_group_says_how_to_make_one(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(attachment.dist, "is_initialized", lambda: False)
     with pytest.raises(AttachError, match=r"no process group: call torch.distributed.init_process_group\(\)"):

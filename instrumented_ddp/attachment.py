@@ -110,7 +110,8 @@ def attach(model: nn.Module, optimizer: torch.optim.Optimizer, *, address: str =
             problem = f"address {address} is not loopback: pass watch_key= (the dashboard's client.json)"
         if problem is None and address in _ADDRESSES_IN_USE:
             problem = (f"another model of this process is attached to {address}, and a dashboard watches one run: "
-                       "attach this one to another address, with a dashboard of its own (ddpwatch --listen ADDRESS)")
+                       "detach that one first (its watch.detach()), or attach this one to another address, with a "
+                       "dashboard of its own (ddpwatch --listen ADDRESS)")
     if problem is not None:
         raise AttachError(f"instrumented_ddp.attach: {problem}")
     try:

@@ -652,8 +652,9 @@ def test_a_second_model_attached_to_the_address_of_a_live_one_is_refused_and_ano
     first = instrumented_ddp.attach(generator, g_optimizer, address=address)
     try:
         with pytest.raises(AttachError, match=rf"^instrumented_ddp.attach: another model of this process is attached to "
-                                              rf"{re.escape(address)}, and a dashboard watches one run: attach this one to "
-                                              r"another address, with a dashboard of its own \(ddpwatch --listen ADDRESS\)$"):
+                                              rf"{re.escape(address)}, and a dashboard watches one run: detach that one "
+                                              r"first \(its watch.detach\(\)\), or attach this one to another address, "
+                                              r"with a dashboard of its own \(ddpwatch --listen ADDRESS\)$"):
             instrumented_ddp.attach(critic, c_optimizer, address=address)
         assert untouched(critic, c_optimizer)
         with attached(critic, c_optimizer):  # another address

@@ -164,6 +164,8 @@ class RankState:
     devices_received: int = 0  # ever appended to ``devices``: how many are new since a count
     memory: dict[str, int] = field(default_factory=dict)  # bytes held, from its newest report that measured them
     memory_step: int = -1
+    pausing: str = ""  # what its loop pauses training for now, as its newest heartbeat said (``Heartbeat.pausing``)
+    pausing_since: float = 0.0  # when a heartbeat first said it, on the session's clock
 
 
 class Session:
@@ -279,6 +281,9 @@ class Session:
                     rank.devices.popleft()
         elif isinstance(message, Heartbeat):
             rank.last_step = max(rank.last_step, message.step)
+            pausing = message.pausing[:80]
+            if pausing != rank.pausing:
+                rank.pausing, rank.pausing_since = pausing, now
         elif isinstance(message, Ack):
             self.acks.append(message)
         elif isinstance(message, Goodbye):

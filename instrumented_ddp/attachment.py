@@ -466,17 +466,28 @@ class Attachment:
 
         The pause runs from the end of the step before it to the end of the block; the next step
         begins there. Inside a step (between the micro-steps of gradient accumulation) the step
-        is left out of the figures instead: it holds time that was not training."""
+        is left out of the figures instead: it holds time that was not training. While the block
+        runs, the rank's heartbeats say what it is doing (the dashboard's notes: *ranks 0-1 paused
+        training (evaluate) 42 s ago*), so that a long evaluation does not read as a hang."""
         if not isinstance(what, str) or not what.strip():
             raise AttachError(f"paused: expected what the loop pauses for, in words (\"evaluate\"), got {describe(what)}")
+        self.pause_begins(what.strip())
         yield
         self.pause_ends(what.strip())
+
+    def pause_begins(self, what: str) -> None:
+        """The loop pauses training now to do ``what``: said in the rank's heartbeats until the
+        pause ends or the next training forward (the Trainer callback's ``on_step_end``, when the
+        Trainer will evaluate or save)."""
+        if self._handles:
+            self.watch.pausing = what
 
     def pause_ends(self, what: str) -> None:
         """The loop paused training since the step before ended, to do ``what``, and trains on
         from now (``paused``; the Trainer callback's ``on_evaluate`` and ``on_save``)."""
         if not self._handles:  # detached
             return
+        self.watch.pausing = ""
         now = self.timeline.stamp()
         if self.timeline.in_step and not self._forwards:  # between steps: the next one begins now
             self._data_from = now
@@ -532,6 +543,7 @@ class Attachment:
     def _before_forward(self, _module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if not torch.is_grad_enabled():
             return
+        self.watch.pausing = ""  # training again, whatever a pause begun said it would do
         if not self.timeline.in_step:
             self._begin_step()
             self._issued.since_last()  # counted from here: the first step's

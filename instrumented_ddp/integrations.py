@@ -76,9 +76,23 @@ class DDPWatchCallback(TrainerCallback):
         except AttachError as refused:  # e.g. Accelerate's comm_hook on the DDP: said, and the Trainer trains
             print(f"ddpwatch: {refused}: training goes on unwatched", file=sys.stderr, flush=True)
 
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """The Trainer's own flow callback, called first, has said by now whether an evaluation
+        or a checkpoint follows this step: the rank's heartbeats say so while it runs."""
+        self._pausing_if_told(control)
+
+    def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._pausing_if_told(control)  # as at a step's end, for an epoch's evaluation or checkpoint
+
+    def _pausing_if_told(self, control: Any) -> None:
+        if self.attachment is not None and (getattr(control, "should_evaluate", False) or getattr(control, "should_save", False)):
+            self.attachment.pause_begins("evaluate" if control.should_evaluate else "save")
+
     def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.attachment is not None:
             self.attachment.pause_ends("evaluate")
+            if getattr(control, "should_save", False):  # a checkpoint follows
+                self.attachment.pause_begins("save")
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.attachment is not None:

@@ -223,10 +223,15 @@ class SpanRequest:
 
 @dataclass(frozen=True)
 class Heartbeat:
+    """A rank is alive, at ``step``. ``pausing``: what its loop is doing instead of training
+    while it does it (an evaluation: ``Attachment.paused``), so that a dashboard can say why no
+    step comes; "" while it trains."""
+
     TYPE: ClassVar[str] = "heartbeat"
     rank: int
     time: float
     step: int
+    pausing: str = ""
 
 
 @dataclass(frozen=True)
@@ -448,7 +453,7 @@ _FIELD_TYPES: dict[str, Any] = {
     "grad_accum": (int, type(None)), "session": str, "host": str, "device": str, "backend": str, "strategy": str,
     "command_id": str, "reason": str, "detail": str, "kind": str, "start": float, "end": float, "time": float,
     "loss": (float, type(None)), "bucket_mb": (float, type(None)), "excluded": bool, "unresolved": bool, "update_skipped": bool, "compiling": bool, "applied": bool,
-    "device_note": str, "unresolved_reason": str, "untimed_collectives": int, "paused_s": float, "paused_for": str, "switchable": bool, "compute_pct": float, "non_compute_pct": float, "idle_pct": float, "overlap_pct": float,
+    "device_note": str, "unresolved_reason": str, "untimed_collectives": int, "paused_s": float, "paused_for": str, "pausing": str, "switchable": bool, "compute_pct": float, "non_compute_pct": float, "idle_pct": float, "overlap_pct": float,
     "comm_overhead_pct": float, "anchor": (float, type(None)), "busbw_gbps": (float, type(None)),
     "all_reduce_tags": list, "all_reduce_seconds": bytes, "all_reduce_starts": bytes, "algbw_gbps": bytes, "full": bool, "sample_every": int,
     "pinned_steps": list, "device_every_s": float, "calls_by_kind": dict, "memory": dict,

@@ -56,6 +56,7 @@ class TelemetryPublisher:
         queue_size: int = 2048,
         high_water_mark: int = 1000,
         current_step: Callable[[], int] = lambda: 0,
+        current_pause: Callable[[], str] = lambda: "",
         keys: ClientKeys | None = None,
     ) -> None:
         self.address = address
@@ -70,6 +71,7 @@ class TelemetryPublisher:
         self._seq = 0
         self._queue: queue.Queue[Message | None] = queue.Queue(maxsize=queue_size)
         self._current_step = current_step
+        self._current_pause = current_pause  # what the loop pauses training for now: each heartbeat says it
         self._context = zmq.Context()
         self.commands: queue.Queue[SwitchCommand] = queue.Queue(maxsize=64)
         self.rejected_commands = 0
@@ -119,7 +121,7 @@ class TelemetryPublisher:
                 self._send(self.hello)
                 next_hello = now + HELLO_EVERY_S
             if now >= next_heartbeat:
-                self._send(Heartbeat(self.hello.rank, time.time(), self._current_step()))
+                self._send(Heartbeat(self.hello.rank, time.time(), self._current_step(), self._current_pause()))
                 next_heartbeat = now + HEARTBEAT_EVERY_S
             self._receive_commands()
             try:

@@ -84,6 +84,7 @@ class Watch:
         self.publisher = publisher
         self.sampler = sampler
         self.steps = 0
+        self.pausing = ""  # what the loop pauses training for now, if it does (``Heartbeat.pausing``)
         self._applied: set[str] = set()  # command ids agreed on: a resend is never announced again ...
         self._acks: dict[str, Ack] = {}  # ... only answered with this rank's ack of it, once there is one
         self._control: dist.ProcessGroup | None = None  # see control_group
@@ -115,7 +116,8 @@ class Watch:
         )
         watch = cls(timeline)
         watch._control = control_group() if switchable else None
-        watch.publisher = TelemetryPublisher(address, hello, current_step=lambda: watch.steps, keys=keys)
+        watch.publisher = TelemetryPublisher(address, hello, current_step=lambda: watch.steps,
+                                             current_pause=lambda: watch.pausing, keys=keys)
         watch.sampler = DeviceSampler(context.rank, reader, watch.publisher.publish).start()
         watch.publisher.on_device_rate = watch.sampler.sample_every
         return watch

@@ -227,6 +227,36 @@ def test_the_trainers_evaluation_and_checkpoint_between_steps_are_a_pause_not_th
     assert all(r.paused_s == 0.0 for r in reports if r is not third)
 
 
+def test_while_the_loop_pauses_its_heartbeats_say_what_for_and_training_again_clears_it(one_rank_group: None) -> None:
+    """``paused`` says it for the block; the Trainer callback from ``on_step_end``, where the
+    Trainer's flow callback has set ``should_evaluate`` (and ``should_save``), to ``on_evaluate``
+    (then ``save`` until ``on_save``); a training forward clears what a pause begun said."""
+    from instrumented_ddp.integrations import DDPWatchCallback
+
+    ddp, optimizer = make_ddp()
+    callback = DDPWatchCallback(SimpleNamespace(model_wrapped=ddp, optimizer=optimizer), address=f"tcp://127.0.0.1:{free_port()}")
+    callback.on_train_begin(None, SimpleNamespace(max_steps=3, global_step=0), None)
+    watch = callback.attachment
+    try:
+        train(ddp, optimizer, steps=1)
+        with watch.paused("evaluate"):
+            assert watch.watch.pausing == "evaluate"
+        assert watch.watch.pausing == ""
+        callback.on_step_end(None, None, SimpleNamespace(should_evaluate=False, should_save=False))
+        assert watch.watch.pausing == ""
+        callback.on_step_end(None, None, SimpleNamespace(should_evaluate=True, should_save=True))
+        assert watch.watch.pausing == "evaluate"
+        callback.on_evaluate(None, None, SimpleNamespace(should_evaluate=False, should_save=True), metrics={})
+        assert watch.watch.pausing == "save"
+        callback.on_save(None, None, SimpleNamespace(should_evaluate=False, should_save=False))
+        assert watch.watch.pausing == ""
+        callback.on_step_end(None, None, SimpleNamespace(should_evaluate=False, should_save=True))  # save_strategy BEST
+        train(ddp, optimizer, steps=1)  # no save came: the next training forward
+        assert watch.watch.pausing == ""
+    finally:
+        callback.on_train_end(None, None, None)
+
+
 def test_a_pause_marked_in_a_plain_loop_between_micro_steps_leaves_its_step_out_and_a_bad_label_is_one_line(
         one_rank_group: None, sent: list[Any]) -> None:
     ddp, optimizer = make_ddp()

@@ -860,6 +860,26 @@ def test_a_rank_whose_steps_stopped_while_the_others_went_on_is_a_note() -> None
     assert "rank 1 lost: nothing heard from it for 4.0 s" in silent.warnings and silent.notes == ()  # lost, not this
 
 
+def test_ranks_whose_loop_is_pausing_now_are_a_note_with_how_long_until_they_train_again() -> None:
+    """A Trainer evaluating after step 10: both ranks' heartbeats say so from 5.0 s (rank 1's a
+    little later); at 47 s the note says 42 s; once a heartbeat says training goes on, it is gone.
+    A lost rank is said lost, not pausing."""
+    session = Session(120)
+    for message in session_messages(goodbye=False):
+        session.ingest(decode(message), received_at=5.0)
+    session.ingest(decode(encode(Heartbeat(0, 9.0, 10, "evaluate"), seq=100)), received_at=5.0)
+    session.ingest(decode(encode(Heartbeat(1, 9.0, 10, "evaluate"), seq=100)), received_at=5.5)
+    for t in (20.0, 30.0, 40.0, 46.0):  # the same pause, heartbeat after heartbeat: its start stays
+        for rank in (0, 1):
+            session.ingest(decode(encode(Heartbeat(rank, t, 10, "evaluate"), seq=100 + int(t))), received_at=t)
+    assert SnapshotBuilder(session).build(now=47.0).notes == (
+        "ranks 0-1: the loop has paused training (evaluate) for 42 s: no step comes until it trains again",)
+    session.ingest(decode(encode(Heartbeat(0, 48.0, 10), seq=200)), received_at=48.0)
+    assert SnapshotBuilder(session).build(now=48.5).notes == (
+        "rank 1: the loop has paused training (evaluate) for 43 s: no step comes until it trains again",)
+    assert SnapshotBuilder(session).build(now=52.0).notes == ()  # rank 1 silent for 6 s: lost
+
+
 def test_a_late_report_is_a_note_not_rejected_input() -> None:
     def withhold(report: StepReport) -> StepReport | None:
         return None if report.rank == 1 and report.step >= 4 else report

@@ -151,6 +151,12 @@ def test_a_pause_before_the_step_travels_in_the_report_and_the_summary_and_is_ne
     assert _category(_with_body(paused, paused_for=3)) == "invalid"
 
 
+def test_a_heartbeat_says_what_the_loop_pauses_training_for_while_it_does() -> None:
+    assert decode(encode(Heartbeat(0, 1.0, 10, "evaluate"))).message.pausing == "evaluate"
+    assert "pausing" not in _raw(Heartbeat(0, 1.0, 10))["body"]  # a default is not sent
+    assert _category(_with_body(Heartbeat(0, 1.0, 10), pausing=1)) == "invalid"
+
+
 def test_a_step_whose_update_was_skipped_says_so_in_its_report_and_its_summary() -> None:
     skipped = replace(STEP, update_skipped=True)
     assert decode(encode(skipped)).message.update_skipped

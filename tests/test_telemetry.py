@@ -335,3 +335,24 @@ def test_empty_session_file_reads_as_no_records(tmp_path: Path) -> None:
     path.write_bytes(b"")
     assert list(read_session_file(path)) == []
 
+
+
+@pytest.mark.timeout(60)
+def test_heartbeats_say_what_the_loop_pauses_training_for_while_it_does() -> None:
+    """The watch's ``pausing`` (an evaluation under way), read at each heartbeat."""
+    address = _free_address()
+    pausing = ["evaluate"]
+    receiver = TelemetryReceiver(address)
+    publisher = TelemetryPublisher(address, HELLO, current_pause=lambda: pausing[0])
+    try:
+        collector = Collector(receiver)
+
+        def heartbeats(envelopes: list[Envelope]) -> list[str]:
+            return [e.message.pausing for e in envelopes if isinstance(e.message, Heartbeat)]
+
+        assert collector.until(lambda envelopes: "evaluate" in heartbeats(envelopes))
+        pausing[0] = ""
+        assert collector.until(lambda envelopes: heartbeats(envelopes)[-1] == "")
+    finally:
+        publisher.close(steps=0)
+        receiver.close()

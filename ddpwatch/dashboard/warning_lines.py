@@ -83,6 +83,7 @@ def note_lines(session: Session, heard: float) -> list[str]:
         lines.append(untimed_collectives_text(session.untimed_collective_steps, session.untimed_collectives_most))
     if session.paused_steps:
         lines.append(paused_steps_text(session.paused_steps, list(session.paused_for), session.paused_longest_s))
+    lines += pausing_lines(session, heard)
     stopped = session.stopped_ranks(heard)
     if stopped:
         lines.append(stopped_ranks_text(stopped, max(state.last_step for state in session.ranks.values())))
@@ -137,6 +138,23 @@ def untimed_collectives_text(steps: StepSet, most: int) -> str:
             "a step on a rank: issued outside DDP's buckets and FSDP's gathers and reductions (by the script itself, "
             "or by DDP: its rebuilt buckets, its map of used parameters under find_unused_parameters=True): "
             "their time reads as compute")
+
+
+def pausing_lines(session: Session, heard: float) -> list[str]:
+    """A line for each thing live ranks' loops are doing now instead of training (their
+    heartbeats' ``pausing``: a Trainer's evaluation), and for how long: no step comes meanwhile,
+    which read as a hang through a long evaluation."""
+    by_what: dict[str, list[int]] = {}
+    for rank, state in sorted(session.ranks.items()):
+        if state.pausing and session.status(rank, heard) == "live":
+            by_what.setdefault(state.pausing, []).append(rank)
+    lines = []
+    for what, ranks in by_what.items():
+        since = min(session.ranks[rank].pausing_since for rank in ranks)
+        who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks_text(ranks)}"
+        lines.append(f"{who}: the loop has paused training ({what}) for {max(heard - since, 0.0):.0f} s: "
+                     "no step comes until it trains again")
+    return lines
 
 
 def paused_steps_text(steps: StepSet, what: list[str], longest_s: float) -> str:

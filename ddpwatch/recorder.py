@@ -73,6 +73,7 @@ def record(
     the one before is over gets a session of its own, as on the dashboard, and the one before's
     exports go in a folder named after it, beside the last run's. Returns the last run's."""
     session = Session()
+    runs_left = runs  # this one included
     receiver = TelemetryReceiver(listen, max_message_bytes, keys)
     relay = SwitchRelay(receiver.send)
     requester = SpanRequester(receiver.send, SpanWish.everything() if sample_every is None else SpanWish.sampled(sample_every))
@@ -97,8 +98,8 @@ def record(
                     if isinstance(envelope, ProtocolError):
                         session.reject(envelope.category)
                         continue
-                    if runs > 1 and (next_run := session.next_run(envelope.message, time.monotonic(), run)):
-                        runs -= 1
+                    if runs_left > 1 and (next_run := session.next_run(envelope.message, time.monotonic(), run)):
+                        runs_left -= 1
                         folder = out_dir / (session.session_id or "run")
                         paths = write_exports(session, folder)
                         log(f"{command}: run {session.session_id} is over; its exports are in {folder} "
@@ -112,7 +113,7 @@ def record(
             relay.tick()
             requester.tick()
             writer.flush_if_due()
-            reason = stop_requested[0] if stop_requested else rule.reached(session, started, last_message, runs > 1)
+            reason = stop_requested[0] if stop_requested else rule.reached(session, started, last_message, runs_left > 1)
             if reason is None and drive is not None:
                 reason = drive(session, relay)
     finally:

@@ -467,8 +467,9 @@ class Attachment:
         The pause runs from the end of the step before it to the end of the block; the next step
         begins there. Inside a step (between the micro-steps of gradient accumulation) the step
         is left out of the figures instead: it holds time that was not training. While the block
-        runs, the rank's heartbeats say what it is doing (the dashboard's notes: *ranks 0-1 paused
-        training (evaluate) 42 s ago*), so that a long evaluation does not read as a hang."""
+        runs, the rank's heartbeats say what it is doing (the dashboard's notes: *ranks 0-1: the
+        loop has paused training (evaluate) for 42 s*), so that a long evaluation does not read as
+        a hang."""
         if not isinstance(what, str) or not what.strip():
             raise AttachError(f"paused: expected what the loop pauses for, in words (\"evaluate\"), got {describe(what)}")
         self.pause_begins(what.strip())

@@ -90,7 +90,7 @@ def summary(session: Session) -> dict[str, Any]:
                          "compiling_steps": sorted({r.step for r in reports if r.compiling}),
                          "untimed_collective_steps": sorted({r.step for r in reports if r.untimed_collectives}),
                          "untimed_collectives_most": max((r.untimed_collectives for r in reports), default=0),
-                         **pauses(reports),
+                         **pauses(reports, figures.wall_s),
                          **figures.as_dict()})
     desync = metrics.DesyncRange.combine(ranges)
     states = sorted(session.ranks.items())
@@ -107,17 +107,20 @@ def summary(session: Session) -> dict[str, Any]:
                       "segments": segments, "telemetry": telemetry})
 
 
-def pauses(reports: list[StepReport]) -> dict[str, Any]:
+def pauses(reports: list[StepReport], wall_s: float) -> dict[str, Any]:
     """A segment's pauses of training (``StepReport.paused_s``: a Trainer's evaluations and
-    checkpoints): the steps they came before, what for, and their seconds in all (each step's
-    longest over the ranks, which pause together)."""
+    checkpoints): the steps they came before, what for, their seconds in all (each step's longest
+    over the ranks, which pause together), and their share of the segment's time with them
+    (``wall_s``, its training time, leaves them out): what evaluating costs the run."""
     longest: dict[int, float] = {}
     what: dict[str, None] = {}
     for r in reports:
         if r.paused_s or r.paused_for:
             longest[r.step] = max(longest.get(r.step, 0.0), r.paused_s)
             note_pause_kinds(what, r.paused_for)
-    return {"paused_steps": sorted(longest), "paused_for": list(what), "paused_s": sum(longest.values())}
+    paused_s = sum(longest.values())
+    return {"paused_steps": sorted(longest), "paused_for": list(what), "paused_s": paused_s,
+            "paused_pct": 100.0 * paused_s / (wall_s + paused_s) if paused_s > 0 else 0.0}
 
 
 def _row(seg: dict[str, Any], digits: int | None) -> list[Any]:
@@ -215,7 +218,8 @@ def summary_markdown(summary: dict[str, Any]) -> str:
                          f"{runs_text(rank_runs(seg['untimed_collective_steps']), limit=20)}")
         if seg.get("paused_steps"):
             lines.append(f"- segment {seg['index']}: steps the loop paused training before ({', '.join(seg['paused_for'])}; "
-                         f"{seg['paused_s']:.2f} s in all, left out of step times and samples/s) "
+                         f"{seg['paused_s']:.2f} s in all, {seg.get('paused_pct', 0.0):.1f} % of the segment's time, left out "
+                         "of step times and samples/s) "
                          f"{runs_text(rank_runs(seg['paused_steps']), limit=20)}")
         if seg.get("desync"):
             lines.append(f"- segment {seg['index']}: {metrics.DesyncRange.from_dict(seg['desync']).describe()}")

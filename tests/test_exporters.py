@@ -249,7 +249,9 @@ def test_steps_with_collectives_not_timed_are_listed_per_segment_with_the_most_i
 
 def test_steps_the_loop_paused_before_are_listed_per_segment_with_their_seconds_and_drawn_in_the_trace() -> None:
     """Pauses before steps 4 (rank 0: 2.0 s, rank 1: 2.5 s) and 5 (1.0 s both): 2.5 + 1.0 = 3.5 s
-    in all, each step counted once at its longest rank; the trace puts each before its step."""
+    in all, each step counted once at its longest rank; against the segment's 0.305 s of training
+    (steps 3-5 of the synthetic run, its figures folded before the pauses were written in), 3.5 /
+    (0.305 + 3.5) = 92.0 % of its time; the trace puts each before its step."""
     session = make_session()
     for step, seconds, what in ((4, 2.0, "evaluate"), (5, 1.0, "save")):
         for rank in (0, 1):
@@ -259,8 +261,9 @@ def test_steps_the_loop_paused_before_are_listed_per_segment_with_their_seconds_
     segment = data["segments"][1]
     assert (segment["paused_steps"], segment["paused_for"], segment["paused_s"]) == ([4, 5], ["evaluate", "save"], 3.5)
     assert data["segments"][0]["paused_steps"] == []
-    assert ("- segment 1: steps the loop paused training before (evaluate, save; 3.50 s in all, left out of step times "
-            "and samples/s) 4-5") in exporters.summary_markdown(data)
+    assert segment["wall_s"] == pytest.approx(0.305) and segment["paused_pct"] == pytest.approx(100 * 3.5 / 3.805)
+    assert ("- segment 1: steps the loop paused training before (evaluate, save; 3.50 s in all, 92.0 % of the segment's "
+            "time, left out of step times and samples/s) 4-5") in exporters.summary_markdown(data)
     pauses = [e for e in exporters.chrome_trace(session)["traceEvents"] if e.get("name", "").startswith("paused")]
     step_of = {(e["pid"], e["args"]["step"]): e for e in exporters.chrome_trace(session)["traceEvents"]
                if e.get("cat") == "step"}

@@ -490,10 +490,9 @@ class Attachment:
             return
         self.watch.pausing = ""
         now = self.timeline.stamp()
-        if self.timeline.in_step and not self._forwards:  # between steps: the next one begins now
+        if self.timeline.paused_until(what, now):  # between steps: the next one begins now
             self._data_from = now
             self._issued.since_last()  # the pause's collectives are not the step's
-        self.timeline.paused_until(what, now)
 
     def _settings(self, micro_steps: int) -> dict[str, Any]:
         if isinstance(self.model, DistributedDataParallel):

@@ -432,7 +432,7 @@ class StepTimeline:
         span.complete(span.start)
         self._spans().append(span)
 
-    def paused_until(self, what: str, end: Stamp) -> None:
+    def paused_until(self, what: str, end: Stamp) -> bool:
         """The loop paused training until ``end`` to do ``what`` (evaluate, save a checkpoint),
         its own work between steps. Before the step's training began: the step now begins at
         ``end``, and the time from its old start (the step before's end) is reported as paused
@@ -440,21 +440,22 @@ class StepTimeline:
         evaluation's gathers); a pause after it runs on from the first. After (between micro-steps),
         the pause is in the step's window, and the step is excluded (``paused_for`` named,
         ``paused_s`` 0): it holds time that was not training. Between steps (no step begun) there
-        is nothing to keep apart."""
+        is nothing to keep apart. Returns whether the step now begins at ``end``."""
         step = self._current
         if step is None:
-            return
+            return False
         if what not in step.paused_for:
             step.paused_for.append(what)
         if step.paused_inside or any(span.kind in COMPUTE_KINDS for span in step.spans):
             step.paused_inside = True
-            return
+            return False
         if step.paused_from is None:  # else a second pause runs on from the first: one, however many parts
             step.paused_from = step.start
         step.start = step.paused_to = end
         step.spans = []  # what the pause issued is the pause's, and what it compiled (an evaluation under no_grad)
         step.carries_outside_spans = False
         step.graphs_compiled_at_start = dynamo_graphs_compiled()
+        return True
 
     def time_collectives_in(self, group: Any) -> None:
         """About to time an asynchronous collective in ``group`` (None: the default group): see
@@ -650,8 +651,8 @@ class NullTimeline:
     def mark_ready(self, tag: str, nbytes: int, at: Any = None) -> None:
         pass
 
-    def paused_until(self, what: str, end: Any) -> None:
-        pass
+    def paused_until(self, what: str, end: Any) -> bool:
+        return False
 
     def time_collectives_in(self, group: Any) -> None:
         pass

@@ -18,6 +18,7 @@ from ddpwatch.compact import NO_SPANS, PackedSpans, StepSet, TagSequences
 from ddpwatch.cost_model import StepCollectives, TransferMemory, call_sizes
 from instrumented_ddp.protocol import (
     FAILED,
+    MAX_PAUSED_FOR,
     Ack,
     DeviceSample,
     Envelope,
@@ -103,11 +104,11 @@ PAUSE_KINDS_KEPT = 8  # what a run's loop paused for, named: evaluate, save, ...
 
 def note_pause_kinds(kinds: dict[str, None], paused_for: str) -> None:
     """Add what one report's pause was for (``StepReport.paused_for``: "evaluate, save") to
-    ``kinds``, in the order first heard, up to ``PAUSE_KINDS_KEPT`` of them, each cut to 80
-    characters, as a rank's timeline cuts the whole."""
+    ``kinds``, in the order first heard, up to ``PAUSE_KINDS_KEPT`` of them, each cut to
+    ``MAX_PAUSED_FOR`` characters, as a rank's timeline cuts the whole."""
     for what in paused_for.split(", "):
         if what and len(kinds) < PAUSE_KINDS_KEPT:
-            kinds[what[:80]] = None
+            kinds[what[:MAX_PAUSED_FOR]] = None
 
 
 def strategy_label(strategy: str, settings: Mapping[str, Any]) -> str:
@@ -281,7 +282,7 @@ class Session:
                     rank.devices.popleft()
         elif isinstance(message, Heartbeat):
             rank.last_step = max(rank.last_step, message.step)
-            pausing = message.pausing[:80]
+            pausing = message.pausing[:MAX_PAUSED_FOR]
             if pausing != rank.pausing:
                 rank.pausing, rank.pausing_since = pausing, now
         elif isinstance(message, Ack):

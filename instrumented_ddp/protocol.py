@@ -24,6 +24,9 @@ import msgpack
 PROTOCOL_VERSION = 1
 MAX_DEVICE_EVERY_S = 60.0  # the slowest device sampling a listener may ask of a rank
 DEFAULT_MAX_MESSAGE_BYTES = 8 * 1024 * 1024
+#: Characters of what a loop paused training for (``StepReport.paused_for``, ``Heartbeat.pausing``)
+#: a rank sends and a listener keeps: a few words ("evaluate, save").
+MAX_PAUSED_FOR = 80
 DEFAULT_ADDRESS = "tcp://127.0.0.1:5555"
 #: What a run that cannot switch (``Hello.switchable`` False) answers, and the dashboard says.
 NOT_SWITCHABLE = "this run was not started by ddpwatch: switching is off"

@@ -32,7 +32,7 @@ from contextlib import contextmanager, nullcontext
 from typing import Any, Protocol
 
 from .compile_counter import dynamo_graphs_compiled
-from .protocol import COMM_KINDS, COMPUTE_KINDS, READY_KIND, Span, StepReport
+from .protocol import COMM_KINDS, COMPUTE_KINDS, MAX_PAUSED_FOR, READY_KIND, Span, StepReport
 
 Stamp = Any  # a float (host clock) or whatever a clock's resolve() understands
 
@@ -40,7 +40,6 @@ Stamp = Any  # a float (host clock) or whatever a clock's resolve() understands
 #: On a GPU the host runs ahead of the device by a few steps at most (the launch queue is
 #: bounded), so this is far beyond any step that is merely late.
 UNRESOLVED_AFTER_STEPS = 32
-MAX_PAUSED_FOR = 80  # characters of a step's ``paused_for``: what the loop paused for, in a few words
 
 
 class Clock(Protocol):

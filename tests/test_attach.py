@@ -220,7 +220,9 @@ def test_the_trainers_evaluation_and_checkpoint_between_steps_are_a_pause_not_th
     reports = [m for m in sent if isinstance(m, StepReport)]
     assert [r.paused_for for r in reports] == ["", "", "evaluate, save", ""]
     second, third = reports[1], reports[2]
-    assert third.paused_s >= eval_s + save_s and third.start - second.end == pytest.approx(third.paused_s, abs=2e-3)
+    assert third.paused_s >= eval_s + save_s
+    paused_from = third.start - third.paused_s  # where step 3 was begun: step 2's end, its report sent between
+    assert second.end <= paused_from < second.end + eval_s / 2
     (data,) = [s for s in third.spans if s.kind == "data"]
     assert third.start <= data.start and data.end - data.start < loader_s + eval_s / 2
     assert third.untimed_collectives == 0 and not third.excluded

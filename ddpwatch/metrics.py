@@ -141,10 +141,18 @@ def gbps_text(gbps: float) -> str:
 
 def held_text(memory: Mapping[str, int]) -> str:
     """Parameters/gradients/optimizer state held, MiB, as ``9.3/9.3/18.6``: the seed's staircase
-    (DDP, ZeRO-1, ZeRO-2, FSDP) read across a row; a dash before any measurement."""
+    (DDP, ZeRO-1, ZeRO-2, FSDP) read across a row; a dash before any measurement. Under 0.1 MiB
+    to the KiB (``0.016``), under that ``<0.001``: a small model's 16 KB read *0.0*, as if
+    nothing was held."""
     if not memory:
         return "—"
-    return "/".join(f"{memory.get(kind, 0) / 2**20:.1f}" for kind in ("parameters", "gradients", "optimizer_state"))
+    return "/".join(_mib_text(memory.get(kind, 0) / 2**20) for kind in ("parameters", "gradients", "optimizer_state"))
+
+
+def _mib_text(mib: float) -> str:
+    if mib >= 0.1 or mib == 0:
+        return f"{mib:.1f}"
+    return f"{mib:.3f}" if mib >= 0.001 else "<0.001"
 
 
 # --- putting ranks on one clock ---------------------------------------------------------

@@ -53,6 +53,9 @@ def test_texts_read_the_staircase_and_the_other_collectives() -> None:
     mib = 2**20
     assert held_text({"parameters": 10 * mib, "gradients": 5 * mib, "optimizer_state": 2 * mib // 2, "peak": 1}) == "10.0/5.0/1.0"
     assert held_text({}) == "—"
+    # 16,404 bytes = 0.01564 MiB (a 4,101-parameter model's float32 weights) read 0.0; 0 bytes is 0.0
+    assert held_text({"parameters": 16_404, "gradients": 0, "optimizer_state": 32_824}) == "0.016/0.0/0.031"
+    assert held_text({"parameters": 32, "gradients": 0, "optimizer_state": 0}) == "<0.001/0.0/0.0"  # 32 bytes
     assert kinds_text({"all_reduce": 3.0, "reduce_scatter": 2.0, "all_gather": 4.5}) == "AG 4.5 RS 2"
     assert kinds_text({"all_reduce": 3.0}) == "—"
 

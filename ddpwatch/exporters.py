@@ -26,7 +26,7 @@ from ddpwatch import metrics
 from ddpwatch.rank_lists import failed_ranks_lines, rank_runs, runs_text
 from ddpwatch.segment_bars import bars_svg, lengths, segment_bar
 from ddpwatch.session import Session, note_pause_kinds, ranks_left_behind
-from instrumented_ddp.protocol import COMM_KINDS, FAILED, READY_KIND, StepReport
+from instrumented_ddp.protocol import COMM_KINDS, READY_KIND, StepReport, failure_of
 
 __all__ = ["chrome_trace", "clock_offsets", "summary", "summary_csv", "summary_markdown", "summary_svg", "write_exports"]
 
@@ -150,8 +150,8 @@ def _row(seg: dict[str, Any], digits: int | None) -> list[Any]:
 def failed_ranks(summary: dict[str, Any]) -> dict[int, tuple[int, str]]:
     """``Session.failed_ranks`` read back from a summary's ranks (one written before they carried
     their goodbye has none)."""
-    return {rank["rank"]: (rank["goodbye"]["steps"], rank["goodbye"]["reason"].removeprefix(FAILED))
-            for rank in summary.get("ranks", []) if (rank.get("goodbye") or {}).get("reason", "").startswith(FAILED)}
+    return {rank["rank"]: (rank["goodbye"]["steps"], why) for rank in summary.get("ranks", [])
+            if (why := failure_of((rank.get("goodbye") or {}).get("reason", ""))) is not None}
 
 
 def summary_markdown(summary: dict[str, Any]) -> str:

@@ -17,7 +17,6 @@ from ddpwatch import metrics
 from ddpwatch.compact import NO_SPANS, PackedSpans, StepSet, TagSequences
 from ddpwatch.cost_model import StepCollectives, TransferMemory, call_sizes
 from instrumented_ddp.protocol import (
-    FAILED,
     MAX_PAUSED_FOR,
     Ack,
     DeviceSample,
@@ -29,6 +28,7 @@ from instrumented_ddp.protocol import (
     StepReport,
     StepSummary,
     SwitchCommand,
+    failure_of,
 )
 from instrumented_ddp.step_figures import NO_CALLS, call_times, float_array, report_without_spans, summary_calls, summary_figures
 
@@ -624,16 +624,15 @@ class Session:
     @property
     def failed_ranks(self) -> dict[int, tuple[int, str]]:
         """Ranks whose goodbye says their training failed: ``{rank: (steps done, why)}``."""
-        return {rank: (state.goodbye.steps, state.goodbye.reason.removeprefix(FAILED))
-                for rank, state in sorted(self.ranks.items())
-                if state.goodbye is not None and state.goodbye.reason.startswith(FAILED)}
+        return {rank: (state.goodbye.steps, why) for rank, state in sorted(self.ranks.items())
+                if state.goodbye is not None and (why := failure_of(state.goodbye.reason)) is not None}
 
     def status(self, rank: int, now: float | None = None) -> str:
         """``live``, ``lost`` (nothing heard for ``LOST_AFTER_S``), or, once it said goodbye,
         ``finished`` or ``failed`` (its training raised: the goodbye says what)."""
         state = self.ranks[rank]
         if state.goodbye is not None:
-            return "failed" if state.goodbye.reason.startswith(FAILED) else "finished"
+            return "failed" if failure_of(state.goodbye.reason) is not None else "finished"
         now = time.monotonic() if now is None else now
         return "lost" if now - state.last_seen > LOST_AFTER_S else "live"
 

@@ -284,6 +284,11 @@ class Goodbye:
 FAILED = "failed: "  # a goodbye's reason when the rank's training raised: "failed: RuntimeError: ..."
 
 
+def failure_of(reason: str) -> str | None:
+    """What a goodbye's ``reason`` says the rank's training raised, or None where it finished."""
+    return reason.removeprefix(FAILED) if reason.startswith(FAILED) else None
+
+
 Message = Hello | StepReport | StepSummary | Heartbeat | DeviceSample | SwitchCommand | SpanRequest | Ack | Goodbye
 MESSAGE_TYPES: dict[str, type] = {cls.TYPE: cls for cls in (
     Hello, StepReport, StepSummary, Heartbeat, DeviceSample, SwitchCommand, SpanRequest, Ack, Goodbye)}

@@ -90,6 +90,8 @@ def summary(session: Session) -> dict[str, Any]:
                          "compiling_steps": sorted({r.step for r in reports if r.compiling}),
                          "untimed_collective_steps": sorted({r.step for r in reports if r.untimed_collectives}),
                          "untimed_collectives_most": max((r.untimed_collectives for r in reports), default=0),
+                         "nograd_forward_steps": sorted({r.step for r in reports if r.nograd_forwards}),
+                         "nograd_forwards_most": max((r.nograd_forwards for r in reports), default=0),
                          **pauses(reports, figures.wall_s),
                          **figures.as_dict()})
     desync = metrics.DesyncRange.combine(ranges)
@@ -221,6 +223,11 @@ def summary_markdown(summary: dict[str, Any]) -> str:
                          f"{seg['paused_s']:.2f} s in all, {seg.get('paused_pct', 0.0):.1f} % of the segment's time, left out "
                          "of step times and samples/s) "
                          f"{runs_text(rank_runs(seg['paused_steps']), limit=20)}")
+        if seg.get("nograd_forward_steps"):
+            lines.append(f"- segment {seg['index']}: steps whose data loading held forwards of the model without gradients "
+                         f"(up to {seg.get('nograd_forwards_most', 0)} a step on a rank: an evaluation the loop did not mark "
+                         "with watch.paused; their time reads as data loading) "
+                         f"{runs_text(rank_runs(seg['nograd_forward_steps']), limit=20)}")
         if seg.get("desync"):
             lines.append(f"- segment {seg['index']}: {metrics.DesyncRange.from_dict(seg['desync']).describe()}")
         if seg.get("straggler"):

@@ -227,6 +227,10 @@ class Session:
         self.paused_steps = StepSet()
         self.paused_for: dict[str, None] = {}  # in the order first heard
         self.paused_longest_s = 0.0
+        #: Steps whose data gap held forwards without gradients outside a marked pause
+        #: (``StepReport.nograd_forwards``: an evaluation the loop did not mark), and the most of one rank.
+        self.nograd_forward_steps = StepSet()
+        self.nograd_forwards_most = 0
         self.messages = 0
         self.details = 0  # spans received after their step's summary (a view that drew the step redraws it)
         self.session_id = ""
@@ -380,6 +384,9 @@ class Session:
             self.paused_steps.add(report.step)
             note_pause_kinds(self.paused_for, report.paused_for)
             self.paused_longest_s = max(self.paused_longest_s, report.paused_s)
+        if report.nograd_forwards:
+            self.nograd_forward_steps.add(report.step)
+            self.nograd_forwards_most = max(self.nograd_forwards_most, report.nograd_forwards)
         rank.reported.add(report.step)
         if isinstance(report, StepSummary):
             rank.summarized.add(report.step)

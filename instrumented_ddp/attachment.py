@@ -387,6 +387,7 @@ class Attachment:
         self._parameters = list(module.parameters())  # FSDP's are its DTensor shards
         self._memory = MemorySampler()  # bytes held, every few steps, as train.py measures
         self._issued = IssuedCollectives()  # the script's own collectives: what the step issued beyond what we time
+        self._nograd_forwards = 0  # forwards without gradients in this step's data gap, outside a pause: ``_before_forward``
         #: After a backward that reduced, a parameter it left a gradient on: ``_update_skipped``.
         self._reduced_gradient_of: nn.Parameter | None = None
         self._inside_optimizer_step = False  # between the optimizer's step pre- and post-hooks
@@ -493,6 +494,7 @@ class Attachment:
         if self.timeline.paused_until(what, now):  # between steps: the next one begins now
             self._data_from = now
             self._issued.since_last()  # the pause's collectives are not the step's
+            self._nograd_forwards = 0  # nor its forwards, where the pause was not said to begin
 
     def _settings(self, micro_steps: int) -> dict[str, Any]:
         if isinstance(self.model, DistributedDataParallel):
@@ -514,9 +516,11 @@ class Attachment:
         losses = self._recorded_losses or [forward.loss for forward in trained if forward.loss is not None]
         loss = mean_loss(losses) if losses else None
         memory = self._memory.sample(self) if self.publisher is not None else None
+        nograd_forwards = 0 if update_skipped else self._nograd_forwards  # a skipped step ended at its backward, before them
+        self._nograd_forwards -= nograd_forwards
         self.timeline.end_step(samples, tokens, loss, excluded=self.timing.on_first_buckets, memory=memory,
                                settings={"grad_accum": max(1, self._micro_steps)}, at=at, update_skipped=update_skipped,
-                               issued_collectives=self._issued.since_last())
+                               issued_collectives=self._issued.since_last(), nograd_forwards=nograd_forwards)
         if self._steps == 1 and self.publisher is not None:
             self.watch.update_hello(global_batch=samples * dist.get_world_size())
         if not self._bucket_layout_sent and (layout := self.timing.bucket_layout()):
@@ -541,7 +545,10 @@ class Attachment:
                 and not self._inside_optimizer_step)  # LBFGS's closure clears them for its next evaluation
 
     def _before_forward(self, _module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        if not torch.is_grad_enabled():
+        if not torch.is_grad_enabled():  # not training: counted where it will read as data loading, else not seen
+            if not self.watch.pausing and (not self.timeline.in_step or self._data_from is not None
+                                           or self._after_backward is not None):
+                self._nograd_forwards += 1  # an evaluation the loop did not mark (``paused``): the dashboard says so
             return
         self.watch.pausing = ""  # training again, whatever a pause begun said it would do
         if not self.timeline.in_step:

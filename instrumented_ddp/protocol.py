@@ -126,7 +126,9 @@ class StepReport:
     ``paused_for`` names (a Trainer's evaluation or checkpoint: ``Attachment.paused``): the pause
     ends where ``start`` is, so it is in no figure of the step, and is taken out of the wall time
     that samples/s divide by. A pause inside a step (between its micro-steps) is in its window,
-    and the step is ``excluded``."""
+    and the step is ``excluded``. ``nograd_forwards``: forwards of an attached model run without
+    gradients before the step's training began and outside a marked pause (an evaluation the
+    loop did not mark): they read as the step's data loading, and the dashboard says so."""
 
     TYPE: ClassVar[str] = "step"
     rank: int
@@ -147,6 +149,7 @@ class StepReport:
     untimed_collectives: int = 0
     paused_s: float = 0.0
     paused_for: str = ""
+    nograd_forwards: int = 0
     #: Bytes the rank held at the step's end (``instrumented_ddp.memory``: ``parameters``,
     #: ``gradients``, ``optimizer_state``, ``peak``), measured every few steps; empty otherwise.
     memory: dict[str, int] = field(default_factory=dict)
@@ -191,6 +194,7 @@ class StepSummary:
     untimed_collectives: int = 0  # as in ``StepReport``
     paused_s: float = 0.0  # as in ``StepReport``
     paused_for: str = ""  # as in ``StepReport``
+    nograd_forwards: int = 0  # as in ``StepReport``
     #: float64 per all-reduce, issue order: its start, seconds after the step's; sent only where
     #: two of them overlap (gloo), or one overlaps a sharded call (HSDP on a GPU), so that two
     #: calls waiting at once are counted once. Empty otherwise, and from an older sender.
@@ -461,7 +465,7 @@ _FIELD_TYPES: dict[str, Any] = {
     "grad_accum": (int, type(None)), "session": str, "host": str, "device": str, "backend": str, "strategy": str,
     "command_id": str, "reason": str, "detail": str, "kind": str, "start": float, "end": float, "time": float,
     "loss": (float, type(None)), "bucket_mb": (float, type(None)), "excluded": bool, "unresolved": bool, "update_skipped": bool, "compiling": bool, "applied": bool,
-    "device_note": str, "unresolved_reason": str, "untimed_collectives": int, "paused_s": float, "paused_for": str, "pausing": str, "switchable": bool, "compute_pct": float, "non_compute_pct": float, "idle_pct": float, "overlap_pct": float,
+    "device_note": str, "unresolved_reason": str, "untimed_collectives": int, "nograd_forwards": int, "paused_s": float, "paused_for": str, "pausing": str, "switchable": bool, "compute_pct": float, "non_compute_pct": float, "idle_pct": float, "overlap_pct": float,
     "comm_overhead_pct": float, "anchor": (float, type(None)), "busbw_gbps": (float, type(None)),
     "all_reduce_tags": list, "all_reduce_seconds": bytes, "all_reduce_starts": bytes, "algbw_gbps": bytes, "full": bool, "sample_every": int,
     "pinned_steps": list, "device_every_s": float, "calls_by_kind": dict, "memory": dict,
@@ -482,8 +486,9 @@ def _check_all_reduce_group(values: dict[str, Any]) -> None:
 def _check_step(values: dict[str, Any]) -> None:
     if values["end"] < values["start"]:
         raise ProtocolError("invalid", "step ends before it starts")
-    if values["step"] < 0 or values["samples"] < 0 or values["tokens"] < 0 or values.get("untimed_collectives", 0) < 0:
-        raise ProtocolError("invalid", "negative step, samples, tokens or untimed collectives")
+    if (values["step"] < 0 or values["samples"] < 0 or values["tokens"] < 0 or values.get("untimed_collectives", 0) < 0
+            or values.get("nograd_forwards", 0) < 0):
+        raise ProtocolError("invalid", "negative step, samples, tokens, untimed collectives or forwards without gradients")
     if not 0.0 <= values.get("paused_s", 0.0) < math.inf:
         raise ProtocolError("invalid", "paused_s is negative or not finite")
 

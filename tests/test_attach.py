@@ -279,6 +279,44 @@ def test_a_pause_marked_in_a_plain_loop_between_micro_steps_leaves_its_step_out_
         (1, True, "", 0.0), (2, False, "", 0.0), (3, True, "checkpoint", 0.0)]
 
 
+def test_forwards_without_gradients_in_a_steps_data_gap_are_counted_unless_a_pause_holds_them(
+        one_rank_group: None, sent: list[Any]) -> None:
+    """An evaluation the loop did not mark reads as the next step's data loading: its no-grad
+    forwards are counted there (two before step 1, three after step 2, one between step 4's
+    micro-steps), so the dashboard can say why that step's data was slow. Counted nowhere: those
+    in a marked pause (after step 3), those the Trainer runs before ``on_evaluate`` (a pause not
+    said to begin, after step 4), and a no-grad forward inside the step's training (between its
+    forward and backward: a reference model's logits)."""
+    ddp, optimizer = make_ddp()
+
+    def evaluate(forwards: int) -> None:
+        with torch.no_grad():
+            for i in range(forwards):
+                ddp(**batch(100 + i))
+
+    with attached(ddp, optimizer) as watch:
+        evaluate(2)
+        train(ddp, optimizer, steps=2)
+        evaluate(3)
+        train(ddp, optimizer, steps=1)
+        with watch.paused("evaluate"):
+            evaluate(4)
+        train(ddp, optimizer, steps=1)
+        evaluate(5)
+        watch.pause_ends("evaluate")  # the Trainer's on_evaluate, its on_step_end having said nothing
+        optimizer.zero_grad()
+        with ddp.no_sync():
+            (ddp(**batch(7)).loss / 2).backward()
+        evaluate(1)
+        output = ddp(**batch(8))
+        evaluate(1)  # between the forward and its backward
+        (output.loss / 2).backward()
+        optimizer.step()
+    reports = [m for m in sent if isinstance(m, StepReport)]
+    assert [(r.step, r.nograd_forwards, r.paused_for) for r in reports] == [
+        (1, 2, ""), (2, 0, ""), (3, 3, ""), (4, 0, "evaluate"), (5, 1, "evaluate")]
+
+
 def test_with_two_optimizers_the_one_stepped_first_falls_inside_the_attached_ones_optimizer_phase(
         one_rank_group: None, sent: list[Any]) -> None:
     """A loop with two optimizers (Muon's matrices and AdamW's rest, say) attaches the one it steps

@@ -840,6 +840,19 @@ def test_steps_the_loop_paused_training_before_are_a_note_with_their_steps_and_t
                               "of the step times and of samples/s",)
 
 
+def test_steps_whose_data_held_forwards_without_gradients_are_a_note_naming_the_fix() -> None:
+    """A loop evaluating before steps 5 and 6 without marking it: rank 1 ran 3 forwards, rank 0
+    two. Through the wire as ranks send them (summaries carry the count too)."""
+    def evaluating(report: StepReport) -> StepReport:
+        return replace(report, nograd_forwards=2 + report.rank) if report.step in (5, 6) else report
+
+    _, snapshot = snapshot_of(session_messages(edit=evaluating))
+    assert snapshot.warnings == ()
+    assert snapshot.notes == ("the model ran forwards without gradients before 2 steps (5-6), up to 3 a step on a rank: "
+                              "an evaluation? Their time reads as data loading; mark it with "
+                              '`with watch.paused("evaluate"):` to leave it out of the step',)
+
+
 def test_a_rank_whose_steps_stopped_while_the_others_went_on_is_a_note() -> None:
     """DDP's ``join()`` with uneven inputs: rank 1 runs out of data after step 4 and shadows the
     others' collectives outside any step; it goes on beating, so it is not lost, and rank 0

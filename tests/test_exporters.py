@@ -247,6 +247,19 @@ def test_steps_with_collectives_not_timed_are_listed_per_segment_with_the_most_i
             "reductions; up to 4 a step on a rank) 4-5") in exporters.summary_markdown(data)
 
 
+def test_steps_whose_data_held_forwards_without_gradients_are_listed_per_segment_with_the_most_in_a_step() -> None:
+    session = make_session()
+    for step, forwards in ((4, 8), (5, 0)):
+        for rank in (0, 1):
+            session.reports[step][rank] = replace(session.reports[step][rank], nograd_forwards=forwards + rank)
+    data = exporters.summary(session)
+    assert [seg["nograd_forward_steps"] for seg in data["segments"]] == [[], [4, 5]]
+    assert [seg["nograd_forwards_most"] for seg in data["segments"]] == [0, 9]
+    assert ("- segment 1: steps whose data loading held forwards of the model without gradients (up to 9 a step on a "
+            "rank: an evaluation the loop did not mark with watch.paused; their time reads as data loading) 4-5"
+            ) in exporters.summary_markdown(data)
+
+
 def test_steps_the_loop_paused_before_are_listed_per_segment_with_their_seconds_and_drawn_in_the_trace() -> None:
     """Pauses before steps 4 (rank 0: 2.0 s, rank 1: 2.5 s) and 5 (1.0 s both): 2.5 + 1.0 = 3.5 s
     in all, each step counted once at its longest rank; against the segment's 0.305 s of training

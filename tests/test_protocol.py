@@ -141,6 +141,14 @@ def test_collectives_not_timed_travel_in_the_report_and_the_summary_and_are_neve
     assert _category(_with_body(untimed, untimed_collectives=1.5)) == "invalid"
 
 
+def test_forwards_without_gradients_travel_in_the_report_and_the_summary_and_are_never_negative() -> None:
+    unmarked = replace(STEP, nograd_forwards=13)
+    assert decode(encode(unmarked)).message.nograd_forwards == 13
+    assert decode(encode(summarize(unmarked, world_size=2))).message.nograd_forwards == 13
+    assert "nograd_forwards" not in _raw(STEP)["body"]
+    assert _category(_with_body(unmarked, nograd_forwards=-1)) == "invalid"
+
+
 def test_a_pause_before_the_step_travels_in_the_report_and_the_summary_and_is_never_negative() -> None:
     paused = replace(STEP, paused_s=0.75, paused_for="evaluate, save")
     for message in (decode(encode(paused)).message, decode(encode(summarize(paused, world_size=2))).message):

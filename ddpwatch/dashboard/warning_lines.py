@@ -83,6 +83,8 @@ def note_lines(session: Session, heard: float) -> list[str]:
         lines.append(untimed_collectives_text(session.untimed_collective_steps, session.untimed_collectives_most))
     if session.paused_steps:
         lines.append(paused_steps_text(session.paused_steps, list(session.paused_for), session.paused_longest_s))
+    if session.nograd_forward_steps:
+        lines.append(nograd_forwards_text(session.nograd_forward_steps, session.nograd_forwards_most))
     lines += pausing_lines(session, heard)
     stopped = session.stopped_ranks(heard)
     if stopped:
@@ -165,6 +167,17 @@ def paused_steps_text(steps: StepSet, what: list[str], longest_s: float) -> str:
     doing = ", ".join(what) or "its own work"
     return (f"the loop paused training ({doing}) before {count} step{'s' if count != 1 else ''} ({runs_text(steps.ranges())}), "
             f"up to {longest_s:.2f} s: left out of the step times and of samples/s")
+
+
+def nograd_forwards_text(steps: StepSet, most: int) -> str:
+    """One line for the steps whose data loading held forwards of the model without gradients:
+    an evaluation the loop did not mark. Its time is in the step's ``data`` span, so the step
+    reads as a loader stall; ``watch.paused`` takes it out. Said, not guessed away: forwards
+    without gradients can belong to training too (a reinforcement-learning loop's rollouts)."""
+    count = len(steps)
+    return (f"the model ran forwards without gradients before {count} step{'s' if count != 1 else ''} "
+            f"({runs_text(steps.ranges())}), up to {most} a step on a rank: an evaluation? Their time reads as data "
+            "loading; mark it with `with watch.paused(\"evaluate\"):` to leave it out of the step")
 
 
 def skipped_updates_text(steps: StepSet) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ddpwatch.dashboard.timeline_lanes import paused_text, pick_timeline_ranks, timeline_of
+from ddpwatch.dashboard.timeline_lanes import nograd_text, paused_text, pick_timeline_ranks, timeline_of
 from ddpwatch.metrics import calls_of
 from instrumented_ddp.protocol import Span, StepReport
 
@@ -117,6 +117,16 @@ def test_a_step_the_loop_paused_before_is_drawn_without_the_pause_and_titled_wit
     reports = {rank: replace(report(rank, [Span("forward", 0.0, 0.050)]), paused_s=1.25 + 0.5 * rank, paused_for="evaluate")
                for rank in (0, 1)}
     data = timeline_of(4, reports, calls_of(reports))
-    assert data.paused == "after 1.75 s paused: evaluate" and data.span_s == 0.100
+    assert data.notes == "after 1.75 s paused: evaluate" and data.span_s == 0.100
     assert paused_text([report(0, [])]) == ""
     assert paused_text([replace(report(0, []), paused_for="checkpoint")]) == "paused inside: checkpoint"
+
+
+def test_a_step_whose_data_held_forwards_without_gradients_is_titled_with_the_most_of_a_drawn_rank() -> None:
+    reports = {rank: replace(report(rank, [Span("forward", 0.0, 0.050)]), nograd_forwards=7 + rank) for rank in (0, 1)}
+    assert timeline_of(4, reports, calls_of(reports)).notes == "data held 8 forwards without gradients"
+    paused = {rank: replace(r, paused_s=1.0, paused_for="evaluate") for rank, r in reports.items()}
+    assert timeline_of(4, paused, calls_of(paused)).notes == ("after 1.00 s paused: evaluate · "
+                                                              "data held 8 forwards without gradients")
+    assert nograd_text([replace(report(0, []), nograd_forwards=1)]) == "data held 1 forward without gradients"
+    assert nograd_text([report(0, [])]) == ""

@@ -46,7 +46,9 @@ class TimelineData:
     reported: int = 0  # ranks that reported the step; more than ``ranks`` when only some are drawn
     roles: tuple[tuple[int, str], ...] = ()  # (rank, why it is drawn) when only some are
     label: str = ""  # the strategy with its settings (``session.strategy_label``)
-    paused: str = ""  # what the loop paused training for before the step, and how long (``paused_text``)
+    #: What the title says of the step besides its number and strategy: a pause of training before
+    #: it (``paused_text``), an evaluation left unmarked in its data loading (``nograd_text``).
+    notes: str = ""
 
 
 def pick_timeline_ranks(figures: dict[int, metrics.StepFigures], selected: int | None) -> tuple[tuple[int, str], ...]:
@@ -97,7 +99,7 @@ def timeline_of(step: int, reports: dict[int, StepReport], calls: dict[int, metr
     first = next(iter(reports.values()))
     return TimelineData(step, first.strategy, max(end - origin, 1e-9), tuple(lanes), reported,
                         tuple(role for role in roles or () if role[0] in reports), strategy_label(first.strategy, first.settings),
-                        paused_text(reports.values()))
+                        " · ".join(filter(None, (paused_text(reports.values()), nograd_text(reports.values())))))
 
 
 def paused_text(reports: Iterable[StepReport]) -> str:
@@ -109,6 +111,14 @@ def paused_text(reports: Iterable[StepReport]) -> str:
         return ""
     longest = max(paused, key=lambda r: r.paused_s)
     return f"after {longest.paused_s:.2f} s paused: {longest.paused_for}" if longest.paused_s else f"paused inside: {longest.paused_for}"
+
+
+def nograd_text(reports: Iterable[StepReport]) -> str:
+    """Where the drawn ranks ran forwards of the model without gradients in the step's data
+    loading, the most of one rank ("data held 8 forwards without gradients"), or "": an
+    evaluation the loop did not mark, which the step's ``data`` span holds (``StepReport.nograd_forwards``)."""
+    most = max((r.nograd_forwards for r in reports), default=0)
+    return f"data held {most} forward{'s' if most != 1 else ''} without gradients" if most else ""
 
 
 def _lanes(rank: int, report: StepReport, offset: float, waiting: list[tuple[float, float]]) -> RankLanes:

@@ -59,8 +59,8 @@ class TimelineView(Widget):
         axis's label column it was cut to 11 characters, "step 69 · s")."""
         if self.data is None:
             return ""
-        paused = f" · {self.data.paused}" if self.data.paused else ""
-        return f"step {self.data.step} · {self.data.label or self.data.strategy}{paused}"
+        notes = f" · {self.data.notes}" if self.data.notes else ""
+        return f"step {self.data.step} · {self.data.label or self.data.strategy}{notes}"
 
     def get_content_height(self, container, viewport, width: int) -> int:  # noqa: ANN001
         if self.data is None:

@@ -39,7 +39,7 @@ from torch.nn.parallel import DistributedDataParallel
 from transformers import TrainerCallback
 
 from .attachment import AttachError, Attachment, attach, compiled_module, is_fsdp2
-from .protocol import DEFAULT_ADDRESS
+from .protocol import DEFAULT_ADDRESS, FAILED
 
 
 class DDPWatchCallback(TrainerCallback):
@@ -66,6 +66,9 @@ class DDPWatchCallback(TrainerCallback):
         if self.trainer is None:
             raise AttachError("DDPWatchCallback: it needs the Trainer, whose DDP model the callbacks are not given: "
                               "trainer.add_callback(DDPWatchCallback(trainer, address=...))")
+        if self.attachment is not None:  # the train() it was attached for raised, and training begins again
+            self.attachment.detach(begun_again_because(args, state))
+            self.attachment = None
         wrapped = compiled_module(getattr(self.trainer, "model_wrapped", None))  # under torch_compile
         if not isinstance(wrapped, DistributedDataParallel) and not is_fsdp2(wrapped):
             print(f"ddpwatch: {unwatched_because(wrapped)}: training goes on unwatched", file=sys.stderr, flush=True)
@@ -102,6 +105,19 @@ class DDPWatchCallback(TrainerCallback):
         if self.attachment is not None:
             self.attachment.detach()
             self.attachment = None
+
+
+def begun_again_because(args: Any, state: Any) -> str:
+    """The goodbye of a run whose ``train()`` never reached ``on_train_end``, said when training
+    begins again: under ``auto_find_batch_size`` Accelerate catches an out-of-memory error, halves
+    the batch and calls the training loop again, on a new DDP over the same model and the same
+    optimizer. Left attached, the old hooks went on counting that optimizer's steps with none of
+    the new DDP's forwards or all-reduces (Idle% 90), and the new run was refused its address."""
+    if getattr(args, "auto_find_batch_size", False):
+        batch = getattr(state, "train_batch_size", None)
+        return (f"{FAILED}out of memory: the Trainer began again at a batch of {batch} (auto_find_batch_size)"
+                if isinstance(batch, int) else f"{FAILED}out of memory: the Trainer began again at a smaller batch (auto_find_batch_size)")
+    return f"{FAILED}train() raised, and training began again"
 
 
 def steps_to_take(state: Any) -> int:

@@ -996,6 +996,45 @@ def test_a_loop_that_raises_says_goodbye_as_failed_with_what_it_raised(one_rank_
     assert sys.excepthook is not watch._note_uncaught and sys.excepthook.__name__ == "<lambda>"  # detach put it back
 
 
+def test_the_trainer_callback_begun_again_after_an_out_of_memory_error_ends_the_failed_run_and_watches_the_new_one(
+        one_rank_group: None, sent: list[Any]) -> None:
+    """``auto_find_batch_size``: Accelerate catches the out-of-memory error (no ``on_train_end``),
+    shrinks the batch and runs the training loop again, on a new DDP over the same module and the
+    same optimizer (seen with transformers 5.24). Before, the first attachment stayed: its
+    optimizer hooks counted the new run's steps with no forward, backward or all-reduce in them
+    (Idle% 90), and the new DDP was refused its address, so trained unwatched."""
+    from instrumented_ddp.integrations import DDPWatchCallback
+
+    first, optimizer = make_ddp()
+    trainer = SimpleNamespace(model_wrapped=first, optimizer=optimizer)
+    callback = DDPWatchCallback(trainer, address=f"tcp://127.0.0.1:{free_port()}")
+    args = SimpleNamespace(auto_find_batch_size=True)
+    callback.on_train_begin(args, SimpleNamespace(max_steps=4, global_step=0, train_batch_size=8), None)
+    train(first, optimizer, steps=2)  # then out of memory, caught by Accelerate
+    trainer.model_wrapped = second = DistributedDataParallel(first.module, bucket_cap_mb=0.001)
+    second.zero_grad()  # the Trainer's model.zero_grad() before on_train_begin
+    callback.on_train_begin(args, SimpleNamespace(max_steps=4, global_step=0, train_batch_size=7), None)
+    assert not first._forward_hooks and not first._forward_pre_hooks  # the failed run's DDP left alone
+    assert len(optimizer._optimizer_step_pre_hooks) == len(optimizer._optimizer_step_post_hooks) == 1  # the new run's
+    train(second, optimizer, steps=3)
+    callback.on_train_end(args, None, None)
+    goodbyes = [m for m in sent if isinstance(m, Goodbye)]
+    assert [(g.steps, g.reason) for g in goodbyes] == [
+        (2, "failed: out of memory: the Trainer began again at a batch of 7 (auto_find_batch_size)"), (3, "finished")]
+    reports = [m for m in sent if isinstance(m, StepReport)]
+    assert [r.step for r in reports] == [1, 2, 1, 2, 3]
+    assert all({"forward", "backward", "all_reduce"} <= {s.kind for s in r.spans} for r in reports)
+
+
+def test_the_trainer_callback_begun_again_after_train_raised_says_so() -> None:
+    from instrumented_ddp.integrations import begun_again_because
+
+    assert begun_again_because(SimpleNamespace(auto_find_batch_size=False), None) == (
+        "failed: train() raised, and training began again")
+    assert begun_again_because(SimpleNamespace(auto_find_batch_size=True), SimpleNamespace(train_batch_size=None)) == (
+        "failed: out of memory: the Trainer began again at a smaller batch (auto_find_batch_size)")
+
+
 def test_the_trainer_callback_plans_the_steps_a_resumed_run_has_left() -> None:
     """``trainer.train(resume_from_checkpoint=...)``: the Trainer's state is at the checkpoint's
     global step when ``on_train_begin`` runs; the attached steps count from 1, so the progress and

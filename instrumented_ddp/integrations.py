@@ -22,6 +22,10 @@ pins it):
   calling ``on_evaluate`` at the end, and saves a checkpoint, calling ``on_save`` after: the
   callback marks each a pause (``Attachment.pause_ends``), so the next step begins there and its
   data loading is not the evaluation's seconds (nor its step time, p95 and samples/s).
+- Under ``auto_find_batch_size`` an out-of-memory error inside ``train()`` is caught by Accelerate,
+  which calls the training loop again at a smaller batch: ``on_train_end`` never came, and the
+  second ``on_train_begin`` finds a new DDP over the same model (transformers 5.24): the callback
+  ends the first run there, as failed (``begun_again_because``), and attaches anew.
 - Under FSDP2 (``fsdp_config={"fsdp_version": 2}``) Accelerate shards the model in place with
   ``fully_shard`` and ``model_wrapped`` is that model: attached as ``attach`` takes any FSDP2
   model. Accelerate shards on GPUs only (on CPU the same arguments train with DDP), so the suite

@@ -113,8 +113,8 @@ class DDPWatchCallback(TrainerCallback):
 
 def begun_again_because(args: Any, state: Any) -> str:
     """The goodbye of a run whose ``train()`` never reached ``on_train_end``, said when training
-    begins again: under ``auto_find_batch_size`` Accelerate catches an out-of-memory error, halves
-    the batch and calls the training loop again, on a new DDP over the same model and the same
+    begins again: under ``auto_find_batch_size`` Accelerate catches an out-of-memory error, shrinks
+    the batch by a tenth and calls the training loop again, on a new DDP over the same model and the same
     optimizer. Left attached, the old hooks went on counting that optimizer's steps with none of
     the new DDP's forwards or all-reduces (Idle% 90), and the new run was refused its address."""
     if getattr(args, "auto_find_batch_size", False):

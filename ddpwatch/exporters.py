@@ -103,6 +103,7 @@ def summary(session: Session) -> dict[str, Any]:
                  "sender_dropped": {r: s.sender_dropped for r, s in states}}
     groups = session.all_reduce_groups()
     return _jsonable({"session": session.session_id, "world_size": session.world_size, "ranks": ranks,
+                      "first_failed_rank": session.first_failed_rank,
                       "all_reduce_groups": [list(group) for group in groups] if groups is not None else None,
                       "all_reduce_groups_problem": session.all_reduce_groups_problem,
                       "desync": asdict(desync) if desync is not None else None,
@@ -165,7 +166,7 @@ def summary_markdown(summary: dict[str, Any]) -> str:
         lines += [f"*{metrics.ONE_RANK_NOTE[0].upper()}{metrics.ONE_RANK_NOTE[1:]}.*", ""]
     if summary.get("desync"):
         lines += [f"**ERROR: {metrics.DesyncRange.from_dict(summary['desync']).describe()}**", ""]
-    for line in failed_ranks_lines(failed_ranks(summary)):
+    for line in failed_ranks_lines(failed_ranks(summary), summary.get("first_failed_rank")):
         lines += [f"**ERROR: {line}**", ""]
     lines += ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for seg in summary.get("segments", []):

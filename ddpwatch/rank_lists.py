@@ -35,14 +35,25 @@ def runs_text(runs: list[tuple[int, int]], limit: int = 8) -> str:
     return ", ".join(shown) + (f", … (+{rest} more)" if rest else "")
 
 
-def failed_ranks_lines(failures: dict[int, tuple[int, str]]) -> list[str]:
+def failed_ranks_lines(failures: dict[int, tuple[int, str]], first: int | None = None) -> list[str]:
     """Ranks whose goodbye said their training failed, ``{rank: (steps done, why)}``: a line each
-    for a few, one line for many (a dead peer fails every other rank's next collective too), with
-    the most common reason."""
+    for a few, one line for many (a dead peer fails every other rank's next collective too).
+    ``first``: the rank whose failure was heard first (``Session.first_failed_rank``), named
+    first: one rank's out-of-memory error makes every other rank's next collective fail on a
+    dead peer, so the most common reason is the consequence and the first one the cause (at 4
+    ranks the line said only *most often: … Connection reset by peer*)."""
+    first = first if first in failures and len(failures) > 1 else None
     if len(failures) <= FEW_RANKS:
-        return [f"rank {rank} failed after step {steps}: {why}" for rank, (steps, why) in sorted(failures.items())]
+        said_first = [f"rank {first} failed first, after step {failures[first][0]}: {failures[first][1]}"] if first is not None else []
+        return said_first + [f"rank {rank} failed after step {steps}: {why}"
+                             for rank, (steps, why) in sorted(failures.items()) if rank != first]
     reasons = Counter(why for _, why in failures.values())
     steps = [steps for steps, _ in failures.values()]
     after = f"step {min(steps)}" if min(steps) == max(steps) else f"steps {min(steps)}-{max(steps)}"
-    return [f"{len(failures)} ranks failed after {after}: ranks {ranks_text(failures)}; "
-            f"most often: {reasons.most_common(1)[0][0]}"]
+    line = f"{len(failures)} ranks failed after {after}: ranks {ranks_text(failures)}"
+    commonest = reasons.most_common(1)[0][0]
+    if first is None:
+        return [f"{line}; most often: {commonest}"]
+    first_steps, first_why = failures[first]
+    then = f"; then most often: {commonest}" if commonest != first_why else ""
+    return [f"{line}; first rank {first}, after step {first_steps}: {first_why}{then}"]

@@ -130,7 +130,7 @@ def record(
     desync = metrics.DesyncRange.combine(session.segment_figures(seg, per_rank=False).desync for seg in session.segments)
     if desync is not None:  # the run's one error: said where a headless user looks, not only in the files
         log(f"{command}: ERROR: {desync.describe()}")
-    for line in failed_ranks_lines(session.failed_ranks):  # a rank whose training raised, and what
+    for line in failed_ranks_lines(session.failed_ranks, session.first_failed_rank):  # a rank whose training raised, and what
         log(f"{command}: ERROR: {line}")
     return session
 

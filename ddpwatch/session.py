@@ -231,6 +231,9 @@ class Session:
         #: (``StepReport.nograd_forwards``: an evaluation the loop did not mark), and the most of one rank.
         self.nograd_forward_steps = StepSet()
         self.nograd_forwards_most = 0
+        #: The rank whose goodbye said its training failed before any other's did: the cause,
+        #: where the others' next collectives then failed on a dead peer (``failed_ranks_lines``).
+        self.first_failed_rank: int | None = None
         self.messages = 0
         self.details = 0  # spans received after their step's summary (a view that drew the step redraws it)
         self.session_id = ""
@@ -293,6 +296,8 @@ class Session:
             self.acks.append(message)
         elif isinstance(message, Goodbye):
             rank.goodbye = message
+            if self.first_failed_rank is None and failure_of(message.reason) is not None:
+                self.first_failed_rank = message.rank
         if rank.last_step != passed:
             rank.last_step_at = now
 

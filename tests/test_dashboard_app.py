@@ -1105,6 +1105,7 @@ async def test_a_rank_whose_training_failed_reads_failed_and_the_warnings_and_ex
     assert "rank 1 failed after step 3: RuntimeError: Connection reset by peer" in snapshot.warnings
     data = exporters.summary(session)
     assert exporters.failed_ranks(json.loads(json.dumps(data))) == {1: (3, "RuntimeError: Connection reset by peer")}
+    assert data["first_failed_rank"] == 1
     assert "**ERROR: rank 1 failed after step 3: RuntimeError: Connection reset by peer**" in exporters.summary_markdown(data)
     app = DashboardApp(StaticFeed(messages), export_on_exit=False)
     async with app.run_test(size=(120, 40)) as pilot:
@@ -1112,6 +1113,24 @@ async def test_a_rank_whose_training_failed_reads_failed_and_the_warnings_and_ex
         text = app.query_one("#header-text")
         assert text.render_lines(Region(0, 0, text.size.width, 1))[0].text.startswith(
             "ddpwatch fixed-session · 2 ranks · failed · fixed data")
+
+
+def test_the_rank_whose_failure_was_heard_first_is_named_first_on_screen_and_in_the_exports() -> None:
+    """Rank 2 of 4 runs out of memory; the others' next collectives fail on the dead peer after
+    its goodbye came. Named by arrival, not by rank or by step."""
+    oom = "failed: RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB"
+    reset = "failed: RuntimeError: Connection reset by peer"
+    messages = [*session_messages(steps=4, world_size=4, goodbye=False), encode(Goodbye(2, 4, oom), 90, 0),
+                *(encode(Goodbye(rank, 3, reset), 90, 0) for rank in (3, 0, 1))]
+    session = Session()
+    ingest(session, messages)
+    line = ("4 ranks failed after steps 3-4: ranks 0-3; first rank 2, after step 4: RuntimeError: CUDA out of memory. "
+            "Tried to allocate 2.00 GiB; then most often: RuntimeError: Connection reset by peer")
+    snapshot = SnapshotBuilder(session).build(now=max(state.last_seen for state in session.ranks.values()))
+    assert line in snapshot.warnings
+    data = json.loads(json.dumps(exporters.summary(session)))
+    assert data["first_failed_rank"] == 2 and f"**ERROR: {line}**" in exporters.summary_markdown(data)
+    assert exporters.summary(Session())["first_failed_rank"] is None
 
 
 @pytest.mark.parametrize("metric", ["exposed", "wait"])

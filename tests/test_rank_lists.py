@@ -21,8 +21,24 @@ def test_failed_ranks_are_said_one_by_one_for_a_few_and_in_one_line_with_the_com
     assert failed_ranks_lines({3: (41, "RuntimeError: CUDA out of memory"), 0: (40, "RuntimeError: Connection reset by peer")}) == [
         "rank 0 failed after step 40: RuntimeError: Connection reset by peer",
         "rank 3 failed after step 41: RuntimeError: CUDA out of memory"]
-    # one rank ran out of memory, and its peers' next collectives met a dead peer
     peers = {rank: (40, "RuntimeError: Connection reset by peer") for rank in (0, 1, 2, 4, 5)}
     assert failed_ranks_lines({**peers, 3: (41, "RuntimeError: CUDA out of memory")}) == [
         "6 ranks failed after steps 40-41: ranks 0-5; most often: RuntimeError: Connection reset by peer"]
     assert failed_ranks_lines(peers) == ["5 ranks failed after step 40: ranks 0-2, 4-5; most often: RuntimeError: Connection reset by peer"]
+
+
+def test_the_rank_that_failed_first_is_named_first_as_the_cause_of_its_peers_failures() -> None:
+    """One rank ran out of memory, and its peers' next collectives met a dead peer: the commonest
+    reason is the consequence. Before, six ranks read only *most often: … Connection reset by peer*."""
+    peers = {rank: (40, "RuntimeError: Connection reset by peer") for rank in (0, 1, 2, 4, 5)}
+    oom = {3: (41, "RuntimeError: CUDA out of memory")}
+    assert failed_ranks_lines({**peers, **oom}, first=3) == [
+        "6 ranks failed after steps 40-41: ranks 0-5; first rank 3, after step 41: RuntimeError: CUDA out of memory; "
+        "then most often: RuntimeError: Connection reset by peer"]
+    assert failed_ranks_lines(peers, first=4) == [  # the first's reason is the commonest: said once
+        "5 ranks failed after step 40: ranks 0-2, 4-5; first rank 4, after step 40: RuntimeError: Connection reset by peer"]
+    assert failed_ranks_lines({0: peers[0], **oom}, first=3) == [
+        "rank 3 failed first, after step 41: RuntimeError: CUDA out of memory",
+        "rank 0 failed after step 40: RuntimeError: Connection reset by peer"]
+    assert failed_ranks_lines(oom, first=3) == ["rank 3 failed after step 41: RuntimeError: CUDA out of memory"]
+    assert failed_ranks_lines(peers, first=3) == failed_ranks_lines(peers)  # a first that is not among them: none

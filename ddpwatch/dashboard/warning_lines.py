@@ -29,7 +29,7 @@ def lost_rank_lines(session: Session, heard: float) -> list[str]:
     else:
         lines = [f"{len(silent)} ranks lost: nothing heard from them for {min(silent.values()):.0f}-"
                  f"{max(silent.values()):.0f} s: ranks {ranks_text(silent)}"]
-    return lines + failed_ranks_lines(session.failed_ranks)
+    return lines + failed_ranks_lines(session.failed_ranks, session.first_failed_rank)
 
 
 def reporting_fault_lines(session: Session) -> list[str]:

@@ -10,6 +10,7 @@ blocking ``wait``.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -60,7 +61,11 @@ class DDPTiming:
     """
 
     def __init__(self, ddp: DistributedDataParallel, timeline: StepTimeline | NullTimeline) -> None:
-        self.ddp = ddp
+        #: Held weakly: DDP's C++ reducer holds the hook (and a ``ForwardingGroup`` its watcher),
+        #: which hold this; a strong reference back made a cycle through C++ that Python's
+        #: collector cannot see, so a watched DDP, its bucket copies of every gradient and its
+        #: model were never freed, detached or not (one more per Trainer ``train()``, per trial).
+        self._ddp = weakref.ref(ddp)
         self.timeline = timeline
         self.process_group: dist.ProcessGroup | None = getattr(ddp, "process_group", None)
         self.world_size = dist.get_world_size(self.process_group)
@@ -78,6 +83,13 @@ class DDPTiming:
         #: ``backward_ended``: a ``_complete_buckets`` can run at a nested backward's end, mid-step.
         self._launched = 0
         self._poll_handles: list[Any] = []  # on the CPU, gradient hooks that look: ``install``
+
+    @property
+    def ddp(self) -> DistributedDataParallel:
+        ddp = self._ddp()
+        if ddp is None:  # only its own hooks run without it, and they never ask
+            raise RuntimeError("DDPTiming: its DistributedDataParallel was freed")
+        return ddp
 
     def install(self) -> None:
         """Register the hook (DDP takes one, and keeps it for good) and time the buffer broadcast.

@@ -87,7 +87,7 @@ class DDPTiming:
     @property
     def ddp(self) -> DistributedDataParallel:
         ddp = self._ddp()
-        if ddp is None:  # only its own hooks run without it, and they never ask
+        if ddp is None:  # whoever calls this (attach, the ddp strategy) holds the DDP; its hooks never ask
             raise RuntimeError("DDPTiming: its DistributedDataParallel was freed")
         return ddp
 

@@ -143,6 +143,20 @@ def ranks_left_behind(last_steps: Mapping[int, int]) -> dict[int, int]:
 
 
 @dataclass
+class CountedSteps:
+    """Steps in which a rank counted something it reports per step (``StepReport.untimed_collectives``,
+    ``nograd_forwards``), and the most one rank counted in one step: what a note says of them."""
+
+    steps: StepSet = field(default_factory=StepSet)
+    most: int = 0
+
+    def note(self, step: int, count: int) -> None:
+        if count:
+            self.steps.add(step)
+            self.most = max(self.most, count)
+
+
+@dataclass
 class RankState:
     hello: Hello | None = None
     last_seen: float = 0.0
@@ -220,8 +234,7 @@ class Session:
         self.compiling_steps = StepSet()
         #: Steps in which a rank issued collectives it did not time (``StepReport.untimed_collectives``:
         #: an attached script's own), and the most one rank issued in one step.
-        self.untimed_collective_steps = StepSet()
-        self.untimed_collectives_most = 0
+        self.untimed_collectives = CountedSteps()
         #: Steps before which a rank's loop paused training (``StepReport.paused_s``: an
         #: evaluation, a checkpoint), what for, and the longest pause of one rank.
         self.paused_steps = StepSet()
@@ -229,8 +242,7 @@ class Session:
         self.paused_longest_s = 0.0
         #: Steps whose data gap held forwards without gradients outside a marked pause
         #: (``StepReport.nograd_forwards``: an evaluation the loop did not mark), and the most of one rank.
-        self.nograd_forward_steps = StepSet()
-        self.nograd_forwards_most = 0
+        self.nograd_forwards = CountedSteps()
         #: The rank whose goodbye said its training failed before any other's did: the cause,
         #: where the others' next collectives then failed on a dead peer (``failed_ranks_lines``).
         self.first_failed_rank: int | None = None
@@ -382,16 +394,12 @@ class Session:
             self.skipped_updates.add(report.step)
         if report.compiling:
             self.compiling_steps.add(report.step)
-        if report.untimed_collectives:
-            self.untimed_collective_steps.add(report.step)
-            self.untimed_collectives_most = max(self.untimed_collectives_most, report.untimed_collectives)
+        self.untimed_collectives.note(report.step, report.untimed_collectives)
         if report.paused_s or report.paused_for:
             self.paused_steps.add(report.step)
             note_pause_kinds(self.paused_for, report.paused_for)
             self.paused_longest_s = max(self.paused_longest_s, report.paused_s)
-        if report.nograd_forwards:
-            self.nograd_forward_steps.add(report.step)
-            self.nograd_forwards_most = max(self.nograd_forwards_most, report.nograd_forwards)
+        self.nograd_forwards.note(report.step, report.nograd_forwards)
         rank.reported.add(report.step)
         if isinstance(report, StepSummary):
             rank.summarized.add(report.step)

@@ -79,12 +79,12 @@ def note_lines(session: Session, heard: float) -> list[str]:
         lines.append(skipped_updates_text(session.skipped_updates))
     if session.compiling_steps:
         lines.append(compiling_steps_text(session.compiling_steps))
-    if session.untimed_collective_steps:
-        lines.append(untimed_collectives_text(session.untimed_collective_steps, session.untimed_collectives_most))
+    if session.untimed_collectives.steps:
+        lines.append(untimed_collectives_text(session.untimed_collectives.steps, session.untimed_collectives.most))
     if session.paused_steps:
         lines.append(paused_steps_text(session.paused_steps, list(session.paused_for), session.paused_longest_s))
-    if session.nograd_forward_steps:
-        lines.append(nograd_forwards_text(session.nograd_forward_steps, session.nograd_forwards_most))
+    if session.nograd_forwards.steps:
+        lines.append(nograd_forwards_text(session.nograd_forwards.steps, session.nograd_forwards.most))
     lines += pausing_lines(session, heard)
     stopped = session.stopped_ranks(heard)
     if stopped:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import signal
 import sys
 import time
 from contextlib import nullcontext
@@ -32,6 +31,7 @@ from instrumented_ddp.memory import MemorySampler
 from instrumented_ddp.output_paths import outputs_problem
 from instrumented_ddp.protocol import DEFAULT_ADDRESS, address_problem, bucket_mb_problem, is_loopback, load_client_keys
 from instrumented_ddp.replicas import gather_digests, ranks_that_differ
+from instrumented_ddp.stop_signals import stop_on_sigterm
 from instrumented_ddp.strategies import strategy_class
 from instrumented_ddp.watch import Watch, parameter_layout
 
@@ -225,15 +225,9 @@ def start_profiler(directory: str, context: DistributedContext) -> torch.profile
     return profiler
 
 
-def stop_on_sigterm(signum: int, _frame: object) -> None:
-    """torchrun stops the ranks left when one fails with SIGTERM: end through the normal
-    exception path, so the watch can send what it holds (see ``Watch.sends_failure``)."""
-    raise SystemExit(f"stopped by {signal.Signals(signum).name}")
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, stop_on_sigterm)
+    stop_on_sigterm()  # torchrun's stop of the ranks left: an exception, so the watch sends what it holds and why
     context = init_distributed(args.device)
     say = print if context.is_main else (lambda *a, **k: None)
     try:

@@ -23,10 +23,10 @@ from typing import Any
 import numpy as np
 
 from ddpwatch import metrics
-from ddpwatch.rank_lists import failed_ranks_lines, rank_runs, runs_text
+from ddpwatch.rank_lists import failed_ranks_lines, interrupted_ranks_lines, rank_runs, runs_text
 from ddpwatch.segment_bars import bars_svg, lengths, segment_bar
 from ddpwatch.session import Session, note_pause_kinds, ranks_left_behind
-from instrumented_ddp.protocol import COMM_KINDS, READY_KIND, StepReport, failure_of
+from instrumented_ddp.protocol import COMM_KINDS, READY_KIND, StepReport, failure_of, interruption_of
 
 __all__ = ["chrome_trace", "clock_offsets", "summary", "summary_csv", "summary_markdown", "summary_svg", "write_exports"]
 
@@ -157,6 +157,12 @@ def failed_ranks(summary: dict[str, Any]) -> dict[int, tuple[int, str]]:
             if (why := failure_of((rank.get("goodbye") or {}).get("reason", ""))) is not None}
 
 
+def interrupted_ranks(summary: dict[str, Any]) -> dict[int, tuple[int, str]]:
+    """``Session.interrupted_ranks`` read back from a summary's ranks."""
+    return {rank["rank"]: (rank["goodbye"]["steps"], signal) for rank in summary.get("ranks", [])
+            if (signal := interruption_of((rank.get("goodbye") or {}).get("reason", ""))) is not None}
+
+
 def summary_markdown(summary: dict[str, Any]) -> str:
     """The seed blog's comparison table, one row per segment, so results read side by side with it;
     a desync, an error of the whole run, comes first."""
@@ -168,6 +174,8 @@ def summary_markdown(summary: dict[str, Any]) -> str:
         lines += [f"**ERROR: {metrics.DesyncRange.from_dict(summary['desync']).describe()}**", ""]
     for line in failed_ranks_lines(failed_ranks(summary), summary.get("first_failed_rank")):
         lines += [f"**ERROR: {line}**", ""]
+    for line in interrupted_ranks_lines(interrupted_ranks(summary)):  # stopped, not broken: the run did not finish
+        lines += [f"**{line[0].upper()}{line[1:]}**", ""]
     lines += ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for seg in summary.get("segments", []):
         lines.append("| " + " | ".join(str(c) for c in _row(seg, 2)) + " |")

@@ -57,3 +57,17 @@ def failed_ranks_lines(failures: dict[int, tuple[int, str]], first: int | None =
     first_steps, first_why = failures[first]
     then = f"; then most often: {commonest}" if commonest != first_why else ""
     return [f"{line}; first rank {first}, after step {first_steps}: {first_why}{then}"]
+
+
+def interrupted_ranks_lines(interruptions: dict[int, tuple[int, str]]) -> list[str]:
+    """Ranks whose goodbye said a signal stopped them, ``{rank: (steps done, which signal)}``: a
+    line per signal (one, at the usual Ctrl-C or torchrun's stop of every rank), its ranks and
+    steps in short. Not a failure: the run was stopped, not broken, and no rank is its cause."""
+    lines = []
+    for signal in sorted(set(why for _, why in interruptions.values())):
+        ranks = {rank: steps for rank, (steps, why) in interruptions.items() if why == signal}
+        low, high = min(ranks.values()), max(ranks.values())
+        after = f"step {low}" if low == high else f"steps {low}-{high}"
+        who = f"rank {next(iter(ranks))}" if len(ranks) == 1 else f"ranks {ranks_text(ranks)}"
+        lines.append(f"{who} interrupted after {after}: {signal}")
+    return lines

@@ -38,7 +38,7 @@ class RankRow:
 
 
 #: Worst first: a node with one failed or lost rank reads so, one still running reads live.
-STATUS_ORDER = {"failed": 3, "lost": 2, "live": 1, "finished": 0}
+STATUS_ORDER = {"failed": 4, "lost": 3, "interrupted": 2, "live": 1, "finished": 0}
 
 T = TypeVar("T", int, float)
 

@@ -29,6 +29,7 @@ from instrumented_ddp.protocol import (
     StepSummary,
     SwitchCommand,
     failure_of,
+    interruption_of,
 )
 from instrumented_ddp.step_figures import NO_CALLS, call_times, float_array, report_without_spans, summary_calls, summary_figures
 
@@ -647,12 +648,22 @@ class Session:
         return {rank: (state.goodbye.steps, why) for rank, state in sorted(self.ranks.items())
                 if state.goodbye is not None and (why := failure_of(state.goodbye.reason)) is not None}
 
+    @property
+    def interrupted_ranks(self) -> dict[int, tuple[int, str]]:
+        """Ranks whose goodbye says a signal stopped them from outside (Ctrl-C, torchrun's or a
+        scheduler's SIGTERM): ``{rank: (steps done, which signal)}``."""
+        return {rank: (state.goodbye.steps, signal) for rank, state in sorted(self.ranks.items())
+                if state.goodbye is not None and (signal := interruption_of(state.goodbye.reason)) is not None}
+
     def status(self, rank: int, now: float | None = None) -> str:
         """``live``, ``lost`` (nothing heard for ``LOST_AFTER_S``), or, once it said goodbye,
-        ``finished`` or ``failed`` (its training raised: the goodbye says what)."""
+        ``finished``, ``failed`` (its training raised: the goodbye says what) or ``interrupted``
+        (a signal stopped it)."""
         state = self.ranks[rank]
         if state.goodbye is not None:
-            return "failed" if failure_of(state.goodbye.reason) is not None else "finished"
+            reason = state.goodbye.reason
+            return ("failed" if failure_of(reason) is not None else "interrupted" if interruption_of(reason) is not None
+                    else "finished")
         now = time.monotonic() if now is None else now
         return "lost" if now - state.last_seen > LOST_AFTER_S else "live"
 

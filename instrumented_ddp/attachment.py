@@ -42,6 +42,10 @@ Where the phases come from, since the loop is not ours to mark:
   marks its evaluations and checkpoints itself). The next step then begins where the pause
   ended, and the pause, from the end of the step before, is reported with it, in no figure
   (``StepReport.paused_s``);
+- a rank stopped from outside (Ctrl-C at torchrun, torchrun's SIGTERM to the ranks left when one
+  fails, a scheduler's preemption) says goodbye as *interrupted*: while attached, SIGTERM, whose
+  default action kills at once, raises instead where the script set no handler of its own
+  (``stop_signals``);
 - ``detach()`` leaves that hook (DDP cannot drop one) averaging untimed, and a later ``attach`` of
   the same model (a Trainer's second ``train()``) times it again, a new run on the dashboard.
 
@@ -71,8 +75,9 @@ from .ddp_timing import DDPTiming
 from .distributed import DistributedContext
 from .issued_collectives import IssuedCollectives
 from .memory import MemorySampler
+from . import stop_signals
 from .protocol import DEFAULT_ADDRESS, NOT_SWITCHABLE, address_problem, is_loopback, load_client_keys
-from .watch import Watch, failure_reason, parameter_layout
+from .watch import Watch, goodbye_reason, parameter_layout
 
 if TYPE_CHECKING:
     from .fsdp_timing import FSDPTiming
@@ -406,6 +411,7 @@ class Attachment:
         self._previous_excepthook = sys.excepthook
         sys.excepthook = self._note_uncaught
         atexit.register(self._detach_at_exit)
+        self._stops_on_sigterm = stop_signals.stop_on_sigterm()  # torchrun's stop, a preemption: a goodbye, not *lost*
 
     @property
     def publisher(self) -> Any:
@@ -426,6 +432,8 @@ class Attachment:
         atexit.unregister(self._detach_at_exit)
         if sys.excepthook == self._note_uncaught:  # a later attach's, chained to ours, stays
             sys.excepthook = self._previous_excepthook
+        if self._stops_on_sigterm and not _ADDRESSES_IN_USE:  # the last attachment: SIGTERM kills again
+            stop_signals.default_on_sigterm()
         self.watch.close(reason)
 
     def _note_uncaught(self, kind: type[BaseException], error: BaseException, trace: TracebackType | None) -> None:
@@ -435,9 +443,11 @@ class Attachment:
         self._previous_excepthook(kind, error, trace)
 
     def _detach_at_exit(self) -> None:
-        """The end of the process detaches what the script did not: finished, or failed with
-        what it raised."""
-        self.detach("finished" if self._uncaught is None else failure_reason(self._uncaught))
+        """The end of the process detaches what the script did not: finished, failed with what
+        it raised, or interrupted by the signal that stopped it (a ``SystemExit``, which never
+        reaches ``sys.excepthook``)."""
+        ended_by = self._uncaught or stop_signals.received
+        self.detach("finished" if ended_by is None else goodbye_reason(ended_by))
 
     def held_parameters(self) -> list[torch.Tensor]:
         """The parameters this rank holds (``memory.held_memory``; with ``optimizer``): the

@@ -277,7 +277,9 @@ class Ack:
 
 @dataclass(frozen=True)
 class Goodbye:
-    """A rank's last message. ``reason``: ``finished``, or ``FAILED`` and what its training raised."""
+    """A rank's last message. ``reason``: ``finished``; ``FAILED`` and what its training raised; or
+    ``INTERRUPTED`` and the signal that stopped it from outside (Ctrl-C, torchrun's or a
+    scheduler's SIGTERM)."""
 
     TYPE: ClassVar[str] = "goodbye"
     rank: int
@@ -286,11 +288,18 @@ class Goodbye:
 
 
 FAILED = "failed: "  # a goodbye's reason when the rank's training raised: "failed: RuntimeError: ..."
+INTERRUPTED = "interrupted: "  # when a signal stopped it: "interrupted: SIGTERM" (``stop_signals``)
 
 
 def failure_of(reason: str) -> str | None:
-    """What a goodbye's ``reason`` says the rank's training raised, or None where it finished."""
+    """What a goodbye's ``reason`` says the rank's training raised, or None where it did not."""
     return reason.removeprefix(FAILED) if reason.startswith(FAILED) else None
+
+
+def interruption_of(reason: str) -> str | None:
+    """The signal a goodbye's ``reason`` says stopped the rank from outside, or None where none
+    did. A dashboard older than this reads such a goodbye as *finished*."""
+    return reason.removeprefix(INTERRUPTED) if reason.startswith(INTERRUPTED) else None
 
 
 Message = Hello | StepReport | StepSummary | Heartbeat | DeviceSample | SwitchCommand | SpanRequest | Ack | Goodbye

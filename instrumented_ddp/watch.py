@@ -22,6 +22,7 @@ from torch import nn
 from .device_sampler import DeviceSampler, cuda_device_identity, make_reader
 from .distributed import DistributedContext
 from .protocol import FAILED, Ack, ClientKeys, Hello, StepReport, SwitchCommand
+from .stop_signals import interruption_reason
 from .telemetry import TelemetryPublisher
 from .timeline import NULL_TIMELINE, CudaEventClock, HostClock, NullTimeline, StepTimeline
 
@@ -255,13 +256,14 @@ class Watch:
     @contextmanager
     def sends_failure(self) -> Iterator[None]:
         """Training that fails inside the block (a dead peer fails a collective at once; torchrun
-        then stops the other ranks) still sends what has resolved and a goodbye naming the
-        failure: reports queued for the sender thread would otherwise die with the process, and
-        the dashboard could not tell a rank that failed from one that vanished."""
+        then stops the other ranks), or that a signal stops (``stop_signals``), still sends what
+        has resolved and a goodbye naming the failure or the signal: reports queued for the
+        sender thread would otherwise die with the process, and the dashboard could not tell a
+        rank that failed from one that vanished."""
         try:
             yield
         except BaseException as error:
-            self.close(failure_reason(error), wait_for_pending_s=0.0)
+            self.close(goodbye_reason(error), wait_for_pending_s=0.0)
             raise
 
     @property
@@ -269,7 +271,10 @@ class Watch:
         return self.publisher.dropped if self.publisher is not None else 0
 
 
-def failure_reason(error: BaseException) -> str:
-    """A goodbye's reason for training that raised ``error``: ``failed: Kind: its first line``."""
+def goodbye_reason(error: BaseException) -> str:
+    """A goodbye's reason for training that ended raising ``error``: ``interrupted: SIGTERM`` where
+    a signal stopped it (``stop_signals``), else ``failed: Kind: its first line``."""
+    if (interrupted := interruption_reason(error)) is not None:
+        return interrupted
     text = str(error).strip().splitlines()
     return f"{FAILED}{type(error).__name__}" + (f": {text[0][:200]}" if text else "")

@@ -1115,6 +1115,30 @@ async def test_a_rank_whose_training_failed_reads_failed_and_the_warnings_and_ex
             "ddpwatch fixed-session · 2 ranks · failed · fixed data")
 
 
+async def test_ranks_a_signal_stopped_read_interrupted_not_failed_on_screen_and_in_the_exports() -> None:
+    """Ctrl-C at torchrun: every rank's goodbye says SIGINT. Before, the run read *failed* and the
+    warnings *ERROR: rank 1 failed first … KeyboardInterrupt*, naming a cause where there was none."""
+    ctrl_c = "interrupted: SIGINT (KeyboardInterrupt, Ctrl-C)"
+    messages = [*session_messages(steps=4, goodbye=False), encode(Goodbye(1, 4, ctrl_c), 90, 0), encode(Goodbye(0, 4, ctrl_c), 90, 0)]
+    session = Session()
+    ingest(session, messages)
+    snapshot = SnapshotBuilder(session).build(now=max(state.last_seen for state in session.ranks.values()))
+    assert [(row.rank, row.status) for row in snapshot.ranks] == [(0, "interrupted"), (1, "interrupted")]
+    line = "ranks 0-1 interrupted after step 4: SIGINT (KeyboardInterrupt, Ctrl-C)"
+    assert line in snapshot.warnings and not any("failed" in warning for warning in snapshot.warnings)
+    data = json.loads(json.dumps(exporters.summary(session)))
+    assert exporters.failed_ranks(data) == {} and data["first_failed_rank"] is None
+    assert exporters.interrupted_ranks(data) == {0: (4, "SIGINT (KeyboardInterrupt, Ctrl-C)"), 1: (4, "SIGINT (KeyboardInterrupt, Ctrl-C)")}
+    markdown = exporters.summary_markdown(data)
+    assert "**Ranks 0-1 interrupted after step 4: SIGINT (KeyboardInterrupt, Ctrl-C)**" in markdown and "ERROR" not in markdown
+    app = DashboardApp(StaticFeed(messages), export_on_exit=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await draw_every_message(app, pilot)
+        text = app.query_one("#header-text")
+        assert text.render_lines(Region(0, 0, text.size.width, 1))[0].text.startswith(
+            "ddpwatch fixed-session · 2 ranks · interrupted · fixed data")
+
+
 def test_the_rank_whose_failure_was_heard_first_is_named_first_on_screen_and_in_the_exports() -> None:
     """Rank 2 of 4 runs out of memory; the others' next collectives fail on the dead peer after
     its goodbye came. Named by arrival, not by rank or by step."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ddpwatch.rank_lists import failed_ranks_lines, rank_runs, ranks_text
+from ddpwatch.rank_lists import failed_ranks_lines, interrupted_ranks_lines, rank_runs, ranks_text
 
 
 def test_consecutive_ranks_collapse_to_runs_whatever_their_order_or_repeats() -> None:
@@ -42,3 +42,14 @@ def test_the_rank_that_failed_first_is_named_first_as_the_cause_of_its_peers_fai
         "rank 0 failed after step 40: RuntimeError: Connection reset by peer"]
     assert failed_ranks_lines(oom, first=3) == ["rank 3 failed after step 41: RuntimeError: CUDA out of memory"]
     assert failed_ranks_lines(peers, first=3) == failed_ranks_lines(peers)  # a first that is not among them: none
+
+
+def test_interrupted_ranks_are_said_in_a_line_per_signal_naming_no_first() -> None:
+    """Ctrl-C at torchrun stops every rank at once: one line, no rank named as a cause."""
+    assert interrupted_ranks_lines({}) == []
+    ctrl_c = "SIGINT (KeyboardInterrupt, Ctrl-C)"
+    assert interrupted_ranks_lines({1: (372, ctrl_c)}) == [f"rank 1 interrupted after step 372: {ctrl_c}"]
+    assert interrupted_ranks_lines({rank: (372 + rank % 2, ctrl_c) for rank in range(6)}) == [
+        f"ranks 0-5 interrupted after steps 372-373: {ctrl_c}"]
+    assert interrupted_ranks_lines({0: (9, "SIGTERM"), 1: (10, "SIGTERM"), 3: (9, "SIGTERM"), 2: (9, ctrl_c)}) == [
+        f"rank 2 interrupted after step 9: {ctrl_c}", "ranks 0-1, 3 interrupted after steps 9-10: SIGTERM"]

@@ -55,6 +55,7 @@ class HeaderData:
     switchable: bool = True  # False: a run ddpwatch did not start (``attach``), whose loop cannot re-wrap
     finished: bool = False  # every rank said goodbye: the run is over, whatever step is shown
     failed: bool = False  # a rank's goodbye said its training raised (``Session.failed_ranks``)
+    interrupted: bool = False  # ... or that a signal stopped it (``Session.interrupted_ranks``)
 
 
 @dataclass(frozen=True)
@@ -323,7 +324,7 @@ class SnapshotBuilder:
         eta = (total - done) * step_s if step_s and total else None
         return HeaderData(session.session_id or "waiting for a run…", session.world_size, strategy, settings,
                           step or 0, total, eta, rate, following, hello.switchable if hello else True, session.finished,
-                          bool(session.failed_ranks))
+                          bool(session.failed_ranks), bool(session.interrupted_ranks))
 
     def _recent_rate(self, trend: list[StepSummary], now: float, window: int = RATE_STEPS) -> tuple[float | None, float | None]:
         """Global samples/s and seconds per step over the last ``window`` complete steps (None and

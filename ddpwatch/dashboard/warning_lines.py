@@ -15,13 +15,14 @@ from collections import Counter
 
 from ddpwatch.compact import StepSet
 from ddpwatch.metrics import ONE_RANK_NOTE
-from ddpwatch.rank_lists import FEW_RANKS, failed_ranks_lines, ranks_text, runs_text
+from ddpwatch.rank_lists import FEW_RANKS, failed_ranks_lines, interrupted_ranks_lines, ranks_text, runs_text
 from ddpwatch.session import Session
 
 
 def lost_rank_lines(session: Session, heard: float) -> list[str]:
     """A line per rank silent past ``LOST_AFTER_S`` at ``heard``, or one line for many; then the
-    ranks whose goodbye said their training failed, and why (``rank_lists.failed_ranks_lines``)."""
+    ranks whose goodbye said their training failed, and why (``rank_lists.failed_ranks_lines``),
+    and those a signal stopped (``rank_lists.interrupted_ranks_lines``)."""
     silent = {rank: heard - state.last_seen for rank, state in sorted(session.ranks.items())
               if session.status(rank, heard) == "lost"}
     if len(silent) <= FEW_RANKS:
@@ -29,7 +30,8 @@ def lost_rank_lines(session: Session, heard: float) -> list[str]:
     else:
         lines = [f"{len(silent)} ranks lost: nothing heard from them for {min(silent.values()):.0f}-"
                  f"{max(silent.values()):.0f} s: ranks {ranks_text(silent)}"]
-    return lines + failed_ranks_lines(session.failed_ranks, session.first_failed_rank)
+    return (lines + failed_ranks_lines(session.failed_ranks, session.first_failed_rank)
+            + interrupted_ranks_lines(session.interrupted_ranks))
 
 
 def reporting_fault_lines(session: Session) -> list[str]:

@@ -36,9 +36,10 @@ class HeaderBar(Horizontal):
         recorded without its goodbyes (a demo quit, a job killed) read "live" there, with the ETA
         the run had when the recording stopped, as if it still trained: it reads "ended", no ETA."""
         # "live" on a run that had ended read as a run still going; the ranks table alone said "finished"
-        mode = ("paused" if not data.following else "failed" if data.failed else "finished" if data.finished
-                else "ended" if source_ended else "live")  # failed: a rank's training raised (the warnings say what)
-        eta = None if mode == "ended" else data.eta_s
+        mode = ("paused" if not data.following else "failed" if data.failed else "interrupted" if data.interrupted
+                else "finished" if data.finished else "ended" if source_ended
+                else "live")  # failed: a rank's training raised; interrupted: a signal stopped one (the warnings say)
+        eta = None if mode in ("ended", "failed", "interrupted") else data.eta_s  # a run that will not go on
         settings = f" ({data.settings})" if data.settings else ""
         # Its own line: at the end of the second line an attached run's notice was cut at 160
         # columns, and on the first, after the session's name, at 120-151 and under 112.

@@ -12,24 +12,40 @@ cause where the user had only pressed Ctrl-C.
 thread, so the loop unwinds as it does on Ctrl-C and the exit handlers send the goodbye; the
 process still exits at once, with the shell's code for the signal (143). It is installed only
 where SIGTERM has its default action: a script that handles SIGTERM itself (a checkpoint on
-preemption) keeps its own handler. ``interruption_reason`` is what the goodbye then says.
+preemption) keeps its own handler. Where the process is already ending (an exception being
+handled, or its exit handlers running) the signal is noted, not raised: raised there, it would cut
+off the goodbye being sent. Noted in an exception's handling, it is sent again two seconds later
+and then raised wherever it lands (the exit handlers aside): an ``except`` block of a loop that
+went on is not left to ignore it. A child forked from the process (a DataLoader worker, which torchrun's stop
+reaches through the process group) gets the default action back as it starts: it has no loop to
+unwind. Once stopped, the process drops a Python SIGCHLD handler (the DataLoader's, which raised
+*worker … is killed by signal* in the middle of the goodbye as the same stop killed its workers).
+
+``interruption_reason`` is what the goodbye then says: a rank blocked in a collective when the
+stop came may see its peer leave first, and fail, before its own handler runs; the stop is still
+what ended it.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 from types import FrameType
 
 from .protocol import INTERRUPTED
 
-#: The process that installed the handler: a child forked from it (a DataLoader worker, which
-#: torchrun's stop reaches too, through the process group) inherits the handler but not the loop.
+RAISE_AGAIN_AFTER_S = 2.0  # a stop noted while an exception was handled: time for its goodbye
+
+#: The process that installed the handler: a child forked from it inherits the handler but not
+#: the loop.
 _installed_in: int | None = None
+_fork_hook_registered = False
 #: The signal that stopped this process, once one did: the exit handlers read it (``SystemExit``
 #: never reaches ``sys.excepthook``).
 received: StoppedBySignal | None = None
+_deferred: list[int] = []  # a stop noted, not raised, while an exception was handled: the next one raises
 
 
 class StoppedBySignal(SystemExit):
@@ -41,26 +57,41 @@ class StoppedBySignal(SystemExit):
         self.signal_name = signal.Signals(signum).name
 
 
-def interruption_reason(error: BaseException) -> str | None:
-    """A goodbye's reason where ``error`` is a stop from outside: ``interrupted: SIGTERM``,
-    ``interrupted: SIGINT (KeyboardInterrupt, Ctrl-C)``; None for anything else."""
-    if isinstance(error, StoppedBySignal):
-        return f"{INTERRUPTED}{error.signal_name}"
-    if isinstance(error, KeyboardInterrupt):
-        return f"{INTERRUPTED}SIGINT (KeyboardInterrupt, Ctrl-C)"
-    return None
+def interruption_reason(error: BaseException | None) -> str | None:
+    """A goodbye's reason where a stop from outside ended the run, as ``interrupted: SIGTERM`` or
+    ``interrupted: SIGINT (KeyboardInterrupt, Ctrl-C)``: the stop is in ``error``'s chain (what
+    a stop's unwinding raised, or what it was raised while handling), or this process's handler
+    noted one (``received``); None where no stop did."""
+    for link in exception_chain(error) if error is not None else []:
+        if isinstance(link, StoppedBySignal):
+            return f"{INTERRUPTED}{link.signal_name}"
+        if isinstance(link, KeyboardInterrupt):
+            return f"{INTERRUPTED}SIGINT (KeyboardInterrupt, Ctrl-C)"
+    return f"{INTERRUPTED}{received.signal_name}" if received is not None else None
+
+
+def exception_chain(error: BaseException) -> list[BaseException]:
+    """``error`` and the exceptions it was raised while handling, newest first (``__context__``,
+    which ``raise … from`` sets too), each once."""
+    chain = [error]
+    while (earlier := chain[-1].__context__) is not None and all(earlier is not seen for seen in chain):
+        chain.append(earlier)
+    return chain
 
 
 def stop_on_sigterm() -> bool:
     """Install the SIGTERM handler where SIGTERM has its default action and this is the main
     thread (the only one Python lets set a handler); whether it is installed now."""
-    global _installed_in
+    global _installed_in, _fork_hook_registered
     if _installed_in == os.getpid() and signal.getsignal(signal.SIGTERM) is _stop:
         return True
     if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
         return False
     signal.signal(signal.SIGTERM, _stop)
     _installed_in = os.getpid()
+    if not _fork_hook_registered:  # registered once for the process's life: it cannot be removed
+        os.register_at_fork(after_in_child=_default_in_child)
+        _fork_hook_registered = True
     return True
 
 
@@ -74,11 +105,36 @@ def default_on_sigterm() -> None:
         _installed_in = None
 
 
+def _default_in_child() -> None:
+    """Run in a forked child as it starts: SIGTERM kills it again, at once."""
+    if signal.getsignal(signal.SIGTERM) is _stop:
+        try:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        except ValueError:  # forked from a thread Python does not count as the child's main one
+            pass
+
+
+def _children_end_too(_signum: int, _frame: FrameType | None) -> None:
+    """SIGCHLD once the process is stopped: nothing to do. A Python handler still (where the
+    default action went in, a SIGCHLD already pending printed *Signal 17 ignored due to race
+    condition*)."""
+
+
 def _stop(signum: int, _frame: FrameType | None) -> None:
     global received
-    if os.getpid() != _installed_in:  # a forked child: die of the signal, as it would have
+    if os.getpid() != _installed_in:  # a child that kept the handler: die of the signal, as it would have
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
         return
     received = StoppedBySignal(signum)
+    if callable(signal.getsignal(signal.SIGCHLD)):  # the process ends: its children's deaths are expected
+        signal.signal(signal.SIGCHLD, _children_end_too)
+    if not threading.main_thread().is_alive():  # the exit handlers run (the goodbye among them)
+        return
+    if sys.exc_info()[1] is not None and not _deferred:  # an exception is being handled: ending the process, or not
+        _deferred.append(signum)
+        again = threading.Timer(RAISE_AGAIN_AFTER_S, os.kill, (os.getpid(), signum))
+        again.daemon = True
+        again.start()
+        return
     raise received

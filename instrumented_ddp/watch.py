@@ -273,7 +273,8 @@ class Watch:
 
 def goodbye_reason(error: BaseException) -> str:
     """A goodbye's reason for training that ended raising ``error``: ``interrupted: SIGTERM`` where
-    a signal stopped it (``stop_signals``), else ``failed: Kind: its first line``."""
+    a signal stopped it (``stop_signals.interruption_reason``), else ``failed: Kind: its first
+    line``."""
     if (interrupted := interruption_reason(error)) is not None:
         return interrupted
     text = str(error).strip().splitlines()

@@ -19,10 +19,13 @@ from instrumented_ddp.watch import goodbye_reason
 def default_sigterm(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """SIGTERM at its default action before and after the test, whatever it installs."""
     previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    previous_sigchld = signal.getsignal(signal.SIGCHLD)
     monkeypatch.setattr(stop_signals, "_installed_in", None)
     monkeypatch.setattr(stop_signals, "received", None)
+    monkeypatch.setattr(stop_signals, "_deferred", [])
     yield
     signal.signal(signal.SIGTERM, previous)
+    signal.signal(signal.SIGCHLD, previous_sigchld)
 
 
 def wait_for_a_signal(seconds: float = 30.0) -> None:
@@ -38,6 +41,33 @@ def test_a_signal_is_an_interruption_and_anything_else_a_failure() -> None:
     assert goodbye_reason(RuntimeError("Connection reset by peer\nmore")) == "failed: RuntimeError: Connection reset by peer"
     assert goodbye_reason(SystemExit(3)) == "failed: SystemExit: 3"  # a script's own exit is not a signal
     assert interruption_reason(RuntimeError()) is None
+
+
+def raised_while_handling(first: BaseException, then: BaseException) -> BaseException:
+    try:
+        try:
+            raise first
+        except BaseException:
+            raise then
+    except BaseException as error:
+        return error
+
+
+def test_a_stop_anywhere_in_the_chain_or_noted_by_the_handler_is_what_ended_the_run(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stop unwinds the loop, and what is raised on the way (a DataLoader whose workers the same
+    stop killed: *worker … is killed by signal*) is its consequence; a rank blocked in a collective
+    when Ctrl-C came sees its peer leave first, and fails, before its own interrupt is raised; a
+    rank whose SIGTERM landed while it already failed notes it (``received``)."""
+    monkeypatch.setattr(stop_signals, "received", None)
+    killed_worker = RuntimeError("DataLoader worker (pid 9568) is killed by signal: Terminated.")
+    peer_left = RuntimeError("[../gloo/transport/tcp/pair.cc:553] Connection closed by peer")
+    assert goodbye_reason(raised_while_handling(StoppedBySignal(signal.SIGTERM), killed_worker)) == "interrupted: SIGTERM"
+    assert goodbye_reason(raised_while_handling(peer_left, KeyboardInterrupt())) == (
+        "interrupted: SIGINT (KeyboardInterrupt, Ctrl-C)")
+    assert goodbye_reason(peer_left) == f"failed: RuntimeError: {peer_left}"
+    monkeypatch.setattr(stop_signals, "received", StoppedBySignal(signal.SIGTERM))
+    assert goodbye_reason(peer_left) == "interrupted: SIGTERM"
 
 
 def test_sigterm_raises_in_the_main_thread_with_the_shells_exit_code(default_sigterm: None) -> None:
@@ -73,21 +103,64 @@ def test_no_handler_is_set_outside_the_main_thread(default_sigterm: None) -> Non
     assert installed == [False] and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
 
 
-def test_a_forked_child_still_dies_of_sigterm(default_sigterm: None) -> None:
-    """A DataLoader worker inherits the handler, and torchrun's stop reaches it through the
-    process group: it has no loop to unwind, and dies of the signal as it would have."""
+def test_a_forked_child_dies_of_sigterm_at_once(default_sigterm: None) -> None:
+    """A DataLoader worker, which torchrun's stop reaches through the process group, has no loop
+    to unwind: it starts with SIGTERM's default action back, and dies at once, in the middle of
+    work in C (with the handler inherited it lived on until that work returned: its parent's
+    DataLoader then raised as the parent exited)."""
     stop_on_sigterm()
     ready, told = os.pipe()
     child = os.fork()
     if child == 0:  # the child: wait to be stopped
         try:
             os.write(told, b"1")  # a signal in the instant after fork is dropped by Python: sent after this
-            wait_for_a_signal()
+            sum(range(10**10))  # minutes in C, as a worker collating a batch: a Python handler runs only after
         finally:
             os._exit(7)  # reached only if the signal raised here instead of killing
     assert os.read(ready, 1) == b"1"
     os.close(ready)
     os.close(told)
+    sent = time.monotonic()
     os.kill(child, signal.SIGTERM)
     _, status = os.waitpid(child, 0)
-    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM and time.monotonic() - sent < 10
+    assert signal.getsignal(signal.SIGTERM) is stop_signals._stop  # the parent's stays
+
+
+def test_a_stop_while_an_exception_is_handled_is_noted_then_raised_once_the_loop_goes_on(default_sigterm: None) -> None:
+    """Raised inside an ``except`` block, it would cut off the goodbye a failing rank is sending
+    (``Watch.sends_failure``); but a loop that handled an exception and went on must still stop."""
+    stop_on_sigterm()
+    try:
+        raise RuntimeError("Connection closed by peer")
+    except RuntimeError:
+        os.kill(os.getpid(), signal.SIGTERM)
+        wait_for_a_signal(0.3)  # noted, not raised
+    assert isinstance(stop_signals.received, StoppedBySignal)
+    noted = time.monotonic()
+    with pytest.raises(StoppedBySignal):
+        wait_for_a_signal(10)
+    assert stop_signals.RAISE_AGAIN_AFTER_S - 0.5 < time.monotonic() - noted < stop_signals.RAISE_AGAIN_AFTER_S + 2
+
+
+def test_a_stop_during_the_exit_handlers_is_noted_not_raised(default_sigterm: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """By then the interpreter counts the main thread as stopped, and the goodbye is being sent."""
+    stop_on_sigterm()
+    monkeypatch.setattr(threading, "main_thread", lambda: threading.Thread())  # not started: not alive
+    os.kill(os.getpid(), signal.SIGTERM)
+    wait_for_a_signal(0.3)
+    assert isinstance(stop_signals.received, StoppedBySignal)
+
+
+def test_a_stopped_process_drops_a_python_sigchld_handler(default_sigterm: None) -> None:
+    """A DataLoader's raises when a worker dies; the same stop kills its workers, and it raised in
+    the middle of the goodbye (*Exception ignored in atexit callback … worker … is killed by signal*)."""
+    def dataloader_handler(signum: int, frame: object) -> None:
+        raise RuntimeError("DataLoader worker (pid 9568) is killed by signal: Terminated.")
+
+    signal.signal(signal.SIGCHLD, dataloader_handler)
+    stop_on_sigterm()
+    with pytest.raises(StoppedBySignal):
+        os.kill(os.getpid(), signal.SIGTERM)
+        wait_for_a_signal()
+    assert signal.getsignal(signal.SIGCHLD) is stop_signals._children_end_too

@@ -5,7 +5,7 @@ from __future__ import annotations
 import signal
 import sys
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,7 +71,10 @@ def record(
     to record, one after another, from the same address (a process that trains more than once:
     a Trainer's second ``train()``, ``hyperparameter_search``'s trials); a run that begins once
     the one before is over gets a session of its own, as on the dashboard, and the one before's
-    exports go in a folder named after it, beside the last run's. Returns the last run's."""
+    exports go in a folder named after it, beside the last run's. A run whose every goodbye says
+    its process trains again (``Session.trains_again``: a Trainer begun again after running out
+    of memory) is followed the same way, and not counted: the recording is of the training that
+    came of it. Returns the last run's."""
     session = Session()
     runs_left = runs  # this one included
     receiver = TelemetryReceiver(listen, max_message_bytes, keys)
@@ -98,12 +101,17 @@ def record(
                     if isinstance(envelope, ProtocolError):
                         session.reject(envelope.category)
                         continue
-                    if runs_left > 1 and (next_run := session.next_run(envelope.message, time.monotonic(), run)):
-                        runs_left -= 1
+                    if ((runs_left > 1 or session.trains_again)
+                            and (next_run := session.next_run(envelope.message, time.monotonic(), run))):
+                        again = session.trains_again  # the same training begun again: not one of the runs asked for
+                        if not again:
+                            runs_left -= 1
                         folder = out_dir / (session.session_id or "run")
                         paths = write_exports(session, folder)
-                        log(f"{command}: run {session.session_id} is over; its exports are in {folder} "
-                            f"({', '.join(p.name for p in paths.values())}); now recording run {next_run}")
+                        why = Counter(state.goodbye.reason for state in session.ranks.values()).most_common(1)[0][0] if again else ""
+                        log(f"{command}: run {session.session_id} is over{f', and trains again ({why})' if again else ''}; "
+                            f"its exports are in {folder} ({', '.join(p.name for p in paths.values())}); "
+                            f"now recording run {next_run}")
                         session = Session()
                     if session.ingest(envelope, run=run) is None:
                         relay.note(peer, envelope)
@@ -113,7 +121,8 @@ def record(
             relay.tick()
             requester.tick()
             writer.flush_if_due()
-            reason = stop_requested[0] if stop_requested else rule.reached(session, started, last_message, runs_left > 1)
+            reason = stop_requested[0] if stop_requested else rule.reached(session, started, last_message,
+                                                                           runs_left > 1 or session.trains_again)
             if reason is None and drive is not None:
                 reason = drive(session, relay)
     finally:

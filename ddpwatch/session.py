@@ -605,6 +605,12 @@ class Session:
         ranks = [self.ranks.get(r) for r in range(self.world_size)]
         return bool(ranks) and all(r is not None and r.goodbye is not None for r in ranks)
 
+    @property
+    def trains_again(self) -> bool:
+        """Every rank said goodbye saying its process trains again at once, a run of its own
+        (``Goodbye.trains_again``: a Trainer begun again after running out of memory)."""
+        return self.finished and all(state.goodbye is not None and state.goodbye.trains_again for state in self.ranks.values())
+
     def is_another_run(self, hello: Hello) -> bool:
         """A hello of a run other than the one this session holds (its ranks carry another session id)."""
         return bool(self.session_id) and hello.session != self.session_id

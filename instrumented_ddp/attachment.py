@@ -417,9 +417,10 @@ class Attachment:
     def publisher(self) -> Any:
         return self.watch.publisher
 
-    def detach(self, reason: str = "finished") -> None:
-        """Remove the hooks and say goodbye. DDP keeps its communication hook (it cannot drop
-        one), which goes on averaging as DDP's default does, untimed. Safe to call twice."""
+    def detach(self, reason: str = "finished", trains_again: bool = False) -> None:
+        """Remove the hooks and say goodbye (``trains_again``: the loop begins again at once, a run
+        of its own). DDP keeps its communication hook (it cannot drop one), which goes on
+        averaging as DDP's default does, untimed. Safe to call twice."""
         if not self._handles:
             return
         for handle in self._handles:
@@ -434,7 +435,7 @@ class Attachment:
             sys.excepthook = self._previous_excepthook
         if self._stops_on_sigterm and not _ADDRESSES_IN_USE:  # the last attachment: SIGTERM kills again
             stop_signals.default_on_sigterm()
-        self.watch.close(reason)
+        self.watch.close(reason, trains_again=trains_again)
 
     def _note_uncaught(self, kind: type[BaseException], error: BaseException, trace: TracebackType | None) -> None:
         """Python's hook for an exception no one caught, which runs before the exit's: the loop

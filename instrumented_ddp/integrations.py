@@ -71,7 +71,7 @@ class DDPWatchCallback(TrainerCallback):
             raise AttachError("DDPWatchCallback: it needs the Trainer, whose DDP model the callbacks are not given: "
                               "trainer.add_callback(DDPWatchCallback(trainer, address=...))")
         if self.attachment is not None:  # the train() it was attached for raised, and training begins again
-            self.attachment.detach(begun_again_because(args, state))
+            self.attachment.detach(begun_again_because(args, state), trains_again=True)  # a recorder goes on to it
             self.attachment = None
         wrapped = compiled_module(getattr(self.trainer, "model_wrapped", None))  # under torch_compile
         if not isinstance(wrapped, DistributedDataParallel) and not is_fsdp2(wrapped):

@@ -285,6 +285,9 @@ class Goodbye:
     rank: int
     steps: int
     reason: str = "finished"
+    #: The process trains again at once, a run of its own (a Trainer under ``auto_find_batch_size``
+    #: begun again after running out of memory): a recorder goes on to it.
+    trains_again: bool = False
 
 
 FAILED = "failed: "  # a goodbye's reason when the rank's training raised: "failed: RuntimeError: ..."
@@ -473,7 +476,7 @@ _FIELD_TYPES: dict[str, Any] = {
     "node_rank": int, "local_rank": int, "step": int, "samples": int, "tokens": int, "steps": int,
     "grad_accum": (int, type(None)), "session": str, "host": str, "device": str, "backend": str, "strategy": str,
     "command_id": str, "reason": str, "detail": str, "kind": str, "start": float, "end": float, "time": float,
-    "loss": (float, type(None)), "bucket_mb": (float, type(None)), "excluded": bool, "unresolved": bool, "update_skipped": bool, "compiling": bool, "applied": bool,
+    "loss": (float, type(None)), "bucket_mb": (float, type(None)), "excluded": bool, "unresolved": bool, "update_skipped": bool, "compiling": bool, "applied": bool, "trains_again": bool,
     "device_note": str, "unresolved_reason": str, "untimed_collectives": int, "nograd_forwards": int, "paused_s": float, "paused_for": str, "pausing": str, "switchable": bool, "compute_pct": float, "non_compute_pct": float, "idle_pct": float, "overlap_pct": float,
     "comm_overhead_pct": float, "anchor": (float, type(None)), "busbw_gbps": (float, type(None)),
     "all_reduce_tags": list, "all_reduce_seconds": bytes, "all_reduce_starts": bytes, "algbw_gbps": bytes, "full": bool, "sample_every": int,

@@ -98,9 +98,9 @@ class TelemetryPublisher:
         except queue.Full:
             self.dropped += 1
 
-    def close(self, steps: int, reason: str = "finished", timeout_s: float = 1.0) -> None:
+    def close(self, steps: int, reason: str = "finished", timeout_s: float = 1.0, trains_again: bool = False) -> None:
         """Say goodbye, give the sender up to ``timeout_s`` to drain, then drop what is left."""
-        self.publish(Goodbye(self.hello.rank, steps, reason))
+        self.publish(Goodbye(self.hello.rank, steps, reason, trains_again))
         try:
             self._queue.put(None, timeout=timeout_s)
         except queue.Full:

@@ -237,9 +237,10 @@ class Watch:
                 self.latest_loss = (report.step, report.loss)
         return reports
 
-    def close(self, reason: str = "finished", wait_for_pending_s: float = 1.0) -> None:
+    def close(self, reason: str = "finished", wait_for_pending_s: float = 1.0, trains_again: bool = False) -> None:
         """Send the steps that resolve within ``wait_for_pending_s`` (the last step's completion
-        callbacks may still be due), then goodbye; the sender gets a second to drain."""
+        callbacks may still be due), then goodbye (``Goodbye.trains_again``: a run of this process
+        follows at once); the sender gets a second to drain."""
         if self.sampler is not None:
             self.sampler.stop()
         if self._announced is not None and wait_for_pending_s > 0:
@@ -251,7 +252,7 @@ class Watch:
             while self.timeline.has_pending() and time.monotonic() < deadline:
                 time.sleep(0.005)
                 self._publish_completed()
-            self.publisher.close(self.steps, reason)
+            self.publisher.close(self.steps, reason, trains_again=trains_again)
 
     @contextmanager
     def sends_failure(self) -> Iterator[None]:

@@ -1088,8 +1088,9 @@ def test_the_trainer_callback_begun_again_after_an_out_of_memory_error_ends_the_
     train(second, optimizer, steps=3)
     callback.on_train_end(args, None, None)
     goodbyes = [m for m in sent if isinstance(m, Goodbye)]
-    assert [(g.steps, g.reason) for g in goodbyes] == [
-        (2, "failed: out of memory: the Trainer began again at a batch of 7 (auto_find_batch_size)"), (3, "finished")]
+    assert [(g.steps, g.reason, g.trains_again) for g in goodbyes] == [
+        (2, "failed: out of memory: the Trainer began again at a batch of 7 (auto_find_batch_size)", True),
+        (3, "finished", False)]
     reports = [m for m in sent if isinstance(m, StepReport)]
     assert [r.step for r in reports] == [1, 2, 1, 2, 3]
     assert all({"forward", "backward", "all_reduce"} <= {s.kind for s in r.spans} for r in reports)

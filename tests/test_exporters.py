@@ -25,7 +25,7 @@ import pytest
 
 from ddpwatch import exporters
 from ddpwatch.session import Session
-from instrumented_ddp.protocol import DeviceSample, Envelope, Hello, Span, StepReport
+from instrumented_ddp.protocol import DeviceSample, Envelope, Goodbye, Hello, Span, StepReport, encode
 
 SETTINGS = {"simple": {"grad_accum": 1}, "bucket": {"grad_accum": 1, "bucket_mb": 25.0}}
 HOSTS = {0: "host-a", 1: "host-b"}
@@ -599,6 +599,31 @@ def test_the_recorder_told_to_record_two_runs_writes_each_and_goes_on_past_the_f
     thread.join()
     assert only.session_id == "fixed-session" and "no message for 1 s" in lines[-1]
     assert json.loads((tmp_path / "one" / "summary.json").read_text())["session"] == "fixed-session"
+
+
+@pytest.mark.timeout(60)
+def test_the_recorder_follows_a_run_whose_goodbyes_say_it_trains_again_without_counting_it(tmp_path: Path) -> None:
+    """A Trainer under ``auto_find_batch_size`` ran out of memory and began again at a smaller
+    batch: ``record`` (one run) stopped at the failed attempt's goodbyes, and the training that
+    came of it went unrecorded unless the user had guessed ``--runs 2``."""
+    from ddpwatch.recorder import StopRule, record
+    from launch import free_port
+    from synthetic_session import hello, session_messages
+
+    oom = "failed: out of memory: the Trainer began again at a batch of 7 (auto_find_batch_size)"
+    second = {rank: replace(hello(rank), session="second-session") for rank in (0, 1)}
+    messages = [*session_messages(steps=3, goodbye=False), *(encode(Goodbye(rank, 3, oom, trains_again=True), 90, 0) for rank in (0, 1)),
+                *session_messages(steps=4, hellos=second)]
+    address = f"tcp://127.0.0.1:{free_port()}"
+    thread = _send_later(address, messages)
+    lines: list[str] = []
+    last = record(address, tmp_path, StopRule(idle_exit_s=10.0), log=lines.append)
+    thread.join()
+    assert last.session_id == "second-session" and sorted(last.reports) == [1, 2, 3, 4] and "every rank said goodbye" in lines[-1]
+    assert lines[1].startswith(f"ddpwatch record: run fixed-session is over, and trains again ({oom}); its exports are in "
+                               f"{tmp_path / 'fixed-session'}")
+    first = json.loads((tmp_path / "fixed-session" / "summary.json").read_text())
+    assert [rank["goodbye"]["reason"] for rank in first["ranks"]] == [oom, oom]
 
 
 def test_trace_puts_every_collective_kind_in_the_communication_lane() -> None:

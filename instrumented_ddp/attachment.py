@@ -71,11 +71,11 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from . import stop_signals
 from .ddp_timing import DDPTiming
 from .distributed import DistributedContext
 from .issued_collectives import IssuedCollectives
 from .memory import MemorySampler
-from . import stop_signals
 from .protocol import DEFAULT_ADDRESS, NOT_SWITCHABLE, address_problem, is_loopback, load_client_keys
 from .watch import Watch, goodbye_reason, parameter_layout
 

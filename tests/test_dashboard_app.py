@@ -1093,6 +1093,15 @@ def test_a_few_lost_ranks_are_warned_of_one_by_one_and_many_in_one_line(world_si
         assert lost == ["6 ranks lost: nothing heard from them for 10-10 s: ranks 0-5"]
 
 
+async def header_first_line(messages: list[bytes]) -> str:
+    """The header's first line once every message is drawn (the run's state is in it)."""
+    app = DashboardApp(StaticFeed(messages), export_on_exit=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await draw_every_message(app, pilot)
+        text = app.query_one("#header-text")
+        return text.render_lines(Region(0, 0, text.size.width, 1))[0].text
+
+
 async def test_a_rank_whose_training_failed_reads_failed_and_the_warnings_and_exports_say_why() -> None:
     """Its goodbye names the failure (``Watch.sends_failure``): the ranks table and the header read
     *finished*, and nothing on screen or in the files said it."""
@@ -1107,12 +1116,7 @@ async def test_a_rank_whose_training_failed_reads_failed_and_the_warnings_and_ex
     assert exporters.failed_ranks(json.loads(json.dumps(data))) == {1: (3, "RuntimeError: Connection reset by peer")}
     assert data["first_failed_rank"] == 1
     assert "**ERROR: rank 1 failed after step 3: RuntimeError: Connection reset by peer**" in exporters.summary_markdown(data)
-    app = DashboardApp(StaticFeed(messages), export_on_exit=False)
-    async with app.run_test(size=(120, 40)) as pilot:
-        await draw_every_message(app, pilot)
-        text = app.query_one("#header-text")
-        assert text.render_lines(Region(0, 0, text.size.width, 1))[0].text.startswith(
-            "ddpwatch fixed-session · 2 ranks · failed · fixed data")
+    assert (await header_first_line(messages)).startswith("ddpwatch fixed-session · 2 ranks · failed · fixed data")
 
 
 async def test_ranks_a_signal_stopped_read_interrupted_not_failed_on_screen_and_in_the_exports() -> None:
@@ -1131,12 +1135,7 @@ async def test_ranks_a_signal_stopped_read_interrupted_not_failed_on_screen_and_
     assert exporters.interrupted_ranks(data) == {0: (4, "SIGINT (KeyboardInterrupt, Ctrl-C)"), 1: (4, "SIGINT (KeyboardInterrupt, Ctrl-C)")}
     markdown = exporters.summary_markdown(data)
     assert "**Ranks 0-1 interrupted after step 4: SIGINT (KeyboardInterrupt, Ctrl-C)**" in markdown and "ERROR" not in markdown
-    app = DashboardApp(StaticFeed(messages), export_on_exit=False)
-    async with app.run_test(size=(120, 40)) as pilot:
-        await draw_every_message(app, pilot)
-        text = app.query_one("#header-text")
-        assert text.render_lines(Region(0, 0, text.size.width, 1))[0].text.startswith(
-            "ddpwatch fixed-session · 2 ranks · interrupted · fixed data")
+    assert (await header_first_line(messages)).startswith("ddpwatch fixed-session · 2 ranks · interrupted · fixed data")
 
 
 def test_the_rank_whose_failure_was_heard_first_is_named_first_on_screen_and_in_the_exports() -> None:

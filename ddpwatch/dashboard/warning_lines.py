@@ -21,8 +21,7 @@ from ddpwatch.session import Session
 
 def lost_rank_lines(session: Session, heard: float) -> list[str]:
     """A line per rank silent past ``LOST_AFTER_S`` at ``heard``, or one line for many; then the
-    ranks whose goodbye said their training failed, and why (``rank_lists.failed_ranks_lines``),
-    and those a signal stopped (``rank_lists.interrupted_ranks_lines``)."""
+    ranks whose goodbye said their training failed, and why (``rank_lists.failed_ranks_lines``)."""
     silent = {rank: heard - state.last_seen for rank, state in sorted(session.ranks.items())
               if session.status(rank, heard) == "lost"}
     if len(silent) <= FEW_RANKS:
@@ -30,8 +29,7 @@ def lost_rank_lines(session: Session, heard: float) -> list[str]:
     else:
         lines = [f"{len(silent)} ranks lost: nothing heard from them for {min(silent.values()):.0f}-"
                  f"{max(silent.values()):.0f} s: ranks {ranks_text(silent)}"]
-    return (lines + failed_ranks_lines(session.failed_ranks, session.first_failed_rank)
-            + interrupted_ranks_lines(session.interrupted_ranks))
+    return lines + failed_ranks_lines(session.failed_ranks, session.first_failed_rank)
 
 
 def reporting_fault_lines(session: Session) -> list[str]:
@@ -72,11 +70,14 @@ def reporting_fault_lines(session: Session) -> list[str]:
 
 
 def note_lines(session: Session, heard: float) -> list[str]:
-    """Not faults: steps whose optimizer update was skipped, steps in which torch.compile
-    compiled, ranks whose steps stopped while the others' went on, reports that came late
-    (heartbeats run ahead of reports still resolving), why a rank's device readings are not what
-    its device suggests; a run of one rank, whose figures of communication are empty."""
-    lines = [ONE_RANK_NOTE] if session.world_size == 1 else []
+    """Not faults: ranks a signal stopped (Ctrl-C, a SIGTERM: ``rank_lists.interrupted_ranks_lines``),
+    steps whose optimizer update was skipped, steps in which torch.compile compiled, ranks whose
+    steps stopped while the others' went on, reports that came late (heartbeats run ahead of
+    reports still resolving), why a rank's device readings are not what its device suggests; a
+    run of one rank, whose figures of communication are empty."""
+    lines = interrupted_ranks_lines(session.interrupted_ranks)
+    if session.world_size == 1:
+        lines.append(ONE_RANK_NOTE)
     if session.skipped_updates:
         lines.append(skipped_updates_text(session.skipped_updates))
     if session.compiling_steps:

@@ -49,7 +49,7 @@ class RecordingDist:
 def _watch_on_rank(rank: int, fake: RecordingDist, monkeypatch: pytest.MonkeyPatch) -> Watch:
     monkeypatch.setattr(watch_module, "dist", fake)
     watch = Watch(timeline=SimpleNamespace(completed_reports=list, has_pending=lambda: False))
-    watch.publisher = SimpleNamespace(commands=queue.Queue(), publish=lambda message: None, close=lambda *a: None,
+    watch.publisher = SimpleNamespace(commands=queue.Queue(), publish=lambda message: None, close=lambda *a, **k: None,
                                       connected=True)  # a dashboard is connected: see the test of spacing without one
     watch._control = control_group()
     return watch
@@ -193,7 +193,7 @@ def test_a_failure_inside_training_sends_what_resolved_and_a_goodbye_naming_it()
     report = StepReport(0, 7, "async", {}, 0.0, 1.0, [], 1, 1)
     pending = [[report]]
     timeline = SimpleNamespace(completed_reports=lambda: pending.pop(0) if pending else [], has_pending=lambda: True)
-    publisher = SimpleNamespace(publish=sent.append, close=lambda steps, reason: closed.append((steps, reason)))
+    publisher = SimpleNamespace(publish=sent.append, close=lambda steps, reason, trains_again: closed.append((steps, reason)))
     watch = Watch(timeline, publisher)
     watch.steps = 6
     started = time.monotonic()

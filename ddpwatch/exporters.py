@@ -25,8 +25,8 @@ import numpy as np
 from ddpwatch import metrics
 from ddpwatch.rank_lists import failed_ranks_lines, interrupted_ranks_lines, rank_runs, runs_text
 from ddpwatch.segment_bars import bars_svg, lengths, segment_bar
-from ddpwatch.session import Session, note_pause_kinds, ranks_left_behind
-from instrumented_ddp.protocol import COMM_KINDS, READY_KIND, StepReport, failure_of, interruption_of
+from ddpwatch.session import Session, goodbyes_saying, note_pause_kinds, ranks_left_behind
+from instrumented_ddp.protocol import COMM_KINDS, READY_KIND, Goodbye, StepReport, failure_of, interruption_of
 
 __all__ = ["chrome_trace", "clock_offsets", "summary", "summary_csv", "summary_markdown", "summary_svg", "write_exports"]
 
@@ -153,14 +153,18 @@ def _row(seg: dict[str, Any], digits: int | None) -> list[Any]:
 def failed_ranks(summary: dict[str, Any]) -> dict[int, tuple[int, str]]:
     """``Session.failed_ranks`` read back from a summary's ranks (one written before they carried
     their goodbye has none)."""
-    return {rank["rank"]: (rank["goodbye"]["steps"], why) for rank in summary.get("ranks", [])
-            if (why := failure_of((rank.get("goodbye") or {}).get("reason", ""))) is not None}
+    return goodbyes_saying(failure_of, summary_goodbyes(summary))
 
 
 def interrupted_ranks(summary: dict[str, Any]) -> dict[int, tuple[int, str]]:
     """``Session.interrupted_ranks`` read back from a summary's ranks."""
-    return {rank["rank"]: (rank["goodbye"]["steps"], signal) for rank in summary.get("ranks", [])
-            if (signal := interruption_of((rank.get("goodbye") or {}).get("reason", ""))) is not None}
+    return goodbyes_saying(interruption_of, summary_goodbyes(summary))
+
+
+def summary_goodbyes(summary: dict[str, Any]) -> list[tuple[int, Goodbye | None]]:
+    """Each rank of a summary and its goodbye, where it said one."""
+    return [(rank["rank"], Goodbye(rank["rank"], said["steps"], said.get("reason", "finished")) if (said := rank.get("goodbye")) else None)
+            for rank in summary.get("ranks", [])]
 
 
 def summary_markdown(summary: dict[str, Any]) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import bisect
 import time
 from collections import Counter, defaultdict, deque
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
@@ -133,6 +133,14 @@ def short_strategy_label(strategy: str, settings: Mapping[str, Any]) -> str:
     if "replicas" in settings:
         words.append(f"{settings['replicas']} replicas")
     return " ".join(words)
+
+
+def goodbyes_saying(said: Callable[[str], str | None], goodbyes: Iterable[tuple[int, Goodbye | None]]
+                    ) -> dict[int, tuple[int, str]]:
+    """``{rank: (steps done, what)}`` for each goodbye whose reason ``said`` reads (``failure_of``,
+    ``interruption_of``), by rank: the session's and a summary's goodbyes alike."""
+    return {rank: (goodbye.steps, what) for rank, goodbye in sorted(goodbyes, key=lambda pair: pair[0])
+            if goodbye is not None and (what := said(goodbye.reason)) is not None}
 
 
 def ranks_left_behind(last_steps: Mapping[int, int]) -> dict[int, int]:
@@ -651,15 +659,13 @@ class Session:
     @property
     def failed_ranks(self) -> dict[int, tuple[int, str]]:
         """Ranks whose goodbye says their training failed: ``{rank: (steps done, why)}``."""
-        return {rank: (state.goodbye.steps, why) for rank, state in sorted(self.ranks.items())
-                if state.goodbye is not None and (why := failure_of(state.goodbye.reason)) is not None}
+        return goodbyes_saying(failure_of, ((rank, state.goodbye) for rank, state in self.ranks.items()))
 
     @property
     def interrupted_ranks(self) -> dict[int, tuple[int, str]]:
         """Ranks whose goodbye says a signal stopped them from outside (Ctrl-C, torchrun's or a
         scheduler's SIGTERM): ``{rank: (steps done, which signal)}``."""
-        return {rank: (state.goodbye.steps, signal) for rank, state in sorted(self.ranks.items())
-                if state.goodbye is not None and (signal := interruption_of(state.goodbye.reason)) is not None}
+        return goodbyes_saying(interruption_of, ((rank, state.goodbye) for rank, state in self.ranks.items()))
 
     def status(self, rank: int, now: float | None = None) -> str:
         """``live``, ``lost`` (nothing heard for ``LOST_AFTER_S``), or, once it said goodbye,

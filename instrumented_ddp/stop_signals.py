@@ -16,10 +16,11 @@ preemption) keeps its own handler. Where the process is already ending (an excep
 handled, or its exit handlers running) the signal is noted, not raised: raised there, it would cut
 off the goodbye being sent. Noted in an exception's handling, it is sent again two seconds later
 and then raised wherever it lands (the exit handlers aside): an ``except`` block of a loop that
-went on is not left to ignore it. A child forked from the process (a DataLoader worker, which torchrun's stop
-reaches through the process group) gets the default action back as it starts: it has no loop to
-unwind. Once stopped, the process drops a Python SIGCHLD handler (the DataLoader's, which raised
-*worker … is killed by signal* in the middle of the goodbye as the same stop killed its workers).
+went on is not left to ignore it. A child forked from the process (a DataLoader worker, which
+torchrun's stop reaches through the process group) gets the default action back as it starts: it
+has no loop to unwind. Once stopped, the process puts a handler that does nothing in place of a
+Python SIGCHLD handler (the DataLoader's, which raised *worker … is killed by signal* in the middle
+of the goodbye as the same stop killed its workers).
 
 ``interruption_reason`` is what the goodbye then says: a rank blocked in a collective when the
 stop came may see its peer leave first, and fail, before its own handler runs; the stop is still

@@ -101,8 +101,9 @@ def record(
                     if isinstance(envelope, ProtocolError):
                         session.reject(envelope.category)
                         continue
-                    if ((runs_left > 1 or session.trains_again)
-                            and (next_run := session.next_run(envelope.message, time.monotonic(), run))):
+                    # next_run first: cheap for a message of this run, where trains_again looks at every rank
+                    if ((next_run := session.next_run(envelope.message, time.monotonic(), run))
+                            and (runs_left > 1 or session.trains_again)):
                         again = session.trains_again  # the same training begun again: not one of the runs asked for
                         if not again:
                             runs_left -= 1

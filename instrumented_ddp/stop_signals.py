@@ -46,7 +46,7 @@ _fork_hook_registered = False
 #: The signal that stopped this process, once one did: the exit handlers read it (``SystemExit``
 #: never reaches ``sys.excepthook``).
 received: StoppedBySignal | None = None
-_deferred: list[int] = []  # a stop noted, not raised, while an exception was handled: the next one raises
+_deferred = False  # a stop was noted, not raised, while an exception was handled: the next one raises
 
 
 class StoppedBySignal(SystemExit):
@@ -122,7 +122,7 @@ def _children_end_too(_signum: int, _frame: FrameType | None) -> None:
 
 
 def _stop(signum: int, _frame: FrameType | None) -> None:
-    global received
+    global received, _deferred
     if os.getpid() != _installed_in:  # a child that kept the handler: die of the signal, as it would have
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
@@ -133,7 +133,7 @@ def _stop(signum: int, _frame: FrameType | None) -> None:
     if not threading.main_thread().is_alive():  # the exit handlers run (the goodbye among them)
         return
     if sys.exc_info()[1] is not None and not _deferred:  # an exception is being handled: ending the process, or not
-        _deferred.append(signum)
+        _deferred = True
         again = threading.Timer(RAISE_AGAIN_AFTER_S, os.kill, (os.getpid(), signum))
         again.daemon = True
         again.start()

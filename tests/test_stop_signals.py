@@ -22,7 +22,7 @@ def default_sigterm(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     previous_sigchld = signal.getsignal(signal.SIGCHLD)
     monkeypatch.setattr(stop_signals, "_installed_in", None)
     monkeypatch.setattr(stop_signals, "received", None)
-    monkeypatch.setattr(stop_signals, "_deferred", [])
+    monkeypatch.setattr(stop_signals, "_deferred", False)
     yield
     signal.signal(signal.SIGTERM, previous)
     signal.signal(signal.SIGCHLD, previous_sigchld)

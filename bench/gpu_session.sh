@@ -13,7 +13,7 @@
 #                                       # 25 and 1 MB: what each strategy holds and what sets its step's peak
 #
 # The machine has torch but not every package ddpwatch needs: wheels carried in .whl/ (pyzmq, datasets,
-# dill, multiprocess for Python 3.12) are installed into /tmp/site first. Logs go to $OUT (the device
+# dill, multiprocess for Python 3.12; bench/gpu_wheels.sh makes them here) are installed into /tmp/site first. Logs go to $OUT (the device
 # tool's folder that comes back), or /tmp/gpu-session elsewhere.
 set -u
 case "${1:-}" in

@@ -11,15 +11,23 @@
 #                                       # after step 10, a pause on CUDA events (its summary names step 11)
 #   bash bench/gpu_session.sh memory    # bench/memory_staircase.py --step-peak on the GPU, 2 ranks sharing it, at
 #                                       # 25 and 1 MB: what each strategy holds and what sets its step's peak
+#   bash bench/gpu_session.sh overhead  # bench/overhead.py at the doctor's training shape for what the doctor does not
+#                                       # run: attach on a user's DDP and on FSDP2 (issue 12's goal, <= 1.02)
+#   bash bench/gpu_session.sh overhead memory   # modes run one after another in one call (not attach: it takes runs)
 #
+# A lent GPU's first call: `bash bench/gpu_wheels.sh` here, then `doctor` (about 340 s on an H200), then
+# `overhead memory` (not yet timed as one call: about 130 s of steps, then two memory runs), each with carry [".whl"].
 # The machine has torch but not every package ddpwatch needs: wheels carried in .whl/ (pyzmq, datasets,
 # dill, multiprocess for Python 3.12; bench/gpu_wheels.sh makes them here) are installed into /tmp/site first. Logs go to $OUT (the device
 # tool's folder that comes back), or /tmp/gpu-session elsewhere.
 set -u
-case "${1:-}" in
-doctor|attach|memory) ;;
-*) echo "usage: bash bench/gpu_session.sh doctor | attach [fsdp2] [hsdp] [ddp-compiled] [hf-ddp] [hf-fsdp] | memory" >&2; exit 2 ;;
-esac
+usage="usage: bash bench/gpu_session.sh doctor | attach [fsdp2] [hsdp] [ddp-compiled] [hf-ddp] [hf-fsdp] | memory | overhead (several of doctor, memory, overhead: in turn)"
+[ $# -gt 0 ] || { echo "$usage" >&2; exit 2; }
+if [ "$1" != attach ]; then
+    for mode in "$@"; do
+        case $mode in doctor|memory|overhead) ;; *) echo "gpu_session: unknown mode $mode; $usage" >&2; exit 2 ;; esac
+    done
+fi
 OUT=${OUT:-/tmp/gpu-session}
 mkdir -p "$OUT"
 if compgen -G ".whl/*.whl" > /dev/null; then
@@ -78,27 +86,35 @@ EOF
     grep -E '^\| [a-z]|^- segment' "$OUT/$label-summary.md"
 }
 
-case "${1:-}" in
-doctor)
-    timeout 420 python3 -m ddpwatch doctor 2>&1 | tee "$OUT/doctor.txt"
-    ;;
-attach)  # attach [fsdp2] [hsdp] [ddp-compiled] [hf-ddp] [hf-fsdp]: the first three when none is named
-    runs=("${@:2}"); [ ${#runs[@]} -eq 0 ] && runs=(fsdp2 hsdp ddp-compiled)
-    for run in "${runs[@]}"; do
-        case $run in
-        fsdp2) attached fsdp2 2 examples/plain_fsdp.py --steps 10 --width 2048 --layers 8 --batch-size 512 ;;
-        hsdp) attached hsdp 4 examples/plain_fsdp.py --steps 10 --width 2048 --layers 8 --batch-size 256 --replicas 2 ;;
-        ddp-compiled) attached ddp-compiled 2 examples/plain_ddp.py --steps 12 --width 2048 --layers 8 --batch-size 512 --compile inductor ;;
-        hf-ddp) AS_LOCAL_RANK_0=1 SAVES_FINAL=1 attached hf-ddp 2 examples/hf_trainer.py --steps 12 --batch-size 64 --eval-every 10 ;;
-        hf-fsdp) SAVES_FINAL=1 attached hf-fsdp 2 examples/hf_trainer.py --steps 12 --batch-size 64 --fsdp --eval-every 10 ;;
-        *) echo "unknown run $run" >&2; exit 2 ;;
+if [ "$1" != attach ]; then
+    for mode in "$@"; do
+        case $mode in
+        doctor)
+            timeout 420 python3 -m ddpwatch doctor 2>&1 | tee "$OUT/doctor.txt"
+            ;;
+        overhead)  # the doctor's training shape (GPU-bound, as a user's step is), 40 steps a mode as on the H100
+            timeout 300 python3 bench/overhead.py --device cuda --ranks 1 --model small --micro-batch 64 --seq-len 512 \
+                --steps 40 --strategies attach,attach-fsdp 2>&1 | tee "$OUT/overhead.txt"
+            ;;
+        memory)  # train.py's rule (init_distributed) lets the two ranks share the GPU
+            for cap in 25 1; do
+                timeout 240 python3 -m torch.distributed.run --standalone --nproc_per_node=2 bench/memory_staircase.py --device cuda \
+                    --hidden 768 --layers 12 --bucket-mb "$cap" --step-peak 2>&1 | grep -v -E '^(W|\[W)[0-9]' | tee "$OUT/memory-$cap-mb.txt"
+            done
+            ;;
         esac
     done
-    ;;
-memory)  # train.py's rule (init_distributed) lets the two ranks share the GPU
-    for cap in 25 1; do
-        timeout 240 python3 -m torch.distributed.run --standalone --nproc_per_node=2 bench/memory_staircase.py --device cuda \
-            --hidden 768 --layers 12 --bucket-mb "$cap" --step-peak 2>&1 | grep -v -E '^(W|\[W)[0-9]' | tee "$OUT/memory-$cap-mb.txt"
-    done
-    ;;
-esac
+    exit 0
+fi
+# attach [fsdp2] [hsdp] [ddp-compiled] [hf-ddp] [hf-fsdp]: the first three when none is named
+runs=("${@:2}"); [ ${#runs[@]} -eq 0 ] && runs=(fsdp2 hsdp ddp-compiled)
+for run in "${runs[@]}"; do
+    case $run in
+    fsdp2) attached fsdp2 2 examples/plain_fsdp.py --steps 10 --width 2048 --layers 8 --batch-size 512 ;;
+    hsdp) attached hsdp 4 examples/plain_fsdp.py --steps 10 --width 2048 --layers 8 --batch-size 256 --replicas 2 ;;
+    ddp-compiled) attached ddp-compiled 2 examples/plain_ddp.py --steps 12 --width 2048 --layers 8 --batch-size 512 --compile inductor ;;
+    hf-ddp) AS_LOCAL_RANK_0=1 SAVES_FINAL=1 attached hf-ddp 2 examples/hf_trainer.py --steps 12 --batch-size 64 --eval-every 10 ;;
+    hf-fsdp) SAVES_FINAL=1 attached hf-fsdp 2 examples/hf_trainer.py --steps 12 --batch-size 64 --fsdp --eval-every 10 ;;
+    *) echo "unknown run $run" >&2; exit 2 ;;
+    esac
+done

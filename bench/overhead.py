@@ -91,17 +91,20 @@ def measure(args: argparse.Namespace) -> None:
 
     rows = []
     for strategy in args.strategies.split(","):
-        if strategy == "attach":
-            times = timed_rounds(attached_and_plain_ddp(model, batch, context, args.port))
-        elif strategy == "attach-fsdp":
-            times = timed_rounds(attached_and_plain_fsdp(model, batch, args.port))
-        elif strategy == "attach-hsdp":
-            from torch.distributed.device_mesh import init_device_mesh
+        if strategy.startswith("attach"):
+            if strategy == "attach":
+                steps, attachment = attached_and_plain_ddp(model, batch, context, args.port)
+            elif strategy == "attach-fsdp":
+                steps, attachment = attached_and_plain_fsdp(model, batch, args.port)
+            else:  # attach-hsdp
+                from torch.distributed.device_mesh import init_device_mesh
 
-            replicas = 2 if context.world_size % 2 == 0 else context.world_size
-            mesh = init_device_mesh(context.device.type, (replicas, context.world_size // replicas),
-                                    mesh_dim_names=("replicate", "shard"))
-            times = timed_rounds(attached_and_plain_fsdp(model, batch, args.port, mesh))
+                replicas = 2 if context.world_size % 2 == 0 else context.world_size
+                mesh = init_device_mesh(context.device.type, (replicas, context.world_size // replicas),
+                                        mesh_dim_names=("replicate", "shard"))
+                steps, attachment = attached_and_plain_fsdp(model, batch, args.port, mesh)
+            times = timed_rounds(steps)
+            attachment.detach()  # one attachment an address: the next attach strategy's is refused while it lives
         else:
             models = {mode: instrumented_ddp.wrap(copy.deepcopy(model), strategy, bucket_mb=1.0, timeline=watches[mode].timeline)
                       for mode in watches}
@@ -125,17 +128,17 @@ def measure(args: argparse.Namespace) -> None:
         rows.append((strategy, watched_ms, plain_ms, ratio, low, high))
     watched.close()
     if context.is_main:
-        print(f"{'strategy':8} {'watched ms':>11} {'plain ms':>9} {'ratio':>6} {'90% interval':>13}   ({args.steps} steps each, "
+        print(f"{'strategy':11} {'watched ms':>11} {'plain ms':>9} {'ratio':>6} {'90% interval':>13}   ({args.steps} steps each, "
               f"alternating, {context.world_size} ranks on {context.device.type}, {args.model} model, "
               f"micro-batch {args.micro_batch}x{args.seq_len}, blocks of {block}, telemetry dropped {watched.dropped}, "
               f"sent {watched.publisher.sent if watched.publisher is not None else 0})")
         for strategy, watched_ms, plain_ms, ratio, low, high in rows:
-            print(f"{strategy:8} {watched_ms:11.1f} {plain_ms:9.1f} {ratio:6.3f} {low:6.3f}-{high:6.3f}")
+            print(f"{strategy:11} {watched_ms:11.1f} {plain_ms:9.1f} {ratio:6.3f} {low:6.3f}-{high:6.3f}")
     shutdown_distributed()
     exit_process(0)
 
 
-def attached_and_plain_ddp(model: Any, batch: dict[str, Any], context: Any, port: int) -> dict[str, Callable[[int], None]]:
+def attached_and_plain_ddp(model: Any, batch: dict[str, Any], context: Any, port: int) -> tuple[dict[str, Callable[[int], None]], Any]:
     """``attach``: a user's own loop on a DDP model with ddpwatch attached, against the same loop
     on an identical DDP model without it. The loop is the user's: nothing in it is ddpwatch's."""
     from torch.nn.parallel import DistributedDataParallel
@@ -146,7 +149,7 @@ def attached_and_plain_ddp(model: Any, batch: dict[str, Any], context: Any, port
     return users_steps_one_attached(models, batch, port)
 
 
-def attached_and_plain_fsdp(model: Any, batch: dict[str, Any], port: int, mesh: Any = None) -> dict[str, Callable[[int], None]]:
+def attached_and_plain_fsdp(model: Any, batch: dict[str, Any], port: int, mesh: Any = None) -> tuple[dict[str, Callable[[int], None]], Any]:
     """``attach-fsdp``: the user's loop on a model sharded with FSDP2 (each decoder layer, then the
     root), attached, against an identical sharded model without it; on ``mesh`` where given
     (``attach-hsdp``: 2-D)."""
@@ -162,22 +165,23 @@ def attached_and_plain_fsdp(model: Any, batch: dict[str, Any], port: int, mesh: 
     return users_steps_one_attached(models, batch, port)
 
 
-def users_steps_one_attached(models: dict[str, Any], batch: dict[str, Any], port: int) -> dict[str, Callable[[int], None]]:
+def users_steps_one_attached(models: dict[str, Any], batch: dict[str, Any], port: int) -> tuple[dict[str, Callable[[int], None]], Any]:
     """A user's step (forward, backward, AdamW) for each of the two models, the ``watched`` one
-    attached: nothing in the step is ddpwatch's."""
+    attached: nothing in the step is ddpwatch's. Returns the steps and the attachment, which the
+    caller detaches once they are timed."""
     import torch
 
     import instrumented_ddp
 
     optimizers = {mode: torch.optim.AdamW(models[mode].parameters(), lr=1e-4) for mode in models}
-    instrumented_ddp.attach(models["watched"], optimizers["watched"], address=f"tcp://127.0.0.1:{port}")
+    attachment = instrumented_ddp.attach(models["watched"], optimizers["watched"], address=f"tcp://127.0.0.1:{port}")
 
     def user_step(mode: str, _step: int) -> None:
         models[mode](**batch).loss.backward()
         optimizers[mode].step()
         optimizers[mode].zero_grad(set_to_none=False)
 
-    return {mode: functools.partial(user_step, mode) for mode in models}
+    return {mode: functools.partial(user_step, mode) for mode in models}, attachment
 
 
 def marked_train_step(wrapped: Any, timeline: Any, optimizer: Any, batch: dict[str, Any], step: int, strategy: str) -> Any:

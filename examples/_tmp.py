@@ -1,0 +1,148 @@
+"""
+PyTorch's DDP tutorial loop, watched by ddpwatch with one added line (``instrumented_ddp.attach``).
+
+    ddpwatch &                                                   # the dashboard, listening
+    torchrun --nproc_per_node=2 examples/plain_ddp.py            # CPU (gloo) or one GPU per rank (NCCL)
+    torchrun --nproc_per_node=2 examples/plain_ddp.py --grad-accum 4 --bucket-mb 1
+    torchrun --nproc_per_node=2 examples/plain_ddp.py --compile inductor   # torch.compile(ddp_model)
+    torchrun --nproc_per_node=2 examples/plain_ddp.py --eval-every 50      # evaluations marked as pauses
+
+The model is the tutorial's ToyModel made deeper (``--layers``) so that DDP has several buckets
+to show; the data is random, the same on every run. Everything but the ``attach`` and ``detach``
+lines (and the optional ``record_loss``, for the Loss tab, and ``paused``, around an evaluation) is
+the loop you already have.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from contextlib import nullcontext
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import instrumented_ddp
+from instrumented_ddp.distributed import exit_process
+from instrumented_ddp.output_paths import outputs_problem
+from instrumented_ddp.protocol import DEFAULT_ADDRESS, bucket_mb_problem
+
+
+class ToyModel(nn.Module):
+    def __init__(self, width: int, layers: int) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(10, width), nn.ReLU(),
+                                 *(m for _ in range(layers) for m in (nn.Linear(width, width), nn.ReLU())))
+        self.head = nn.Linear(width, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.net(x))
+
+
+def evaluate(model: nn.Module, loss_fn: nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> float:
+    """The mean loss over held-out batches, averaged over the ranks."""
+    model.eval()
+    with torch.no_grad():
+        total = sum(loss_fn(model(inputs), labels) for inputs, labels in batches) / len(batches)
+    dist.all_reduce(total, op=dist.ReduceOp.SUM)
+    model.train()
+    return total.item() / dist.get_world_size()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="PyTorch's DDP tutorial loop, watched by ddpwatch")
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--batch-size", type=int, default=32, help="per rank, per micro-step")
+    parser.add_argument("--grad-accum", type=int, default=1, help="micro-steps per optimizer step (no_sync before the last)")
+    parser.add_argument("--width", type=int, default=512)
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--bucket-mb", type=float, default=25.0, help="DDP's bucket_cap_mb")
+    parser.add_argument("--eval-every", type=int, default=0, metavar="N",
+                        help="evaluate 8 held-out batches every N optimizer steps, marked as a pause of training (default 0: never)")
+    parser.add_argument("--watch", default=DEFAULT_ADDRESS, metavar="ADDRESS", help="where ddpwatch listens")
+    parser.add_argument("--no-watch", action="store_true", help="the same loop without attach")
+    parser.add_argument("--save-final", default=None, metavar="FILE", help="rank 0 saves the final parameters here")
+    parser.add_argument("--profile", default=None, metavar="DIR", help="torch.profiler traces of steps 4-8, one per rank")
+    parser.add_argument("--compile", default=None, metavar="BACKEND",
+                        help="torch.compile the DDP model with this backend (inductor on a GPU; aot_eager needs no compiler)")
+    args = parser.parse_args()
+    for flag in ("steps", "batch_size", "grad_accum", "width", "layers"):  # one line, exit 2, before any process group, as train.py
+        if getattr(args, flag) < 1:
+            parser.error(f"--{flag.replace('_', '-')} must be at least 1, not {getattr(args, flag)}")
+    if args.eval_every < 0:
+        parser.error(f"--eval-every must be 0 (never) or more, not {args.eval_every}")
+    if problem := bucket_mb_problem(args.bucket_mb, "--bucket-mb"):  # inf went on into DDP's traceback
+        parser.error(problem)
+    if problem := outputs_problem(args.profile, args.save_final):  # else a traceback at step 8 or after the last step
+        parser.error(problem)
+    if args.compile and args.compile not in torch._dynamo.list_backends(exclude_tags=()):  # else Dynamo's traceback at step 1
+        parser.error(f"--compile {args.compile}: torch.compile has no such backend (inductor, aot_eager, ...: "
+                     "torch._dynamo.list_backends(exclude_tags=()) lists them)")
+
+    on_gpu = torch.cuda.is_available()
+    dist.init_process_group("nccl" if on_gpu else "gloo")
+    rank = dist.get_rank()
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = torch.device("cuda", local_rank % torch.cuda.device_count()) if on_gpu else torch.device("cpu")
+    if on_gpu:
+        torch.cuda.set_device(device)
+
+    torch.manual_seed(0)
+    model = ToyModel(args.width, args.layers).to(device)
+    world = dist.get_world_size()
+    groups = [dist.new_group(list(range(start, start + 2))) for start in range(0, world, 2)]
+    ddp_model = DDP(model, device_ids=[device.index] if on_gpu else None, bucket_cap_mb=args.bucket_mb, process_group=groups[rank // 2])
+    if args.compile:  # attach takes the compiled module: the steps in which Dynamo compiles are marked and left out
+        ddp_model = torch.compile(ddp_model, backend=args.compile)
+    loss_fn = nn.MSELoss()
+    optimizer = torch.optim.SGD(ddp_model.parameters(), lr=0.001)
+    watch = None if args.no_watch else instrumented_ddp.attach(ddp_model, optimizer, address=args.watch, total_steps=args.steps)  # <- ddpwatch
+
+    data = torch.Generator().manual_seed(1 + rank)
+    held_out_data = torch.Generator().manual_seed(1000 + rank)
+    held_out = [(torch.randn(args.batch_size, 10, generator=held_out_data).to(device),
+                 torch.randn(args.batch_size, 5, generator=held_out_data).to(device)) for _ in range(8 if args.eval_every else 0)]
+    profiler = None
+    if args.profile:
+        profiler = torch.profiler.profile(
+            schedule=torch.profiler.schedule(wait=2, warmup=1, active=5, repeat=1),
+            on_trace_ready=torch.profiler.tensorboard_trace_handler(args.profile, worker_name=f"rank{rank}"))
+        profiler.start()
+    for step in range(args.steps):
+        optimizer.zero_grad()
+        for micro in range(args.grad_accum):
+            inputs = torch.randn(args.batch_size, 10, generator=data).to(device)
+            labels = torch.randn(args.batch_size, 5, generator=data).to(device)
+            with ddp_model.no_sync() if micro < args.grad_accum - 1 else nullcontext():
+                loss = loss_fn(ddp_model(inputs), labels) / args.grad_accum
+                if watch is not None:
+                    watch.record_loss(loss * args.grad_accum)  # <- optional: the dashboard's Loss tab
+                loss.backward()
+        optimizer.step()
+        if args.eval_every and (step + 1) % args.eval_every == 0:
+            with watch.paused("evaluate") if watch is not None else nullcontext():  # <- optional: not the next step's data
+                eval_loss = evaluate(ddp_model, loss_fn, held_out)
+            if rank == 0:
+                print(f"step {step + 1}: held-out loss {eval_loss:.4f}")
+        if profiler is not None:
+            profiler.step()
+    if profiler is not None:
+        profiler.stop()
+
+    if watch is not None:
+        watch.detach()  # <- ddpwatch: goodbye now (the end of the process would send it too)
+    if rank == 0:  # what ddpwatch's all-reduces per step should match: DDP's own buckets
+        logged = getattr(ddp_model, "_orig_mod", ddp_model)._get_ddp_logging_data()
+        sizes = logged.get("rebuilt_bucket_sizes") or logged["bucket_sizes"]
+        print(f"DDP reduced gradients in {len(sizes.split(','))} bucket(s) of {sizes} bytes")
+    if args.save_final and rank == 0:
+        torch.save(model.state_dict(), args.save_final)
+    dist.barrier()
+    dist.destroy_process_group()
+    exit_process(0)  # skips a gloo teardown race at interpreter exit (see instrumented_ddp.distributed)
+
+
+if __name__ == "__main__":
+    main()

@@ -39,6 +39,8 @@ class TunedCap:
     #: A 90 % interval for the measured median (``order_statistics.median_with_interval``): caps whose
     #: intervals overlap are not told apart by this many steps.
     measured_interval_ms: tuple[float, float] | None = None
+    #: Where ``predicted_ms`` is None, the advisor's reason then (the table says the first below it)
+    no_prediction_because: str = ""
 
     @property
     def error(self) -> float | None:
@@ -86,7 +88,8 @@ class SweepDriver:
             return None
         if self.start_mb is None:
             self.start_mb = float(segment.settings.get("bucket_mb") or 25.0)
-            start = TunedCap(self.start_mb, _predicted_ms(session, self.start_mb))
+            predicted_ms, because = _prediction(session, self.start_mb)
+            start = TunedCap(self.start_mb, predicted_ms, no_prediction_because=because)
             self._measure(session, segment, start)
             self.results.append(start)
         if not self._planned:
@@ -131,11 +134,13 @@ class SweepDriver:
         return switched + self._queue
 
     def _switch_to(self, cap_mb: float, session: Session, relay: SwitchRelay) -> None:
-        tuned = TunedCap(cap_mb, _predicted_ms(session, cap_mb))
+        predicted_ms, because = _prediction(session, cap_mb)
+        tuned = TunedCap(cap_mb, predicted_ms, no_prediction_because=because)
         command = new_command(self.strategy, bucket_mb=cap_mb)
         relay.request(command)
         self._waiting_for = (command.command_id, tuned)
-        predicted = f"{tuned.predicted_ms:.1f} ms predicted" if tuned.predicted_ms is not None else "no prediction yet"
+        predicted = (f"{tuned.predicted_ms:.1f} ms predicted" if tuned.predicted_ms is not None
+                     else f"no prediction: {tuned.no_prediction_because}")
         self.log(f"ddpwatch tune: switching to {self.strategy} at {cap_mb:.3g} MB ({predicted})")
 
     def _follow(self, session: Session, relay: SwitchRelay) -> str | None:
@@ -185,9 +190,10 @@ def _counted_steps(session: Session, segment: Segment) -> int:
     return session.segment_figures(segment, per_rank=False).steps
 
 
-def _predicted_ms(session: Session, cap_mb: float) -> float | None:
+def _prediction(session: Session, cap_mb: float) -> tuple[float | None, str]:
+    """The advisor's step time at ``cap_mb`` in ms, or None and the advisor's reason for none."""
     advice = advice_for_session(session, caps=[max(1, int(cap_mb * MIB))])
-    return advice.predictions[0].step_s * 1e3 if isinstance(advice, Advice) else None
+    return (advice.predictions[0].step_s * 1e3, "") if isinstance(advice, Advice) else (None, advice)
 
 
 def told_apart(a: TunedCap, b: TunedCap) -> bool | None:
@@ -211,6 +217,10 @@ def table(results: Sequence[TunedCap], start_mb: float | None) -> list[str]:
         interval = f"{r.measured_interval_ms[0]:.1f}–{r.measured_interval_ms[1]:.1f}" if r.measured_interval_ms else "—"
         error = f"{r.error:+.1%}" if r.error is not None else "—"
         lines.append(f"{r.cap_mb:8.3g} {predicted:>13} {measured:>12} {interval:>15} {error:>7}")
+    if unpredicted := [r for r in sorted(results, key=lambda r: r.cap_mb) if r.predicted_ms is None and r.no_prediction_because]:
+        caps = ", ".join(f"{r.cap_mb:.3g}" for r in unpredicted)
+        lines.append(f"no prediction for {caps} MB: before {'it' if len(unpredicted) == 1 else 'the first'} ran, "
+                     f"{unpredicted[0].no_prediction_because}")
     measured_caps = [r for r in results if r.measured_ms]
     if measured_caps:
         best = min(measured_caps, key=lambda r: r.measured_ms or 0.0)

@@ -137,6 +137,18 @@ def test_the_table_gives_each_cap_its_error_the_measured_best_and_the_median_err
     assert from_4_mb[6].startswith("predicted best among these")
 
 
+def test_the_table_says_why_a_cap_had_no_prediction() -> None:
+    """A "—" in the predicted column came with no reason (a sweep started at 0.25 MB on the
+    tiny model: its all-reduces of 6 KB to 0.4 MB did not take longer as they grew)."""
+    why = "the all-reduces of 0.00586-0.375 MB did not take longer as they grew"
+    results = [TunedCap(0.25, None, 200.0, 8, (195.0, 205.0), no_prediction_because=why),
+               TunedCap(4.0, None, 190.0, 8, (181.0, 199.0), no_prediction_because=why + ", still"),
+               TunedCap(1.0, 170.0, 180.0, 8, (176.0, 186.0))]
+    lines = table(results, start_mb=0.25)
+    assert lines[1].split()[1] == "—" and lines[4] == f"no prediction for 0.25, 4 MB: before the first ran, {why}"
+    assert table(results[2:], start_mb=1.0)[2].startswith("measured best")  # every cap predicted: no such line
+
+
 def test_caps_are_told_apart_only_where_their_intervals_do_not_overlap() -> None:
     assert told_apart(TunedCap(1.0, None, 180.0, 8, (176.0, 186.0)), TunedCap(4.0, None, 190.0, 8, (186.5, 199.0)))
     assert told_apart(TunedCap(1.0, None, 180.0, 8, (176.0, 186.0)), TunedCap(4.0, None, 190.0, 8, (186.0, 199.0))) is False

@@ -219,8 +219,8 @@ def table(results: Sequence[TunedCap], start_mb: float | None) -> list[str]:
         lines.append(f"{r.cap_mb:8.3g} {predicted:>13} {measured:>12} {interval:>15} {error:>7}")
     if unpredicted := [r for r in sorted(results, key=lambda r: r.cap_mb) if r.predicted_ms is None and r.no_prediction_because]:
         caps = ", ".join(f"{r.cap_mb:.3g}" for r in unpredicted)
-        lines.append(f"no prediction for {caps} MB: before {'it' if len(unpredicted) == 1 else 'the first'} ran, "
-                     f"{unpredicted[0].no_prediction_because}")
+        lines.append(f"no prediction for {caps} MB (the advisor, asked for {unpredicted[0].cap_mb:.3g} MB: "
+                     f"{unpredicted[0].no_prediction_because})")
     measured_caps = [r for r in results if r.measured_ms]
     if measured_caps:
         best = min(measured_caps, key=lambda r: r.measured_ms or 0.0)

@@ -145,7 +145,7 @@ def test_the_table_says_why_a_cap_had_no_prediction() -> None:
                TunedCap(4.0, None, 190.0, 8, (181.0, 199.0), no_prediction_because=why + ", still"),
                TunedCap(1.0, 170.0, 180.0, 8, (176.0, 186.0))]
     lines = table(results, start_mb=0.25)
-    assert lines[1].split()[1] == "—" and lines[4] == f"no prediction for 0.25, 4 MB: before the first ran, {why}"
+    assert lines[1].split()[1] == "—" and lines[4] == f"no prediction for 0.25, 4 MB (the advisor, asked for 0.25 MB: {why})"
     assert table(results[2:], start_mb=1.0)[2].startswith("measured best")  # every cap predicted: no such line
 
 

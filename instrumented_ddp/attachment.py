@@ -518,6 +518,7 @@ class Attachment:
         self.timeline.begin_step(self._steps, self.strategy, self._settings(1), at=at)
         self._micro_steps, self._forwards, self._recorded_losses = 0, [], []
         self._after_backward = self._reduced_gradient_of = None
+        self._began_on_first_buckets = self.timing.on_first_buckets  # DDP's first iteration: excluded
 
     def _end_step(self, at: Any = None, update_skipped: bool = False) -> None:
         """Report this step, ended now or at ``at``, and begin the next one there."""
@@ -529,7 +530,7 @@ class Attachment:
         memory = self._memory.sample(self) if self.publisher is not None else None
         nograd_forwards = 0 if update_skipped else self._nograd_forwards  # a skipped step ended at its backward, before them
         self._nograd_forwards -= nograd_forwards
-        self.timeline.end_step(samples, tokens, loss, excluded=self.timing.on_first_buckets, memory=memory,
+        self.timeline.end_step(samples, tokens, loss, excluded=self._began_on_first_buckets, memory=memory,
                                settings={"grad_accum": max(1, self._micro_steps)}, at=at, update_skipped=update_skipped,
                                issued_collectives=self._issued.since_last(), nograd_forwards=nograd_forwards)
         if self._steps == 1 and self.publisher is not None:

@@ -141,11 +141,14 @@ class DDPTiming:
 
     @property
     def on_first_buckets(self) -> bool:
-        """Whether DDP still reduces with the buckets it starts with, before it rebuilds them in
-        the order gradients became ready (one bucket of every gradient, unless it looks for unused
-        parameters): its first reducing backward, and its first two under ``static_graph``, whose
-        first reduces every bucket at the end of backward and whose second reads the order."""
-        return self.reduced_backwards <= (2 if getattr(self.ddp, "static_graph", False) else 1)
+        """Whether DDP's next reducing backward still uses the buckets it starts with, before it
+        rebuilds them in the order gradients became ready (one bucket of every gradient, unless it
+        looks for unused parameters): its first reducing backward, and its first two under
+        ``static_graph``, whose first reduces every bucket at the end of backward and whose second
+        reads the order. Asked as a step begins: a step that begins on them is DDP's first
+        iteration, however many of its backwards reduce (a loop accumulating gradients without
+        ``no_sync`` reduces in each; asked as the step ended, that step 1 read as counted)."""
+        return self.reduced_backwards < (2 if getattr(self.ddp, "static_graph", False) else 1)
 
     def backward_began(self) -> None:
         """Called from inside the step's backward as it begins (``attach``: the first gradient

@@ -68,12 +68,14 @@ def batch(seed: int) -> dict[str, torch.Tensor]:
             "labels": torch.randint(0, 3, (4,), generator=generator)}
 
 
-def train(ddp: DistributedDataParallel, optimizer: torch.optim.Optimizer, steps: int, grad_accum: int = 1) -> None:
-    """The user's loop: nothing in it knows about ddpwatch."""
+def train(ddp: DistributedDataParallel, optimizer: torch.optim.Optimizer, steps: int, grad_accum: int = 1,
+          no_sync: bool = True) -> None:
+    """The user's loop: nothing in it knows about ddpwatch. ``no_sync=False``: gradients are
+    accumulated without DDP's ``no_sync``, so every micro-step's backward reduces them."""
     for step in range(steps):
         optimizer.zero_grad()
         for micro in range(grad_accum):
-            with ddp.no_sync() if micro < grad_accum - 1 else torch.enable_grad():
+            with ddp.no_sync() if no_sync and micro < grad_accum - 1 else torch.enable_grad():
                 (ddp(**batch(step * grad_accum + micro)).loss / grad_accum).backward()
         optimizer.step()
 
@@ -318,6 +320,20 @@ def test_forwards_without_gradients_in_a_steps_data_gap_are_counted_unless_a_pau
     reports = [m for m in sent if isinstance(m, StepReport)]
     assert [(r.step, r.nograd_forwards, r.paused_for) for r in reports] == [
         (1, 2, ""), (2, 0, ""), (3, 3, ""), (4, 0, "evaluate"), (5, 1, "evaluate")]
+
+
+def test_ddps_first_iteration_is_excluded_where_every_micro_step_reduces(one_rank_group: None, sent: list[Any]) -> None:
+    """Accumulating without ``no_sync``, step 1 reduced four times, the first on DDP's one bucket
+    of every gradient, and was counted: it was asked whether DDP was still on its first buckets
+    as it ended, after the rebuild (a 2-rank run of examples/plain_ddp.py so: 35.73 all-reduces
+    a step against 4 x 9 = 36)."""
+    ddp, optimizer = make_ddp()
+    with attached(ddp, optimizer):
+        train(ddp, optimizer, steps=3, grad_accum=4, no_sync=False)
+    reports = [m for m in sent if isinstance(m, StepReport)]
+    buckets = len(ddp._get_ddp_logging_data()["rebuilt_bucket_sizes"].split(","))
+    assert [r.excluded for r in reports] == [True, False, False]
+    assert [sum(s.kind == "all_reduce" for s in r.spans) for r in reports] == [1 + 3 * buckets, 4 * buckets, 4 * buckets]
 
 
 def test_with_two_optimizers_the_one_stepped_first_falls_inside_the_attached_ones_optimizer_phase(

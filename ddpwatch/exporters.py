@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from ddpwatch import metrics
+from ddpwatch.accumulation import early_reductions_of, early_reductions_text
 from ddpwatch.rank_lists import failed_ranks_lines, interrupted_ranks_lines, rank_runs, runs_text
 from ddpwatch.segment_bars import bars_svg, lengths, segment_bar
 from ddpwatch.session import Session, goodbyes_saying, note_pause_kinds, ranks_left_behind
@@ -92,6 +93,7 @@ def summary(session: Session) -> dict[str, Any]:
                          "untimed_collectives_most": max((r.untimed_collectives for r in reports), default=0),
                          "nograd_forward_steps": sorted({r.step for r in reports if r.nograd_forwards}),
                          "nograd_forwards_most": max((r.nograd_forwards for r in reports), default=0),
+                         "early_reductions": found.as_dict() if (found := early_reductions_of(reports)) else None,
                          **pauses(reports, figures.wall_s),
                          **figures.as_dict()})
     desync = metrics.DesyncRange.combine(ranges)
@@ -241,6 +243,8 @@ def summary_markdown(summary: dict[str, Any]) -> str:
                          f"(up to {seg.get('nograd_forwards_most', 0)} a step on a rank: an evaluation the loop did not mark "
                          "with watch.paused; their time reads as data loading) "
                          f"{runs_text(rank_runs(seg['nograd_forward_steps']), limit=20)}")
+        if early := seg.get("early_reductions"):
+            lines.append(f"- segment {seg['index']}: {early_reductions_text(rank_runs(early['steps']), early, [seg['strategy']])}")
         if seg.get("desync"):
             lines.append(f"- segment {seg['index']}: {metrics.DesyncRange.from_dict(seg['desync']).describe()}")
         if seg.get("straggler"):

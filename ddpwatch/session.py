@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
-from ddpwatch import metrics
+from ddpwatch import accumulation, metrics
 from ddpwatch.compact import NO_SPANS, PackedSpans, StepSet, TagSequences
 from ddpwatch.cost_model import StepCollectives, TransferMemory, call_sizes
 from instrumented_ddp.protocol import (
@@ -252,6 +252,8 @@ class Session:
         #: Steps whose data gap held forwards without gradients outside a marked pause
         #: (``StepReport.nograd_forwards``: an evaluation the loop did not mark), and the most of one rank.
         self.nograd_forwards = CountedSteps()
+        #: Accumulating steps that all-reduced before their last micro-step (no ``no_sync``).
+        self.early_reductions = accumulation.EarlyReductions()
         #: The rank whose goodbye said its training failed before any other's did: the cause,
         #: where the others' next collectives then failed on a dead peer (``failed_ranks_lines``).
         self.first_failed_rank: int | None = None
@@ -377,6 +379,7 @@ class Session:
             rank.details_unused += 1
             return
         kept[report.rank] = prepared.report if prepared is not None else replace(report, spans=PackedSpans(report.spans))
+        self._note_early_reductions(report)
         if report.step in self._details_forgotten:  # pinned after its details were forgotten
             self._calls.setdefault(report.step, {})[report.rank] = call_times(report)
         self.details += 1
@@ -409,6 +412,8 @@ class Session:
             note_pause_kinds(self.paused_for, report.paused_for)
             self.paused_longest_s = max(self.paused_longest_s, report.paused_s)
         self.nograd_forwards.note(report.step, report.nograd_forwards)
+        if isinstance(report, StepReport):
+            self._note_early_reductions(report)
         rank.reported.add(report.step)
         if isinstance(report, StepSummary):
             rank.summarized.add(report.step)
@@ -418,6 +423,12 @@ class Session:
             rank.memory, rank.memory_step = dict(report.memory), report.step
         if not folded:
             self._add_report(report, prepared)
+    def _note_early_reductions(self, report: StepReport) -> None:
+        """Read an accumulating step's spans for all-reduces before its last micro-step
+        (``accumulation``): the first counted report with spans of each step."""
+        if accumulation.reads(report) and self.early_reductions.wants(report.step):
+            self.early_reductions.note(report.step, accumulation.micro_step_reduction(report.spans), report.strategy)
+
     def _declared_world_size(self) -> int:
         """The world the hellos declare (0 before any): kept up to date on each hello, since every
         message asks for it."""

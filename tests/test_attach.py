@@ -29,10 +29,12 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
 import instrumented_ddp
+from ddpwatch import exporters
 from ddpwatch.recorder import load_session
+from ddpwatch.session import Session
 from instrumented_ddp import attachment, stop_signals
 from instrumented_ddp.attachment import NOT_SWITCHABLE, AttachError, Attachment, batch_size_and_tokens
-from instrumented_ddp.protocol import Ack, Goodbye, Hello, StepReport, SwitchCommand
+from instrumented_ddp.protocol import Ack, Envelope, Goodbye, Hello, StepReport, SwitchCommand
 from launch import REPO_ROOT, Recorder, free_port
 
 
@@ -334,6 +336,29 @@ def test_ddps_first_iteration_is_excluded_where_every_micro_step_reduces(one_ran
     buckets = len(ddp._get_ddp_logging_data()["rebuilt_bucket_sizes"].split(","))
     assert [r.excluded for r in reports] == [True, False, False]
     assert [sum(s.kind == "all_reduce" for s in r.spans) for r in reports] == [1 + 3 * buckets, 4 * buckets, 4 * buckets]
+
+
+def test_accumulating_without_no_sync_is_a_note_and_a_finding_of_its_segment(one_rank_group: None, sent: list[Any]) -> None:
+    """The reports of such a loop, as the dashboard and the exporters read them: steps 2-3 (step 1
+    is DDP's first iteration), 4 micro-steps each reducing, 3 x buckets all-reduces before the
+    last. The same loop with no_sync: nothing said."""
+    for no_sync in (False, True):
+        sent.clear()
+        ddp, optimizer = make_ddp()
+        with attached(ddp, optimizer):
+            train(ddp, optimizer, steps=3, grad_accum=4, no_sync=no_sync)
+        buckets = len(ddp._get_ddp_logging_data()["rebuilt_bucket_sizes"].split(","))
+        session = Session()
+        for sequence, message in enumerate(m for m in sent if isinstance(m, (Hello, StepReport, Goodbye))):
+            assert session.ingest(Envelope(message, 0, sequence, 0), received_at=0.0) is None
+        found = exporters.summary(session)["segments"][0]["early_reductions"]
+        if no_sync:
+            assert not session.early_reductions and found is None
+            continue
+        assert session.early_reductions.text().startswith(
+            f"gradients were all-reduced in 4 of 4 micro-steps a step (2 steps: 2-3): {3 * buckets} all-reduces a step "
+            "before the last micro-step")
+        assert found["steps"] == [2, 3] and found["early_all_reduces"] == 3 * buckets
 
 
 def test_with_two_optimizers_the_one_stepped_first_falls_inside_the_attached_ones_optimizer_phase(

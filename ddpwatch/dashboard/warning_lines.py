@@ -71,7 +71,8 @@ def reporting_fault_lines(session: Session) -> list[str]:
 
 def note_lines(session: Session, heard: float) -> list[str]:
     """Not faults: ranks a signal stopped (Ctrl-C, a SIGTERM: ``rank_lists.interrupted_ranks_lines``),
-    steps whose optimizer update was skipped, steps in which torch.compile compiled, ranks whose
+    steps whose optimizer update was skipped, steps in which torch.compile compiled, accumulating
+    steps that all-reduced before their last micro-step (``accumulation``), ranks whose
     steps stopped while the others' went on, reports that came late (heartbeats run ahead of
     reports still resolving), why a rank's device readings are not what its device suggests; a
     run of one rank, whose figures of communication are empty."""
@@ -88,6 +89,8 @@ def note_lines(session: Session, heard: float) -> list[str]:
         lines.append(paused_steps_text(session.paused_steps, list(session.paused_for), session.paused_longest_s))
     if session.nograd_forwards.steps:
         lines.append(nograd_forwards_text(session.nograd_forwards.steps, session.nograd_forwards.most))
+    if session.early_reductions:
+        lines.append(session.early_reductions.text())
     lines += pausing_lines(session, heard)
     stopped = session.stopped_ranks(heard)
     if stopped:

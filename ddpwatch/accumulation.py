@@ -28,6 +28,17 @@ from .rank_lists import runs_text
 
 KEPT_STEPS = 64  # the steps the medians are taken over (the newest)
 
+#: What skips the early reductions, by the strategies of the steps found (``()``: any other).
+#: FSDP2 (``attach`` on a sharded model, and the ``fsdp`` strategy) reduce-scatters every micro-step
+#: too, which saves memory; what the note finds there is HSDP's all-reduce across replicas.
+SKIPPED_BY = {
+    (): "DDP's no_sync() around the others skips them",
+    ("simple",): ("DDP's no_sync() around the others skips them (simple reduces in every micro-step on purpose, "
+                  "the seed blog's baseline; ga is simple with no_sync)"),
+    ("fsdp",): ("HSDP's model.set_requires_all_reduce(False) before the others skips them, keeping the reduce-scatters "
+                "(set_requires_gradient_sync(False) skips both)"),
+}
+
 
 class SpanLike(Protocol):
     kind: str
@@ -153,6 +164,4 @@ def early_reductions_text(ranges: list[tuple[int, int]], figures: Mapping[str, f
             f"micro-steps a step ({count} step{'s' if count != 1 else ''}: {runs_text(ranges)}): "
             f"{figures['early_all_reduces']:g} all-reduces a step before the last micro-step, "
             f"{figures['early_all_reduce_ms']:.1f} ms of wall time ({figures['early_all_reduce_pct']:.0f} % of the step). "
-            "Accumulating, only the last micro-step needs them: DDP's no_sync() around the others skips them"
-            + (" (simple reduces in every micro-step on purpose, the seed blog's baseline; ga is simple with no_sync)"
-               if strategies == {"simple"} else ""))
+            "Accumulating, only the last micro-step needs them: " + SKIPPED_BY.get(tuple(sorted(strategies)), SKIPPED_BY[()]))

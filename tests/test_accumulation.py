@@ -61,3 +61,6 @@ def test_the_note_gives_the_steps_and_the_medians() -> None:
     notes.strategies = {"simple"}  # train.py's baseline, on purpose
     assert notes.text().endswith("skips them (simple reduces in every micro-step on purpose, the seed blog's baseline; "
                                  "ga is simple with no_sync)")
+    notes.strategies = {"fsdp"}  # HSDP's all-reduces across replicas
+    assert notes.text().endswith("HSDP's model.set_requires_all_reduce(False) before the others skips them, keeping the "
+                                 "reduce-scatters (set_requires_gradient_sync(False) skips both)")

@@ -423,6 +423,7 @@ class Session:
             rank.memory, rank.memory_step = dict(report.memory), report.step
         if not folded:
             self._add_report(report, prepared)
+
     def _note_early_reductions(self, report: StepReport) -> None:
         """Read an accumulating step's spans for all-reduces before its last micro-step
         (``accumulation``): the first counted report with spans of each step."""

@@ -16,6 +16,7 @@ dashboard's note) and the exporters alike.
 from __future__ import annotations
 
 import statistics
+from bisect import bisect_right
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -85,9 +86,7 @@ def micro_step_reduction(spans: Iterable[SpanLike]) -> MicroStepReduction | None
     early = [(start, end) for start, end in all_reduces if start < last_forward]
     if not early:
         return None
-    reducing = sum(1 for i, begins in enumerate(forwards)
-                   if any(begins <= start < (forwards[i + 1] if i + 1 < len(forwards) else float("inf"))
-                          for start, _ in all_reduces))
+    reducing = len({bisect_right(forwards, start) for start, _ in all_reduces} - {0})  # i: after the i-th forward
     return MicroStepReduction(len(forwards), reducing, len(early), total_length(merge(early)), last - first)
 
 

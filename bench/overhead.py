@@ -91,7 +91,7 @@ def measure(args: argparse.Namespace) -> None:
 
     rows = []
     for strategy in args.strategies.split(","):
-        if strategy.startswith("attach"):
+        if strategy in ("attach", "attach-fsdp", "attach-hsdp"):
             if strategy == "attach":
                 steps, attachment = attached_and_plain_ddp(model, batch, context, args.port)
             elif strategy == "attach-fsdp":

@@ -24,7 +24,7 @@ import numpy as np
 
 from ddpwatch import metrics
 from ddpwatch.accumulation import early_reductions_of, early_reductions_text
-from ddpwatch.rank_lists import failed_ranks_lines, interrupted_ranks_lines, rank_runs, runs_text
+from ddpwatch.rank_lists import failed_ranks_lines, heard_until_text, interrupted_ranks_lines, rank_runs, runs_text
 from ddpwatch.segment_bars import bars_svg, lengths, segment_bar
 from ddpwatch.session import Session, goodbyes_saying, note_pause_kinds, ranks_left_behind
 from instrumented_ddp.protocol import COMM_KINDS, READY_KIND, Goodbye, StepReport, failure_of, interruption_of
@@ -252,7 +252,19 @@ def summary_markdown(summary: dict[str, Any]) -> str:
     lines += [f"- rank {r['rank']}: why its steps were sent unresolved (the last to say): {r['unresolved_reason']}"
               for r in summary.get("ranks", []) if r.get("unresolved_reason")]
     lines += stopped_ranks_lines(summary.get("ranks", []))
+    lines += no_goodbye_lines(summary.get("ranks", []))
     return "\n".join(lines) + "\n"
+
+
+def no_goodbye_lines(ranks: list[dict[str, Any]]) -> list[str]:
+    """One line for the ranks this record holds no goodbye of (a summary written before ranks
+    carried theirs has none to judge by): ``ddpwatch summary`` of a recording cut short (a demo
+    quit, a recorder stopped, a job killed) printed its table and said nothing of the cut."""
+    unended = {r["rank"]: r.get("last_step", 0) for r in ranks if "goodbye" in r and r["goodbye"] is None}
+    if not unended:
+        return []
+    return [f"- no goodbye from {heard_until_text(unended)}: this record ends before the run did (written while it "
+            "trained, or a dashboard or recorder stopped first), or a rank died without one (a job killed, a rank lost)"]
 
 
 def stopped_ranks_lines(ranks: list[dict[str, Any]]) -> list[str]:

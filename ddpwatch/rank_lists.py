@@ -71,3 +71,14 @@ def interrupted_ranks_lines(interruptions: dict[int, tuple[int, str]]) -> list[s
         who = f"rank {next(iter(ranks))}" if len(ranks) == 1 else f"ranks {ranks_text(ranks)}"
         lines.append(f"{who} interrupted after {after}: {signal}")
     return lines
+
+
+def heard_until_text(last_steps: dict[int, int]) -> str:
+    """Ranks and the last step each was heard at, ``{rank: step}``, in short: ``rank 3 (last heard
+    at step 6)``, ``8 ranks (0-7; last heard at steps 5-6)``. Said of ranks a record ends without
+    a goodbye from: where each was is all it holds of them."""
+    low, high = min(last_steps.values()), max(last_steps.values())
+    at = f"step {low}" if low == high else f"steps {low}-{high}"
+    if len(last_steps) == 1:
+        return f"rank {next(iter(last_steps))} (last heard at {at})"
+    return f"{len(last_steps)} ranks ({ranks_text(last_steps)}; last heard at {at})"

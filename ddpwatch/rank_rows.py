@@ -37,8 +37,9 @@ class RankRow:
     opened: bool = False  # a node's row whose ranks are shown below it
 
 
-#: Worst first: a node with one failed or lost rank reads so, one still running reads live.
-STATUS_ORDER = {"failed": 4, "lost": 3, "interrupted": 2, "live": 1, "finished": 0}
+#: Worst first: a node with one failed or lost rank reads so, one still running reads live, one
+#: whose end a recording does not hold (``Session.status``'s ``cut``) reads cut.
+STATUS_ORDER = {"failed": 5, "lost": 4, "interrupted": 3, "cut": 2, "live": 1, "finished": 0}
 
 T = TypeVar("T", int, float)
 

@@ -679,17 +679,19 @@ class Session:
         scheduler's SIGTERM): ``{rank: (steps done, which signal)}``."""
         return goodbyes_saying(interruption_of, ((rank, state.goodbye) for rank, state in self.ranks.items()))
 
-    def status(self, rank: int, now: float | None = None) -> str:
+    def status(self, rank: int, now: float | None = None, recording_ended: bool = False) -> str:
         """``live``, ``lost`` (nothing heard for ``LOST_AFTER_S``), or, once it said goodbye,
         ``finished``, ``failed`` (its training raised: the goodbye says what) or ``interrupted``
-        (a signal stopped it)."""
+        (a signal stopped it). ``recording_ended``: nothing more will come (a replay at the end of
+        its file): a rank heard to the end without a goodbye is ``cut``, not ``live``: the
+        recording stopped before its run did, and how the run went on is not in it."""
         state = self.ranks[rank]
         if state.goodbye is not None:
             reason = state.goodbye.reason
             return ("failed" if failure_of(reason) is not None else "interrupted" if interruption_of(reason) is not None
                     else "finished")
         now = time.monotonic() if now is None else now
-        return "lost" if now - state.last_seen > LOST_AFTER_S else "live"
+        return "lost" if now - state.last_seen > LOST_AFTER_S else "cut" if recording_ended else "live"
 
     def segment_reports(self, segment: Segment, include_excluded: bool = False) -> list[StepReport]:
         """Kept reports of the segment; ``include_excluded=False``: only those ``metrics.counted``

@@ -275,7 +275,8 @@ async def test_a_narrow_terminal_shows_the_runs_live_figures_in_the_header(colum
 
 async def test_a_replay_at_its_end_says_ended_and_gives_no_eta_where_the_run_never_said_goodbye(tmp_path) -> None:  # noqa: ANN001
     """A recording stopped at step 6 of 10 without goodbyes (a demo quit, a job killed): at the end
-    of its replay the header read "live" and "ETA 0:04", as if the run still trained."""
+    of its replay the header read "live" and "ETA 0:04", as if the run still trained, and then its
+    ranks did."""
     path = tmp_path / SESSION_FILE_NAME
     writer = SessionWriter(path)
     for index, data in enumerate(session_messages(steps=6, goodbye=False)):
@@ -294,6 +295,9 @@ async def test_a_replay_at_its_end_says_ended_and_gives_no_eta_where_the_run_nev
         lines = [strip.text.rstrip() for strip in text.render_lines(Region(0, 0, text.size.width, text.size.height))]
         assert lines[0].endswith(f"2 ranks · ended · replayed {path} to its end")
         assert " · step 6/10 · ETA — · " in lines[1]
+        # and its ranks, heard to the end, "cut", not "live": the recording does not hold how the run went on
+        assert [row.status for row in app.snapshot.ranks] == ["cut", "cut"]
+        assert app.snapshot.notes[0].startswith("the recording ends before 2 ranks (0-1; last heard at step 6) said goodbye")
 
 
 async def test_exports_that_cannot_be_written_are_said_and_the_dashboard_stays(tmp_path) -> None:  # noqa: ANN001

@@ -297,6 +297,24 @@ def test_a_rank_whose_steps_stopped_before_the_others_is_named() -> None:
     assert "passed no step" not in exporters.summary_markdown(exporters.summary(session))
 
 
+def test_ranks_the_record_holds_no_goodbye_of_are_said_with_where_they_were_last_heard() -> None:
+    """``ddpwatch summary`` of a recording cut short (a demo quit, a job killed) printed its table
+    and said nothing of the cut. A rank that said goodbye is not named; a summary written before
+    ranks carried their goodbye names none (it cannot tell)."""
+    session = make_session()  # neither rank said goodbye; both were last heard at step 5
+    said = ("- no goodbye from 2 ranks (0-1; last heard at step 5): this record ends before the run did (written while it "
+            "trained, or a dashboard or recorder stopped first), or a rank died without one (a job killed, a rank lost)")
+    assert said in exporters.summary_markdown(exporters.summary(session)).splitlines()
+    session.ranks[0].goodbye = Goodbye(0, 5)
+    assert "- no goodbye from rank 1 (last heard at step 5): this record" in exporters.summary_markdown(exporters.summary(session))
+    session.ranks[1].goodbye = Goodbye(1, 5)
+    assert "no goodbye" not in exporters.summary_markdown(exporters.summary(session))
+    older = exporters.summary(make_session())
+    for rank in older["ranks"]:
+        del rank["goodbye"]
+    assert "no goodbye" not in exporters.summary_markdown(older)
+
+
 def test_device_note_is_kept_per_rank() -> None:
     session = Session()
     note = "NVML unavailable: libnvidia-ml.so not found; sending CPU readings"

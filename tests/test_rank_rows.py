@@ -27,6 +27,15 @@ def test_a_node_with_nothing_known_shows_nothing() -> None:
     assert row.step_ms is None and row.status == "finished" and row.opened
 
 
+def test_a_node_shows_its_worst_rank_status_a_recording_cut_among_them() -> None:
+    """Worst first: failed, lost, interrupted, cut (a replay's end before the rank's goodbye), live, finished."""
+    def worst(*statuses: str) -> str:
+        return node_row(0, [rank_row(rank, 0, status=status) for rank, status in enumerate(statuses)], False).status
+    assert worst("finished", "cut", "live") == "cut"
+    assert worst("cut", "interrupted") == "interrupted"
+    assert worst("lost", "cut", "failed") == "failed"
+
+
 def test_rows_by_node_open_only_the_opened_nodes() -> None:
     rows = [rank_row(rank, rank // 2) for rank in range(6)]
     grouped = rows_by_node(rows, {1})

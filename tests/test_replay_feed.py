@@ -60,6 +60,23 @@ def test_a_replay_that_ended_keeps_its_ranks_as_the_recording_left_them(tmp_path
     assert snapshot.warnings == ("rank 1 lost: nothing heard from it for 6.0 s",)
 
 
+def test_a_rank_heard_to_the_end_of_a_recording_without_a_goodbye_reads_cut_and_a_note_says_so(tmp_path: Path) -> None:
+    """A recording stopped while its run trained (a demo quit, a recorder stopped, a job killed):
+    at the end of its replay the ranks heard to the end read "live" under a header that said
+    "ended", as if the run still trained, and nothing said the recording was cut short. A rank
+    silent long before the end is still lost: the recording holds its silence."""
+    path = tmp_path / SESSION_FILE_NAME
+    recorded(path, {0: 9, 1: 4}, last_s=10)
+    feed = ReplayFeed(path, speed=0)
+    feed.start()
+    session = played(feed)
+    snapshot = SnapshotBuilder(session).build(now=time.monotonic(), heard_now=feed.heard_clock(), recording_ended=feed.ended)
+    assert [(row.rank, row.status) for row in snapshot.ranks] == [(0, "cut"), (1, "lost")]
+    assert snapshot.warnings == ("rank 1 lost: nothing heard from it for 6.0 s",)
+    assert snapshot.notes[0] == ("the recording ends before rank 0 (last heard at step 0) said goodbye: how the run "
+                                 "went on is not in it (a dashboard or recorder stopped before the run ended, or the job was killed)")
+
+
 def test_a_replays_clock_runs_at_its_speed_between_messages(tmp_path: Path) -> None:
     """The next message is 100 recorded seconds away: 0.2 s of waiting at speed 4 moves the clock
     at least 0.8 recorded seconds past the last message, and never further than 4 × the wait."""

@@ -259,7 +259,8 @@ class DashboardApp(App[None]):
         side_tab = self.side_tabs.active.removesuffix("-tab")
         self.snapshot = snapshot = self.builder.build(self.selected_step, heatmap_metric=self.heatmap_metric,
                                                       open_nodes=self.open_nodes, selected_rank=self.selected_rank,
-                                                      side_tab=side_tab, heard_now=self.feed.heard_clock())
+                                                      side_tab=side_tab, heard_now=self.feed.heard_clock(),
+                                                      recording_ended=self.feed.ended)
         timed("build")
         self.header_bar.show(snapshot.header, self.feed.description, self.feed.ended)
         if snapshot.header.switchable != self.run_is_switchable:

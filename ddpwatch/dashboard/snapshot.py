@@ -210,10 +210,12 @@ class SnapshotBuilder:
 
     def build(self, selected_step: int | None = None, now: float | None = None, heatmap_metric: str = "exposed",
               open_nodes: Collection[int] = (), selected_rank: int | None = None, side_tab: str | None = None,
-              heard_now: float | None = None) -> Snapshot:
+              heard_now: float | None = None, recording_ended: bool = False) -> Snapshot:
         """``heard_now``: the time on the clock the messages were stamped with on arrival, by which a
         rank's silence is judged lost or stopped (``Feed.heard_clock``: a replay's is the recording's,
         still at its end once played); None: ``now``, the clock that paces what is remade.
+        ``recording_ended``: nothing more will come (``Feed.ended``: a replay at its end): a rank
+        heard to the end without a goodbye reads ``cut``, not ``live``, and a note says so.
         ``open_nodes``: nodes whose heatmap rows the user opened (a job above
         ``EVERY_RANK_A_ROW_UP_TO`` ranks starts with one row per node); ``selected_rank``: drawn in
         the timeline of a job too large to draw every rank; ``side_tab``: the side
@@ -238,11 +240,11 @@ class SnapshotBuilder:
             self._desync = metrics.find_desync(session.counted_calls(step), step,  # type: ignore[arg-type]
                                                {rank: f.calls_by_kind for rank, f in figures.items()}) if reports else None
         trend = self.summaries(sorted(session.reports)[-TREND_POINTS:])
-        warnings, notes = self._warnings_and_notes(step, now, heard)
+        warnings, notes = self._warnings_and_notes(step, now, heard, recording_ended)
         return Snapshot(
             header=self._header(step, selected_step is None or selected_step == latest, trend, now),
             timeline=self._timeline,
-            ranks=self._ranks(step, figures, waits, open_nodes, now, heard),
+            ranks=self._ranks(step, figures, waits, open_nodes, now, heard, recording_ended),
             devices=self._all_device_series(now) if side_tab in (None, "devices") else (),
             loss=tuple(s.loss for s in trend if s.loss is not None),
             step_ms=tuple(s.step_ms for s in trend if s.ranks),
@@ -362,7 +364,7 @@ class SnapshotBuilder:
         return result
 
     def _ranks(self, step: int | None, figures: dict[int, metrics.StepFigures], waits: dict[int, float],
-               open_nodes: Collection[int], now: float, heard: float) -> tuple[RankRow, ...]:
+               open_nodes: Collection[int], now: float, heard: float, recording_ended: bool) -> tuple[RankRow, ...]:
         """A row per rank up to ``EVERY_RANK_IN_THE_TIMELINE_UP_TO`` ranks; above, a row per node,
         its ranks' rows below it where the user opened it (``rank_rows.rows_by_node``), remade at
         most every ``LARGE_JOB_ROWS_REFRESH_S``."""
@@ -371,21 +373,23 @@ class SnapshotBuilder:
         view = (step, frozenset(open_nodes))
         if large and made_for == view and now - made_at < LARGE_JOB_ROWS_REFRESH_S:
             return kept
-        rows = tuple(self._rank_row(rank, figures.get(rank), waits.get(rank), heard) for rank in sorted(self.session.ranks))
+        rows = tuple(self._rank_row(rank, figures.get(rank), waits.get(rank), heard, recording_ended)
+                     for rank in sorted(self.session.ranks))
         if not large:
             return rows
         grouped = rows_by_node(rows, open_nodes)
         self._ranks_made = (now, view, grouped)
         return grouped
 
-    def _rank_row(self, rank: int, figures: metrics.StepFigures | None, waited_s: float | None, heard: float) -> RankRow:
+    def _rank_row(self, rank: int, figures: metrics.StepFigures | None, waited_s: float | None, heard: float,
+                  recording_ended: bool) -> RankRow:
         """Kept while nothing it shows changed: at 1,024 ranks most rows are the same from one
         frame to the next, and making each anew was 8 ms a frame. Its figures and hello are
         compared by identity (a new step's figures, a repeated hello: made anew), since
         comparing them field by field cost more than making the row."""
         state = self.session.ranks[rank]
         hello = state.hello
-        status = self.session.status(rank, heard)
+        status = self.session.status(rank, heard, recording_ended)
         key = (figures, hello, (waited_s, status, state.devices_received, state.last_step,
                                 state.sender_dropped + state.lost_messages, state.memory_step))
         kept = self._rank_rows.get(rank)
@@ -457,13 +461,14 @@ class SnapshotBuilder:
         self._segment_rows[segment.index] = (now, key, row)
         return row
 
-    def _warnings_and_notes(self, step: int | None, now: float, heard: float) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    def _warnings_and_notes(self, step: int | None, now: float, heard: float,
+                            recording_ended: bool) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """A large job's made at most every ``LARGE_JOB_ROWS_REFRESH_S`` (and at once for another
         step): each is a few passes over every rank, and at 1,024 ranks they changed seldom."""
         made_at, made_for, kept = self._warnings_made
         if made_for == step and now - made_at < LARGE_JOB_ROWS_REFRESH_S and len(self.session.ranks) > EVERY_RANK_IN_THE_TIMELINE_UP_TO:
             return kept
-        made = (tuple(self._warnings(step, heard)), tuple(note_lines(self.session, heard)))
+        made = (tuple(self._warnings(step, heard)), tuple(note_lines(self.session, heard, recording_ended)))
         self._warnings_made = (now, step, made)
         return made
 

@@ -1,6 +1,6 @@
 """What the warnings panel says of a session, in plain words. Faults: lost and failed ranks, steps sent
 unresolved, telemetry dropped or rejected, all-reduce groups the hellos contradict. Notes, not
-faults: reports that came late, device notes, skipped optimizer updates, steps that compiled,
+faults: ranks a recording ends with, reports that came late, device notes, skipped optimizer updates, steps that compiled,
 collectives not timed, ranks whose steps stopped while the others' went on.
 
 Pure functions of the session and of the time on its arrivals' clock (``heard``); the snapshot
@@ -15,7 +15,8 @@ from collections import Counter
 
 from ddpwatch.compact import StepSet
 from ddpwatch.metrics import ONE_RANK_NOTE
-from ddpwatch.rank_lists import FEW_RANKS, failed_ranks_lines, interrupted_ranks_lines, ranks_text, runs_text
+from ddpwatch.rank_lists import (FEW_RANKS, failed_ranks_lines, heard_until_text, interrupted_ranks_lines, ranks_text,
+                                 runs_text)
 from ddpwatch.session import Session
 
 
@@ -69,14 +70,27 @@ def reporting_fault_lines(session: Session) -> list[str]:
     return lines
 
 
-def note_lines(session: Session, heard: float) -> list[str]:
-    """Not faults: ranks a signal stopped (Ctrl-C, a SIGTERM: ``rank_lists.interrupted_ranks_lines``),
+def cut_ranks_lines(session: Session, heard: float) -> list[str]:
+    """Ranks a recording ends with, heard to its end and without a goodbye (``Session.status``'s
+    ``cut``): a replay at its end showed them live under a header that said "ended"."""
+    cut = {rank: state.last_step for rank, state in sorted(session.ranks.items())
+           if session.status(rank, heard, recording_ended=True) == "cut"}
+    if not cut:
+        return []
+    return [f"the recording ends before {heard_until_text(cut)} said goodbye: how the run went on is not in it "
+            "(a dashboard or recorder stopped before the run ended, or the job was killed)"]
+
+
+def note_lines(session: Session, heard: float, recording_ended: bool = False) -> list[str]:
+    """Not faults: ranks a recording ends with (``recording_ended``: a replay at its end;
+    ``cut_ranks_lines``), ranks a signal stopped (Ctrl-C, a SIGTERM: ``rank_lists.interrupted_ranks_lines``),
     steps whose optimizer update was skipped, steps in which torch.compile compiled, accumulating
     steps that all-reduced before their last micro-step (``accumulation``), ranks whose
     steps stopped while the others' went on, reports that came late (heartbeats run ahead of
     reports still resolving), why a rank's device readings are not what its device suggests; a
     run of one rank, whose figures of communication are empty."""
-    lines = interrupted_ranks_lines(session.interrupted_ranks)
+    lines = cut_ranks_lines(session, heard) if recording_ended else []
+    lines += interrupted_ranks_lines(session.interrupted_ranks)
     if session.world_size == 1:
         lines.append(ONE_RANK_NOTE)
     if session.skipped_updates:

@@ -31,7 +31,8 @@ COLUMNS = ("rank", "status", "step", "step ms", "Compute%", "Non_Compute%", "Ove
            "utilization", "memory", "held P/G/O MiB", "dropped", "node", "host", "device")
 STATUS_COLUMN = COLUMNS.index("status")
 STATUS_STYLE = {"live": Style(color="green"), "finished": Style(color="blue"), "lost": Style(color="red", bold=True),
-                "failed": Style(color="red", bold=True), "interrupted": Style(color="yellow")}
+                "failed": Style(color="red", bold=True), "interrupted": Style(color="yellow"),
+                "cut": Style(color="yellow", dim=True)}
 NUMERIC = frozenset(range(COLUMNS.index("step"), COLUMNS.index("waited ms") + 1)) | {COLUMNS.index("dropped")}
 GAP = 2
 

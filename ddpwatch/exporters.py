@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from ddpwatch import metrics
+from ddpwatch import evaluations, metrics
 from ddpwatch.accumulation import early_reductions_of, early_reductions_text
 from ddpwatch.rank_lists import failed_ranks_lines, heard_until_text, interrupted_ranks_lines, rank_runs, runs_text
 from ddpwatch.segment_bars import bars_svg, lengths, segment_bar
@@ -66,7 +66,8 @@ def summary(session: Session) -> dict[str, Any]:
     desynchronised step, first to last) at the top and per segment; per rank, steps sent
     ``unresolved``, the ``device_note`` its hello carried, the ``last_step`` it passed and its
     ``goodbye`` (None for a rank lost or still running; a reason beginning ``failed:`` where its
-    training raised, said in summary.md as an error)."""
+    training raised, said in summary.md as an error). ``evaluations``: what the run's evaluations
+    measured, a step each (``evaluations.Evaluations``)."""
     ranks = []
     for rank, state in sorted(session.ranks.items()):
         h = state.hello
@@ -109,7 +110,7 @@ def summary(session: Session) -> dict[str, Any]:
                       "all_reduce_groups": [list(group) for group in groups] if groups is not None else None,
                       "all_reduce_groups_problem": session.all_reduce_groups_problem,
                       "desync": asdict(desync) if desync is not None else None,
-                      "segments": segments, "telemetry": telemetry})
+                      "segments": segments, "evaluations": session.evaluations.as_list(), "telemetry": telemetry})
 
 
 def pauses(reports: list[StepReport], wall_s: float) -> dict[str, Any]:
@@ -253,6 +254,7 @@ def summary_markdown(summary: dict[str, Any]) -> str:
               for r in summary.get("ranks", []) if r.get("unresolved_reason")]
     lines += stopped_ranks_lines(summary.get("ranks", []))
     lines += no_goodbye_lines(summary.get("ranks", []))
+    lines += evaluations.markdown_lines(summary.get("evaluations", []))
     return "\n".join(lines) + "\n"
 
 

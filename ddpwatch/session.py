@@ -16,11 +16,13 @@ from typing import Any, NamedTuple
 from ddpwatch import accumulation, metrics
 from ddpwatch.compact import NO_SPANS, PackedSpans, StepSet, TagSequences
 from ddpwatch.cost_model import StepCollectives, TransferMemory, call_sizes
+from ddpwatch.evaluations import Evaluations
 from instrumented_ddp.protocol import (
     MAX_PAUSED_FOR,
     Ack,
     DeviceSample,
     Envelope,
+    Evaluation,
     Goodbye,
     Heartbeat,
     Hello,
@@ -254,6 +256,8 @@ class Session:
         self.nograd_forwards = CountedSteps()
         #: Accumulating steps that all-reduced before their last micro-step (no ``no_sync``).
         self.early_reductions = accumulation.EarlyReductions()
+        #: What the run's evaluations measured, by the step each followed.
+        self.evaluations = Evaluations()
         #: The rank whose goodbye said its training failed before any other's did: the cause,
         #: where the others' next collectives then failed on a dead peer (``failed_ranks_lines``).
         self.first_failed_rank: int | None = None
@@ -317,6 +321,8 @@ class Session:
                 rank.pausing, rank.pausing_since = pausing, now
         elif isinstance(message, Ack):
             self.acks.append(message)
+        elif isinstance(message, Evaluation):
+            self.evaluations.add(message)
         elif isinstance(message, Goodbye):
             rank.goodbye = message
             if self.first_failed_rank is None and failure_of(message.reason) is not None:

@@ -9,8 +9,8 @@ PyTorch's DDP tutorial loop, watched by ddpwatch with one added line (``instrume
 
 The model is the tutorial's ToyModel made deeper (``--layers``) so that DDP has several buckets
 to show; the data is random, the same on every run. Everything but the ``attach`` and ``detach``
-lines (and the optional ``record_loss``, for the Loss tab, and ``paused``, around an evaluation) is
-the loop you already have.
+lines (and the optional ``record_loss`` and ``record_evaluation``, for the Loss tab, and ``paused``,
+around an evaluation) is the loop you already have.
 """
 
 from __future__ import annotations
@@ -122,6 +122,8 @@ def main() -> None:
         if args.eval_every and (step + 1) % args.eval_every == 0:
             with watch.paused("evaluate") if watch is not None else nullcontext():  # <- optional: not the next step's data
                 eval_loss = evaluate(ddp_model, loss_fn, held_out)
+            if watch is not None:
+                watch.record_evaluation({"eval_loss": eval_loss})  # <- optional: drawn under the training loss
             if rank == 0:
                 print(f"step {step + 1}: held-out loss {eval_loss:.4f}")
         if profiler is not None:

@@ -60,7 +60,7 @@ import functools
 import numbers
 import os
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import TracebackType
@@ -76,7 +76,7 @@ from .ddp_timing import DDPTiming
 from .distributed import DistributedContext
 from .issued_collectives import IssuedCollectives
 from .memory import MemorySampler
-from .protocol import DEFAULT_ADDRESS, NOT_SWITCHABLE, address_problem, is_loopback, load_client_keys
+from .protocol import DEFAULT_ADDRESS, NOT_SWITCHABLE, address_problem, is_loopback, load_client_keys, metrics_problem
 from .watch import Watch, goodbye_reason, parameter_layout
 
 if TYPE_CHECKING:
@@ -466,6 +466,24 @@ class Attachment:
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
             raise AttachError(f"record_loss: expected the loss as a one-element tensor or a number, got {describe(loss)}")
         self._recorded_losses.append(loss.detach())
+
+    def record_evaluation(self, metrics: Mapping[str, Any]) -> None:
+        """What an evaluation after the steps done so far measured, by name (``{"eval_loss": 0.41,
+        "accuracy": 0.87}``), for the dashboard's Loss tab and the exports; optional, one line
+        after the evaluation (the Trainer callback sends the Trainer's own). Numbers or
+        one-element tensors: a tensor is read here (``.item()``, which waits for the device: an
+        evaluation has just waited for its results anyway). A misuse is one line naming it."""
+        if not isinstance(metrics, Mapping):
+            raise AttachError(f"record_evaluation: expected the metrics as a mapping of names to numbers, got {describe(metrics)}")
+        numbers_by_name: dict[str, Any] = {}
+        for name, value in metrics.items():
+            if isinstance(value, torch.Tensor) and value.numel() == 1:
+                value = value.item()
+            numbers_by_name[name] = float(value) if isinstance(value, numbers.Real) and not isinstance(value, bool) else value
+        if (problem := metrics_problem(numbers_by_name)) is not None:
+            raise AttachError(f"record_evaluation: {problem}")
+        if self._handles:  # attached
+            self.watch.record_evaluation(numbers_by_name)
 
     @contextmanager
     def paused(self, what: str) -> Iterator[None]:

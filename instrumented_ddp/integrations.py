@@ -35,6 +35,7 @@ pins it):
 
 from __future__ import annotations
 
+import numbers
 import sys
 from typing import Any
 
@@ -43,7 +44,7 @@ from torch.nn.parallel import DistributedDataParallel
 from transformers import TrainerCallback
 
 from .attachment import AttachError, Attachment, attach, compiled_module, is_fsdp2
-from .protocol import DEFAULT_ADDRESS, FAILED
+from .protocol import DEFAULT_ADDRESS, FAILED, MAX_EVALUATION_METRICS, MAX_METRIC_NAME
 
 
 class DDPWatchCallback(TrainerCallback):
@@ -95,9 +96,11 @@ class DDPWatchCallback(TrainerCallback):
         if self.attachment is not None and (getattr(control, "should_evaluate", False) or getattr(control, "should_save", False)):
             self.attachment.pause_begins("evaluate" if control.should_evaluate else "save")
 
-    def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+    def on_evaluate(self, args: Any, state: Any, control: Any, metrics: Any = None, **kwargs: Any) -> None:
         if self.attachment is not None:
             self.attachment.pause_ends("evaluate")
+            if measured := quality_metrics(metrics):  # the Loss tab draws them beside the training loss
+                self.attachment.record_evaluation(measured)
             if getattr(control, "should_save", False):  # a checkpoint follows
                 self.attachment.pause_begins("save")
 
@@ -109,6 +112,21 @@ class DDPWatchCallback(TrainerCallback):
         if self.attachment is not None:
             self.attachment.detach()
             self.attachment = None
+
+
+def quality_metrics(metrics: Any) -> dict[str, float]:
+    """What a Trainer's evaluation measured of the model (``eval_loss``, ``compute_metrics``'
+    accuracy, …): its numbers less the epoch and the speed figures (``eval_runtime``,
+    ``…_per_second``: the pause already says how long it took), as transformers'
+    ``default_compute_objective`` leaves them out; names or counts the wire refuses are left out
+    too, never raised: an evaluation's log line must not stop the training."""
+    if not isinstance(metrics, dict):
+        return {}
+    measured = {name: float(value) for name, value in metrics.items()
+                if isinstance(name, str) and 0 < len(name) <= MAX_METRIC_NAME and name != "epoch"
+                and not name.endswith(("_runtime", "_per_second", "_model_preparation_time"))
+                and isinstance(value, numbers.Real) and not isinstance(value, bool)}
+    return dict(list(measured.items())[:MAX_EVALUATION_METRICS])
 
 
 def begun_again_because(args: Any, state: Any) -> str:

@@ -290,6 +290,24 @@ class Goodbye:
     trains_again: bool = False
 
 
+#: What one evaluation may carry: a few named numbers (a Trainer's ``compute_metrics`` gives a handful).
+MAX_EVALUATION_METRICS = 32
+MAX_METRIC_NAME = 64  # characters of a metric's name
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """What an evaluation of the model measured after optimizer step ``step``: its held-out loss,
+    accuracy, … by name (``metrics``), so the dashboard draws them beside the training loss, and
+    the exports keep them with the run's figures. A number may be NaN or infinite: a diverged
+    evaluation is news, not a malformed message."""
+
+    TYPE: ClassVar[str] = "evaluation"
+    rank: int
+    step: int
+    metrics: dict[str, float]
+
+
 FAILED = "failed: "  # a goodbye's reason when the rank's training raised: "failed: RuntimeError: ..."
 INTERRUPTED = "interrupted: "  # when a signal stopped it: "interrupted: SIGTERM" (``stop_signals``)
 
@@ -305,9 +323,10 @@ def interruption_of(reason: str) -> str | None:
     return reason.removeprefix(INTERRUPTED) if reason.startswith(INTERRUPTED) else None
 
 
-Message = Hello | StepReport | StepSummary | Heartbeat | DeviceSample | SwitchCommand | SpanRequest | Ack | Goodbye
+Message = (Hello | StepReport | StepSummary | Heartbeat | DeviceSample | SwitchCommand | SpanRequest | Ack | Goodbye
+           | Evaluation)
 MESSAGE_TYPES: dict[str, type] = {cls.TYPE: cls for cls in (
-    Hello, StepReport, StepSummary, Heartbeat, DeviceSample, SwitchCommand, SpanRequest, Ack, Goodbye)}
+    Hello, StepReport, StepSummary, Heartbeat, DeviceSample, SwitchCommand, SpanRequest, Ack, Goodbye, Evaluation)}
 MAX_REQUESTED_STEPS = 64  # steps one SpanRequest may name
 
 
@@ -460,6 +479,11 @@ def _build(cls: type, body: dict[str, Any]) -> Message:
             raise ProtocolError("invalid", f"span_request: over {MAX_REQUESTED_STEPS} steps")
         if not 0.0 <= values.get("device_every_s", 0.0) <= MAX_DEVICE_EVERY_S:
             raise ProtocolError("invalid", f"span_request: device_every_s outside 0-{MAX_DEVICE_EVERY_S:g} s")
+    if cls is Evaluation:
+        if (problem := metrics_problem(values["metrics"])) is not None:
+            raise ProtocolError("invalid", f"evaluation: {problem}")
+        if values["step"] < 0:
+            raise ProtocolError("invalid", "evaluation: a negative step")
     if cls is Hello:
         values["parameter_layout"] = [_layout_row(row) for row in values.get("parameter_layout", [])]
         _check_all_reduce_group(values)
@@ -483,8 +507,25 @@ _FIELD_TYPES: dict[str, Any] = {
     "pinned_steps": list, "device_every_s": float, "calls_by_kind": dict, "memory": dict,
     "settings": dict, "readings": dict, "spans": list, "parameter_layout": list, "bucket_layout": list,
     "all_reduce_group": list, "other_algbw_gbps": dict, "sharded_tags": list, "sharded_seconds": bytes,
-    "sharded_starts": bytes,
+    "sharded_starts": bytes, "metrics": dict,
 }
+
+
+def metrics_problem(metrics: object) -> str | None:
+    """What is wrong with an evaluation's ``metrics``, in words, or None: at most
+    ``MAX_EVALUATION_METRICS`` names of 1 to ``MAX_METRIC_NAME`` characters, each a number (an
+    int or a float, NaN and infinities included; not a bool). The listener's check and the
+    sender's (``Attachment.record_evaluation`` says it to the user in one line) are this one."""
+    if not isinstance(metrics, dict) or not metrics:
+        return f"expected the metrics as a non-empty mapping of names to numbers, got {type(metrics).__name__}"
+    if len(metrics) > MAX_EVALUATION_METRICS:
+        return f"{len(metrics)} metrics is over the {MAX_EVALUATION_METRICS} one evaluation may carry"
+    for name, value in metrics.items():
+        if not isinstance(name, str) or not 0 < len(name) <= MAX_METRIC_NAME:
+            return f"a metric's name must be 1-{MAX_METRIC_NAME} characters, got {name!r:.80}"
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            return f"metric {name!r} is not a number: {value!r:.40}"
+    return None
 
 
 def _check_all_reduce_group(values: dict[str, Any]) -> None:

@@ -21,7 +21,7 @@ from torch import nn
 
 from .device_sampler import DeviceSampler, cuda_device_identity, make_reader
 from .distributed import DistributedContext
-from .protocol import FAILED, Ack, ClientKeys, Hello, StepReport, SwitchCommand
+from .protocol import FAILED, Ack, ClientKeys, Evaluation, Hello, StepReport, SwitchCommand
 from .stop_signals import interruption_reason
 from .telemetry import TelemetryPublisher
 from .timeline import NULL_TIMELINE, CudaEventClock, HostClock, NullTimeline, StepTimeline
@@ -236,6 +236,12 @@ class Watch:
             if report.loss is not None:
                 self.latest_loss = (report.step, report.loss)
         return reports
+
+    def record_evaluation(self, metrics: dict[str, float]) -> None:
+        """Send what an evaluation after the steps done so far measured (checked by the caller:
+        ``protocol.metrics_problem``); queued like every message, never blocking."""
+        if self.publisher is not None:
+            self.publisher.publish(Evaluation(self.publisher.hello.rank, self.steps, metrics))
 
     def close(self, reason: str = "finished", wait_for_pending_s: float = 1.0, trains_again: bool = False) -> None:
         """Send the steps that resolve within ``wait_for_pending_s`` (the last step's completion

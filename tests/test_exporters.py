@@ -25,7 +25,7 @@ import pytest
 
 from ddpwatch import exporters
 from ddpwatch.session import Session
-from instrumented_ddp.protocol import DeviceSample, Envelope, Goodbye, Hello, Span, StepReport, encode
+from instrumented_ddp.protocol import DeviceSample, Envelope, Evaluation, Goodbye, Hello, Span, StepReport, encode
 
 SETTINGS = {"simple": {"grad_accum": 1}, "bucket": {"grad_accum": 1, "bucket_mb": 25.0}}
 HOSTS = {0: "host-a", 1: "host-b"}
@@ -313,6 +313,22 @@ def test_ranks_the_record_holds_no_goodbye_of_are_said_with_where_they_were_last
     for rank in older["ranks"]:
         del rank["goodbye"]
     assert "no goodbye" not in exporters.summary_markdown(older)
+
+
+def test_the_runs_evaluations_are_in_summary_json_and_a_table_of_summary_md() -> None:
+    """What a Trainer's evaluations measured was in its log alone."""
+    session = make_session()
+    assert exporters.summary(session)["evaluations"] == [] and "Evaluations" not in exporters.summary_markdown(exporters.summary(session))
+    for rank in (1, 0):
+        session.ingest(Envelope(Evaluation(rank, 3, {"eval_loss": 0.5 + rank, "eval_accuracy": 0.75}), rank, 90, 0))
+    session.ingest(Envelope(Evaluation(0, 5, {"eval_loss": float("nan")}), 0, 91, 0))
+    data = exporters.summary(session)
+    assert json.loads(json.dumps(data, allow_nan=False)) == data
+    assert data["evaluations"] == [{"step": 3, "rank": 0, "metrics": {"eval_loss": 0.5, "eval_accuracy": 0.75}},
+                                   {"step": 5, "rank": 0, "metrics": {"eval_loss": None}}]
+    assert exporters.summary_markdown(data).endswith(
+        "Evaluations, after the step each followed:\n\n| after step | eval_loss | eval_accuracy |\n|---|---|---|\n"
+        "| 3 | 0.5 | 0.75 |\n| 5 | not finite | — |\n")
 
 
 def test_device_note_is_kept_per_rank() -> None:

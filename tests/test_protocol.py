@@ -22,6 +22,7 @@ from instrumented_ddp.protocol import (
     Ack,
     DeviceSample,
     Envelope,
+    Evaluation,
     Goodbye,
     Heartbeat,
     Hello,
@@ -69,6 +70,7 @@ MESSAGES: list[Any] = [
     SwitchCommand(command_id="cmd-2", strategy="ddp"),
     Ack(rank=1, command_id="cmd-1", applied=True, step=12, detail="from step 12"),
     Goodbye(rank=1, steps=50, reason="interrupted"),
+    Evaluation(rank=1, step=40, metrics={"eval_loss": 0.41, "eval_accuracy": 0.875}),
 ]
 
 
@@ -163,6 +165,20 @@ def test_a_heartbeat_says_what_the_loop_pauses_training_for_while_it_does() -> N
     assert decode(encode(Heartbeat(0, 1.0, 10, "evaluate"))).message.pausing == "evaluate"
     assert "pausing" not in _raw(Heartbeat(0, 1.0, 10))["body"]  # a default is not sent
     assert _category(_with_body(Heartbeat(0, 1.0, 10), pausing=1)) == "invalid"
+
+
+def test_an_evaluation_carries_a_few_named_numbers_a_diverged_one_included() -> None:
+    """NaN and infinities are news (a diverged evaluation), not malformed; anything but a few
+    named numbers is refused, as is a negative step."""
+    measured = decode(encode(Evaluation(0, 10, {"eval_loss": float("nan"), "samples": 200}))).message
+    assert isinstance(measured, Evaluation) and math.isnan(measured.metrics["eval_loss"]) and measured.metrics["samples"] == 200
+    good = Evaluation(0, 10, {"eval_loss": 0.5})
+    for bad in ({}, {"": 1.0}, {"x" * 65: 1.0}, {"ok": True}, {"ok": "0.5"}, {"ok": [0.5]},
+                {f"m{i}": 1.0 for i in range(33)}, [0.5]):
+        assert _category(_with_body(good, metrics=bad)) == "invalid", bad
+    assert _category(_with_body(good, step=-1)) == "invalid"
+    assert _category(_with_body(good, metrics={1: 0.5})) == "garbage"  # a map's keys are strings (strict_map_key)
+    assert decode(_with_body(good, metrics={"x" * 64: 1.0, **{f"m{i}": 1.0 for i in range(31)}})).message.metrics["m30"] == 1.0
 
 
 def test_a_step_whose_update_was_skipped_says_so_in_its_report_and_its_summary() -> None:

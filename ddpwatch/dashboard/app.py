@@ -21,6 +21,7 @@ from instrumented_ddp.output_paths import file_in_the_way
 from instrumented_ddp.protocol import NOT_SWITCHABLE, STRATEGY_NAMES, Ack, Envelope
 
 from ..control import new_command
+from ..evaluations import series_label
 from ..exporters import write_exports
 from ..heatmap import HEATMAP_METRICS
 from ..session import DEVICE_SAMPLES_PER_RANK, Session
@@ -278,7 +279,8 @@ class DashboardApp(App[None]):
         if side_tab == "devices":  # the side panel's hidden tabs are drawn when they are shown
             self.device_panel.show(self._device_series(snapshot.devices))
         elif side_tab == "trends":
-            self.trends_panel.show((Series("loss (mean over ranks)", snapshot.loss), Series("step time", snapshot.step_ms, " ms")))
+            self.trends_panel.show((Series("loss (mean over ranks)", snapshot.loss), Series("step time", snapshot.step_ms, " ms"),
+                                    *(Series(series_label(name, steps), values) for name, steps, values in snapshot.evaluations)))
         elif side_tab == "heatmap":
             self.heatmap_view.show(snapshot.heatmap)
         elif side_tab == "stragglers":

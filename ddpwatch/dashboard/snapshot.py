@@ -114,6 +114,9 @@ class Snapshot:
     heatmap: Heatmap | None = None  # ranks (or nodes) x recent steps
     stragglers: tuple[StragglerRow, ...] = ()  # the ranks the others waited for longest, recently
     advice: Advice | str | None = None  # the bucket advisor's sweep, or what it still needs
+    #: What the run's evaluations measured: (metric, the steps each followed, values) per metric
+    #: (``evaluations.Evaluations.series``), drawn under the loss.
+    evaluations: tuple[tuple[str, tuple[int, ...], tuple[float, ...]], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -179,6 +182,7 @@ class SnapshotBuilder:
     _advice_made: tuple[float, Any, Advice | str | None] = (-1.0, None, None)  # (made at, (steps, segments), advice)
     _roles: tuple[Any, tuple[tuple[int, str], ...]] = (None, ())  # ((step, figures, selected), timeline ranks)
     _warnings_made: tuple[float, int | None, tuple[tuple[str, ...], tuple[str, ...]]] = (-math.inf, None, ((), ()))  # (made at, step, (warnings, notes))
+    _evaluations_made: tuple[int, tuple[tuple[str, tuple[int, ...], tuple[float, ...]], ...]] = (0, ())  # (changes, series)
 
     def waits_of(self, step: int | None) -> dict[int, float]:
         """Cross-rank waits of a step's counted reports (the straggler check looks at the last
@@ -254,7 +258,15 @@ class SnapshotBuilder:
             heatmap=self._heatmap(heatmap_metric, open_nodes, now) if side_tab in (None, "heatmap") else None,
             stragglers=self._top_stragglers(step) if side_tab in (None, "stragglers") else (),
             advice=self.advice(now) if side_tab in (None, "advisor") else None,
+            evaluations=self._evaluation_series() if side_tab in (None, "trends") else (),
         )
+
+    def _evaluation_series(self) -> tuple[tuple[str, tuple[int, ...], tuple[float, ...]], ...]:
+        """Made again only when an evaluation was kept (a run evaluates every few hundred steps)."""
+        evaluations = self.session.evaluations
+        if self._evaluations_made[0] != evaluations.changes:
+            self._evaluations_made = (evaluations.changes, tuple(evaluations.series()))
+        return self._evaluations_made[1]
 
     def timeline_ranks(self, step: int | None, selected_rank: int | None) -> tuple[tuple[int, str], ...]:
         """``pick_timeline_ranks`` of a kept step, made again when the step gains a figure or

@@ -22,6 +22,8 @@ pins it):
   calling ``on_evaluate`` at the end, and saves a checkpoint, calling ``on_save`` after: the
   callback marks each a pause (``Attachment.pause_ends``), so the next step begins there and its
   data loading is not the evaluation's seconds (nor its step time, p95 and samples/s).
+  ``on_evaluate`` is given the evaluation's ``metrics`` (what the Trainer logs): the callback sends
+  what they say of the model (``quality_metrics``) for the dashboard's Loss tab.
 - Under ``auto_find_batch_size`` an out-of-memory error inside ``train()`` is caught by Accelerate,
   which calls the training loop again at a smaller batch: ``on_train_end`` never came, and the
   second ``on_train_begin`` finds a new DDP over the same model (transformers 5.24): the callback
@@ -49,7 +51,8 @@ from .protocol import DEFAULT_ADDRESS, FAILED, MAX_EVALUATION_METRICS, MAX_METRI
 
 class DDPWatchCallback(TrainerCallback):
     """Attaches ddpwatch to the Trainer's DDP (or FSDP2) model at ``on_train_begin``; detaches at
-    ``on_train_end``; marks its evaluations and checkpoints between steps as pauses of training.
+    ``on_train_end``; marks its evaluations and checkpoints between steps as pauses of training,
+    and sends what each evaluation measured.
     Where the Trainer built no DDP, the run is trained as usual, with one line
     saying why there is nothing to watch: one process (Accelerate wraps a model in DDP only for
     two or more, torchrun's one process included), or another wrapper (FSDP1, DeepSpeed), which

@@ -34,7 +34,7 @@ from ddpwatch.recorder import load_session
 from ddpwatch.session import Session
 from instrumented_ddp import attachment, stop_signals
 from instrumented_ddp.attachment import NOT_SWITCHABLE, AttachError, Attachment, batch_size_and_tokens
-from instrumented_ddp.protocol import Ack, Envelope, Goodbye, Hello, StepReport, SwitchCommand
+from instrumented_ddp.protocol import Ack, Envelope, Evaluation, Goodbye, Hello, StepReport, SwitchCommand
 from launch import REPO_ROOT, Recorder, free_port
 
 
@@ -220,7 +220,8 @@ def test_the_trainers_evaluation_and_checkpoint_between_steps_are_a_pause_not_th
                 ddp.module(**batch(99))
             dist.all_reduce(torch.ones(1))  # gather_for_metrics
             time.sleep(eval_s)
-            callback.on_evaluate(None, None, None, metrics={})
+            callback.on_evaluate(None, None, None, metrics={"eval_loss": 0.25, "eval_accuracy": 1, "eval_runtime": eval_s,
+                                                            "eval_samples_per_second": 80.0, "epoch": 0.5})
             time.sleep(save_s)
             callback.on_save(None, None, None)
     callback.on_train_end(None, None, None)
@@ -234,6 +235,8 @@ def test_the_trainers_evaluation_and_checkpoint_between_steps_are_a_pause_not_th
     assert third.start <= data.start and data.end - data.start < loader_s + eval_s / 2
     assert third.untimed_collectives == 0 and not third.excluded
     assert all(r.paused_s == 0.0 for r in reports if r is not third)
+    # what it measured, after step 2, for the Loss tab: the speed figures and the epoch left out
+    assert [m for m in sent if isinstance(m, Evaluation)] == [Evaluation(0, 2, {"eval_loss": 0.25, "eval_accuracy": 1.0})]
 
 
 def test_while_the_loop_pauses_its_heartbeats_say_what_for_and_training_again_clears_it(one_rank_group: None) -> None:
@@ -953,6 +956,29 @@ def test_a_loss_computed_outside_the_model_is_recorded_with_one_optional_line(on
         optimizer.step()
     (report,) = [m for m in sent if isinstance(m, StepReport)]
     assert report.loss == pytest.approx(7.0)
+
+
+def test_an_evaluation_the_loop_measured_is_sent_with_the_step_it_followed_and_a_wrong_one_is_one_line(
+        one_rank_group: None, sent: list[Any]) -> None:
+    """``record_evaluation``: numbers, numpy's scalars and one-element tensors, after the steps
+    done so far; anything else is refused in one line naming what was wrong, and nothing is sent.
+    Once detached, nothing is sent either (the goodbye was the last message)."""
+    ddp, optimizer = make_ddp()
+    with attached(ddp, optimizer) as watch:
+        watch.record_evaluation({"eval_loss": torch.tensor(0.5)})  # before any step: after step 0
+        train(ddp, optimizer, steps=2)
+        watch.record_evaluation({"eval_loss": np.float32(0.25), "accuracy": 1, "perplexity": float("inf")})
+        for wrong, why in (([0.5], "expected the metrics as a mapping of names to numbers, got a list"),
+                           ({}, "expected the metrics as a non-empty mapping of names to numbers, got dict"),
+                           ({"eval_loss": "0.5"}, "metric 'eval_loss' is not a number: '0.5'"),
+                           ({"eval_loss": torch.ones(2)}, "metric 'eval_loss' is not a number: tensor([1., 1.])"),
+                           ({f"m{i}": 1.0 for i in range(33)}, "33 metrics is over the 32 one evaluation may carry")):
+            with pytest.raises(AttachError, match=f"^{re.escape(f'record_evaluation: {why}')}$"):
+                watch.record_evaluation(wrong)  # type: ignore[arg-type]
+    watch.record_evaluation({"eval_loss": 0.1})
+    evaluations = [m for m in sent if isinstance(m, Evaluation)]
+    assert evaluations == [Evaluation(0, 0, {"eval_loss": 0.5}),
+                           Evaluation(0, 2, {"eval_loss": 0.25, "accuracy": 1.0, "perplexity": float("inf")})]
 
 
 @pytest.mark.parametrize("given", [0.3, 25.0, 0.05, 1.0, 2.83, 0.001])

@@ -27,6 +27,7 @@ EXAMPLES = {  # each with two buckets or more, an accumulation (no_sync) in ever
 
 @dataclass
 class ExampleRuns:
+    example: str  # a key of EXAMPLES
     session: Session
     summary: dict
     buckets: int  # DDP's own count, printed by the example from _get_ddp_logging_data()
@@ -48,7 +49,7 @@ def example_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPa
     unwatched = run_torchrun([*command, "--no-watch", "--save-final", str(out / "unwatched.pt")])
     assert unwatched.returncode == 0, unwatched.stderr[-3000:]
     buckets = int(re.search(r"DDP reduced gradients in (\d+) bucket", watched.stdout).group(1))
-    return ExampleRuns(load_session(out / "session" / "session.ddpwatch"), json.loads((out / "session" / "summary.json").read_text()),
+    return ExampleRuns(request.param, load_session(out / "session" / "session.ddpwatch"), json.loads((out / "session" / "summary.json").read_text()),
                        buckets, out / "watched.pt", out / "unwatched.pt", out / "profile")
 
 
@@ -69,7 +70,14 @@ def test_all_reduces_per_step_are_ddps_buckets_on_every_rank(example_runs: Examp
 def test_the_evaluation_between_steps_is_a_pause_before_the_next_step_not_its_data(example_runs: ExampleRuns) -> None:
     """The evaluation after step 10 (``watch.paused`` in the DDP example; in the Trainer's, its own
     ``_maybe_log_save_evaluate`` then ``on_evaluate``, as the installed transformers calls them):
-    step 11 begins where it ended, on both ranks, and its gathers are not step 11's."""
+    step 11 begins where it ended, on both ranks, and its gathers are not step 11's. What it
+    measured (the DDP example's ``record_evaluation``, the Trainer's own metrics from
+    ``on_evaluate``) is in the summary after step 10, less the Trainer's speed figures; the Trainer
+    evaluates after its last step (12) as well (``DefaultFlowCallback``: a step-based evaluation at
+    the end too)."""
+    evaluations = example_runs.summary["evaluations"]
+    assert [e["step"] for e in evaluations] == ([10, 12] if example_runs.example == "hf_trainer" else [10])
+    assert all(list(e["metrics"]) == ["eval_loss"] and e["metrics"]["eval_loss"] > 0 for e in evaluations)
     (segment,) = example_runs.summary["segments"]
     assert (segment["paused_steps"], segment["paused_for"]) == ([11], ["evaluate"]) and segment["paused_s"] > 0
     for rank, report in example_runs.session.reports[11].items():

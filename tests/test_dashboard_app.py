@@ -29,7 +29,8 @@ from ddpwatch.dashboard.widgets.timeline_view import TimelineView
 from ddpwatch.receiver import ingest
 from ddpwatch.session import Session
 from ddpwatch.session_file import SESSION_FILE_NAME, SessionWriter
-from instrumented_ddp.protocol import NOT_SWITCHABLE, Ack, Goodbye, Heartbeat, SpanRequest, StepReport, SwitchCommand, decode, encode
+from instrumented_ddp.protocol import (NOT_SWITCHABLE, Ack, Evaluation, Goodbye, Heartbeat, SpanRequest, StepReport, SwitchCommand,
+                                      decode, encode)
 from instrumented_ddp.telemetry import routing_id
 from synthetic_session import hello, session_messages, step_report, waiting_ranks
 
@@ -518,6 +519,22 @@ async def test_sixty_four_ranks_fit_the_timeline_and_the_ranks_table_scrolls() -
         await pilot.pause(0.3)  # ... until it is shown
         assert [s.label for s in app.trends_panel.series] == ["loss (mean over ranks)", "step time"]
         assert app.frames > 0
+
+
+async def test_the_runs_evaluations_are_drawn_under_the_training_loss() -> None:
+    """A Trainer's eval_loss was in its log alone: now a series per metric, losses first, captioned
+    with how many evaluations and the step the last followed; every rank's copy is one point."""
+    evaluations = [encode(Evaluation(rank, step, {"eval_accuracy": 0.5 + step / 20, "eval_loss": 1.0 / step}), 100 + step, 0)
+                   for step in (3, 6) for rank in (0, 1)]
+    app = DashboardApp(StaticFeed([*session_messages(steps=6, goodbye=False), *evaluations]), export_on_exit=False)
+    async with app.run_test(size=(160, 50)) as pilot:
+        app.side_tabs.active = "trends-tab"
+        await draw_every_message(app, pilot)
+        series = app.trends_panel.series
+        assert [s.label for s in series] == ["loss (mean over ranks)", "step time", "eval_loss (2 evaluations, the last after step 6)",
+                                             "eval_accuracy (2 evaluations, the last after step 6)"]
+        assert series[2].values == (pytest.approx(1 / 3), pytest.approx(1 / 6)) and series[3].values == (0.65, 0.8)
+        assert series[2].caption().startswith("eval_loss (2 evaluations, the last after step 6): 0.167 (min 0.167, max 0.333)")
 
 
 async def test_a_click_or_enter_on_a_rank_row_highlights_that_rank_and_the_cursor_scrolls() -> None:

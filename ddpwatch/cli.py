@@ -86,6 +86,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     summary = commands.add_parser("summary", help="print the comparison table of a recorded session")
     summary.add_argument("session", type=Path, help="a session directory (or its session file)")
+
+    compare = commands.add_parser("compare", help="recorded runs side by side, each segment against the first "
+                                                  "(what a change bought, run twice)")
+    compare.add_argument("sessions", type=Path, nargs="+", metavar="SESSION",
+                         help="session directories (or session files); two runs or more in all, the first the baseline")
     return parser
 
 
@@ -234,22 +239,43 @@ def positive(args: argparse.Namespace, *flags: str) -> None:
             raise ValueError(f"--{flag.replace('_', '-')} must be positive")
 
 
+def summaries_at(path: Path) -> list[dict]:
+    """Every run's summary at ``path``, oldest first: its exports where written (an earlier run's
+    in a folder named after it), else made from its session file."""
+    from .exporters import summary
+    from .recorder import load_runs
+    from .session_file import session_file_in
+
+    if (path / "summary.json").is_file():
+        return [json.loads(file.read_text()) for file in [*sorted(path.glob("*/summary.json")), path / "summary.json"]]
+    if session_file_in(path).is_file():
+        return [summary(run) for run in load_runs(session_file_to_read(path))]
+    raise ValueError(f"{path} holds no summary.json and no session file")
+
+
 def run_summary(args: argparse.Namespace) -> int:
     """Every run's table, oldest first: a dashboard left open records a script run twice (or a
     Trainer's second ``train()``) in one session file, and writes each earlier run's exports in a
     folder named after it beside the last one's; only the last was printed."""
-    from .exporters import summary, summary_markdown
-    from .recorder import load_runs
-    from .session_file import session_file_in
+    from .exporters import summary_markdown
 
-    path: Path = args.session
-    if (path / "summary.json").is_file():
-        summaries = [json.loads(file.read_text()) for file in [*sorted(path.glob("*/summary.json")), path / "summary.json"]]
-    elif session_file_in(path).is_file():
-        summaries = [summary(run) for run in load_runs(session_file_to_read(path))]
-    else:
-        raise ValueError(f"{path} holds no summary.json and no session file")
-    print("\n\n".join(summary_markdown(data) for data in summaries))
+    print("\n\n".join(summary_markdown(data) for data in summaries_at(args.session)))
+    return 0
+
+
+def run_compare(args: argparse.Namespace) -> int:
+    """Each run of each session given, named by its path (and its session id where a path holds
+    several), in the order given; the first segment is the baseline."""
+    from .comparison import comparison_lines
+
+    runs = []
+    for path in args.sessions:
+        found = summaries_at(path)
+        runs += [(str(path) if len(found) == 1 else f"{path} ({data.get('session') or index})", data)
+                 for index, data in enumerate(found)]
+    if len(runs) < 2:
+        raise ValueError(f"compare needs two runs or more: {args.sessions[0]} holds one (give another session)")
+    print("\n".join(comparison_lines(runs)))
     return 0
 
 
@@ -324,7 +350,7 @@ def run_switch(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"dashboard": run_dashboard, "record": run_record, "summary": run_summary, "switch": run_switch, "tune": run_tune,
-            "replay": run_replay, "demo": run_demo, "doctor": run_doctor}
+            "replay": run_replay, "demo": run_demo, "doctor": run_doctor, "compare": run_compare}
 
 if __name__ == "__main__":
     sys.exit(main())

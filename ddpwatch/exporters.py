@@ -67,7 +67,9 @@ def summary(session: Session) -> dict[str, Any]:
     ``unresolved``, the ``device_note`` its hello carried, the ``last_step`` it passed and its
     ``goodbye`` (None for a rank lost or still running; a reason beginning ``failed:`` where its
     training raised, said in summary.md as an error). ``evaluations``: what the run's evaluations
-    measured, a step each (``evaluations.Evaluations``)."""
+    measured, a step each (``evaluations.Evaluations``). ``model_parameters`` and ``global_batch``
+    (samples of every rank a step; None where unknown), as the lowest rank's hello said: what
+    ``ddpwatch compare`` holds two runs' figures against."""
     ranks = []
     for rank, state in sorted(session.ranks.items()):
         h = state.hello
@@ -105,7 +107,10 @@ def summary(session: Session) -> dict[str, Any]:
                  "lost_messages": {r: s.lost_messages for r, s in states},
                  "sender_dropped": {r: s.sender_dropped for r, s in states}}
     groups = session.all_reduce_groups()
-    return _jsonable({"session": session.session_id, "world_size": session.world_size, "ranks": ranks,
+    said = next((state.hello for _, state in states if state.hello is not None), None)  # the lowest rank's hello
+    return _jsonable({"session": session.session_id, "world_size": session.world_size,
+                      "model_parameters": said.model_parameters if said else None,
+                      "global_batch": (said.global_batch or None) if said else None, "ranks": ranks,
                       "first_failed_rank": session.first_failed_rank,
                       "all_reduce_groups": [list(group) for group in groups] if groups is not None else None,
                       "all_reduce_groups_problem": session.all_reduce_groups_problem,

@@ -60,3 +60,11 @@ def median_of(values: np.ndarray) -> float:
     n = len(values)
     middle = np.partition(values, [(n - 1) // 2, n // 2])
     return (float(middle[(n - 1) // 2]) + float(middle[n // 2])) / 2
+
+
+def intervals_apart(a: tuple[float, float], b: tuple[float, float]) -> bool:
+    """Whether two medians differ by more than their values' spread: their intervals
+    (``median_with_interval``'s low and high) do not overlap. Conservative: overlapping
+    intervals may still differ, so "not apart" is "not told apart", never "the same"."""
+    (a_low, a_high), (b_low, b_high) = a, b
+    return a_high < b_low or b_high < a_low

@@ -25,6 +25,7 @@ from instrumented_ddp.protocol import NOT_SWITCHABLE
 from .advisor import Advice, advice_for_session
 from .bucket_sim import MIB
 from .control import SwitchRelay, new_command
+from .order_statistics import intervals_apart
 from .session import Segment, Session
 
 TUNE_FILE_NAME = "tune.json"
@@ -202,8 +203,7 @@ def told_apart(a: TunedCap, b: TunedCap) -> bool | None:
     None where either has no interval (a tune.json written before they were kept)."""
     if a.measured_interval_ms is None or b.measured_interval_ms is None:
         return None
-    (a_low, a_high), (b_low, b_high) = a.measured_interval_ms, b.measured_interval_ms
-    return a_high < b_low or b_high < a_low
+    return intervals_apart(a.measured_interval_ms, b.measured_interval_ms)
 
 
 def table(results: Sequence[TunedCap], start_mb: float | None) -> list[str]:

@@ -71,6 +71,8 @@ def test_a_flood_of_garbage_from_one_sender_leaves_the_valid_stream_intact(tmp_p
         # any file reads as records until one is cut short: an empty dashboard, an empty table, unexplained
         (["replay", "README.md"], "README.md is not a ddpwatch session (a recording's session.ddpwatch): not one whole record"),
         (["summary", "pyproject.toml"], "pyproject.toml is not a ddpwatch session"),
+        (["compare", "/no/such/session", "/tmp"], "/no/such/session holds no summary.json and no session file"),
+        (["compare", "tests/__snapshots__"], "holds no summary.json and no session file"),
         (["replay", "/no/such/session", "--speed", "nan"], "--speed must be 0 (as fast as possible) or a positive, finite number"),
         (["record", "--out", "/tmp/x", "--until-steps", "0"], "--until-steps must be positive"),
         (["record", "--out", "/tmp/x", "--wait", "0"], "--wait must be positive"),

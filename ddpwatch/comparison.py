@@ -1,0 +1,140 @@
+"""``ddpwatch compare``: recorded runs side by side, each segment held against the first.
+
+Why: a run ddpwatch did not start (``attach``, the Trainer callback) cannot switch live, so what a
+change buys (another bucket cap, accumulation, a sharded optimizer, another machine) is measured by
+running the script twice. Two summary tables read one after the other left the user to divide the
+figures, and to guess whether a 3 % difference in step time was the change or the steps' spread.
+Here each segment's step time and throughput are given as a ratio of the first segment's, with a
+verdict from their medians' 90 % intervals (``order_statistics.intervals_apart``), and what else
+differs between the runs (ranks, devices, model, global batch) is said, since then the figures
+compare the runs, not the change alone.
+
+Pure: summaries (summary.json's dicts) in, markdown lines out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .order_statistics import intervals_apart
+
+COLUMNS = ("run", "segment", "steps", "step ms p50", "90 % interval", "× step", "samples/s", "× samples/s",
+           "Compute%", "Non_Compute%", "Idle%", "Overlap%", "all_reduce calls / rank / step")
+
+
+@dataclass(frozen=True)
+class ComparedSegment:
+    """One segment of one run, with the figures a comparison reads."""
+
+    run: str
+    label: str
+    steps: int
+    step_ms_p50: float
+    interval: tuple[float, float] | None  # the median's 90 % interval, where the summary has one
+    samples_per_s: float
+    compute_pct: float
+    non_compute_pct: float
+    idle_pct: float
+    overlap_pct: float
+    all_reduce_calls: float
+
+
+def compared_segments(runs: Sequence[tuple[str, dict[str, Any]]]) -> list[ComparedSegment]:
+    """Every segment with counted steps, run by run in the order given; a segment without
+    (every step excluded: ``n/a`` in its table) has no figures to hold against another."""
+    found = []
+    for name, summary in runs:
+        for seg in summary.get("segments", []):
+            if not seg.get("steps"):
+                continue
+            interval = seg.get("step_ms_p50_interval")
+            found.append(ComparedSegment(
+                run=name, label=seg.get("label") or seg.get("strategy", "?"), steps=seg["steps"],
+                step_ms_p50=seg["step_ms_p50"], interval=tuple(interval) if interval else None,  # type: ignore[arg-type]
+                samples_per_s=seg["samples_per_s"], compute_pct=seg["compute_pct"],
+                non_compute_pct=seg["non_compute_pct"], idle_pct=seg["idle_pct"], overlap_pct=seg["overlap_pct"],
+                all_reduce_calls=seg["all_reduce_calls"]))
+    return found
+
+
+def ratio(value: float, base: float) -> float | None:
+    return value / base if base > 0 else None
+
+
+def verdict(segment: ComparedSegment, base: ComparedSegment) -> str:
+    """Whether the step times of two segments are told apart by their steps."""
+    if segment.interval is None or base.interval is None:
+        return "no interval to judge by (a summary written before they were kept)"
+    if intervals_apart(segment.interval, base.interval):
+        return "90 % intervals apart: a measured difference"
+    return "90 % intervals overlap: not told apart by these steps (more steps narrow them)"
+
+
+def change_line(segment: ComparedSegment, base: ComparedSegment) -> str:
+    """What ``segment`` reads against ``base``, in one line."""
+    step = ratio(segment.step_ms_p50, base.step_ms_p50)
+    rate = ratio(segment.samples_per_s, base.samples_per_s)
+    return (f"- {segment.run}, {segment.label}: step p50 {base.step_ms_p50:.1f} → {segment.step_ms_p50:.1f} ms"
+            f"{'' if step is None else f' (×{step:.2f})'}, {verdict(segment, base)}; samples/s "
+            f"{base.samples_per_s:.1f} → {segment.samples_per_s:.1f}{'' if rate is None else f' (×{rate:.2f})'}; "
+            f"exposed communication (Non_Compute%) {base.non_compute_pct:.1f} → {segment.non_compute_pct:.1f} %, "
+            f"Overlap% {base.overlap_pct:.1f} → {segment.overlap_pct:.1f}")
+
+
+def run_differences(runs: Sequence[tuple[str, dict[str, Any]]]) -> list[str]:
+    """What differs between the runs besides their strategies and settings: ranks, devices,
+    backends, the model's size, the global batch. Each in words, its values in run order."""
+    def devices(summary: dict[str, Any]) -> str:
+        kinds = sorted({str(rank.get("device") or "?").split(":")[0] for rank in summary.get("ranks", [])})
+        return "+".join(kinds) or "?"
+
+    def backends(summary: dict[str, Any]) -> str:
+        return "+".join(sorted({str(rank.get("backend") or "?") for rank in summary.get("ranks", [])})) or "?"
+
+    def parameters(summary: dict[str, Any]) -> str:
+        count = summary.get("model_parameters")
+        return "?" if not count else f"{count / 1e6:.3g} M"
+
+    def batch(summary: dict[str, Any]) -> str:
+        return str(summary.get("global_batch") or "?")
+
+    lines = []
+    for what, read in (("ranks", lambda s: str(s.get("world_size", "?"))), ("devices", devices), ("backends", backends),
+                       ("model parameters", parameters), ("global batch", batch)):
+        values = [read(summary) for _, summary in runs]
+        if len(set(values)) > 1 and "?" not in values:
+            lines.append(f"{what} {', '.join(values)}")
+    return lines
+
+
+def comparison_lines(runs: Sequence[tuple[str, dict[str, Any]]]) -> list[str]:
+    """The comparison as ``ddpwatch compare`` prints it: a table with a row per segment of
+    every run, each ratio against the first row, then a line per later row saying what changed
+    and whether its step time is told apart from the first's, then what else differs."""
+    segments = compared_segments(runs)
+    lines = [f"# ddpwatch compare: {len(runs)} runs, each segment against the first", ""]
+    if not segments:
+        return lines + ["No run has a segment with counted steps: nothing to compare."]
+    base = segments[0]
+    lines += ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    for seg in segments:
+        step, rate = ratio(seg.step_ms_p50, base.step_ms_p50), ratio(seg.samples_per_s, base.samples_per_s)
+        interval = "—" if seg.interval is None else f"{seg.interval[0]:.1f}-{seg.interval[1]:.1f}"
+        cells = [seg.run, seg.label, str(seg.steps), f"{seg.step_ms_p50:.1f}", interval,
+                 "—" if step is None else f"{step:.2f}", f"{seg.samples_per_s:.1f}", "—" if rate is None else f"{rate:.2f}",
+                 f"{seg.compute_pct:.2f}", f"{seg.non_compute_pct:.2f}", f"{seg.idle_pct:.2f}", f"{seg.overlap_pct:.2f}",
+                 f"{seg.all_reduce_calls:.3g}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", f"Against {base.run}, {base.label}:"]
+    lines += [change_line(seg, base) for seg in segments[1:]] or ["- no other segment to hold against it"]
+    unmeasured = [name for name, _ in runs if not any(seg.run == name for seg in segments)]
+    lines += [f"- {name}: no segment with counted steps (every step excluded or none reported): not compared"
+              for name in unmeasured]
+    differences = run_differences(runs)
+    if differences:
+        lines += ["", f"The runs differ in more than their strategies and settings ({'; '.join(differences)}): "
+                      "the figures compare the runs, not one change alone. samples/s counts every rank's samples, "
+                      "so it is the figure to read where the global batch or the ranks differ."]
+    return lines

@@ -26,6 +26,9 @@ KEPT_EVALUATIONS = 4096
 #: Metric columns summary.md shows (summary.json keeps them all).
 MARKDOWN_METRICS = 6
 
+#: One metric over the run: its name, the steps its evaluations followed, and its values there.
+MetricSeries = tuple[str, tuple[int, ...], tuple[float, ...]]
+
 
 @dataclass
 class Evaluations:
@@ -48,7 +51,7 @@ class Evaluations:
     def __bool__(self) -> bool:
         return bool(self.by_step)
 
-    def series(self) -> list[tuple[str, tuple[int, ...], tuple[float, ...]]]:
+    def series(self) -> list[MetricSeries]:
         """(name, steps, values) per metric, oldest first: the finite values only (a NaN cannot
         be drawn; the exports keep it)."""
         out = []

@@ -17,6 +17,7 @@ from typing import Any
 
 from ddpwatch import metrics
 from ddpwatch.advisor import Advice, advice_for_session, keep_shown_best
+from ddpwatch.evaluations import MetricSeries
 from ddpwatch.heatmap import Heatmap, RowLayout, assemble_heatmap, heat_column, row_layout
 from ddpwatch.rank_rows import RankRow, rows_by_node
 from ddpwatch.session import Segment, Session
@@ -116,7 +117,7 @@ class Snapshot:
     advice: Advice | str | None = None  # the bucket advisor's sweep, or what it still needs
     #: What the run's evaluations measured: (metric, the steps each followed, values) per metric
     #: (``evaluations.Evaluations.series``), drawn under the loss.
-    evaluations: tuple[tuple[str, tuple[int, ...], tuple[float, ...]], ...] = ()
+    evaluations: tuple[MetricSeries, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -182,7 +183,7 @@ class SnapshotBuilder:
     _advice_made: tuple[float, Any, Advice | str | None] = (-1.0, None, None)  # (made at, (steps, segments), advice)
     _roles: tuple[Any, tuple[tuple[int, str], ...]] = (None, ())  # ((step, figures, selected), timeline ranks)
     _warnings_made: tuple[float, int | None, tuple[tuple[str, ...], tuple[str, ...]]] = (-math.inf, None, ((), ()))  # (made at, step, (warnings, notes))
-    _evaluations_made: tuple[int, tuple[tuple[str, tuple[int, ...], tuple[float, ...]], ...]] = (0, ())  # (changes, series)
+    _evaluations_made: tuple[int, tuple[MetricSeries, ...]] = (0, ())  # (changes, series)
 
     def waits_of(self, step: int | None) -> dict[int, float]:
         """Cross-rank waits of a step's counted reports (the straggler check looks at the last
@@ -261,7 +262,7 @@ class SnapshotBuilder:
             evaluations=self._evaluation_series() if side_tab in (None, "trends") else (),
         )
 
-    def _evaluation_series(self) -> tuple[tuple[str, tuple[int, ...], tuple[float, ...]], ...]:
+    def _evaluation_series(self) -> tuple[MetricSeries, ...]:
         """Made again only when an evaluation was kept (a run evaluates every few hundred steps)."""
         evaluations = self.session.evaluations
         if self._evaluations_made[0] != evaluations.changes:

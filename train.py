@@ -162,16 +162,20 @@ def endless(loader: DataLoader, sampler: DistributedSampler) -> Iterator[dict[st
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, loader: DataLoader, device: torch.device) -> float:
+def evaluate(model: torch.nn.Module, loader: DataLoader, device: torch.device) -> tuple[float, float]:
+    """Accuracy and mean loss over every rank's held-out examples."""
     model.eval()
-    counts = torch.zeros(2, dtype=torch.float64, device=device)
+    counts = torch.zeros(3, dtype=torch.float64, device=device)  # right, examples, summed loss
     for batch in loader:
         batch = {k: v.to(device) for k, v in batch.items()}
-        predictions = model(**batch).logits.argmax(dim=-1)
-        counts += torch.tensor([(predictions == batch["labels"]).sum().item(), len(predictions)], device=device)
+        output = model(**batch)
+        predictions = output.logits.argmax(dim=-1)
+        counts += torch.stack([(predictions == batch["labels"]).sum().double(), torch.tensor(float(len(predictions)), device=device,
+                               dtype=torch.float64), output.loss.double() * len(predictions)])
     torch.distributed.all_reduce(counts)
     model.train()
-    return (counts[0] / counts[1]).item()
+    right, examples, loss = counts.tolist()
+    return right / examples, loss / examples
 
 
 def switch_strategy(model: DataParallelStrategy, optimizer: torch.optim.Optimizer, command: SwitchCommand, args: argparse.Namespace,
@@ -299,16 +303,18 @@ def main(argv: list[str] | None = None) -> int:
                 say(f"step {step}/{args.steps} | {loss_text(watch, loss, args.grad_accum)} | "
                     f"{rate:.1f} samples/s | ETA {eta:.0f}s{dropped}")
                 last_log, last_logged_step = now, step
-    if profiler is not None:
-        profiler.stop()
+        if profiler is not None:
+            profiler.stop()
+        bare = instrumented_ddp.unwrap(model)  # whole parameters again, also after a sharded strategy
+        if args.eval_examples == 0:
+            say("eval skipped (--eval-examples 0)")
+        else:
+            watch.pausing = "evaluate"  # the heartbeats say so while it runs: the goodbye comes after it
+            accuracy, eval_loss = evaluate(bare, eval_loader, context.device)
+            watch.record_evaluation({"eval_loss": eval_loss, "eval_accuracy": accuracy})  # the Loss tab, the exports
+            say(f"eval accuracy {accuracy:.3f} on {len(eval_loader.dataset)} held-out examples (chance 0.200), loss {eval_loss:.4f}")
     watch.close()
 
-    bare = instrumented_ddp.unwrap(model)  # whole parameters again, also after a sharded strategy
-    if args.eval_examples == 0:
-        say("eval skipped (--eval-examples 0)")
-    else:
-        accuracy = evaluate(bare, eval_loader, context.device)
-        say(f"eval accuracy {accuracy:.3f} on {len(eval_loader.dataset)} held-out examples (chance 0.200)")
     differing = ranks_that_differ(gather_digests(bare))
     if differing:
         say(f"train.py: error: parameters differ from rank 0 on rank(s) {', '.join(map(str, differing))}")

@@ -85,6 +85,11 @@ def test_every_strategy_trains_under_torchrun_with_identical_replicas(recordings
     run = recordings(*STRATEGY_RUNS[strategy])
     assert "parameters identical on all 2 rank(s)" in run.stdout
     assert "step 4/4" in run.stdout
+    # the held-out evaluation after the last step, sent before the goodbye: the figures the log prints
+    (evaluation,) = run.summary["evaluations"]
+    accuracy = float(run.stdout.split("eval accuracy ")[1].split()[0])
+    assert evaluation["step"] == 4 and list(evaluation["metrics"]) == ["eval_loss", "eval_accuracy"]
+    assert round(evaluation["metrics"]["eval_accuracy"], 3) == accuracy and evaluation["metrics"]["eval_loss"] > 0
     assert torch.load(run.final)["score.weight"].shape == (5, 192)
 
 

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from ddpwatch import evaluations, metrics
+from ddpwatch.data_wait import data_wait_text
 from ddpwatch.accumulation import early_reductions_of, early_reductions_text
 from ddpwatch.rank_lists import failed_ranks_lines, heard_until_text, interrupted_ranks_lines, rank_runs, runs_text
 from ddpwatch.segment_bars import bars_svg, lengths, segment_bar
@@ -249,6 +250,9 @@ def summary_markdown(summary: dict[str, Any]) -> str:
                          f"(up to {seg.get('nograd_forwards_most', 0)} a step on a rank: an evaluation the loop did not mark "
                          "with watch.paused; their time reads as data loading) "
                          f"{runs_text(rank_runs(seg['nograd_forward_steps']), limit=20)}")
+        if seg.get("steps") and (waited := data_wait_text(f"segment {seg['index']}", seg.get("data_wait_pct", 0.0),
+                                                           seg["idle_pct"], seg["step_ms_p50"])):
+            lines.append(f"- {waited}")
         if early := seg.get("early_reductions"):
             lines.append(f"- segment {seg['index']}: {early_reductions_text(rank_runs(early['steps']), early, [seg['strategy']])}")
         if seg.get("desync"):

@@ -249,6 +249,8 @@ class Figures:
     compute_pct: float  # mean over records with a positive window
     non_compute_pct: float
     idle_pct: float
+    #: Mean of ``StepFigures.data_wait_pct``: the part of Idle% spent waiting for the next batch.
+    data_wait_pct: float
     overlap_pct: float  # mean over records that communicated at all
     comm_overhead_pct: float
     hidden_comm_pct: float  # mean of 100*|C ∩ M|/K: communication hidden behind compute, in window terms
@@ -352,6 +354,7 @@ class _Running:
     compute: float = 0.0
     non_compute: float = 0.0
     idle: float = 0.0
+    data_wait: float = 0.0
     comm_overhead: float = 0.0
     hidden_comm: float = 0.0
     talking: int = 0
@@ -375,6 +378,7 @@ class _Running:
             self.compute += f.compute_pct
             self.non_compute += f.non_compute_pct
             self.idle += f.idle_pct
+            self.data_wait += f.data_wait_pct
             self.comm_overhead += f.comm_overhead_pct
             self.hidden_comm += f.overlap_pct * f.comm_overhead_pct / 100.0  # |C∩M|/|M| * |M|/K
             if f.comm_overhead_pct > 0:
@@ -410,6 +414,7 @@ class _Running:
             compute_pct=mean(self.compute, self.timed),
             non_compute_pct=mean(self.non_compute, self.timed),
             idle_pct=mean(self.idle, self.timed),
+            data_wait_pct=mean(self.data_wait, self.timed),
             overlap_pct=mean(self.overlap, self.talking),
             comm_overhead_pct=mean(self.comm_overhead, self.timed),
             hidden_comm_pct=mean(self.hidden_comm, self.timed),

@@ -209,6 +209,9 @@ class StepSummary:
     sharded_tags: Sequence[str] = field(default_factory=list)
     sharded_seconds: bytes = b""
     sharded_starts: bytes = b""
+    #: The share of the step window spent in ``data`` with nothing else running (``StepFigures.data_wait_pct``).
+    #: 0 from an older sender.
+    data_wait_pct: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -507,7 +510,7 @@ _FIELD_TYPES: dict[str, Any] = {
     "pinned_steps": list, "device_every_s": float, "calls_by_kind": dict, "memory": dict,
     "settings": dict, "readings": dict, "spans": list, "parameter_layout": list, "bucket_layout": list,
     "all_reduce_group": list, "other_algbw_gbps": dict, "sharded_tags": list, "sharded_seconds": bytes,
-    "sharded_starts": bytes, "metrics": dict,
+    "sharded_starts": bytes, "metrics": dict, "data_wait_pct": float,
 }
 
 
@@ -559,8 +562,8 @@ def _check_counts(message: str, name: str, counts: dict[Any, Any]) -> None:
 def _check_summary(values: dict[str, Any]) -> None:
     """A summary's figures must be ones a rank could have computed: percentages in [0, 100]
     (a hair of float rounding over), one duration per tag, every number finite."""
-    for name in ("compute_pct", "non_compute_pct", "idle_pct", "overlap_pct", "comm_overhead_pct"):
-        if not -1e-6 <= values[name] <= 100.0 + 1e-6:
+    for name in ("compute_pct", "non_compute_pct", "idle_pct", "overlap_pct", "comm_overhead_pct", "data_wait_pct"):
+        if not -1e-6 <= values.get(name, 0.0) <= 100.0 + 1e-6:
             raise ProtocolError("invalid", f"summary.{name} is not a percentage")
     tags, seconds, algbw = values["all_reduce_tags"], values["all_reduce_seconds"], values["algbw_gbps"]
     # C loops throughout: a 1,024-rank job's listener checks a thousand summaries a second

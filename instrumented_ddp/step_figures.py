@@ -245,6 +245,10 @@ class StepFigures:
     #: ``zero2`` and FSDP, which issue few or none (a ``StepSummary`` carries them as
     #: ``sharded_tags``, ``sharded_seconds`` and ``sharded_starts``).
     sharded_calls: CallTimes = field(default_factory=lambda: NO_CALLS)
+    #: The share of the window in ``data`` spans with no compute or communication beside them: the
+    #: part of Idle% the rank spent waiting for its next batch (a loader that cannot keep up, or the
+    #: loop's own work between steps). Data loaded while the device still computes is not counted.
+    data_wait_pct: float = 0.0
 
 
 def _sharded_calls(sharded: Sequence[SpanLike], step_start: float, keep_starts: bool = False) -> CallTimes:
@@ -306,7 +310,9 @@ def figures_and_calls(record: StepRecordLike, world_size: int | None = None) -> 
     c = clip(subtract(compute, blocked), lo, hi)  # "blocked is not busy"
     m = clip(comm, lo, hi)
     c_len, m_len = total_length(c), total_length(m)
-    busy = total_length(union(c, m))
+    busy_intervals = union(c, m)
+    busy = total_length(busy_intervals)
+    data = clip([(s.start, s.end) for s in spans if s.kind == "data"], lo, hi)
 
     ars = _all_reduces(record)
     # every other collective, in issue order, in one pass: most steps have none
@@ -335,6 +341,7 @@ def figures_and_calls(record: StepRecordLike, world_size: int | None = None) -> 
         memory=dict(getattr(record, "memory", None) or {}),
         other_algbw_gbps=_other_algbw(others),
         sharded_calls=sharded_calls,
+        data_wait_pct=_pct(total_length(subtract(data, busy_intervals)), window) if data else 0.0,
     )
     return figures, calls
 
@@ -361,6 +368,7 @@ def summarize(report: StepReport, world_size: int) -> StepSummary:
         paused_s=report.paused_s, paused_for=report.paused_for, other_algbw_gbps={kind: pack_floats(alg) for kind, alg in f.other_algbw_gbps.items()},
         sharded_tags=list(f.sharded_calls.tags), sharded_seconds=pack_floats(f.sharded_calls.seconds),
         sharded_starts=pack_floats(f.sharded_calls.starts) if f.sharded_calls.starts is not None else b"",
+        data_wait_pct=f.data_wait_pct,
     )
 
 
@@ -387,6 +395,7 @@ def summary_figures(summary: StepSummary, calls: CallTimes | None = None) -> Ste
         other_algbw_gbps={kind: unpack_floats(alg) for kind, alg in summary.other_algbw_gbps.items()},
         sharded_calls=_unpacked_calls(summary.sharded_tags, summary.sharded_seconds, summary.sharded_starts)
         if summary.sharded_tags else NO_CALLS,
+        data_wait_pct=summary.data_wait_pct,
     )
 
 

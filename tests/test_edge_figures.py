@@ -55,6 +55,7 @@ def test_a_summary_gives_back_what_step_figures_and_call_times_give_from_the_spa
     report = uneven(step_report(5, 7, "bucket"))
     summary = decode(encode(summarize(report, WORLD))).message
     assert summary_figures(summary) == step_figures(report, WORLD)
+    assert summary.data_wait_pct > 0  # its data span travels as a figure too
     assert summary_calls(summary) == call_times(report)
     # rank 5's b0 runs until 0.14 s, past b1's start at 0.115: the starts travel, so that waiting
     # at once counts once; rank 9's calls and a blocking step's do not overlap: none are sent

@@ -219,6 +219,27 @@ def test_three_percentages_sum_to_100(spans):
     assert f.compute_pct + f.non_compute_pct + f.idle_pct == approx(100)
 
 
+def test_data_time_counts_as_a_wait_only_where_nothing_else_ran():
+    # window [0,100): data [0,30) and [85,95); forward [20,60), backward [60,80), all-reduce [70,90)
+    # busy = [20,90): data outside it [0,20) and [90,95) = 25 ms -> 25 %, within Idle% (0-20, 90-100: 30 %)
+    f = step_figures(record(0, 100, span("data", 0, 30), span("forward", 20, 60), span("backward", 60, 80),
+                            span("all_reduce", 70, 90), span("data", 85, 95)))
+    assert f.data_wait_pct == approx(25) and f.idle_pct == approx(30)
+    # a loader fetching while the device computes (CPU running ahead) waits for nothing
+    assert step_figures(record(0, 50, span("forward", 0, 40), span("data", 10, 30))).data_wait_pct == 0
+    # nor does a step without data spans, or a data span outside its window
+    assert step_figures(record(0, 50, span("forward", 0, 40))).data_wait_pct == 0
+    assert step_figures(record(0, 50, span("data", 60, 70))).data_wait_pct == 0
+
+
+def test_a_segments_data_wait_is_the_mean_over_its_records():
+    # rank 0: data [0,40) of [0,100) -> 40 %; rank 1: data [0,10) of [0,100) -> 10 %; mean 25
+    seg = segment_figures([record(0, 100, span("data", 0, 40), span("forward", 40, 100), rank=0, step=1),
+                           record(0, 100, span("data", 0, 10), span("forward", 10, 100), rank=1, step=1)], world_size=2)
+    assert seg.data_wait_pct == approx(25)
+    assert seg.per_rank[0].data_wait_pct == approx(40) and seg.per_rank[1].data_wait_pct == approx(10)
+
+
 def test_spans_outside_the_window_are_clipped():
     # window [10,20); fwd [5,12) -> [10,12); bwd [12,18); async all_reduce [17,25) -> [17,20)
     # a forward at [30,40) is ignored. C = [10,18) = 8; M = [17,20) = 3; C∩M = [17,18) = 1

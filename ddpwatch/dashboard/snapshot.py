@@ -17,6 +17,7 @@ from typing import Any
 
 from ddpwatch import metrics
 from ddpwatch.advisor import Advice, advice_for_session, keep_shown_best
+from ddpwatch.data_wait import data_wait_text
 from ddpwatch.evaluations import MetricSeries
 from ddpwatch.heatmap import Heatmap, RowLayout, assemble_heatmap, heat_column, row_layout
 from ddpwatch.rank_rows import RankRow, rows_by_node
@@ -87,6 +88,14 @@ class SegmentRow:
     other_calls: str = "—"  # reduce-scatters, all-gathers, broadcasts per rank per step (``metrics.kinds_text``)
     held: str = "—"  # the most a rank held, parameters/gradients/optimizer state (``metrics.held_text``)
     busbw: str = "—"  # each collective kind's busbw (``metrics.busbw_text``)
+    data_wait_pct: float = 0.0  # the part of Idle% spent waiting for the next batch (``data_wait``)
+
+
+def data_wait_notes(rows: tuple[SegmentRow, ...]) -> tuple[str, ...]:
+    """``data_wait.data_wait_text`` of each segment whose counted steps waited on their data."""
+    lines = (data_wait_text(f"{row.short_label} (steps {row.steps})", row.data_wait_pct, row.idle_pct, row.step_ms_p50)
+             for row in rows if row.counted_steps)
+    return tuple(line for line in lines if line is not None)
 
 
 @dataclass(frozen=True)
@@ -246,6 +255,7 @@ class SnapshotBuilder:
                                                {rank: f.calls_by_kind for rank, f in figures.items()}) if reports else None
         trend = self.summaries(sorted(session.reports)[-TREND_POINTS:])
         warnings, notes = self._warnings_and_notes(step, now, heard, recording_ended)
+        segments = tuple(self._segment_row(segment, now) for segment in session.segments)
         return Snapshot(
             header=self._header(step, selected_step is None or selected_step == latest, trend, now),
             timeline=self._timeline,
@@ -253,9 +263,9 @@ class SnapshotBuilder:
             devices=self._all_device_series(now) if side_tab in (None, "devices") else (),
             loss=tuple(s.loss for s in trend if s.loss is not None),
             step_ms=tuple(s.step_ms for s in trend if s.ranks),
-            segments=tuple(self._segment_row(segment, now) for segment in session.segments),
+            segments=segments,
             warnings=warnings,
-            notes=notes,
+            notes=notes + data_wait_notes(segments),
             heatmap=self._heatmap(heatmap_metric, open_nodes, now) if side_tab in (None, "heatmap") else None,
             stragglers=self._top_stragglers(step) if side_tab in (None, "stragglers") else (),
             advice=self.advice(now) if side_tab in (None, "advisor") else None,
@@ -470,7 +480,7 @@ class SnapshotBuilder:
                          f.idle_pct, f.overlap_pct, f.comm_overhead_pct, f.all_reduce_calls, f.all_reduce_ms,
                          f.step_ms_p50, f.samples_per_s, f.hidden_comm_pct,
                          metrics.kinds_text(f.calls_by_kind), metrics.held_text(f.memory),
-                         metrics.busbw_text(f.busbw_gbps, f.other_busbw_gbps))
+                         metrics.busbw_text(f.busbw_gbps, f.other_busbw_gbps), f.data_wait_pct)
         self._segment_rows[segment.index] = (now, key, row)
         return row
 

@@ -1,0 +1,27 @@
+"""Steps that wait on their data: the part of Idle% a rank spent fetching its next batch, in words.
+
+Why: after communication, the commonest reason a data-parallel step is slower than its compute is
+input: a DataLoader that cannot keep up with the devices (too few workers, no pinned memory, heavy
+transforms), or the loop's own work between steps. The timeline drew it as ``data`` bars and the
+table counted it in Idle%, among other idle time, and nothing said which. ``StepFigures.data_wait_pct``
+counts only the ``data`` time with no compute or communication beside it, so a loader that fetches
+while the device still computes is not blamed.
+
+Pure: a segment's figures in, a line out; the dashboard's notes and summary.md say the same line.
+"""
+
+from __future__ import annotations
+
+#: A segment whose steps waited on their data this share of the time or more gets the line.
+DATA_WAIT_NOTE_PCT = 10.0
+
+
+def data_wait_text(segment: str, data_wait_pct: float, idle_pct: float, step_ms_p50: float) -> str | None:
+    """The line for ``segment`` (its name as the reader knows it), or None below ``DATA_WAIT_NOTE_PCT``."""
+    if data_wait_pct < DATA_WAIT_NOTE_PCT:
+        return None
+    return (f"{segment}: the step waited on its data {data_wait_pct:.1f} % of the time (about "
+            f"{data_wait_pct / 100 * step_ms_p50:.0f} ms of a {step_ms_p50:.0f} ms step; Idle% {idle_pct:.1f}): the gap "
+            "before each forward with nothing else running. A DataLoader that cannot keep up (more num_workers, "
+            "pin_memory=True, a larger prefetch_factor), or the loop's own work between steps (logging, an "
+            "evaluation not marked with watch.paused)")

@@ -1,0 +1,48 @@
+"""Steps that wait on their data, said in words (``ddpwatch.data_wait``), worked by hand."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from synthetic_session import session_messages
+
+from ddpwatch import exporters
+from ddpwatch.dashboard.snapshot import SnapshotBuilder
+from ddpwatch.data_wait import DATA_WAIT_NOTE_PCT, data_wait_text
+from ddpwatch.receiver import ingest
+from ddpwatch.session import Session
+from instrumented_ddp.protocol import Span, StepReport
+
+
+def test_a_segment_whose_steps_waited_on_their_data_is_said_with_the_ms_it_cost() -> None:
+    # 48.7 % of a 32 ms step: 15.6 ms, said as 16 (a 15 ms sleep before each forward, by hand)
+    assert data_wait_text("segment 0", 48.7, 54.7, 32.0) == (
+        "segment 0: the step waited on its data 48.7 % of the time (about 16 ms of a 32 ms step; Idle% 54.7): the gap "
+        "before each forward with nothing else running. A DataLoader that cannot keep up (more num_workers, "
+        "pin_memory=True, a larger prefetch_factor), or the loop's own work between steps (logging, an "
+        "evaluation not marked with watch.paused)")
+
+
+def test_below_the_threshold_nothing_is_said() -> None:
+    # train.py and the examples on this box wait 0.7-4.2 % on their data: not worth a line
+    assert data_wait_text("segment 0", DATA_WAIT_NOTE_PCT - 0.01, 20.0, 200.0) is None
+    assert data_wait_text("segment 0", DATA_WAIT_NOTE_PCT, 20.0, 200.0) is not None
+
+
+def slow_loader(report: StepReport) -> StepReport:
+    """60 ms of data loading before each step's own spans, with nothing else running."""
+    return replace(report, start=report.start - 0.06, spans=[Span("data", report.start - 0.06, report.start), *report.spans])
+
+
+def test_the_dashboard_and_summary_md_say_it_of_each_segment_that_waited() -> None:
+    """A step of the synthetic run is about 175 ms with 5 ms of data; 60 ms more of data before it
+    is about a quarter of a 235 ms step: both segments get the line, in the notes and in summary.md."""
+    session = Session()
+    ingest(session, session_messages(steps=6, edit=slow_loader))
+    notes = [line for line in SnapshotBuilder(session).build().notes if "waited on its data" in line]
+    assert [line.split(":")[0] for line in notes] == ["simple (steps 1-3)", "bucket 1 MB (steps 4-6)"]
+    markdown = exporters.summary_markdown(exporters.summary(session))
+    assert "- segment 0: the step waited on its data" in markdown and "- segment 1: the step waited on its data" in markdown
+    plain = Session()
+    ingest(plain, session_messages(steps=6))
+    assert not any("waited on its data" in line for line in SnapshotBuilder(plain).build().notes)

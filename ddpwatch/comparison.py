@@ -21,7 +21,7 @@ from typing import Any
 from .order_statistics import intervals_apart
 
 COLUMNS = ("run", "segment", "steps", "step ms p50", "90 % interval", "× step", "samples/s", "× samples/s",
-           "Compute%", "Non_Compute%", "Idle%", "Overlap%", "all_reduce calls / rank / step")
+           "Compute%", "Non_Compute%", "Idle%", "Data wait%", "Overlap%", "all_reduce calls / rank / step")
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,7 @@ class ComparedSegment:
     idle_pct: float
     overlap_pct: float
     all_reduce_calls: float
+    data_wait_pct: float | None = None  # None: a summary written before it was kept
 
 
 def compared_segments(runs: Sequence[tuple[str, dict[str, Any]]]) -> list[ComparedSegment]:
@@ -55,7 +56,7 @@ def compared_segments(runs: Sequence[tuple[str, dict[str, Any]]]) -> list[Compar
                 step_ms_p50=seg["step_ms_p50"], interval=tuple(interval) if interval else None,  # type: ignore[arg-type]
                 samples_per_s=seg["samples_per_s"], compute_pct=seg["compute_pct"],
                 non_compute_pct=seg["non_compute_pct"], idle_pct=seg["idle_pct"], overlap_pct=seg["overlap_pct"],
-                all_reduce_calls=seg["all_reduce_calls"]))
+                all_reduce_calls=seg["all_reduce_calls"], data_wait_pct=seg.get("data_wait_pct")))
     return found
 
 
@@ -124,7 +125,8 @@ def comparison_lines(runs: Sequence[tuple[str, dict[str, Any]]]) -> list[str]:
         interval = "—" if seg.interval is None else f"{seg.interval[0]:.1f}-{seg.interval[1]:.1f}"
         cells = [seg.run, seg.label, str(seg.steps), f"{seg.step_ms_p50:.1f}", interval,
                  "—" if step is None else f"{step:.2f}", f"{seg.samples_per_s:.1f}", "—" if rate is None else f"{rate:.2f}",
-                 f"{seg.compute_pct:.2f}", f"{seg.non_compute_pct:.2f}", f"{seg.idle_pct:.2f}", f"{seg.overlap_pct:.2f}",
+                 f"{seg.compute_pct:.2f}", f"{seg.non_compute_pct:.2f}", f"{seg.idle_pct:.2f}",
+                 "—" if seg.data_wait_pct is None else f"{seg.data_wait_pct:.2f}", f"{seg.overlap_pct:.2f}",
                  f"{seg.all_reduce_calls:.3g}"]
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", f"Against {base.run}, {base.label}:"]

@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 
 from ddpwatch import evaluations, metrics
-from ddpwatch.data_wait import data_wait_text
 from ddpwatch.accumulation import early_reductions_of, early_reductions_text
+from ddpwatch.data_wait import data_wait_text
 from ddpwatch.rank_lists import failed_ranks_lines, heard_until_text, interrupted_ranks_lines, rank_runs, runs_text
 from ddpwatch.segment_bars import bars_svg, lengths, segment_bar
 from ddpwatch.session import Session, goodbyes_saying, note_pause_kinds, ranks_left_behind

@@ -16,7 +16,8 @@ def segment(label: str, steps: int, p50: float, interval: tuple[float, float] | 
             non_compute: float = 20.0, overlap: float = 50.0) -> dict[str, Any]:
     return {"label": label, "strategy": label.split()[0], "steps": steps, "step_ms_p50": p50,
             "step_ms_p50_interval": list(interval) if interval else None, "samples_per_s": samples_per_s,
-            "compute_pct": 70.0, "non_compute_pct": non_compute, "idle_pct": 10.0, "overlap_pct": overlap, "all_reduce_calls": 9.0}
+            "compute_pct": 70.0, "non_compute_pct": non_compute, "idle_pct": 10.0, "data_wait_pct": 2.5, "overlap_pct": overlap,
+            "all_reduce_calls": 9.0}
 
 
 def run(*segments: dict[str, Any], world: int = 2, device: str = "cpu", parameters: int = 2_109_445, batch: int = 64) -> dict[str, Any]:
@@ -38,10 +39,10 @@ def test_each_segment_is_a_ratio_of_the_first_with_a_verdict_from_the_intervals(
     assert lines[:6] == [
         "# ddpwatch compare: 2 runs, each segment against the first", "",
         "| run | segment | steps | step ms p50 | 90 % interval | × step | samples/s | × samples/s | Compute% | Non_Compute% | Idle% "
-        "| Overlap% | all_reduce calls / rank / step |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-        "| a | ddp 25 MB | 59 | 100.0 | 95.0-105.0 | 1.00 | 640.0 | 1.00 | 70.00 | 40.00 | 10.00 | 0.00 | 9 |",
-        "| b | ddp 1 MB | 59 | 80.0 | 78.0-83.0 | 0.80 | 800.0 | 1.25 | 70.00 | 30.00 | 10.00 | 51.00 | 9 |",
+        "| Data wait% | Overlap% | all_reduce calls / rank / step |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| a | ddp 25 MB | 59 | 100.0 | 95.0-105.0 | 1.00 | 640.0 | 1.00 | 70.00 | 40.00 | 10.00 | 2.50 | 0.00 | 9 |",
+        "| b | ddp 1 MB | 59 | 80.0 | 78.0-83.0 | 0.80 | 800.0 | 1.25 | 70.00 | 30.00 | 10.00 | 2.50 | 51.00 | 9 |",
     ]
     assert lines[6].startswith("| b | ddp 0.5 MB | 59 | 102.0 | 98.0-110.0 | 1.02 | 627.5 | 0.98 |")
     assert lines[7:] == [
@@ -74,6 +75,9 @@ def test_a_run_with_nothing_measured_is_named_and_a_summary_without_intervals_is
     assert "- b: no segment with counted steps (every step excluded or none reported): not compared" in lines
     assert any(line.startswith("- c, ddp 1 MB: step p50 100.0 → 90.0 ms (×0.90), no interval to judge by") for line in lines)
     assert comparison_lines([("a", empty), ("b", empty)])[-1] == "No run has a segment with counted steps: nothing to compare."
+    older = run({**segment("ddp 25 MB", 10, 90.0, (85.0, 95.0), 700.0)})
+    del older["segments"][0]["data_wait_pct"]  # a summary written before it was kept
+    assert "| 10.00 | — | 50.00 |" in comparison_lines([("a", BASE), ("old", older)])[5]
     assert [s.label for s in compared_segments([("a", BASE), ("b", SMALL_CAPS)])] == ["ddp 25 MB", "ddp 1 MB", "ddp 0.5 MB"]
 
 

@@ -33,10 +33,10 @@ from instrumented_ddp.protocol import COMM_KINDS, READY_KIND, Goodbye, StepRepor
 __all__ = ["chrome_trace", "clock_offsets", "summary", "summary_csv", "summary_markdown", "summary_svg", "write_exports"]
 
 CALLS_COLUMN = "all_reduce calls / rank / step"  # the dashboard's segments table says the same
-COLUMNS = ("Segment", "Steps", "Compute%", "Non_Compute%", "Idle%", "Overlap%", "Comm_overhead%",
+COLUMNS = ("Segment", "Steps", "Compute%", "Non_Compute%", "Idle%", "Data wait%", "Overlap%", "Comm_overhead%",
            CALLS_COLUMN, "all_reduce_ms", "step ms p50", "step ms p95", "samples/s", "busbw GB/s",
            "other busbw GB/s", "other collectives / rank / step", "held P/G/O MiB")
-_FIGURE_KEYS = ("compute_pct", "non_compute_pct", "idle_pct", "overlap_pct", "comm_overhead_pct")
+_FIGURE_KEYS = ("compute_pct", "non_compute_pct", "idle_pct", "data_wait_pct", "overlap_pct", "comm_overhead_pct")
 _LANES = {"forward": "compute", "backward": "compute", "optimizer": "compute",
           **{kind: "communication" for kind in COMM_KINDS}, "wait": "wait", "data": "data"}
 _LANE_TIDS = {"step": 0, "compute": 100, "communication": 200, "wait": 300, "data": 400}  # +k: k-th sub-lane

@@ -346,7 +346,7 @@ def test_markdown_table(data: dict) -> None:
     text = exporters.summary_markdown(data)
     lines = text.splitlines()
     assert lines[0].startswith("# ")
-    header = ("| Segment | Steps | Compute% | Non_Compute% | Idle% | Overlap% | Comm_overhead% "
+    header = ("| Segment | Steps | Compute% | Non_Compute% | Idle% | Data wait% | Overlap% | Comm_overhead% "
               "| all_reduce calls / rank / step | all_reduce_ms | step ms p50 | step ms p95 | samples/s | busbw GB/s "
               "| other busbw GB/s | other collectives / rank / step | held P/G/O MiB |")
     assert header in lines
@@ -354,8 +354,8 @@ def test_markdown_table(data: dict) -> None:
     assert len(rows) == 2
     cells = [c.strip() for c in rows[0].strip("|").split("|")]
     assert cells[:3] == ["simple (grad_accum=1)", "0-2", "70.71"]
-    assert cells[7] == "2"  # per rank per step, as in summary.json and on the dashboard (was 6.0: over 3 steps)
-    assert [c.strip() for c in rows[1].strip("|").split("|")][7] == "2"
+    assert cells[8] == "2"  # per rank per step, as in summary.json and on the dashboard (was 6.0: over 3 steps)
+    assert [c.strip() for c in rows[1].strip("|").split("|")][8] == "2"
     assert cells[-2:] == ["—", "—"]  # no reduce-scatter, all-gather or broadcast; memory not measured
     assert "Comm_overhead%" in text.split(header)[1] and "excluded" in text
     assert "DESYNC" not in text
@@ -365,7 +365,7 @@ def test_markdown_table(data: dict) -> None:
     assert one_rank[2] == "*One rank: its collectives move nothing, so Overlap%, busbw and waits say nothing about communication (torchrun --nproc_per_node=2 or more).*"
     assert "One rank" not in text
     # bucket's b0 (15 ms) and b1 (25 ms) overlap for 5 ms: all_reduce_ms is their sum, 40, and says so
-    assert [c.strip() for c in rows[1].strip("|").split("|")][8] == "40.00" and "all_reduce_ms is that sum" in text
+    assert [c.strip() for c in rows[1].strip("|").split("|")][9] == "40.00" and "all_reduce_ms is that sum" in text
 
 
 def test_the_exports_say_within_which_groups_the_all_reduces_meet_where_not_the_world(data: dict) -> None:

@@ -217,5 +217,5 @@ def test_exports_are_valid_and_summary_prints_the_table(recordings: Record) -> N
     assert segment["compute_pct"] + segment["non_compute_pct"] + segment["idle_pct"] == pytest.approx(100)
     printed = subprocess.run([sys.executable, "-m", "ddpwatch.cli", "summary", str(directory)],
                              capture_output=True, text=True, cwd=REPO_ROOT, check=True).stdout
-    assert "| Compute% | Non_Compute% | Idle% | Overlap% | Comm_overhead% |" in printed
+    assert "| Compute% | Non_Compute% | Idle% | Data wait% | Overlap% | Comm_overhead% |" in printed
     assert "| async" in printed

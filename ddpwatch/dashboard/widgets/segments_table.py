@@ -16,8 +16,10 @@ from ..snapshot import SegmentRow
 # "other calls": reduce-scatters (RS), all-gathers (AG), broadcasts (BC) per rank per step;
 # "held P/G/O MiB": parameters/gradients/optimizer state the fullest rank held (the sharded
 # strategies' staircase); "busbw GB/s": each collective kind's, as ``AR 3.12 AG 0.32 RS 0.16``.
+# "Data wait%": the part of Idle% spent waiting for the next batch (``data_wait``), after the seed
+# blog's five so that they stay in view at 160 columns.
 COLUMNS = ("segment", "steps", "step ms p50", "samples/s", "Compute%", "Non_Compute%", "Idle%", "Overlap%",
-           "Comm_overhead%", "calls/rank/step", "all_reduce_ms", "busbw GB/s", "other calls", "held P/G/O MiB")
+           "Comm_overhead%", "Data wait%", "calls/rank/step", "all_reduce_ms", "busbw GB/s", "other calls", "held P/G/O MiB")
 
 
 class SegmentsTable(DataTable):
@@ -61,5 +63,5 @@ def _cells(row: SegmentRow) -> list[str]:
         return [row.short_label, row.steps, *("—" for _ in COLUMNS[2:])]
     return [row.short_label, row.steps, f"{row.step_ms_p50:.1f}", f"{row.samples_per_s:.1f}",
             *(f"{v:.2f}" for v in (row.compute_pct, row.non_compute_pct, row.idle_pct, row.overlap_pct,
-                                   row.comm_overhead_pct)),
+                                   row.comm_overhead_pct, row.data_wait_pct)),
             calls_text(row.all_reduce_calls), f"{row.all_reduce_ms:.1f}", row.busbw, row.other_calls, row.held]

@@ -12,6 +12,11 @@ from collections.abc import Iterable
 FEW_RANKS = 3  # up to this many, a warning is said once per rank
 
 
+def step_range_text(low: int, high: int) -> str:
+    """``step 6``, or ``steps 5-6``: where ranks were, from the earliest to the latest."""
+    return f"step {low}" if low == high else f"steps {low}-{high}"
+
+
 def rank_runs(ranks: Iterable[int]) -> list[tuple[int, int]]:
     """Sorted, distinct ranks as (first, last) runs of consecutive ranks."""
     runs: list[tuple[int, int]] = []
@@ -49,7 +54,7 @@ def failed_ranks_lines(failures: dict[int, tuple[int, str]], first: int | None =
                              for rank, (steps, why) in sorted(failures.items()) if rank != first]
     reasons = Counter(why for _, why in failures.values())
     steps = [steps for steps, _ in failures.values()]
-    after = f"step {min(steps)}" if min(steps) == max(steps) else f"steps {min(steps)}-{max(steps)}"
+    after = step_range_text(min(steps), max(steps))
     line = f"{len(failures)} ranks failed after {after}: ranks {ranks_text(failures)}"
     commonest = reasons.most_common(1)[0][0]
     if first is None:
@@ -67,7 +72,7 @@ def interrupted_ranks_lines(interruptions: dict[int, tuple[int, str]]) -> list[s
     for signal in sorted(set(why for _, why in interruptions.values())):
         ranks = {rank: steps for rank, (steps, why) in interruptions.items() if why == signal}
         low, high = min(ranks.values()), max(ranks.values())
-        after = f"step {low}" if low == high else f"steps {low}-{high}"
+        after = step_range_text(low, high)
         who = f"rank {next(iter(ranks))}" if len(ranks) == 1 else f"ranks {ranks_text(ranks)}"
         lines.append(f"{who} interrupted after {after}: {signal}")
     return lines
@@ -78,7 +83,7 @@ def heard_until_text(last_steps: dict[int, int]) -> str:
     at step 6)``, ``8 ranks (0-7; last heard at steps 5-6)``. Said of ranks a record ends without
     a goodbye from: where each was is all it holds of them."""
     low, high = min(last_steps.values()), max(last_steps.values())
-    at = f"step {low}" if low == high else f"steps {low}-{high}"
+    at = step_range_text(low, high)
     if len(last_steps) == 1:
         return f"rank {next(iter(last_steps))} (last heard at {at})"
     return f"{len(last_steps)} ranks ({ranks_text(last_steps)}; last heard at {at})"

@@ -16,7 +16,7 @@ from collections import Counter
 from ddpwatch.compact import StepSet
 from ddpwatch.metrics import ONE_RANK_NOTE
 from ddpwatch.rank_lists import (FEW_RANKS, failed_ranks_lines, heard_until_text, interrupted_ranks_lines, ranks_text,
-                                 runs_text)
+                                 runs_text, step_range_text)
 from ddpwatch.session import Session
 
 
@@ -135,7 +135,7 @@ def note_lines(session: Session, heard: float, recording_ended: bool = False) ->
 def stopped_ranks_text(stopped: dict[int, int], newest: int) -> str:
     """One line for the ranks whose steps stopped while the others reached ``newest``."""
     steps = sorted(set(stopped.values()))
-    at = f"step {steps[0]}" if len(steps) == 1 else f"steps {steps[0]}-{steps[-1]}"
+    at = step_range_text(steps[0], steps[-1])
     who = f"rank {next(iter(stopped))} has" if len(stopped) == 1 else f"{len(stopped)} ranks ({ranks_text(stopped)}) have"
     return (f"{who} passed no step since {at} while the others reached {newest}: out of data under DDP's join() "
             "(uneven inputs), or out of the training loop")

@@ -61,6 +61,7 @@ def compared_segments(runs: Sequence[tuple[str, dict[str, Any]]]) -> list[Compar
 
 
 def ratio(value: float, base: float) -> float | None:
+    """``value`` as a multiple of ``base``; None where the base measured nothing (shown as "—")."""
     return value / base if base > 0 else None
 
 

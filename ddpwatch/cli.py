@@ -91,6 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
                                                   "(what a change bought, run twice)")
     compare.add_argument("sessions", type=Path, nargs="+", metavar="SESSION",
                          help="session directories (or session files); two runs or more in all, the first the baseline")
+    compare.add_argument("--fail-if-slower", type=float, metavar="PCT",
+                         help="exit 1 where a segment's step time p50 is more than PCT %% above the baseline's and "
+                              "their 90 %% intervals are apart (a regression check for CI)")
     return parser
 
 
@@ -265,9 +268,13 @@ def run_summary(args: argparse.Namespace) -> int:
 
 def run_compare(args: argparse.Namespace) -> int:
     """Each run of each session given, named by its path (and its session id where a path holds
-    several), in the order given; the first segment is the baseline."""
-    from .comparison import comparison_lines
+    several), in the order given; the first segment is the baseline. With ``--fail-if-slower``,
+    exit 1 where a later segment is slower than allowed (``comparison.slower_than_allowed``)."""
+    from .comparison import comparison_lines, slower_than_allowed
 
+    allowed = args.fail_if_slower
+    if allowed is not None and not (math.isfinite(allowed) and allowed >= 0):
+        raise ValueError(f"--fail-if-slower must be a percentage, 0 or more, not {allowed:g}")
     runs = []
     for path in args.sessions:
         found = summaries_at(path)
@@ -276,7 +283,12 @@ def run_compare(args: argparse.Namespace) -> int:
     if len(runs) < 2:
         raise ValueError(f"compare needs two runs or more: {args.sessions[0]} holds one (give another session)")
     print("\n".join(comparison_lines(runs)))
-    return 0
+    if allowed is None:
+        return 0
+    slower = slower_than_allowed(runs, allowed)
+    for line in slower:
+        print(f"ddpwatch compare: {line}", file=sys.stderr)
+    return 1 if slower else 0
 
 
 def run_doctor(args: argparse.Namespace) -> int:

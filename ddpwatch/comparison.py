@@ -141,3 +141,25 @@ def comparison_lines(runs: Sequence[tuple[str, dict[str, Any]]]) -> list[str]:
                       "the figures compare the runs, not one change alone. samples/s counts every rank's samples, "
                       "so it is the figure to read where the global batch or the ranks differ."]
     return lines
+
+
+def slower_than_allowed(runs: Sequence[tuple[str, dict[str, Any]]], allowed_pct: float) -> list[str]:
+    """A line per segment whose step time p50 is more than ``allowed_pct`` % above the first
+    segment's and told apart from it (their 90 % intervals do not overlap; where either has no
+    interval, the ratio alone): what ``ddpwatch compare --fail-if-slower`` fails on, so that a CI
+    job can hold a change against a recorded baseline without failing on its steps' spread."""
+    segments = compared_segments(runs)
+    if len(segments) < 2:
+        return []
+    base, found = segments[0], []
+    for seg in segments[1:]:
+        step = ratio(seg.step_ms_p50, base.step_ms_p50)
+        if step is None or step <= 1 + allowed_pct / 100:
+            continue
+        judged = seg.interval is not None and base.interval is not None
+        if judged and not intervals_apart(seg.interval, base.interval):  # type: ignore[arg-type]
+            continue
+        found.append(f"slower: {seg.run}, {seg.label}: step p50 {base.step_ms_p50:.1f} → {seg.step_ms_p50:.1f} ms "
+                     f"(+{(step - 1) * 100:.1f} %, over the {allowed_pct:g} % allowed"
+                     + ("; 90 % intervals apart)" if judged else "; no interval to judge the spread by)"))
+    return found

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from ddpwatch import cli
-from ddpwatch.comparison import comparison_lines, compared_segments, run_differences
+from ddpwatch.comparison import comparison_lines, compared_segments, run_differences, slower_than_allowed
 
 
 def segment(label: str, steps: int, p50: float, interval: tuple[float, float] | None, samples_per_s: float,
@@ -95,3 +95,31 @@ def test_compare_reads_each_sessions_summaries_and_needs_two_runs(tmp_path: Path
     (tmp_path / "a" / "earlier" / "summary.json").write_text(json.dumps({**SMALL_CAPS, "session": "earlier-run"}))
     assert cli.main(["compare", str(tmp_path / "a")]) == 0
     assert f"| {tmp_path / 'a'} (earlier-run) | ddp 1 MB |" in capsys.readouterr().out
+
+
+def test_a_segment_slower_than_allowed_and_told_apart_is_a_regression() -> None:
+    """Against 100 ms (95-105): 80 is faster; 102 is 2 % slower, over 1 % but its 98-110 overlaps
+    95-105, so not told apart; 120 (112-125) is 20 % slower and apart; 110 without an interval is
+    judged by its ratio alone, and says so."""
+    slower = run(segment("ddp 4 MB", 59, 120.0, (112.0, 125.0), 533.3))
+    untimed = run(segment("ddp 2 MB", 10, 110.0, None, 581.8))
+    assert slower_than_allowed([("a", BASE), ("b", SMALL_CAPS)], 1.0) == []
+    assert slower_than_allowed([("a", BASE), ("b", SMALL_CAPS), ("c", slower), ("d", untimed)], 5.0) == [
+        "slower: c, ddp 4 MB: step p50 100.0 → 120.0 ms (+20.0 %, over the 5 % allowed; 90 % intervals apart)",
+        "slower: d, ddp 2 MB: step p50 100.0 → 110.0 ms (+10.0 %, over the 5 % allowed; no interval to judge the spread by)"]
+    assert slower_than_allowed([("a", BASE), ("c", slower)], 25.0) == []  # within what is allowed
+    assert slower_than_allowed([("a", BASE)], 0.0) == []
+
+
+def test_compare_fails_a_ci_job_on_a_regression_and_refuses_a_bad_allowance(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for name, data in (("base", BASE), ("new", run(segment("ddp 4 MB", 59, 120.0, (112.0, 125.0), 533.3)))):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "summary.json").write_text(json.dumps(data))
+    both = [str(tmp_path / "base"), str(tmp_path / "new")]
+    assert cli.main(["compare", *both, "--fail-if-slower", "5"]) == 1
+    assert capsys.readouterr().err.startswith(f"ddpwatch compare: slower: {tmp_path / 'new'}, ddp 4 MB: step p50 100.0 → 120.0 ms")
+    assert cli.main(["compare", *both, "--fail-if-slower", "25"]) == 0
+    assert cli.main(["compare", *both]) == 0  # no allowance given: a report, never a failure
+    for bad in ("-1", "inf"):
+        assert cli.main(["compare", *both, "--fail-if-slower", bad]) == 2
+        assert "--fail-if-slower must be a percentage, 0 or more" in capsys.readouterr().err

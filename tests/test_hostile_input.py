@@ -73,6 +73,7 @@ def test_a_flood_of_garbage_from_one_sender_leaves_the_valid_stream_intact(tmp_p
         (["summary", "pyproject.toml"], "pyproject.toml is not a ddpwatch session"),
         (["compare", "/no/such/session", "/tmp"], "/no/such/session holds no summary.json and no session file"),
         (["compare", "tests/__snapshots__"], "holds no summary.json and no session file"),
+        (["compare", "a", "b", "--fail-if-slower", "-5"], "--fail-if-slower must be a percentage, 0 or more, not -5"),
         (["replay", "/no/such/session", "--speed", "nan"], "--speed must be 0 (as fast as possible) or a positive, finite number"),
         (["record", "--out", "/tmp/x", "--until-steps", "0"], "--until-steps must be positive"),
         (["record", "--out", "/tmp/x", "--wait", "0"], "--wait must be positive"),

@@ -8,7 +8,9 @@
 #                                       # hf-fsdp: asked by name), each recorded and profiled, held against its
 #                                       # kernels by bench/attach_check.py; the Trainer's final parameters
 #                                       # held bit for bit against its unwatched run's; each Trainer evaluates
-#                                       # after step 10, a pause on CUDA events (its summary names step 11)
+#                                       # after step 10, a pause on CUDA events (its summary names step 11);
+#                                       # ddp-fp16, ddp-powersgd (asked by name): a DDP with its own compression
+#                                       # hook, whose all-reduces are timed as the hook issues them (never yet on NCCL)
 #   bash bench/gpu_session.sh memory    # bench/memory_staircase.py --step-peak on the GPU, 2 ranks sharing it, at
 #                                       # 25 and 1 MB: what each strategy holds and what sets its step's peak
 #   bash bench/gpu_session.sh overhead  # bench/overhead.py at the doctor's training shape for what the doctor does not
@@ -21,7 +23,7 @@
 # dill, multiprocess for Python 3.12; bench/gpu_wheels.sh makes them here) are installed into /tmp/site first. Logs go to $OUT (the device
 # tool's folder that comes back), or /tmp/gpu-session elsewhere.
 set -u
-usage="usage: bash bench/gpu_session.sh doctor | attach [fsdp2] [hsdp] [ddp-compiled] [hf-ddp] [hf-fsdp] | memory | overhead (several of doctor, memory, overhead: in turn)"
+usage="usage: bash bench/gpu_session.sh doctor | attach [fsdp2] [hsdp] [ddp-compiled] [hf-ddp] [hf-fsdp] [ddp-fp16] [ddp-powersgd] | memory | overhead (several of doctor, memory, overhead: in turn)"
 [ $# -gt 0 ] || { echo "$usage" >&2; exit 2; }
 if [ "$1" != attach ]; then
     for mode in "$@"; do
@@ -106,7 +108,7 @@ if [ "$1" != attach ]; then
     done
     exit 0
 fi
-# attach [fsdp2] [hsdp] [ddp-compiled] [hf-ddp] [hf-fsdp]: the first three when none is named
+# attach [fsdp2] [hsdp] [ddp-compiled] [hf-ddp] [hf-fsdp] [ddp-fp16] [ddp-powersgd]: the first three when none is named
 runs=("${@:2}"); [ ${#runs[@]} -eq 0 ] && runs=(fsdp2 hsdp ddp-compiled)
 for run in "${runs[@]}"; do
     case $run in
@@ -115,6 +117,9 @@ for run in "${runs[@]}"; do
     ddp-compiled) attached ddp-compiled 2 examples/plain_ddp.py --steps 12 --width 2048 --layers 8 --batch-size 512 --compile inductor ;;
     hf-ddp) AS_LOCAL_RANK_0=1 SAVES_FINAL=1 attached hf-ddp 2 examples/hf_trainer.py --steps 12 --batch-size 64 --eval-every 10 ;;
     hf-fsdp) SAVES_FINAL=1 attached hf-fsdp 2 examples/hf_trainer.py --steps 12 --batch-size 64 --fsdp --eval-every 10 ;;
+    ddp-fp16) SAVES_FINAL=1 attached ddp-fp16 2 examples/plain_ddp.py --steps 20 --width 2048 --layers 8 --batch-size 512 --comm-hook fp16 ;;
+    ddp-powersgd) SAVES_FINAL=1 attached ddp-powersgd 2 examples/plain_ddp.py --steps 20 --width 2048 --layers 8 --batch-size 512 \
+        --comm-hook powersgd ;;
     *) echo "unknown run $run" >&2; exit 2 ;;
     esac
 done

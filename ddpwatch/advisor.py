@@ -290,6 +290,9 @@ def advice_for_session(session: Session, caps: Sequence[int] | None = None,
     if segment.strategy not in ADVISED_STRATEGIES and not hello.switchable:
         return (f"the advisor predicts bucket and ddp runs; this run is {segment.strategy} and was not started by ddpwatch, "
                 "so it cannot switch to one")
+    if hook := segment.settings.get("comm_hook"):
+        return (f"this run's DDP communicates through a hook of its own, {hook}, which the advisor does not model: "
+                "it replays DDP's own all-reduce of each whole bucket")
     if not describes(hello, segment):
         cap = hello.settings.get("bucket_mb")
         return f"waiting for the run's first steps as {hello.strategy}{f' at {float(cap):g} MB' if cap else ''}, where it switched"

@@ -97,9 +97,10 @@ class Segment:
         return short_strategy_label(self.strategy, self.settings)
 
 
-#: The settings a segment's label names: what tells a strategy's segments apart, and HSDP's
-#: replicas (an attached FSDP2 model on a 2-D mesh: ``fsdp (grad_accum=1, replicas=2)``).
-LABELLED_SETTINGS = ("bucket_mb", "grad_accum", "replicas")
+#: The settings a segment's label names: what tells a strategy's segments apart, HSDP's
+#: replicas (an attached FSDP2 model on a 2-D mesh: ``fsdp (grad_accum=1, replicas=2)``) and an
+#: attached DDP's own communication hook (``ddp (bucket_mb=25.0, comm_hook=fp16_compress_hook, ...)``).
+LABELLED_SETTINGS = ("bucket_mb", "comm_hook", "grad_accum", "replicas")
 
 
 PAUSE_KINDS_KEPT = 8  # what a run's loop paused for, named: evaluate, save, ... (a sender could name thousands)
@@ -122,7 +123,7 @@ def strategy_label(strategy: str, settings: Mapping[str, Any]) -> str:
 
 
 def short_strategy_label(strategy: str, settings: Mapping[str, Any]) -> str:
-    """``bucket 1 MB``, ``ga accum 2``, ``fsdp 2 replicas``: the same settings as
+    """``bucket 1 MB``, ``ga accum 2``, ``fsdp 2 replicas``, ``ddp 25 MB fp16_compress``: the same settings as
     ``strategy_label`` in the words a column has room for, an accumulation of 1 (no accumulation)
     left unsaid. The segments table's first column: at 160 columns the long label
     (``bucket (bucket_mb=1.0, grad_accum=1)``) pushed step ms and samples/s out of view."""
@@ -130,6 +131,8 @@ def short_strategy_label(strategy: str, settings: Mapping[str, Any]) -> str:
     if "bucket_mb" in settings:
         cap = settings["bucket_mb"]
         words.append(f"{cap:g} MB" if isinstance(cap, (int, float)) else f"{cap} MB")
+    if "comm_hook" in settings:
+        words.append(str(settings["comm_hook"]).removesuffix("_hook"))
     if settings.get("grad_accum", 1) != 1:
         words.append(f"accum {settings['grad_accum']}")
     if "replicas" in settings:

@@ -6,6 +6,7 @@ PyTorch's DDP tutorial loop, watched by ddpwatch with one added line (``instrume
     torchrun --nproc_per_node=2 examples/plain_ddp.py --grad-accum 4 --bucket-mb 1
     torchrun --nproc_per_node=2 examples/plain_ddp.py --compile inductor   # torch.compile(ddp_model)
     torchrun --nproc_per_node=2 examples/plain_ddp.py --eval-every 50      # evaluations marked as pauses
+    torchrun --nproc_per_node=2 examples/plain_ddp.py --comm-hook fp16     # DDP's gradient compression hook
 
 The model is the tutorial's ToyModel made deeper (``--layers``) so that DDP has several buckets
 to show; the data is random, the same on every run. Everything but the ``attach`` and ``detach``
@@ -22,12 +23,18 @@ from contextlib import nullcontext
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import instrumented_ddp
 from instrumented_ddp.distributed import exit_process
 from instrumented_ddp.output_paths import outputs_problem
 from instrumented_ddp.protocol import DEFAULT_ADDRESS, bucket_mb_problem
+
+
+#: DDP's communication hooks that ``--comm-hook`` registers (gradient compression), each watched as it is.
+COMM_HOOKS = {"fp16": default_hooks.fp16_compress_hook, "bf16": default_hooks.bf16_compress_hook,
+              "powersgd": powerSGD_hook.powerSGD_hook}
 
 
 class ToyModel(nn.Module):
@@ -39,6 +46,19 @@ class ToyModel(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.net(x))
+
+
+def comm_hook_problem(hook: str | None, on_gpu: bool, bucket_mb: float, model: nn.Module) -> str | None:
+    """Why ``--comm-hook`` cannot run here: the bf16 hook needs NCCL; on gloo PowerSGD issues a
+    bucket's later all-reduces from completion callbacks on gloo's threads, in no fixed order
+    across ranks once there are two buckets (gloo aborts: a collective mismatch)."""
+    if hook == "bf16" and not on_gpu:
+        return "--comm-hook bf16: DDP's bf16_compress_hook needs NCCL (CUDA GPUs); on the CPU use fp16"
+    gradient_mb = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20
+    if hook == "powersgd" and not on_gpu and bucket_mb < gradient_mb:
+        return (f"--comm-hook powersgd on gloo needs every gradient in one bucket ({gradient_mb:.2f} MB here): "
+                f"a --bucket-mb of {bucket_mb:g} makes several, whose collectives PowerSGD issues in no fixed order")
+    return None
 
 
 def evaluate(model: nn.Module, loss_fn: nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> float:
@@ -59,6 +79,9 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=512)
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--bucket-mb", type=float, default=25.0, help="DDP's bucket_cap_mb")
+    parser.add_argument("--comm-hook", choices=sorted(COMM_HOOKS), default=None,
+                        help="register this DDP communication hook before attach (bf16: NCCL only; PowerSGD: rank 1, "
+                             "compressing from step 10, on gloo with every gradient in one bucket)")
     parser.add_argument("--eval-every", type=int, default=0, metavar="N",
                         help="evaluate 8 held-out batches every N optimizer steps, marked as a pause of training (default 0: never)")
     parser.add_argument("--watch", default=DEFAULT_ADDRESS, metavar="ADDRESS", help="where ddpwatch listens")
@@ -82,6 +105,8 @@ def main() -> None:
                      "torch._dynamo.list_backends(exclude_tags=()) lists them)")
 
     on_gpu = torch.cuda.is_available()
+    if problem := comm_hook_problem(args.comm_hook, on_gpu, args.bucket_mb, ToyModel(args.width, args.layers)):
+        parser.error(problem)  # else each rank's traceback, or gloo's abort on mismatched collectives
     dist.init_process_group("nccl" if on_gpu else "gloo")
     rank = dist.get_rank()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -92,6 +117,11 @@ def main() -> None:
     torch.manual_seed(0)
     model = ToyModel(args.width, args.layers).to(device)
     ddp_model = DDP(model, device_ids=[device.index] if on_gpu else None, bucket_cap_mb=args.bucket_mb)
+    if args.comm_hook == "powersgd":
+        ddp_model.register_comm_hook(powerSGD_hook.PowerSGDState(None, matrix_approximation_rank=1, start_powerSGD_iter=10),
+                                     powerSGD_hook.powerSGD_hook)
+    elif args.comm_hook:
+        ddp_model.register_comm_hook(None, COMM_HOOKS[args.comm_hook])
     if args.compile:  # attach takes the compiled module: the steps in which Dynamo compiles are marked and left out
         ddp_model = torch.compile(ddp_model, backend=args.compile)
     loss_fn = nn.MSELoss()

@@ -33,9 +33,12 @@ Where the phases come from, since the loop is not ours to mark:
   so no step hook fires) ends where its last backward ended, once the next forward finds the
   gradients that backward reduced cleared (``zero_grad``): ``_update_skipped``;
 - every bucket's all-reduce goes through ``DDPTiming``'s hook, which does what DDP's default does,
-  bit for bit. DDP's first iteration (one bucket of everything, before DDP rebuilds its buckets)
-  is excluded from the statistics, as for the ``ddp`` strategy; under ``static_graph`` its first
-  two (``DDPTiming.on_first_buckets``). Under FSDP2 every unit's all-gather and reduce-scatter
+  bit for bit; where the DDP already has a hook of the user's (gradient compression: fp16,
+  PowerSGD, Accelerate's ``comm_hook``), DDP keeps it and the all-reduces it issues are timed as
+  it issues them (``hooked_collectives``; a settings entry ``comm_hook`` names it). DDP's first
+  iteration (one bucket of everything, before DDP rebuilds its buckets) is excluded from the
+  statistics, as for the ``ddp`` strategy; under ``static_graph`` its first two
+  (``DDPTiming.on_first_buckets``). Under FSDP2 every unit's all-gather and reduce-scatter
   goes through FSDP's custom-comm hooks, issuing what its defaults issue (``FSDPTiming``);
 - the loop's own work between steps that is not training (an evaluation, a checkpoint) is
   ``data`` too, unless marked: ``with watch.paused("evaluate"): ...`` (the Trainer callback
@@ -72,7 +75,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from . import stop_signals
-from .ddp_timing import DDPTiming
+from .ddp_timing import DDPTiming, users_comm_hook
 from .distributed import DistributedContext
 from .issued_collectives import IssuedCollectives
 from .memory import MemorySampler
@@ -149,12 +152,12 @@ def attach_problem(model: Any, optimizer: Any) -> str | None:
         return f"the model is a {kind}, not a DistributedDataParallel module"
     if getattr(model, "_ddpwatch_attached", False):
         return f"this {type(model).__name__} is already attached: call attach once per model"
-    hook = existing_comm_hook(model) if isinstance(model, DistributedDataParallel) and not resumed else None
+    hook = builtin_comm_hook(model) if isinstance(model, DistributedDataParallel) and not resumed else None
     if hook is not None:
-        return (f"this DistributedDataParallel already has the communication hook {hook!r}, and DDP takes only one: "
-                "ddpwatch times each bucket through its own hook (which does what DDP's default does); "
-                "remove the register_comm_hook call (or Accelerate's DistributedDataParallelKwargs comm_hook) "
-                "to watch this run")
+        return (f"this DistributedDataParallel has the built-in communication hook {hook!r}, which runs in C++ where "
+                "ddpwatch cannot see its all-reduces: register its Python equivalent instead "
+                "(torch.distributed.algorithms.ddp_comm_hooks.default_hooks: allreduce_hook, fp16_compress_hook), "
+                "or none, to watch this run")
     inner = innermost_optimizer(optimizer)
     if not isinstance(inner, torch.optim.Optimizer):
         return f"the optimizer is a {type(optimizer).__name__}, not a torch.optim.Optimizer: pass the one that steps this model"
@@ -218,11 +221,11 @@ def compiled_module(model: Any) -> Any:
     return inner if isinstance(model, nn.Module) and isinstance(inner, nn.Module) else model
 
 
-def existing_comm_hook(ddp: DistributedDataParallel) -> str | None:
-    """The name of a communication hook already registered (Python or built-in), or None."""
+def builtin_comm_hook(ddp: DistributedDataParallel) -> str | None:
+    """The name of a built-in (C++) communication hook registered on ``ddp``, or None. A Python
+    hook is kept in ``_comm_hooks``; a built-in one only in DDP's logging data."""
     if ddp._comm_hooks:
-        hook = ddp._comm_hooks[0][0]
-        return getattr(hook, "__qualname__", repr(hook))
+        return None
     name = ddp._get_ddp_logging_data().get("comm_hook")
     return str(name) if name else None
 
@@ -362,6 +365,8 @@ class Attachment:
         meets = all_reduce_group(model, sharded)
         replicas = len(meets) if sharded and len(meets) > 1 else 0
         self._mesh_settings = {"replicas": replicas} if replicas else {}  # HSDP: the replicate dimension's size
+        users_hook = None if sharded else users_comm_hook(model)
+        self._hook_settings = {"comm_hook": users_hook} if users_hook else {}  # gradient compression, named
         context = DistributedContext(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")),
                                      self.device, dist.get_backend(group))
         self.watch = Watch.start(address, context, {
@@ -527,7 +532,7 @@ class Attachment:
 
     def _settings(self, micro_steps: int) -> dict[str, Any]:
         if isinstance(self.model, DistributedDataParallel):
-            return {"bucket_mb": megabytes_given(self.model.bucket_bytes_cap), "grad_accum": micro_steps}
+            return {"bucket_mb": megabytes_given(self.model.bucket_bytes_cap), "grad_accum": micro_steps, **self._hook_settings}
         return {"grad_accum": micro_steps, **self._mesh_settings}
 
     # -- the hooks ---------------------------------------------------------------------------------

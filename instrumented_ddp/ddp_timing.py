@@ -3,9 +3,10 @@
 Shared by the ``ddp`` strategy, which builds its own DDP, and by ``attach``, which watches the
 one a user built: every bucket's all-reduce is timed, seen through a communication hook that
 does what DDP's default does or, for the ``ddp`` strategy on the CPU, through the
-``ForwardingGroup`` DDP was built on (DDP's own reduction, no hook); DDP's per-forward buffer
-broadcast is timed; and the time from the last bucket's launch to the end of backward is a
-blocking ``wait``.
+``ForwardingGroup`` DDP was built on (DDP's own reduction, no hook), or, where the user's DDP has a
+hook of its own (gradient compression), as that hook issues them (``hooked_collectives``); DDP's
+per-forward buffer broadcast is timed; and the time from the last bucket's launch to the end of
+backward is a blocking ``wait``.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch.distributed as dist
 from torch.autograd import Variable
 from torch.nn.parallel import DistributedDataParallel
 
+from . import hooked_collectives
 from .collectives import timed_all_reduce_result
 from .forwarding_group import ForwardingGroup
 from .timeline import NULL_TIMELINE, NullTimeline, StepTimeline
@@ -58,6 +60,14 @@ class DDPTiming:
     reaches DDP, as the exception of its future. Static graph's first iteration is the one
     exception: it launches every bucket from an end-of-backward callback and finalizes in that
     same call, so there the hook hands DDP the ``.then`` future (that iteration is excluded).
+
+    A DDP that already has a communication hook of the user's (``users_hook``: fp16 or PowerSGD
+    compression) keeps it, since DDP takes one: what that hook issues through
+    ``torch.distributed.all_reduce`` in a backward is timed as it is issued, ``h<k>`` the k-th in
+    that backward, with the bytes and dtype it sends (``hooked_collectives``). Its buckets are not
+    marked ready: which call belongs to which bucket is the hook's business (PowerSGD makes up to
+    three per bucket), so the advisor, which replays DDP's own all-reduce of each bucket, has
+    nothing to replay.
     """
 
     def __init__(self, ddp: DistributedDataParallel, timeline: StepTimeline | NullTimeline) -> None:
@@ -83,6 +93,11 @@ class DDPTiming:
         #: ``backward_ended``: a ``_complete_buckets`` can run at a nested backward's end, mid-step.
         self._launched = 0
         self._poll_handles: list[Any] = []  # on the CPU, gradient hooks that look: ``install``
+        #: The user's own communication hook, by name, where DDP had one before this (None: ours).
+        self.users_hook = users_comm_hook(ddp)
+        self._hooked_calls = 0  # all-reduces the user's hook issued in this backward (``h<k>``)
+        self._watched_thread: int | None = None  # the thread this backward's hook runs on, watched
+        self._syncs_gradients = False  # whether DDP reduces in this backward (not under ``no_sync``)
 
     @property
     def ddp(self) -> DistributedDataParallel:
@@ -100,7 +115,7 @@ class DDPTiming:
         profiler's for a typical 5.4 ms in an attached Trainer run). A Python hook on every
         parameter cost 1-2 % of the tiny model's step on two cores, so the looks are spread by
         gradient elements instead (``parameters_to_look_from``)."""
-        if not isinstance(self.process_group, ForwardingGroup):
+        if not isinstance(self.process_group, ForwardingGroup) and self.users_hook is None:
             self.ddp.register_comm_hook(state=None, hook=self._all_reduce_hook())
         self.resume(self.timeline)
 
@@ -110,6 +125,8 @@ class DDPTiming:
         self.timeline = timeline
         if isinstance(self.process_group, ForwardingGroup):
             self.process_group.watcher = self._launch_watched_bucket
+        if self.users_hook is not None:
+            hooked_collectives.stand_in(self)
         self.ddp._distributed_broadcast_coalesced = self._timed_buffer_broadcast(self.ddp._distributed_broadcast_coalesced)
         if self.timeline.polls:
             poll = self.timeline.poll
@@ -122,6 +139,10 @@ class DDPTiming:
         ``ForwardingGroup`` just forwards)."""
         if isinstance(self.process_group, ForwardingGroup):
             self.process_group.watcher = None
+        if self.users_hook is not None:
+            hooked_collectives.unwatch_thread(self._watched_thread)
+            self._watched_thread = None
+            hooked_collectives.stand_down(self)
         for handle in self._poll_handles:
             handle.remove()
         self._poll_handles = []
@@ -153,13 +174,21 @@ class DDPTiming:
     def backward_began(self) -> None:
         """Called from inside the step's backward as it begins (``attach``: the first gradient
         reaching the forward's output), so that buckets launched in a backward nested in it
-        (reentrant checkpointing) are told apart: see ``_wait_at_backward_end``."""
+        (reentrant checkpointing) are told apart: see ``_wait_at_backward_end``. With a hook of
+        the user's, its all-reduces on this thread are timed from now (``hooked_collectives``)."""
         self._backward_task = torch._C._current_graph_task_id()
+        if self.users_hook is not None:
+            self._hooked_calls = 0
+            self._syncs_gradients = bool(getattr(self.ddp, "require_backward_grad_sync", True))
+            hooked_collectives.unwatch_thread(self._watched_thread)  # a backward that raised never ended
+            self._watched_thread = hooked_collectives.watch_thread(self._time_hooked_all_reduce)
 
     def backward_ended(self) -> bool:
         """Called when backward has ended (DDP's in-backward wait ends about now). Records the
         wait after the last bucket; True when this backward reduced gradients (not ``no_sync``)."""
         self._backward_task, self._launched = None, 0
+        if self.users_hook is not None:
+            return self._hooked_backward_ended()
         if self.last_bucket_at is None:
             return False
         self.timeline.add_span("wait", self.last_bucket_at, self.timeline.stamp(), blocking=True)
@@ -167,6 +196,45 @@ class DDPTiming:
         self.gradients_are_views = bool(getattr(self.ddp, "gradient_as_bucket_view", False))
         self.reduced_backwards += 1
         return True
+
+    def _hooked_backward_ended(self) -> bool:
+        """``backward_ended`` with the user's hook: it reduced unless DDP was under ``no_sync``
+        (or, against that, the hook was seen issuing), whether or not its collectives could be
+        seen; the wait runs from the last one seen."""
+        hooked_collectives.unwatch_thread(self._watched_thread)
+        self._watched_thread = None
+        reduced = self._syncs_gradients or self.last_bucket_at is not None
+        if self.last_bucket_at is not None:
+            self.timeline.add_span("wait", self.last_bucket_at, self.timeline.stamp(), blocking=True)
+        self.last_bucket_at, self._syncs_gradients = None, False
+        if reduced:
+            self.reduced_backwards += 1
+        return reduced
+
+    def _time_hooked_all_reduce(self, all_reduce: Callable[..., Any], tensor: torch.Tensor, op: Any,
+                                group: Any) -> Any:
+        """One asynchronous all-reduce the user's hook issued in this backward, issued with
+        torch's ``all_reduce`` and timed: ``h<k>``, the k-th of the backward, of the bytes and dtype
+        it sends (half a bucket's under fp16 compression). On the CPU its end is waited for at the
+        end of backward, looking around the wait, as for ddpwatch's own hook (DDP waits for the
+        hook's future there anyway)."""
+        timeline = self.timeline
+        if timeline is NULL_TIMELINE:
+            return all_reduce(tensor, op=op, group=group, async_op=True)
+        self.last_bucket_at = timeline.stamp()
+        span = timeline.open_collective("all_reduce", tensor.numel() * tensor.element_size(), f"h{self._hooked_calls}",
+                                        str(tensor.dtype).removeprefix("torch."), False, at=self.last_bucket_at)
+        self._hooked_calls += 1
+        timeline.time_collectives_in(group)
+        try:
+            work = all_reduce(tensor, op=op, group=group, async_op=True)
+        except Exception as error:
+            span.fail(error)
+            raise
+        timeline.close_collective(span, work)
+        if timeline.polls and launched_by_a_gradient():
+            self._wait_at_backward_end(work, tensor, None)
+        return work
 
     def _all_reduce_hook(self) -> Callable[..., torch.futures.Future]:
         """DDP checks a hook's annotations against real types, which postponed (string)
@@ -334,6 +402,16 @@ class DDPTiming:
                 timeline.close_collective(span, None)
 
         return timed_broadcast
+
+
+def users_comm_hook(ddp: DistributedDataParallel) -> str | None:
+    """The name of the Python communication hook a user registered on ``ddp`` (``_comm_hooks``
+    holds it with its state), or None; ddpwatch's own, from an earlier ``attach`` of the same
+    DDP, is not one (that ``DDPTiming`` is kept on the model, and knows its ``users_hook``)."""
+    kept = getattr(ddp, "_ddpwatch_timing", None)
+    if kept is not None:
+        return kept.users_hook
+    return hooked_collectives.hook_name(ddp._comm_hooks[0][0]) if ddp._comm_hooks else None
 
 
 def settle(future: torch.futures.Future, buffer: torch.Tensor, done: torch.futures.Future) -> None:

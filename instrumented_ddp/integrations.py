@@ -84,7 +84,7 @@ class DDPWatchCallback(TrainerCallback):
         try:
             self.attachment = attach(wrapped, optimizer if optimizer is not None else self.trainer.optimizer,
                                      address=self.address, watch_key=self.watch_key, total_steps=steps_to_take(state))
-        except AttachError as refused:  # e.g. Accelerate's comm_hook on the DDP: said, and the Trainer trains
+        except AttachError as refused:  # e.g. a built-in C++ comm hook on the DDP: said, and the Trainer trains
             print(f"ddpwatch: {refused}: training goes on unwatched", file=sys.stderr, flush=True)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:

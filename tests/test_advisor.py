@@ -458,3 +458,18 @@ def test_a_run_that_cannot_switch_is_told_how_to_set_the_best_cap_in_its_own_scr
     replayed = render_advice(advice, 60, replay=True).plain  # a replay cannot switch either: the next run's flags
     assert "b: switch" not in replayed and f"train.py with --strategy ddp --bucket-mb {best_mb} (a replay cannot switch)" in replayed
     assert "DistributedDataParallel(" in render_advice(advice, 60, switchable=False, replay=True).plain
+
+
+def test_an_attached_ddp_with_its_own_communication_hook_is_told_the_advisor_does_not_model_it() -> None:
+    """A compression hook sends what it likes per bucket (half the bytes under fp16, PowerSGD's small
+    matrices): a replay of DDP's all-reduce of each whole bucket would predict another run."""
+    session = Session()
+    settings = {"bucket_mb": 2.0, "grad_accum": 1, "comm_hook": "fp16_compress_hook"}
+    for rank in (0, 1):
+        session.ingest(Envelope(Hello(rank, 2, "s", "h", 1, "cpu", "gloo", "ddp", settings, 4 * MIB,
+                                      parameter_layout=LAYOUT, switchable=False), rank, 0, 0), received_at=0.0)
+        for step in (1, 2, 3, 4):
+            session.ingest(Envelope(replace(bucket_step(rank, step), strategy="ddp", settings=settings), rank, step, 0),
+                           received_at=0.0)
+    assert advice_for_session(session) == ("this run's DDP communicates through a hook of its own, fp16_compress_hook, which "
+                                           "the advisor does not model: it replays DDP's own all-reduce of each whole bucket")

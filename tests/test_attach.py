@@ -652,9 +652,7 @@ def test_attached_again_after_detach_times_the_hook_ddp_kept_bitwise(one_rank_gr
 
 MISUSES = {
     "a module that is not DDP": ("not DistributedDataParallel: wrap it first", lambda ddp, opt: (ddp.module, opt)),
-    "DDP with a Python hook": ("already has the communication hook 'allreduce_hook'",
-                               lambda ddp, opt: (ddp.register_comm_hook(None, default_hooks.allreduce_hook), (ddp, opt))[1]),
-    "DDP with a built-in hook": ("already has the communication hook 'BuiltinCommHookType.ALLREDUCE'",
+    "DDP with a built-in hook": ("has the built-in communication hook 'BuiltinCommHookType.ALLREDUCE', which runs in C++",
                                  lambda ddp, opt: (ddp._register_builtin_comm_hook(dist.BuiltinCommHookType.ALLREDUCE), (ddp, opt))[1]),
     "after the first backward": ("training has already begun", lambda ddp, opt: (train(ddp, opt, steps=1), (ddp, opt))[1]),
     "an optimizer that is not one": ("not a torch.optim.Optimizer", lambda ddp, opt: (ddp, object())),
@@ -1048,22 +1046,22 @@ def test_the_trainer_callback_on_another_wrapper_trains_on_and_names_it(capsys: 
 
 def test_the_trainer_callback_on_a_ddp_attach_refuses_trains_on_and_says_why(
         one_rank_group: None, capsys: pytest.CaptureFixture[str]) -> None:
-    """Accelerate registers a ``DistributedDataParallelKwargs(comm_hook=...)`` hook in ``prepare``,
-    before ``on_train_begin``: the refusal raised there and stopped the Trainer."""
+    """A DDP given a built-in C++ hook before ``on_train_begin`` (Accelerate's Python ones are
+    watched: ``test_attach_comm_hook.py``): the refusal raised there and stopped the Trainer."""
     from instrumented_ddp.integrations import DDPWatchCallback
 
     ddp, optimizer = make_ddp()
-    ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    ddp._register_builtin_comm_hook(dist.BuiltinCommHookType.FP16_COMPRESS)
     callback = DDPWatchCallback(SimpleNamespace(model_wrapped=ddp, optimizer=optimizer), address=f"tcp://127.0.0.1:{free_port()}")
     callback.on_train_begin(None, SimpleNamespace(max_steps=3), None)
     train(ddp, optimizer, steps=1)
     callback.on_train_end(None, None, None)
-    assert callback.attachment is None and untouched(ddp, optimizer, comm_hooks=1)
+    assert callback.attachment is None and untouched(ddp, optimizer)
     assert capsys.readouterr().err == (
-        "ddpwatch: instrumented_ddp.attach: this DistributedDataParallel already has the communication hook "
-        "'fp16_compress_hook', and DDP takes only one: ddpwatch times each bucket through its own hook (which does "
-        "what DDP's default does); remove the register_comm_hook call (or Accelerate's DistributedDataParallelKwargs "
-        "comm_hook) to watch this run: training goes on unwatched\n")
+        "ddpwatch: instrumented_ddp.attach: this DistributedDataParallel has the built-in communication hook "
+        "'BuiltinCommHookType.FP16_COMPRESS', which runs in C++ where ddpwatch cannot see its all-reduces: register its "
+        "Python equivalent instead (torch.distributed.algorithms.ddp_comm_hooks.default_hooks: allreduce_hook, "
+        "fp16_compress_hook), or none, to watch this run: training goes on unwatched\n")
 
 
 def test_a_loop_that_raises_says_goodbye_as_failed_with_what_it_raised(one_rank_group: None, sent: list[Any],

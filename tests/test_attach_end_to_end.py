@@ -115,7 +115,8 @@ def test_attached_hook_is_bitwise_plain_ddp_at_a_world_size_that_is_not_a_power_
     whose first iteration reduces every bucket at the end of backward and waits for them in the
     same call (an attached one hung there), and whose buckets are rebuilt after its second
     (a one-rank group cannot show it: there DDP's static graph issues no all-reduce); and the
-    README's Accelerate use, attached to what ``accelerator.prepare`` returns; a DDP built on a
+    README's Accelerate use, attached to what ``accelerator.prepare`` returns, also with Accelerate's
+    fp16 compression hook (the user's own hook, kept and timed); a DDP built on a
     subgroup; and a model sharded with FSDP2, attached against not, then replicated on a 2-D mesh
     (HSDP)."""
     result = run_torchrun([str(REPO_ROOT / "tests" / "workers" / "attach_bitwise.py"), "--address", f"tcp://127.0.0.1:{free_port()}"],
@@ -135,6 +136,14 @@ def test_attached_hook_is_bitwise_plain_ddp_at_a_world_size_that_is_not_a_power_
     # micro-steps, the model's 25 KB in one bucket at Accelerate's default cap
     assert "accelerate: bitwise equal on every rank: True" in result.stdout
     assert "accelerate: excluded [True, False, False, False], grad_accum [2, 2, 2, 2], all-reduces [1, 1, 1, 1]" in result.stdout
+    # the same with Accelerate's fp16 compression hook (DistributedDataParallelKwargs(comm_hook=FP16)), which
+    # DDP keeps: its one all-reduce a step timed as the hook issues it, in float16, half the gradients'
+    # 6,467 float32 elements (32x64+64 + 64x64+64 + 64x3+3): 12,934 bytes; step 2's 2 untimed are DDP's
+    # broadcasts of its rebuilt buckets
+    assert "accelerate fp16: bitwise equal on every rank: True" in result.stdout
+    assert ("accelerate fp16: settings {'bucket_mb': 25.0, 'grad_accum': 2, 'comm_hook': 'fp16_compress_hook'}, "
+            "excluded [True, False, False, False], all-reduces [" + ", ".join(["[('h0', 'float16', 12934)]"] * 4) + "], "
+            "untimed [0, 2, 0, 0]") in result.stdout
     # FSDP2, each Linear a unit and the root holding none: per micro-step each unit all-gathered before its
     # forward and again before its backward (3 + 3, twice a step), and reduce-scattered once a step, on the
     # micro-step that syncs; timed through FSDP's custom comms, the training bit for bit unattached FSDP's

@@ -247,6 +247,9 @@ def test_a_short_label_names_the_same_settings_in_words_and_leaves_an_accumulati
     assert short_strategy_label("ga", {"grad_accum": 2}) == "ga accum 2"
     assert short_strategy_label("fsdp", {"grad_accum": 1, "replicas": 2}) == "fsdp 2 replicas"
     assert short_strategy_label("simple", {}) == "simple"
+    hooked = {"bucket_mb": 25.0, "grad_accum": 1, "comm_hook": "fp16_compress_hook"}  # an attached DDP's own hook
+    assert strategy_label("ddp", hooked) == "ddp (bucket_mb=25.0, comm_hook=fp16_compress_hook, grad_accum=1)"
+    assert short_strategy_label("ddp", hooked) == "ddp 25 MB fp16_compress"
     assert short_strategy_label("bucket", {"bucket_mb": "odd"}) == "bucket odd MB"  # a hostile setting: no exception
 
 

@@ -1,6 +1,7 @@
 """Plain DDP and the same DDP with ddpwatch attached, trained side by side on this rank's data,
 with gradients copied into DDP's buckets, with gradients as views of them, with
-``static_graph=True``, and in Accelerate's accumulation loop; prints for each whether every
+``static_graph=True``, and in Accelerate's accumulation loop (also with its fp16 compression
+hook, ``DistributedDataParallelKwargs(comm_hook=...)``); prints for each whether every
 parameter ended bit for bit the same on every rank, and which steps the attached run excluded
 with how many all-reduces each (rank 0). Then the same for a model sharded with FSDP2's
 ``fully_shard``, attached against not, with its all-gathers and reduce-scatters per step, and
@@ -15,7 +16,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from accelerate import Accelerator
+from accelerate import Accelerator, DistributedDataParallelKwargs
+from accelerate.utils import DDPCommunicationHookType
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
@@ -43,6 +45,11 @@ def main() -> None:
     same, reports = train_accelerate_side_by_side(args.address, context.rank)
     say("accelerate", same, f"excluded {[r.excluded for r in reports]}, grad_accum {[r.settings['grad_accum'] for r in reports]}, "
         f"all-reduces {[sum(s.kind == 'all_reduce' for s in r.spans) for r in reports]}")
+    same, reports = train_accelerate_side_by_side(args.address, context.rank, DDPCommunicationHookType.FP16)
+    all_reduces = [[s for s in r.spans if s.kind == "all_reduce"] for r in reports]
+    say("accelerate fp16", same, f"settings {reports[-1].settings}, excluded {[r.excluded for r in reports]}, "
+        f"all-reduces {[[(s.tag, s.dtype, s.nbytes) for s in spans] for spans in all_reduces]}, "
+        f"untimed {[r.untimed_collectives for r in reports]}")
     same, reports, _ = train_fsdp2_side_by_side(args.address, context.rank)
     say("fsdp2", same, f"strategy {sorted({r.strategy for r in reports})}, excluded {[r.excluded for r in reports]}, "
         f"grad_accum {[r.settings['grad_accum'] for r in reports]}, "
@@ -94,11 +101,14 @@ def train_side_by_side(option: dict[str, Any], address: str, rank: int) -> tuple
     return same, [m for m in sent if isinstance(m, StepReport)], watch.publisher.hello.all_reduce_group
 
 
-def train_accelerate_side_by_side(address: str, rank: int) -> tuple[bool, list[StepReport]]:
+def train_accelerate_side_by_side(address: str, rank: int, comm_hook: DDPCommunicationHookType | None = None
+                                  ) -> tuple[bool, list[StepReport]]:
     """The README's Accelerate use: ``attach`` on what ``accelerator.prepare`` returns (a DDP and an
     ``AcceleratedOptimizer``), in Accelerate's own accumulation loop (``accumulate``, ``backward``:
-    two micro-steps, the first under ``no_sync``, the inner optimizer stepped on the second)."""
-    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=2)
+    two micro-steps, the first under ``no_sync``, the inner optimizer stepped on the second).
+    ``comm_hook``: the hook Accelerate registers on both DDPs as it prepares them."""
+    handlers = [DistributedDataParallelKwargs(comm_hook=comm_hook)] if comm_hook is not None else []
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=2, kwargs_handlers=handlers)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(32, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 3))
     pair = {}

@@ -1,0 +1,191 @@
+"""A user's DDP with a communication hook of its own (gradient compression) is attached: DDP keeps
+the hook, and the all-reduces it issues are timed as it issues them (``hooked_collectives``).
+In one process over a one-rank gloo group; three ranks under Accelerate's fp16 hook are in
+``test_attach_end_to_end.py``."""
+
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
+from instrumented_ddp import hooked_collectives
+from instrumented_ddp.protocol import Hello, StepReport
+from launch import free_port
+from test_attach import attached, make_ddp, sent, train, untouched  # noqa: F401  (sent: a fixture)
+
+TORCHS_ALL_REDUCE = dist.distributed_c10d.all_reduce
+
+
+def test_an_fp16_hooks_all_reduces_are_timed_in_the_dtype_and_bytes_it_sends(one_rank_group: None, sent: list[Any]) -> None:
+    ddp, optimizer = make_ddp()
+    ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    with attached(ddp, optimizer):
+        assert dist.all_reduce is hooked_collectives.all_reduce
+        train(ddp, optimizer, steps=3, grad_accum=2)
+    assert dist.all_reduce is TORCHS_ALL_REDUCE  # torch's own again once detached
+    hello = next(m for m in sent if isinstance(m, Hello))
+    assert hello.settings == {"bucket_mb": 0.001, "grad_accum": 1, "comm_hook": "fp16_compress_hook"}
+    reports = [m for m in sent if isinstance(m, StepReport)]
+    assert [(r.step, r.excluded, r.settings["grad_accum"]) for r in reports] == [(1, True, 2), (2, False, 2), (3, False, 2)]
+    float32_bytes = [int(size) for size in ddp._get_ddp_logging_data()["rebuilt_bucket_sizes"].split(", ")]
+    for report in reports[1:]:
+        hooked = [s for s in report.spans if s.kind == "all_reduce"]
+        # one all-reduce a bucket, in DDP's bucket order, each half its bucket: the hook sends float16
+        assert [(s.tag, s.dtype, s.nbytes, s.blocking) for s in hooked] == [
+            (f"h{k}", "float16", size // 2, False) for k, size in enumerate(float32_bytes)]
+        waits = [s for s in report.spans if s.kind == "wait"]
+        assert len(waits) == 1 and waits[0].blocking and waits[0].start == hooked[-1].start  # from the last issue
+    assert [r.untimed_collectives for r in reports[1:]] == [2, 0]  # step 2's: DDP broadcasts its rebuilt buckets
+
+
+def test_an_attached_ddp_with_its_own_hook_trains_bitwise_as_unattached_and_again_after_detach(
+        one_rank_group: None, sent: list[Any]) -> None:
+    """The hook is the user's: nothing ddpwatch does changes a bit. A second ``attach`` (a
+    Trainer's second ``train()``) times the same hook again."""
+    runs = {}
+    for mode in ("watched", "plain"):
+        runs[mode] = make_ddp()
+        runs[mode][0].register_comm_hook(None, default_hooks.fp16_compress_hook)
+    ddp, optimizer = runs["watched"]
+    with attached(ddp, optimizer):
+        train(ddp, optimizer, steps=2, grad_accum=2)
+    train(ddp, optimizer, steps=1)  # between the two: the hook alone, untimed
+    first_run = len(sent)
+    with attached(ddp, optimizer):
+        train(ddp, optimizer, steps=2)
+    plain, plain_optimizer = runs["plain"]
+    train(plain, plain_optimizer, steps=2, grad_accum=2)
+    train(plain, plain_optimizer, steps=1)
+    train(plain, plain_optimizer, steps=2)
+    for a, b in zip(ddp.parameters(), plain.parameters(), strict=True):
+        assert torch.equal(a, b)
+    assert untouched(ddp, optimizer, comm_hooks=1)  # the user's hook, and no other
+    again = [m for m in sent[first_run:] if isinstance(m, StepReport)]
+    assert [r.settings.get("comm_hook") for r in again] == ["fp16_compress_hook"] * 2
+    assert all({s.dtype for s in r.spans if s.kind == "all_reduce"} == {"float16"} for r in again)
+
+
+def test_powersgds_collectives_are_each_timed_or_counted_untimed(one_rank_group: None, sent: list[Any]) -> None:
+    """PowerSGD (compressing from its 3rd iteration) all-reduces a bucket's vectors, then its P
+    matrices, then its Q matrices, the last two from completion callbacks: on gloo those run on
+    gloo's thread, unseen, unless the collective before had completed when the callback was
+    chained (then at once, on the backward's thread, seen). Which is a race; that every one is
+    either timed or counted untimed is not. One bucket: PowerSGD's callbacks wait on gloo's
+    workers, which several buckets can all hold."""
+    runs = {}
+    for mode in ("watched", "plain"):
+        runs[mode] = make_ddp(bucket_mb=25)
+        runs[mode][0].register_comm_hook(powerSGD_hook.PowerSGDState(None, matrix_approximation_rank=1, start_powerSGD_iter=3),
+                                         powerSGD_hook.powerSGD_hook)
+    ddp, optimizer = runs["watched"]
+    with attached(ddp, optimizer):
+        train(ddp, optimizer, steps=5)
+    train(*runs["plain"], steps=5)
+    for a, b in zip(ddp.parameters(), runs["plain"][0].parameters(), strict=True):
+        assert torch.equal(a, b)
+    reports = [m for m in sent if isinstance(m, StepReport)]
+    issued = [sum(s.kind == "all_reduce" for s in r.spans) + r.untimed_collectives for r in reports]
+    # one plain all-reduce a step for 3 steps (step 2's 2 more: DDP broadcasting its rebuilt buckets), then 3:
+    # the vectors, P and Q; the first always seen (issued in the hook), P and Q where the race went our way
+    assert issued == [1, 3, 1, 3, 3]
+    assert all(sum(s.kind == "all_reduce" for s in r.spans) >= 1 for r in reports[3:])
+    assert {r.settings["comm_hook"] for r in reports} == {"powerSGD_hook"}
+
+
+class AllReduceInBackward(torch.autograd.Function):
+    """An all-reduce issued inside backward, as a SyncBatchNorm's or a hook's is."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, async_op: bool) -> torch.Tensor:  # noqa: ANN401
+        ctx.async_op = async_op
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx: Any, gradient: torch.Tensor) -> tuple[torch.Tensor, None]:  # noqa: ANN401
+        work = dist.all_reduce(gradient.clone(), async_op=ctx.async_op)
+        if work is not None:
+            work.wait()
+        return gradient, None
+
+
+def test_only_asynchronous_all_reduces_inside_a_watched_threads_backward_are_the_hooks(one_rank_group: None) -> None:
+    """What the stand-in takes for the hook's: an asynchronous all-reduce on the watched thread,
+    inside the autograd engine. Passed through untimed: one outside a backward (the loop's own
+    loss all-reduce), a blocking one inside (a SyncBatchNorm's), and one from another thread
+    (PowerSGD's callbacks on gloo's)."""
+    timed: list[tuple[int, bool]] = []
+
+    def timer(all_reduce: Any, tensor: torch.Tensor, op: Any, group: Any) -> Any:
+        timed.append((tensor.numel(), threading.get_ident() == watched))
+        return all_reduce(tensor, op=op, group=group, async_op=True)
+
+    owner = object()
+    hooked_collectives.stand_in(owner)
+    watched = hooked_collectives.watch_thread(timer)
+    try:
+        dist.all_reduce(torch.ones(2), async_op=True).wait()  # outside any backward
+        x = torch.ones(3, requires_grad=True)
+        AllReduceInBackward.apply(x, False).sum().backward()  # blocking, in backward
+        assert timed == []
+        AllReduceInBackward.apply(x, True).sum().backward()  # asynchronous, in backward: the hook's kind
+        assert timed == [(3, True)]
+        elsewhere = threading.Thread(target=lambda: AllReduceInBackward.apply(x, True).sum().backward())
+        elsewhere.start()
+        elsewhere.join()
+        assert timed == [(3, True)]
+    finally:
+        hooked_collectives.unwatch_thread(watched)
+        hooked_collectives.stand_down(owner)
+    assert dist.all_reduce is TORCHS_ALL_REDUCE
+
+
+def test_a_stand_in_put_over_ours_stays_when_we_stand_down(one_rank_group: None) -> None:
+    """Someone else's wrapper of ``dist.all_reduce``, put there after ours, is theirs to remove:
+    ours, left under it, passes every call through; standing in again later never takes ours
+    for torch's."""
+    owner = object()
+    hooked_collectives.stand_in(owner)
+    theirs = lambda *args, **kwargs: hooked_collectives.all_reduce(*args, **kwargs)  # noqa: E731
+    dist.all_reduce = theirs
+    try:
+        hooked_collectives.stand_down(owner)
+        assert dist.all_reduce is theirs
+        tensor = torch.ones(2)
+        dist.all_reduce(tensor)
+        assert torch.equal(tensor, torch.ones(2))
+        dist.all_reduce = hooked_collectives.all_reduce  # they put back what they found: ours
+        hooked_collectives.stand_in(owner)
+        hooked_collectives.stand_down(owner)
+        assert dist.all_reduce is TORCHS_ALL_REDUCE
+    finally:
+        dist.all_reduce = TORCHS_ALL_REDUCE
+
+
+@pytest.mark.parametrize(("hook", "name"), [(default_hooks.bf16_compress_hook, "bf16_compress_hook"),
+                                            (default_hooks.fp16_compress_wrapper(default_hooks.allreduce_hook),
+                                             "fp16_compress_wrapper_hook")])
+def test_the_hook_is_named_as_the_user_wrote_it(hook: Any, name: str) -> None:
+    assert hooked_collectives.hook_name(hook) == name
+
+
+def test_the_trainer_callback_watches_a_ddp_accelerate_gave_a_compression_hook(one_rank_group: None, sent: list[Any]) -> None:
+    """Accelerate registers ``DistributedDataParallelKwargs(comm_hook=...)``'s hook in ``prepare``,
+    before ``on_train_begin``: ``attach`` refused it, and the run went unwatched."""
+    from instrumented_ddp.integrations import DDPWatchCallback
+
+    ddp, optimizer = make_ddp()
+    ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    callback = DDPWatchCallback(SimpleNamespace(model_wrapped=ddp, optimizer=optimizer), address=f"tcp://127.0.0.1:{free_port()}")
+    callback.on_train_begin(None, SimpleNamespace(max_steps=3), None)
+    assert callback.attachment is not None
+    train(ddp, optimizer, steps=2)
+    callback.on_train_end(None, None, None)
+    reports = [m for m in sent if isinstance(m, StepReport)]
+    assert [r.settings["comm_hook"] for r in reports] == ["fp16_compress_hook"] * 2
+    assert {s.dtype for s in reports[-1].spans if s.kind == "all_reduce"} == {"float16"}

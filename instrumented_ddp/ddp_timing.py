@@ -117,6 +117,7 @@ class DDPTiming:
         gradient elements instead (``parameters_to_look_from``)."""
         if not isinstance(self.process_group, ForwardingGroup) and self.users_hook is None:
             self.ddp.register_comm_hook(state=None, hook=self._all_reduce_hook())
+            self.ddp.register_comm_hook = self.ddp._register_builtin_comm_hook = refuse_a_second_hook
         self.resume(self.timeline)
 
     def resume(self, timeline: StepTimeline | NullTimeline) -> None:
@@ -402,6 +403,14 @@ class DDPTiming:
                 timeline.close_collective(span, None)
 
         return timed_broadcast
+
+
+def refuse_a_second_hook(*_args: Any, **_kwargs: Any) -> None:
+    """A DDP's ``register_comm_hook`` once ddpwatch's hook is in: DDP would refuse a second hook
+    too, saying only that it *can only be called once*, to a user who called it once."""
+    raise RuntimeError("DistributedDataParallel.register_comm_hook after instrumented_ddp.attach: DDP takes one "
+                       "communication hook, and attach gave it ddpwatch's timing hook; register yours before attach, "
+                       "which then times the all-reduces your hook issues")
 
 
 def users_comm_hook(ddp: DistributedDataParallel) -> str | None:

@@ -167,6 +167,19 @@ def test_a_stand_in_put_over_ours_stays_when_we_stand_down(one_rank_group: None)
         dist.all_reduce = TORCHS_ALL_REDUCE
 
 
+def test_a_hook_registered_after_attach_is_refused_saying_to_register_it_before(one_rank_group: None) -> None:
+    """DDP's own refusal said only that ``register_comm_hook`` *can only be called once*."""
+    ddp, optimizer = make_ddp()
+    with attached(ddp, optimizer):
+        for register in (lambda: ddp.register_comm_hook(None, default_hooks.fp16_compress_hook),
+                         lambda: ddp._register_builtin_comm_hook(dist.BuiltinCommHookType.FP16_COMPRESS)):
+            with pytest.raises(RuntimeError, match="^DistributedDataParallel.register_comm_hook after instrumented_ddp.attach: "
+                                                   ".* register yours before attach"):
+                register()
+        train(ddp, optimizer, steps=1)  # on, with ddpwatch's hook
+    assert len(ddp._comm_hooks) == 1
+
+
 @pytest.mark.parametrize(("hook", "name"), [(default_hooks.bf16_compress_hook, "bf16_compress_hook"),
                                             (default_hooks.fp16_compress_wrapper(default_hooks.allreduce_hook),
                                              "fp16_compress_wrapper_hook")])

@@ -409,8 +409,10 @@ def decode(data: bytes, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Envelope:
         raise ProtocolError("wrong_version", f"version {raw.get('v')!r}, expected {PROTOCOL_VERSION}")
     kind = raw.get("type")
     cls = MESSAGE_TYPES.get(kind) if isinstance(kind, str) else None
+    if cls is None and isinstance(kind, str) and kind:  # well formed, of a kind a newer ddpwatch sends
+        raise ProtocolError("unknown_type", f"unknown message type {kind!r:.40}")
     if cls is None:
-        raise ProtocolError("invalid", f"unknown message type {raw.get('type')!r}")
+        raise ProtocolError("invalid", f"message type {raw.get('type')!r:.40} is not a type's name")
     body = raw.get("body")
     if not isinstance(body, dict):
         raise ProtocolError("invalid", "body is not a map")

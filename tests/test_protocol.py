@@ -284,9 +284,16 @@ def test_missing_version_is_rejected_as_wrong_version() -> None:
     assert _category(_pack(raw)) == "wrong_version"
 
 
-@pytest.mark.parametrize("kind", ["stepp", "", None, 3])
-def test_unknown_message_type_is_rejected_as_invalid(kind: Any) -> None:
+@pytest.mark.parametrize("kind", ["", None, 3])
+def test_a_message_type_that_is_not_a_name_is_rejected_as_invalid(kind: Any) -> None:
     assert _category(_pack(_raw(STEP, type=kind))) == "invalid"
+
+
+@pytest.mark.parametrize("kind", ["evaluation_v2", "stepp"])
+def test_a_message_of_a_type_this_ddpwatch_does_not_know_is_rejected_as_unknown_type(kind: str) -> None:
+    """A newer ddpwatch's message (or a misspelt one: the two cannot be told apart) is well formed:
+    the dashboard says it comes from a newer ddpwatch, not that it is malformed."""
+    assert _category(_pack(_raw(STEP, type=kind))) == "unknown_type"
 
 
 @pytest.mark.parametrize("kind", [[], {"a": 1}], ids=["list", "map"])

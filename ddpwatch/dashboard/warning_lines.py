@@ -12,6 +12,9 @@ and a thousand lines would each change every frame).
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
+
+from instrumented_ddp.protocol import PROTOCOL_VERSION
 
 from ddpwatch.compact import StepSet
 from ddpwatch.metrics import ONE_RANK_NOTE
@@ -63,10 +66,26 @@ def reporting_fault_lines(session: Session) -> list[str]:
                  if session.runs_told_apart else "its reports are mixed in with this run's or rejected")
               + "; give each run its own address (ddpwatch --listen, train.py --watch)"
               for other, count in session.other_runs.items()]
-    rejected = sum(session.rejected.values())
-    if rejected:
-        kinds = ", ".join(f"{n} {k}" for k, n in sorted(session.rejected.items()))
-        lines.append(f"rejected {rejected} malformed message(s): {kinds}")
+    return lines + rejected_lines(session.rejected)
+
+
+def rejected_lines(rejected: Mapping[str, int]) -> list[str]:
+    """The messages the receiver rejected, by category (``protocol.ProtocolError``). Two are not
+    malformed but another ddpwatch's, and say so: a message of a type this one does not know
+    (a newer ddpwatch's, say its ``evaluation`` messages) and one in another wire version; they
+    read as *malformed*, as if the network or a sender were broken, where the fix is to run one
+    ddpwatch version on the ranks and here."""
+    lines = []
+    if newer := rejected.get("unknown_type", 0):
+        lines.append(f"{newer} message(s) of a type this ddpwatch does not know, left out: the ranks run a newer "
+                     "ddpwatch than this dashboard (the session file keeps them; upgrade ddpwatch here to see them)")
+    if other := rejected.get("wrong_version", 0):
+        lines.append(f"{other} message(s) in another version of ddpwatch's wire format than this dashboard's "
+                     f"({PROTOCOL_VERSION}), left out: run the same ddpwatch version on the ranks and here")
+    malformed = {category: n for category, n in rejected.items() if category not in ("unknown_type", "wrong_version") and n}
+    if malformed:
+        kinds = ", ".join(f"{n} {k}" for k, n in sorted(malformed.items()))
+        lines.append(f"rejected {sum(malformed.values())} malformed message(s): {kinds}")
     return lines
 
 

@@ -470,7 +470,7 @@ class Attachment:
             loss = torch.tensor(float(loss))
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
             raise AttachError(f"record_loss: expected the loss as a one-element tensor or a number, got {describe(loss)}")
-        self._recorded_losses.append(loss.detach())
+        self._recorded_losses.append(loss.detach().clone())  # as it is now: see ``_after_forward``
 
     def record_evaluation(self, metrics: Mapping[str, Any]) -> None:
         """What an evaluation after the steps done so far measured, by name (``{"eval_loss": 0.41,
@@ -606,7 +606,11 @@ class Attachment:
         self.timeline.add_span("forward", self._forward_from, self.timeline.stamp(), blocking=False)
         self._forward_from = None
         loss = loss_of(output)
-        forward = TrainingForward(*self._inputs, loss.detach() if loss is not None else None)
+        # A copy, not the tensor: a loop may scale its loss in place before backward (the Trainer's
+        # ``loss *= num_processes`` under average_tokens_across_devices, a ``loss /= grad_accum``),
+        # and the loss read at the step's end was that, not what the forward returned (a one-element
+        # copy on the device, never waited for).
+        forward = TrainingForward(*self._inputs, loss.detach().clone() if loss is not None else None)
         self._forwards.append(forward)
         self._backward_from = None
         for tensor in _output_tensors(output):

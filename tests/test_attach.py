@@ -956,6 +956,38 @@ def test_a_loss_computed_outside_the_model_is_recorded_with_one_optional_line(on
     assert report.loss == pytest.approx(7.0)
 
 
+def test_the_loss_reported_is_the_forwards_though_the_loop_scales_it_in_place_before_backward(
+        one_rank_group: None, sent: list[Any]) -> None:
+    """The Trainer multiplies the model's loss by the process count in place (``loss *=
+    num_processes``, under ``average_tokens_across_devices``) and a loop may divide it by its
+    accumulation (``loss /= 2``): read at the step's end, the loss was the scaled one (an HF
+    Trainer on 2 ranks read 3.29 where its model returned 1.64)."""
+    ddp, optimizer = make_ddp()
+    with attached(ddp, optimizer):
+        returned = []
+        for micro in range(2):
+            with ddp.no_sync() if micro == 0 else torch.enable_grad():
+                loss = ddp(**batch(micro)).loss
+                returned.append(loss.item())
+                loss *= 2  # the Trainer's scaling
+                loss /= 4  # a loop's accumulation
+                loss.backward()
+        optimizer.step()
+    (report,) = [m for m in sent if isinstance(m, StepReport)]
+    assert report.loss == pytest.approx(sum(returned) / 2) and report.loss != pytest.approx(sum(returned) / 4)
+    sent.clear()
+    ddp, optimizer = make_ddp()
+    with attached(ddp, optimizer) as watch:
+        loss = ddp(**batch(0)).loss
+        recorded = torch.tensor(5.0)
+        watch.record_loss(recorded)
+        recorded += 1  # changed after it was handed over
+        loss.backward()
+        optimizer.step()
+    (report,) = [m for m in sent if isinstance(m, StepReport)]
+    assert report.loss == pytest.approx(5.0)  # the one handed over, as it was then
+
+
 def test_an_evaluation_the_loop_measured_is_sent_with_the_step_it_followed_and_a_wrong_one_is_one_line(
         one_rank_group: None, sent: list[Any]) -> None:
     """``record_evaluation``: numbers, numpy's scalars and one-element tensors, after the steps

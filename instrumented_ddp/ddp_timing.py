@@ -219,14 +219,20 @@ class DDPTiming:
         it sends (half a bucket's under fp16 compression). On the CPU its end is waited for at the
         end of backward, looking around the wait, as for ddpwatch's own hook (DDP waits for the
         hook's future there anyway)."""
-        timeline = self.timeline
-        if timeline is NULL_TIMELINE:
+        timeline, span = self.timeline, None
+        try:
+            if timeline is NULL_TIMELINE:
+                raise LookupError("detached")
+            issued_at = timeline.stamp()
+            span = timeline.open_collective("all_reduce", tensor.numel() * tensor.element_size(), f"h{self._hooked_calls}",
+                                            str(tensor.dtype).removeprefix("torch."), False, at=issued_at)
+            self._hooked_calls += 1
+            timeline.time_collectives_in(group)
+        except Exception as error:  # never the user's all-reduce lost to ddpwatch's bookkeeping: issued untimed
+            if span is not None:
+                span.fail(error)  # its step goes out unresolved, saying why
             return all_reduce(tensor, op=op, group=group, async_op=True)
-        self.last_bucket_at = timeline.stamp()
-        span = timeline.open_collective("all_reduce", tensor.numel() * tensor.element_size(), f"h{self._hooked_calls}",
-                                        str(tensor.dtype).removeprefix("torch."), False, at=self.last_bucket_at)
-        self._hooked_calls += 1
-        timeline.time_collectives_in(group)
+        self.last_bucket_at = issued_at
         try:
             work = all_reduce(tensor, op=op, group=group, async_op=True)
         except Exception as error:

@@ -71,6 +71,27 @@ def test_an_attached_ddp_with_its_own_hook_trains_bitwise_as_unattached_and_agai
     assert all({s.dtype for s in r.spans if s.kind == "all_reduce"} == {"float16"} for r in again)
 
 
+def test_the_hooks_all_reduce_is_issued_whatever_ddpwatchs_bookkeeping_raises(one_rank_group: None, sent: list[Any],
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Training never fails because of telemetry: a timeline that cannot open the span still
+    issues the user's all-reduce, and the run trains on as unwatched."""
+    runs = {}
+    for mode in ("watched", "plain"):
+        runs[mode] = make_ddp()
+        runs[mode][0].register_comm_hook(None, default_hooks.fp16_compress_hook)
+    ddp, optimizer = runs["watched"]
+    with attached(ddp, optimizer) as watch:
+        def broken(*_args: Any, **_kwargs: Any) -> None:
+            raise RuntimeError("a bug in ddpwatch")
+
+        monkeypatch.setattr(watch.timeline, "open_collective", broken)
+        train(ddp, optimizer, steps=3)
+    train(*runs["plain"], steps=3)
+    for a, b in zip(ddp.parameters(), runs["plain"][0].parameters(), strict=True):
+        assert torch.equal(a, b)
+    assert [r.step for r in sent if isinstance(r, StepReport)] == [1, 2, 3]
+
+
 def test_powersgds_collectives_are_each_timed_or_counted_untimed(one_rank_group: None, sent: list[Any]) -> None:
     """PowerSGD (compressing from its 3rd iteration) all-reduces a bucket's vectors, then its P
     matrices, then its Q matrices, the last two from completion callbacks: on gloo those run on

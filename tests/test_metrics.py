@@ -427,6 +427,18 @@ def test_equal_call_counts_or_no_records_is_not_a_desync():
     assert find_desync({}, 0) is None
 
 
+def test_a_users_hooks_all_reduces_seen_in_different_numbers_are_not_a_desync():
+    """PowerSGD on gloo: rank 0 saw its bucket's three all-reduces, rank 1 only the first (the other
+    two ran from callbacks on gloo's thread); both issued three. A bucket all-reduce missing is still one."""
+    hooked = {0: record(0, 9, span("all_reduce", 0, 1, tag="h0"), span("all_reduce", 1, 2, tag="h1"),
+                        span("all_reduce", 2, 3, tag="h2"), rank=0, step=4),
+              1: record(0, 9, span("all_reduce", 0, 1, tag="h0"), rank=1, step=4)}
+    assert find_desync(calls_of(hooked), 4) is None
+    buckets = {0: record(0, 9, span("all_reduce", 0, 1, tag="b0"), span("all_reduce", 1, 2, tag="b1"), rank=0, step=4),
+               1: record(0, 9, span("all_reduce", 0, 1, tag="b0"), rank=1, step=4)}
+    assert find_desync(calls_of(buckets), 4) == Desync(step=4, calls_per_rank={0: 2, 1: 1})
+
+
 def test_a_reduce_scatter_count_that_differs_is_a_desync_of_that_kind():
     """ZeRO-2 and FSDP issue no all-reduce: a rank skipping a reduce-scatter is as fatal."""
     recs = [record(0, 9, span("reduce_scatter", 0, 1), span("all_gather", 1, 2), rank=0, step=3),

@@ -48,12 +48,14 @@ _users: set[int] = set()
 _lock = threading.Lock()
 
 
-def all_reduce(tensor: torch.Tensor, op: Any = dist.ReduceOp.SUM, group: Any = None, async_op: bool = False) -> Any:
-    """``torch.distributed.all_reduce``, timed where a watched backward's hook issued it."""
+def all_reduce(tensor: torch.Tensor, op: Any = dist.ReduceOp.SUM, group: Any = None, async_op: bool = False,
+               *more: Any, **extra: Any) -> Any:
+    """``torch.distributed.all_reduce``, timed where a watched backward's hook issued it. Arguments
+    a later torch may add (``more``, ``extra``) pass the call through untimed, never refused."""
     original = _torch_all_reduce if _torch_all_reduce is not None else dist.distributed_c10d.all_reduce
     timer = _timers.get(threading.get_ident())
-    if timer is None or not async_op or torch._C._current_graph_task_id() == -1:
-        return original(tensor, op=op, group=group, async_op=async_op)
+    if timer is None or not async_op or more or extra or torch._C._current_graph_task_id() == -1:
+        return original(tensor, op, group, async_op, *more, **extra)
     return timer(original, tensor, op, group)
 
 

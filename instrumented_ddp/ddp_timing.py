@@ -188,27 +188,16 @@ class DDPTiming:
         """Called when backward has ended (DDP's in-backward wait ends about now). Records the
         wait after the last bucket; True when this backward reduced gradients (not ``no_sync``)."""
         self._backward_task, self._launched = None, 0
-        if self.users_hook is not None:
-            return self._hooked_backward_ended()
-        if self.last_bucket_at is None:
-            return False
-        self.timeline.add_span("wait", self.last_bucket_at, self.timeline.stamp(), blocking=True)
-        self.last_bucket_at = None
-        self.gradients_are_views = bool(getattr(self.ddp, "gradient_as_bucket_view", False))
-        self.reduced_backwards += 1
-        return True
-
-    def _hooked_backward_ended(self) -> bool:
-        """``backward_ended`` with the user's hook: it reduced unless DDP was under ``no_sync``
-        (or, against that, the hook was seen issuing), whether or not its collectives could be
-        seen; the wait runs from the last one seen."""
-        hooked_collectives.unwatch_thread(self._watched_thread)
-        self._watched_thread = None
-        reduced = self._syncs_gradients or self.last_bucket_at is not None
+        reduced = self.last_bucket_at is not None
+        if self.users_hook is not None:  # reduced unless under no_sync, whether its collectives were seen or not
+            hooked_collectives.unwatch_thread(self._watched_thread)
+            self._watched_thread = None
+            reduced, self._syncs_gradients = reduced or self._syncs_gradients, False
         if self.last_bucket_at is not None:
             self.timeline.add_span("wait", self.last_bucket_at, self.timeline.stamp(), blocking=True)
-        self.last_bucket_at, self._syncs_gradients = None, False
+            self.last_bucket_at = None
         if reduced:
+            self.gradients_are_views = bool(getattr(self.ddp, "gradient_as_bucket_view", False))
             self.reduced_backwards += 1
         return reduced
 
@@ -220,9 +209,9 @@ class DDPTiming:
         end of backward, looking around the wait, as for ddpwatch's own hook (DDP waits for the
         hook's future there anyway)."""
         timeline, span = self.timeline, None
+        if timeline is NULL_TIMELINE:
+            return all_reduce(tensor, op=op, group=group, async_op=True)
         try:
-            if timeline is NULL_TIMELINE:
-                raise LookupError("detached")
             issued_at = timeline.stamp()
             span = timeline.open_collective("all_reduce", tensor.numel() * tensor.element_size(), f"h{self._hooked_calls}",
                                             str(tensor.dtype).removeprefix("torch."), False, at=issued_at)

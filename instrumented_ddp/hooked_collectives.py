@@ -8,10 +8,11 @@ model, before a Trainer callback could attach. Those are the runs whose users mo
 their communication, and ``attach`` refused them.
 
 Every hook PyTorch ships issues its collectives through ``torch.distributed.all_reduce``, looked
-up on the module at each call (``dist.all_reduce(...)``). While a watched backward runs, that
-name is this module's ``all_reduce``, which hands the call to the watching ``DDPTiming`` when it is
-made on the thread running that backward, inside the autograd engine (DDP calls its hook there,
-as each bucket becomes ready) and asynchronously (a hook returns a future, so it never blocks);
+up on the module at each call (``dist.all_reduce(...)``). While a DDP with a hook of its own is
+attached, that name is this module's ``all_reduce``, which hands the call to the watching
+``DDPTiming`` when it is made on the thread running a watched backward, inside the autograd engine
+(DDP calls its hook there, as each bucket becomes ready) and asynchronously (a hook returns a
+future, so it never blocks);
 any other call, from any other thread or outside a backward, goes to torch's own function
 untouched, one dictionary lookup later. So a ``SyncBatchNorm``'s blocking all-reduce in backward,
 or a loop's all-reduce of its loss, is not taken for the hook's.

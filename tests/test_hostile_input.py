@@ -113,6 +113,11 @@ def test_wrong_cli_input_gets_a_one_line_error_and_a_non_zero_exit(args: list[st
         ("hf_trainer.py", ["--eval-every", "-1"], "--eval-every must be 0 (never) or more, not -1"),
         ("plain_ddp.py", ["--eval-every", "-1"], "--eval-every must be 0 (never) or more, not -1"),
         ("plain_ddp.py", ["--bucket-mb", "inf"], "--bucket-mb must be a positive, finite number of MB, not inf"),  # was DDP's traceback
+        ("plain_ddp.py", ["--comm-hook", "bf16"],  # was each rank's TypeError from DDP's hook at its first backward
+         "--comm-hook bf16: DDP's bf16_compress_hook needs NCCL (CUDA GPUs); on the CPU use fp16"),
+        ("plain_ddp.py", ["--comm-hook", "powersgd", "--bucket-mb", "1"],  # was gloo's abort on mismatched collectives
+         "--comm-hook powersgd on gloo needs every gradient in one bucket (8.05 MB here): a --bucket-mb of 1 makes several, "
+         "whose collectives PowerSGD issues in no fixed order"),
         ("plain_ddp.py", ["--compile", "inductr"], "--compile inductr: torch.compile has no such backend (inductor, aot_eager, ...: "
          "torch._dynamo.list_backends(exclude_tags=()) lists them)"),
         ("plain_fsdp.py", ["--layers", "0"], "--layers must be at least 1, not 0"),

@@ -22,6 +22,20 @@ from test_attach import attached, make_ddp, sent, train, untouched  # noqa: F401
 TORCHS_ALL_REDUCE = dist.distributed_c10d.all_reduce
 
 
+def hooked_pair(hook: Any, state: Any = None, bucket_mb: float = 0.001) -> dict[str, Any]:
+    """Two DDPs of the same model with the same hook: ``watched`` and ``plain``, each with its optimizer."""
+    runs = {}
+    for mode in ("watched", "plain"):
+        runs[mode] = make_ddp(bucket_mb)
+        runs[mode][0].register_comm_hook(state() if callable(state) else state, hook)
+    return runs
+
+
+def assert_bitwise(a: torch.nn.Module, b: torch.nn.Module) -> None:
+    for x, y in zip(a.parameters(), b.parameters(), strict=True):
+        assert torch.equal(x, y)
+
+
 def test_an_fp16_hooks_all_reduces_are_timed_in_the_dtype_and_bytes_it_sends(one_rank_group: None, sent: list[Any]) -> None:
     ddp, optimizer = make_ddp()
     ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
@@ -48,10 +62,7 @@ def test_an_attached_ddp_with_its_own_hook_trains_bitwise_as_unattached_and_agai
         one_rank_group: None, sent: list[Any]) -> None:
     """The hook is the user's: nothing ddpwatch does changes a bit. A second ``attach`` (a
     Trainer's second ``train()``) times the same hook again."""
-    runs = {}
-    for mode in ("watched", "plain"):
-        runs[mode] = make_ddp()
-        runs[mode][0].register_comm_hook(None, default_hooks.fp16_compress_hook)
+    runs = hooked_pair(default_hooks.fp16_compress_hook)
     ddp, optimizer = runs["watched"]
     with attached(ddp, optimizer):
         train(ddp, optimizer, steps=2, grad_accum=2)
@@ -63,8 +74,7 @@ def test_an_attached_ddp_with_its_own_hook_trains_bitwise_as_unattached_and_agai
     train(plain, plain_optimizer, steps=2, grad_accum=2)
     train(plain, plain_optimizer, steps=1)
     train(plain, plain_optimizer, steps=2)
-    for a, b in zip(ddp.parameters(), plain.parameters(), strict=True):
-        assert torch.equal(a, b)
+    assert_bitwise(ddp, plain)
     assert untouched(ddp, optimizer, comm_hooks=1)  # the user's hook, and no other
     again = [m for m in sent[first_run:] if isinstance(m, StepReport)]
     assert [r.settings.get("comm_hook") for r in again] == ["fp16_compress_hook"] * 2
@@ -75,10 +85,7 @@ def test_the_hooks_all_reduce_is_issued_whatever_ddpwatchs_bookkeeping_raises(on
                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """Training never fails because of telemetry: a timeline that cannot open the span still
     issues the user's all-reduce, and the run trains on as unwatched."""
-    runs = {}
-    for mode in ("watched", "plain"):
-        runs[mode] = make_ddp()
-        runs[mode][0].register_comm_hook(None, default_hooks.fp16_compress_hook)
+    runs = hooked_pair(default_hooks.fp16_compress_hook)
     ddp, optimizer = runs["watched"]
     with attached(ddp, optimizer) as watch:
         def broken(*_args: Any, **_kwargs: Any) -> None:
@@ -87,8 +94,7 @@ def test_the_hooks_all_reduce_is_issued_whatever_ddpwatchs_bookkeeping_raises(on
         monkeypatch.setattr(watch.timeline, "open_collective", broken)
         train(ddp, optimizer, steps=3)
     train(*runs["plain"], steps=3)
-    for a, b in zip(ddp.parameters(), runs["plain"][0].parameters(), strict=True):
-        assert torch.equal(a, b)
+    assert_bitwise(ddp, runs["plain"][0])
     assert [r.step for r in sent if isinstance(r, StepReport)] == [1, 2, 3]
 
 
@@ -99,17 +105,13 @@ def test_powersgds_collectives_are_each_timed_or_counted_untimed(one_rank_group:
     chained (then at once, on the backward's thread, seen). Which is a race; that every one is
     either timed or counted untimed is not. One bucket: PowerSGD's callbacks wait on gloo's
     workers, which several buckets can all hold."""
-    runs = {}
-    for mode in ("watched", "plain"):
-        runs[mode] = make_ddp(bucket_mb=25)
-        runs[mode][0].register_comm_hook(powerSGD_hook.PowerSGDState(None, matrix_approximation_rank=1, start_powerSGD_iter=3),
-                                         powerSGD_hook.powerSGD_hook)
+    runs = hooked_pair(powerSGD_hook.powerSGD_hook, bucket_mb=25,  # a state each: PowerSGD keeps its iteration count in it
+                       state=lambda: powerSGD_hook.PowerSGDState(None, matrix_approximation_rank=1, start_powerSGD_iter=3))
     ddp, optimizer = runs["watched"]
     with attached(ddp, optimizer):
         train(ddp, optimizer, steps=5)
     train(*runs["plain"], steps=5)
-    for a, b in zip(ddp.parameters(), runs["plain"][0].parameters(), strict=True):
-        assert torch.equal(a, b)
+    assert_bitwise(ddp, runs["plain"][0])
     reports = [m for m in sent if isinstance(m, StepReport)]
     issued = [sum(s.kind == "all_reduce" for s in r.spans) + r.untimed_collectives for r in reports]
     # one plain all-reduce a step for 3 steps (step 2's 2 more: DDP broadcasting its rebuilt buckets), then 3:

@@ -269,9 +269,23 @@ async def test_a_narrow_terminal_shows_the_runs_live_figures_in_the_header(colum
         text = app.query_one("#header-text")
         lines = [strip.text.rstrip() for strip in text.render_lines(Region(0, 0, text.size.width, text.size.height))]
         assert lines[0] == "ddpwatch fixed-session · 2 ranks · finished · fixed data"  # every rank said goodbye
-        assert lines[1] == "bucket (bucket_mb=1.0, grad_accum=1) · step 10/10 · ETA 0:00 · 40.6 samples/s"
+        assert lines[1] == "bucket · step 10/10 · ETA 0:00 · 40.6 samples/s · bucket_mb=1.0, grad_accum=1"
         assert app.query_one("#header-progress").display == (columns >= 120)
         assert app.query_one("#header").region.height == (3 if columns >= 120 else 2)  # the bar's row to the panels
+
+
+@pytest.mark.parametrize("columns", [100, 120])
+async def test_long_settings_are_cut_after_the_live_figures_not_before_them(columns: int) -> None:
+    """An attached DDP with its own hook reads ``bucket_mb=1.0, comm_hook=fp16_compress_hook,
+    grad_accum=1``: between the strategy and the step it pushed the step, ETA and samples/s out of
+    the header under about 115 columns. The settings now come last on the line, cut there."""
+    hooked = {"bucket_mb": 1.0, "comm_hook": "fp16_compress_hook", "grad_accum": 1}
+    app = DashboardApp(StaticFeed(session_messages(edit=lambda report: replace(report, settings=hooked))), export_on_exit=False)
+    async with app.run_test(size=(columns, 40)) as pilot:
+        await draw_every_message(app, pilot)
+        text = app.query_one("#header-text")
+        second = text.render_lines(Region(0, 1, text.size.width, 1))[0].text.rstrip()
+    assert second.startswith("bucket · step 10/10 · ETA 0:00 · 40.6 samples/s · bucket_mb=1.0, comm_hook="), second
 
 
 async def test_a_replay_at_its_end_says_ended_and_gives_no_eta_where_the_run_never_said_goodbye(tmp_path) -> None:  # noqa: ANN001
@@ -956,7 +970,7 @@ async def test_the_header_gives_no_rate_before_two_complete_steps() -> None:
         await draw_every_message(app, pilot)
         text = app.query_one("#header-text")
         second = text.render_lines(Region(0, 1, text.size.width, 1))[0].text.rstrip()
-    assert second.endswith(" · ETA — · — samples/s")
+    assert " · ETA — · — samples/s · " in second
 
 
 async def test_a_device_note_is_shown_per_rank_as_sent_even_with_brackets_in_it() -> None:

@@ -20,9 +20,9 @@ def format_eta(seconds: float | None) -> str:
 
 class HeaderBar(Horizontal):
     """Two lines: the first says which run and where it comes from (fixed), the second what it is
-    doing now (strategy, step, ETA, throughput), so that each is cut at its end on a narrow
-    terminal and the live figures are never the part cut (they were, after the session's name,
-    at 80 columns). A run that cannot switch gets a third line saying why, alone on it so that
+    doing now (strategy, step, ETA, throughput, then the strategy's settings), so that each is cut
+    at its end on a narrow terminal and the live figures are never the part cut (they were, after
+    the session's name, at 80 columns, and after a hooked DDP's settings under 115). A run that cannot switch gets a third line saying why, alone on it so that
     nothing before it pushes it out of view."""
 
     def compose(self) -> ComposeResult:
@@ -40,15 +40,17 @@ class HeaderBar(Horizontal):
                 else "finished" if data.finished else "ended" if source_ended
                 else "live")  # failed: a rank's training raised; interrupted: a signal stopped one (the warnings say)
         eta = None if mode in ("ended", "failed", "interrupted") else data.eta_s  # a run that will not go on
-        settings = f" ({data.settings})" if data.settings else ""
+        # Last on the line: an attached DDP's hook made them long enough to push the step, ETA and
+        # samples/s out of the header under about 115 columns.
+        settings = f" · {data.settings}" if data.settings else ""
         # Its own line: at the end of the second line an attached run's notice was cut at 160
         # columns, and on the first, after the session's name, at 120-151 and under 112.
         cannot_switch = "" if data.switchable else f"\n[b]{NOT_SWITCHABLE}[/b]"
         text = (
             f"[b]ddpwatch[/b] {data.session} · {data.world_size} rank{'' if data.world_size == 1 else 's'} · "
             f"[i]{mode}[/i] · [dim]{source}[/dim]\n"
-            f"[b]{data.strategy}[/b]{settings} · step {data.step}/{data.total_steps or '?'} · {format_eta(eta)} · "
-            f"{'—' if data.samples_per_s is None else f'{data.samples_per_s:.1f}'} samples/s{cannot_switch}"
+            f"[b]{data.strategy}[/b] · step {data.step}/{data.total_steps or '?'} · {format_eta(eta)} · "
+            f"{'—' if data.samples_per_s is None else f'{data.samples_per_s:.1f}'} samples/s{settings}{cannot_switch}"
         )
         self.set_class(not data.switchable, "-not-switchable")
         if text != getattr(self, "_shown", None):  # fixed size (see dashboard.tcss): no layout pass

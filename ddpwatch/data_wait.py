@@ -16,12 +16,19 @@ from __future__ import annotations
 DATA_WAIT_NOTE_PCT = 10.0
 
 
-def data_wait_text(segment: str, data_wait_pct: float, idle_pct: float, step_ms_p50: float) -> str | None:
-    """The line for ``segment`` (its name as the reader knows it), or None below ``DATA_WAIT_NOTE_PCT``."""
+def data_wait_text(segment: str, data_wait_pct: float, idle_pct: float, step_ms_p50: float,
+                   collectives_in_data: int = 0) -> str | None:
+    """The line for ``segment`` (its name as the reader knows it), or None below ``DATA_WAIT_NOTE_PCT``.
+    ``collectives_in_data``: the most collectives of its own a rank's loop issued in a step's data
+    time (``StepReport.untimed_in_data``): ddpwatch does not time them, so their time, and a wait
+    in them for a slower rank, is in the figure, where a straggler reads as a slow loader."""
     if data_wait_pct < DATA_WAIT_NOTE_PCT:
         return None
+    issued = ("" if not collectives_in_data else
+              f"; here the loop also issued up to {collectives_in_data} collective{'s' if collectives_in_data != 1 else ''} "
+              "of its own a step in that gap, and a wait in them for a slower rank counts as waiting on data")
     return (f"{segment}: the step waited on its data {data_wait_pct:.1f} % of the time (about "
             f"{data_wait_pct / 100 * step_ms_p50:.0f} ms of a {step_ms_p50:.0f} ms step; Idle% {idle_pct:.1f}): the gap "
             "before each forward with nothing else running. A DataLoader that cannot keep up (more num_workers, "
             "pin_memory=True, a larger prefetch_factor), or the loop's own work between steps (logging, an "
-            "evaluation not marked with watch.paused)")
+            f"evaluation not marked with watch.paused){issued}")

@@ -95,6 +95,8 @@ def summary(session: Session) -> dict[str, Any]:
                          "compiling_steps": sorted({r.step for r in reports if r.compiling}),
                          "untimed_collective_steps": sorted({r.step for r in reports if r.untimed_collectives}),
                          "untimed_collectives_most": max((r.untimed_collectives for r in reports), default=0),
+                         "untimed_in_data_steps": sorted({r.step for r in reports if r.untimed_in_data}),
+                         "untimed_in_data_most": max((r.untimed_in_data for r in reports), default=0),
                          "nograd_forward_steps": sorted({r.step for r in reports if r.nograd_forwards}),
                          "nograd_forwards_most": max((r.nograd_forwards for r in reports), default=0),
                          "early_reductions": found.as_dict() if (found := early_reductions_of(reports)) else None,
@@ -240,6 +242,10 @@ def summary_markdown(summary: dict[str, Any]) -> str:
             lines.append(f"- segment {seg['index']}: steps with collectives ddpwatch did not time (outside DDP's buckets and "
                          f"FSDP's gathers and reductions; up to {seg.get('untimed_collectives_most', 0)} a step on a rank) "
                          f"{runs_text(rank_runs(seg['untimed_collective_steps']), limit=20)}")
+        if seg.get("untimed_in_data_steps"):
+            lines.append(f"- segment {seg['index']}: steps with such collectives issued before a forward, in the data time "
+                         f"(up to {seg.get('untimed_in_data_most', 0)} a step on a rank: their time, a wait in them for a slower "
+                         f"rank included, reads as data loading) {runs_text(rank_runs(seg['untimed_in_data_steps']), limit=20)}")
         if seg.get("paused_steps"):
             lines.append(f"- segment {seg['index']}: steps the loop paused training before ({', '.join(seg['paused_for'])}; "
                          f"{seg['paused_s']:.2f} s in all, {seg.get('paused_pct', 0.0):.1f} % of the segment's time, left out "
@@ -251,7 +257,8 @@ def summary_markdown(summary: dict[str, Any]) -> str:
                          "with watch.paused; their time reads as data loading) "
                          f"{runs_text(rank_runs(seg['nograd_forward_steps']), limit=20)}")
         if seg.get("steps") and (waited := data_wait_text(f"segment {seg['index']}", seg.get("data_wait_pct", 0.0),
-                                                           seg["idle_pct"], seg["step_ms_p50"])):
+                                                           seg["idle_pct"], seg["step_ms_p50"],
+                                                           seg.get("untimed_in_data_most", 0))):
             lines.append(f"- {waited}")
         if early := seg.get("early_reductions"):
             lines.append(f"- segment {seg['index']}: {early_reductions_text(rank_runs(early['steps']), early, [seg['strategy']])}")

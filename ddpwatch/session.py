@@ -249,6 +249,8 @@ class Session:
         #: Steps in which a rank issued collectives it did not time (``StepReport.untimed_collectives``:
         #: an attached script's own), and the most one rank issued in one step.
         self.untimed_collectives = CountedSteps()
+        #: ... of which issued in the step's data time (``StepReport.untimed_in_data``: read as the loader's).
+        self.untimed_in_data = CountedSteps()
         #: Steps before which a rank's loop paused training (``StepReport.paused_s``: an
         #: evaluation, a checkpoint), what for, and the longest pause of one rank.
         self.paused_steps = StepSet()
@@ -416,6 +418,7 @@ class Session:
         if report.compiling:
             self.compiling_steps.add(report.step)
         self.untimed_collectives.note(report.step, report.untimed_collectives)
+        self.untimed_in_data.note(report.step, report.untimed_in_data)
         if report.paused_s or report.paused_for:
             self.paused_steps.add(report.step)
             note_pause_kinds(self.paused_for, report.paused_for)

@@ -77,7 +77,7 @@ from torch.nn.parallel import DistributedDataParallel
 from . import stop_signals
 from .ddp_timing import DDPTiming, users_comm_hook
 from .distributed import DistributedContext
-from .issued_collectives import IssuedCollectives
+from .issued_collectives import IssuedCollectives, StepCollectives
 from .memory import MemorySampler
 from .protocol import DEFAULT_ADDRESS, NOT_SWITCHABLE, address_problem, is_loopback, load_client_keys, metrics_problem
 from .watch import Watch, goodbye_reason, parameter_layout
@@ -396,7 +396,8 @@ class Attachment:
         self._trainable = [p for p in module.parameters() if p.requires_grad]
         self._parameters = list(module.parameters())  # FSDP's are its DTensor shards
         self._memory = MemorySampler()  # bytes held, every few steps, as train.py measures
-        self._issued = IssuedCollectives()  # the script's own collectives: what the step issued beyond what we time
+        #: The script's own collectives: what the step issued beyond what we time, and where.
+        self._collectives = StepCollectives(IssuedCollectives(), lambda: self.timeline.timed_collectives())
         self._nograd_forwards = 0  # forwards without gradients in this step's data gap, outside a pause: ``_before_forward``
         #: After a backward that reduced, a parameter it left a gradient on: ``_update_skipped``.
         self._reduced_gradient_of: nn.Parameter | None = None
@@ -527,7 +528,7 @@ class Attachment:
         now = self.timeline.stamp()
         if self.timeline.paused_until(what, now):  # between steps: the next one begins now
             self._data_from = now
-            self._issued.since_last()  # the pause's collectives are not the step's
+            self._collectives.restart(in_gap=True)  # the pause's collectives are not the step's
             self._nograd_forwards = 0  # nor its forwards, where the pause was not said to begin
 
     def _settings(self, micro_steps: int) -> dict[str, Any]:
@@ -553,9 +554,10 @@ class Attachment:
         memory = self._memory.sample(self) if self.publisher is not None else None
         nograd_forwards = 0 if update_skipped else self._nograd_forwards  # a skipped step ended at its backward, before them
         self._nograd_forwards -= nograd_forwards
+        issued, in_data = self._collectives.step_ends()
         self.timeline.end_step(samples, tokens, loss, excluded=self._began_on_first_buckets, memory=memory,
                                settings={"grad_accum": max(1, self._micro_steps)}, at=at, update_skipped=update_skipped,
-                               issued_collectives=self._issued.since_last(), nograd_forwards=nograd_forwards)
+                               issued_collectives=issued, untimed_in_data=in_data, nograd_forwards=nograd_forwards)
         if self._steps == 1 and self.publisher is not None:
             self.watch.update_hello(global_batch=samples * dist.get_world_size())
         if not self._bucket_layout_sent and (layout := self.timing.bucket_layout()):
@@ -588,7 +590,7 @@ class Attachment:
         self.watch.pausing = ""  # training again, whatever a pause begun said it would do
         if not self.timeline.in_step:
             self._begin_step()
-            self._issued.since_last()  # counted from here: the first step's
+            self._collectives.restart(in_gap=False)  # counted from here: the first step's
             self._data_from = None
         elif self._update_skipped():
             self._end_step(at=self._after_backward, update_skipped=True)
@@ -596,6 +598,7 @@ class Attachment:
         gap_from = self._data_from if self._data_from is not None else self._after_backward
         if gap_from is not None:  # the loader: after the last step, or after the last micro-step's backward
             self.timeline.add_span("data", gap_from, now, blocking=False)
+            self._collectives.gap_ends()
         self._data_from = self._after_backward = None
         self._inputs = batch_size_and_tokens(args, kwargs)
         self._forward_from = now
@@ -637,6 +640,7 @@ class Attachment:
         ended = self.timeline.stamp()
         self.timeline.add_span("backward", self._backward_from, ended, blocking=False)
         self._after_backward = ended
+        self._collectives.gap_begins()  # until the next forward, or the update
         self._reduced_gradient_of = next((p for p in self._trainable if p.grad is not None), None) if reduced else None
 
     def _before_optimizer_step(self, _optimizer: Any, _args: Any, _kwargs: Any) -> None:
@@ -645,6 +649,7 @@ class Attachment:
             self._optimizer_from = self._after_backward if self._after_backward is not None else self.timeline.stamp()
         self._after_backward = None
         self._inside_optimizer_step = True
+        self._collectives.gap_cancelled()
 
     def _after_optimizer_step(self, _optimizer: Any, _args: Any, _kwargs: Any) -> None:
         """The update ran from the step's last backward, or, where a backward ended inside

@@ -79,3 +79,63 @@ class IssuedCollectives:
         if before is None:
             return None
         return sum(count - before.get(backend, 0) for backend, count in counts.items())
+
+
+class StepCollectives:
+    """What one step issued beyond what ddpwatch timed, and how much of it in its data time.
+
+    Why: a collective the loop issues between a backward and the next forward (a loss
+    all-reduced for logging after the update, the Trainer's gather of each batch's label count
+    before its forward) falls in the step's ``data`` span: its time, a wait in it for a slower
+    rank included, reads as the loader's, so a straggler reads as slow data loading on every
+    other rank. One issued inside a phase reads as compute. So the count is read where each data
+    gap begins and where it ends (a counter read each, ``IssuedCollectives``); what ddpwatch
+    timed in the gap (an FSDP all-gather its pre-forward hook issued before ours ran) is not
+    the loop's. ``timed``: how many collectives the current step has timed so far."""
+
+    def __init__(self, issued: IssuedCollectives, timed: Callable[[], int]) -> None:
+        self._issued, self._timed = issued, timed
+        self._total: int | None = 0  # issued in the step so far (None: not countable)
+        self._in_data = 0  # of which in its data gaps, less what was timed there
+        self._timed_at_gap: int | None = None  # the step's timed count where the open gap began (None: no gap open)
+
+    def restart(self, in_gap: bool) -> None:
+        """Count from now: at the first step's first forward, or where a pause between steps
+        ended (``in_gap``: the next step's data gap begins here)."""
+        self._issued.since_last()
+        self._total, self._in_data = 0, 0
+        self._timed_at_gap = self._timed() if in_gap else None
+
+    def _look(self) -> int:
+        issued = self._issued.since_last()
+        if issued is None:
+            self._total = None
+            return 0
+        if self._total is not None:
+            self._total += issued
+        return issued
+
+    def gap_begins(self) -> None:
+        """A backward ended: a data gap begins, until a forward ends it (or the update cancels it)."""
+        self._look()
+        self._timed_at_gap = self._timed()
+
+    def gap_cancelled(self) -> None:
+        """The update began: what the loop issues from here is the optimizer phase's."""
+        self._timed_at_gap = None
+
+    def gap_ends(self) -> None:
+        """A training forward begins: what was issued since the gap began, less what was timed
+        there, was issued in the data time."""
+        issued = self._look()
+        if self._timed_at_gap is not None:
+            self._in_data += max(0, issued - (self._timed() - self._timed_at_gap))
+        self._timed_at_gap = None
+
+    def step_ends(self) -> tuple[int | None, int]:
+        """The step's count (None where not countable) and how many of them came in its data
+        time; the next step, begun here, opens with a data gap in which nothing is timed yet."""
+        self._look()
+        counted = (self._total, self._in_data)
+        self._total, self._in_data, self._timed_at_gap = 0, 0, 0
+        return counted

@@ -122,6 +122,10 @@ class StepReport:
     long the marks were waited for), so that a user is told more than that it happened.
     ``untimed_collectives``: collectives the rank issued in the step besides those it timed, an
     attached script's own (``instrumented_ddp.issued_collectives``); 0 where none or not counted.
+    ``untimed_in_data``: how many of those were issued in the step's ``data`` time (before its
+    first forward, or between a micro-step's backward and the next forward: a loss all-reduced
+    for logging after the update, the Trainer's gather of each batch's label count): their time,
+    a wait in them for a slower rank included, reads as the loader's, not as compute.
     ``paused_s``: how long the loop paused training before the step began, doing what
     ``paused_for`` names (a Trainer's evaluation or checkpoint: ``Attachment.paused``): the pause
     ends where ``start`` is, so it is in no figure of the step, and is taken out of the wall time
@@ -147,6 +151,7 @@ class StepReport:
     compiling: bool = False
     unresolved_reason: str = ""
     untimed_collectives: int = 0
+    untimed_in_data: int = 0
     paused_s: float = 0.0
     paused_for: str = ""
     nograd_forwards: int = 0
@@ -192,6 +197,7 @@ class StepSummary:
     compiling: bool = False  # as in ``StepReport``
     unresolved_reason: str = ""  # as in ``StepReport``
     untimed_collectives: int = 0  # as in ``StepReport``
+    untimed_in_data: int = 0  # as in ``StepReport``
     paused_s: float = 0.0  # as in ``StepReport``
     paused_for: str = ""  # as in ``StepReport``
     nograd_forwards: int = 0  # as in ``StepReport``
@@ -506,7 +512,7 @@ _FIELD_TYPES: dict[str, Any] = {
     "grad_accum": (int, type(None)), "session": str, "host": str, "device": str, "backend": str, "strategy": str,
     "command_id": str, "reason": str, "detail": str, "kind": str, "start": float, "end": float, "time": float,
     "loss": (float, type(None)), "bucket_mb": (float, type(None)), "excluded": bool, "unresolved": bool, "update_skipped": bool, "compiling": bool, "applied": bool, "trains_again": bool,
-    "device_note": str, "unresolved_reason": str, "untimed_collectives": int, "nograd_forwards": int, "paused_s": float, "paused_for": str, "pausing": str, "switchable": bool, "compute_pct": float, "non_compute_pct": float, "idle_pct": float, "overlap_pct": float,
+    "device_note": str, "unresolved_reason": str, "untimed_collectives": int, "untimed_in_data": int, "nograd_forwards": int, "paused_s": float, "paused_for": str, "pausing": str, "switchable": bool, "compute_pct": float, "non_compute_pct": float, "idle_pct": float, "overlap_pct": float,
     "comm_overhead_pct": float, "anchor": (float, type(None)), "busbw_gbps": (float, type(None)),
     "all_reduce_tags": list, "all_reduce_seconds": bytes, "all_reduce_starts": bytes, "algbw_gbps": bytes, "full": bool, "sample_every": int,
     "pinned_steps": list, "device_every_s": float, "calls_by_kind": dict, "memory": dict,
@@ -545,8 +551,10 @@ def _check_step(values: dict[str, Any]) -> None:
     if values["end"] < values["start"]:
         raise ProtocolError("invalid", "step ends before it starts")
     if (values["step"] < 0 or values["samples"] < 0 or values["tokens"] < 0 or values.get("untimed_collectives", 0) < 0
-            or values.get("nograd_forwards", 0) < 0):
+            or values.get("nograd_forwards", 0) < 0 or values.get("untimed_in_data", 0) < 0):
         raise ProtocolError("invalid", "negative step, samples, tokens, untimed collectives or forwards without gradients")
+    if values.get("untimed_in_data", 0) > values.get("untimed_collectives", 0):
+        raise ProtocolError("invalid", "more untimed collectives in the data time than untimed in the step")
     if not 0.0 <= values.get("paused_s", 0.0) < math.inf:
         raise ProtocolError("invalid", "paused_s is negative or not finite")
 

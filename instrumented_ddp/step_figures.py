@@ -364,8 +364,8 @@ def summarize(report: StepReport, world_size: int) -> StepSummary:
         all_reduce_starts=pack_floats(calls.starts) if calls.starts is not None else b"",  # kept only where calls overlap
         algbw_gbps=pack_floats(f.algbw_gbps), loss=report.loss, excluded=report.excluded, unresolved=report.unresolved,
         unresolved_reason=report.unresolved_reason, calls_by_kind=f.calls_by_kind, memory=f.memory, update_skipped=report.update_skipped,
-        compiling=report.compiling, untimed_collectives=report.untimed_collectives, nograd_forwards=report.nograd_forwards,
-        paused_s=report.paused_s, paused_for=report.paused_for, other_algbw_gbps={kind: pack_floats(alg) for kind, alg in f.other_algbw_gbps.items()},
+        compiling=report.compiling, untimed_collectives=report.untimed_collectives, untimed_in_data=report.untimed_in_data,
+        nograd_forwards=report.nograd_forwards, paused_s=report.paused_s, paused_for=report.paused_for, other_algbw_gbps={kind: pack_floats(alg) for kind, alg in f.other_algbw_gbps.items()},
         sharded_tags=list(f.sharded_calls.tags), sharded_seconds=pack_floats(f.sharded_calls.seconds),
         sharded_starts=pack_floats(f.sharded_calls.starts) if f.sharded_calls.starts is not None else b"",
         data_wait_pct=f.data_wait_pct,
@@ -407,4 +407,4 @@ def report_without_spans(summary: StepSummary) -> StepReport:
                       loss=summary.loss, excluded=summary.excluded, unresolved=summary.unresolved,
                       update_skipped=summary.update_skipped, compiling=summary.compiling, memory=summary.memory,
                       unresolved_reason=summary.unresolved_reason, untimed_collectives=summary.untimed_collectives,
-                      nograd_forwards=summary.nograd_forwards, paused_s=summary.paused_s, paused_for=summary.paused_for)
+                      untimed_in_data=summary.untimed_in_data, nograd_forwards=summary.nograd_forwards, paused_s=summary.paused_s, paused_for=summary.paused_for)

@@ -356,6 +356,7 @@ class _PendingStep:
         self.update_skipped = False
         self.compiling = False
         self.untimed_collectives = 0
+        self.untimed_in_data = 0
         self.nograd_forwards = 0
         self.memory: dict[str, int] = {}
         self.paused_from: Stamp = None  # where the loop's pause before the step began and ended (``paused_until``)
@@ -483,7 +484,8 @@ class StepTimeline:
 
     def end_step(self, samples: int, tokens: Any, loss: Any = None, excluded: bool = False,
                  settings: dict[str, Any] | None = None, memory: dict[str, int] | None = None, at: Stamp = None,
-                 update_skipped: bool = False, issued_collectives: int | None = None, nograd_forwards: int = 0) -> None:
+                 update_skipped: bool = False, issued_collectives: int | None = None, untimed_in_data: int = 0,
+                 nograd_forwards: int = 0) -> None:
         """The step ends now, or at ``at`` (a stamp made earlier, where an attached loop's step is
         found to have ended only later, its update skipped: ``update_skipped``). ``loss`` and
         ``tokens`` may be device tensors: they are captured without waiting for the device and
@@ -495,8 +497,10 @@ class StepTimeline:
         step in which torch.compile compiled (``compile_counter``), marked ``compiling``.
         ``issued_collectives``: how many the rank issued in the step, all process groups together
         (``issued_collectives``), where counted: those beyond the step's timed ones are reported
-        as ``untimed_collectives``. ``nograd_forwards``: forwards without gradients the loop ran in
-        the step's data gap, outside a marked pause (``StepReport.nograd_forwards``)."""
+        as ``untimed_collectives``, and ``untimed_in_data`` of them (at most) as issued in the
+        step's data time (``StepReport.untimed_in_data``). ``nograd_forwards``: forwards without
+        gradients the loop ran in the step's data gap, outside a marked pause
+        (``StepReport.nograd_forwards``)."""
         step = self._current
         if step is None:
             return
@@ -508,8 +512,8 @@ class StepTimeline:
         step.excluded = excluded or step.carries_outside_spans or step.compiling or step.paused_inside
         step.update_skipped = update_skipped
         if issued_collectives is not None:
-            timed = sum(span.kind in COMM_KINDS for span in step.spans)
-            step.untimed_collectives = max(0, issued_collectives - timed)
+            step.untimed_collectives = max(0, issued_collectives - self.timed_collectives())
+            step.untimed_in_data = min(untimed_in_data, step.untimed_collectives)
         step.nograd_forwards = nograd_forwards
         step.memory = memory or {}
         with self._lock:
@@ -519,6 +523,10 @@ class StepTimeline:
     @property
     def in_step(self) -> bool:
         return self._current is not None
+
+    def timed_collectives(self) -> int:
+        """How many collectives the current step has timed so far (0 outside a step)."""
+        return sum(span.kind in COMM_KINDS for span in self._current.spans) if self._current is not None else 0
 
     def _spans(self) -> list[_PendingSpan]:
         return self._current.spans if self._current is not None else self._outside_step
@@ -592,7 +600,7 @@ class StepTimeline:
             end=max(end, first), spans=spans, samples=step.samples, tokens=tokens, loss=loss,
             excluded=step.excluded, unresolved=unresolved, memory=step.memory, update_skipped=step.update_skipped,
             compiling=step.compiling, unresolved_reason=reason, untimed_collectives=step.untimed_collectives,
-            nograd_forwards=step.nograd_forwards, paused_s=paused_s, paused_for=", ".join(step.paused_for)[:MAX_PAUSED_FOR],
+            untimed_in_data=step.untimed_in_data, nograd_forwards=step.nograd_forwards, paused_s=paused_s, paused_for=", ".join(step.paused_for)[:MAX_PAUSED_FOR],
         )
 
     @staticmethod
@@ -629,11 +637,15 @@ class NullTimeline:
 
     def end_step(self, samples: int, tokens: Any, loss: Any = None, excluded: bool = False,
                  settings: dict[str, Any] | None = None, memory: dict[str, int] | None = None, at: Any = None,
-                 update_skipped: bool = False, issued_collectives: int | None = None, nograd_forwards: int = 0) -> None:
+                 update_skipped: bool = False, issued_collectives: int | None = None, untimed_in_data: int = 0,
+                 nograd_forwards: int = 0) -> None:
         pass
 
     def completed_reports(self) -> list[StepReport]:
         return []
+
+    def timed_collectives(self) -> int:
+        return 0
 
     def has_pending(self) -> bool:
         return False

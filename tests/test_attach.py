@@ -169,6 +169,35 @@ def test_collectives_the_loop_issues_itself_are_counted_as_untimed_in_their_step
     assert [sum(s.kind == "all_reduce" for s in r.spans) for r in reports] == [1, 3, 3, 3, 3]  # DDP's buckets: timed
 
 
+def test_the_loops_own_collectives_between_a_backward_and_the_next_forward_are_counted_as_in_its_data(
+        one_rank_group: None, sent: list[Any]) -> None:
+    """Where the loop's own collective falls says what its time reads as: in the data gap before a
+    forward (a loss all-reduced for logging after the update, which is the next step's gap; a
+    gather before the forward, as the Trainer's label count; one between two micro-steps) it
+    reads as data loading, a wait in it for a slower rank included; before the update, as the
+    optimizer's. Two micro-steps a step. Step 2 also holds DDP's two rebuilt-bucket broadcasts,
+    issued in its forward: untimed, not in its data."""
+    ddp, optimizer = make_ddp()
+    with attached(ddp, optimizer):
+        for step in range(1, 5):
+            if step >= 2:
+                dist.all_reduce(torch.ones(1))  # before the step's first forward: its data
+            optimizer.zero_grad()
+            for micro in range(2):
+                with ddp.no_sync() if micro == 0 else contextlib.nullcontext():
+                    ddp(**batch(step)).loss.backward()
+                if micro == 0 and step == 3:
+                    dist.all_reduce(torch.ones(1))  # between the micro-steps: data too
+            if step == 4:
+                dist.barrier()  # before the update: the optimizer's
+            optimizer.step()
+            dist.all_reduce(torch.ones(1))  # after the update: the next step's data
+    reports = [m for m in sent if isinstance(m, StepReport)]
+    assert [r.untimed_collectives for r in reports] == [0, 1 + 1 + 2, 1 + 1 + 1, 1 + 1 + 1]
+    assert [r.untimed_in_data for r in reports] == [0, 2, 3, 2]
+    assert [sum(s.kind == "all_reduce" for s in r.spans) for r in reports] == [1, 3, 3, 3]  # DDP's buckets: timed
+
+
 def test_a_loops_gaps_are_data_before_a_forward_and_optimizer_after_the_last_backward(
         one_rank_group: None, sent: list[Any]) -> None:
     """What a user's loop does between the hooks is named by what comes next: before a forward it

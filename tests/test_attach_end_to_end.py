@@ -204,16 +204,20 @@ def test_collectives_the_script_issues_itself_are_counted_and_not_timed(example_
     step's floating-point operations for the log (``store_flos``): 3 a step, counted from step 1's
     first forward, so its label count is not in it and its log falls in step 2; the log after step
     10 runs in the pause its evaluation ends, whose collectives are the pause's: step 11 counts its
-    label count alone."""
+    label count alone. Where: the Trainer's are all issued before a forward, in the data time
+    (``untimed_in_data``), DDP's broadcasts in its forward."""
     runs = example_runs
-    untimed = {step: {rank: report.untimed_collectives for rank, report in reports.items()}
+    untimed = {step: {rank: (report.untimed_collectives, report.untimed_in_data) for rank, report in reports.items()}
                for step, reports in sorted(runs.session.reports.items())}
     assert all(by_rank[0] == by_rank[1] for by_rank in untimed.values())
-    per_step = [by_rank[0] for by_rank in untimed.values()]
+    per_step = [by_rank[0][0] for by_rank in untimed.values()]
+    in_data = [by_rank[0][1] for by_rank in untimed.values()]
     if "plain_ddp" in request.node.name:
-        assert per_step == [0, 2] + [0] * 10
+        assert per_step == [0, 2] + [0] * 10 and in_data == [0] * 12
     else:
         assert per_step == [0, 2 + 3] + [3] * 8 + [1, 3]
+        assert in_data == [0, 3] + [3] * 8 + [1, 3]
     (segment,) = runs.summary["segments"]
     assert segment["untimed_collective_steps"] == [step for step, n in zip(range(1, 13), per_step) if n]
     assert segment["untimed_collectives_most"] == max(per_step)
+    assert segment["untimed_in_data_steps"] == [step for step, n in zip(range(1, 13), in_data) if n]

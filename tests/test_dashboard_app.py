@@ -862,6 +862,23 @@ def test_collectives_a_script_issued_untimed_are_a_note_with_their_steps_and_the
                               "as compute",)
 
 
+def test_untimed_collectives_issued_before_a_forward_are_said_to_read_as_data_loading() -> None:
+    """The Trainer's label-count gather before each forward, a loss all-reduced for logging after
+    the update: the note said all untimed collectives read as compute; those read as data
+    loading, and so does a wait in them for a slower rank."""
+    def trainer_like(report: StepReport) -> StepReport:
+        if report.step < 2:
+            return report
+        return replace(report, untimed_collectives=3, untimed_in_data=2 if report.step % 2 else 1)
+
+    _, snapshot = snapshot_of(session_messages(edit=trainer_like))
+    assert snapshot.notes == ("collectives not timed in 9 steps (2-10), up to 3 a step on a rank: issued outside DDP's "
+                              "buckets and FSDP's gathers and reductions (by the script itself, or by DDP: its rebuilt "
+                              "buckets, its map of used parameters under find_unused_parameters=True): in 9 of these steps "
+                              "(2-10) up to 2 a step were issued before a forward, in the data time, and read as data "
+                              "loading, a wait in them for a slower rank included; the others' time reads as compute",)
+
+
 def test_steps_the_loop_paused_training_before_are_a_note_with_their_steps_and_the_longest() -> None:
     """A Trainer evaluating before steps 4 and 8 and saving before 8: ranks pause together, rank
     1 a little longer. Through the wire as ranks send them (summaries carry the pause too)."""

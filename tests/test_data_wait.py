@@ -23,6 +23,17 @@ def test_a_segment_whose_steps_waited_on_their_data_is_said_with_the_ms_it_cost(
         "evaluation not marked with watch.paused)")
 
 
+def test_a_loop_that_issued_its_own_collectives_in_the_gap_is_told_they_are_in_the_figure() -> None:
+    """A loss all-reduced for logging after each update waits for the slowest rank, in the next
+    step's data gap: untimed, so a straggler reads as a slow loader unless the line says so."""
+    line = data_wait_text("segment 0", 48.7, 54.7, 32.0, collectives_in_data=2)
+    assert line is not None and line.endswith(
+        "evaluation not marked with watch.paused); here the loop also issued up to 2 collectives of its own a step in "
+        "that gap, and a wait in them for a slower rank counts as waiting on data")
+    assert data_wait_text("segment 0", 48.7, 54.7, 32.0, collectives_in_data=1).endswith(
+        "up to 1 collective of its own a step in that gap, and a wait in them for a slower rank counts as waiting on data")
+
+
 def test_below_the_threshold_nothing_is_said() -> None:
     # train.py and the examples on this box wait 0.7-4.2 % on their data: not worth a line
     assert data_wait_text("segment 0", DATA_WAIT_NOTE_PCT - 0.01, 20.0, 200.0) is None
@@ -46,3 +57,19 @@ def test_the_dashboard_and_summary_md_say_it_of_each_segment_that_waited() -> No
     plain = Session()
     ingest(plain, session_messages(steps=6))
     assert not any("waited on its data" in line for line in SnapshotBuilder(plain).build().notes)
+
+
+def test_the_segment_whose_loop_issued_collectives_in_its_data_time_says_so_and_the_other_does_not() -> None:
+    """Segment 1's steps (4-6) each carry a loss all-reduce in their data gap; segment 0's none."""
+    def logging_loss(report: StepReport) -> StepReport:
+        report = slow_loader(report)
+        return replace(report, untimed_collectives=1, untimed_in_data=1) if report.step >= 4 else report
+
+    session = Session()
+    ingest(session, session_messages(steps=6, edit=logging_loss))
+    notes = [line for line in SnapshotBuilder(session).build().notes if "waited on its data" in line]
+    markdown = [line for line in exporters.summary_markdown(exporters.summary(session)).splitlines() if "waited on its data" in line]
+    for simple, bucket in (notes, markdown):
+        assert "collective of its own" not in simple
+        assert bucket.endswith("here the loop also issued up to 1 collective of its own a step in that gap, and a wait "
+                               "in them for a slower rank counts as waiting on data")

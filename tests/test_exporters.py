@@ -245,6 +245,21 @@ def test_steps_with_collectives_not_timed_are_listed_per_segment_with_the_most_i
     assert [seg["untimed_collectives_most"] for seg in data["segments"]] == [0, 4]
     assert ("- segment 1: steps with collectives ddpwatch did not time (outside DDP's buckets and FSDP's gathers and "
             "reductions; up to 4 a step on a rank) 4-5") in exporters.summary_markdown(data)
+    assert [seg["untimed_in_data_steps"] for seg in data["segments"]] == [[], []]
+    assert "issued before a forward" not in exporters.summary_markdown(data)
+
+
+def test_steps_with_untimed_collectives_in_the_data_time_are_listed_per_segment_with_the_most_in_a_step() -> None:
+    session = make_session()
+    for step, in_data in ((2, 0), (4, 1), (5, 2)):  # step 2: issued in a phase, compute
+        for rank in (0, 1):
+            session.reports[step][rank] = replace(session.reports[step][rank], untimed_collectives=3, untimed_in_data=in_data)
+    data = exporters.summary(session)
+    assert [seg["untimed_in_data_steps"] for seg in data["segments"]] == [[], [4, 5]]
+    assert [seg["untimed_in_data_most"] for seg in data["segments"]] == [0, 2]
+    assert ("- segment 1: steps with such collectives issued before a forward, in the data time (up to 2 a step on a "
+            "rank: their time, a wait in them for a slower rank included, reads as data loading) 4-5"
+            ) in exporters.summary_markdown(data)
 
 
 def test_steps_whose_data_held_forwards_without_gradients_are_listed_per_segment_with_the_most_in_a_step() -> None:

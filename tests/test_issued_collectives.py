@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from instrumented_ddp.issued_collectives import IssuedCollectives, backends_of
+from instrumented_ddp.issued_collectives import IssuedCollectives, StepCollectives, backends_of
 
 
 class FakeBackend:
@@ -71,3 +71,43 @@ def test_a_backend_that_cannot_say_turns_the_count_off_for_good() -> None:
     assert issued.since_last() is None and not issued.readable
     groups.pop()
     assert issued.since_last() is None  # a guess from half the groups would be wrong: nothing is said
+
+
+def test_a_steps_collectives_in_its_data_gaps_are_those_issued_there_less_those_timed_there() -> None:
+    """A step of two micro-steps, worked by hand. Gap before the first forward: 3 issued, of
+    which 1 timed there (an FSDP all-gather its pre-forward hook issued before ours ran): 2 the
+    loop's. Forward and backward: 5 issued, 4 timed. Gap between the micro-steps: 1. Before the
+    update, after the last backward (the gap cancelled): 1, the optimizer's. In all 10 issued, 5
+    timed: 5 untimed, 3 of them in the data time."""
+    backend = FakeBackend()
+    timed = [0]
+    step = StepCollectives(IssuedCollectives(lambda: [FakeGroup(cpu=backend)]), lambda: timed[0])
+    step.restart(in_gap=True)  # a pause ended: the step's first gap begins
+    backend.issued += 3
+    timed[0] += 1
+    step.gap_ends()
+    backend.issued += 5
+    timed[0] += 4
+    step.gap_begins()
+    backend.issued += 1
+    step.gap_ends()
+    step.gap_begins()
+    step.gap_cancelled()
+    backend.issued += 1
+    assert step.step_ends() == (10, 3)
+    timed[0] = 0  # the next step's timeline, begun where this one ended
+    backend.issued += 2  # its first gap, in which nothing was timed
+    step.gap_ends()
+    assert step.step_ends() == (2, 2)
+
+
+def test_a_step_without_a_gap_counts_nothing_in_data_and_an_uncountable_one_says_none() -> None:
+    backend = FakeBackend()
+    step = StepCollectives(IssuedCollectives(lambda: [FakeGroup(cpu=backend)]), lambda: 0)
+    step.restart(in_gap=False)  # the first step's first forward
+    backend.issued += 4
+    step.gap_ends()  # not after a gap: nothing in data
+    assert step.step_ends() == (4, 0)
+    unreadable = StepCollectives(IssuedCollectives(lambda: [FakeGroup(cpu=object())]), lambda: 0)  # type: ignore[arg-type]
+    unreadable.restart(in_gap=False)
+    assert unreadable.step_ends() == (None, 0)

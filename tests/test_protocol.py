@@ -143,6 +143,15 @@ def test_collectives_not_timed_travel_in_the_report_and_the_summary_and_are_neve
     assert _category(_with_body(untimed, untimed_collectives=1.5)) == "invalid"
 
 
+def test_untimed_collectives_in_the_data_time_travel_and_are_never_more_than_the_untimed() -> None:
+    in_data = replace(STEP, untimed_collectives=4, untimed_in_data=3)
+    assert decode(encode(in_data)).message.untimed_in_data == 3
+    assert decode(encode(summarize(in_data, world_size=2))).message.untimed_in_data == 3
+    assert "untimed_in_data" not in _raw(STEP)["body"] and SUMMARY.untimed_in_data == 0
+    assert _category(_with_body(in_data, untimed_in_data=5)) == "invalid"  # 5 of the step's 4
+    assert _category(_with_body(in_data, untimed_in_data=-1)) == "invalid"
+
+
 def test_forwards_without_gradients_travel_in_the_report_and_the_summary_and_are_never_negative() -> None:
     unmarked = replace(STEP, nograd_forwards=13)
     assert decode(encode(unmarked)).message.nograd_forwards == 13

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ddpwatch.dashboard.timeline_lanes import nograd_text, paused_text, pick_timeline_ranks, timeline_of
+from ddpwatch.dashboard.timeline_lanes import data_collectives_text, nograd_text, paused_text, pick_timeline_ranks, timeline_of
 from ddpwatch.metrics import calls_of
 from instrumented_ddp.protocol import Span, StepReport
 
@@ -130,3 +130,17 @@ def test_a_step_whose_data_held_forwards_without_gradients_is_titled_with_the_mo
                                                               "data held 8 forwards without gradients")
     assert nograd_text([replace(report(0, []), nograd_forwards=1)]) == "data held 1 forward without gradients"
     assert nograd_text([report(0, [])]) == ""
+
+
+def test_a_step_whose_data_held_the_loops_own_collectives_is_titled_with_the_most_of_a_drawn_rank() -> None:
+    """A loss all-reduced for logging, a Trainer's label-count gather: the data bars hold their
+    time, and the title says so beside an unmarked evaluation's forwards."""
+    reports = {rank: replace(report(rank, [Span("forward", 0.0, 0.050)]), untimed_collectives=3, untimed_in_data=1 + rank)
+               for rank in (0, 1)}
+    assert timeline_of(4, reports, calls_of(reports)).notes == "data held 2 untimed collectives"
+    evaluating = {rank: replace(r, nograd_forwards=8) for rank, r in reports.items()}
+    assert timeline_of(4, evaluating, calls_of(evaluating)).notes == ("data held 8 forwards without gradients · "
+                                                                      "data held 2 untimed collectives")
+    assert data_collectives_text([replace(report(0, []), untimed_collectives=1, untimed_in_data=1)]) == (
+        "data held 1 untimed collective")
+    assert data_collectives_text([replace(report(0, []), untimed_collectives=1)]) == ""  # issued in a phase: compute

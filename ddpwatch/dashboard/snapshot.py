@@ -89,11 +89,15 @@ class SegmentRow:
     held: str = "—"  # the most a rank held, parameters/gradients/optimizer state (``metrics.held_text``)
     busbw: str = "—"  # each collective kind's busbw (``metrics.busbw_text``)
     data_wait_pct: float = 0.0  # the part of Idle% spent waiting for the next batch (``data_wait``)
+    #: The most collectives of its own a rank's loop issued in a step's data time, in the session's
+    #: steps that overlap the segment's (``StepReport.untimed_in_data``; the data wait holds them).
+    untimed_in_data_most: int = 0
 
 
 def data_wait_notes(rows: tuple[SegmentRow, ...]) -> tuple[str, ...]:
     """``data_wait.data_wait_text`` of each segment whose counted steps waited on their data."""
-    lines = (data_wait_text(f"{row.short_label} (steps {row.steps})", row.data_wait_pct, row.idle_pct, row.step_ms_p50)
+    lines = (data_wait_text(f"{row.short_label} (steps {row.steps})", row.data_wait_pct, row.idle_pct, row.step_ms_p50,
+                            row.untimed_in_data_most)
              for row in rows if row.counted_steps)
     return tuple(line for line in lines if line is not None)
 
@@ -463,6 +467,11 @@ class SnapshotBuilder:
         kept.series = DeviceSeries(rank, "GPU util %" if gpu else "CPU % (no GPU)", tuple(kept.values))
         return kept.series
 
+    def _untimed_in_data_most(self, segment: Segment) -> int:
+        in_data = self.session.untimed_in_data
+        overlaps = any(first <= segment.last_step and last >= segment.first_step for first, last in in_data.steps.ranges())
+        return in_data.most if overlaps else 0
+
     def _segment_row(self, segment: Segment, now: float) -> SegmentRow:
         """Figures of the running segment are recomputed at most once a second (its step range
         every frame); a closed segment's only when a late step is folded into it."""
@@ -480,7 +489,8 @@ class SnapshotBuilder:
                          f.idle_pct, f.overlap_pct, f.comm_overhead_pct, f.all_reduce_calls, f.all_reduce_ms,
                          f.step_ms_p50, f.samples_per_s, f.hidden_comm_pct,
                          metrics.kinds_text(f.calls_by_kind), metrics.held_text(f.memory),
-                         metrics.busbw_text(f.busbw_gbps, f.other_busbw_gbps), f.data_wait_pct)
+                         metrics.busbw_text(f.busbw_gbps, f.other_busbw_gbps), f.data_wait_pct,
+                         self._untimed_in_data_most(segment))
         self._segment_rows[segment.index] = (now, key, row)
         return row
 

@@ -47,7 +47,8 @@ class TimelineData:
     roles: tuple[tuple[int, str], ...] = ()  # (rank, why it is drawn) when only some are
     label: str = ""  # the strategy with its settings (``session.strategy_label``)
     #: What the title says of the step besides its number and strategy: a pause of training before
-    #: it (``paused_text``), an evaluation left unmarked in its data loading (``nograd_text``).
+    #: it (``paused_text``), an evaluation left unmarked in its data loading (``nograd_text``), the
+    #: loop's own collectives there (``data_collectives_text``).
     notes: str = ""
 
 
@@ -99,7 +100,8 @@ def timeline_of(step: int, reports: dict[int, StepReport], calls: dict[int, metr
     first = next(iter(reports.values()))
     return TimelineData(step, first.strategy, max(end - origin, 1e-9), tuple(lanes), reported,
                         tuple(role for role in roles or () if role[0] in reports), strategy_label(first.strategy, first.settings),
-                        " · ".join(filter(None, (paused_text(reports.values()), nograd_text(reports.values())))))
+                        " · ".join(filter(None, (paused_text(reports.values()), nograd_text(reports.values()),
+                                                 data_collectives_text(reports.values())))))
 
 
 def paused_text(reports: Iterable[StepReport]) -> str:
@@ -119,6 +121,14 @@ def nograd_text(reports: Iterable[StepReport]) -> str:
     evaluation the loop did not mark, which the step's ``data`` span holds (``StepReport.nograd_forwards``)."""
     most = max((r.nograd_forwards for r in reports), default=0)
     return f"data held {most} forward{'s' if most != 1 else ''} without gradients" if most else ""
+
+
+def data_collectives_text(reports: Iterable[StepReport]) -> str:
+    """Where the drawn ranks issued collectives of their own in the step's data time, the most of
+    one rank ("data held 2 untimed collectives"), or "": the ``data`` bars hold their time, and a
+    wait in them for a slower rank (``StepReport.untimed_in_data``)."""
+    most = max((r.untimed_in_data for r in reports), default=0)
+    return f"data held {most} untimed collective{'s' if most != 1 else ''}" if most else ""
 
 
 def _lanes(rank: int, report: StepReport, offset: float, waiting: list[tuple[float, float]]) -> RankLanes:

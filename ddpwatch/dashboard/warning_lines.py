@@ -117,7 +117,8 @@ def note_lines(session: Session, heard: float, recording_ended: bool = False) ->
     if session.compiling_steps:
         lines.append(compiling_steps_text(session.compiling_steps))
     if session.untimed_collectives.steps:
-        lines.append(untimed_collectives_text(session.untimed_collectives.steps, session.untimed_collectives.most))
+        lines.append(untimed_collectives_text(session.untimed_collectives.steps, session.untimed_collectives.most,
+                                              session.untimed_in_data.steps, session.untimed_in_data.most))
     if session.paused_steps:
         lines.append(paused_steps_text(session.paused_steps, list(session.paused_for), session.paused_longest_s))
     if session.nograd_forwards.steps:
@@ -169,16 +170,23 @@ def compiling_steps_text(steps: StepSet) -> str:
             "the figures; past the first steps it recompiled (TORCH_LOGS=recompiles says why)")
 
 
-def untimed_collectives_text(steps: StepSet, most: int) -> str:
+def untimed_collectives_text(steps: StepSet, most: int, in_data: StepSet | None = None, most_in_data: int = 0) -> str:
     """One line for the steps in which ranks issued collectives ddpwatch does not time: an attached
     script's own (a Trainer's loss and token counts gathered for logging, a gradient norm of sharded
     gradients), or DDP's own: the broadcast of its rebuilt buckets in its second step, the
-    all-reduce of its map of used parameters every step under ``find_unused_parameters=True``."""
+    all-reduce of its map of used parameters every step under ``find_unused_parameters=True``.
+    ``in_data``: the steps in which some came in the data time, before a forward
+    (``StepReport.untimed_in_data``), and the most of one rank in one step: those read as data
+    loading, and so does a wait in them for a slower rank; the line said "compute" of all of them."""
     count = len(steps)
+    where = "their time reads as compute"
+    if in_data:
+        where = (f"in {len(in_data)} of these steps ({runs_text(in_data.ranges())}) up to {most_in_data} a step were issued "
+                 "before a forward, in the data time, and read as data loading, a wait in them for a slower rank included; "
+                 "the others' time reads as compute")
     return (f"collectives not timed in {count} step{'s' if count != 1 else ''} ({runs_text(steps.ranges())}), up to {most} "
             "a step on a rank: issued outside DDP's buckets and FSDP's gathers and reductions (by the script itself, "
-            "or by DDP: its rebuilt buckets, its map of used parameters under find_unused_parameters=True): "
-            "their time reads as compute")
+            f"or by DDP: its rebuilt buckets, its map of used parameters under find_unused_parameters=True): {where}")
 
 
 def pausing_lines(session: Session, heard: float) -> list[str]:

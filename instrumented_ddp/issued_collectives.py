@@ -6,7 +6,8 @@ Hugging Face Trainer all-gathers each batch's label count, and at each logging s
 the step's floating-point operations, and under FSDP2 its gradient clipping all-reduces the norm
 of the sharded gradients (seen on an H200: 3 all-gathers and 1 all-reduce a step beside FSDP's 16
 and 9); DDP with ``find_unused_parameters=True`` all-reduces its map of used parameters. Their time falls in
-whichever phase issued them and reads as compute. Counting them tells the user they are there.
+whichever phase or gap issued them: as compute inside a phase, as data loading before a forward
+(``StepCollectives``). Counting them tells the user they are there.
 
 Each backend keeps a count of the collectives issued on it, the one ``ProcessGroupNCCL`` calls
 ``seqCollective_`` and gloo ``seq_`` (``Backend._get_sequence_number_for_group``): a counter read,

@@ -98,6 +98,8 @@ class DDPTiming:
         self._hooked_calls = 0  # all-reduces the user's hook issued in this backward (``h<k>``)
         self._watched_thread: int | None = None  # the thread this backward's hook runs on, watched
         self._syncs_gradients = False  # whether DDP reduces in this backward (not under ``no_sync``)
+        #: Which hook calls are this DDP's where one backward runs through several (``hooked_collectives.owner``).
+        self._parameter_ids = frozenset(id(p) for p in ddp.parameters()) if self.users_hook is not None else frozenset()
 
     @property
     def ddp(self) -> DistributedDataParallel:
@@ -141,7 +143,7 @@ class DDPTiming:
         if isinstance(self.process_group, ForwardingGroup):
             self.process_group.watcher = None
         if self.users_hook is not None:
-            hooked_collectives.unwatch_thread(self._watched_thread)
+            hooked_collectives.unwatch_thread(self._watched_thread, self._time_hooked_all_reduce)
             self._watched_thread = None
             hooked_collectives.stand_down(self)
         for handle in self._poll_handles:
@@ -181,8 +183,9 @@ class DDPTiming:
         if self.users_hook is not None:
             self._hooked_calls = 0
             self._syncs_gradients = bool(getattr(self.ddp, "require_backward_grad_sync", True))
-            hooked_collectives.unwatch_thread(self._watched_thread)  # a backward that raised never ended
-            self._watched_thread = hooked_collectives.watch_thread(self._time_hooked_all_reduce)
+            # a backward that raised never ended
+            hooked_collectives.unwatch_thread(self._watched_thread, self._time_hooked_all_reduce)
+            self._watched_thread = hooked_collectives.watch_thread(self._time_hooked_all_reduce, self._parameter_ids)
 
     def backward_ended(self) -> bool:
         """Called when backward has ended (DDP's in-backward wait ends about now). Records the
@@ -190,7 +193,7 @@ class DDPTiming:
         self._backward_task, self._launched = None, 0
         reduced = self.last_bucket_at is not None
         if self.users_hook is not None:  # reduced unless under no_sync, whether its collectives were seen or not
-            hooked_collectives.unwatch_thread(self._watched_thread)
+            hooked_collectives.unwatch_thread(self._watched_thread, self._time_hooked_all_reduce)
             self._watched_thread = None
             reduced, self._syncs_gradients = reduced or self._syncs_gradients, False
         if self.last_bucket_at is not None:

@@ -24,6 +24,14 @@ second and third all-reduces of a bucket on gloo, whose futures complete on gloo
 NCCL a future completes as the collective is enqueued, so those run at once, on the backward's
 thread, and are seen); and all-gathers (the experimental quantization hooks). DDP's built-in C++
 hooks (``_register_builtin_comm_hook``) issue nothing in Python at all: ``attach`` refuses them.
+
+Which DDP's hook issued a call: one backward may run through two DDPs with hooks of their own (a
+GAN's generator step runs through the discriminator too), and an all-reduce does not say. DDP
+calls a hook as the last gradient of a bucket is accumulated, inside that parameter's
+``AccumulateGrad`` node, so the call belongs to the watched DDP holding the parameter the engine
+is accumulating (``torch._C._current_autograd_node``); a call made elsewhere (DDP launching a
+bucket at the end of backward) is the only watcher's, or, where several watch, untimed and counted.
+A call from a DDP nobody attached passes untimed too: timed, it read as the attached model's.
 """
 
 from __future__ import annotations
@@ -31,7 +39,7 @@ from __future__ import annotations
 import functools
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -40,13 +48,24 @@ import torch.distributed as dist
 #: the call's tensor, op and group, it issues the collective and returns its work.
 Timer = Callable[[Callable[..., Any], torch.Tensor, Any, Any], Any]
 
+
+class Watcher(NamedTuple):
+    """A backward watched on a thread: what times its hook's calls, and the ids of its DDP's parameters."""
+
+    timer: Timer
+    parameters: frozenset[int]
+
+
 #: torch's ``all_reduce``, while this module's stands in for it (None: it does not).
 _torch_all_reduce: Callable[..., Any] | None = None
-#: The timer of each thread running a watched backward, by thread ident.
-_timers: dict[int, Timer] = {}
+#: The watchers of each thread running a watched backward, by thread ident: one, or several where
+#: one backward runs through several hooked DDPs.
+_watchers: dict[int, list[Watcher]] = {}
 #: The ``DDPTiming`` objects that need this module's ``all_reduce`` in place (by id).
 _users: set[int] = set()
 _lock = threading.Lock()
+#: The autograd node the engine runs on this thread now (None outside one); absent from an older torch.
+_current_autograd_node: Callable[[], Any] | None = getattr(torch._C, "_current_autograd_node", None)
 
 
 def all_reduce(tensor: torch.Tensor, op: Any = dist.ReduceOp.SUM, group: Any = None, async_op: bool = False,
@@ -54,10 +73,25 @@ def all_reduce(tensor: torch.Tensor, op: Any = dist.ReduceOp.SUM, group: Any = N
     """``torch.distributed.all_reduce``, timed where a watched backward's hook issued it. Arguments
     a later torch may add (``more``, ``extra``) pass the call through untimed, never refused."""
     original = _torch_all_reduce if _torch_all_reduce is not None else dist.distributed_c10d.all_reduce
-    timer = _timers.get(threading.get_ident())
-    if timer is None or not async_op or more or extra or torch._C._current_graph_task_id() == -1:
+    watchers = _watchers.get(threading.get_ident())
+    timer = None
+    if watchers and async_op and not more and not extra and torch._C._current_graph_task_id() != -1:
+        timer = owner(watchers)
+    if timer is None:
         return original(tensor, op, group, async_op, *more, **extra)
     return timer(original, tensor, op, group)
+
+
+def owner(watchers: list[Watcher]) -> Timer | None:
+    """The timer of the watched DDP whose parameter's gradient the engine is accumulating now
+    (DDP calls its hook there), or None where it is another DDP's; outside an accumulation, the
+    only watcher's, or None where several watch."""
+    node = _current_autograd_node() if _current_autograd_node is not None else None
+    variable = getattr(node, "variable", None) if type(node).__name__ == "AccumulateGrad" else None
+    if variable is None:
+        return watchers[0].timer if len(watchers) == 1 else None
+    holders = [watcher.timer for watcher in watchers if id(variable) in watcher.parameters]
+    return holders[0] if len(holders) == 1 else None
 
 
 def stand_in(user: object) -> None:
@@ -86,18 +120,24 @@ def stand_down(user: object) -> None:
         _torch_all_reduce = None
 
 
-def watch_thread(timer: Timer) -> int:
-    """Time the hook's all-reduces issued on this thread with ``timer`` (a backward began on it);
-    returns the thread's ident, for ``unwatch_thread``."""
+def watch_thread(timer: Timer, parameters: frozenset[int]) -> int:
+    """Time with ``timer`` the all-reduces the hook of the DDP holding ``parameters`` (their ids)
+    issues on this thread, where a backward began; returns the thread's ident, for ``unwatch_thread``."""
     ident = threading.get_ident()
-    _timers[ident] = timer
+    _watchers.setdefault(ident, []).append(Watcher(timer, parameters))
     return ident
 
 
-def unwatch_thread(ident: int | None) -> None:
-    """That backward ended (possibly on another thread than the one it began on)."""
-    if ident is not None:
-        _timers.pop(ident, None)
+def unwatch_thread(ident: int | None, timer: Timer) -> None:
+    """That backward ended (possibly on another thread than the one it began on): ``timer`` no
+    longer watches the thread it began on. (A bound method is made anew at each look-up: the
+    timer is found equal, not the same object.)"""
+    watchers = _watchers.get(ident) if ident is not None else None
+    if watchers is None:
+        return
+    watchers[:] = [watcher for watcher in watchers if watcher.timer != timer]
+    if not watchers:
+        _watchers.pop(ident, None)
 
 
 def hook_name(hook: Any) -> str:

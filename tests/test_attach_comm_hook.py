@@ -150,7 +150,7 @@ def test_only_asynchronous_all_reduces_inside_a_watched_threads_backward_are_the
 
     owner = object()
     hooked_collectives.stand_in(owner)
-    watched = hooked_collectives.watch_thread(timer)
+    watched = hooked_collectives.watch_thread(timer, frozenset())
     try:
         dist.all_reduce(torch.ones(2), async_op=True).wait()  # outside any backward
         x = torch.ones(3, requires_grad=True)
@@ -163,7 +163,7 @@ def test_only_asynchronous_all_reduces_inside_a_watched_threads_backward_are_the
         elsewhere.join()
         assert timed == [(3, True)]
     finally:
-        hooked_collectives.unwatch_thread(watched)
+        hooked_collectives.unwatch_thread(watched, timer)
         hooked_collectives.stand_down(owner)
     assert dist.all_reduce is TORCHS_ALL_REDUCE
 
@@ -225,3 +225,80 @@ def test_the_trainer_callback_watches_a_ddp_accelerate_gave_a_compression_hook(o
     reports = [m for m in sent if isinstance(m, StepReport)]
     assert [r.settings["comm_hook"] for r in reports] == ["fp16_compress_hook"] * 2
     assert {s.dtype for s in reports[-1].spans if s.kind == "all_reduce"} == {"float16"}
+
+
+def test_two_hooked_ddps_in_one_backward_each_time_their_own_all_reduces(
+        one_rank_group: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GAN: the generator's step runs one backward through the discriminator and the
+    generator, two attached DDPs each with an fp16 hook, both watching the thread. Each
+    all-reduce is its own model's: the discriminator's 9 float32 gradients travel as 18 bytes, the
+    generator's 72 as 144, in every step of each."""
+    torch.manual_seed(0)
+    generator_ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 8))
+    discriminator_ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 1))
+    optimizers = {}
+    for ddp in (generator_ddp, discriminator_ddp):
+        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+        optimizers[ddp] = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    reports: dict[str, list[StepReport]] = {"generator": [], "discriminator": []}
+    watches = {}
+    for name, ddp in (("generator", generator_ddp), ("discriminator", discriminator_ddp)):
+        watches[name] = attached(ddp, optimizers[ddp])
+        watch = watches[name].__enter__()
+        monkeypatch.setattr(watch.watch.publisher, "publish",
+                            lambda message, into=reports[name]: into.append(message) if isinstance(message, StepReport) else None)
+    try:
+        for step in range(4):
+            noise = torch.randn(4, 8, generator=torch.Generator().manual_seed(step))
+            optimizers[discriminator_ddp].zero_grad()
+            discriminator_ddp(generator_ddp(noise).detach()).mean().backward()  # through the discriminator alone
+            optimizers[discriminator_ddp].step()
+            optimizers[generator_ddp].zero_grad()
+            (-discriminator_ddp(generator_ddp(noise)).mean()).backward()  # through both
+            optimizers[generator_ddp].step()
+    finally:
+        for watch in watches.values():
+            watch.__exit__(None, None, None)
+    hooked = {name: [[(s.tag, s.nbytes) for s in r.spans if s.tag.startswith("h")] for r in rs] for name, rs in reports.items()}
+    assert len(hooked["generator"]) == 4 and all(spans == [("h0", 144)] for spans in hooked["generator"]), hooked
+    assert len(hooked["discriminator"]) >= 4 and all(spans == [("h0", 18)] for spans in hooked["discriminator"]), hooked
+
+
+def test_a_hooks_call_is_timed_by_the_watcher_whose_parameters_gradient_is_being_accumulated(one_rank_group: None) -> None:
+    """Two backwards watched on one thread: a call made while the engine accumulates ``a``'s
+    gradient is the watcher of ``a``'s, ``b``'s of ``b``'s, and one for ``c``, which no watcher
+    holds (a DDP nobody attached), passes untimed; before, the watcher begun last took all three.
+    Outside an accumulation (a DDP launching a bucket at the end of backward) the only watcher
+    takes it, and with two, none."""
+    parameters = {name: torch.nn.Parameter(torch.ones(size)) for name, size in (("a", 2), ("b", 3), ("c", 4))}
+    timed: list[tuple[str, int]] = []
+
+    def timer_of(name: str) -> Any:
+        def timer(all_reduce: Any, tensor: torch.Tensor, op: Any, group: Any) -> Any:
+            timed.append((name, tensor.numel()))
+            return all_reduce(tensor, op=op, group=group, async_op=True)
+        return timer
+
+    def all_reduce_its_gradient(parameter: torch.Tensor) -> None:  # as a hook does, as DDP accumulates it
+        dist.all_reduce(parameter.grad.clone(), async_op=True).wait()
+
+    for parameter in parameters.values():
+        parameter.register_post_accumulate_grad_hook(all_reduce_its_gradient)
+    timers = {name: timer_of(name) for name in ("a", "b")}
+    owner = object()
+    hooked_collectives.stand_in(owner)
+    watched = {name: hooked_collectives.watch_thread(timers[name], frozenset({id(parameters[name])})) for name in ("a", "b")}
+    try:
+        sum(p.sum() for p in parameters.values()).backward()
+        assert sorted(timed) == [("a", 2), ("b", 3)]
+        x = torch.ones(5, requires_grad=True)
+        AllReduceInBackward.apply(x, True).sum().backward()  # not in an accumulation, two watching: untimed
+        assert len(timed) == 2
+        hooked_collectives.unwatch_thread(watched.pop("a"), timers["a"])
+        AllReduceInBackward.apply(x, True).sum().backward()
+        assert timed[2:] == [("b", 5)]
+    finally:
+        for name, ident in watched.items():
+            hooked_collectives.unwatch_thread(ident, timers[name])
+        hooked_collectives.stand_down(owner)
+    assert hooked_collectives._watchers == {}

@@ -54,7 +54,10 @@ def test_an_fp16_hooks_all_reduces_are_timed_in_the_dtype_and_bytes_it_sends(one
         assert [(s.tag, s.dtype, s.nbytes, s.blocking) for s in hooked] == [
             (f"h{k}", "float16", size // 2, False) for k, size in enumerate(float32_bytes)]
         waits = [s for s in report.spans if s.kind == "wait"]
-        assert len(waits) == 1 and waits[0].blocking and waits[0].start == hooked[-1].start  # from the last issue
+        # from the last one's issue, which is its start unless gloo's worker was still busy with the
+        # one before (then it starts later: it failed 2 runs in 8 with the box loaded, ``==`` asked)
+        last_backward = [s for s in report.spans if s.kind == "backward"][-1]
+        assert len(waits) == 1 and waits[0].blocking and last_backward.start <= waits[0].start <= hooked[-1].start
     assert [r.untimed_collectives for r in reports[1:]] == [2, 0]  # step 2's: DDP broadcasts its rebuilt buckets
 
 

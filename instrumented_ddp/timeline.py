@@ -358,6 +358,8 @@ class _PendingStep:
         self.untimed_collectives = 0
         self.untimed_in_data = 0
         self.nograd_forwards = 0
+        #: ``spans`` as ``timed_collectives`` last counted it: the list, its length, its collectives.
+        self.collectives_counted: tuple[list[Any] | None, int, int] = (None, 0, 0)
         self.memory: dict[str, int] = {}
         self.paused_from: Stamp = None  # where the loop's pause before the step began and ended (``paused_until``)
         self.paused_to: Stamp = None
@@ -525,8 +527,20 @@ class StepTimeline:
         return self._current is not None
 
     def timed_collectives(self) -> int:
-        """How many collectives the current step has timed so far (0 outside a step)."""
-        return sum(span.kind in COMM_KINDS for span in self._current.spans) if self._current is not None else 0
+        """How many collectives the current step has timed so far (0 outside a step). Asked at
+        each data gap's ends of an attached loop, so only the spans added since the last ask are
+        looked at (a step of an FSDP model holds hundreds)."""
+        step = self._current
+        if step is None:
+            return 0
+        counted_in, seen, count = step.collectives_counted
+        if counted_in is not step.spans:  # a pause between steps starts the step's spans afresh
+            seen, count = 0, 0
+        spans = step.spans
+        end = len(spans)  # once: a completion callback on another thread may append meanwhile
+        count += sum(spans[i].kind in COMM_KINDS for i in range(seen, end))
+        step.collectives_counted = (spans, end, count)
+        return count
 
     def _spans(self) -> list[_PendingSpan]:
         return self._current.spans if self._current is not None else self._outside_step

@@ -360,6 +360,31 @@ def test_a_pause_between_steps_moves_the_next_steps_start_to_its_end_and_takes_w
     assert [s.kind for s in second.spans] == ["forward"] and not second.excluded
 
 
+def test_the_collectives_a_step_timed_so_far_are_counted_afresh_after_a_pause_took_its_spans(host_time: FakeHostTime) -> None:
+    """``timed_collectives`` looks only at spans added since it was last asked (asked at each data
+    gap's ends of an attached loop): here the gather counted before the pause is the pause's,
+    and the two all-reduces after it are the step's; a forward is not a collective."""
+    timeline = StepTimeline(rank=0, clock=HostClock())
+    assert timeline.timed_collectives() == 0  # outside a step
+    timeline.begin_step(1, "ddp", {})
+    host_time.now = 1.0
+    timeline.end_step(samples=1, tokens=1)
+    timeline.begin_step(2, "ddp", {}, at=1.0)
+    timeline.close_collective(timeline.open_collective("all_gather", 8, "", "float32", blocking=True), None)
+    assert timeline.timed_collectives() == 1
+    host_time.now = 2.0
+    timeline.paused_until("evaluate", 2.0)
+    assert timeline.timed_collectives() == 0
+    with timeline.phase("forward"):
+        host_time.now = 2.5
+    for tag in ("b0", "b1"):
+        timeline.close_collective(timeline.open_collective("all_reduce", 8, tag, "float32", blocking=True), None)
+        assert timeline.timed_collectives() == int(tag[1]) + 1
+    host_time.now = 3.0
+    timeline.end_step(samples=1, tokens=1, issued_collectives=3)
+    assert [r.untimed_collectives for r in timeline.completed_reports()] == [0, 1]
+
+
 def test_what_torch_compile_compiled_in_a_pause_is_the_pauses_not_the_steps(host_time: FakeHostTime) -> None:
     """An evaluation under ``no_grad`` compiles a compiled model again (a guard on grad mode):
     that compile is the pause's, and the step after it, which compiled nothing, is counted."""

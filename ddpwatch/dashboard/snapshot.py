@@ -89,8 +89,9 @@ class SegmentRow:
     held: str = "—"  # the most a rank held, parameters/gradients/optimizer state (``metrics.held_text``)
     busbw: str = "—"  # each collective kind's busbw (``metrics.busbw_text``)
     data_wait_pct: float = 0.0  # the part of Idle% spent waiting for the next batch (``data_wait``)
-    #: The most collectives of its own a rank's loop issued in a step's data time, in the session's
-    #: steps that overlap the segment's (``StepReport.untimed_in_data``; the data wait holds them).
+    #: The most collectives of its own a rank's loop issued in a step's data time, of the whole
+    #: session (``Session.untimed_in_data``), where any of the segment's steps had some, else 0:
+    #: the data wait holds them (``StepReport.untimed_in_data``).
     untimed_in_data_most: int = 0
 
 

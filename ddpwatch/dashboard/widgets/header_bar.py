@@ -22,8 +22,9 @@ class HeaderBar(Horizontal):
     """Two lines: the first says which run and where it comes from (fixed), the second what it is
     doing now (strategy, step, ETA, throughput, then the strategy's settings), so that each is cut
     at its end on a narrow terminal and the live figures are never the part cut (they were, after
-    the session's name, at 80 columns, and after a hooked DDP's settings under 115). A run that cannot switch gets a third line saying why, alone on it so that
-    nothing before it pushes it out of view."""
+    the session's name, at 80 columns, and after a hooked DDP's settings under 115). A run that
+    cannot switch gets a third line saying why, alone on it so that nothing before it pushes it
+    out of view."""
 
     def compose(self) -> ComposeResult:
         self._text = Static(id="header-text")

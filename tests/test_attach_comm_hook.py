@@ -5,6 +5,7 @@ In one process over a one-rank gloo group; three ranks under Accelerate's fp16 h
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from types import SimpleNamespace
 from typing import Any
@@ -244,13 +245,11 @@ def test_two_hooked_ddps_in_one_backward_each_time_their_own_all_reduces(
         ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
         optimizers[ddp] = torch.optim.SGD(ddp.parameters(), lr=0.1)
     reports: dict[str, list[StepReport]] = {"generator": [], "discriminator": []}
-    watches = {}
-    for name, ddp in (("generator", generator_ddp), ("discriminator", discriminator_ddp)):
-        watches[name] = attached(ddp, optimizers[ddp])
-        watch = watches[name].__enter__()
-        monkeypatch.setattr(watch.watch.publisher, "publish",
-                            lambda message, into=reports[name]: into.append(message) if isinstance(message, StepReport) else None)
-    try:
+    with contextlib.ExitStack() as watches:
+        for name, ddp in (("generator", generator_ddp), ("discriminator", discriminator_ddp)):
+            watch = watches.enter_context(attached(ddp, optimizers[ddp]))
+            monkeypatch.setattr(watch.watch.publisher, "publish",
+                                lambda message, into=reports[name]: into.append(message) if isinstance(message, StepReport) else None)
         for step in range(4):
             noise = torch.randn(4, 8, generator=torch.Generator().manual_seed(step))
             optimizers[discriminator_ddp].zero_grad()
@@ -259,9 +258,6 @@ def test_two_hooked_ddps_in_one_backward_each_time_their_own_all_reduces(
             optimizers[generator_ddp].zero_grad()
             (-discriminator_ddp(generator_ddp(noise)).mean()).backward()  # through both
             optimizers[generator_ddp].step()
-    finally:
-        for watch in watches.values():
-            watch.__exit__(None, None, None)
     hooked = {name: [[(s.tag, s.nbytes) for s in r.spans if s.tag.startswith("h")] for r in rs] for name, rs in reports.items()}
     assert len(hooked["generator"]) == 4 and all(spans == [("h0", 144)] for spans in hooked["generator"]), hooked
     assert len(hooked["discriminator"]) >= 4 and all(spans == [("h0", 18)] for spans in hooked["discriminator"]), hooked

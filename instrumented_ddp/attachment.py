@@ -554,7 +554,7 @@ class Attachment:
         memory = self._memory.sample(self) if self.publisher is not None else None
         nograd_forwards = 0 if update_skipped else self._nograd_forwards  # a skipped step ended at its backward, before them
         self._nograd_forwards -= nograd_forwards
-        issued, in_data = self._collectives.step_ends()
+        issued, in_data = self._collectives.step_ends(gap_to_next=update_skipped)
         self.timeline.end_step(samples, tokens, loss, excluded=self._began_on_first_buckets, memory=memory,
                                settings={"grad_accum": max(1, self._micro_steps)}, at=at, update_skipped=update_skipped,
                                issued_collectives=issued, untimed_in_data=in_data, nograd_forwards=nograd_forwards)

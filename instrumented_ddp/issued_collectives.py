@@ -133,10 +133,16 @@ class StepCollectives:
             self._in_data += max(0, issued - (self._timed() - self._timed_at_gap))
         self._timed_at_gap = None
 
-    def step_ends(self) -> tuple[int | None, int]:
+    def step_ends(self, gap_to_next: bool = False) -> tuple[int | None, int]:
         """The step's count (None where not countable) and how many of them came in its data
-        time; the next step, begun here, opens with a data gap in which nothing is timed yet."""
-        self._look()
-        counted = (self._total, self._in_data)
-        self._total, self._in_data, self._timed_at_gap = 0, 0, 0
+        time; the next step, begun here, opens with a data gap in which nothing is timed yet.
+        ``gap_to_next``: the step is found to have ended at its last backward only now, at the
+        next forward (its update skipped): what was issued since that backward, in the open gap,
+        is the next step's data time, not this step's."""
+        issued = self._look()
+        carried = 0
+        if gap_to_next and self._timed_at_gap is not None:
+            carried = max(0, issued - (self._timed() - self._timed_at_gap))
+        counted = (None if self._total is None else self._total - carried, self._in_data)
+        self._total, self._in_data, self._timed_at_gap = carried, carried, 0
         return counted

@@ -495,10 +495,14 @@ def test_a_step_the_loss_scaler_skips_is_reported_on_its_own_ending_where_its_ba
                     scaler.scale(loss * float("inf") if step == 2 else loss).backward()
             scaler.step(optimizer)
             scaler.update()
+            dist.all_reduce(loss.detach().clone())  # for the log: the next step's data time
     assert scaler.get_scale() == 8.0  # it did find the inf, once, and halved its scale
     reports = [m for m in sent if isinstance(m, StepReport)]
     assert [r.step for r in reports] == [1, 2, 3, 4, 5]
     assert [r.update_skipped for r in reports] == [False, False, True, False, False]
+    # step 3, found ended at its backward, does not take the all-reduce logged after it: step 4's
+    # data time does (step 2's 3: the log before it, and DDP's two rebuilt-bucket broadcasts)
+    assert [(r.untimed_collectives, r.untimed_in_data) for r in reports] == [(0, 0), (3, 1), (1, 1), (1, 1), (1, 1)]
     buckets = len(ddp._get_ddp_logging_data()["rebuilt_bucket_sizes"].split(","))
     for report in reports[1:]:
         kinds = [s.kind for s in report.spans]

@@ -111,3 +111,21 @@ def test_a_step_without_a_gap_counts_nothing_in_data_and_an_uncountable_one_says
     unreadable = StepCollectives(IssuedCollectives(lambda: [FakeGroup(cpu=object())]), lambda: 0)  # type: ignore[arg-type]
     unreadable.restart(in_gap=False)
     assert unreadable.step_ends() == (None, 0)
+
+
+def test_a_step_found_ended_at_its_backward_leaves_the_open_gaps_collectives_to_the_next_steps_data() -> None:
+    """A loss scaler skipped the update: the step is found to have ended at its backward only at
+    the next forward. Of its 6 collectives, the 2 issued after that backward (a log's all-reduce)
+    are the next step's, in its data time; 4 timed in the backward stay the step's."""
+    backend = FakeBackend()
+    timed = [0]
+    step = StepCollectives(IssuedCollectives(lambda: [FakeGroup(cpu=backend)]), lambda: timed[0])
+    step.restart(in_gap=False)
+    backend.issued += 4
+    timed[0] += 4
+    step.gap_begins()
+    backend.issued += 2
+    assert step.step_ends(gap_to_next=True) == (4, 0)
+    timed[0] = 0
+    step.gap_ends()  # the next step's first forward
+    assert step.step_ends() == (2, 2)

@@ -125,12 +125,17 @@ class StepCollectives:
         """The update began: what the loop issues from here is the optimizer phase's."""
         self._timed_at_gap = None
 
+    def _untimed_in_gap(self, issued: int) -> int:
+        """Of ``issued``, the collectives issued since the open gap began, those ddpwatch did
+        not time there (0 where no gap is open)."""
+        if self._timed_at_gap is None:
+            return 0
+        return max(0, issued - (self._timed() - self._timed_at_gap))
+
     def gap_ends(self) -> None:
         """A training forward begins: what was issued since the gap began, less what was timed
         there, was issued in the data time."""
-        issued = self._look()
-        if self._timed_at_gap is not None:
-            self._in_data += max(0, issued - (self._timed() - self._timed_at_gap))
+        self._in_data += self._untimed_in_gap(self._look())
         self._timed_at_gap = None
 
     def step_ends(self, gap_to_next: bool = False) -> tuple[int | None, int]:
@@ -140,9 +145,7 @@ class StepCollectives:
         next forward (its update skipped): what was issued since that backward, in the open gap,
         is the next step's data time, not this step's."""
         issued = self._look()
-        carried = 0
-        if gap_to_next and self._timed_at_gap is not None:
-            carried = max(0, issued - (self._timed() - self._timed_at_gap))
+        carried = self._untimed_in_gap(issued) if gap_to_next else 0
         counted = (None if self._total is None else self._total - carried, self._in_data)
         self._total, self._in_data, self._timed_at_gap = carried, carried, 0
         return counted

@@ -40,6 +40,11 @@ Where the phases come from, since the loop is not ours to mark:
   statistics, as for the ``ddp`` strategy; under ``static_graph`` its first two
   (``DDPTiming.on_first_buckets``). Under FSDP2 every unit's all-gather and reduce-scatter
   goes through FSDP's custom-comm hooks, issuing what its defaults issue (``FSDPTiming``);
+- the loop's own synchronous collectives between the model's phases (the Trainer's gathers
+  before each forward and for its log, a loop's all-reduce of its loss, a broadcast before
+  ``step()``) are timed as collectives of their kind, tagged ``l<k>``, the k-th of the step
+  (``collective_stand_ins``; ``_time_loop_collective``): in the data time they are not data
+  loading, and a rank waiting in one for a slower rank's loader names that rank the straggler;
 - the loop's own work between steps that is not training (an evaluation, a checkpoint) is
   ``data`` too, unless marked: ``with watch.paused("evaluate"): ...`` (the Trainer callback
   marks its evaluations and checkpoints itself). The next step then begins where the pause
@@ -74,7 +79,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from . import stop_signals
+from . import collective_stand_ins, stop_signals
+from .collective_stand_ins import LoopCall
+from .collectives import LooksWhenWaited
 from .ddp_timing import DDPTiming, users_comm_hook
 from .distributed import DistributedContext
 from .issued_collectives import IssuedCollectives, StepCollectives
@@ -403,6 +410,10 @@ class Attachment:
         self._reduced_gradient_of: nn.Parameter | None = None
         self._inside_optimizer_step = False  # between the optimizer's step pre- and post-hooks
         self._bucket_layout_sent = False
+        self._loop_calls = 0  # the loop's collectives timed in this step: ``l<k>``
+        #: Their spans since the step's latest backward ended, until a forward or the update: the
+        #: next step's, where that backward is found to have ended a step whose update was skipped.
+        self._loop_spans_after_backward: list[Any] = []
         self._handles = [
             # before FSDP's own pre-forward hook, whose all-gather is then inside the forward
             model.register_forward_pre_hook(torch.compiler.disable(self._before_forward), with_kwargs=True, prepend=True),
@@ -417,6 +428,8 @@ class Attachment:
         self._previous_excepthook = sys.excepthook
         sys.excepthook = self._note_uncaught
         atexit.register(self._detach_at_exit)
+        collective_stand_ins.stand_in(self)
+        self._loop_thread = collective_stand_ins.time_loop_calls(self._time_loop_collective)
         self._stops_on_sigterm = stop_signals.stop_on_sigterm()  # torchrun's stop, a preemption: a goodbye, not *lost*
 
     @property
@@ -432,6 +445,8 @@ class Attachment:
         for handle in self._handles:
             handle.remove()
         self._handles = []
+        collective_stand_ins.stop_timing_loop_calls(self._loop_thread, self._time_loop_collective)
+        collective_stand_ins.stand_down(self)
         self.timing.stop_timing()
         self.model._ddpwatch_attached = False
         if _ADDRESSES_IN_USE.get(self.address) is self:
@@ -541,6 +556,10 @@ class Attachment:
         self._steps += 1
         self.timeline.begin_step(self._steps, self.strategy, self._settings(1), at=at)
         self._micro_steps, self._forwards, self._recorded_losses = 0, [], []
+        for index, span in enumerate(self._loop_spans_after_backward):  # carried from a skipped step: this one's first
+            span.tag = f"l{index}"
+        self._loop_calls = len(self._loop_spans_after_backward)
+        self._loop_spans_after_backward = []
         self._after_backward = self._reduced_gradient_of = None
         self._began_on_first_buckets = self.timing.on_first_buckets  # DDP's first iteration: excluded
 
@@ -557,7 +576,8 @@ class Attachment:
         issued, in_data = self._collectives.step_ends(gap_to_next=update_skipped)
         self.timeline.end_step(samples, tokens, loss, excluded=self._began_on_first_buckets, memory=memory,
                                settings={"grad_accum": max(1, self._micro_steps)}, at=at, update_skipped=update_skipped,
-                               issued_collectives=issued, untimed_in_data=in_data, nograd_forwards=nograd_forwards)
+                               issued_collectives=issued, untimed_in_data=in_data, nograd_forwards=nograd_forwards,
+                               carried=self._loop_spans_after_backward if update_skipped else ())
         if self._steps == 1 and self.publisher is not None:
             self.watch.update_hello(global_batch=samples * dist.get_world_size())
         if not self._bucket_layout_sent and (layout := self.timing.bucket_layout()):
@@ -581,6 +601,36 @@ class Attachment:
         return (self._after_backward is not None and gradient_of is not None and gradient_of.grad is None
                 and not self._inside_optimizer_step)  # LBFGS's closure clears them for its next evaluation
 
+    def _time_loop_collective(self, call: LoopCall, issue: Any) -> bool:
+        """A synchronous collective the loop issued on its thread (``collective_stand_ins``):
+        issued asynchronously, timed as a blocking collective of its kind, ``l<k>``, and waited
+        for, where a step is open, outside a forward and outside a pause of training (an
+        evaluation's are the pause's); False, issuing nothing, elsewhere (torch's own function
+        issues it untimed, and it is counted). A step whose update was skipped ends first, as at
+        the next forward, so that what the loop issues after it is the next step's. ddpwatch's
+        bookkeeping raising never loses the user's collective: issued untimed."""
+        timeline = self.timeline
+        if not self._handles or not timeline.in_step or self._forward_from is not None or self.watch.pausing:
+            return False
+        try:
+            if self._update_skipped():
+                self._end_step(at=self._after_backward, update_skipped=True)
+            timeline.time_collectives_in(call.group)
+            span = timeline.open_collective(call.kind, call.nbytes, f"l{self._loop_calls}", call.dtype, True)
+        except Exception:
+            return False
+        self._loop_calls += 1
+        if self._after_backward is not None:
+            self._loop_spans_after_backward.append(span)
+        try:
+            work = issue()
+        except Exception as error:
+            span.fail(error)
+            raise
+        timeline.close_collective(span, work)
+        LooksWhenWaited(work, timeline).wait()  # on the CPU its end is its wait's return, exactly
+        return True
+
     def _before_forward(self, _module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if not torch.is_grad_enabled():  # not training: counted where it will read as data loading, else not seen
             if not self.watch.pausing and (not self.timeline.in_step or self._data_from is not None
@@ -600,6 +650,7 @@ class Attachment:
             self.timeline.add_span("data", gap_from, now, blocking=False)
             self._collectives.gap_ends()
         self._data_from = self._after_backward = None
+        self._loop_spans_after_backward = []
         self._inputs = batch_size_and_tokens(args, kwargs)
         self._forward_from = now
 
@@ -640,6 +691,7 @@ class Attachment:
         ended = self.timeline.stamp()
         self.timeline.add_span("backward", self._backward_from, ended, blocking=False)
         self._after_backward = ended
+        self._loop_spans_after_backward = []
         self._collectives.gap_begins()  # until the next forward, or the update
         self._reduced_gradient_of = next((p for p in self._trainable if p.grad is not None), None) if reduced else None
 
@@ -649,6 +701,7 @@ class Attachment:
             self._optimizer_from = self._after_backward if self._after_backward is not None else self.timeline.stamp()
         self._after_backward = None
         self._inside_optimizer_step = True
+        self._loop_spans_after_backward = []
         self._collectives.gap_cancelled()
 
     def _after_optimizer_step(self, _optimizer: Any, _args: Any, _kwargs: Any) -> None:

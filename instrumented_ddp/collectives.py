@@ -8,9 +8,13 @@ import torch
 import torch.distributed as dist
 
 
+#: torch's own collective functions, never a stand-in put in ``torch.distributed`` for a loop's
+#: (``collective_stand_ins``): what ddpwatch issues here it times itself, and must not be taken
+#: for the loop's and timed twice (an FSDP2 unit's all-gather outside a forward, ``unshard()``).
+_c10d = dist.distributed_c10d
 #: torch 2.13 names them ``*_single`` and deprecates the ``*_tensor`` names, which are all torch < 2.13 has.
-reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+reduce_scatter = getattr(_c10d, "reduce_scatter_single", None) or _c10d.reduce_scatter_tensor
+all_gather = getattr(_c10d, "all_gather_single", None) or _c10d.all_gather_into_tensor
 
 
 def timed_collective(
@@ -43,9 +47,9 @@ def timed_collective(
     if async_op and span is not None:
         timeline.time_collectives_in(group)
     if kind == "all_reduce":
-        work = dist.all_reduce(tensor, op=op, group=group, async_op=async_op)
+        work = _c10d.all_reduce(tensor, op=op, group=group, async_op=async_op)
     elif kind == "broadcast":
-        work = dist.broadcast(tensor, src=src, group=group, async_op=async_op)
+        work = _c10d.broadcast(tensor, src=src, group=group, async_op=async_op)
     elif kind == "reduce_scatter":
         work = reduce_scatter(output, tensor, op=op, group=group, async_op=async_op)
     elif kind == "all_gather":
@@ -114,7 +118,7 @@ def timed_all_reduce_result(timeline: Any, tensor: torch.Tensor, *, tag: str, gr
     ``at``: the issue stamp, where the caller made one this moment (``open_collective``)."""
     span = _open(timeline, "all_reduce", tensor, tag, blocking=False, at=at)
     timeline.time_collectives_in(group)
-    work = dist.all_reduce(tensor, op=op, group=group, async_op=True)
+    work = _c10d.all_reduce(tensor, op=op, group=group, async_op=True)
     return timeline.close_collective_with_result(span, work)
 
 

@@ -20,7 +20,7 @@ import torch.distributed as dist
 from torch.autograd import Variable
 from torch.nn.parallel import DistributedDataParallel
 
-from . import hooked_collectives
+from . import collective_stand_ins, hooked_collectives
 from .collectives import timed_all_reduce_result
 from .forwarding_group import ForwardingGroup
 from .timeline import NULL_TIMELINE, NullTimeline, StepTimeline
@@ -129,7 +129,7 @@ class DDPTiming:
         if isinstance(self.process_group, ForwardingGroup):
             self.process_group.watcher = self._launch_watched_bucket
         if self.users_hook is not None:
-            hooked_collectives.stand_in(self)
+            collective_stand_ins.stand_in(self)
         self.ddp._distributed_broadcast_coalesced = self._timed_buffer_broadcast(self.ddp._distributed_broadcast_coalesced)
         if self.timeline.polls:
             poll = self.timeline.poll
@@ -145,7 +145,7 @@ class DDPTiming:
         if self.users_hook is not None:
             hooked_collectives.unwatch_thread(self._watched_thread, self._time_hooked_all_reduce)
             self._watched_thread = None
-            hooked_collectives.stand_down(self)
+            collective_stand_ins.stand_down(self)
         for handle in self._poll_handles:
             handle.remove()
         self._poll_handles = []

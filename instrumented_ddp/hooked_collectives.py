@@ -8,14 +8,12 @@ model, before a Trainer callback could attach. Those are the runs whose users mo
 their communication, and ``attach`` refused them.
 
 Every hook PyTorch ships issues its collectives through ``torch.distributed.all_reduce``, looked
-up on the module at each call (``dist.all_reduce(...)``). While a DDP with a hook of its own is
-attached, that name is this module's ``all_reduce``, which hands the call to the watching
-``DDPTiming`` when it is made on the thread running a watched backward, inside the autograd engine
+up on the module at each call (``dist.all_reduce(...)``). While a model is attached, that name is
+``collective_stand_ins.all_reduce``, which asks ``backward_timer`` here for the watching
+``DDPTiming`` of a call made on the thread running a watched backward, inside the autograd engine
 (DDP calls its hook there, as each bucket becomes ready) and asynchronously (a hook returns a
-future, so it never blocks);
-any other call, from any other thread or outside a backward, goes to torch's own function
-untouched, one dictionary lookup later. So a ``SyncBatchNorm``'s blocking all-reduce in backward,
-or a loop's all-reduce of its loss, is not taken for the hook's.
+future, so it never blocks). Any other call is not the hook's: a ``SyncBatchNorm``'s blocking
+all-reduce in backward, or a loop's all-reduce of its loss (timed as the loop's, where it may be).
 
 Not seen, and so counted among the step's untimed collectives (``IssuedCollectives``): a hook
 that calls the process group itself (``group.allreduce``) or a function it imported by name
@@ -42,7 +40,6 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
-import torch.distributed as dist
 
 #: What times one all-reduce issued in a watched backward: given torch's own ``all_reduce`` and
 #: the call's tensor, op and group, it issues the collective and returns its work.
@@ -56,30 +53,21 @@ class Watcher(NamedTuple):
     parameters: frozenset[int]
 
 
-#: torch's ``all_reduce``, while this module's stands in for it (None: it does not).
-_torch_all_reduce: Callable[..., Any] | None = None
 #: The watchers of each thread running a watched backward, by thread ident: one, or several where
 #: one backward runs through several hooked DDPs.
 _watchers: dict[int, list[Watcher]] = {}
-#: The ``DDPTiming`` objects that need this module's ``all_reduce`` in place (by id).
-_users: set[int] = set()
-_lock = threading.Lock()
 #: The autograd node the engine runs on this thread now (None outside one); absent from an older torch.
 _current_autograd_node: Callable[[], Any] | None = getattr(torch._C, "_current_autograd_node", None)
 
 
-def all_reduce(tensor: torch.Tensor, op: Any = dist.ReduceOp.SUM, group: Any = None, async_op: bool = False,
-               *more: Any, **extra: Any) -> Any:
-    """``torch.distributed.all_reduce``, timed where a watched backward's hook issued it. Arguments
-    a later torch may add (``more``, ``extra``) pass the call through untimed, never refused."""
-    original = _torch_all_reduce if _torch_all_reduce is not None else dist.distributed_c10d.all_reduce
+def backward_timer() -> Timer | None:
+    """The timer of an asynchronous all-reduce issued now, where it is a watched DDP's hook's:
+    on a thread running a watched backward, inside the autograd engine (``owner`` says whose);
+    else None (``collective_stand_ins`` asks, for every asynchronous all-reduce)."""
     watchers = _watchers.get(threading.get_ident())
-    timer = None
-    if watchers and async_op and not more and not extra and torch._C._current_graph_task_id() != -1:
-        timer = owner(watchers)
-    if timer is None:
-        return original(tensor, op, group, async_op, *more, **extra)
-    return timer(original, tensor, op, group)
+    if not watchers or torch._C._current_graph_task_id() == -1:
+        return None
+    return owner(watchers)
 
 
 def owner(watchers: list[Watcher]) -> Timer | None:
@@ -92,32 +80,6 @@ def owner(watchers: list[Watcher]) -> Timer | None:
         return watchers[0].timer if len(watchers) == 1 else None
     holders = [watcher.timer for watcher in watchers if id(variable) in watcher.parameters]
     return holders[0] if len(holders) == 1 else None
-
-
-def stand_in(user: object) -> None:
-    """Put this module's ``all_reduce`` in ``torch.distributed`` for ``user`` (a ``DDPTiming``
-    watching a hook), if it is not there yet."""
-    global _torch_all_reduce
-    with _lock:
-        _users.add(id(user))
-        if _torch_all_reduce is None:
-            current = dist.all_reduce  # ours already, where a stand-in put over ours kept it (``stand_down``)
-            _torch_all_reduce = current if current is not all_reduce else dist.distributed_c10d.all_reduce
-            dist.all_reduce = all_reduce
-
-
-def stand_down(user: object) -> None:
-    """``user`` no longer needs it: once no one does, torch's own is back, unless someone else
-    has put a function of theirs there since (theirs stays; this one, left behind it, passes
-    every call through)."""
-    global _torch_all_reduce
-    with _lock:
-        _users.discard(id(user))
-        if _users or _torch_all_reduce is None:
-            return
-        if dist.all_reduce is all_reduce:
-            dist.all_reduce = _torch_all_reduce
-        _torch_all_reduce = None
 
 
 def watch_thread(timer: Timer, parameters: frozenset[int]) -> int:

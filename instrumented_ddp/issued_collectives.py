@@ -140,12 +140,16 @@ class StepCollectives:
 
     def step_ends(self, gap_to_next: bool = False) -> tuple[int | None, int]:
         """The step's count (None where not countable) and how many of them came in its data
-        time; the next step, begun here, opens with a data gap in which nothing is timed yet.
-        ``gap_to_next``: the step is found to have ended at its last backward only now, at the
-        next forward (its update skipped): what was issued since that backward, in the open gap,
-        is the next step's data time, not this step's."""
+        time; the next step, begun here, opens with a data gap. ``gap_to_next``: the step is
+        found to have ended at its last backward only now (its update skipped): what was issued
+        since that backward, in the open gap, is the next step's, in its data time where untimed;
+        what was timed there goes to the next step with its spans (``StepTimeline.end_step``'s
+        ``carried``), and so opens the next step's gap as already timed."""
         issued = self._look()
-        carried = self._untimed_in_gap(issued) if gap_to_next else 0
+        carried, carried_untimed, carried_timed = 0, 0, 0
+        if gap_to_next and self._timed_at_gap is not None:
+            carried, carried_untimed = issued, self._untimed_in_gap(issued)
+            carried_timed = self._timed() - self._timed_at_gap
         counted = (None if self._total is None else self._total - carried, self._in_data)
-        self._total, self._in_data, self._timed_at_gap = carried, carried, 0
+        self._total, self._in_data, self._timed_at_gap = carried, carried_untimed, carried_timed
         return counted

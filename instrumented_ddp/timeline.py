@@ -27,7 +27,7 @@ import heapq
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from typing import Any, Protocol
 
@@ -380,6 +380,7 @@ class StepTimeline:
         self.unresolved_steps = 0  # sent marked unresolved so far
         self._current: _PendingStep | None = None
         self._outside_step: list[_PendingSpan] = []  # e.g. the wrap-time broadcast, given to the next step
+        self._carried: list[_PendingSpan] = []  # spans the step before gave the next one (``end_step``'s ``carried``)
         self._pending: deque[_PendingStep] = deque()
         self._lock = threading.Lock()
 
@@ -388,7 +389,9 @@ class StepTimeline:
         """A step begins now, or at ``at`` (a stamp made a moment ago: where the step before ended)."""
         self.clock.begin_step()
         early, self._outside_step = self._outside_step, []
-        self._current = _PendingStep(step, strategy, dict(settings), self.clock.stamp() if at is None else at, early)
+        carried, self._carried = self._carried, []
+        self._current = _PendingStep(step, strategy, dict(settings), self.clock.stamp() if at is None else at, early + carried)
+        self._current.carries_outside_spans = bool(early)
 
     @contextmanager
     def phase(self, kind: str, blocking: bool = False) -> Iterator[None]:
@@ -487,7 +490,7 @@ class StepTimeline:
     def end_step(self, samples: int, tokens: Any, loss: Any = None, excluded: bool = False,
                  settings: dict[str, Any] | None = None, memory: dict[str, int] | None = None, at: Stamp = None,
                  update_skipped: bool = False, issued_collectives: int | None = None, untimed_in_data: int = 0,
-                 nograd_forwards: int = 0) -> None:
+                 nograd_forwards: int = 0, carried: Sequence[Any] = ()) -> None:
         """The step ends now, or at ``at`` (a stamp made earlier, where an attached loop's step is
         found to have ended only later, its update skipped: ``update_skipped``). ``loss`` and
         ``tokens`` may be device tensors: they are captured without waiting for the device and
@@ -502,10 +505,16 @@ class StepTimeline:
         as ``untimed_collectives``, and ``untimed_in_data`` of them (at most) as issued in the
         step's data time (``StepReport.untimed_in_data``). ``nograd_forwards``: forwards without
         gradients the loop ran in the step's data gap, outside a marked pause
-        (``StepReport.nograd_forwards``)."""
+        (``StepReport.nograd_forwards``). ``carried``: spans of this step that are the next
+        one's, opened after ``at`` (the loop's collectives after a backward found, only now, to
+        have ended a step whose update was skipped): they begin the next step instead."""
         step = self._current
         if step is None:
             return
+        if carried:
+            given = {id(span) for span in carried}
+            step.spans = [span for span in step.spans if id(span) not in given]
+            self._carried = list(carried)
         step.loss = self.clock.capture(loss) if loss is not None else None
         step.tokens = tokens if isinstance(tokens, int) else self.clock.capture(tokens)
         step.end, step.samples = self.clock.stamp() if at is None else at, samples
@@ -652,7 +661,7 @@ class NullTimeline:
     def end_step(self, samples: int, tokens: Any, loss: Any = None, excluded: bool = False,
                  settings: dict[str, Any] | None = None, memory: dict[str, int] | None = None, at: Any = None,
                  update_skipped: bool = False, issued_collectives: int | None = None, untimed_in_data: int = 0,
-                 nograd_forwards: int = 0) -> None:
+                 nograd_forwards: int = 0, carried: Sequence[Any] = ()) -> None:
         pass
 
     def completed_reports(self) -> list[StepReport]:

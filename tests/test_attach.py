@@ -12,6 +12,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import weakref
 from collections.abc import Iterator
@@ -149,11 +150,14 @@ def test_an_attached_loop_reports_every_phase_of_every_step(one_rank_group: None
     assert isinstance(sent[-1], Goodbye)
 
 
-def test_collectives_the_loop_issues_itself_are_counted_as_untimed_in_their_step(one_rank_group: None, sent: list[Any]) -> None:
-    """A loss all-reduced every other step before the update (as a gradient norm would be) and a
-    barrier in step 3: DDP's buckets are timed, these are not, and each is counted in its step
-    (``issued_collectives``). So are the two broadcasts DDP issues itself in its second forward,
-    where it rebuilds its buckets (their count, then their order)."""
+def test_the_loops_own_synchronous_collectives_are_timed_and_the_rest_counted_untimed_in_their_step(
+        one_rank_group: None, sent: list[Any]) -> None:
+    """A loss all-reduced every other step before the update (as a gradient norm would be) is
+    timed as the loop's (``l0``: blocking, its 4 bytes; ``collective_stand_ins``); a barrier in
+    step 3 cannot be (no span kind), nor an asynchronous all-reduce in step 5 (its wait is not
+    seen): each is counted in its step (``issued_collectives``), as are the two broadcasts DDP
+    issues itself in its second forward, where it rebuilds its buckets (their count, then their
+    order). DDP's buckets are timed as always."""
     ddp, optimizer = make_ddp()
     with attached(ddp, optimizer):
         for step in range(1, 6):
@@ -163,10 +167,14 @@ def test_collectives_the_loop_issues_itself_are_counted_as_untimed_in_their_step
                 dist.all_reduce(torch.ones(1))
             if step == 3:
                 dist.barrier()
+            if step == 5:
+                dist.all_reduce(torch.ones(1), async_op=True).wait()
             optimizer.step()
     reports = [m for m in sent if isinstance(m, StepReport)]
-    assert [r.untimed_collectives for r in reports] == [0, 2 + 1, 1, 1, 0]
-    assert [sum(s.kind == "all_reduce" for s in r.spans) for r in reports] == [1, 3, 3, 3, 3]  # DDP's buckets: timed
+    assert [r.untimed_collectives for r in reports] == [0, 2, 1, 0, 1]
+    loops = [[(s.kind, s.tag, s.nbytes, s.dtype, s.blocking) for s in r.spans if s.tag.startswith("l")] for r in reports]
+    assert loops == [[], [("all_reduce", "l0", 4, "float32", True)], [], [("all_reduce", "l0", 4, "float32", True)], []]
+    assert [sum(s.kind == "all_reduce" and s.tag.startswith("b") for s in r.spans) for r in reports] == [1, 3, 3, 3, 3]
 
 
 def test_the_loops_own_collectives_between_a_backward_and_the_next_forward_are_counted_as_in_its_data(
@@ -176,26 +184,67 @@ def test_the_loops_own_collectives_between_a_backward_and_the_next_forward_are_c
     gather before the forward, as the Trainer's label count; one between two micro-steps) it
     reads as data loading, a wait in it for a slower rank included; before the update, as the
     optimizer's. Two micro-steps a step. Step 2 also holds DDP's two rebuilt-bucket broadcasts,
-    issued in its forward: untimed, not in its data."""
+    issued in its forward: untimed, not in its data. The loop's collectives here are asynchronous
+    ones waited for at once, which ddpwatch cannot time (synchronous ones are: the next test)."""
     ddp, optimizer = make_ddp()
     with attached(ddp, optimizer):
         for step in range(1, 5):
             if step >= 2:
-                dist.all_reduce(torch.ones(1))  # before the step's first forward: its data
+                dist.all_reduce(torch.ones(1), async_op=True).wait()  # before the step's first forward: its data
             optimizer.zero_grad()
             for micro in range(2):
                 with ddp.no_sync() if micro == 0 else contextlib.nullcontext():
                     ddp(**batch(step)).loss.backward()
                 if micro == 0 and step == 3:
-                    dist.all_reduce(torch.ones(1))  # between the micro-steps: data too
+                    dist.all_reduce(torch.ones(1), async_op=True).wait()  # between the micro-steps: data too
             if step == 4:
                 dist.barrier()  # before the update: the optimizer's
             optimizer.step()
-            dist.all_reduce(torch.ones(1))  # after the update: the next step's data
+            dist.all_reduce(torch.ones(1), async_op=True).wait()  # after the update: the next step's data
     reports = [m for m in sent if isinstance(m, StepReport)]
     assert [r.untimed_collectives for r in reports] == [0, 1 + 1 + 2, 1 + 1 + 1, 1 + 1 + 1]
     assert [r.untimed_in_data for r in reports] == [0, 2, 3, 2]
     assert [sum(s.kind == "all_reduce" for s in r.spans) for r in reports] == [1, 3, 3, 3]  # DDP's buckets: timed
+
+
+def test_the_loops_synchronous_collectives_in_its_data_time_are_timed_there_as_collectives_of_their_kind(
+        one_rank_group: None, sent: list[Any]) -> None:
+    """The Trainer's gathers before each forward (``all_gather`` on gloo, ``all_gather_into_tensor``
+    on NCCL, as Accelerate's ``gather`` picks) and a broadcast, in the data gap: spans of their
+    kind inside the ``data`` span, numbered ``l0, l1, ...`` in each step, with the bytes
+    nccl-tests counts (an all-gather's output); none left untimed. Not the loop's and so not
+    timed: what an evaluation issues inside ``paused`` (the pause's, in no step), and a call on
+    another thread (counted). The user's tensors hold what torch's own functions give."""
+    ddp, optimizer = make_ddp()
+    gathered: list[list[float]] = []
+    with attached(ddp, optimizer) as watch:
+        for step in range(1, 4):
+            labels = [torch.zeros(2)]
+            dist.all_gather(labels, torch.full((2,), float(step)))
+            into = torch.zeros(3, dtype=torch.float64)
+            dist.all_gather_into_tensor(into, torch.full((3,), 2.0 * step, dtype=torch.float64))
+            seed = torch.tensor([step], dtype=torch.int64)
+            dist.broadcast(seed, src=0)
+            gathered.append([*labels[0].tolist(), *into.tolist(), float(seed)])
+            optimizer.zero_grad()
+            ddp(**batch(step)).loss.backward()
+            optimizer.step()
+            if step == 2:
+                with watch.paused("evaluate"):
+                    dist.all_reduce(torch.ones(1))
+                elsewhere = threading.Thread(target=lambda: dist.all_reduce(torch.ones(1)))
+                elsewhere.start()
+                elsewhere.join()
+    assert gathered == [[s, s, 2.0 * s, 2.0 * s, 2.0 * s, s] for s in (1.0, 2.0, 3.0)]
+    reports = [m for m in sent if isinstance(m, StepReport)]
+    # step 1's gathers come before its first forward, before the step began: issued outside any step
+    assert [[(s.kind, s.tag, s.nbytes, s.dtype, s.blocking) for s in r.spans if s.tag.startswith("l")] for r in reports] == [
+        [], *[[("all_gather", "l0", 8, "float32", True), ("all_gather", "l1", 24, "float64", True),
+               ("broadcast", "l2", 8, "int64", True)]] * 2]
+    for report in reports[1:]:
+        (data,) = [s for s in report.spans if s.kind == "data"]
+        assert all(data.start <= s.start <= s.end <= data.end for s in report.spans if s.tag.startswith("l"))
+    assert [(r.untimed_collectives, r.untimed_in_data) for r in reports] == [(0, 0), (2, 0), (1, 1)]  # DDP's broadcasts; the thread's
 
 
 def test_a_loops_gaps_are_data_before_a_forward_and_optimizer_after_the_last_backward(
@@ -495,19 +544,22 @@ def test_a_step_the_loss_scaler_skips_is_reported_on_its_own_ending_where_its_ba
                     scaler.scale(loss * float("inf") if step == 2 else loss).backward()
             scaler.step(optimizer)
             scaler.update()
-            dist.all_reduce(loss.detach().clone())  # for the log: the next step's data time
+            dist.all_reduce(loss.detach().clone())  # for the log: the next step's data time, timed
+            dist.all_reduce(loss.detach().clone(), async_op=True).wait()  # and one that cannot be, counted
     assert scaler.get_scale() == 8.0  # it did find the inf, once, and halved its scale
     reports = [m for m in sent if isinstance(m, StepReport)]
     assert [r.step for r in reports] == [1, 2, 3, 4, 5]
     assert [r.update_skipped for r in reports] == [False, False, True, False, False]
-    # step 3, found ended at its backward, does not take the all-reduce logged after it: step 4's
-    # data time does (step 2's 3: the log before it, and DDP's two rebuilt-bucket broadcasts)
+    # step 3, found ended at its backward, does not take the all-reduces logged after it: step 4's
+    # data time does, the timed one's span with it (step 2's 3 untimed: the log before it, and
+    # DDP's two rebuilt-bucket broadcasts)
     assert [(r.untimed_collectives, r.untimed_in_data) for r in reports] == [(0, 0), (3, 1), (1, 1), (1, 1), (1, 1)]
+    assert [[s.tag for s in r.spans if s.tag.startswith("l")] for r in reports] == [[], ["l0"], ["l0"], ["l0"], ["l0"]]
     buckets = len(ddp._get_ddp_logging_data()["rebuilt_bucket_sizes"].split(","))
     for report in reports[1:]:
         kinds = [s.kind for s in report.spans]
         assert report.settings["grad_accum"] == 2 and report.samples == 8
-        assert kinds.count("forward") == kinds.count("backward") == 2 and kinds.count("all_reduce") == buckets
+        assert kinds.count("forward") == kinds.count("backward") == 2 and kinds.count("all_reduce") == buckets + 1
         assert kinds.count("optimizer") == (0 if report.step == 3 else 1)
     skipped, after = reports[2], reports[3]
     last_backward = max((s for s in skipped.spans if s.kind == "backward"), key=lambda s: s.end)
@@ -515,6 +567,8 @@ def test_a_step_the_loss_scaler_skips_is_reported_on_its_own_ending_where_its_ba
     assert all(s.end <= skipped.end for s in skipped.spans)  # its wait too: nothing outside its window
     first_data = min((s for s in after.spans if s.kind == "data"), key=lambda s: s.start)
     assert first_data.start == after.start  # the scaler's check, zero_grad and the loader: the next step's data
+    (carried,) = [s for s in after.spans if s.tag == "l0"]
+    assert first_data.start <= carried.start <= carried.end <= first_data.end
 
 
 def test_the_attached_hook_leaves_parameters_bitwise_those_of_plain_ddp(one_rank_group: None) -> None:

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
-from instrumented_ddp import hooked_collectives
+from instrumented_ddp import collective_stand_ins, hooked_collectives
 from instrumented_ddp.protocol import Hello, StepReport
 from launch import free_port
 from test_attach import attached, make_ddp, sent, train, untouched  # noqa: F401  (sent: a fixture)
@@ -41,7 +41,7 @@ def test_an_fp16_hooks_all_reduces_are_timed_in_the_dtype_and_bytes_it_sends(one
     ddp, optimizer = make_ddp()
     ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
     with attached(ddp, optimizer):
-        assert dist.all_reduce is hooked_collectives.all_reduce
+        assert dist.all_reduce is collective_stand_ins.all_reduce
         train(ddp, optimizer, steps=3, grad_accum=2)
     assert dist.all_reduce is TORCHS_ALL_REDUCE  # torch's own again once detached
     hello = next(m for m in sent if isinstance(m, Hello))
@@ -153,7 +153,7 @@ def test_only_asynchronous_all_reduces_inside_a_watched_threads_backward_are_the
         return all_reduce(tensor, op=op, group=group, async_op=True)
 
     owner = object()
-    hooked_collectives.stand_in(owner)
+    collective_stand_ins.stand_in(owner)
     watched = hooked_collectives.watch_thread(timer, frozenset())
     try:
         dist.all_reduce(torch.ones(2), async_op=True).wait()  # outside any backward
@@ -168,7 +168,7 @@ def test_only_asynchronous_all_reduces_inside_a_watched_threads_backward_are_the
         assert timed == [(3, True)]
     finally:
         hooked_collectives.unwatch_thread(watched, timer)
-        hooked_collectives.stand_down(owner)
+        collective_stand_ins.stand_down(owner)
     assert dist.all_reduce is TORCHS_ALL_REDUCE
 
 
@@ -177,18 +177,18 @@ def test_a_stand_in_put_over_ours_stays_when_we_stand_down(one_rank_group: None)
     ours, left under it, passes every call through; standing in again later never takes ours
     for torch's."""
     owner = object()
-    hooked_collectives.stand_in(owner)
-    theirs = lambda *args, **kwargs: hooked_collectives.all_reduce(*args, **kwargs)  # noqa: E731
+    collective_stand_ins.stand_in(owner)
+    theirs = lambda *args, **kwargs: collective_stand_ins.all_reduce(*args, **kwargs)  # noqa: E731
     dist.all_reduce = theirs
     try:
-        hooked_collectives.stand_down(owner)
+        collective_stand_ins.stand_down(owner)
         assert dist.all_reduce is theirs
         tensor = torch.ones(2)
         dist.all_reduce(tensor)
         assert torch.equal(tensor, torch.ones(2))
-        dist.all_reduce = hooked_collectives.all_reduce  # they put back what they found: ours
-        hooked_collectives.stand_in(owner)
-        hooked_collectives.stand_down(owner)
+        dist.all_reduce = collective_stand_ins.all_reduce  # they put back what they found: ours
+        collective_stand_ins.stand_in(owner)
+        collective_stand_ins.stand_down(owner)
         assert dist.all_reduce is TORCHS_ALL_REDUCE
     finally:
         dist.all_reduce = TORCHS_ALL_REDUCE
@@ -285,7 +285,7 @@ def test_a_hooks_call_is_timed_by_the_watcher_whose_parameters_gradient_is_being
         parameter.register_post_accumulate_grad_hook(all_reduce_its_gradient)
     timers = {name: timer_of(name) for name in ("a", "b")}
     owner = object()
-    hooked_collectives.stand_in(owner)
+    collective_stand_ins.stand_in(owner)
     watched = {name: hooked_collectives.watch_thread(timers[name], frozenset({id(parameters[name])})) for name in ("a", "b")}
     try:
         sum(p.sum() for p in parameters.values()).backward()
@@ -299,5 +299,5 @@ def test_a_hooks_call_is_timed_by_the_watcher_whose_parameters_gradient_is_being
     finally:
         for name, ident in watched.items():
             hooked_collectives.unwatch_thread(ident, timers[name])
-        hooked_collectives.stand_down(owner)
+        collective_stand_ins.stand_down(owner)
     assert hooked_collectives._watchers == {}

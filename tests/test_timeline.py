@@ -1035,12 +1035,13 @@ def test_timed_ddp_hook_averages_as_the_backend_allows(one_rank_group: None, mon
     wrapped = instrumented_ddp.wrap(nn.Linear(2, 1), "ddp", timeline=StepTimeline(0))
     try:
         issued: list[tuple[torch.Tensor, Any]] = []
+        torchs = dist.distributed_c10d.all_reduce
 
         def all_reduce(tensor: torch.Tensor, *, op: Any = dist.ReduceOp.SUM, group: Any = None, async_op: bool = False) -> Any:
             issued.append((tensor.clone(), op))
-            return dist.distributed_c10d.all_reduce(tensor, async_op=True)  # one rank: a sum is the identity
+            return torchs(tensor, async_op=True)  # one rank: a sum is the identity
 
-        monkeypatch.setattr(ddp_timing.timed_all_reduce_result.__globals__["dist"], "all_reduce", all_reduce)
+        monkeypatch.setattr(ddp_timing.timed_all_reduce_result.__globals__["_c10d"], "all_reduce", all_reduce)
         timing = ddp_timing.DDPTiming(wrapped.ddp, StepTimeline(0))
         real_group = timing.process_group
 

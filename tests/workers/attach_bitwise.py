@@ -6,12 +6,15 @@ parameter ended bit for bit the same on every rank, and which steps the attached
 with how many all-reduces each (rank 0). Then the same for a model sharded with FSDP2's
 ``fully_shard``, attached against not, with its all-gathers and reduce-scatters per step, and
 for the same model replicated across every rank on a 2-D mesh (HSDP), with its all-reduces
-across the replicas."""
+across the replicas. Last, a loop whose rank 1 loads slowly and which all-gathers a count before
+each forward, as the Trainer does: each rank's gather and data time, as JSON (``slow loader:``)."""
 
 from __future__ import annotations
 
 import argparse
 import copy
+import json
+import time
 from typing import Any
 
 import torch
@@ -53,9 +56,10 @@ def main() -> None:
     same, reports, _ = train_fsdp2_side_by_side(args.address, context.rank)
     say("fsdp2", same, f"strategy {sorted({r.strategy for r in reports})}, excluded {[r.excluded for r in reports]}, "
         f"grad_accum {[r.settings['grad_accum'] for r in reports]}, "
-        f"all-gathers {[sum(s.kind == 'all_gather' for s in r.spans) for r in reports]}, "
+        f"all-gathers {[sum(s.kind == 'all_gather' and not s.tag.startswith('l') for s in r.spans) for r in reports]}, "
         f"reduce-scatters {[sum(s.kind == 'reduce_scatter' for s in r.spans) for r in reports]}, "
-        f"tags {sorted({s.tag for r in reports for s in r.spans if s.kind == 'reduce_scatter'})}")
+        f"tags {sorted({s.tag for r in reports for s in r.spans if s.kind == 'reduce_scatter'})}, "
+        f"the loop's {[sum(s.tag.startswith('l') for s in r.spans) for r in reports]}")
     replicas = init_device_mesh("cpu", (context.world_size, 1), mesh_dim_names=("replicate", "shard"))
     same, reports, group = train_fsdp2_side_by_side(args.address, context.rank, mesh=replicas)
     say("hsdp", same, f"settings {reports[-1].settings}, all-reduce group {group}, excluded {[r.excluded for r in reports]}, "
@@ -63,6 +67,11 @@ def main() -> None:
         f"all-reduces {[sum(s.kind == 'all_reduce' for s in r.spans) for r in reports]}, "
         f"tags {sorted({s.tag for r in reports for s in r.spans if s.kind == 'all_reduce'})}, "
         f"blocking {sorted({s.blocking for r in reports for s in r.spans if s.kind == 'all_reduce'})}")
+    timed = loop_gather_after_a_slow_loader(args.address, context.rank)
+    every_rank: list[Any] = [None] * context.world_size
+    dist.all_gather_object(every_rank, timed)
+    if context.rank == 0:
+        print(f"slow loader: {json.dumps(every_rank)}")
     shutdown_distributed()
     exit_process(0)
 
@@ -99,6 +108,38 @@ def train_side_by_side(option: dict[str, Any], address: str, rank: int) -> tuple
     watch.detach()
     same = all(torch.equal(a, b) for a, b in zip(pair["plain"].parameters(), pair["watched"].parameters()))
     return same, [m for m in sent if isinstance(m, StepReport)], watch.publisher.hello.all_reduce_group
+
+
+SLOW_LOADER_S = 0.06  # rank 1's loader, every step
+
+
+def loop_gather_after_a_slow_loader(address: str, rank: int) -> list[dict[str, Any]]:
+    """4 steps of an attached DDP whose rank 1 sleeps ``SLOW_LOADER_S`` as it loads, then
+    all-gathers a count before the forward (the Trainer's label count): per step, the loop's
+    timed gathers (kind, tag, ms), the data span's ms, and the ms from the gather's end to the
+    data span's end, on this rank."""
+    torch.manual_seed(0)
+    ddp = DistributedDataParallel(nn.Sequential(nn.Linear(32, 64), nn.Tanh(), nn.Linear(64, 3)))
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    watch = instrumented_ddp.attach(ddp, optimizer, address=address)
+    sent: list[Any] = []
+    watch.publisher.publish = sent.append
+    for _ in range(4):
+        if rank == 1:
+            time.sleep(SLOW_LOADER_S)
+        counts = [torch.zeros(1) for _ in range(dist.get_world_size())]
+        dist.all_gather(counts, torch.ones(1))
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(ddp(torch.randn(16, 32)), torch.randint(0, 3, (16,))).backward()
+        optimizer.step()
+    watch.detach()
+    steps = []
+    for report in (m for m in sent if isinstance(m, StepReport) and m.step > 1):  # step 1's gather came before it began
+        (data,) = [s for s in report.spans if s.kind == "data"]
+        loop = [s for s in report.spans if s.tag.startswith("l")]
+        steps.append({"loop": [(s.kind, s.tag, 1000 * (s.end - s.start)) for s in loop], "data_ms": 1000 * (data.end - data.start),
+                      "after_last_ms": 1000 * (data.end - loop[-1].end) if loop else None})
+    return steps
 
 
 def train_accelerate_side_by_side(address: str, rank: int, comm_hook: DDPCommunicationHookType | None = None

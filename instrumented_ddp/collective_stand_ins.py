@@ -1,0 +1,186 @@
+"""``torch.distributed``'s collective functions, stood in for while a model is attached, so that
+the collectives a user's own code issues are timed where ddpwatch can tell whose they are.
+
+Why: ``attach`` times what DDP itself issues (its buckets, through a communication hook of
+ddpwatch's; its buffer broadcasts). A user's script issues more, in two places:
+
+* **their communication hook** (gradient compression: ``fp16_compress_hook``, PowerSGD), whose
+  asynchronous all-reduces inside a watched backward are the buckets' (``hooked_collectives``
+  says which watched DDP issued one);
+* **their loop**, between the model's phases: the Trainer's gather of the label count before
+  each forward and of the loss and FLOPs for its log, a loop's all-reduce of its loss, a
+  broadcast of a random seed. Untimed, their time read as data loading (before a forward) or as
+  the optimizer's (before ``step()``), and a rank waiting in one for a slower rank's loader read
+  as a slow loader itself: both ranks of a run with one slow loader read the same Data wait, and
+  no straggler could be named. Timed, they are collectives like any other (spans of their kind,
+  tagged ``l<k>``, the k-th of the step, in M and in the waits that name a straggler).
+
+Every library PyTorch users train with looks these functions up on the module at each call
+(``dist.all_reduce(...)``; Accelerate's ``gather`` reads ``torch.distributed.all_gather_into_tensor``
+as it runs), which is what makes a stand-in see them; torch's own functions calling each other
+inside ``distributed_c10d`` are not seen, so nothing is timed twice (``all_gather_object``'s
+inner gathers, for one, are not: it is counted untimed, as before). Only a *synchronous* call of
+the loop is timed: ddpwatch issues it asynchronously and waits for it itself, which is what
+torch's synchronous path does (``work.wait()``: on the CPU until it completes, on NCCL the
+current stream waiting for it), so the user's code sees the same thing; an asynchronous one of
+the loop (whose wait ddpwatch cannot see) passes through untimed and counted, as does anything
+in a forward, in a pause of training, on another thread, or while ``torch.compile`` traces.
+
+The stand-ins are in place while anyone needs them (``stand_in``/``stand_down``) and pass every
+call they do not time to torch's own function, looked up once.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import threading
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import torch
+import torch.distributed as dist
+
+from . import hooked_collectives
+
+#: Which argument holds the bytes that count (nccl-tests': an all-gather's output, a
+#: reduce-scatter's input, the whole tensor otherwise), by function.
+_COUNTED_ARGUMENT = {"all_reduce": "tensor", "all_gather": "tensor_list", "all_gather_into_tensor": "output_tensor",
+                     "all_gather_single": "output_tensor", "broadcast": "tensor", "reduce_scatter_tensor": "input",
+                     "reduce_scatter_single": "input"}
+#: The functions stood in for, those this torch has (``*_single``: the names torch 2.13 prefers
+#: to ``*_tensor``), and the kind of span each is (``protocol.COMM_KINDS``).
+KIND_OF = {name: "all_gather" if "gather" in name else "reduce_scatter" if "scatter" in name else name
+           for name in _COUNTED_ARGUMENT if hasattr(dist.distributed_c10d, name)}
+
+
+class LoopCall(NamedTuple):
+    """A synchronous collective the loop issued: its kind, the bytes nccl-tests counts, their
+    dtype, and its process group (None: the default group)."""
+
+    kind: str
+    nbytes: int
+    dtype: str
+    group: Any
+
+
+#: What times a loop's collective: given the call and a function issuing it asynchronously
+#: (returning its work), issues it, waits for it and returns True; or returns False, having
+#: issued nothing, where it is not to be timed.
+LoopTimer = Callable[[LoopCall, Callable[[], Any]], bool]
+
+#: torch's own functions, by name, while ours stand in for them.
+_torch_functions: dict[str, Callable[..., Any]] = {}
+#: Who needs the stand-ins in place (by id): attachments, and DDPs timing a hook of the user's.
+_users: set[int] = set()
+#: The loop timer of each thread an attached loop trains on, by thread ident.
+_loop_timers: dict[int, LoopTimer] = {}
+_lock = threading.Lock()
+
+
+def torch_function(name: str) -> Callable[..., Any]:
+    """torch's own ``name``, whether a stand-in is in place or not."""
+    return _torch_functions.get(name) or getattr(dist.distributed_c10d, name)
+
+
+def all_reduce(tensor: torch.Tensor, op: Any = dist.ReduceOp.SUM, group: Any = None, async_op: bool = False,
+               *more: Any, **extra: Any) -> Any:
+    """``torch.distributed.all_reduce``: a hook's in a watched backward, timed as the bucket it
+    reduces; else a loop's, timed where it may be; else torch's, untouched. Arguments a later
+    torch may add (``more``, ``extra``) pass the call through untimed, never refused."""
+    original = torch_function("all_reduce")
+    if async_op and not more and not extra and (timer := hooked_collectives.backward_timer()) is not None:
+        return timer(original, tensor, op, group)
+    return _issued_by_the_loop("all_reduce", original, (tensor, op, group, async_op, *more), extra)
+
+
+def _stand_in_for(name: str) -> Callable[..., Any]:
+    """The stand-in for one of the other collectives: a loop's, timed where it may be."""
+
+    @functools.wraps(getattr(dist.distributed_c10d, name))
+    def collective(*args: Any, **kwargs: Any) -> Any:
+        return _issued_by_the_loop(name, torch_function(name), args, kwargs)
+
+    return collective
+
+
+STAND_INS: dict[str, Callable[..., Any]] = {"all_reduce": all_reduce,
+                                            **{name: _stand_in_for(name) for name in KIND_OF if name != "all_reduce"}}
+
+
+def _issued_by_the_loop(name: str, original: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Issue a call that is not a hook's: timed by the thread's loop timer where there is one,
+    outside a backward, and not traced by ``torch.compile``; else untimed. Whatever reading the
+    call raises passes it on untimed: torch says what is wrong with it, as it would have."""
+    timer = _loop_timers.get(threading.get_ident())
+    if timer is None or torch._C._current_graph_task_id() != -1 or torch.compiler.is_compiling():
+        return original(*args, **kwargs)
+    try:
+        bound = _signature(name).bind(*args, **kwargs)
+        bound.apply_defaults()
+        arguments = bound.arguments
+        if arguments["async_op"] or dist.distributed_c10d._rank_not_in_group(arguments["group"]):
+            return original(*args, **kwargs)
+        call = LoopCall(KIND_OF[name], _counted_bytes(arguments[_COUNTED_ARGUMENT[name]]),
+                        str(_first_tensor(arguments[_COUNTED_ARGUMENT[name]]).dtype).removeprefix("torch."),
+                        arguments["group"])
+        arguments["async_op"] = True
+    except Exception:
+        return original(*args, **kwargs)
+    if not timer(call, lambda: original(*bound.args, **bound.kwargs)):
+        return original(*args, **kwargs)
+    return None  # what torch's synchronous path returns
+
+
+@functools.cache
+def _signature(name: str) -> inspect.Signature:
+    return inspect.signature(getattr(dist.distributed_c10d, name))
+
+
+def _first_tensor(value: Any) -> torch.Tensor:
+    return value[0] if isinstance(value, (list, tuple)) else value
+
+
+def _counted_bytes(value: Any) -> int:
+    tensors = value if isinstance(value, (list, tuple)) else [value]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def time_loop_calls(timer: LoopTimer) -> int:
+    """Time with ``timer`` the loop's synchronous collectives on this thread, the one it trains
+    on; returns the thread's ident, for ``stop_timing_loop_calls``."""
+    ident = threading.get_ident()
+    _loop_timers[ident] = timer
+    return ident
+
+
+def stop_timing_loop_calls(ident: int | None, timer: LoopTimer) -> None:
+    """``timer`` no longer times that thread's calls (one another attachment put there since stays)."""
+    if ident is not None and _loop_timers.get(ident) == timer:
+        del _loop_timers[ident]
+
+
+def stand_in(user: object) -> None:
+    """Put the stand-ins in ``torch.distributed`` for ``user``, where they are not yet."""
+    with _lock:
+        _users.add(id(user))
+        for name, ours in STAND_INS.items():
+            if name in _torch_functions:
+                continue
+            current = getattr(dist, name, None)  # ours already, where a stand-in put over ours kept it (``stand_down``)
+            _torch_functions[name] = current if current is not ours else getattr(dist.distributed_c10d, name)
+            setattr(dist, name, ours)
+
+
+def stand_down(user: object) -> None:
+    """``user`` no longer needs them: once no one does, torch's own are back, except where
+    someone else has put a function of theirs there since (theirs stays; ours, left behind it,
+    passes every call through)."""
+    with _lock:
+        _users.discard(id(user))
+        if _users:
+            return
+        for name, ours in STAND_INS.items():
+            if name in _torch_functions and getattr(dist, name) is ours:
+                setattr(dist, name, _torch_functions[name])
+        _torch_functions.clear()

@@ -158,6 +158,16 @@ def counted(record: Any) -> bool:
 # --- bandwidth (nccl-tests definitions, see nccl-tests doc/PERFORMANCE.md) -------------
 
 
+def issued_by_the_loop(tag: str) -> bool:
+    """``l<k>``: the k-th collective an attached loop issued itself in the step, between the
+    model's phases (a loss all-reduced for the log, the Trainer's gathers), timed where it was
+    issued (``instrumented_ddp.collective_stand_ins``). Such a call counts among its kind's calls
+    and time, and in the waits; not in the all-reduces' busbw, which says what the gradients'
+    all-reduces get from the link: a 4-byte loss all-reduce is all latency, and beside one
+    bucket it halved the step's median (2 CPU ranks, 8 MB in one bucket: 1.03 GB/s read 0.16)."""
+    return tag[:1] == "l" and tag[1:].isdigit()
+
+
 def algbw_gbps(nbytes: int, seconds: float) -> float | None:
     """S/t.  None for an empty payload or a non-positive time, which measure no link, and for a
     time so short (subnormal) that S/t overflows: an infinite bandwidth made a rank's summary one
@@ -318,7 +328,8 @@ def figures_and_calls(record: StepRecordLike, world_size: int | None = None) -> 
     # every other collective, in issue order, in one pass: most steps have none
     others = sorted((s for s in spans if s.kind in _OTHER_KINDS), key=lambda s: s.start)
     calls, sharded_calls = _calls_of_both_kinds(ars, [s for s in others if s.kind in SHARDED_KINDS], lo)
-    alg = float_array(a for a in (algbw_gbps(s.nbytes, seconds) for s, seconds in zip(ars, calls.seconds)) if a is not None)
+    alg = float_array(a for a in (algbw_gbps(s.nbytes, seconds) for s, seconds in zip(ars, calls.seconds)
+                                  if not issued_by_the_loop(getattr(s, "tag", "") or "")) if a is not None)
     factor = bus_factor("all_reduce", world_size) if world_size is not None else None
     figures = StepFigures(
         rank=record.rank,

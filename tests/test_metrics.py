@@ -286,6 +286,15 @@ def test_step_busbw_is_median_over_collectives():
     assert f.busbw_gbps == approx(3)
 
 
+def test_the_loops_own_all_reduces_count_as_calls_and_time_but_not_in_the_busbw_of_the_gradients():
+    # a bucket of 4 MB in 2 ms -> 2 GB/s, x 1.0 on 2 ranks; the loop's loss, 4 bytes in 1 ms (l0):
+    # in the median it would read (2 + 0.000004) / 2 = 1.0 GB/s
+    f = step_figures(record(0, 10, span("all_reduce", 0, 2, nbytes=4_000_000, tag="b0"),
+                            span("all_reduce", 4, 5, nbytes=4, tag="l0")), world_size=2)
+    assert f.all_reduce_calls == 2 and f.all_reduce_ms == approx(3)
+    assert f.algbw_gbps == approx((2,)) and f.busbw_gbps == approx(2)
+
+
 @pytest.mark.parametrize("groups, n", [([[0, 2], [1, 3]], 2), (None, 4), ([[0, 1, 2], [3]], 4)])
 def test_hsdp_all_reduces_count_their_bus_factor_over_their_group_not_the_world(groups: list | None, n: int) -> None:
     """HSDP all-reduces each shard across its replicas only (the groups the hellos name). 4 MB in

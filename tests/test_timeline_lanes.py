@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ddpwatch.dashboard.timeline_lanes import data_collectives_text, nograd_text, paused_text, pick_timeline_ranks, timeline_of
+from ddpwatch.dashboard.timeline_lanes import (data_collectives_text, loop_collectives_text, nograd_text, paused_text,
+                                               pick_timeline_ranks, timeline_of)
 from ddpwatch.metrics import calls_of
 from instrumented_ddp.protocol import Span, StepReport
 
@@ -144,3 +145,17 @@ def test_a_step_whose_data_held_the_loops_own_collectives_is_titled_with_the_mos
     assert data_collectives_text([replace(report(0, []), untimed_collectives=1, untimed_in_data=1)]) == (
         "data held 1 untimed collective")
     assert data_collectives_text([replace(report(0, []), untimed_collectives=1)]) == ""  # issued in a phase: compute
+
+
+def test_a_step_holding_the_loops_own_timed_collectives_is_titled_with_their_count_kinds_and_longest_rank() -> None:
+    """The Trainer's gathers before a forward, timed as the loop's (``l<k>``): rank 0 waited 40 ms
+    in its gather for rank 1 (1 ms), and also all-reduced a loss (2 ms); DDP's bucket (``b0``) is
+    not the loop's. Worked by hand: the most of one rank 2, kinds all_gather and all_reduce,
+    rank 0's 40 + 2 = 42 ms the longest."""
+    spans = {0: [Span("all_gather", 0.000, 0.040, True, 16, "l0"), Span("all_reduce", 0.040, 0.042, True, 4, "l1")],
+             1: [Span("all_gather", 0.039, 0.040, True, 16, "l0")]}
+    reports = {rank: report(rank, [*spans[rank], Span("forward", 0.042, 0.060), Span("all_reduce", 0.060, 0.070, False, 400, "b0")])
+               for rank in (0, 1)}
+    assert loop_collectives_text(reports) == "the loop's own collectives: 2 (all_gather, all_reduce), 42.0 ms on rank 0"
+    assert timeline_of(4, reports, calls_of(reports)).notes == loop_collectives_text(reports)
+    assert loop_collectives_text({0: report(0, [Span("all_reduce", 0.0, 0.01, False, 400, "b0")])}) == ""

@@ -14,7 +14,7 @@ from typing import NamedTuple
 from ddpwatch import metrics
 from ddpwatch.session import strategy_label
 from instrumented_ddp.protocol import COMM_KINDS, COMPUTE_KINDS, StepReport
-from instrumented_ddp.step_figures import BLOCKING_KINDS
+from instrumented_ddp.step_figures import BLOCKING_KINDS, issued_by_the_loop
 
 
 class Bar(NamedTuple):
@@ -101,7 +101,7 @@ def timeline_of(step: int, reports: dict[int, StepReport], calls: dict[int, metr
     return TimelineData(step, first.strategy, max(end - origin, 1e-9), tuple(lanes), reported,
                         tuple(role for role in roles or () if role[0] in reports), strategy_label(first.strategy, first.settings),
                         " · ".join(filter(None, (paused_text(reports.values()), nograd_text(reports.values()),
-                                                 data_collectives_text(reports.values())))))
+                                                 loop_collectives_text(reports), data_collectives_text(reports.values())))))
 
 
 def paused_text(reports: Iterable[StepReport]) -> str:
@@ -121,6 +121,27 @@ def nograd_text(reports: Iterable[StepReport]) -> str:
     evaluation the loop did not mark, which the step's ``data`` span holds (``StepReport.nograd_forwards``)."""
     most = max((r.nograd_forwards for r in reports), default=0)
     return f"data held {most} forward{'s' if most != 1 else ''} without gradients" if most else ""
+
+
+def loop_collectives_text(reports: dict[int, StepReport]) -> str:
+    """What the drawn ranks' loop issued itself and was timed (``l<k>``: the Trainer's gathers, a
+    loss all-reduce), in words: the most of one rank, their kinds, and the rank that spent the
+    longest in them ("the loop's own collectives: 3 (all_gather), 41.0 ms on rank 0"), or "".
+    Drawn as collectives in the data time, they would otherwise read as DDP's."""
+    counts: dict[int, int] = {}
+    seconds: dict[int, float] = {}
+    kinds: set[str] = set()
+    for rank, report in reports.items():
+        for s in report.spans:
+            if s.kind in COMM_KINDS and issued_by_the_loop(s.tag):
+                counts[rank] = counts.get(rank, 0) + 1
+                seconds[rank] = seconds.get(rank, 0.0) + max(s.end - s.start, 0.0)
+                kinds.add(s.kind)
+    if not counts:
+        return ""
+    longest = max(seconds, key=lambda rank: (seconds[rank], -rank))
+    return (f"the loop's own collectives: {max(counts.values())} ({', '.join(sorted(kinds))}), "
+            f"{1000 * seconds[longest]:.1f} ms on rank {longest}")
 
 
 def data_collectives_text(reports: Iterable[StepReport]) -> str:

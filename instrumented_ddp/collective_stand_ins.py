@@ -73,8 +73,9 @@ LoopTimer = Callable[[LoopCall, Callable[[], Any]], bool]
 _torch_functions: dict[str, Callable[..., Any]] = {}
 #: Who needs the stand-ins in place (by id): attachments, and DDPs timing a hook of the user's.
 _users: set[int] = set()
-#: The loop timer of each thread an attached loop trains on, by thread ident.
-_loop_timers: dict[int, LoopTimer] = {}
+#: The loop timers of each thread an attached loop trains on, by thread ident, the latest
+#: attachment's last (two models attached to two dashboards from one loop: a GAN's).
+_loop_timers: dict[int, list[LoopTimer]] = {}
 _lock = threading.Lock()
 
 
@@ -112,8 +113,8 @@ def _issued_by_the_loop(name: str, original: Callable[..., Any], args: tuple[Any
     """Issue a call that is not a hook's: timed by the thread's loop timer where there is one,
     outside a backward, and not traced by ``torch.compile``; else untimed. Whatever reading the
     call raises passes it on untimed: torch says what is wrong with it, as it would have."""
-    timer = _loop_timers.get(threading.get_ident())
-    if timer is None or torch._C._current_graph_task_id() != -1 or torch.compiler.is_compiling():
+    timers = _loop_timers.get(threading.get_ident())
+    if not timers or torch._C._current_graph_task_id() != -1 or torch.compiler.is_compiling():
         return original(*args, **kwargs)
     try:
         bound = _signature(name).bind(*args, **kwargs)
@@ -127,7 +128,7 @@ def _issued_by_the_loop(name: str, original: Callable[..., Any], args: tuple[Any
         arguments["async_op"] = True
     except Exception:
         return original(*args, **kwargs)
-    if not timer(call, lambda: original(*bound.args, **bound.kwargs)):
+    if not timers[-1](call, lambda: original(*bound.args, **bound.kwargs)):
         return original(*args, **kwargs)
     return None  # what torch's synchronous path returns
 
@@ -150,14 +151,19 @@ def time_loop_calls(timer: LoopTimer) -> int:
     """Time with ``timer`` the loop's synchronous collectives on this thread, the one it trains
     on; returns the thread's ident, for ``stop_timing_loop_calls``."""
     ident = threading.get_ident()
-    _loop_timers[ident] = timer
+    _loop_timers.setdefault(ident, []).append(timer)
     return ident
 
 
 def stop_timing_loop_calls(ident: int | None, timer: LoopTimer) -> None:
-    """``timer`` no longer times that thread's calls (one another attachment put there since stays)."""
-    if ident is not None and _loop_timers.get(ident) == timer:
-        del _loop_timers[ident]
+    """``timer`` no longer times that thread's calls: the attachment before it does again, if
+    one is still there. (A bound method is made anew at each look-up: found equal, not the same.)"""
+    timers = _loop_timers.get(ident) if ident is not None else None
+    if timers is None:
+        return
+    timers[:] = [t for t in timers if t != timer]
+    if not timers:
+        _loop_timers.pop(ident, None)
 
 
 def stand_in(user: object) -> None:

@@ -1,0 +1,93 @@
+"""The stand-ins for ``torch.distributed``'s collective functions (``collective_stand_ins``): which
+calls of a loop they hand to a loop timer, what they pass through to torch's own function, and
+how they come and go. In one process over a one-rank gloo group; what an attached loop's timer
+does with a call is in ``test_attach.py``."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from instrumented_ddp import collective_stand_ins
+from instrumented_ddp.collective_stand_ins import STAND_INS, LoopCall
+
+TORCHS = {name: getattr(dist.distributed_c10d, name) for name in STAND_INS}
+
+
+def timer_recording(into: list[tuple[str, LoopCall]], name: str, times: bool = True) -> Any:
+    """A loop timer that notes each call it is given under ``name`` and issues it (``times``) or
+    declines it (then the stand-in issues it untimed)."""
+
+    def timer(call: LoopCall, issue: Any) -> bool:
+        into.append((name, call))
+        if times:
+            issue().wait()
+        return times
+
+    return timer
+
+
+def test_the_stand_ins_are_in_place_while_anyone_needs_them_and_torchs_own_are_back_after() -> None:
+    first, second = object(), object()
+    collective_stand_ins.stand_in(first)
+    collective_stand_ins.stand_in(second)
+    try:
+        assert all(getattr(dist, name) is ours for name, ours in STAND_INS.items())
+        collective_stand_ins.stand_down(first)
+        assert all(getattr(dist, name) is ours for name, ours in STAND_INS.items())
+    finally:
+        collective_stand_ins.stand_down(second)
+    assert all(getattr(dist, name) is TORCHS[name] for name in STAND_INS)
+
+
+def test_a_loops_synchronous_call_goes_to_the_latest_attachments_timer_and_the_earlier_one_times_again_after(
+        one_rank_group: None) -> None:
+    """Two models attached from one loop (a GAN's, to two dashboards): the call is timed once, by
+    the latest; once it stops, by the first again; once both stop, by nobody."""
+    seen: list[tuple[str, LoopCall]] = []
+    first, second = timer_recording(seen, "first"), timer_recording(seen, "second")
+    user = object()
+    collective_stand_ins.stand_in(user)
+    try:
+        ident = collective_stand_ins.time_loop_calls(first)
+        collective_stand_ins.time_loop_calls(second)
+        tensor = torch.ones(3)
+        dist.all_reduce(tensor)
+        collective_stand_ins.stop_timing_loop_calls(ident, second)
+        dist.all_reduce(tensor)
+        collective_stand_ins.stop_timing_loop_calls(ident, first)
+        dist.all_reduce(tensor)
+        assert torch.equal(tensor, torch.ones(3))  # one rank: a sum is the identity
+    finally:
+        collective_stand_ins.stand_down(user)
+    assert [(name, call.kind, call.nbytes, call.dtype) for name, call in seen] == [
+        ("second", "all_reduce", 12, "float32"), ("first", "all_reduce", 12, "float32")]
+    assert collective_stand_ins._loop_timers == {}
+
+
+def test_asynchronous_calls_other_threads_calls_and_calls_a_timer_declines_pass_to_torch_untimed(one_rank_group: None) -> None:
+    """An asynchronous call returns torch's work (its wait is the loop's, unseen); a call on a
+    thread no loop trains on is not asked about; a declined call (a forward, a pause) is issued
+    by torch's own function, and its result is the user's all the same."""
+    seen: list[tuple[str, LoopCall]] = []
+    declining = timer_recording(seen, "declining", times=False)
+    user = object()
+    collective_stand_ins.stand_in(user)
+    ident = collective_stand_ins.time_loop_calls(declining)
+    try:
+        work = dist.all_reduce(torch.ones(2), async_op=True)
+        assert work is not None and work.wait()
+        elsewhere = threading.Thread(target=lambda: dist.broadcast(torch.ones(2), src=0))
+        elsewhere.start()
+        elsewhere.join()
+        assert seen == []
+        gathered = [torch.zeros(2)]
+        dist.all_gather(gathered, torch.full((2,), 5.0))
+        assert torch.equal(gathered[0], torch.full((2,), 5.0))
+        assert [(name, call.kind, call.nbytes) for name, call in seen] == [("declining", "all_gather", 8)]
+    finally:
+        collective_stand_ins.stop_timing_loop_calls(ident, declining)
+        collective_stand_ins.stand_down(user)

@@ -120,13 +120,15 @@ def _issued_by_the_loop(name: str, original: Callable[..., Any], args: tuple[Any
         bound = _signature(name).bind(*args, **kwargs)
         bound.apply_defaults()
         arguments = bound.arguments
-        if arguments["async_op"] or dist.distributed_c10d._rank_not_in_group(arguments["group"]):
-            return original(*args, **kwargs)
-        call = LoopCall(KIND_OF[name], _counted_bytes(arguments[_COUNTED_ARGUMENT[name]]),
-                        str(_first_tensor(arguments[_COUNTED_ARGUMENT[name]]).dtype).removeprefix("torch."),
-                        arguments["group"])
-        arguments["async_op"] = True
+        call = None
+        if not arguments["async_op"] and not dist.distributed_c10d._rank_not_in_group(arguments["group"]):
+            call = LoopCall(KIND_OF[name], _counted_bytes(arguments[_COUNTED_ARGUMENT[name]]),
+                            str(_first_tensor(arguments[_COUNTED_ARGUMENT[name]]).dtype).removeprefix("torch."),
+                            arguments["group"])
+            arguments["async_op"] = True
     except Exception:
+        call = None
+    if call is None:  # issued once, outside the ``try``: an error of torch's is the user's, never a second call
         return original(*args, **kwargs)
     if not timers[-1](call, lambda: original(*bound.args, **bound.kwargs)):
         return original(*args, **kwargs)

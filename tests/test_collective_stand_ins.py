@@ -91,3 +91,31 @@ def test_asynchronous_calls_other_threads_calls_and_calls_a_timer_declines_pass_
     finally:
         collective_stand_ins.stop_timing_loop_calls(ident, declining)
         collective_stand_ins.stand_down(user)
+
+
+def test_an_error_of_torchs_reaches_the_loop_from_one_call_never_a_second(one_rank_group: None, monkeypatch: Any) -> None:
+    """torch refusing a call the stand-in passes through (here an asynchronous one) raises to the
+    loop as it would have; the call is not made again."""
+    calls: list[bool] = []
+
+    def refusing(*args: Any, **kwargs: Any) -> Any:
+        calls.append(True)
+        raise RuntimeError("refused by torch")
+
+    monkeypatch.setattr(dist, "all_gather", refusing)  # torch's, as the stand-in finds it
+    timer = timer_recording([], "loop")
+    user = object()
+    collective_stand_ins.stand_in(user)
+    ident = collective_stand_ins.time_loop_calls(timer)
+    try:
+        assert dist.all_gather is STAND_INS["all_gather"]
+        try:
+            dist.all_gather([torch.zeros(2)], torch.ones(2), async_op=True)
+        except RuntimeError as error:
+            assert str(error) == "refused by torch"
+        else:
+            raise AssertionError("torch's error did not reach the loop")
+    finally:
+        collective_stand_ins.stop_timing_loop_calls(ident, timer)
+        collective_stand_ins.stand_down(user)
+    assert calls == [True] and dist.all_gather is refusing

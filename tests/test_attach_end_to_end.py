@@ -120,15 +120,17 @@ def three_rank_worker() -> subprocess.CompletedProcess[str]:
 
 def test_a_rank_waiting_in_the_loops_gather_for_a_slow_loader_reads_as_waiting_not_as_its_own_loading(
         three_rank_worker: subprocess.CompletedProcess[str]) -> None:
-    """Rank 1 loads for 60 ms before the loop's all-gather, each step, on three ranks. The others
+    """Rank 1 loads for 100 ms before the loop's all-gather, each step, on three ranks. The others
     wait for it in the gather, which is timed (``l0``) and ends where their data time ends (the
     forward follows it at once): their data time is that wait, not a loader; rank 1's own gather
     is short, its data time its loader. Untimed, all three read the same data time, and no rank
     could be named the straggler. (An end found at the next look, as before the loop's wait was
-    looked around, put the gather's end half-way: 30 ms before the data's.)"""
+    looked around, is the middle of the look before, at the gather's start at the latest, and
+    this one: half the gather or more before the data's end. A third leaves room for the
+    scheduler of a loaded box between the gather and the forward.)"""
     (line,) = [line for line in three_rank_worker.stdout.splitlines() if line.startswith("slow loader: ")]
     ranks = json.loads(line.removeprefix("slow loader: "))
-    slow_ms = 60.0
+    slow_ms = 100.0
     for rank, steps in enumerate(ranks):
         assert [[(kind, tag) for kind, tag, _ in step["loop"]] for step in steps] == [[("all_gather", "l0")]] * 3, ranks
         for step in steps:
@@ -136,7 +138,7 @@ def test_a_rank_waiting_in_the_loops_gather_for_a_slow_loader_reads_as_waiting_n
             if rank == 1:
                 assert step["data_ms"] >= slow_ms and gather_ms < step["data_ms"] - slow_ms / 2, ranks
             else:
-                assert gather_ms >= slow_ms / 2 and step["after_last_ms"] < slow_ms / 4, ranks
+                assert gather_ms >= slow_ms / 2 and step["after_last_ms"] < gather_ms / 3, ranks
 
 
 def test_attached_hook_is_bitwise_plain_ddp_at_a_world_size_that_is_not_a_power_of_two(

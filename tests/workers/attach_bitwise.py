@@ -110,7 +110,7 @@ def train_side_by_side(option: dict[str, Any], address: str, rank: int) -> tuple
     return same, [m for m in sent if isinstance(m, StepReport)], watch.publisher.hello.all_reduce_group
 
 
-SLOW_LOADER_S = 0.06  # rank 1's loader, every step
+SLOW_LOADER_S = 0.1  # rank 1's loader, every step
 
 
 def loop_gather_after_a_slow_loader(address: str, rank: int) -> list[dict[str, Any]]:

@@ -84,15 +84,33 @@ def torch_function(name: str) -> Callable[..., Any]:
     return _torch_functions.get(name) or getattr(dist.distributed_c10d, name)
 
 
-def all_reduce(tensor: torch.Tensor, op: Any = dist.ReduceOp.SUM, group: Any = None, async_op: bool = False,
-               *more: Any, **extra: Any) -> Any:
+_ALL_REDUCE_PARAMETERS = ("tensor", "op", "group", "async_op")
+
+
+def _all_reduce_arguments(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any, Any, bool] | None:
+    """A call's tensor, op, group and ``async_op`` as torch's ``all_reduce`` reads them; None
+    where it has arguments torch's does not (a later torch's: passed through, never refused)."""
+    if len(args) > len(_ALL_REDUCE_PARAMETERS) or any(key not in _ALL_REDUCE_PARAMETERS[len(args):] for key in kwargs):
+        return None
+    values = {**dict(zip(_ALL_REDUCE_PARAMETERS, args)), **kwargs}
+    if "tensor" not in values:
+        return None
+    return values["tensor"], values.get("op", dist.ReduceOp.SUM), values.get("group"), bool(values.get("async_op", False))
+
+
+@functools.wraps(dist.distributed_c10d.all_reduce)
+def all_reduce(*args: Any, **kwargs: Any) -> Any:
     """``torch.distributed.all_reduce``: a hook's in a watched backward, timed as the bucket it
-    reduces; else a loop's, timed where it may be; else torch's, untouched. Arguments a later
-    torch may add (``more``, ``extra``) pass the call through untimed, never refused."""
+    reduces; else a loop's, timed where it may be; else torch's, untouched, with the arguments
+    as given (Dynamo, tracing a compiled loop, reads them as torch's function would be given them)."""
     original = torch_function("all_reduce")
-    if async_op and not more and not extra and (timer := hooked_collectives.backward_timer()) is not None:
+    if torch.compiler.is_compiling():  # first: Dynamo cannot trace a thread's ident (a graph break; fullgraph fails)
+        return original(*args, **kwargs)
+    arguments = _all_reduce_arguments(args, kwargs)
+    if arguments is not None and arguments[3] and (timer := hooked_collectives.backward_timer()) is not None:
+        tensor, op, group, _ = arguments
         return timer(original, tensor, op, group)
-    return _issued_by_the_loop("all_reduce", original, (tensor, op, group, async_op, *more), extra)
+    return _issued_by_the_loop("all_reduce", original, args, kwargs)
 
 
 def _stand_in_for(name: str) -> Callable[..., Any]:
@@ -113,8 +131,10 @@ def _issued_by_the_loop(name: str, original: Callable[..., Any], args: tuple[Any
     """Issue a call that is not a hook's: timed by the thread's loop timer where there is one,
     outside a backward, and not traced by ``torch.compile``; else untimed. Whatever reading the
     call raises passes it on untimed: torch says what is wrong with it, as it would have."""
+    if torch.compiler.is_compiling():  # first: Dynamo cannot trace a thread's ident (a graph break; fullgraph fails)
+        return original(*args, **kwargs)
     timers = _loop_timers.get(threading.get_ident())
-    if not timers or torch._C._current_graph_task_id() != -1 or torch.compiler.is_compiling():
+    if not timers or torch._C._current_graph_task_id() != -1:
         return original(*args, **kwargs)
     try:
         bound = _signature(name).bind(*args, **kwargs)
@@ -168,15 +188,34 @@ def stop_timing_loop_calls(ident: int | None, timer: LoopTimer) -> None:
         _loop_timers.pop(ident, None)
 
 
+def _traceable_remaps() -> dict[Any, Any]:
+    """Dynamo's table of the collectives it traces into a compiled graph (rewritten as
+    functional collectives), by function; {} where torch has none."""
+    try:
+        from torch.distributed._functional_collectives import traceable_collective_remaps
+    except ImportError:
+        return {}
+    return traceable_collective_remaps if isinstance(traceable_collective_remaps, dict) else {}
+
+
 def stand_in(user: object) -> None:
-    """Put the stand-ins in ``torch.distributed`` for ``user``, where they are not yet."""
+    """Put the stand-ins in ``torch.distributed`` for ``user``, where they are not yet.
+
+    Each also goes into Dynamo's table of traceable collectives beside torch's function: a loop
+    compiled with ``torch.compile`` that calls ``dist.all_reduce`` then has the call rewritten
+    into its graph as before, not inlined (Dynamo checks ``self.fn in (dist.all_reduce, ...)`` by
+    the module's name, so through a stand-in it left a ``ReduceOp`` unconverted: ``fullgraph``
+    failed, and a graph break cost every other compiled loop)."""
     with _lock:
         _users.add(id(user))
+        remaps = _traceable_remaps()
         for name, ours in STAND_INS.items():
             if name in _torch_functions:
                 continue
             current = getattr(dist, name, None)  # ours already, where a stand-in put over ours kept it (``stand_down``)
             _torch_functions[name] = current if current is not ours else getattr(dist.distributed_c10d, name)
+            if (traced := remaps.get(getattr(dist.distributed_c10d, name))) is not None:
+                remaps[ours] = traced
             setattr(dist, name, ours)
 
 
@@ -188,7 +227,9 @@ def stand_down(user: object) -> None:
         _users.discard(id(user))
         if _users:
             return
+        remaps = _traceable_remaps()
         for name, ours in STAND_INS.items():
             if name in _torch_functions and getattr(dist, name) is ours:
                 setattr(dist, name, _torch_functions[name])
+                remaps.pop(ours, None)  # left where someone's put over ours still calls it
         _torch_functions.clear()

@@ -119,3 +119,32 @@ def test_an_error_of_torchs_reaches_the_loop_from_one_call_never_a_second(one_ra
         collective_stand_ins.stop_timing_loop_calls(ident, timer)
         collective_stand_ins.stand_down(user)
     assert calls == [True] and dist.all_gather is refusing
+
+
+def test_a_compiled_loop_calling_the_collectives_traces_them_into_its_graph_as_without_the_stand_ins(one_rank_group: None) -> None:
+    """``torch.compile(fullgraph=True)`` of a step that all-reduces with an explicit op and
+    all-gathers: Dynamo rewrites both into functional collectives, as it does torch's own. Before
+    the stand-ins were in Dynamo's table it inlined them, and the all-reduce's ``ReduceOp`` met a
+    check made against ``dist.all_reduce`` by name (ours): fullgraph failed (*'RedOpType' object
+    has no attribute 'lower'*)."""
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        y = x * 2
+        dist.all_reduce(y, dist.ReduceOp.SUM)
+        gathered = [torch.zeros(3)]
+        dist.all_gather(gathered, y)
+        return gathered[0] + 1
+
+    user = object()
+    collective_stand_ins.stand_in(user)
+    ident = collective_stand_ins.time_loop_calls(timer_recording([], "loop"))
+    try:
+        torch._dynamo.reset()
+        compiled = torch.compile(step, backend="aot_eager", fullgraph=True)
+        assert torch.equal(compiled(torch.ones(3)), torch.full((3,), 3.0))
+    finally:
+        collective_stand_ins._loop_timers.pop(ident, None)
+        collective_stand_ins.stand_down(user)
+        torch._dynamo.reset()
+    from torch.distributed._functional_collectives import traceable_collective_remaps
+    assert not set(STAND_INS.values()) & set(traceable_collective_remaps)  # gone with them

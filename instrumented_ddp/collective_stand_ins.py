@@ -43,15 +43,26 @@ import torch.distributed as dist
 
 from . import hooked_collectives
 
-#: Which argument holds the bytes that count (nccl-tests': an all-gather's output, a
-#: reduce-scatter's input, the whole tensor otherwise), by function.
-_COUNTED_ARGUMENT = {"all_reduce": "tensor", "all_gather": "tensor_list", "all_gather_into_tensor": "output_tensor",
-                     "all_gather_single": "output_tensor", "broadcast": "tensor", "reduce_scatter_tensor": "input",
-                     "reduce_scatter_single": "input"}
+class Collective(NamedTuple):
+    """What a stood-in function issues: its span's kind (``protocol.COMM_KINDS``), and which of
+    its arguments holds the bytes that count (nccl-tests': an all-gather's output, a
+    reduce-scatter's input, the whole tensor otherwise)."""
+
+    kind: str
+    counted: str
+
+
 #: The functions stood in for, those this torch has (``*_single``: the names torch 2.13 prefers
-#: to ``*_tensor``), and the kind of span each is (``protocol.COMM_KINDS``).
-KIND_OF = {name: "all_gather" if "gather" in name else "reduce_scatter" if "scatter" in name else name
-           for name in _COUNTED_ARGUMENT if hasattr(dist.distributed_c10d, name)}
+#: to ``*_tensor``), by name.
+COLLECTIVES = {name: collective for name, collective in {
+    "all_reduce": Collective("all_reduce", "tensor"),
+    "all_gather": Collective("all_gather", "tensor_list"),
+    "all_gather_into_tensor": Collective("all_gather", "output_tensor"),
+    "all_gather_single": Collective("all_gather", "output_tensor"),
+    "broadcast": Collective("broadcast", "tensor"),
+    "reduce_scatter_tensor": Collective("reduce_scatter", "input"),
+    "reduce_scatter_single": Collective("reduce_scatter", "input"),
+}.items() if hasattr(dist.distributed_c10d, name)}
 
 
 class LoopCall(NamedTuple):
@@ -124,7 +135,7 @@ def _stand_in_for(name: str) -> Callable[..., Any]:
 
 
 STAND_INS: dict[str, Callable[..., Any]] = {"all_reduce": all_reduce,
-                                            **{name: _stand_in_for(name) for name in KIND_OF if name != "all_reduce"}}
+                                            **{name: _stand_in_for(name) for name in COLLECTIVES if name != "all_reduce"}}
 
 
 def _issued_by_the_loop(name: str, original: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -142,9 +153,9 @@ def _issued_by_the_loop(name: str, original: Callable[..., Any], args: tuple[Any
         arguments = bound.arguments
         call = None
         if not arguments["async_op"] and not dist.distributed_c10d._rank_not_in_group(arguments["group"]):
-            call = LoopCall(KIND_OF[name], _counted_bytes(arguments[_COUNTED_ARGUMENT[name]]),
-                            str(_first_tensor(arguments[_COUNTED_ARGUMENT[name]]).dtype).removeprefix("torch."),
-                            arguments["group"])
+            kind, counted = COLLECTIVES[name]
+            call = LoopCall(kind, _counted_bytes(arguments[counted]),
+                            str(_first_tensor(arguments[counted]).dtype).removeprefix("torch."), arguments["group"])
             arguments["async_op"] = True
     except Exception:
         call = None

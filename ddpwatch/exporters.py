@@ -178,6 +178,18 @@ def summary_goodbyes(summary: dict[str, Any]) -> list[tuple[int, Goodbye | None]
             for rank in summary.get("ranks", [])]
 
 
+def loop_collectives_text(seg: dict[str, Any]) -> str:
+    """A segment's collectives the loop issued itself and ddpwatch timed (``l<k>``), in words:
+    how many a step on a rank and their time, as the rank mean and on the rank that spent the
+    longest in them (the one waiting for the others, where a slower rank kept them)."""
+    ranks = {rank: figures for rank, figures in seg.get("per_rank", {}).items() if figures.get("loop_collectives")}
+    longest = max(ranks.items(), key=lambda item: item[1]["loop_collective_ms"], default=None)
+    most = f", {longest[1]['loop_collective_ms']:.1f} ms on rank {longest[0]}" if longest is not None and len(ranks) > 1 else ""
+    return (f"the loop's own collectives, timed where it issued them (gathers, a loss all-reduce, a broadcast): "
+            f"{seg['loop_collectives']:.3g} a step on a rank, {seg['loop_collective_ms']:.1f} ms a step (mean of ranks{most}), "
+            "a wait in them for a slower rank included")
+
+
 def summary_markdown(summary: dict[str, Any]) -> str:
     """The seed blog's comparison table, one row per segment, so results read side by side with it;
     a desync, an error of the whole run, comes first."""
@@ -238,6 +250,8 @@ def summary_markdown(summary: dict[str, Any]) -> str:
         if seg.get("compiling_steps"):
             lines.append(f"- segment {seg['index']}: steps in which torch.compile compiled (excluded) "
                          f"{', '.join(map(str, seg['compiling_steps']))}")
+        if seg.get("loop_collectives"):
+            lines.append(f"- segment {seg['index']}: {loop_collectives_text(seg)}")
         if seg.get("untimed_collective_steps"):
             lines.append(f"- segment {seg['index']}: steps with collectives ddpwatch did not time (outside DDP's buckets and "
                          f"FSDP's gathers and reductions; up to {seg.get('untimed_collectives_most', 0)} a step on a rank) "

@@ -270,6 +270,10 @@ class Figures:
     calls_by_kind: dict[str, float]  # per rank per step, every collective kind
     #: The most any rank held at a measured step end (``StepReport.memory``), per memory kind.
     memory: dict[str, int]
+    #: The loop's own timed collectives (``StepFigures.loop_collectives``), per rank per step, and
+    #: their ms (mean): what the script's own communication costs beside the gradients'.
+    loop_collectives: float
+    loop_collective_ms: float
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -369,6 +373,8 @@ class _Running:
     algbw: FloatRing = field(default_factory=FloatRing)
     calls_by_kind: dict[str, int] = field(default_factory=dict)
     memory: dict[str, int] = field(default_factory=dict)
+    loop_calls: int = 0
+    loop_ms: float = 0.0
 
     def add_record(self, f: StepFigures, waited_ms: float) -> None:
         """Zero-length windows are left out of the percentage means: they carry no time."""
@@ -392,6 +398,8 @@ class _Running:
             for kind, nbytes in f.memory.items():
                 self.memory[kind] = max(nbytes, self.memory.get(kind, 0))
         self.all_reduce_ms += f.all_reduce_ms
+        self.loop_calls += f.loop_collectives
+        self.loop_ms += f.loop_collective_ms
         self.waited_ms += waited_ms
         self.samples += f.samples
         self.tokens += f.tokens
@@ -431,6 +439,8 @@ class _Running:
             waited_for_others_ms=mean(self.waited_ms, self.records),
             calls_by_kind={kind: mean(float(n), self.records) for kind, n in sorted(self.calls_by_kind.items())},
             memory=dict(self.memory),
+            loop_collectives=mean(float(self.loop_calls), self.records),
+            loop_collective_ms=mean(self.loop_ms, self.records),
         )
 
 

@@ -201,6 +201,10 @@ class StepSummary:
     paused_s: float = 0.0  # as in ``StepReport``
     paused_for: str = ""  # as in ``StepReport``
     nograd_forwards: int = 0  # as in ``StepReport``
+    #: The loop's own collectives the step timed (``l<k>``), how many and their summed ms
+    #: (``StepFigures.loop_collectives``); 0 from an older sender.
+    loop_collectives: int = 0
+    loop_collective_ms: float = 0.0
     #: float64 per all-reduce, issue order: its start, seconds after the step's; sent only where
     #: two of them overlap (gloo), or one overlaps a sharded call (HSDP on a GPU), so that two
     #: calls waiting at once are counted once. Empty otherwise, and from an older sender.
@@ -518,7 +522,7 @@ _FIELD_TYPES: dict[str, Any] = {
     "pinned_steps": list, "device_every_s": float, "calls_by_kind": dict, "memory": dict,
     "settings": dict, "readings": dict, "spans": list, "parameter_layout": list, "bucket_layout": list,
     "all_reduce_group": list, "other_algbw_gbps": dict, "sharded_tags": list, "sharded_seconds": bytes,
-    "sharded_starts": bytes, "metrics": dict, "data_wait_pct": float,
+    "sharded_starts": bytes, "metrics": dict, "data_wait_pct": float, "loop_collectives": int, "loop_collective_ms": float,
 }
 
 
@@ -557,6 +561,8 @@ def _check_step(values: dict[str, Any]) -> None:
         raise ProtocolError("invalid", "more untimed collectives in the data time than untimed in the step")
     if not 0.0 <= values.get("paused_s", 0.0) < math.inf:
         raise ProtocolError("invalid", "paused_s is negative or not finite")
+    if values.get("loop_collectives", 0) < 0 or not 0.0 <= values.get("loop_collective_ms", 0.0) < math.inf:
+        raise ProtocolError("invalid", "loop_collectives is negative, or loop_collective_ms negative or not finite")
 
 
 MEMORY_KINDS = ("parameters", "gradients", "optimizer_state", "peak")

@@ -259,6 +259,11 @@ class StepFigures:
     #: part of Idle% the rank spent waiting for its next batch (a loader that cannot keep up, or the
     #: loop's own work between steps). Data loaded while the device still computes is not counted.
     data_wait_pct: float = 0.0
+    #: The collectives the loop issued itself and ddpwatch timed (``issued_by_the_loop``): how
+    #: many, and their summed ms (the Trainer's gathers, a loss all-reduce; a wait in them for a
+    #: slower rank included).
+    loop_collectives: int = 0
+    loop_collective_ms: float = 0.0
 
 
 def _sharded_calls(sharded: Sequence[SpanLike], step_start: float, keep_starts: bool = False) -> CallTimes:
@@ -325,6 +330,7 @@ def figures_and_calls(record: StepRecordLike, world_size: int | None = None) -> 
     data = clip([(s.start, s.end) for s in spans if s.kind == "data"], lo, hi)
 
     ars = _all_reduces(record)
+    loop = [s for s in spans if s.kind in COMM_KINDS and issued_by_the_loop(getattr(s, "tag", "") or "")]
     # every other collective, in issue order, in one pass: most steps have none
     others = sorted((s for s in spans if s.kind in _OTHER_KINDS), key=lambda s: s.start)
     calls, sharded_calls = _calls_of_both_kinds(ars, [s for s in others if s.kind in SHARDED_KINDS], lo)
@@ -353,6 +359,8 @@ def figures_and_calls(record: StepRecordLike, world_size: int | None = None) -> 
         other_algbw_gbps=_other_algbw(others),
         sharded_calls=sharded_calls,
         data_wait_pct=_pct(total_length(subtract(data, busy_intervals)), window) if data else 0.0,
+        loop_collectives=len(loop),
+        loop_collective_ms=1000.0 * sum(_length(s.start, s.end) for s in loop),
     )
     return figures, calls
 
@@ -379,7 +387,7 @@ def summarize(report: StepReport, world_size: int) -> StepSummary:
         nograd_forwards=report.nograd_forwards, paused_s=report.paused_s, paused_for=report.paused_for, other_algbw_gbps={kind: pack_floats(alg) for kind, alg in f.other_algbw_gbps.items()},
         sharded_tags=list(f.sharded_calls.tags), sharded_seconds=pack_floats(f.sharded_calls.seconds),
         sharded_starts=pack_floats(f.sharded_calls.starts) if f.sharded_calls.starts is not None else b"",
-        data_wait_pct=f.data_wait_pct,
+        data_wait_pct=f.data_wait_pct, loop_collectives=f.loop_collectives, loop_collective_ms=f.loop_collective_ms,
     )
 
 
@@ -406,7 +414,8 @@ def summary_figures(summary: StepSummary, calls: CallTimes | None = None) -> Ste
         other_algbw_gbps={kind: unpack_floats(alg) for kind, alg in summary.other_algbw_gbps.items()},
         sharded_calls=_unpacked_calls(summary.sharded_tags, summary.sharded_seconds, summary.sharded_starts)
         if summary.sharded_tags else NO_CALLS,
-        data_wait_pct=summary.data_wait_pct,
+        data_wait_pct=summary.data_wait_pct, loop_collectives=summary.loop_collectives,
+        loop_collective_ms=summary.loop_collective_ms,
     )
 
 

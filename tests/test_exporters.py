@@ -685,3 +685,33 @@ def test_trace_puts_every_collective_kind_in_the_communication_lane() -> None:
     session.ingest(Envelope(StepReport(0, 1, "fsdp", {}, 0.0, 0.07, spans, 1, 1), 0, 1, 0), received_at=0.0)
     lanes = {e["name"]: e["tid"] // 100 for e in exporters.chrome_trace(session)["traceEvents"] if e["ph"] == "X"}
     assert lanes["all_gather"] == lanes["reduce_scatter"] == 2 and lanes["data"] == 4
+
+
+def test_the_loops_own_timed_collectives_are_given_per_segment_with_the_rank_that_spent_longest_in_them() -> None:
+    """Two steps of an attached loop that all-gathers a count before each forward (``l0``): rank 0
+    waits 40 ms in it for rank 1, whose own gather takes 1 ms; DDP's bucket (``b0``) is not the
+    loop's. Worked by hand: 1 a step on a rank; (40 + 1) / 2 = 20.5 ms a step, the mean of ranks;
+    rank 0's 40 the longest."""
+    session = Session()
+    for rank in (0, 1):
+        session.ingest(Envelope(Hello(rank=rank, world_size=2, session="sess-1", host=HOSTS[rank], pid=1, device="cpu",
+                                      backend="gloo", strategy="ddp", settings={"grad_accum": 1}, model_parameters=10),
+                                rank, 0, 0), received_at=0.0)
+    for step in (1, 2):
+        for rank in (0, 1):
+            t0 = CLOCK[rank] + 0.2 * step
+            gather = (t0, t0 + ms(40)) if rank == 0 else (t0 + ms(39), t0 + ms(40))
+            spans = [Span("data", t0, t0 + ms(40), False), Span("all_gather", *gather, True, 16, "l0", "float32"),
+                     Span("forward", t0 + ms(40), t0 + ms(60), False), Span("backward", t0 + ms(60), t0 + ms(90), False),
+                     Span("all_reduce", t0 + ms(80), t0 + ms(95), False, 4_000_000, "b0", "float32")]
+            session.ingest(Envelope(StepReport(rank=rank, step=step, strategy="ddp", settings={"grad_accum": 1}, start=t0,
+                                               end=t0 + ms(100), spans=spans, samples=4, tokens=0), rank, step, 0),
+                           received_at=0.0)
+    data = exporters.summary(session)
+    (segment,) = data["segments"]
+    assert segment["loop_collectives"] == pytest.approx(1.0) and segment["loop_collective_ms"] == pytest.approx(20.5)
+    assert [segment["per_rank"][rank]["loop_collective_ms"] for rank in sorted(segment["per_rank"])] == pytest.approx([40.0, 1.0])
+    assert segment["all_reduce_calls"] == pytest.approx(1.0)  # DDP's bucket alone
+    assert ("- segment 0: the loop's own collectives, timed where it issued them (gathers, a loss all-reduce, a "
+            "broadcast): 1 a step on a rank, 20.5 ms a step (mean of ranks, 40.0 ms on rank 0), a wait in them for a "
+            "slower rank included") in exporters.summary_markdown(data)

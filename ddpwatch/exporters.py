@@ -178,7 +178,7 @@ def summary_goodbyes(summary: dict[str, Any]) -> list[tuple[int, Goodbye | None]
             for rank in summary.get("ranks", [])]
 
 
-def loop_collectives_text(seg: dict[str, Any]) -> str:
+def segment_loop_collectives_text(seg: dict[str, Any]) -> str:
     """A segment's collectives the loop issued itself and ddpwatch timed (``l<k>``), in words:
     how many a step on a rank and their time, as the rank mean and on the rank that spent the
     longest in them (the one waiting for the others, where a slower rank kept them)."""
@@ -251,7 +251,7 @@ def summary_markdown(summary: dict[str, Any]) -> str:
             lines.append(f"- segment {seg['index']}: steps in which torch.compile compiled (excluded) "
                          f"{', '.join(map(str, seg['compiling_steps']))}")
         if seg.get("loop_collectives"):
-            lines.append(f"- segment {seg['index']}: {loop_collectives_text(seg)}")
+            lines.append(f"- segment {seg['index']}: {segment_loop_collectives_text(seg)}")
         if seg.get("untimed_collective_steps"):
             lines.append(f"- segment {seg['index']}: steps with collectives ddpwatch did not time (outside DDP's buckets and "
                          f"FSDP's gathers and reductions; up to {seg.get('untimed_collectives_most', 0)} a step on a rank) "

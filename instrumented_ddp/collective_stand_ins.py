@@ -129,7 +129,10 @@ def _stand_in_for(name: str) -> Callable[..., Any]:
 
     @functools.wraps(getattr(dist.distributed_c10d, name))
     def collective(*args: Any, **kwargs: Any) -> Any:
-        return _issued_by_the_loop(name, torch_function(name), args, kwargs)
+        original = torch_function(name)
+        if torch.compiler.is_compiling():  # first: Dynamo cannot trace a thread's ident (a graph break; fullgraph fails)
+            return original(*args, **kwargs)
+        return _issued_by_the_loop(name, original, args, kwargs)
 
     return collective
 
@@ -139,11 +142,10 @@ STAND_INS: dict[str, Callable[..., Any]] = {"all_reduce": all_reduce,
 
 
 def _issued_by_the_loop(name: str, original: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """Issue a call that is not a hook's: timed by the thread's loop timer where there is one,
-    outside a backward, and not traced by ``torch.compile``; else untimed. Whatever reading the
-    call raises passes it on untimed: torch says what is wrong with it, as it would have."""
-    if torch.compiler.is_compiling():  # first: Dynamo cannot trace a thread's ident (a graph break; fullgraph fails)
-        return original(*args, **kwargs)
+    """Issue a call that is not a hook's, outside code ``torch.compile`` traces (each stand-in
+    asks that first): timed by the thread's loop timer where there is one, outside a backward;
+    else untimed. Whatever reading the call raises passes it on untimed: torch says what is
+    wrong with it, as it would have."""
     timers = _loop_timers.get(threading.get_ident())
     if not timers or torch._C._current_graph_task_id() != -1:
         return original(*args, **kwargs)

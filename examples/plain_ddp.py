@@ -7,6 +7,7 @@ PyTorch's DDP tutorial loop, watched by ddpwatch with one added line (``instrume
     torchrun --nproc_per_node=2 examples/plain_ddp.py --compile inductor   # torch.compile(ddp_model)
     torchrun --nproc_per_node=2 examples/plain_ddp.py --eval-every 50      # evaluations marked as pauses
     torchrun --nproc_per_node=2 examples/plain_ddp.py --comm-hook fp16     # DDP's gradient compression hook
+    torchrun --nproc_per_node=2 examples/plain_ddp.py --zero               # ZeRO-1: PyTorch's ZeroRedundancyOptimizer
 
 The model is the tutorial's ToyModel made deeper (``--layers``) so that DDP has several buckets
 to show; the data is random, the same on every run. Everything but the ``attach`` and ``detach``
@@ -24,6 +25,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import instrumented_ddp
@@ -82,6 +84,9 @@ def main() -> None:
     parser.add_argument("--comm-hook", choices=sorted(COMM_HOOKS), default=None,
                         help="register this DDP communication hook before attach (bf16: NCCL only; PowerSGD: rank 1, "
                              "compressing from step 10, on gloo with every gradient in one bucket)")
+    parser.add_argument("--zero", action="store_true",
+                        help="shard the optimizer with PyTorch's ZeroRedundancyOptimizer (ZeRO-1 over the same SGD): "
+                             "each step then broadcasts every rank's updated parameters")
     parser.add_argument("--eval-every", type=int, default=0, metavar="N",
                         help="evaluate 8 held-out batches every N optimizer steps, marked as a pause of training (default 0: never)")
     parser.add_argument("--watch", default=DEFAULT_ADDRESS, metavar="ADDRESS", help="where ddpwatch listens")
@@ -125,7 +130,10 @@ def main() -> None:
     if args.compile:  # attach takes the compiled module: the steps in which Dynamo compiles are marked and left out
         ddp_model = torch.compile(ddp_model, backend=args.compile)
     loss_fn = nn.MSELoss()
-    optimizer = torch.optim.SGD(ddp_model.parameters(), lr=0.001)
+    if args.zero:
+        optimizer = ZeroRedundancyOptimizer(ddp_model.parameters(), optimizer_class=torch.optim.SGD, lr=0.001)
+    else:
+        optimizer = torch.optim.SGD(ddp_model.parameters(), lr=0.001)
     watch = None if args.no_watch else instrumented_ddp.attach(ddp_model, optimizer, address=args.watch, total_steps=args.steps)  # <- ddpwatch
 
     data = torch.Generator().manual_seed(1 + rank)

@@ -68,7 +68,8 @@ import functools
 import numbers
 import os
 import sys
-from collections.abc import Iterable, Iterator, Mapping
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import TracebackType
@@ -80,8 +81,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from . import collective_stand_ins, stop_signals
-from .collective_stand_ins import LoopCall
-from .collectives import LooksWhenWaited
+from .collective_stand_ins import NOT_TIMED, LoopCall
+from .collectives import LooksWhenWaited, WaitedByTheLoop, gives_future
 from .ddp_timing import DDPTiming, users_comm_hook
 from .distributed import DistributedContext
 from .issued_collectives import IssuedCollectives, StepCollectives
@@ -556,9 +557,10 @@ class Attachment:
         self._steps += 1
         self.timeline.begin_step(self._steps, self.strategy, self._settings(1), at=at)
         self._micro_steps, self._forwards, self._recorded_losses = 0, [], []
-        for index, span in enumerate(self._loop_spans_after_backward):  # carried from a skipped step: this one's first
+        carried = [span for span in self._loop_spans_after_backward if span.kind != "wait"]
+        for index, span in enumerate(carried):  # carried from a skipped step: this one's first
             span.tag = f"l{index}"
-        self._loop_calls = len(self._loop_spans_after_backward)
+        self._loop_calls = len(carried)
         self._loop_spans_after_backward = []
         self._after_backward = self._reduced_gradient_of = None
         self._began_on_first_buckets = self.timing.on_first_buckets  # DDP's first iteration: excluded
@@ -601,24 +603,26 @@ class Attachment:
         return (self._after_backward is not None and gradient_of is not None and gradient_of.grad is None
                 and not self._inside_optimizer_step)  # LBFGS's closure clears them for its next evaluation
 
-    def _time_loop_collective(self, call: LoopCall, issue: Any) -> bool:
-        """A synchronous collective the loop issued on its thread (``collective_stand_ins``):
-        issued asynchronously, timed as a blocking collective of its kind, ``l<k>``, and waited
-        for, where a step is open, outside a forward and outside a pause of training (an
-        evaluation's are the pause's); False, issuing nothing, elsewhere (torch's own function
-        issues it untimed, and it is counted). A step whose update was skipped ends first, as at
-        the next forward, so that what the loop issues after it is the next step's. ddpwatch's
-        bookkeeping raising never loses the user's collective: issued untimed."""
+    def _time_loop_collective(self, call: LoopCall, issue: Callable[[], Any]) -> Any:
+        """A collective the loop issued on its thread (``collective_stand_ins``), timed as a
+        collective of its kind, ``l<k>``, where a step is open, outside a forward and outside a
+        pause of training (an evaluation's are the pause's); ``NOT_TIMED``, issuing nothing,
+        elsewhere (torch's own function issues it untimed, and it is counted). A synchronous
+        one is issued asynchronously, a blocking span, and waited for here; an asynchronous one
+        is a span like the ``async`` strategy's, its work handed back to the loop in a wrapper
+        whose wait is the step's (``wait_begins``). A step whose update was skipped ends first,
+        as at the next forward, so that what the loop issues after it is the next step's.
+        ddpwatch's bookkeeping raising never loses the user's collective: issued untimed."""
         timeline = self.timeline
         if not self._handles or not timeline.in_step or self._forward_from is not None or self.watch.pausing:
-            return False
+            return NOT_TIMED
         try:
             if self._update_skipped():
                 self._end_step(at=self._after_backward, update_skipped=True)
             timeline.time_collectives_in(call.group)
-            span = timeline.open_collective(call.kind, call.nbytes, f"l{self._loop_calls}", call.dtype, True)
+            span = timeline.open_collective(call.kind, call.nbytes, f"l{self._loop_calls}", call.dtype, not call.async_op)
         except Exception:
-            return False
+            return NOT_TIMED
         self._loop_calls += 1
         if self._after_backward is not None:
             self._loop_spans_after_backward.append(span)
@@ -627,9 +631,37 @@ class Attachment:
         except Exception as error:
             span.fail(error)
             raise
+        if call.async_op:
+            if call.kind == "reduce_scatter" and not gives_future(work):
+                return WaitedByTheLoop(work, timeline, self, ends_when_waited=span)
+            timeline.close_collective(span, work)
+            return WaitedByTheLoop(work, timeline, self)
         timeline.close_collective(span, work)
         LooksWhenWaited(work, timeline).wait()  # on the CPU its end is its wait's return, exactly
-        return True
+        return None
+
+    def wait_begins(self) -> Any:
+        """Where the loop begins to wait for an asynchronous collective of its own (``WaitedByTheLoop``):
+        a stamp, where the wait is a step's (in a step, on the loop's thread, outside a pause of
+        training: as a collective of the loop's is timed); else None."""
+        if (not self._handles or not self.timeline.in_step or self.watch.pausing
+                or threading.get_ident() != self._loop_thread):
+            return None
+        try:
+            if self._update_skipped():
+                self._end_step(at=self._after_backward, update_skipped=True)
+            return self.timeline.stamp()
+        except Exception:
+            return None
+
+    def wait_ends(self, start: Any) -> None:
+        """The loop's wait begun at ``start`` returned: a ``wait`` span, blocked time of the step."""
+        try:
+            span = self.timeline.add_span("wait", start, self.timeline.stamp(), blocking=True)
+        except Exception:
+            return
+        if self._after_backward is not None:
+            self._loop_spans_after_backward.append(span)
 
     def _before_forward(self, _module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if not torch.is_grad_enabled():  # not training: counted where it will read as data loading, else not seen

@@ -19,12 +19,15 @@ Every library PyTorch users train with looks these functions up on the module at
 (``dist.all_reduce(...)``; Accelerate's ``gather`` reads ``torch.distributed.all_gather_into_tensor``
 as it runs), which is what makes a stand-in see them; torch's own functions calling each other
 inside ``distributed_c10d`` are not seen, so nothing is timed twice (``all_gather_object``'s
-inner gathers, for one, are not: it is counted untimed, as before). Only a *synchronous* call of
-the loop is timed: ddpwatch issues it asynchronously and waits for it itself, which is what
-torch's synchronous path does (``work.wait()``: on the CPU until it completes, on NCCL the
-current stream waiting for it), so the user's code sees the same thing; an asynchronous one of
-the loop (whose wait ddpwatch cannot see) passes through untimed and counted, as does anything
-in a forward, in a pause of training, on another thread, or while ``torch.compile`` traces.
+inner gathers, for one, are not: it is counted untimed, as before). A *synchronous* call of the
+loop ddpwatch issues asynchronously and waits for itself, which is what torch's synchronous path
+does (``work.wait()``: on the CPU until it completes, on NCCL the current stream waiting for
+it), so the user's code sees the same thing. An *asynchronous* one (``ZeroRedundancyOptimizer``'s
+broadcasts in its ``step()``, a loss all-reduced while the next batch loads) is issued as asked
+and timed as the strategies' are, its work handed back in a wrapper whose ``wait()`` is a
+``wait`` span: blocked, not compute (``collectives.WaitedByTheLoop``). Anything in a forward,
+in a pause of training, on another thread, inside ``_coalescing_manager``, or while
+``torch.compile`` traces passes through untimed, and is counted.
 
 The stand-ins are in place while anyone needs them (``stand_in``/``stand_down``) and pass every
 call they do not time to torch's own function, looked up once.
@@ -66,19 +69,25 @@ COLLECTIVES = {name: collective for name, collective in {
 
 
 class LoopCall(NamedTuple):
-    """A synchronous collective the loop issued: its kind, the bytes nccl-tests counts, their
-    dtype, and its process group (None: the default group)."""
+    """A collective the loop issued: its kind, the bytes nccl-tests counts, their dtype, its
+    process group (None: the default group), and whether the loop asked for it asynchronously
+    (``async_op=True``: it waits for the work itself)."""
 
     kind: str
     nbytes: int
     dtype: str
     group: Any
+    async_op: bool
 
+
+#: What a loop timer returns where it issued nothing: torch's own function issues the call.
+NOT_TIMED: Any = object()
 
 #: What times a loop's collective: given the call and a function issuing it asynchronously
-#: (returning its work), issues it, waits for it and returns True; or returns False, having
-#: issued nothing, where it is not to be timed.
-LoopTimer = Callable[[LoopCall, Callable[[], Any]], bool]
+#: (returning its work), issues it and returns what torch's function would have (a synchronous
+#: call: None, once waited for; an asynchronous one: a work the loop waits on); or returns
+#: ``NOT_TIMED``, having issued nothing, where it is not to be timed.
+LoopTimer = Callable[[LoopCall, Callable[[], Any]], Any]
 
 #: torch's own functions, by name, while ours stand in for them.
 _torch_functions: dict[str, Callable[..., Any]] = {}
@@ -154,18 +163,27 @@ def _issued_by_the_loop(name: str, original: Callable[..., Any], args: tuple[Any
         bound.apply_defaults()
         arguments = bound.arguments
         call = None
-        if not arguments["async_op"] and not dist.distributed_c10d._rank_not_in_group(arguments["group"]):
+        if not dist.distributed_c10d._rank_not_in_group(arguments["group"]) and not _coalescing(arguments["group"]):
             kind, counted = COLLECTIVES[name]
             call = LoopCall(kind, _counted_bytes(arguments[counted]),
-                            str(_first_tensor(arguments[counted]).dtype).removeprefix("torch."), arguments["group"])
+                            str(_first_tensor(arguments[counted]).dtype).removeprefix("torch."), arguments["group"],
+                            bool(arguments["async_op"]))
             arguments["async_op"] = True
     except Exception:
         call = None
     if call is None:  # issued once, outside the ``try``: an error of torch's is the user's, never a second call
         return original(*args, **kwargs)
-    if not timers[-1](call, lambda: original(*bound.args, **bound.kwargs)):
-        return original(*args, **kwargs)
-    return None  # what torch's synchronous path returns
+    result = timers[-1](call, lambda: original(*bound.args, **bound.kwargs))
+    return original(*args, **kwargs) if result is NOT_TIMED else result
+
+
+def _coalescing(group: Any) -> bool:
+    """Whether ``group`` (None: the default one) is inside ``_coalescing_manager``: torch then
+    issues nothing at the call, keeping it for one coalesced collective at the block's end (made
+    in C++, no stand-in sees it: counted untimed), and an asynchronous call's work may not even
+    be waited for (``_IllegalWork``). Such a call passes through."""
+    c10d = dist.distributed_c10d
+    return (group if group is not None else c10d._get_default_group()) in c10d._world.pg_coalesce_state
 
 
 @functools.cache
@@ -183,7 +201,7 @@ def _counted_bytes(value: Any) -> int:
 
 
 def time_loop_calls(timer: LoopTimer) -> int:
-    """Time with ``timer`` the loop's synchronous collectives on this thread, the one it trains
+    """Time with ``timer`` the loop's collectives on this thread, the one it trains
     on; returns the thread's ident, for ``stop_timing_loop_calls``."""
     ident = threading.get_ident()
     _loop_timers.setdefault(ident, []).append(timer)

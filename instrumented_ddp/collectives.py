@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -59,13 +59,13 @@ def timed_collective(
     if work is None or span is None:
         timeline.close_collective(span, work)
         return work
-    if kind == "reduce_scatter" and not _gives_future(work):
+    if kind == "reduce_scatter" and not gives_future(work):
         return EndsWhenWaited(work, lambda: timeline.close_collective(span, None))
     timeline.close_collective(span, work)
     return LooksWhenWaited(work, timeline) if timeline.polls else work
 
 
-def _gives_future(work: dist.Work) -> bool:
+def gives_future(work: dist.Work) -> bool:
     try:
         work.get_future()
     except RuntimeError:  # "Work::getFuture not implemented"
@@ -105,6 +105,50 @@ class EndsWhenWaited:
         if self._on_waited is not None:
             self._on_waited()
             self._on_waited = None
+        return done
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.work, name)
+
+
+class LoopWaits(Protocol):
+    """Who says whether a wait of the loop's is a step's (``Attachment``)."""
+
+    def wait_begins(self) -> Any:
+        """A stamp where this wait is blocked time of a step; None where it is no step's."""
+
+    def wait_ends(self, start: Any) -> None:
+        """The wait begun at ``start`` has returned: a ``wait`` span of the step."""
+
+
+class WaitedByTheLoop:
+    """An asynchronous collective a user's loop issued (``collective_stand_ins``), as handed back
+    to it. The loop's ``wait()`` is blocked time, not compute (GUIDE §2: ZeRO's broadcasts
+    waited for inside ``optimizer.step()`` read as the optimizer's compute), so it is a ``wait``
+    span of the step it falls in, where ``waits`` says it is one's. Around it, on the CPU, the
+    looks of ``LooksWhenWaited`` (the work's end is the wait's return, exactly, if it was still
+    running); a work with no future (gloo's reduce-scatter, see ``EndsWhenWaited``) ends there.
+    Everything else is the work's own."""
+
+    def __init__(self, work: dist.Work, timeline: Any, waits: LoopWaits, ends_when_waited: Any = None) -> None:
+        self.work, self._timeline, self._waits = work, timeline, waits
+        self._ends_when_waited = ends_when_waited
+
+    def wait(self, *args: Any, **kwargs: Any) -> bool:
+        start = self._waits.wait_begins()
+        self._timeline.poll()
+        span, self._ends_when_waited = self._ends_when_waited, None
+        try:
+            done = self.work.wait(*args, **kwargs)
+        except Exception as error:  # the collective failed: its span cannot end
+            if span is not None:
+                span.fail(error)
+            raise
+        if span is not None:
+            self._timeline.close_collective(span, None)
+        self._timeline.poll(waited=self.work)
+        if start is not None:
+            self._waits.wait_ends(start)
         return done
 
     def __getattr__(self, name: str) -> Any:

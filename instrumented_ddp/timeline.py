@@ -416,11 +416,12 @@ class StepTimeline:
         nothing on a GPU)."""
         self.clock.poll(waited)
 
-    def add_span(self, kind: str, start: Stamp, end: Stamp, blocking: bool) -> None:
+    def add_span(self, kind: str, start: Stamp, end: Stamp, blocking: bool) -> _PendingSpan:
         """A span whose ends were stamped elsewhere (e.g. in a gradient hook)."""
         span = _PendingSpan(kind, start, blocking)
         span.complete(end)
         self._spans().append(span)
+        return span
 
     def open_collective(self, kind: str, nbytes: int, tag: str, dtype: str, blocking: bool, at: Stamp = None,
                         queue: str = "") -> _PendingSpan:

@@ -150,14 +150,15 @@ def test_an_attached_loop_reports_every_phase_of_every_step(one_rank_group: None
     assert isinstance(sent[-1], Goodbye)
 
 
-def test_the_loops_own_synchronous_collectives_are_timed_and_the_rest_counted_untimed_in_their_step(
+def test_the_loops_own_collectives_are_timed_where_it_issues_them_and_a_barrier_counted_untimed_in_its_step(
         one_rank_group: None, sent: list[Any]) -> None:
     """A loss all-reduced every other step before the update (as a gradient norm would be) is
-    timed as the loop's (``l0``: blocking, its 4 bytes; ``collective_stand_ins``); a barrier in
-    step 3 cannot be (no span kind), nor an asynchronous all-reduce in step 5 (its wait is not
-    seen): each is counted in its step (``issued_collectives``), as are the two broadcasts DDP
-    issues itself in its second forward, where it rebuilds its buckets (their count, then their
-    order). DDP's buckets are timed as always."""
+    timed as the loop's (``l0``: blocking, its 4 bytes; ``collective_stand_ins``); in step 5 an
+    asynchronous one is too, not blocking, and the loop's wait for it is a ``wait`` span of the
+    step after its issue, ending once it has (``WaitedByTheLoop``). A barrier in step 3 cannot be
+    (no span kind): it is counted in its step (``issued_collectives``), as are the two broadcasts
+    DDP issues itself in its second forward, where it rebuilds its buckets (their count, then
+    their order). DDP's buckets are timed as always."""
     ddp, optimizer = make_ddp()
     with attached(ddp, optimizer):
         for step in range(1, 6):
@@ -168,13 +169,49 @@ def test_the_loops_own_synchronous_collectives_are_timed_and_the_rest_counted_un
             if step == 3:
                 dist.barrier()
             if step == 5:
-                dist.all_reduce(torch.ones(1), async_op=True).wait()
+                reduced = torch.ones(1)
+                work = dist.all_reduce(reduced, async_op=True)
+                assert work.wait() is True and work.is_completed() and reduced.item() == 1.0
             optimizer.step()
     reports = [m for m in sent if isinstance(m, StepReport)]
-    assert [r.untimed_collectives for r in reports] == [0, 2, 1, 0, 1]
+    assert [r.untimed_collectives for r in reports] == [0, 2, 1, 0, 0]
     loops = [[(s.kind, s.tag, s.nbytes, s.dtype, s.blocking) for s in r.spans if s.tag.startswith("l")] for r in reports]
-    assert loops == [[], [("all_reduce", "l0", 4, "float32", True)], [], [("all_reduce", "l0", 4, "float32", True)], []]
+    assert loops == [[], [("all_reduce", "l0", 4, "float32", True)], [], [("all_reduce", "l0", 4, "float32", True)],
+                     [("all_reduce", "l0", 4, "float32", False)]]
     assert [sum(s.kind == "all_reduce" and s.tag.startswith("b") for s in r.spans) for r in reports] == [1, 3, 3, 3, 3]
+    assert [[s.blocking for s in r.spans if s.kind == "wait"] for r in reports] == [[True]] * 4 + [[True, True]]  # DDP's; the loop's
+    (issued,) = [s for s in reports[4].spans if s.tag == "l0"]
+    (backward,) = [s for s in reports[4].spans if s.kind == "backward"]
+    (waited,) = [s for s in reports[4].spans if s.kind == "wait" and s.start >= backward.end]
+    (optimizer_phase,) = [s for s in reports[4].spans if s.kind == "optimizer"]
+    # the gap after the last backward is the optimizer's: the wait is blocked time inside it, not its compute
+    assert optimizer_phase.start <= issued.start <= waited.start and issued.end <= waited.end <= optimizer_phase.end
+
+
+def test_the_loops_collectives_coalesced_by_torch_pass_through_and_are_counted(one_rank_group: None,
+                                                                                sent: list[Any]) -> None:
+    """Inside ``_coalescing_manager`` torch issues nothing at each call, only one coalesced
+    collective at the block's end: a call timed as the loop's there waited on an ``_IllegalWork``
+    (ValueError), and the next block found the first one's op list left behind. Each block's one
+    collective is counted untimed; the user's tensors hold what torch gives them."""
+    ddp, optimizer = make_ddp()
+    reduced: list[list[float]] = []
+    with attached(ddp, optimizer):
+        for step in range(1, 4):
+            optimizer.zero_grad()
+            ddp(**batch(step)).loss.backward()
+            one, two = torch.full((2,), float(step)), torch.full((3,), 2.0 * step)
+            with dist._coalescing_manager(async_ops=step == 3) as coalesced:
+                dist.all_reduce(one)
+                dist.all_reduce(two)
+            if step == 3:
+                coalesced.wait()
+            reduced.append([*one.tolist(), *two.tolist()])
+            optimizer.step()
+    assert reduced == [[s, s, 2 * s, 2 * s, 2 * s] for s in (1.0, 2.0, 3.0)]
+    reports = [m for m in sent if isinstance(m, StepReport)]
+    assert [[s.tag for s in r.spans if s.tag.startswith("l")] for r in reports] == [[], [], []]
+    assert [r.untimed_collectives for r in reports] == [1, 2 + 1, 1]  # step 2: DDP's two rebuilt-bucket broadcasts too
 
 
 def test_the_loops_own_collectives_between_a_backward_and_the_next_forward_are_counted_as_in_its_data(
@@ -184,23 +221,23 @@ def test_the_loops_own_collectives_between_a_backward_and_the_next_forward_are_c
     gather before the forward, as the Trainer's label count; one between two micro-steps) it
     reads as data loading, a wait in it for a slower rank included; before the update, as the
     optimizer's. Two micro-steps a step. Step 2 also holds DDP's two rebuilt-bucket broadcasts,
-    issued in its forward: untimed, not in its data. The loop's collectives here are asynchronous
-    ones waited for at once, which ddpwatch cannot time (synchronous ones are: the next test)."""
+    issued in its forward: untimed, not in its data. The loop's collectives here are barriers,
+    which ddpwatch cannot time (no span kind; the others it can: the next tests)."""
     ddp, optimizer = make_ddp()
     with attached(ddp, optimizer):
         for step in range(1, 5):
             if step >= 2:
-                dist.all_reduce(torch.ones(1), async_op=True).wait()  # before the step's first forward: its data
+                dist.barrier()  # before the step's first forward: its data
             optimizer.zero_grad()
             for micro in range(2):
                 with ddp.no_sync() if micro == 0 else contextlib.nullcontext():
                     ddp(**batch(step)).loss.backward()
                 if micro == 0 and step == 3:
-                    dist.all_reduce(torch.ones(1), async_op=True).wait()  # between the micro-steps: data too
+                    dist.barrier()  # between the micro-steps: data too
             if step == 4:
                 dist.barrier()  # before the update: the optimizer's
             optimizer.step()
-            dist.all_reduce(torch.ones(1), async_op=True).wait()  # after the update: the next step's data
+            dist.barrier()  # after the update: the next step's data
     reports = [m for m in sent if isinstance(m, StepReport)]
     assert [r.untimed_collectives for r in reports] == [0, 1 + 1 + 2, 1 + 1 + 1, 1 + 1 + 1]
     assert [r.untimed_in_data for r in reports] == [0, 2, 3, 2]
@@ -547,30 +584,32 @@ def test_a_step_the_loss_scaler_skips_is_reported_on_its_own_ending_where_its_ba
             scaler.step(optimizer)
             scaler.update()
             dist.all_reduce(loss.detach().clone())  # for the log: the next step's data time, timed
-            dist.all_reduce(loss.detach().clone(), async_op=True).wait()  # and one that cannot be, counted
+            dist.all_reduce(loss.detach().clone(), async_op=True).wait()  # timed too, its wait a span
+            dist.barrier()  # and one that cannot be, counted
     assert scaler.get_scale() == 8.0  # it did find the inf, once, and halved its scale
     reports = [m for m in sent if isinstance(m, StepReport)]
     assert [r.step for r in reports] == [1, 2, 3, 4, 5]
     assert [r.update_skipped for r in reports] == [False, False, True, False, False]
-    # step 3, found ended at its backward, does not take the all-reduces logged after it: step 4's
-    # data time does, the timed one's span with it (step 2's 3 untimed: the log before it, and
-    # DDP's two rebuilt-bucket broadcasts)
+    # step 3, found ended at its backward, does not take the collectives logged after it: step 4's
+    # data time does, the timed ones' spans and the wait with them (step 2's 3 untimed: the barrier
+    # before it, and DDP's two rebuilt-bucket broadcasts)
     assert [(r.untimed_collectives, r.untimed_in_data) for r in reports] == [(0, 0), (3, 1), (1, 1), (1, 1), (1, 1)]
-    assert [[s.tag for s in r.spans if s.tag.startswith("l")] for r in reports] == [[], ["l0"], ["l0"], ["l0"], ["l0"]]
+    assert [[s.tag for s in r.spans if s.tag.startswith("l")] for r in reports] == [[], *[["l0", "l1"]] * 4]
     buckets = len(ddp._get_ddp_logging_data()["rebuilt_bucket_sizes"].split(","))
     for report in reports[1:]:
         kinds = [s.kind for s in report.spans]
         assert report.settings["grad_accum"] == 2 and report.samples == 8
-        assert kinds.count("forward") == kinds.count("backward") == 2 and kinds.count("all_reduce") == buckets + 1
+        assert kinds.count("forward") == kinds.count("backward") == 2 and kinds.count("all_reduce") == buckets + 2
         assert kinds.count("optimizer") == (0 if report.step == 3 else 1)
+        assert kinds.count("wait") == 2  # DDP's after its last bucket; the loop's for its asynchronous all-reduce
     skipped, after = reports[2], reports[3]
     last_backward = max((s for s in skipped.spans if s.kind == "backward"), key=lambda s: s.end)
     assert skipped.end == last_backward.end == after.start
     assert all(s.end <= skipped.end for s in skipped.spans)  # its wait too: nothing outside its window
     first_data = min((s for s in after.spans if s.kind == "data"), key=lambda s: s.start)
     assert first_data.start == after.start  # the scaler's check, zero_grad and the loader: the next step's data
-    (carried,) = [s for s in after.spans if s.tag == "l0"]
-    assert first_data.start <= carried.start <= carried.end <= first_data.end
+    carried = [s for s in after.spans if s.tag in ("l0", "l1") or (s.kind == "wait" and s.start < first_data.end)]
+    assert len(carried) == 3 and all(first_data.start <= s.start <= s.end <= first_data.end for s in carried)
 
 
 def test_the_attached_hook_leaves_parameters_bitwise_those_of_plain_ddp(one_rank_group: None) -> None:
@@ -624,6 +663,39 @@ def test_a_zero_redundancy_optimizers_state_is_counted_where_it_keeps_it(one_ran
     # one rank holds all of AdamW's state: two moments of each, and a float32 step count for each of the 7 tensors
     assert held["parameters"] == 11_916
     assert held["optimizer_state"] == 2 * 11_916 + 7 * 4
+
+
+def test_a_zero_redundancy_optimizers_broadcasts_are_timed_in_its_step_and_their_waits_are_not_its_compute(
+        one_rank_group: None, sent: list[Any]) -> None:
+    """PyTorch's ZeRO-1 broadcasts each rank's updated slice of the parameters from inside
+    ``step()``, asynchronously, one call per parameter, and waits for them all there: counted
+    untimed before, their time read as the optimizer's compute. Each is now a span of the loop's
+    (``l0``-``l6``: the 7 parameters' bytes), and each wait a ``wait`` span inside the
+    optimizer phase. Training is bitwise that of the same loop unattached."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    def make() -> tuple[DistributedDataParallel, torch.optim.Optimizer]:
+        torch.manual_seed(0)
+        ddp = DistributedDataParallel(TinyClassifier(), bucket_cap_mb=0.001)
+        return ddp, ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=torch.optim.AdamW, lr=1e-3)
+
+    watched, watched_optimizer = make()
+    with attached(watched, watched_optimizer):
+        train(watched, watched_optimizer, steps=3)
+    plain, plain_optimizer = make()
+    train(plain, plain_optimizer, steps=3)
+    assert all(torch.equal(a, b) for a, b in zip(watched.parameters(), plain.parameters(), strict=True))
+    reports = [m for m in sent if isinstance(m, StepReport)]
+    sizes = [p.numel() * 4 for p in watched.parameters()]
+    for report in reports:
+        loops = [s for s in report.spans if s.tag.startswith("l")]
+        assert [(s.kind, s.tag, s.blocking) for s in loops] == [("broadcast", f"l{i}", False) for i in range(len(sizes))]
+        assert sorted(s.nbytes for s in loops) == sorted(sizes)  # in ZeRO's order: its partition sorts by size
+        (optimizer_phase,) = [s for s in report.spans if s.kind == "optimizer"]
+        waits = [s for s in report.spans if s.kind == "wait" and s.start >= optimizer_phase.start]
+        assert len(waits) == len(sizes) and all(s.blocking and s.end <= optimizer_phase.end for s in waits)
+        assert all(optimizer_phase.start <= s.start for s in loops)
+        assert report.untimed_collectives == (2 if report.step == 2 else 0)  # DDP's rebuilt-bucket broadcasts
 
 
 class CheckpointedBody(nn.Module):

@@ -21,11 +21,12 @@ def timer_recording(into: list[tuple[str, LoopCall]], name: str, times: bool = T
     """A loop timer that notes each call it is given under ``name`` and issues it (``times``) or
     declines it (then the stand-in issues it untimed)."""
 
-    def timer(call: LoopCall, issue: Any) -> bool:
+    def timer(call: LoopCall, issue: Any) -> Any:
         into.append((name, call))
-        if times:
-            issue().wait()
-        return times
+        if not times:
+            return collective_stand_ins.NOT_TIMED
+        work = issue()
+        return work if call.async_op else work.wait() and None
 
     return timer
 
@@ -68,34 +69,55 @@ def test_a_loops_synchronous_call_goes_to_the_latest_attachments_timer_and_the_e
     assert collective_stand_ins._loop_timers == {}
 
 
-def test_asynchronous_calls_other_threads_calls_and_calls_a_timer_declines_pass_to_torch_untimed(one_rank_group: None) -> None:
-    """An asynchronous call returns torch's work (its wait is the loop's, unseen); a call on a
-    thread no loop trains on is not asked about; a declined call (a forward, a pause) is issued
-    by torch's own function, and its result is the user's all the same."""
+def test_an_asynchronous_call_is_handed_to_the_timer_which_returns_the_work_the_loop_waits_on(one_rank_group: None) -> None:
+    """``async_op=True`` is the loop's to wait for: the timer is told (``LoopCall.async_op``),
+    issues it asynchronously as asked, and what it returns is what the loop gets."""
+    seen: list[tuple[str, LoopCall]] = []
+    timer = timer_recording(seen, "loop")
+    user = object()
+    collective_stand_ins.stand_in(user)
+    ident = collective_stand_ins.time_loop_calls(timer)
+    try:
+        seed = torch.tensor([7])
+        work = dist.broadcast(seed, src=0, async_op=True)
+        assert isinstance(work, dist.Work) and work.wait() and seed.item() == 7
+        assert dist.broadcast(seed, src=0) is None  # synchronous: what torch's returns
+    finally:
+        collective_stand_ins.stop_timing_loop_calls(ident, timer)
+        collective_stand_ins.stand_down(user)
+    assert [(call.kind, call.nbytes, call.dtype, call.async_op) for _, call in seen] == [
+        ("broadcast", 8, "int64", True), ("broadcast", 8, "int64", False)]
+
+
+def test_other_threads_calls_and_calls_a_timer_declines_pass_to_torch_untimed(one_rank_group: None) -> None:
+    """A call on a thread no loop trains on is not asked about; a declined call (a forward, a
+    pause) is issued by torch's own function, and its result is the user's all the same: an
+    asynchronous one's work, a synchronous one's tensors."""
     seen: list[tuple[str, LoopCall]] = []
     declining = timer_recording(seen, "declining", times=False)
     user = object()
     collective_stand_ins.stand_in(user)
     ident = collective_stand_ins.time_loop_calls(declining)
     try:
-        work = dist.all_reduce(torch.ones(2), async_op=True)
-        assert work is not None and work.wait()
         elsewhere = threading.Thread(target=lambda: dist.broadcast(torch.ones(2), src=0))
         elsewhere.start()
         elsewhere.join()
         assert seen == []
+        work = dist.all_reduce(torch.ones(2), async_op=True)
+        assert isinstance(work, dist.Work) and work.wait()
         gathered = [torch.zeros(2)]
         dist.all_gather(gathered, torch.full((2,), 5.0))
         assert torch.equal(gathered[0], torch.full((2,), 5.0))
-        assert [(name, call.kind, call.nbytes) for name, call in seen] == [("declining", "all_gather", 8)]
+        assert [(name, call.kind, call.nbytes, call.async_op) for name, call in seen] == [
+            ("declining", "all_reduce", 8, True), ("declining", "all_gather", 8, False)]
     finally:
         collective_stand_ins.stop_timing_loop_calls(ident, declining)
         collective_stand_ins.stand_down(user)
 
 
 def test_an_error_of_torchs_reaches_the_loop_from_one_call_never_a_second(one_rank_group: None, monkeypatch: Any) -> None:
-    """torch refusing a call the stand-in passes through (here an asynchronous one) raises to the
-    loop as it would have; the call is not made again."""
+    """torch refusing a call (here one the loop's timer issues) raises to the loop as it would
+    have; the call is not made again."""
     calls: list[bool] = []
 
     def refusing(*args: Any, **kwargs: Any) -> Any:

@@ -174,7 +174,7 @@ def test_attached_hook_is_bitwise_plain_ddp_at_a_world_size_that_is_not_a_power_
     (a one-rank group cannot show it: there DDP's static graph issues no all-reduce); and the
     README's Accelerate use, attached to what ``accelerator.prepare`` returns, also with Accelerate's
     fp16 compression hook (the user's own hook, kept and timed); a DDP built on a
-    subgroup; and a model sharded with FSDP2, attached against not, then replicated on a 2-D mesh
+    subgroup; PyTorch's ZeRO-1 (``ZeroRedundancyOptimizer``); and a model sharded with FSDP2, attached against not, then replicated on a 2-D mesh
     (HSDP)."""
     result = three_rank_worker
     assert "gradient_as_bucket_view=False: bitwise equal on every rank: True" in result.stdout
@@ -187,6 +187,12 @@ def test_attached_hook_is_bitwise_plain_ddp_at_a_world_size_that_is_not_a_power_
     # a DDP built on a subgroup (ranks 0 and 1; rank 2 alone): its hello names the ranks its all-reduces meet
     assert "subgroup: bitwise equal on every rank: True" in result.stdout
     assert "subgroup: all-reduce group [0, 1], all-reduces [1, 2, 2, 2]" in result.stdout
+    # PyTorch's ZeRO-1 beside DDP: in each step the 6 parameters' broadcasts (each from the rank whose
+    # slice holds it), asynchronous, timed as the loop's (l0-l5), and ZeRO's 6 waits for them blocked time
+    # inside the optimizer phase; step 2's 2 untimed are DDP's broadcasts of its rebuilt buckets
+    assert "zero: bitwise equal on every rank: True" in result.stdout
+    assert ("zero: broadcasts " + str([[f"l{i}" for i in range(6)]] * 4) + ", blocking [False], "
+            "waits in the optimizer [6, 6, 6, 6], untimed [0, 2, 0, 0]") in result.stdout
     # Accelerate's own loop on what accelerator.prepare returned: one report per optimizer step of two
     # micro-steps, the model's 25 KB in one bucket at Accelerate's default cap
     assert "accelerate: bitwise equal on every rank: True" in result.stdout

@@ -1,7 +1,7 @@
 """Plain DDP and the same DDP with ddpwatch attached, trained side by side on this rank's data,
 with gradients copied into DDP's buckets, with gradients as views of them, with
 ``static_graph=True``, and in Accelerate's accumulation loop (also with its fp16 compression
-hook, ``DistributedDataParallelKwargs(comm_hook=...)``); prints for each whether every
+hook, ``DistributedDataParallelKwargs(comm_hook=...)``), and with PyTorch's ZeRO-1; prints for each whether every
 parameter ended bit for bit the same on every rank, and which steps the attached run excluded
 with how many all-reduces each (rank 0). Then the same for a model sharded with FSDP2's
 ``fully_shard``, attached against not, with its all-gathers and reduce-scatters per step, and
@@ -45,6 +45,11 @@ def main() -> None:
     same, reports, group = train_side_by_side({"process_group": halves[context.rank >= 2]}, args.address, context.rank)
     say("subgroup", same, f"all-reduce group {group}, "
         f"all-reduces {[sum(s.kind == 'all_reduce' for s in r.spans) for r in reports]}")
+    same, reports = train_zero_one_then_the_other(args.address, context.rank)
+    say("zero", same, f"broadcasts {[[s.tag for s in r.spans if s.kind == 'broadcast'] for r in reports]}, "
+        f"blocking {sorted({s.blocking for r in reports for s in r.spans if s.tag.startswith('l')})}, "
+        f"waits in the optimizer {[loop_waits_in_the_optimizer(r) for r in reports]}, "
+        f"untimed {[r.untimed_collectives for r in reports]}")
     same, reports = train_accelerate_side_by_side(args.address, context.rank)
     say("accelerate", same, f"excluded {[r.excluded for r in reports]}, grad_accum {[r.settings['grad_accum'] for r in reports]}, "
         f"all-reduces {[sum(s.kind == 'all_reduce' for s in r.spans) for r in reports]}")
@@ -108,6 +113,41 @@ def train_side_by_side(option: dict[str, Any], address: str, rank: int) -> tuple
     watch.detach()
     same = all(torch.equal(a, b) for a, b in zip(pair["plain"].parameters(), pair["watched"].parameters()))
     return same, [m for m in sent if isinstance(m, StepReport)], watch.publisher.hello.all_reduce_group
+
+
+def train_zero_one_then_the_other(address: str, rank: int) -> tuple[bool, list[StepReport]]:
+    """PyTorch's ZeRO-1 (``ZeroRedundancyOptimizer`` over SGD) beside DDP, attached, then the same
+    unattached, on the same data: one after the other, since the unattached one's broadcasts,
+    issued in the attached loop's step, would be timed as the loop's."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 3))
+    trained = {}
+    sent: list[Any] = []
+    for mode in ("watched", "plain"):
+        ddp = DistributedDataParallel(copy.deepcopy(model), bucket_cap_mb=0.01)
+        optimizer = ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=torch.optim.SGD, lr=0.1)
+        watch = instrumented_ddp.attach(ddp, optimizer, address=address) if mode == "watched" else None
+        if watch is not None:
+            watch.publisher.publish = sent.append
+        data = torch.Generator().manual_seed(1 + rank)
+        for _ in range(4):
+            x, y = torch.randn(16, 32, generator=data), torch.randint(0, 3, (16,), generator=data)
+            nn.functional.cross_entropy(ddp(x), y).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        if watch is not None:
+            watch.detach()
+        trained[mode] = ddp
+    same = all(torch.equal(a, b) for a, b in zip(trained["plain"].parameters(), trained["watched"].parameters()))
+    return same, [m for m in sent if isinstance(m, StepReport)]
+
+
+def loop_waits_in_the_optimizer(report: StepReport) -> int:
+    """How many ``wait`` spans lie inside the step's optimizer phase: the loop's, for its broadcasts."""
+    (optimizer,) = [s for s in report.spans if s.kind == "optimizer"]
+    return sum(s.kind == "wait" and optimizer.start <= s.start <= s.end <= optimizer.end for s in report.spans)
 
 
 SLOW_LOADER_S = 0.1  # rank 1's loader, every step

@@ -10,7 +10,9 @@
 #                                       # held bit for bit against its unwatched run's; each Trainer evaluates
 #                                       # after step 10, a pause on CUDA events (its summary names step 11);
 #                                       # ddp-fp16, ddp-powersgd (asked by name): a DDP with its own compression
-#                                       # hook, whose all-reduces are timed as the hook issues them (never yet on NCCL)
+#                                       # hook, whose all-reduces are timed as the hook issues them (never yet on NCCL);
+#                                       # ddp-zero (by name): torch's ZeroRedundancyOptimizer, its asynchronous
+#                                       # broadcasts timed as the loop's and its waits blocked time (never yet on NCCL)
 #   bash bench/gpu_session.sh memory    # bench/memory_staircase.py --step-peak on the GPU, 2 ranks sharing it, at
 #                                       # 25 and 1 MB: what each strategy holds and what sets its step's peak
 #   bash bench/gpu_session.sh overhead  # bench/overhead.py at the doctor's training shape for what the doctor does not
@@ -23,7 +25,7 @@
 # dill, multiprocess for Python 3.12; bench/gpu_wheels.sh makes them here) are installed into /tmp/site first. Logs go to $OUT (the device
 # tool's folder that comes back), or /tmp/gpu-session elsewhere.
 set -u
-usage="usage: bash bench/gpu_session.sh doctor | attach [fsdp2] [hsdp] [ddp-compiled] [hf-ddp] [hf-fsdp] [ddp-fp16] [ddp-powersgd] | memory | overhead (several of doctor, memory, overhead: in turn)"
+usage="usage: bash bench/gpu_session.sh doctor | attach [fsdp2] [hsdp] [ddp-compiled] [hf-ddp] [hf-fsdp] [ddp-fp16] [ddp-powersgd] [ddp-zero] | memory | overhead (several of doctor, memory, overhead: in turn)"
 [ $# -gt 0 ] || { echo "$usage" >&2; exit 2; }
 if [ "$1" != attach ]; then
     for mode in "$@"; do
@@ -108,7 +110,7 @@ if [ "$1" != attach ]; then
     done
     exit 0
 fi
-# attach [fsdp2] [hsdp] [ddp-compiled] [hf-ddp] [hf-fsdp] [ddp-fp16] [ddp-powersgd]: the first three when none is named
+# attach [fsdp2] [hsdp] [ddp-compiled] [hf-ddp] [hf-fsdp] [ddp-fp16] [ddp-powersgd] [ddp-zero]: the first three when none is named
 runs=("${@:2}"); [ ${#runs[@]} -eq 0 ] && runs=(fsdp2 hsdp ddp-compiled)
 for run in "${runs[@]}"; do
     case $run in
@@ -120,6 +122,7 @@ for run in "${runs[@]}"; do
     ddp-fp16) SAVES_FINAL=1 attached ddp-fp16 2 examples/plain_ddp.py --steps 20 --width 2048 --layers 8 --batch-size 512 --comm-hook fp16 ;;
     ddp-powersgd) SAVES_FINAL=1 attached ddp-powersgd 2 examples/plain_ddp.py --steps 20 --width 2048 --layers 8 --batch-size 512 \
         --comm-hook powersgd ;;
+    ddp-zero) SAVES_FINAL=1 attached ddp-zero 2 examples/plain_ddp.py --steps 20 --width 2048 --layers 8 --batch-size 512 --zero ;;
     *) echo "unknown run $run" >&2; exit 2 ;;
     esac
 done

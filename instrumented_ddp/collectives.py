@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from typing import Any, Protocol
 
 import torch
@@ -128,13 +130,18 @@ class WaitedByTheLoop:
     span of the step it falls in, where ``waits`` says it is one's. Around it, on the CPU, the
     looks of ``LooksWhenWaited`` (the work's end is the wait's return, exactly, if it was still
     running); a work with no future (gloo's reduce-scatter, see ``EndsWhenWaited``) ends there.
-    Everything else is the work's own."""
+    Made on the loop's thread; a wait on another (a script's logging thread) looks at nothing,
+    since the CPU clock's looks are the loop thread's alone (``HostClock``). Everything else is
+    the work's own."""
 
     def __init__(self, work: dist.Work, timeline: Any, waits: LoopWaits, ends_when_waited: Any = None) -> None:
         self.work, self._timeline, self._waits = work, timeline, waits
         self._ends_when_waited = ends_when_waited
+        self._loop_thread = threading.get_ident()
 
     def wait(self, *args: Any, **kwargs: Any) -> bool:
+        if threading.get_ident() != self._loop_thread:
+            return self._wait_elsewhere(*args, **kwargs)
         start = self._waits.wait_begins()
         self._timeline.poll()
         span, self._ends_when_waited = self._ends_when_waited, None
@@ -149,6 +156,16 @@ class WaitedByTheLoop:
         self._timeline.poll(waited=self.work)
         if start is not None:
             self._waits.wait_ends(start)
+        return done
+
+    def _wait_elsewhere(self, *args: Any, **kwargs: Any) -> bool:
+        """A wait off the loop's thread: no span of a step, no look; a span that ends at its
+        wait ends here, on the host's clock alone (only gloo's reduce-scatter, whose end no
+        future gives)."""
+        span, self._ends_when_waited = self._ends_when_waited, None
+        done = self.work.wait(*args, **kwargs)
+        if span is not None:
+            span.complete(time.perf_counter())
         return done
 
     def __getattr__(self, name: str) -> Any:

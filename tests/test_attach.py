@@ -188,6 +188,42 @@ def test_the_loops_own_collectives_are_timed_where_it_issues_them_and_a_barrier_
     assert optimizer_phase.start <= issued.start <= waited.start and issued.end <= waited.end <= optimizer_phase.end
 
 
+def test_the_loops_asynchronous_collective_waited_on_another_thread_is_timed_and_that_wait_is_no_steps(
+        one_rank_group: None, sent: list[Any]) -> None:
+    """A loop may hand its work to a thread of its own (a logger waiting for a loss all-reduced
+    in the background): the collective is the loop's, timed, but that thread's wait blocks no
+    step of the loop's, and the CPU clock's looks are the loop thread's alone. A gloo
+    reduce-scatter, whose end only its wait gives, ends there."""
+    ddp, optimizer = make_ddp()
+    results: list[list[float]] = []
+    with attached(ddp, optimizer) as watch:
+        clock = watch.timeline.clock
+        looked_from: set[int] = set()
+        for name in ("stamp", "poll"):
+            def looking(*args: Any, _original: Any = getattr(clock, name), **kwargs: Any) -> Any:
+                looked_from.add(threading.get_ident())
+                return _original(*args, **kwargs)
+            setattr(clock, name, looking)
+        for step in range(1, 4):
+            optimizer.zero_grad()
+            ddp(**batch(step)).loss.backward()
+            reduced, scattered = torch.full((2,), float(step)), torch.zeros(1)
+            works = [dist.all_reduce(reduced, async_op=True),
+                     dist.reduce_scatter_tensor(scattered, torch.full((1,), 2.0 * step), async_op=True)]
+            waiter = threading.Thread(target=lambda: [work.wait() for work in works])
+            waiter.start()
+            waiter.join()
+            results.append([*reduced.tolist(), *scattered.tolist()])
+            optimizer.step()
+    assert results == [[s, s, 2 * s] for s in (1.0, 2.0, 3.0)]
+    reports = [m for m in sent if isinstance(m, StepReport)]
+    assert [[(s.kind, s.tag, s.blocking) for s in r.spans if s.tag.startswith("l")] for r in reports] == [
+        [("all_reduce", "l0", False), ("reduce_scatter", "l1", False)]] * 3
+    assert [sum(s.kind == "wait" for s in r.spans) for r in reports] == [1, 1, 1]  # DDP's alone
+    assert looked_from == {threading.get_ident()}
+    assert all(s.start <= s.end for r in reports for s in r.spans)
+
+
 def test_the_loops_collectives_coalesced_by_torch_pass_through_and_are_counted(one_rank_group: None,
                                                                                 sent: list[Any]) -> None:
     """Inside ``_coalescing_manager`` torch issues nothing at each call, only one coalesced

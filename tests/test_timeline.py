@@ -537,6 +537,54 @@ def _three_back_to_back_buckets(gpu: FakeGpu, timeline: StepTimeline, nccl_timin
     return group.works
 
 
+class StepWaits:
+    """What ``Attachment`` does for ``WaitedByTheLoop`` in a step: each wait a ``wait`` span."""
+
+    def __init__(self, timeline: StepTimeline) -> None:
+        self.timeline = timeline
+
+    def wait_begins(self) -> Any:
+        return self.timeline.stamp()
+
+    def wait_ends(self, start: Any) -> None:
+        self.timeline.add_span("wait", start, self.timeline.stamp(), blocking=True)
+
+
+@pytest.mark.parametrize("nccl_timing", [False, True], ids=["queue-replay", "nccl-timing"])
+def test_a_loops_asynchronous_nccl_collectives_read_their_transfer_and_its_waits_the_streams_stall(
+        gpu: FakeGpu, host_time: FakeHostTime, nccl_timing: bool) -> None:
+    """ZeroRedundancyOptimizer's way on NCCL: three 4 ms broadcasts issued at 1, 2 and 3 ms (they
+    run 1-5, 5-9 and 9-13 ms), then each waited in turn from 3.5 ms. ``wait()`` on NCCL makes the
+    compute stream wait and the host not: the three ``wait`` spans are where the compute stream
+    sat (3.5-5, 5-9, 9-13 ms), read from events, the host never made to wait for the device."""
+    from instrumented_ddp.collectives import WaitedByTheLoop
+
+    timeline = _cuda_timeline(gpu, nccl_timing)
+    group = FakeProcessGroupNccl(gpu, timing=nccl_timing)
+    timeline.begin_step(1, "ddp", {})
+    handed: list[WaitedByTheLoop] = []
+    for index in range(3):
+        gpu.host_ms = 1.0 + index
+        span = timeline.open_collective("broadcast", 1 << 20, f"l{index}", "float32", blocking=False)
+        work = group.all_reduce(transfer_ms=4.0)
+        timeline.close_collective(span, work)
+        handed.append(WaitedByTheLoop(work, timeline, StepWaits(timeline)))
+    gpu.host_ms = 3.5
+    for work in handed:
+        work.wait()
+    timeline.end_step(samples=1, tokens=1)
+    gpu.done_ms = 12.0
+    assert timeline.completed_reports() == []
+    gpu.done_ms = 13.0
+
+    report = _only_report(timeline)
+    as_ms = lambda spans: [(round(s.start * 1e3, 6), round(s.end * 1e3, 6)) for s in spans]  # noqa: E731
+    assert as_ms(_kinds(report, "broadcast")) == [(1.0, 5.0), (5.0, 9.0), (9.0, 13.0)]
+    assert as_ms(_kinds(report, "wait")) == [(3.5, 5.0), (5.0, 9.0), (9.0, 13.0)]
+    assert all(s.blocking for s in _kinds(report, "wait")) and gpu.synchronizations == 0
+    assert [work.early_duration_reads for work in group.works] == [0, 0, 0]
+
+
 @pytest.mark.parametrize("through_ddp_hook", [False, True], ids=["strategy", "ddp-hook"])
 @pytest.mark.parametrize("nccl_timing", [False, True], ids=["queue-replay", "nccl-timing"])
 def test_back_to_back_nccl_buckets_read_their_transfer_not_their_queueing(gpu: FakeGpu, host_time: FakeHostTime, nccl_timing: bool,

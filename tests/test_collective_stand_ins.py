@@ -5,9 +5,11 @@ does with a call is in ``test_attach.py``."""
 
 from __future__ import annotations
 
+import inspect
 import threading
 from typing import Any
 
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -29,6 +31,35 @@ def timer_recording(into: list[tuple[str, LoopCall]], name: str, times: bool = T
         return work if call.async_op else work.wait() and None
 
     return timer
+
+
+T = torch.ones(2)
+CALLS = [  # (name, args, kwargs): as scripts and libraries write them, and wrong ones
+    ("all_reduce", (T,), {}), ("all_reduce", (T, dist.ReduceOp.MAX), {"async_op": True}),
+    ("all_reduce", (), {"tensor": T, "group": None}), ("broadcast", (T, 0), {}),
+    ("broadcast", (), {"tensor": T, "src": 1, "group": None, "async_op": True}),  # ZeroRedundancyOptimizer's
+    ("all_gather", ([T], T), {}), ("all_gather_into_tensor", (T, T), {"async_op": True}),
+    ("reduce_scatter_tensor", (T, T), {"op": dist.ReduceOp.SUM}),
+    ("all_reduce", (T,), {"tensor": T}),  # given twice
+    ("all_reduce", (T,), {"bogus": 1}), ("all_gather", ([T],), {}),  # unknown; missing
+    ("broadcast", (T, 0, None, False, None, "extra"), {}),  # too many
+]
+
+
+@pytest.mark.parametrize(("name", "args", "kwargs"), CALLS)
+def test_a_calls_arguments_are_what_binding_torchs_signature_gives_or_none_where_it_refuses(
+        name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """``_arguments`` stands for ``inspect.Signature.bind`` + ``apply_defaults`` (10-20 us a
+    call, a ZeRO step making one per parameter): the same arguments by name where binding
+    succeeds, None where it raises (the call then passes to torch, which says what is wrong)."""
+    try:
+        bound = inspect.signature(getattr(dist.distributed_c10d, name)).bind(*args, **kwargs)
+    except TypeError:
+        expected = None
+    else:
+        bound.apply_defaults()
+        expected = dict(bound.arguments)
+    assert collective_stand_ins._arguments(name, args, kwargs) == expected
 
 
 def test_the_stand_ins_are_in_place_while_anyone_needs_them_and_torchs_own_are_back_after() -> None:

@@ -12,6 +12,8 @@ both alike. A watched step does all a watched train.py step does: the command ag
 timeline, publishing the reports that resolved. Printed per strategy: the median step times, the
 median of the paired ratios (goal: at most 1.02) and a 90 % interval for it. ``attach`` is a
 user's own loop on torch's DDP, attached against not attached (see ``attached_and_plain_ddp``);
+``attach-zero`` the same loop stepping torch's ZeRO-1, whose broadcasts are then the loop's own
+collectives, timed with their waits (``attached_and_plain_zero``);
 ``attach-fsdp`` the same loop on a model sharded with FSDP2's ``fully_shard``, ``attach-hsdp`` on
 a 2-D mesh of 2 replicas (HSDP: each shard's gradients all-reduced across the replicas too).
 ``--a-a`` leaves both copies unwatched (not for ``attach``): the ratio it prints is the bench's
@@ -91,9 +93,11 @@ def measure(args: argparse.Namespace) -> None:
 
     rows = []
     for strategy in args.strategies.split(","):
-        if strategy in ("attach", "attach-fsdp", "attach-hsdp"):
+        if strategy in ("attach", "attach-zero", "attach-fsdp", "attach-hsdp"):
             if strategy == "attach":
                 steps, attachment = attached_and_plain_ddp(model, batch, context, args.port)
+            elif strategy == "attach-zero":
+                steps, attachment = attached_and_plain_zero(model, batch, context, args.port)
             elif strategy == "attach-fsdp":
                 steps, attachment = attached_and_plain_fsdp(model, batch, args.port)
             else:  # attach-hsdp
@@ -149,6 +153,21 @@ def attached_and_plain_ddp(model: Any, batch: dict[str, Any], context: Any, port
     return users_steps_one_attached(models, batch, port)
 
 
+def attached_and_plain_zero(model: Any, batch: dict[str, Any], context: Any, port: int) -> tuple[dict[str, Callable[[int], None]], Any]:
+    """``attach-zero``: ``attach`` on a loop stepping PyTorch's ZeRO-1 (``ZeroRedundancyOptimizer``
+    over AdamW), whose broadcasts of the updated parameters, one asynchronous call per parameter
+    inside ``step()``, are timed as the loop's with their waits. The unwatched copy's steps run
+    inside a pause of the watched loop (``Attachment.paused``): on the same thread, in the
+    watched loop's step, its broadcasts would be timed as that loop's. The pause's two marks fall
+    in the unwatched copy's time, against it."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    device_ids = [context.device.index] if context.device.type == "cuda" else None
+    models = {mode: DistributedDataParallel(copy.deepcopy(model), device_ids=device_ids, bucket_cap_mb=1.0)
+              for mode in ("watched", "plain")}
+    return users_steps_one_attached(models, batch, port, zero=True)
+
+
 def attached_and_plain_fsdp(model: Any, batch: dict[str, Any], port: int, mesh: Any = None) -> tuple[dict[str, Callable[[int], None]], Any]:
     """``attach-fsdp``: the user's loop on a model sharded with FSDP2 (each decoder layer, then the
     root), attached, against an identical sharded model without it; on ``mesh`` where given
@@ -165,15 +184,24 @@ def attached_and_plain_fsdp(model: Any, batch: dict[str, Any], port: int, mesh: 
     return users_steps_one_attached(models, batch, port)
 
 
-def users_steps_one_attached(models: dict[str, Any], batch: dict[str, Any], port: int) -> tuple[dict[str, Callable[[int], None]], Any]:
+def users_steps_one_attached(models: dict[str, Any], batch: dict[str, Any], port: int,
+                             zero: bool = False) -> tuple[dict[str, Callable[[int], None]], Any]:
     """A user's step (forward, backward, AdamW) for each of the two models, the ``watched`` one
-    attached: nothing in the step is ddpwatch's. Returns the steps and the attachment, which the
-    caller detaches once they are timed."""
+    attached: nothing in the step is ddpwatch's. ``zero``: AdamW sharded by PyTorch's
+    ``ZeroRedundancyOptimizer``, the unwatched copy stepped inside a pause of the watched loop
+    (``attached_and_plain_zero``). Returns the steps and the attachment, which the caller
+    detaches once they are timed."""
     import torch
 
     import instrumented_ddp
 
-    optimizers = {mode: torch.optim.AdamW(models[mode].parameters(), lr=1e-4) for mode in models}
+    def optimizer_of(model: Any) -> Any:
+        if zero:
+            from torch.distributed.optim import ZeroRedundancyOptimizer
+            return ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW, lr=1e-4)
+        return torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    optimizers = {mode: optimizer_of(models[mode]) for mode in models}
     attachment = instrumented_ddp.attach(models["watched"], optimizers["watched"], address=f"tcp://127.0.0.1:{port}")
 
     def user_step(mode: str, _step: int) -> None:
@@ -181,7 +209,14 @@ def users_steps_one_attached(models: dict[str, Any], batch: dict[str, Any], port
         optimizers[mode].step()
         optimizers[mode].zero_grad(set_to_none=False)
 
-    return {mode: functools.partial(user_step, mode) for mode in models}, attachment
+    def unwatched_step_in_a_pause(step: int) -> None:
+        with attachment.paused("the unwatched copy's step"):
+            user_step("plain", step)
+
+    steps = {mode: functools.partial(user_step, mode) for mode in models}
+    if zero:
+        steps["plain"] = unwatched_step_in_a_pause
+    return steps, attachment
 
 
 def marked_train_step(wrapped: Any, timeline: Any, optimizer: Any, batch: dict[str, Any], step: int, strategy: str) -> Any:
@@ -209,13 +244,14 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--strategies", default="simple,ga,hook,async,bucket,ddp,attach",
                         help="comma-separated; 'attach' is a user's own DDP loop with instrumented_ddp.attach, "
+                             "'attach-zero' the same stepping torch's ZeroRedundancyOptimizer, "
                              "'attach-fsdp' the same on FSDP2, 'attach-hsdp' on FSDP2's 2-D mesh of 2 replicas")
     parser.add_argument("--block", type=int, default=5, help="steps per alternating block on a GPU")
     parser.add_argument("--a-a", action="store_true", help="both copies unwatched: the bench's own noise floor")
     parser.add_argument("--listener", action="store_true",
                         help="a `ddpwatch record` listens at --port (as a dashboard would): the reports are encoded and sent")
     args = parser.parse_args()
-    if args.a_a and {"attach", "attach-fsdp", "attach-hsdp"} & set(args.strategies.split(",")):
+    if args.a_a and {"attach", "attach-zero", "attach-fsdp", "attach-hsdp"} & set(args.strategies.split(",")):
         parser.error("--a-a compares two unwatched copies of a strategy; attach has none: leave it out of --strategies")
     if "RANK" in os.environ:
         measure(args)

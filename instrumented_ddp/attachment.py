@@ -603,6 +603,12 @@ class Attachment:
         return (self._after_backward is not None and gradient_of is not None and gradient_of.grad is None
                 and not self._inside_optimizer_step)  # LBFGS's closure clears them for its next evaluation
 
+    def _end_a_step_whose_update_was_skipped(self) -> None:
+        """Where the update was skipped (``_update_skipped``), the step ended at its backward: end
+        it there, so that what the loop does now (a forward, a collective, a wait) is the next one's."""
+        if self._update_skipped():
+            self._end_step(at=self._after_backward, update_skipped=True)
+
     def _time_loop_collective(self, call: LoopCall, issue: Callable[[], Any]) -> Any:
         """A collective the loop issued on its thread (``collective_stand_ins``), timed as a
         collective of its kind, ``l<k>``, where a step is open, outside a forward and outside a
@@ -617,8 +623,7 @@ class Attachment:
         if not self._handles or not timeline.in_step or self._forward_from is not None or self.watch.pausing:
             return NOT_TIMED
         try:
-            if self._update_skipped():
-                self._end_step(at=self._after_backward, update_skipped=True)
+            self._end_a_step_whose_update_was_skipped()
             timeline.time_collectives_in(call.group)
             span = timeline.open_collective(call.kind, call.nbytes, f"l{self._loop_calls}", call.dtype, not call.async_op)
         except Exception:
@@ -648,8 +653,7 @@ class Attachment:
                 or threading.get_ident() != self._loop_thread):
             return None
         try:
-            if self._update_skipped():
-                self._end_step(at=self._after_backward, update_skipped=True)
+            self._end_a_step_whose_update_was_skipped()
             return self.timeline.stamp()
         except Exception:
             return None
@@ -674,8 +678,8 @@ class Attachment:
             self._begin_step()
             self._collectives.restart(in_gap=False)  # counted from here: the first step's
             self._data_from = None
-        elif self._update_skipped():
-            self._end_step(at=self._after_backward, update_skipped=True)
+        else:
+            self._end_a_step_whose_update_was_skipped()
         now = self.timeline.stamp()
         gap_from = self._data_from if self._data_from is not None else self._after_backward
         if gap_from is not None:  # the loader: after the last step, or after the last micro-step's backward

@@ -149,7 +149,7 @@ def all_reduce(*args: Any, **kwargs: Any) -> Any:
     arguments = _arguments("all_reduce", args, kwargs)
     if arguments is not None and arguments["async_op"] and (timer := hooked_collectives.backward_timer()) is not None:
         return timer(original, arguments["tensor"], arguments["op"], arguments["group"])
-    return _issued_by_the_loop("all_reduce", original, args, kwargs)
+    return _issued_by_the_loop("all_reduce", original, args, kwargs, arguments)
 
 
 def _stand_in_for(name: str) -> Callable[..., Any]:
@@ -169,16 +169,24 @@ STAND_INS: dict[str, Callable[..., Any]] = {"all_reduce": all_reduce,
                                             **{name: _stand_in_for(name) for name in COLLECTIVES if name != "all_reduce"}}
 
 
-def _issued_by_the_loop(name: str, original: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+#: ``_issued_by_the_loop``'s ``arguments`` where the caller has not read them.
+_UNREAD: Any = object()
+
+
+def _issued_by_the_loop(name: str, original: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+                        arguments: Any = _UNREAD) -> Any:
     """Issue a call that is not a hook's, outside code ``torch.compile`` traces (each stand-in
     asks that first): timed by the thread's loop timer where there is one, outside a backward;
-    else untimed. Whatever reading the call raises passes it on untimed: torch says what is
-    wrong with it, as it would have."""
+    else untimed. ``arguments``: ``_arguments`` of the call, where the stand-in read them already
+    (``all_reduce``, asking whether a hook issued it); read here otherwise, and only for a call a
+    loop timer may time. Whatever reading the call raises passes it on untimed: torch says what
+    is wrong with it, as it would have."""
     timers = _loop_timers.get(threading.get_ident())
     if not timers or torch._C._current_graph_task_id() != -1:
         return original(*args, **kwargs)
     try:
-        arguments = _arguments(name, args, kwargs)
+        if arguments is _UNREAD:
+            arguments = _arguments(name, args, kwargs)
         call = None
         if (arguments is not None and not dist.distributed_c10d._rank_not_in_group(arguments["group"])
                 and not _coalescing(arguments["group"])):

@@ -13,7 +13,7 @@ timeline, publishing the reports that resolved. Printed per strategy: the median
 median of the paired ratios (goal: at most 1.02) and a 90 % interval for it. ``attach`` is a
 user's own loop on torch's DDP, attached against not attached (see ``attached_and_plain_ddp``);
 ``attach-zero`` the same loop stepping torch's ZeRO-1, whose broadcasts are then the loop's own
-collectives, timed with their waits (``attached_and_plain_zero``);
+collectives, timed with their waits (``attached_and_plain_ddp``);
 ``attach-fsdp`` the same loop on a model sharded with FSDP2's ``fully_shard``, ``attach-hsdp`` on
 a 2-D mesh of 2 replicas (HSDP: each shard's gradients all-reduced across the replicas too).
 ``--a-a`` leaves both copies unwatched (not for ``attach``): the ratio it prints is the bench's
@@ -97,7 +97,7 @@ def measure(args: argparse.Namespace) -> None:
             if strategy == "attach":
                 steps, attachment = attached_and_plain_ddp(model, batch, context, args.port)
             elif strategy == "attach-zero":
-                steps, attachment = attached_and_plain_zero(model, batch, context, args.port)
+                steps, attachment = attached_and_plain_ddp(model, batch, context, args.port, zero=True)
             elif strategy == "attach-fsdp":
                 steps, attachment = attached_and_plain_fsdp(model, batch, args.port)
             else:  # attach-hsdp
@@ -142,30 +142,19 @@ def measure(args: argparse.Namespace) -> None:
     exit_process(0)
 
 
-def attached_and_plain_ddp(model: Any, batch: dict[str, Any], context: Any, port: int) -> tuple[dict[str, Callable[[int], None]], Any]:
+def attached_and_plain_ddp(model: Any, batch: dict[str, Any], context: Any, port: int,
+                           zero: bool = False) -> tuple[dict[str, Callable[[int], None]], Any]:
     """``attach``: a user's own loop on a DDP model with ddpwatch attached, against the same loop
-    on an identical DDP model without it. The loop is the user's: nothing in it is ddpwatch's."""
+    on an identical DDP model without it. The loop is the user's: nothing in it is ddpwatch's.
+    ``zero`` (``attach-zero``): the loop steps PyTorch's ZeRO-1, whose broadcasts of the updated
+    parameters, one asynchronous call per parameter inside ``step()``, are timed as the loop's
+    with their waits (``users_steps_one_attached``)."""
     from torch.nn.parallel import DistributedDataParallel
 
     device_ids = [context.device.index] if context.device.type == "cuda" else None
     models = {mode: DistributedDataParallel(copy.deepcopy(model), device_ids=device_ids, bucket_cap_mb=1.0)
               for mode in ("watched", "plain")}
-    return users_steps_one_attached(models, batch, port)
-
-
-def attached_and_plain_zero(model: Any, batch: dict[str, Any], context: Any, port: int) -> tuple[dict[str, Callable[[int], None]], Any]:
-    """``attach-zero``: ``attach`` on a loop stepping PyTorch's ZeRO-1 (``ZeroRedundancyOptimizer``
-    over AdamW), whose broadcasts of the updated parameters, one asynchronous call per parameter
-    inside ``step()``, are timed as the loop's with their waits. The unwatched copy's steps run
-    inside a pause of the watched loop (``Attachment.paused``): on the same thread, in the
-    watched loop's step, its broadcasts would be timed as that loop's. The pause's two marks fall
-    in the unwatched copy's time, against it."""
-    from torch.nn.parallel import DistributedDataParallel
-
-    device_ids = [context.device.index] if context.device.type == "cuda" else None
-    models = {mode: DistributedDataParallel(copy.deepcopy(model), device_ids=device_ids, bucket_cap_mb=1.0)
-              for mode in ("watched", "plain")}
-    return users_steps_one_attached(models, batch, port, zero=True)
+    return users_steps_one_attached(models, batch, port, zero=zero)
 
 
 def attached_and_plain_fsdp(model: Any, batch: dict[str, Any], port: int, mesh: Any = None) -> tuple[dict[str, Callable[[int], None]], Any]:
@@ -188,8 +177,9 @@ def users_steps_one_attached(models: dict[str, Any], batch: dict[str, Any], port
                              zero: bool = False) -> tuple[dict[str, Callable[[int], None]], Any]:
     """A user's step (forward, backward, AdamW) for each of the two models, the ``watched`` one
     attached: nothing in the step is ddpwatch's. ``zero``: AdamW sharded by PyTorch's
-    ``ZeroRedundancyOptimizer``, the unwatched copy stepped inside a pause of the watched loop
-    (``attached_and_plain_zero``). Returns the steps and the attachment, which the caller
+    ``ZeroRedundancyOptimizer``, the unwatched copy stepped inside a pause of the watched loop:
+    on the same thread, in the watched loop's step, its broadcasts would be timed as that loop's
+    (the pause's two marks fall in the unwatched copy's time, against it). Returns the steps and the attachment, which the caller
     detaches once they are timed."""
     import torch
 

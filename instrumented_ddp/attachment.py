@@ -73,7 +73,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.distributed as dist
@@ -211,6 +211,16 @@ def all_reduce_group(model: nn.Module, sharded: bool) -> list[int]:
         return replica_ranks(model)
     group = model.process_group
     return dist.get_process_group_ranks(group) if group.size() != dist.get_world_size() else []
+
+
+def strategy_group(model: nn.Module, sharded: bool) -> dist.ProcessGroup:
+    """The process group the model's own collectives run on: DDP's buckets, FSDP's all-gathers
+    and reduce-scatters (its mesh's shard dimension; the default group where FSDP keeps none)."""
+    if sharded:
+        from .fsdp_timing import shard_group
+
+        return shard_group(model) or dist.distributed_c10d._get_default_group()
+    return cast(DistributedDataParallel, model).process_group
 
 
 def sharded_timing(model: nn.Module, timeline: Any) -> FSDPTiming:
@@ -412,6 +422,7 @@ class Attachment:
         self._inside_optimizer_step = False  # between the optimizer's step pre- and post-hooks
         self._bucket_layout_sent = False
         self._loop_calls = 0  # the loop's collectives timed in this step: ``l<k>``
+        self._strategy_group = strategy_group(model, sharded)  # a loop's collective on it waits in their queue: ``_queue_of``
         #: Their spans since the step's latest backward ended, until a forward or the update: the
         #: next step's, where that backward is found to have ended a step whose update was skipped.
         self._loop_spans_after_backward: list[Any] = []
@@ -625,7 +636,8 @@ class Attachment:
         try:
             self._end_a_step_whose_update_was_skipped()
             timeline.time_collectives_in(call.group)
-            span = timeline.open_collective(call.kind, call.nbytes, f"l{self._loop_calls}", call.dtype, not call.async_op)
+            span = timeline.open_collective(call.kind, call.nbytes, f"l{self._loop_calls}", call.dtype, not call.async_op,
+                                            queue=self._queue_of(call.group))
         except Exception:
             return NOT_TIMED
         self._loop_calls += 1
@@ -644,6 +656,18 @@ class Attachment:
         timeline.close_collective(span, work)
         LooksWhenWaited(work, timeline).wait()  # on the CPU its end is its wait's return, exactly
         return None
+
+    def _queue_of(self, group: dist.ProcessGroup | None) -> str:
+        """The queue a loop's collective on ``group`` (None: the default group) waits in
+        (``StepTimeline.open_collective``): the model's own, "", where it is the group DDP's
+        buckets run on (ZeRO's broadcasts beside DDP), else that group's. Each group has its own
+        gloo threads and its own NCCL stream, so a metric all-reduced on a gloo side group does
+        not start after DDP's buckets on the NCCL stream, nor do they wait for it."""
+        if group is None:
+            group = dist.distributed_c10d._get_default_group()
+        if group is self._strategy_group:
+            return ""
+        return f"group {getattr(group, 'group_name', id(group))}"
 
     def wait_begins(self) -> Any:
         """Where the loop begins to wait for an asynchronous collective of its own (``WaitedByTheLoop``):

@@ -116,6 +116,16 @@ def replica_ranks(model: nn.Module) -> list[int]:
     return []
 
 
+def shard_group(model: nn.Module) -> dist.ProcessGroup | None:
+    """The process group the model's all-gathers and reduce-scatters run on (its mesh's shard
+    dimension: the default group where a 1-D mesh covers every rank); None where FSDP keeps no
+    param group to read it from (a model with no parameters of its own)."""
+    for unit in fsdp_units(model):
+        for group in _fsdp_param_groups(unit):
+            return group.mesh_info.shard_process_group
+    return None
+
+
 def _replicated_meshes(unit: FSDPModule) -> list[Any]:
     """The mesh infos of ``unit``'s param groups that have a replicate dimension (HSDP): FSDP's
     private ``mesh_info.replicate_process_group`` is read here only."""

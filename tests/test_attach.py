@@ -224,6 +224,37 @@ def test_the_loops_asynchronous_collective_waited_on_another_thread_is_timed_and
     assert all(s.start <= s.end for r in reports for s in r.spans)
 
 
+def test_the_loops_collective_on_another_process_group_waits_in_that_groups_queue_not_ddps(
+        one_rank_group: None, sent: list[Any]) -> None:
+    """Each process group has its own gloo threads and its own NCCL stream: a loop's collective
+    on DDP's group (the default, named or not) waits in DDP's queue, "", and one on any other
+    group (a metric on a gloo side group) in that group's, so that replaying the queues for
+    starts (``StepTimeline``) never makes it wait for DDP's buckets, nor them for it. An FSDP2
+    model's own group is its mesh's shard dimension: here the default group."""
+    side, other = dist.new_group([0]), dist.new_group([0])
+    models: list[tuple[Any, Any]] = [make_ddp(), sharded_classifier()]
+    for model, optimizer in models:
+        queues: list[tuple[str, str]] = []
+        with attached(model, optimizer) as watch:
+            def opening(kind: str, nbytes: int, tag: str, *args: Any, _open: Any = watch.timeline.open_collective,
+                        **kwargs: Any) -> Any:
+                queues.append((tag, kwargs.get("queue", "")))
+                return _open(kind, nbytes, tag, *args, **kwargs)
+            watch.timeline.open_collective = opening
+            optimizer.zero_grad()
+            model(**batch(1)).loss.backward()
+            dist.all_reduce(torch.ones(1))
+            dist.all_reduce(torch.ones(1), group=dist.group.WORLD)
+            dist.all_reduce(torch.ones(1), group=side)
+            dist.all_reduce(torch.ones(1), group=other, async_op=True).wait()
+            dist.broadcast(torch.ones(1), src=0, group=side)
+            optimizer.step()
+        assert [q for q in queues if q[0].startswith("l")] == [
+            ("l0", ""), ("l1", ""), ("l2", f"group {side.group_name}"), ("l3", f"group {other.group_name}"),
+            ("l4", f"group {side.group_name}")]
+        assert all(queue == "" for tag, queue in queues if not tag.startswith("l"))  # DDP's buckets
+
+
 def test_the_loops_collectives_coalesced_by_torch_pass_through_and_are_counted(one_rank_group: None,
                                                                                 sent: list[Any]) -> None:
     """Inside ``_coalescing_manager`` torch issues nothing at each call, only one coalesced

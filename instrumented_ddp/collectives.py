@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
@@ -75,13 +76,52 @@ def gives_future(work: dist.Work) -> bool:
     return True
 
 
-class LooksWhenWaited:
+class ForwardingWork(dist.Work):
+    """A ``Work`` that stands for torch's ``work``, whose ``wait()`` a subclass times. It is a
+    ``dist.Work`` itself, since code waits only on what is one: FSDP2 waits for an asynchronous
+    all-gather (``FSDPModule.unshard(async_op=True)``, a prefetch) only where
+    ``isinstance(work, dist.Work)`` (``foreach_all_gather_copy_out``), and read the gathered
+    parameters before gloo had written them where it was handed a plain wrapper. Every other
+    method of ``dist.Work`` is the work's (``_forward_to_the_work``: the base's own would answer
+    for an empty work that never completes), ``wait`` included where the subclass does not time
+    it, as is any other attribute; ``boxed()`` boxes this one, so ``Work.unbox`` gives it back,
+    timed wait and all."""
+
+    def __init__(self, work: dist.Work) -> None:
+        super().__init__()
+        self.work = work
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.work, name)
+
+
+#: ``dist.Work``'s methods a ``ForwardingWork`` hands to the work it stands for: all but ``boxed``
+#: and ``unbox``, which box and unbox the stand-in itself (and pybind11's own).
+FORWARDED_WORK_METHODS = tuple(sorted(
+    name for name, member in vars(dist.Work).items()
+    if callable(member) and not name.startswith("__") and name not in {"boxed", "unbox", "_pybind11_conduit_v1_"}))
+
+
+def _forward_to_the_work(name: str) -> Callable[..., Any]:
+    def forwarded(self: ForwardingWork, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self.work, name)(*args, **kwargs)
+
+    forwarded.__name__ = forwarded.__qualname__ = name
+    return forwarded
+
+
+for _name in FORWARDED_WORK_METHODS:
+    setattr(ForwardingWork, _name, _forward_to_the_work(_name))
+
+
+class LooksWhenWaited(ForwardingWork):
     """On the CPU, a ``Work`` whose ``wait()`` is bracketed by two looks at the rank's running
     collectives (``HostClock.poll``): one that completed before the wait ends before it, and
     the one waited for, if it was still running, ends as its wait returns: exactly."""
 
     def __init__(self, work: dist.Work, timeline: Any) -> None:
-        self.work, self._timeline = work, timeline
+        super().__init__(work)
+        self._timeline = timeline
 
     def wait(self, *args: Any, **kwargs: Any) -> bool:
         self._timeline.poll()
@@ -89,18 +129,16 @@ class LooksWhenWaited:
         self._timeline.poll(waited=self.work)
         return done
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.work, name)
 
-
-class EndsWhenWaited:
+class EndsWhenWaited(ForwardingWork):
     """gloo's reduce-scatter returns a ``Work`` with no future (torch 2.13): nothing can call back
     when it completes, and waiting on it from a second thread races the copy into the output
     that its ``wait`` does. So its span ends when the rank's own ``wait()`` returns: a late end
     when the rank waits after it finished (gloo does most of it inside the call anyway)."""
 
     def __init__(self, work: dist.Work, on_waited: Any) -> None:
-        self.work, self._on_waited = work, on_waited
+        super().__init__(work)
+        self._on_waited = on_waited
 
     def wait(self, *args: Any, **kwargs: Any) -> bool:
         done = self.work.wait(*args, **kwargs)
@@ -108,9 +146,6 @@ class EndsWhenWaited:
             self._on_waited()
             self._on_waited = None
         return done
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.work, name)
 
 
 class LoopWaits(Protocol):
@@ -123,7 +158,7 @@ class LoopWaits(Protocol):
         """The wait begun at ``start`` has returned: a ``wait`` span of the step."""
 
 
-class WaitedByTheLoop:
+class WaitedByTheLoop(ForwardingWork):
     """An asynchronous collective a user's loop issued (``collective_stand_ins``), as handed back
     to it. The loop's ``wait()`` is blocked time, not compute (GUIDE §2: ZeRO's broadcasts
     waited for inside ``optimizer.step()`` read as the optimizer's compute), so it is a ``wait``
@@ -135,7 +170,8 @@ class WaitedByTheLoop:
     the work's own."""
 
     def __init__(self, work: dist.Work, timeline: Any, waits: LoopWaits, ends_when_waited: Any = None) -> None:
-        self.work, self._timeline, self._waits = work, timeline, waits
+        super().__init__(work)
+        self._timeline, self._waits = timeline, waits
         self._ends_when_waited = ends_when_waited
         self._loop_thread = threading.get_ident()
 
@@ -167,9 +203,6 @@ class WaitedByTheLoop:
         if span is not None:
             span.complete(time.perf_counter())
         return done
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.work, name)
 
 
 def timed_all_reduce_result(timeline: Any, tensor: torch.Tensor, *, tag: str, group: dist.ProcessGroup | None,

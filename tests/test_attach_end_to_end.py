@@ -215,6 +215,12 @@ def test_attached_hook_is_bitwise_plain_ddp_at_a_world_size_that_is_not_a_power_
     assert ("fsdp2: strategy ['fsdp'], excluded [False, False, False, False], grad_accum [2, 2, 2, 2], "
             "all-gathers [12, 12, 12, 12], reduce-scatters [3, 3, 3, 3], tags ['u0', 'u1', 'u2'], "
             "the loop's [0, 6, 6, 6]") in result.stdout
+    # the same, the loop prefetching each layer itself (unshard(async_op=True), FSDP2's explicit prefetch):
+    # FSDP waits for such an all-gather only where its work is a dist.Work, and read the parameters before
+    # gloo had gathered them (bitwise False) where ddpwatch handed it a plain wrapper (collectives.ForwardingWork).
+    # The attached model's prefetches are its own (u0-u2, not blocking), the unattached one's the loop's
+    assert "fsdp2 prefetched: bitwise equal on every rank: True" in result.stdout
+    assert "fsdp2 prefetched: all-gathers [12, 12, 12, 12], blocking [False, True], the loop's [0, 6, 6, 6]" in result.stdout
     # the same model replicated on every rank (HSDP on a 3 x 1 mesh): FSDP skips the reduce-scatter of a
     # one-rank shard group and all-reduces each unit's gradients across the 3 replicas, once a step, with a
     # plain dist.all_reduce that no FSDP hook takes: timed through the forwarding group standing for the

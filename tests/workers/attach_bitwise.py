@@ -4,7 +4,8 @@ with gradients copied into DDP's buckets, with gradients as views of them, with
 hook, ``DistributedDataParallelKwargs(comm_hook=...)``), and with PyTorch's ZeRO-1; prints for each whether every
 parameter ended bit for bit the same on every rank, and which steps the attached run excluded
 with how many all-reduces each (rank 0). Then the same for a model sharded with FSDP2's
-``fully_shard``, attached against not, with its all-gathers and reduce-scatters per step, and
+``fully_shard``, attached against not, with its all-gathers and reduce-scatters per step (also
+with the loop prefetching each layer asynchronously), and
 for the same model replicated across every rank on a 2-D mesh (HSDP), with its all-reduces
 across the replicas. Last, a loop whose rank 1 loads slowly and which all-gathers a count before
 each forward, as the Trainer does: each rank's gather and data time, as JSON (``slow loader:``)."""
@@ -65,6 +66,10 @@ def main() -> None:
         f"reduce-scatters {[sum(s.kind == 'reduce_scatter' for s in r.spans) for r in reports]}, "
         f"tags {sorted({s.tag for r in reports for s in r.spans if s.kind == 'reduce_scatter'})}, "
         f"the loop's {[sum(s.tag.startswith('l') for s in r.spans) for r in reports]}")
+    same, reports, _ = train_fsdp2_side_by_side(args.address, context.rank, prefetch=True)
+    say("fsdp2 prefetched", same, f"all-gathers {[sum(s.tag.startswith('u') for s in r.spans if s.kind == 'all_gather') for r in reports]}, "
+        f"blocking {sorted({s.blocking for r in reports for s in r.spans if s.kind == 'all_gather' and s.tag.startswith('u')})}, "
+        f"the loop's {[[(s.kind, s.blocking) for s in r.spans if s.tag.startswith('l')].count(('all_gather', False)) for r in reports]}")
     replicas = init_device_mesh("cpu", (context.world_size, 1), mesh_dim_names=("replicate", "shard"))
     same, reports, group = train_fsdp2_side_by_side(args.address, context.rank, mesh=replicas)
     say("hsdp", same, f"settings {reports[-1].settings}, all-reduce group {group}, excluded {[r.excluded for r in reports]}, "
@@ -213,11 +218,14 @@ def train_accelerate_side_by_side(address: str, rank: int, comm_hook: DDPCommuni
     return same, [m for m in sent if isinstance(m, StepReport)]
 
 
-def train_fsdp2_side_by_side(address: str, rank: int, mesh: Any = None) -> tuple[bool, list[StepReport], list[int]]:
+def train_fsdp2_side_by_side(address: str, rank: int, mesh: Any = None, prefetch: bool = False
+                             ) -> tuple[bool, list[StepReport], list[int]]:
     """A model the user shards with FSDP2 (each layer, then the root), attached, against the same
     model sharded and not attached: two micro-steps a step, the first without gradient sync.
-    ``mesh``: FSDP's (default: every rank, one dimension). Also returns the attached run's hello's
-    ``all_reduce_group``."""
+    ``mesh``: FSDP's (default: every rank, one dimension). ``prefetch``: the loop all-gathers each
+    layer itself before the forward, asynchronously (``unshard(async_op=True)``, FSDP2's explicit
+    prefetch), and FSDP waits for it at the layer's forward. Also returns the attached run's
+    hello's ``all_reduce_group``."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(32, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 3))
     pair = {}
@@ -236,6 +244,9 @@ def train_fsdp2_side_by_side(address: str, rank: int, mesh: Any = None) -> tuple
         for mode, sharded in pair.items():
             for micro, (x, y) in enumerate(batches):
                 sharded.set_requires_gradient_sync(micro == 1)
+                if prefetch:
+                    for layer in (sharded[0], sharded[2], sharded[4]):
+                        layer.unshard(async_op=True)
                 (nn.functional.cross_entropy(sharded(x), y) / 2).backward()
             optimizers[mode].step()
             optimizers[mode].zero_grad()

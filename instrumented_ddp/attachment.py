@@ -423,6 +423,7 @@ class Attachment:
         self._bucket_layout_sent = False
         self._loop_calls = 0  # the loop's collectives timed in this step: ``l<k>``
         self._strategy_group = strategy_group(model, sharded)  # a loop's collective on it waits in their queue: ``_queue_of``
+        self._nccl_groups: dict[int, tuple[Any, bool]] = {}  # by id: a group, and whether NCCL reduces its CUDA tensors
         #: Their spans since the step's latest backward ended, until a forward or the update: the
         #: next step's, where that backward is found to have ended a step whose update was skipped.
         self._loop_spans_after_backward: list[Any] = []
@@ -631,7 +632,8 @@ class Attachment:
         as at the next forward, so that what the loop issues after it is the next step's.
         ddpwatch's bookkeeping raising never loses the user's collective: issued untimed."""
         timeline = self.timeline
-        if not self._handles or not timeline.in_step or self._forward_from is not None or self.watch.pausing:
+        if (not self._handles or not timeline.in_step or self._forward_from is not None or self.watch.pausing
+                or not self._on_the_steps_clock(call)):
             return NOT_TIMED
         try:
             self._end_a_step_whose_update_was_skipped()
@@ -656,6 +658,28 @@ class Attachment:
         timeline.close_collective(span, work)
         LooksWhenWaited(work, timeline).wait()  # on the CPU its end is its wait's return, exactly
         return None
+
+    def _on_the_steps_clock(self, call: LoopCall) -> bool:
+        """Whether the step's clock can time ``call``. The host's clock (a model on the CPU)
+        times any. On a GPU the step's marks are CUDA events and a collective's end is NCCL's
+        duration or an event its future's callback records: a call on CPU tensors (a metric
+        all-reduced over a gloo side group) or through another backend has neither (gloo's
+        works have no duration: with NCCL timing on, each such step went out unresolved), so it
+        is counted, untimed, as before the loop's calls were timed at all."""
+        if self.device.type != "cuda":
+            return True
+        if call.device != "cuda":
+            return False
+        group = call.group if call.group is not None else dist.distributed_c10d._get_default_group()
+        known = self._nccl_groups.get(id(group))
+        if known is not None and known[0] is group:
+            return known[1]
+        try:
+            nccl = group._get_backend(torch.device("cuda")).name() == "nccl"
+        except Exception:  # no CUDA backend in that group
+            nccl = False
+        self._nccl_groups[id(group)] = (group, nccl)
+        return nccl
 
     def _queue_of(self, group: dist.ProcessGroup | None) -> str:
         """The queue a loop's collective on ``group`` (None: the default group) waits in

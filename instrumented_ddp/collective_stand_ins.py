@@ -70,14 +70,16 @@ COLLECTIVES = {name: collective for name, collective in {
 
 class LoopCall(NamedTuple):
     """A collective the loop issued: its kind, the bytes nccl-tests counts, their dtype, its
-    process group (None: the default group), and whether the loop asked for it asynchronously
-    (``async_op=True``: it waits for the work itself)."""
+    process group (None: the default group), whether the loop asked for it asynchronously
+    (``async_op=True``: it waits for the work itself), and the type of the device its tensors
+    are on ("cpu": a metric over a gloo side group in a GPU run)."""
 
     kind: str
     nbytes: int
     dtype: str
     group: Any
     async_op: bool
+    device: str
 
 
 #: What a loop timer returns where it issued nothing: torch's own function issues the call.
@@ -191,9 +193,9 @@ def _issued_by_the_loop(name: str, original: Callable[..., Any], args: tuple[Any
         if (arguments is not None and not dist.distributed_c10d._rank_not_in_group(arguments["group"])
                 and not _coalescing(arguments["group"])):
             kind, counted = COLLECTIVES[name]
-            call = LoopCall(kind, _counted_bytes(arguments[counted]),
-                            str(_first_tensor(arguments[counted]).dtype).removeprefix("torch."), arguments["group"],
-                            bool(arguments["async_op"]))
+            first = _first_tensor(arguments[counted])
+            call = LoopCall(kind, _counted_bytes(arguments[counted]), str(first.dtype).removeprefix("torch."),
+                            arguments["group"], bool(arguments["async_op"]), first.device.type)
             arguments["async_op"] = True
     except Exception:
         call = None

@@ -255,6 +255,40 @@ def test_the_loops_collective_on_another_process_group_waits_in_that_groups_queu
         assert all(queue == "" for tag, queue in queues if not tag.startswith("l"))  # DDP's buckets
 
 
+def test_on_a_gpu_the_loops_collective_is_timed_only_on_cuda_tensors_through_nccl_and_else_counted(
+        one_rank_group: None, sent: list[Any]) -> None:
+    """A GPU step is timed by CUDA events and NCCL's durations: a metric all-reduced on the CPU
+    over a gloo side group has neither (with NCCL timing on, gloo's work has no duration and the
+    step went out unresolved), so it is counted untimed there. The host's clock, on the CPU,
+    times any call; on a GPU a call on CUDA tensors is timed where its group's CUDA backend is
+    NCCL (a gloo group reduces CUDA tensors too, and is not)."""
+    from instrumented_ddp.collective_stand_ins import LoopCall
+
+    class NcclGroup:
+        def _get_backend(self, device: torch.device) -> Any:
+            return SimpleNamespace(name=lambda: "nccl" if device.type == "cuda" else "gloo")
+
+    def call(device: str, group: Any = None) -> LoopCall:
+        return LoopCall("all_reduce", 4, "float32", group, False, device)
+
+    ddp, optimizer = make_ddp()
+    nccl = NcclGroup()
+    with attached(ddp, optimizer) as watch:
+        assert watch._on_the_steps_clock(call("cpu")) and watch._on_the_steps_clock(call("cpu", nccl))
+        watch.device = torch.device("cuda")  # what a model on a GPU is attached on
+        assert not watch._on_the_steps_clock(call("cpu")) and not watch._on_the_steps_clock(call("cpu", nccl))
+        assert not watch._on_the_steps_clock(call("cuda"))  # the default group here is gloo's
+        assert watch._on_the_steps_clock(call("cuda", nccl)) and watch._on_the_steps_clock(call("cuda", nccl))
+        for step in range(1, 3):
+            optimizer.zero_grad()
+            ddp(**batch(step)).loss.backward()
+            dist.all_reduce(torch.ones(1))  # a CPU metric: counted, not timed
+            optimizer.step()
+    reports = [m for m in sent if isinstance(m, StepReport)]
+    assert [[s.tag for s in r.spans if s.tag.startswith("l")] for r in reports] == [[], []]
+    assert [r.untimed_collectives for r in reports] == [1, 3]  # and step 2's DDP's two rebuild broadcasts
+
+
 def test_the_loops_collectives_coalesced_by_torch_pass_through_and_are_counted(one_rank_group: None,
                                                                                 sent: list[Any]) -> None:
     """Inside ``_coalescing_manager`` torch issues nothing at each call, only one coalesced

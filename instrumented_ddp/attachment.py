@@ -82,7 +82,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from . import collective_stand_ins, stop_signals
 from .collective_stand_ins import NOT_TIMED, LoopCall
-from .collectives import LooksWhenWaited, WaitedByTheLoop, gives_future
+from .collectives import LooksWhenWaited, WaitedByTheLoop, gives_future, queue_of
 from .ddp_timing import DDPTiming, users_comm_hook
 from .distributed import DistributedContext
 from .issued_collectives import IssuedCollectives, StepCollectives
@@ -422,7 +422,7 @@ class Attachment:
         self._inside_optimizer_step = False  # between the optimizer's step pre- and post-hooks
         self._bucket_layout_sent = False
         self._loop_calls = 0  # the loop's collectives timed in this step: ``l<k>``
-        self._strategy_group = strategy_group(model, sharded)  # a loop's collective on it waits in their queue: ``_queue_of``
+        self._strategy_group = strategy_group(model, sharded)  # a loop's collective on it waits in their queue: ``queue_of``
         self._nccl_groups: dict[int, tuple[Any, bool]] = {}  # by id: a group, and whether NCCL reduces its CUDA tensors
         #: Their spans since the step's latest backward ended, until a forward or the update: the
         #: next step's, where that backward is found to have ended a step whose update was skipped.
@@ -639,7 +639,7 @@ class Attachment:
             self._end_a_step_whose_update_was_skipped()
             timeline.time_collectives_in(call.group)
             span = timeline.open_collective(call.kind, call.nbytes, f"l{self._loop_calls}", call.dtype, not call.async_op,
-                                            queue=self._queue_of(call.group))
+                                            queue=queue_of(call.group, self._strategy_group))
         except Exception:
             return NOT_TIMED
         self._loop_calls += 1
@@ -680,18 +680,6 @@ class Attachment:
             nccl = False
         self._nccl_groups[id(group)] = (group, nccl)
         return nccl
-
-    def _queue_of(self, group: dist.ProcessGroup | None) -> str:
-        """The queue a loop's collective on ``group`` (None: the default group) waits in
-        (``StepTimeline.open_collective``): the model's own, "", where it is the group DDP's
-        buckets run on (ZeRO's broadcasts beside DDP), else that group's. Each group has its own
-        gloo threads and its own NCCL stream, so a metric all-reduced on a gloo side group does
-        not start after DDP's buckets on the NCCL stream, nor do they wait for it."""
-        if group is None:
-            group = dist.distributed_c10d._get_default_group()
-        if group is self._strategy_group:
-            return ""
-        return f"group {getattr(group, 'group_name', id(group))}"
 
     def wait_begins(self) -> Any:
         """Where the loop begins to wait for an asynchronous collective of its own (``WaitedByTheLoop``):

@@ -68,6 +68,21 @@ def timed_collective(
     return LooksWhenWaited(work, timeline) if timeline.polls else work
 
 
+def queue_of(group: dist.ProcessGroup | None, own_group: dist.ProcessGroup | None) -> str:
+    """The queue a collective on ``group`` waits in (``StepTimeline.open_collective``; None: the
+    default group), for a model whose own collectives (DDP's buckets, FSDP's gathers and
+    scatters) run on ``own_group``: theirs, "", on that group, named or not; else that group's.
+    Each group has its own gloo threads and its own NCCL stream, so a call on another (a loop's
+    metric on a group of its own, PostLocalSGD's intra-node subgroup) does not start after the
+    model's buckets, nor they after it."""
+    default = None
+    if group is None or own_group is None:
+        default = dist.distributed_c10d._get_default_group()
+    if (group if group is not None else default) is (own_group if own_group is not None else default):
+        return ""
+    return f"group {getattr(group, 'group_name', id(group))}"
+
+
 def gives_future(work: dist.Work) -> bool:
     try:
         work.get_future()

@@ -21,7 +21,7 @@ from torch.autograd import Variable
 from torch.nn.parallel import DistributedDataParallel
 
 from . import collective_stand_ins, hooked_collectives
-from .collectives import timed_all_reduce_result
+from .collectives import queue_of, timed_all_reduce_result
 from .forwarding_group import ForwardingGroup
 from .timeline import NULL_TIMELINE, NullTimeline, StepTimeline
 
@@ -217,7 +217,8 @@ class DDPTiming:
         try:
             issued_at = timeline.stamp()
             span = timeline.open_collective("all_reduce", tensor.numel() * tensor.element_size(), f"h{self._hooked_calls}",
-                                            str(tensor.dtype).removeprefix("torch."), False, at=issued_at)
+                                            str(tensor.dtype).removeprefix("torch."), False, at=issued_at,
+                                            queue=queue_of(group, self.process_group))
             self._hooked_calls += 1
             timeline.time_collectives_in(group)
         except Exception as error:  # never the user's all-reduce lost to ddpwatch's bookkeeping: issued untimed

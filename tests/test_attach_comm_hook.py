@@ -141,6 +141,31 @@ class AllReduceInBackward(torch.autograd.Function):
         return gradient, None
 
 
+def test_post_local_sgds_all_reduces_on_its_subgroup_wait_in_that_groups_queue_not_ddps(one_rank_group: None) -> None:
+    """PostLocalSGD all-reduces each bucket on DDP's group for its first iterations, then on an
+    intra-node subgroup (``post_localSGD_hook``): each call is timed in its own group's queue
+    (``collectives.queue_of``), since each group has its own gloo threads and NCCL stream, and the
+    training is the unattached hook's, bit for bit."""
+    from torch.distributed.algorithms.ddp_comm_hooks import post_localSGD_hook
+
+    subgroup = dist.new_group([0])
+    runs = hooked_pair(post_localSGD_hook.post_localSGD_hook,
+                       lambda: post_localSGD_hook.PostLocalSGDState(process_group=None, subgroup=subgroup, start_localSGD_iter=3))
+    queues: list[tuple[str, str]] = []
+    with attached(*runs["watched"]) as watch:
+        def opening(kind: str, nbytes: int, tag: str, *args: Any, _open: Any = watch.timeline.open_collective,
+                    **kwargs: Any) -> Any:
+            queues.append((tag, kwargs.get("queue", "")))
+            return _open(kind, nbytes, tag, *args, **kwargs)
+        watch.timeline.open_collective = opening
+        for mode in ("watched", "plain"):
+            train(*runs[mode], steps=5)
+    assert_bitwise(runs["watched"][0], runs["plain"][0])
+    # one bucket before DDP rebuilds them after its first step, three after; DDP's group for three steps
+    group = f"group {subgroup.group_name}"
+    assert [queue for tag, queue in queues if tag.startswith("h")] == [""] * (1 + 3 + 3) + [group] * (3 + 3)
+
+
 def test_only_asynchronous_all_reduces_inside_a_watched_threads_backward_are_the_hooks(one_rank_group: None) -> None:
     """What the stand-in takes for the hook's: an asynchronous all-reduce on the watched thread,
     inside the autograd engine. Passed through untimed: one outside a backward (the loop's own

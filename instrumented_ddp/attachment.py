@@ -169,6 +169,9 @@ def attach_problem(model: Any, optimizer: Any) -> str | None:
     inner = innermost_optimizer(optimizer)
     if not isinstance(inner, torch.optim.Optimizer):
         return f"the optimizer is a {type(optimizer).__name__}, not a torch.optim.Optimizer: pass the one that steps this model"
+    if not hasattr(inner, "_optimizer_step_pre_hooks"):
+        return (f"the optimizer is a {type(inner).__name__} that never ran torch.optim.Optimizer.__init__, so it has no "
+                "step hooks to end a step with: pass the torch optimizer it wraps, whose step() it calls")
     if training_began(model) and not resumed:
         return "training has already begun (gradients exist): call attach right after wrapping in DDP, before the first backward"
     return None
@@ -256,12 +259,21 @@ def training_began(model: nn.Module) -> bool:
     return isinstance(model, DistributedDataParallel) and int(model._get_ddp_logging_data().get("iteration", 0)) > 0
 
 
+#: Where an optimizer wrapper keeps the optimizer it steps: Accelerate's ``AcceleratedOptimizer``
+#: (``.optimizer``), PyTorch's ``PostLocalSGDOptimizer`` (``.optim``, which never runs
+#: ``Optimizer.__init__``, so it has no step hooks of its own).
+WRAPPED_OPTIMIZER_ATTRIBUTES = ("optimizer", "optim")
+
+
 def innermost_optimizer(optimizer: Any) -> Any:
-    """The torch optimizer under wrappers such as Accelerate's ``AcceleratedOptimizer`` (which
-    keeps it as ``.optimizer`` and calls its ``step()``): its step hooks are the ones that fire."""
-    seen = 0
-    while isinstance(getattr(optimizer, "optimizer", None), torch.optim.Optimizer) and seen < 8:
-        optimizer, seen = optimizer.optimizer, seen + 1
+    """The torch optimizer under wrappers that keep it and call its ``step()``
+    (``WRAPPED_OPTIMIZER_ATTRIBUTES``): its step hooks are the ones that fire."""
+    for _ in range(8):
+        inner = next((found for name in WRAPPED_OPTIMIZER_ATTRIBUTES
+                      if isinstance(found := getattr(optimizer, name, None), torch.optim.Optimizer)), None)
+        if inner is None:
+            break
+        optimizer = inner
     return optimizer
 
 

@@ -918,7 +918,21 @@ MISUSES = {
                                  lambda ddp, opt: (ddp._register_builtin_comm_hook(dist.BuiltinCommHookType.ALLREDUCE), (ddp, opt))[1]),
     "after the first backward": ("training has already begun", lambda ddp, opt: (train(ddp, opt, steps=1), (ddp, opt))[1]),
     "an optimizer that is not one": ("not a torch.optim.Optimizer", lambda ddp, opt: (ddp, object())),
+    "an optimizer without step hooks": ("HooklessOptimizer that never ran torch.optim.Optimizer.__init__",
+                                        lambda ddp, opt: (ddp, HooklessOptimizer(opt))),
 }
+
+
+class HooklessOptimizer(torch.optim.Optimizer):
+    """A ``torch.optim.Optimizer`` that never ran its ``__init__`` (so has no step hooks), and
+    keeps what it steps where ddpwatch does not look. Before, ``attach`` raised an
+    ``AttributeError`` from torch's ``register_step_pre_hook``, its comm hook already in DDP."""
+
+    def __init__(self, stepped: torch.optim.Optimizer) -> None:
+        self.stepped, self.param_groups = stepped, stepped.param_groups
+
+    def step(self, closure: Any = None) -> None:  # type: ignore[override]
+        self.stepped.step()
 
 
 @pytest.mark.parametrize("misuse", MISUSES)
@@ -1083,6 +1097,32 @@ def test_an_accelerate_style_optimizer_wrapper_is_seen_through(one_rank_group: N
     with attached(ddp, Wrapped(optimizer)):
         train(ddp, Wrapped(optimizer), steps=2)  # type: ignore[arg-type]
     assert [m.step for m in sent if isinstance(m, StepReport)] == [1, 2]
+
+
+def test_pytorchs_post_local_sgd_optimizer_is_seen_through_and_its_averaging_timed_as_the_loops(
+        one_rank_group: None, sent: list[Any]) -> None:
+    """``PostLocalSGDOptimizer`` keeps the torch optimizer as ``.optim`` and never runs
+    ``Optimizer.__init__`` (attach raised torch's ``AttributeError``): the step hooks go on the one
+    it wraps, and the parameters its averager all-reduces after that one's step (every second step
+    once its 2 warm-up steps are done) are the loop's collective in the next step's data time."""
+    from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
+    from torch.distributed.optim import PostLocalSGDOptimizer
+
+    runs = {mode: make_ddp() for mode in ("watched", "plain")}
+    local = {mode: PostLocalSGDOptimizer(optim=optimizer, averager=PeriodicModelAverager(period=2, warmup_steps=2))
+             for mode, (_, optimizer) in runs.items()}
+    with attached(runs["watched"][0], local["watched"]) as watch:
+        assert watch.optimizer is runs["watched"][1]
+        for mode in ("watched", "plain"):
+            train(runs[mode][0], local[mode], steps=6)  # type: ignore[arg-type]
+    for watched, plain in zip(runs["watched"][0].parameters(), runs["plain"][0].parameters(), strict=True):
+        assert torch.equal(watched, plain)
+    reports = [m for m in sent if isinstance(m, StepReport)]
+    assert [(r.step, [s.tag for s in r.spans if s.tag.startswith("l")]) for r in reports] == [
+        (1, []), (2, []), (3, []), (4, ["l0"]), (5, []), (6, ["l0"])]
+    (averaged,) = [s for s in reports[3].spans if s.tag == "l0"]
+    assert averaged.kind == "all_reduce" and averaged.blocking and averaged.end <= next(
+        s for s in reports[3].spans if s.kind == "forward").start
 
 
 class BufferedClassifier(TinyClassifier):

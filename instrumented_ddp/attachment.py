@@ -259,19 +259,18 @@ def training_began(model: nn.Module) -> bool:
     return isinstance(model, DistributedDataParallel) and int(model._get_ddp_logging_data().get("iteration", 0)) > 0
 
 
-#: Where an optimizer wrapper keeps the optimizer it steps: Accelerate's ``AcceleratedOptimizer``
-#: (``.optimizer``), PyTorch's ``PostLocalSGDOptimizer`` (``.optim``, which never runs
-#: ``Optimizer.__init__``, so it has no step hooks of its own).
-WRAPPED_OPTIMIZER_ATTRIBUTES = ("optimizer", "optim")
-
-
 def innermost_optimizer(optimizer: Any) -> Any:
-    """The torch optimizer under wrappers that keep it and call its ``step()``
-    (``WRAPPED_OPTIMIZER_ATTRIBUTES``): its step hooks are the ones that fire."""
+    """The torch optimizer whose step hooks fire once per step of the loop's ``optimizer``: under
+    a wrapper that keeps it as ``.optimizer`` and calls its ``step()`` (Accelerate's
+    ``AcceleratedOptimizer``), that one; under one with no step hooks of its own that keeps it as
+    ``.optim`` (PyTorch's ``PostLocalSGDOptimizer``, which never runs ``Optimizer.__init__``), that
+    one. Not under one that has them: ``ZeroRedundancyOptimizer`` keeps its shard's optimizer as
+    ``.optim`` too, and broadcasts the parameters after that one's step, inside its own."""
     for _ in range(8):
-        inner = next((found for name in WRAPPED_OPTIMIZER_ATTRIBUTES
-                      if isinstance(found := getattr(optimizer, name, None), torch.optim.Optimizer)), None)
-        if inner is None:
+        inner = getattr(optimizer, "optimizer", None)
+        if not isinstance(inner, torch.optim.Optimizer) and not hasattr(optimizer, "_optimizer_step_pre_hooks"):
+            inner = getattr(optimizer, "optim", None)
+        if not isinstance(inner, torch.optim.Optimizer):
             break
         optimizer = inner
     return optimizer

@@ -3,7 +3,7 @@ wait) are ``dist.Work``s themselves, and answer as the work they stand for."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -21,7 +21,7 @@ class RecordingWork:
 def test_every_method_of_a_work_but_boxing_is_the_stood_for_works_own() -> None:
     """``dist.Work``'s own methods would answer for an empty work that never completes: each is
     handed on, those of a later torch too (read off ``dist.Work``), and any other attribute."""
-    stand_in = ForwardingWork(RecordingWork())
+    stand_in = ForwardingWork(cast(dist.Work, RecordingWork()))
     public = {name for name in dir(dist.Work) if not name.startswith("__")}
     assert set(FORWARDED_WORK_METHODS) == public - {"boxed", "unbox", "_pybind11_conduit_v1_"}
     assert "wait" in FORWARDED_WORK_METHODS and "is_completed" in FORWARDED_WORK_METHODS

@@ -97,8 +97,8 @@ class ForwardingWork(dist.Work):
     all-gather (``FSDPModule.unshard(async_op=True)``, a prefetch) only where
     ``isinstance(work, dist.Work)`` (``foreach_all_gather_copy_out``), and read the gathered
     parameters before gloo had written them where it was handed a plain wrapper. Every other
-    method of ``dist.Work`` is the work's (``_forward_to_the_work``: the base's own would answer
-    for an empty work that never completes), ``wait`` included where the subclass does not time
+    method and property of ``dist.Work`` is the work's (``forward_members``: the base's own would
+    answer for an empty work that never completes), ``wait`` included where the subclass does not time
     it, as is any other attribute; ``boxed()`` boxes this one, so ``Work.unbox`` gives it back,
     timed wait and all."""
 
@@ -110,23 +110,46 @@ class ForwardingWork(dist.Work):
         return getattr(self.work, name)
 
 
-#: ``dist.Work``'s methods a ``ForwardingWork`` hands to the work it stands for: all but ``boxed``
-#: and ``unbox``, which box and unbox the stand-in itself (and pybind11's own).
-FORWARDED_WORK_METHODS = tuple(sorted(
-    name for name, member in vars(dist.Work).items()
-    if callable(member) and not name.startswith("__") and name not in {"boxed", "unbox", "_pybind11_conduit_v1_"}))
+def forward_members(stand_in: type, base: type, kept: frozenset[str] = frozenset()) -> tuple[list[str], list[str]]:
+    """Make each public method and property of ``base`` (but those ``kept``) on ``stand_in`` the
+    one of the object it stands for, its ``work``; returns the names of both. Read off ``base``,
+    so that a later torch's are handed on too: torch 2.14 gave ``dist.Work`` a ``timeout``
+    property, which the base class answers for an empty work by raising."""
+    methods, properties = [], []
+    for name, member in sorted(vars(base).items()):
+        if name.startswith("__") or name in kept:
+            continue
+        if isinstance(member, property):
+            setattr(stand_in, name, _forwarded_property(name, settable=member.fset is not None))
+            properties.append(name)
+        elif callable(member):
+            setattr(stand_in, name, _forwarded_method(name))
+            methods.append(name)
+    return methods, properties
 
 
-def _forward_to_the_work(name: str) -> Callable[..., Any]:
-    def forwarded(self: ForwardingWork, *args: Any, **kwargs: Any) -> Any:
+def _forwarded_method(name: str) -> Callable[..., Any]:
+    def forwarded(self: Any, *args: Any, **kwargs: Any) -> Any:
         return getattr(self.work, name)(*args, **kwargs)
 
     forwarded.__name__ = forwarded.__qualname__ = name
     return forwarded
 
 
-for _name in FORWARDED_WORK_METHODS:
-    setattr(ForwardingWork, _name, _forward_to_the_work(_name))
+def _forwarded_property(name: str, settable: bool) -> property:
+    def read(self: Any) -> Any:
+        return getattr(self.work, name)
+
+    def write(self: Any, value: Any) -> None:
+        setattr(self.work, name, value)
+
+    return property(read, write if settable else None, doc=f"the work's own ``{name}``")
+
+
+#: ``dist.Work``'s methods and properties a ``ForwardingWork`` hands to the work it stands for:
+#: all but ``boxed`` and ``unbox``, which box and unbox the stand-in itself (and pybind11's own).
+FORWARDED_WORK_METHODS, FORWARDED_WORK_PROPERTIES = forward_members(
+    ForwardingWork, dist.Work, kept=frozenset({"boxed", "unbox", "_pybind11_conduit_v1_"}))
 
 
 class LooksWhenWaited(ForwardingWork):

@@ -5,7 +5,7 @@
     trainer.train()
 
 What this relies on, checked against transformers 5.23 and 5.24 and accelerate 1.15 (``test_attach_end_to_end``
-pins it):
+pins it; the suite passes on transformers 4.57.6 and 4.45.2 with accelerate 1.1.1 too, README):
 
 - ``Trainer`` wraps the model in ``DistributedDataParallel`` inside ``train()``, through
   ``accelerator.prepare``, and sets ``trainer.model_wrapped`` to it before ``on_train_begin``: that

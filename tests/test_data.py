@@ -153,7 +153,7 @@ def test_unknown_dataset_raises_one_line_error_offline(monkeypatch, tmp_path):
         monkeypatch.setenv(var, "1")
     # Both libraries read the variables at import time, which already happened.
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True, raising=False)  # datasets 2.x has HF_DATASETS_OFFLINE alone
     monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", True)
     monkeypatch.chdir(tmp_path)  # so the name cannot resolve to a local folder
     with pytest.raises(DataUnavailableError) as err:

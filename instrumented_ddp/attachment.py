@@ -69,7 +69,7 @@ import numbers
 import os
 import sys
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import TracebackType
@@ -83,8 +83,10 @@ from torch.nn.parallel import DistributedDataParallel
 from . import collective_stand_ins, stop_signals
 from .collective_stand_ins import NOT_TIMED, LoopCall
 from .collectives import LooksWhenWaited, WaitedByTheLoop, gives_future, queue_of
+from .attach_problems import attach_problem, compiled_module, innermost_optimizer, is_fsdp2
 from .ddp_timing import DDPTiming, users_comm_hook
 from .distributed import DistributedContext
+from .forward_values import batch_size_and_tokens, describe, loss_of, mean_loss, output_tensors
 from .issued_collectives import IssuedCollectives, StepCollectives
 from .memory import MemorySampler
 from .protocol import DEFAULT_ADDRESS, NOT_SWITCHABLE, address_problem, is_loopback, load_client_keys, metrics_problem
@@ -137,74 +139,6 @@ def attach(model: nn.Module, optimizer: torch.optim.Optimizer, *, address: str =
     return Attachment(model, innermost_optimizer(optimizer), address, keys, total_steps)
 
 
-def attach_problem(model: Any, optimizer: Any) -> str | None:
-    """What is wrong with attaching to ``model`` and ``optimizer``, in words that name the fix."""
-    if not dist.is_available() or not dist.is_initialized():
-        return "no process group: call torch.distributed.init_process_group() (torchrun sets it up) before attach"
-    resumed = getattr(model, "_ddpwatch_timing", None) is not None  # ddpwatch's own hook or comms, kept since an attach
-    if is_fsdp2(model):
-        problem = None if resumed else sharded_model_problem(model)
-        if problem is not None:
-            return problem
-    elif not isinstance(model, DistributedDataParallel):
-        kind = type(model).__name__
-        if isinstance(model, nn.Module) and any(is_fsdp2(m) for m in model.modules()):
-            return (f"the model is a {kind} whose layers are sharded with fully_shard but not the model itself: "
-                    "call fully_shard(model) on the root too (FSDP2 wants it), and attach that")
-        if kind == "FullyShardedDataParallel":
-            return ("the model is FSDP1's FullyShardedDataParallel, which ddpwatch cannot time: "
-                    "shard with FSDP2's fully_shard (torch.distributed.fsdp.fully_shard) to watch it")
-        if isinstance(model, nn.Module):
-            return (f"the model is a {kind}, not DistributedDataParallel: wrap it first, "
-                    "model = DistributedDataParallel(model), and attach that")
-        return f"the model is a {kind}, not a DistributedDataParallel module"
-    if getattr(model, "_ddpwatch_attached", False):
-        return f"this {type(model).__name__} is already attached: call attach once per model"
-    hook = builtin_comm_hook(model) if isinstance(model, DistributedDataParallel) and not resumed else None
-    if hook is not None:
-        return (f"this DistributedDataParallel has the built-in communication hook {hook!r}, which runs in C++ where "
-                "ddpwatch cannot see its all-reduces: register its Python equivalent instead "
-                "(torch.distributed.algorithms.ddp_comm_hooks.default_hooks: allreduce_hook, fp16_compress_hook), "
-                "or none, to watch this run")
-    inner = innermost_optimizer(optimizer)
-    if not isinstance(inner, torch.optim.Optimizer):
-        return f"the optimizer is a {type(optimizer).__name__}, not a torch.optim.Optimizer: pass the one that steps this model"
-    if not hasattr(inner, "_optimizer_step_pre_hooks"):
-        return (f"the optimizer is a {type(inner).__name__} that never ran torch.optim.Optimizer.__init__, so it has no "
-                "step hooks to end a step with: pass the torch optimizer it wraps, whose step() it calls")
-    if training_began(model) and not resumed:
-        return "training has already begun (gradients exist): call attach right after wrapping in DDP, before the first backward"
-    return None
-
-
-def is_fsdp2(model: Any) -> bool:
-    """Whether ``model`` was sharded with FSDP2's ``fully_shard`` (which makes its class a subclass
-    of ``FSDPModule``), read by name: FSDP2 is imported only for a model that uses it, so a DDP
-    run is attached on a torch whose FSDP2 ddpwatch cannot time."""
-    return any(cls.__name__ == "FSDPModule" for cls in type(model).__mro__)
-
-
-def sharded_model_problem(model: nn.Module) -> str | None:
-    """What keeps a ``fully_shard`` model from being timed: a torch without FSDP2's custom comms,
-    comms someone already set, or per-parameter meshes (FSDP refuses a custom comm on more than
-    one param group)."""
-    try:
-        from .fsdp_timing import custom_comms, fsdp_units, param_groups
-    except ImportError:  # FSDPModule.set_custom_all_gather came with torch 2.9
-        return (f"torch {torch.__version__} has no FSDP custom comms (FSDPModule.set_custom_all_gather, torch 2.9), "
-                "through which ddpwatch times FSDP: upgrade torch to watch this run")
-    for unit in fsdp_units(model):
-        taken = custom_comms(unit)
-        if taken:
-            return (f"FSDP unit {type(unit).__name__} already has the custom comm {taken[0]} (set_custom_all_gather, "
-                    "set_custom_reduce_scatter or symmetric memory), and ddpwatch times FSDP through those hooks: "
-                    "leave FSDP's default comms to watch this run")
-        if param_groups(unit) > 1:
-            return (f"FSDP unit {type(unit).__name__} has parameters on more than one mesh (shard_placement_fn), "
-                    "where FSDP takes no custom comm, and ddpwatch times FSDP through one: not supported")
-    return None
-
-
 def all_reduce_group(model: nn.Module, sharded: bool) -> list[int]:
     """The ranks the model's all-reduces meet (``Hello.all_reduce_group``), where not the world:
     an HSDP model's replicas of this rank's shard, or the subgroup a DDP was built on; [] else."""
@@ -233,94 +167,6 @@ def sharded_timing(model: nn.Module, timeline: Any) -> FSDPTiming:
     return FSDPTiming(model, timeline)
 
 
-def compiled_module(model: Any) -> Any:
-    """The module ``torch.compile`` compiled, where ``model`` is its ``OptimizedModule`` (which
-    keeps it as ``_orig_mod`` and calls it: hooks on it run, DDP's forward eagerly around the
-    compiled module inside it); else ``model`` itself. ``torch.compile(ddp_model)`` is how a
-    loop, and Accelerate under the Trainer's ``torch_compile``, compiles a DDP model."""
-    inner = getattr(model, "_orig_mod", None)
-    return inner if isinstance(model, nn.Module) and isinstance(inner, nn.Module) else model
-
-
-def builtin_comm_hook(ddp: DistributedDataParallel) -> str | None:
-    """The name of a built-in (C++) communication hook registered on ``ddp``, or None. A Python
-    hook is kept in ``_comm_hooks``; a built-in one only in DDP's logging data."""
-    if ddp._comm_hooks:
-        return None
-    name = ddp._get_ddp_logging_data().get("comm_hook")
-    return str(name) if name else None
-
-
-def training_began(model: nn.Module) -> bool:
-    """A gradient exists, or DDP has prepared a second training forward (its ``iteration`` counts
-    forwards with gradients after the first): a backward has run."""
-    if any(p.grad is not None for p in model.parameters()):
-        return True
-    return isinstance(model, DistributedDataParallel) and int(model._get_ddp_logging_data().get("iteration", 0)) > 0
-
-
-def innermost_optimizer(optimizer: Any) -> Any:
-    """The torch optimizer whose step hooks fire once per step of the loop's ``optimizer``: under
-    a wrapper that keeps it as ``.optimizer`` and calls its ``step()`` (Accelerate's
-    ``AcceleratedOptimizer``), that one; under one with no step hooks of its own that keeps it as
-    ``.optim`` (PyTorch's ``PostLocalSGDOptimizer``, which never runs ``Optimizer.__init__``), that
-    one. Not under one that has them: ``ZeroRedundancyOptimizer`` keeps its shard's optimizer as
-    ``.optim`` too, and broadcasts the parameters after that one's step, inside its own."""
-    for _ in range(8):
-        inner = getattr(optimizer, "optimizer", None)
-        if not isinstance(inner, torch.optim.Optimizer) and not hasattr(optimizer, "_optimizer_step_pre_hooks"):
-            inner = getattr(optimizer, "optim", None)
-        if not isinstance(inner, torch.optim.Optimizer):
-            break
-        optimizer = inner
-    return optimizer
-
-
-def batch_size_and_tokens(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, Any]:
-    """Samples and tokens of one forward's inputs, read from shapes (no device sync): samples are
-    the leading size of the first tensor (``input_ids`` first); tokens are the attention mask's
-    sum where there is one (a device tensor, read when the step resolves), else the positions
-    of an integer ``input_ids``, else 0. A batch passed whole is looked into, one level: a dict
-    (``model(batch)``) by its names, a list or tuple (PyTorch Lightning's ``(batch, batch_idx)``,
-    its batch ``[x, y]``) by position."""
-    named, positional = dict(kwargs), []
-    for arg in args:
-        if isinstance(arg, dict):
-            positional += arg.values()
-            for name, value in arg.items():
-                named.setdefault(name, value)
-        elif isinstance(arg, (list, tuple)):
-            positional += arg
-        else:
-            positional.append(arg)
-    tensors = [t for t in _tensors([named.get("input_ids"), *positional, *named.values()]) if t.dim() > 0]
-    samples = int(tensors[0].shape[0]) if tensors else 0
-    mask = named.get("attention_mask")
-    if isinstance(mask, torch.Tensor):
-        return samples, mask.sum()
-    ids = named.get("input_ids", positional[0] if positional else None)
-    if isinstance(ids, torch.Tensor) and not ids.is_floating_point():
-        return samples, ids.numel()
-    return samples, 0
-
-
-def loss_of(output: Any) -> torch.Tensor | None:
-    """The loss a forward returned, where it returned one: a Hugging Face ``ModelOutput``'s
-    ``loss``, a dict's ``"loss"`` (a Lightning ``training_step``'s), the output itself where it is
-    one number, or the one number of a tuple or list (nanoGPT's ``(logits, loss)``). A loss
-    computed outside the model is not seen."""
-    if isinstance(output, torch.Tensor):
-        candidates: list[Any] = [output]
-    elif isinstance(output, (tuple, list)):
-        candidates = list(output)
-    elif isinstance(output, dict):
-        candidates = [output.get("loss")]
-    else:
-        candidates = [getattr(output, "loss", None)]
-    numbers = [t for t in _tensors(candidates) if t.numel() == 1 and t.is_floating_point()]
-    return numbers[0] if len(numbers) == 1 else None
-
-
 def megabytes_given(cap_bytes: int) -> float:
     """The ``bucket_cap_mb`` a DDP was most likely given: the shortest decimal that DDP's
     ``int(bucket_cap_mb * 1024 * 1024)`` turns into ``cap_bytes`` (0.3, where the bytes alone read
@@ -331,41 +177,6 @@ def megabytes_given(cap_bytes: int) -> float:
         if int(given * 1024 * 1024) == cap_bytes:
             return given
     return exact
-
-
-def describe(value: Any) -> str:
-    """``a tensor of shape (4, 3)``, ``a float``: what was passed, in a few words."""
-    if isinstance(value, torch.Tensor):
-        return f"a tensor of shape {tuple(value.shape)}"
-    return f"a {type(value).__name__}"
-
-
-def mean_loss(losses: list[torch.Tensor]) -> torch.Tensor:
-    """The micro-steps' mean loss, on the device of any that is not on the host: a number given
-    to ``record_loss`` is a host tensor, and stacking it with a device loss of the same step
-    (one micro-step logged with ``.item()``, the next not) raised. The host ones are copied over
-    (a few bytes, never a wait for the device)."""
-    device = next((loss.device for loss in losses if loss.device.type != "cpu"), None)
-    return torch.stack([loss.reshape(()).float() if device is None else loss.reshape(()).float().to(device, non_blocking=True)
-                        for loss in losses]).mean()
-
-
-def _tensors(values: Iterable[Any]) -> list[torch.Tensor]:
-    return [value for value in values if isinstance(value, torch.Tensor)]
-
-
-def _output_tensors(output: Any) -> list[torch.Tensor]:
-    """The top-level tensors of a forward's output that backward can reach: a tensor, a tuple or
-    list, a dict or a Hugging Face ``ModelOutput`` (a dict)."""
-    if isinstance(output, torch.Tensor):
-        values: Iterable[Any] = [output]
-    elif isinstance(output, dict):
-        values = output.values()
-    elif isinstance(output, (tuple, list)):
-        values = output
-    else:
-        values = []
-    return [t for t in _tensors(values) if t.requires_grad]
 
 
 @dataclass
@@ -750,7 +561,7 @@ class Attachment:
         forward = TrainingForward(*self._inputs, loss.detach().clone() if loss is not None else None)
         self._forwards.append(forward)
         self._backward_from = None
-        for tensor in _output_tensors(output):
+        for tensor in output_tensors(output):
             tensor.register_hook(functools.partial(self._gradient_reached_output, forward))
 
     def _gradient_reached_output(self, forward: TrainingForward, _gradient: torch.Tensor) -> None:

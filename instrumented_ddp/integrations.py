@@ -12,7 +12,7 @@ pins it; the suite passes on transformers 4.57.6 and 4.45.2 with accelerate 1.1.
   is the first event at which the DDP exists, so the callback attaches there. The callbacks are
   handed the *unwrapped* model, never the Trainer, hence the trainer given to the callback. Under
   ``torch_compile`` Accelerate compiles the DDP, and ``model_wrapped`` is the compiled module
-  holding it (``attachment.compiled_module``).
+  holding it (``attach_problems.compiled_module``).
 - Its optimizer is Accelerate's ``AcceleratedOptimizer``, whose ``step()`` calls the torch
   optimizer's (kept as ``.optimizer``) once per optimizer step; ``attach`` hooks that one.
 - With gradient accumulation the Trainer runs the micro-batches before the last under DDP's
@@ -45,7 +45,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from transformers import TrainerCallback
 
-from .attachment import AttachError, Attachment, attach, compiled_module, is_fsdp2
+from .attach_problems import compiled_module, is_fsdp2
+from .attachment import AttachError, Attachment, attach
 from .protocol import DEFAULT_ADDRESS, FAILED, MAX_EVALUATION_METRICS, MAX_METRIC_NAME
 
 

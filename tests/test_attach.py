@@ -26,7 +26,6 @@ import pytest
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
 import instrumented_ddp
@@ -34,7 +33,7 @@ from ddpwatch import exporters
 from ddpwatch.recorder import load_session
 from ddpwatch.session import Session
 from instrumented_ddp import attachment, stop_signals
-from instrumented_ddp.attachment import NOT_SWITCHABLE, AttachError, Attachment, batch_size_and_tokens
+from instrumented_ddp.attachment import NOT_SWITCHABLE, AttachError, Attachment
 from instrumented_ddp.protocol import Ack, Envelope, Evaluation, Goodbye, Hello, StepReport, SwitchCommand
 from launch import REPO_ROOT, Recorder, free_port
 
@@ -1189,37 +1188,6 @@ def test_a_compiled_ddp_is_attached_and_compiles_what_it_does_unattached(one_ran
         assert callback.attachment is not None and callback.attachment.model is CompilingTrainer.model_wrapped._orig_mod
     finally:
         callback.on_train_end(None, None, None)
-
-
-@pytest.mark.parametrize(("args", "kwargs", "expected"), [
-    ((), {"input_ids": torch.zeros(4, 7, dtype=torch.long), "attention_mask": torch.ones(4, 7)}, (4, 28.0)),
-    ((torch.zeros(3, 5, dtype=torch.long),), {}, (3, 15)),  # token ids with no mask: every position
-    ((torch.zeros(8, 10),), {}, (8, 0)),  # features, not tokens
-    ((), {"labels": torch.zeros(2)}, (2, 0)),
-    ((), {}, (0, 0)),
-    # a batch passed whole: Lightning's (batch, batch_idx), a dict handed to model(batch)
-    (([torch.zeros(16, 256), torch.zeros(16, dtype=torch.long)], 3), {}, (16, 0)),
-    (({"input_ids": torch.zeros(2, 9, dtype=torch.long), "attention_mask": torch.ones(2, 9)},), {}, (2, 18.0)),
-    (({"input_ids": torch.zeros(5, 4, dtype=torch.long)},), {}, (5, 20)),
-])
-def test_samples_and_tokens_come_from_the_forwards_inputs(args: tuple[Any, ...], kwargs: dict[str, Any],
-                                                         expected: tuple[int, float]) -> None:
-    samples, tokens = batch_size_and_tokens(args, kwargs)
-    assert (samples, float(tokens)) == expected
-
-
-@pytest.mark.parametrize(("output", "loss"), [
-    (Output(loss=torch.tensor(2.5), logits=torch.zeros(4, 3)), 2.5),  # a Hugging Face ModelOutput
-    (torch.tensor(1.5), 1.5),  # a model that returns its loss
-    ((torch.zeros(4, 3), torch.tensor(0.5)), 0.5),  # nanoGPT's (logits, loss)
-    (torch.zeros(4, 3), None),  # logits: the loss is computed outside the model
-    ((torch.tensor(1.0), torch.tensor(2.0)), None),  # two numbers: which one is the loss is not said
-    (torch.tensor(3), None),  # an integer count is not a loss
-    ({"loss": torch.tensor(0.25), "accuracy": torch.tensor(0.9)}, 0.25),  # a Lightning training_step's dict
-])
-def test_the_loss_is_read_where_the_forward_returns_one(output: Any, loss: float | None) -> None:
-    found = attachment.loss_of(output)
-    assert (None if found is None else found.item()) == loss
 
 
 def test_a_loss_computed_outside_the_model_is_recorded_with_one_optional_line(one_rank_group: None, sent: list[Any]) -> None:

@@ -16,11 +16,12 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 __all__ = ["attach_problem", "builtin_comm_hook", "compiled_module", "innermost_optimizer", "is_fsdp2",
-           "sharded_model_problem", "training_began"]
+           "optimizer_problem", "optimizers_given", "sharded_model_problem", "training_began"]
 
 
 def attach_problem(model: Any, optimizer: Any) -> str | None:
-    """What is wrong with attaching to ``model`` and ``optimizer``, in words that name the fix."""
+    """What is wrong with attaching to ``model`` and ``optimizer`` (one, or a list of each that
+    steps the model), in words that name the fix."""
     if not dist.is_available() or not dist.is_initialized():
         return "no process group: call torch.distributed.init_process_group() (torchrun sets it up) before attach"
     resumed = getattr(model, "_ddpwatch_timing", None) is not None  # ddpwatch's own hook or comms, kept since an attach
@@ -48,14 +49,40 @@ def attach_problem(model: Any, optimizer: Any) -> str | None:
                 "ddpwatch cannot see its all-reduces: register its Python equivalent instead "
                 "(torch.distributed.algorithms.ddp_comm_hooks.default_hooks: allreduce_hook, fp16_compress_hook), "
                 "or none, to watch this run")
+    given = optimizers_given(optimizer)
+    if not given:
+        return "no optimizer given: pass the one that steps this model, or a list of each that does"
+    for each in given:
+        problem = optimizer_problem(each, model)
+        if problem is not None:
+            return problem
+    if len({id(innermost_optimizer(each)) for each in given}) < len(given):
+        return "an optimizer is given twice: list each optimizer that steps this model once"
+    if training_began(model) and not resumed:
+        return "training has already begun (gradients exist): call attach right after wrapping in DDP, before the first backward"
+    return None
+
+
+def optimizers_given(optimizer: Any) -> list[Any]:
+    """What ``attach`` was given as ``optimizer``: one, or a list or tuple of them (a loop that
+    steps several over one model: Muon's matrices and AdamW's rest), as the loop holds each."""
+    return list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer]
+
+
+def optimizer_problem(optimizer: Any, model: nn.Module) -> str | None:
+    """What keeps ``optimizer`` from marking the updates of ``model``: not a torch optimizer (under
+    the wrappers ``innermost_optimizer`` looks through), none of its step hooks, or none of the
+    model's parameters in it (another model's optimizer)."""
     inner = innermost_optimizer(optimizer)
     if not isinstance(inner, torch.optim.Optimizer):
         return f"the optimizer is a {type(optimizer).__name__}, not a torch.optim.Optimizer: pass the one that steps this model"
     if not hasattr(inner, "_optimizer_step_pre_hooks"):
         return (f"the optimizer is a {type(inner).__name__} that never ran torch.optim.Optimizer.__init__, so it has no "
                 "step hooks to end a step with: pass the torch optimizer it wraps, whose step() it calls")
-    if training_began(model) and not resumed:
-        return "training has already begun (gradients exist): call attach right after wrapping in DDP, before the first backward"
+    held = {id(p) for p in model.parameters()}
+    if not any(id(p) in held for group in inner.param_groups for p in group["params"]):
+        return (f"the optimizer {type(inner).__name__} steps none of this model's parameters (another model's?): "
+                "pass the one built over this model's parameters, after wrapping or sharding it")
     return None
 
 

@@ -11,10 +11,12 @@ way: its units' all-gathers and reduce-scatters are timed instead of DDP's bucke
 
 Where the phases come from, since the loop is not ours to mark:
 
-- a step ends when the optimizer's ``step()`` returns (its post-hook), and the next one begins
-  there: the gap until the next forward (the data loader, ``zero_grad``, a scheduler, logging)
-  is recorded as ``data``, and so is the gap from a micro-step's backward to the next forward
-  (the next micro-batch's loading) under gradient accumulation;
+- a step ends when the optimizer's ``step()`` returns (its post-hook; given several, when each
+  has stepped, or, where one sits out an update, where the last that stepped returned, found at
+  the next training forward), and the next one begins there: the gap until the next forward
+  (the data loader, ``zero_grad``, a scheduler, logging) is recorded as ``data``, and so is the
+  gap from a micro-step's backward to the next forward (the next micro-batch's loading) under
+  gradient accumulation;
 - ``forward`` is the DDP module's forward (its pre- and post-hooks; DDP's buffer broadcast inside
   it is a collective of its own). Only forwards with gradients enabled count: an evaluation under
   ``torch.no_grad()`` is not a training step; and a forward is a micro-step, with its samples and
@@ -69,7 +71,7 @@ import numbers
 import os
 import sys
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import TracebackType
@@ -83,7 +85,7 @@ from torch.nn.parallel import DistributedDataParallel
 from . import collective_stand_ins, stop_signals
 from .collective_stand_ins import NOT_TIMED, LoopCall
 from .collectives import LooksWhenWaited, WaitedByTheLoop, gives_future, queue_of
-from .attach_problems import attach_problem, compiled_module, innermost_optimizer, is_fsdp2
+from .attach_problems import attach_problem, compiled_module, innermost_optimizer, is_fsdp2, optimizers_given
 from .ddp_timing import DDPTiming, users_comm_hook
 from .distributed import DistributedContext
 from .forward_values import batch_size_and_tokens, describe, loss_of, mean_loss, output_tensors
@@ -108,10 +110,11 @@ class AttachError(RuntimeError):
 _ADDRESSES_IN_USE: dict[str, Attachment] = {}
 
 
-def attach(model: nn.Module, optimizer: torch.optim.Optimizer, *, address: str = DEFAULT_ADDRESS,
-           watch_key: str | None = None, total_steps: int = 0) -> Attachment:
+def attach(model: nn.Module, optimizer: torch.optim.Optimizer | Sequence[torch.optim.Optimizer], *,
+           address: str = DEFAULT_ADDRESS, watch_key: str | None = None, total_steps: int = 0) -> Attachment:
     """Watch ``model``, a ``DistributedDataParallel`` the caller built (or a model sharded with
-    FSDP2's ``fully_shard``, its root included), and the ``optimizer`` that steps it. Every rank
+    FSDP2's ``fully_shard``, its root included), and the ``optimizer`` that steps it (or a list of
+    each that does, where the loop steps several: the update ends when every one has). Every rank
     calls it once, after wrapping and before the first backward (it is a collective: the ranks
     agree on a session id). ``watch_key``: the dashboard's ``client.json`` when ``address`` is
     beyond loopback. ``total_steps``: the optimizer steps the loop will take, where it knows them
@@ -136,7 +139,7 @@ def attach(model: nn.Module, optimizer: torch.optim.Optimizer, *, address: str =
         keys = load_client_keys(watch_key) if watch_key is not None else None
     except ValueError as error:
         raise AttachError(f"instrumented_ddp.attach: {error}") from None
-    return Attachment(model, innermost_optimizer(optimizer), address, keys, total_steps)
+    return Attachment(model, [innermost_optimizer(each) for each in optimizers_given(optimizer)], address, keys, total_steps)
 
 
 def all_reduce_group(model: nn.Module, sharded: bool) -> list[int]:
@@ -192,11 +195,12 @@ class TrainingForward:
 
 
 class Attachment:
-    """The hooks ``attach`` installed on one DDP (or FSDP2) model and its optimizer, and the watch
+    """The hooks ``attach`` installed on one DDP (or FSDP2) model and its optimizers, and the watch
     they feed."""
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, address: str, keys: Any, total_steps: int = 0) -> None:
-        self.model, self.optimizer = model, optimizer
+    def __init__(self, model: nn.Module, optimizers: Sequence[torch.optim.Optimizer], address: str, keys: Any,
+                 total_steps: int = 0) -> None:
+        self.model, self.optimizers = model, tuple(optimizers)
         sharded = is_fsdp2(model)
         self.strategy = "fsdp" if sharded else "ddp"
         module = model if sharded else model.module
@@ -241,20 +245,26 @@ class Attachment:
         self._nograd_forwards = 0  # forwards without gradients in this step's data gap, outside a pause: ``_before_forward``
         #: After a backward that reduced, a parameter it left a gradient on: ``_update_skipped``.
         self._reduced_gradient_of: nn.Parameter | None = None
-        self._inside_optimizer_step = False  # between the optimizer's step pre- and post-hooks
+        self._inside_optimizer_step = False  # between an optimizer's step pre- and post-hooks
+        self._stepped_in_update: set[int] = set()  # ids of the optimizers whose step() returned in this update
+        #: Where the latest of them returned while others are still to step; the update ended
+        #: there if none of them steps before the next training forward.
+        self._update_returned: Any = None
         self._bucket_layout_sent = False
         self._loop_calls = 0  # the loop's collectives timed in this step: ``l<k>``
         self._strategy_group = strategy_group(model, sharded)  # a loop's collective on it waits in their queue: ``queue_of``
         self._nccl_groups: dict[int, tuple[Any, bool]] = {}  # by id: a group, and whether NCCL reduces its CUDA tensors
-        #: Their spans since the step's latest backward ended, until a forward or the update: the
-        #: next step's, where that backward is found to have ended a step whose update was skipped.
-        self._loop_spans_after_backward: list[Any] = []
+        #: Their spans since a point the step may prove to have ended at, until a forward or the
+        #: update: its latest backward (found to have ended it where the update was skipped), or
+        #: an optimizer's return with others still to step (where none of them does). The next
+        #: step's, where it did end there.
+        self._loop_spans_since_possible_end: list[Any] = []
         self._handles = [
             # before FSDP's own pre-forward hook, whose all-gather is then inside the forward
             model.register_forward_pre_hook(torch.compiler.disable(self._before_forward), with_kwargs=True, prepend=True),
             model.register_forward_hook(torch.compiler.disable(self._after_forward), with_kwargs=True),
-            optimizer.register_step_pre_hook(self._before_optimizer_step),
-            optimizer.register_step_post_hook(self._after_optimizer_step),
+            *(optimizer.register_step_pre_hook(self._before_optimizer_step) for optimizer in self.optimizers),
+            *(optimizer.register_step_post_hook(self._after_optimizer_step) for optimizer in self.optimizers),
         ]
         model._ddpwatch_attached = True
         _ADDRESSES_IN_USE[address] = self
@@ -277,6 +287,8 @@ class Attachment:
         averaging as DDP's default does, untimed. Safe to call twice."""
         if not self._handles:
             return
+        if reason == "finished":  # its last update done, whichever of the optimizers stepped in it
+            self._end_a_step_whose_update_ended_with_others_not_stepping()
         for handle in self._handles:
             handle.remove()
         self._handles = []
@@ -307,7 +319,7 @@ class Attachment:
         self.detach("finished" if ended_by is None else goodbye_reason(ended_by))
 
     def held_parameters(self) -> list[torch.Tensor]:
-        """The parameters this rank holds (``memory.held_memory``; with ``optimizer``): the
+        """The parameters this rank holds (``memory.held_memory``; with ``optimizers``): the
         model's, or under FSDP its shards."""
         return self._parameters
 
@@ -375,6 +387,7 @@ class Attachment:
         if not self._handles:  # detached
             return
         self.watch.pausing = ""
+        self._end_a_step_whose_update_ended_with_others_not_stepping()  # the pause came after it
         now = self.timeline.stamp()
         if self.timeline.paused_until(what, now):  # between steps: the next one begins now
             self._data_from = now
@@ -391,29 +404,33 @@ class Attachment:
         self._steps += 1
         self.timeline.begin_step(self._steps, self.strategy, self._settings(1), at=at)
         self._micro_steps, self._forwards, self._recorded_losses = 0, [], []
-        carried = [span for span in self._loop_spans_after_backward if span.kind != "wait"]
+        carried = [span for span in self._loop_spans_since_possible_end if span.kind != "wait"]
         for index, span in enumerate(carried):  # carried from a skipped step: this one's first
             span.tag = f"l{index}"
         self._loop_calls = len(carried)
-        self._loop_spans_after_backward = []
-        self._after_backward = self._reduced_gradient_of = None
+        self._loop_spans_since_possible_end = []
+        self._after_backward = self._reduced_gradient_of = self._update_returned = None
+        self._stepped_in_update = set()
         self._began_on_first_buckets = self.timing.on_first_buckets  # DDP's first iteration: excluded
 
     def _end_step(self, at: Any = None, update_skipped: bool = False) -> None:
-        """Report this step, ended now or at ``at``, and begin the next one there."""
+        """Report this step, ended now or at ``at``, and begin the next one there. A step found
+        only now to have ended at ``at`` (its update skipped at its backward, or ended at an
+        optimizer's return with the others not stepping) gives what the loop did since to the next."""
         trained = [forward for forward in self._forwards if forward.reached_by_backward]
         samples = sum(forward.samples for forward in trained)
         tokens = sum((forward.tokens for forward in trained), 0)
         losses = self._recorded_losses or [forward.loss for forward in trained if forward.loss is not None]
         loss = mean_loss(losses) if losses else None
         memory = self._memory.sample(self) if self.publisher is not None else None
-        nograd_forwards = 0 if update_skipped else self._nograd_forwards  # a skipped step ended at its backward, before them
+        found_later = at is not None
+        nograd_forwards = 0 if found_later else self._nograd_forwards  # they came after ``at``
         self._nograd_forwards -= nograd_forwards
-        issued, in_data = self._collectives.step_ends(gap_to_next=update_skipped)
+        issued, in_data = self._collectives.step_ends(gap_to_next=found_later)
         self.timeline.end_step(samples, tokens, loss, excluded=self._began_on_first_buckets, memory=memory,
                                settings={"grad_accum": max(1, self._micro_steps)}, at=at, update_skipped=update_skipped,
                                issued_collectives=issued, untimed_in_data=in_data, nograd_forwards=nograd_forwards,
-                               carried=self._loop_spans_after_backward if update_skipped else ())
+                               carried=self._loop_spans_since_possible_end if found_later else ())
         if self._steps == 1 and self.publisher is not None:
             self.watch.update_hello(global_batch=samples * dist.get_world_size())
         if not self._bucket_layout_sent and (layout := self.timing.bucket_layout()):
@@ -443,6 +460,15 @@ class Attachment:
         if self._update_skipped():
             self._end_step(at=self._after_backward, update_skipped=True)
 
+    def _end_a_step_whose_update_ended_with_others_not_stepping(self) -> None:
+        """Where some of the attached optimizers stepped since the last backward and the rest did
+        not before this training forward (one stepped every other update), the update ended
+        where the last of them returned: end the step there."""
+        returned = self._update_returned
+        if returned is not None:
+            self.timeline.add_span("optimizer", self._optimizer_from, returned, blocking=False)
+            self._end_step(at=returned)
+
     def _time_loop_collective(self, call: LoopCall, issue: Callable[[], Any]) -> Any:
         """A collective the loop issued on its thread (``collective_stand_ins``), timed as a
         collective of its kind, ``l<k>``, where a step is open, outside a forward and outside a
@@ -465,8 +491,8 @@ class Attachment:
         except Exception:
             return NOT_TIMED
         self._loop_calls += 1
-        if self._after_backward is not None:
-            self._loop_spans_after_backward.append(span)
+        if self._after_backward is not None or self._update_returned is not None:
+            self._loop_spans_since_possible_end.append(span)
         try:
             work = issue()
         except Exception as error:
@@ -522,8 +548,8 @@ class Attachment:
             span = self.timeline.add_span("wait", start, self.timeline.stamp(), blocking=True)
         except Exception:
             return
-        if self._after_backward is not None:
-            self._loop_spans_after_backward.append(span)
+        if self._after_backward is not None or self._update_returned is not None:
+            self._loop_spans_since_possible_end.append(span)
 
     def _before_forward(self, _module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if not torch.is_grad_enabled():  # not training: counted where it will read as data loading, else not seen
@@ -538,13 +564,14 @@ class Attachment:
             self._data_from = None
         else:
             self._end_a_step_whose_update_was_skipped()
+            self._end_a_step_whose_update_ended_with_others_not_stepping()
         now = self.timeline.stamp()
         gap_from = self._data_from if self._data_from is not None else self._after_backward
         if gap_from is not None:  # the loader: after the last step, or after the last micro-step's backward
             self.timeline.add_span("data", gap_from, now, blocking=False)
             self._collectives.gap_ends()
         self._data_from = self._after_backward = None
-        self._loop_spans_after_backward = []
+        self._loop_spans_since_possible_end = []
         self._inputs = batch_size_and_tokens(args, kwargs)
         self._forward_from = now
 
@@ -585,26 +612,34 @@ class Attachment:
         ended = self.timeline.stamp()
         self.timeline.add_span("backward", self._backward_from, ended, blocking=False)
         self._after_backward = ended
-        self._loop_spans_after_backward = []
+        self._loop_spans_since_possible_end = []
         self._collectives.gap_begins()  # until the next forward, or the update
         self._reduced_gradient_of = next((p for p in self._trainable if p.grad is not None), None) if reduced else None
 
     def _before_optimizer_step(self, _optimizer: Any, _args: Any, _kwargs: Any) -> None:
-        self._optimizer_from = None
-        if self.timeline.in_step:
-            self._optimizer_from = self._after_backward if self._after_backward is not None else self.timeline.stamp()
-        self._after_backward = None
+        if not self._stepped_in_update:  # the update's first optimizer: the phase begins
+            self._optimizer_from = None
+            if self.timeline.in_step:
+                self._optimizer_from = self._after_backward if self._after_backward is not None else self.timeline.stamp()
+        self._after_backward = self._update_returned = None
         self._inside_optimizer_step = True
-        self._loop_spans_after_backward = []
+        self._loop_spans_since_possible_end = []
         self._collectives.gap_cancelled()
 
-    def _after_optimizer_step(self, _optimizer: Any, _args: Any, _kwargs: Any) -> None:
+    def _after_optimizer_step(self, optimizer: Any, _args: Any, _kwargs: Any) -> None:
         """The update ran from the step's last backward, or, where a backward ended inside
         ``step()``, from that one's end: the step's forward and backward ran in a closure
-        (``optimizer.step(closure)``: PyTorch Lightning's automatic optimization, LBFGS)."""
+        (``optimizer.step(closure)``: PyTorch Lightning's automatic optimization, LBFGS). It ends
+        when every attached optimizer has stepped, in whatever order the loop steps them."""
         self._inside_optimizer_step = False
         start = self._after_backward if self._after_backward is not None else self._optimizer_from
         if start is None or not self.timeline.in_step:
             return  # a step() before any training forward
+        self._stepped_in_update.add(id(optimizer))
+        if len(self._stepped_in_update) < len(self.optimizers):  # others still to step, or none this update
+            self._optimizer_from, self._after_backward = start, None
+            self._update_returned = self.timeline.stamp()
+            self._collectives.gap_begins()
+            return
         self.timeline.add_span("optimizer", start, self.timeline.stamp(), blocking=False)
         self._end_step()

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import resource
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
@@ -33,7 +33,7 @@ class HoldsTrainingState(Protocol):
     (``attachment.Attachment``)."""
 
     @property
-    def optimizer(self) -> torch.optim.Optimizer | None: ...
+    def optimizers(self) -> Sequence[torch.optim.Optimizer]: ...
 
     def held_parameters(self) -> list[torch.Tensor]: ...
 
@@ -76,7 +76,8 @@ def held_memory(strategy: HoldsTrainingState) -> MemoryHeld:
     """This rank's bytes of parameters, gradients and optimizer state, and its peak."""
     parameters = strategy.held_parameters()
     gradients = [p.grad for p in parameters]  # the shards' too: ``held_parameters`` includes them
-    return MemoryHeld(storage_bytes(parameters), storage_bytes(gradients), storage_bytes(optimizer_state(strategy.optimizer)),
+    state = [tensor for optimizer in strategy.optimizers for tensor in optimizer_state(optimizer)]
+    return MemoryHeld(storage_bytes(parameters), storage_bytes(gradients), storage_bytes(state),
                       peak_bytes(parameters[0].device if parameters else torch.device("cpu")))
 
 

@@ -607,6 +607,84 @@ def test_with_two_optimizers_the_one_stepped_first_falls_inside_the_attached_one
         assert optimizer_span.start == backward.end and optimizer_span.end - optimizer_span.start >= other_step_s
 
 
+def two_optimizers(ddp: DistributedDataParallel) -> tuple[torch.optim.Optimizer, torch.optim.Optimizer]:
+    """SGD with momentum over the body, AdamW over the head: two optimizers over one model."""
+    head = list(ddp.module.head.parameters())
+    body = [p for p in ddp.parameters() if all(p is not h for h in head)]
+    return torch.optim.SGD(body, lr=0.1, momentum=0.9), torch.optim.AdamW(head, lr=1e-3)
+
+
+def test_with_the_optimizers_listed_the_update_ends_when_each_has_stepped_in_either_order_and_each_ones_state_counts(
+        one_rank_group: None, sent: list[Any]) -> None:
+    """``attach(model, [muon, adamw])``: the loop need not say which it steps last, and the memory
+    column holds every optimizer's state, where one attached optimizer held only its own."""
+    slow_s = 0.03
+    ddp, _ = make_ddp()
+    body, head = two_optimizers(ddp)
+    body.register_step_pre_hook(lambda *_: time.sleep(slow_s))
+    with attached(ddp, [body, head]) as watch:
+        assert watch.optimizers == (body, head)
+        for step in range(4):
+            ddp(**batch(step)).loss.backward()
+            for optimizer in (body, head) if step < 2 else (head, body):  # the order changes halfway
+                optimizer.step()
+                optimizer.zero_grad()
+    reports = [m for m in sent if isinstance(m, StepReport)]
+    assert [r.step for r in reports] == [1, 2, 3, 4]
+    for report in reports:
+        assert [s.kind for s in report.spans if s.kind in ("data", "forward", "backward", "optimizer")] == (
+            ["forward", "backward", "optimizer"] if report.step == 1 else ["data", "forward", "backward", "optimizer"])
+        (backward,) = [s for s in report.spans if s.kind == "backward"]
+        (update,) = [s for s in report.spans if s.kind == "optimizer"]
+        assert update.start == backward.end and update.end - update.start >= slow_s  # both steps inside it
+    # 2,979 float32 parameters, 51 of them the head's (2 tensors), 2,928 the body's (5 tensors):
+    # SGD's momentum for the body, AdamW's two moments and a float32 step count per head tensor
+    assert reports[1].memory["optimizer_state"] == 2_928 * 4 + 2 * 51 * 4 + 2 * 4
+
+
+def test_a_listed_optimizer_that_sits_out_an_update_leaves_the_step_ended_where_the_other_returned(
+        one_rank_group: None, sent: list[Any]) -> None:
+    """An optimizer stepped every other update (one of the list): the step whose update it sat
+    out ended where the last that stepped returned, found only at the next training forward, where
+    a pause of training ends (step 3), or at ``detach`` (step 5); the loop's loss all-reduce after
+    that return is the next step's, in its data time, as after a full update."""
+    ddp, _ = make_ddp()
+    body, head = two_optimizers(ddp)
+    with attached(ddp, [body, head]) as watch:
+        for step in range(5):
+            loss = ddp(**batch(step)).loss
+            loss.backward()
+            body.step()
+            if step % 2 == 1:
+                head.step()
+            dist.all_reduce(loss.detach())  # for the log
+            body.zero_grad()
+            head.zero_grad()
+            if step == 2:
+                with watch.paused("evaluate"):
+                    time.sleep(0.01)
+    reports = [m for m in sent if isinstance(m, StepReport)]
+    assert [r.step for r in reports] == [1, 2, 3, 4, 5]
+    for report in reports:
+        assert [s.kind for s in report.spans if s.kind in ("data", "forward", "backward", "optimizer")] == (
+            ["forward", "backward", "optimizer"] if report.step == 1 else ["data", "forward", "backward", "optimizer"])
+        (update,) = [s for s in report.spans if s.kind == "optimizer"]
+        if report.step % 2 == 1:  # the head sat out its update: the step ended where the body's step returned
+            assert report.end == update.end
+        loop_calls = [s for s in report.spans if s.tag.startswith("l")]
+        if report.step in (1, 4):  # step 4 begins where the pause ended: the all-reduce before it is the pause's
+            assert loop_calls == []
+        else:  # the step before's log all-reduce, inside this one's data
+            (log,) = loop_calls
+            (data,) = [s for s in report.spans if s.kind == "data"]
+            assert log.kind == "all_reduce" and data.start <= log.start and log.end <= data.end
+    # none but DDP's two broadcasts of its rebuilt buckets' order, issued in C++ at step 2's backward
+    assert [r.untimed_collectives for r in reports] == [0, 2, 0, 0, 0]
+    assert reports[1].start == reports[0].end  # step 2 began where step 1 ended, at the body's return
+    assert reports[3].paused_for == "evaluate" and reports[3].paused_s >= 0.01
+    assert reports[3].start - reports[3].paused_s == pytest.approx(reports[2].end)  # the pause ran from step 3's end
+
+
 @pytest.mark.parametrize("optimizer_kind", ["AdamW", "LBFGS"])
 def test_a_closure_stepping_the_optimizer_reports_one_step_per_step_with_the_update_after_its_backward(
         one_rank_group: None, sent: list[Any], optimizer_kind: str) -> None:
@@ -917,6 +995,11 @@ MISUSES = {
                                  lambda ddp, opt: (ddp._register_builtin_comm_hook(dist.BuiltinCommHookType.ALLREDUCE), (ddp, opt))[1]),
     "after the first backward": ("training has already begun", lambda ddp, opt: (train(ddp, opt, steps=1), (ddp, opt))[1]),
     "an optimizer that is not one": ("not a torch.optim.Optimizer", lambda ddp, opt: (ddp, object())),
+    "no optimizer in the list": ("no optimizer given", lambda ddp, opt: (ddp, [])),
+    "a list with one that is not one": ("not a torch.optim.Optimizer", lambda ddp, opt: (ddp, [opt, object()])),
+    "an optimizer listed twice": ("an optimizer is given twice", lambda ddp, opt: (ddp, [opt, opt])),
+    "another model's optimizer": ("steps none of this model's parameters",
+                                  lambda ddp, opt: (ddp, torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=0.1))),
     "an optimizer without step hooks": ("HooklessOptimizer that never ran torch.optim.Optimizer.__init__",
                                         lambda ddp, opt: (ddp, HooklessOptimizer(opt))),
 }
@@ -1111,7 +1194,7 @@ def test_pytorchs_post_local_sgd_optimizer_is_seen_through_and_its_averaging_tim
     local = {mode: PostLocalSGDOptimizer(optim=optimizer, averager=PeriodicModelAverager(period=2, warmup_steps=2))
              for mode, (_, optimizer) in runs.items()}
     with attached(runs["watched"][0], local["watched"]) as watch:
-        assert watch.optimizer is runs["watched"][1]
+        assert watch.optimizers == (runs["watched"][1],)
         for mode in ("watched", "plain"):
             train(runs[mode][0], local[mode], steps=6)  # type: ignore[arg-type]
     for watched, plain in zip(runs["watched"][0].parameters(), runs["plain"][0].parameters(), strict=True):

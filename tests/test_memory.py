@@ -32,7 +32,7 @@ def test_sampler_measures_a_strategys_second_step_then_every_tenth() -> None:
     class Strategy:  # what held_memory reads
         def __init__(self) -> None:
             self.weight = torch.nn.Parameter(torch.zeros(8))
-            self.optimizer = None
+            self.optimizers = ()
 
         def held_parameters(self) -> list[torch.Tensor]:
             return [self.weight]

@@ -135,6 +135,11 @@ class DataParallelStrategy(nn.Module):
         """The one ``make_optimizer`` made last, if any."""
         return self._optimizer
 
+    @property
+    def optimizers(self) -> tuple[torch.optim.Optimizer, ...]:
+        """The optimizers whose state ``memory.held_memory`` counts: that one, if made."""
+        return () if self._optimizer is None else (self._optimizer,)
+
     def optimized_parameters(self) -> list[nn.Parameter]:
         """What this rank's optimizer steps: the model's parameters, or this rank's shards of them."""
         return self.trainable_parameters()

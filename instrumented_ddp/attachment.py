@@ -81,6 +81,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from . import collective_stand_ins, stop_signals
 from .collective_stand_ins import NOT_TIMED, LoopCall
@@ -265,7 +266,9 @@ class Attachment:
             model.register_forward_hook(torch.compiler.disable(self._after_forward), with_kwargs=True),
             *(optimizer.register_step_pre_hook(self._before_optimizer_step) for optimizer in self.optimizers),
             *(optimizer.register_step_post_hook(self._after_optimizer_step) for optimizer in self.optimizers),
+            register_optimizer_step_post_hook(self._any_optimizer_stepped),
         ]
+        self._optimizers_told_of: set[int] = set()  # ids of unattached ones that stepped this model: ``_any_optimizer_stepped``
         model._ddpwatch_attached = True
         _ADDRESSES_IN_USE[address] = self
         self.address = address
@@ -615,6 +618,27 @@ class Attachment:
         self._loop_spans_since_possible_end = []
         self._collectives.gap_begins()  # until the next forward, or the update
         self._reduced_gradient_of = next((p for p in self._trainable if p.grad is not None), None) if reduced else None
+
+    def _any_optimizer_stepped(self, optimizer: torch.optim.Optimizer, _args: Any, _kwargs: Any) -> None:
+        """Any optimizer of the process returned from ``step()`` (torch's global hook). One that
+        was not attached, stepping some of this model's parameters after the update ended (a loop
+        with Muon and AdamW that attached the one it steps first), has its step read as the next
+        step's data loading and its state left out of the memory column: said once, in one line
+        (rank 0), naming the fix. One stepped inside an attached one's ``step()`` (ZeRO's shard
+        optimizer) or before it (inside the update) is not."""
+        if (self._inside_optimizer_step or self._data_from is None or self._forwards or not self.timeline.in_step
+                or any(optimizer is attached for attached in self.optimizers) or id(optimizer) in self._optimizers_told_of):
+            return
+        held = {id(p) for p in self._trainable}
+        if not any(id(p) in held for group in optimizer.param_groups for p in group["params"]):
+            return
+        self._optimizers_told_of.add(id(optimizer))
+        if dist.get_rank() == 0:
+            names = " and the ".join(type(o).__name__ for o in (*self.optimizers, optimizer))
+            print(f"instrumented_ddp.attach: {type(optimizer).__name__}, not attached, steps this model after the "
+                  f"attached {type(self.optimizers[-1]).__name__}, so its step() reads as the next step's data loading "
+                  f"and its state is not counted: pass attach a list of every optimizer the loop steps (the {names}) "
+                  "to time each one's step as the update", file=sys.stderr, flush=True)
 
     def _before_optimizer_step(self, _optimizer: Any, _args: Any, _kwargs: Any) -> None:
         if not self._stepped_in_update:  # the update's first optimizer: the phase begins

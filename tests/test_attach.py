@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
+from torch.optim.optimizer import _global_optimizer_post_hooks
 
 import instrumented_ddp
 from ddpwatch import exporters
@@ -582,7 +583,7 @@ def test_accumulating_without_no_sync_is_a_note_and_a_finding_of_its_segment(one
 
 
 def test_with_two_optimizers_the_one_stepped_first_falls_inside_the_attached_ones_optimizer_phase(
-        one_rank_group: None, sent: list[Any]) -> None:
+        one_rank_group: None, sent: list[Any], capsys: pytest.CaptureFixture[str]) -> None:
     """A loop with two optimizers (Muon's matrices and AdamW's rest, say) attaches the one it steps
     last: the step ends when that one returns, and the other's step, after the last backward,
     is inside ``optimizer``."""
@@ -605,6 +606,34 @@ def test_with_two_optimizers_the_one_stepped_first_falls_inside_the_attached_one
         (backward,) = [s for s in report.spans if s.kind == "backward"]
         (optimizer_span,) = [s for s in report.spans if s.kind == "optimizer"]
         assert optimizer_span.start == backward.end and optimizer_span.end - optimizer_span.start >= other_step_s
+    assert capsys.readouterr().err == ""  # inside the update: nothing to say
+
+
+def test_an_optimizer_not_attached_that_steps_the_model_after_the_attached_one_is_told_of_in_one_line_once(
+        one_rank_group: None, sent: list[Any], capsys: pytest.CaptureFixture[str]) -> None:
+    """Attached with the optimizer it steps first, a loop's other optimizer steps in the next
+    step's data gap: its time reads as data loading, its state is not counted. Said once, in one
+    line naming the fix; training goes on. Another model's optimizer stepping there is not this
+    model's, and after ``detach`` torch's global hook is gone."""
+    ddp, _ = make_ddp()
+    body, head = two_optimizers(ddp)
+    other_model = torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=0.1)
+    hooks_before = len(_global_optimizer_post_hooks)
+    with attached(ddp, body):
+        for step in range(3):
+            ddp(**batch(step)).loss.backward()
+            body.step()
+            head.step()
+            other_model.step()
+            body.zero_grad()
+            head.zero_grad()
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(
+        "instrumented_ddp.attach: AdamW, not attached, steps this model after the attached SGD, so its "
+        "step() reads as the next step's data loading and its state is not counted: pass attach a list of every "
+        "optimizer the loop steps (the SGD and the AdamW) to time each one's step as the update")
+    assert [m.step for m in sent if isinstance(m, StepReport)] == [1, 2, 3]
+    assert len(_global_optimizer_post_hooks) == hooks_before
 
 
 def two_optimizers(ddp: DistributedDataParallel) -> tuple[torch.optim.Optimizer, torch.optim.Optimizer]:
@@ -827,7 +856,8 @@ def test_a_sparse_embedding_trains_attached_bitwise_and_its_gradient_is_counted_
     assert held is not None and held["parameters"] - held["gradients"] == 50 * 16 * 4 - rows * (16 * 4 + 8)
 
 
-def test_a_zero_redundancy_optimizers_state_is_counted_where_it_keeps_it(one_rank_group: None, sent: list[Any]) -> None:
+def test_a_zero_redundancy_optimizers_state_is_counted_where_it_keeps_it(one_rank_group: None, sent: list[Any],
+                                                                         capsys: pytest.CaptureFixture[str]) -> None:
     """PyTorch's ZeRO-1 beside DDP keeps its shard's state in the optimizer it steps (``.optim``),
     none in its own ``state``: the memory column read 0 bytes of optimizer state."""
     from torch.distributed.optim import ZeroRedundancyOptimizer
@@ -841,6 +871,7 @@ def test_a_zero_redundancy_optimizers_state_is_counted_where_it_keeps_it(one_ran
     # one rank holds all of AdamW's state: two moments of each, and a float32 step count for each of the 7 tensors
     assert held["parameters"] == 11_916
     assert held["optimizer_state"] == 2 * 11_916 + 7 * 4
+    assert capsys.readouterr().err == ""  # the shard's optimizer steps inside ZeRO's step(): not another optimizer
 
 
 def test_a_zero_redundancy_optimizers_broadcasts_are_timed_in_its_step_and_their_waits_are_not_its_compute(

@@ -1,10 +1,12 @@
-"""Fixtures shared by the test modules: a temp folder for the processes they start, and a one-rank group."""
+"""Fixtures shared by the test modules: a temp folder for the processes they start, a one-rank group,
+and what an attachment sends."""
 
 from __future__ import annotations
 
 import shutil
 import tempfile
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch.distributed as dist
@@ -32,3 +34,19 @@ def one_rank_group() -> Iterator[None]:
         yield
     finally:
         dist.destroy_process_group()
+
+
+@pytest.fixture
+def sent(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Every message an attachment (``instrumented_ddp.attach``) publishes, in order."""
+    from instrumented_ddp.attachment import Attachment
+
+    messages: list[Any] = []
+    original = Attachment.__init__
+
+    def init(self: Attachment, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        monkeypatch.setattr(self.watch.publisher, "publish", messages.append)
+
+    monkeypatch.setattr(Attachment, "__init__", init)
+    return messages

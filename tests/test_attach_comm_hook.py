@@ -18,7 +18,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_
 from instrumented_ddp import collective_stand_ins, hooked_collectives
 from instrumented_ddp.protocol import Hello, StepReport
 from launch import free_port
-from test_attach import attached, make_ddp, sent, train, untouched  # noqa: F401  (sent: a fixture)
+from attach_helpers import attached, make_ddp, train, untouched
 
 TORCHS_ALL_REDUCE = dist.distributed_c10d.all_reduce
 

@@ -1,7 +1,7 @@
 """The stand-ins for ``torch.distributed``'s collective functions (``collective_stand_ins``): which
 calls of a loop they hand to a loop timer, what they pass through to torch's own function, and
 how they come and go. In one process over a one-rank gloo group; what an attached loop's timer
-does with a call is in ``test_attach.py``."""
+does with a call is in ``test_attach_loop_collectives.py``."""
 
 from __future__ import annotations
 

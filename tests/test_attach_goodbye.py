@@ -1,0 +1,149 @@
+"""How an attached run ends, as the dashboard hears it: a loop that raises says *failed* and what
+it raised, a signal says *interrupted*, a script's own SIGTERM handler is kept, and the end of
+the process says goodbye without ``detach``."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ddpwatch.recorder import load_session
+from instrumented_ddp import stop_signals
+from instrumented_ddp.protocol import Goodbye
+from launch import REPO_ROOT, Recorder
+from attach_helpers import attach_for_test, attached, make_ddp, train
+
+
+def test_a_loop_that_raises_says_goodbye_as_failed_with_what_it_raised(one_rank_group: None, sent: list[Any],
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Python calls ``sys.excepthook`` on an exception no one caught, then the exit's handlers, one
+    of which detaches: its goodbye said *finished*, and the dashboard showed the rank so."""
+    shown: list[BaseException] = []
+    monkeypatch.setattr(sys, "excepthook", lambda kind, error, trace: shown.append(error))  # the interpreter's printer
+    ddp, optimizer = make_ddp()
+    watch = attach_for_test(ddp, optimizer)
+    train(ddp, optimizer, steps=2)
+    error = RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB\n(the rest of torch's message)")
+    sys.excepthook(RuntimeError, error, None)  # what the interpreter does with the loop's exception
+    watch._detach_at_exit()  # then its exit's handlers
+    assert shown == [error]  # still printed, by the hook that was there before
+    (goodbye,) = [m for m in sent if isinstance(m, Goodbye)]
+    assert (goodbye.steps, goodbye.reason) == (2, "failed: RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB")
+    assert sys.excepthook is not watch._note_uncaught and sys.excepthook.__name__ == "<lambda>"  # detach put it back
+
+
+def test_a_loop_stopped_by_a_signal_says_goodbye_as_interrupted_not_failed(one_rank_group: None, sent: list[Any],
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C at torchrun sends every rank SIGINT (``KeyboardInterrupt``, through the excepthook);
+    torchrun's stop of the ranks left, or a scheduler's preemption, SIGTERM, which attach turns
+    into ``StoppedBySignal`` (a ``SystemExit``: the excepthook never sees it). Before, the first
+    read *failed: KeyboardInterrupt* (a cause named where there was none) and the second *lost*."""
+    monkeypatch.setattr(sys, "excepthook", lambda kind, error, trace: None)  # the interpreter's printer
+    monkeypatch.setattr(stop_signals, "received", None)
+
+    def goodbye_after(stop: Any) -> tuple[int, str]:
+        ddp, optimizer = make_ddp()
+        watch = attach_for_test(ddp, optimizer)
+        assert signal.getsignal(signal.SIGTERM) is stop_signals._stop  # the script set no handler: ours
+        train(ddp, optimizer, steps=2)
+        stop()
+        watch._detach_at_exit()  # the exit's handlers
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the last detach gave the default back
+        (goodbye,) = [m for m in sent if isinstance(m, Goodbye)]
+        sent.clear()
+        return goodbye.steps, goodbye.reason
+
+    def sigterm() -> None:
+        with pytest.raises(stop_signals.StoppedBySignal) as stopped:
+            os.kill(os.getpid(), signal.SIGTERM)
+            for _ in range(100):  # the handler runs in this thread between two bytecodes: after a sleep at worst
+                time.sleep(0.05)
+        assert stopped.value.code == 128 + signal.SIGTERM  # the shell's exit code for it
+
+    assert goodbye_after(lambda: sys.excepthook(KeyboardInterrupt, KeyboardInterrupt(), None)) == (
+        2, "interrupted: SIGINT (KeyboardInterrupt, Ctrl-C)")
+    assert goodbye_after(sigterm) == (2, "interrupted: SIGTERM")
+
+
+def test_a_script_that_handles_sigterm_itself_keeps_its_handler(one_rank_group: None, sent: list[Any]) -> None:
+    """A checkpoint on preemption is the script's: attach changes no handler it set."""
+    def checkpoint_and_exit(signum: int, frame: Any) -> None:
+        raise AssertionError("not called here")
+
+    previous = signal.signal(signal.SIGTERM, checkpoint_and_exit)
+    try:
+        ddp, optimizer = make_ddp()
+        with attached(ddp, optimizer):
+            assert signal.getsignal(signal.SIGTERM) is checkpoint_and_exit
+        assert signal.getsignal(signal.SIGTERM) is checkpoint_and_exit
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+END_WITHOUT_DETACH = """
+import sys
+import time
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+import instrumented_ddp
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+ddp = DistributedDataParallel(torch.nn.Linear(4, 2))
+optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
+watch = instrumented_ddp.attach(ddp, optimizer, address=sys.argv[1])
+deadline = time.monotonic() + 30
+while watch.publisher.sent == 0 and time.monotonic() < deadline:  # connected (nothing is queued before)
+    time.sleep(0.01)
+for _ in range(3):
+    ddp(torch.randn(8, 4)).sum().backward()
+    optimizer.step()
+    optimizer.zero_grad()
+"""
+
+
+def test_the_end_of_the_process_says_goodbye_without_detach(tmp_path: Path) -> None:
+    """A user who never calls ``detach``: the recorder still hears every step and the goodbye."""
+    with Recorder(tmp_path / "session", "--idle-exit", "20") as recorder:
+        subprocess.run([sys.executable, "-c", END_WITHOUT_DETACH, recorder.address], cwd=REPO_ROOT,
+                       env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, timeout=120)
+        assert "every rank said goodbye" in recorder.wait()
+    session = load_session(tmp_path / "session" / "session.ddpwatch")
+    assert sorted(session.reports) == [1, 2, 3] and not session.ranks[0].hello.switchable
+
+
+TRAIN_UNTIL_STOPPED = END_WITHOUT_DETACH + """
+print("trained 3 steps", flush=True)
+while True:  # until a signal stops it
+    ddp(torch.randn(8, 4)).sum().backward()
+    optimizer.step()
+    optimizer.zero_grad()
+"""
+
+
+def test_a_process_sent_sigterm_exits_at_once_and_its_goodbye_says_interrupted(tmp_path: Path) -> None:
+    """torchrun's SIGTERM (the ranks left when one fails, its own Ctrl-C) or a scheduler's: by
+    default it killed the process with no exit handler run, and the rank read *lost*."""
+    with Recorder(tmp_path / "session", "--idle-exit", "20") as recorder:
+        process = subprocess.Popen([sys.executable, "-c", TRAIN_UNTIL_STOPPED, recorder.address], cwd=REPO_ROOT,
+                                   env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=subprocess.PIPE, text=True)
+        try:
+            assert process.stdout.readline() == "trained 3 steps\n"
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(30) == 128 + signal.SIGTERM  # a shell's code for SIGTERM; no traceback
+        finally:
+            process.kill()
+            process.stdout.close()
+        err = recorder.wait()
+    assert "every rank said goodbye" in err
+    (line,) = [line for line in err.splitlines() if "interrupted" in line]
+    session = load_session(tmp_path / "session" / "session.ddpwatch")
+    steps = session.ranks[0].goodbye.steps
+    assert line == f"ddpwatch record: rank 0 interrupted after step {steps}: SIGTERM" and steps >= 3
+    assert session.status(0) == "interrupted" and sorted(session.reports)[-1] == steps

@@ -1,0 +1,254 @@
+"""The collectives an attached loop issues itself (a loss all-reduced for the log, the Trainer's
+gathers, a broadcast): timed where it issues them as collectives of their kind, ``l<k>``, or
+counted where they cannot be, in the queue of their own process group. In one process over a
+one-rank gloo group."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from instrumented_ddp.protocol import StepReport
+from attach_helpers import attached, batch, make_ddp, sharded_classifier
+
+
+def test_the_loops_own_collectives_are_timed_where_it_issues_them_and_a_barrier_counted_untimed_in_its_step(
+        one_rank_group: None, sent: list[Any]) -> None:
+    """A loss all-reduced every other step before the update (as a gradient norm would be) is
+    timed as the loop's (``l0``: blocking, its 4 bytes; ``collective_stand_ins``); in step 5 an
+    asynchronous one is too, not blocking, and the loop's wait for it is a ``wait`` span of the
+    step after its issue, ending once it has (``WaitedByTheLoop``). A barrier in step 3 cannot be
+    (no span kind): it is counted in its step (``issued_collectives``), as are the two broadcasts
+    DDP issues itself in its second forward, where it rebuilds its buckets (their count, then
+    their order). DDP's buckets are timed as always."""
+    ddp, optimizer = make_ddp()
+    with attached(ddp, optimizer):
+        for step in range(1, 6):
+            optimizer.zero_grad()
+            ddp(**batch(step)).loss.backward()
+            if step % 2 == 0:
+                dist.all_reduce(torch.ones(1))
+            if step == 3:
+                dist.barrier()
+            if step == 5:
+                reduced = torch.ones(1)
+                work = dist.all_reduce(reduced, async_op=True)
+                assert work.wait() is True and work.is_completed() and reduced.item() == 1.0
+            optimizer.step()
+    reports = [m for m in sent if isinstance(m, StepReport)]
+    assert [r.untimed_collectives for r in reports] == [0, 2, 1, 0, 0]
+    loops = [[(s.kind, s.tag, s.nbytes, s.dtype, s.blocking) for s in r.spans if s.tag.startswith("l")] for r in reports]
+    assert loops == [[], [("all_reduce", "l0", 4, "float32", True)], [], [("all_reduce", "l0", 4, "float32", True)],
+                     [("all_reduce", "l0", 4, "float32", False)]]
+    assert [sum(s.kind == "all_reduce" and s.tag.startswith("b") for s in r.spans) for r in reports] == [1, 3, 3, 3, 3]
+    assert [[s.blocking for s in r.spans if s.kind == "wait"] for r in reports] == [[True]] * 4 + [[True, True]]  # DDP's; the loop's
+    (issued,) = [s for s in reports[4].spans if s.tag == "l0"]
+    (backward,) = [s for s in reports[4].spans if s.kind == "backward"]
+    (waited,) = [s for s in reports[4].spans if s.kind == "wait" and s.start >= backward.end]
+    (optimizer_phase,) = [s for s in reports[4].spans if s.kind == "optimizer"]
+    # the gap after the last backward is the optimizer's: the wait is blocked time inside it, not its compute
+    assert optimizer_phase.start <= issued.start <= waited.start and issued.end <= waited.end <= optimizer_phase.end
+
+
+def test_the_loops_asynchronous_collective_waited_on_another_thread_is_timed_and_that_wait_is_no_steps(
+        one_rank_group: None, sent: list[Any]) -> None:
+    """A loop may hand its work to a thread of its own (a logger waiting for a loss all-reduced
+    in the background): the collective is the loop's, timed, but that thread's wait blocks no
+    step of the loop's, and the CPU clock's looks are the loop thread's alone. A gloo
+    reduce-scatter, whose end only its wait gives, ends there."""
+    ddp, optimizer = make_ddp()
+    results: list[list[float]] = []
+    with attached(ddp, optimizer) as watch:
+        clock = watch.timeline.clock
+        looked_from: set[int] = set()
+        for name in ("stamp", "poll"):
+            def looking(*args: Any, _original: Any = getattr(clock, name), **kwargs: Any) -> Any:
+                looked_from.add(threading.get_ident())
+                return _original(*args, **kwargs)
+            setattr(clock, name, looking)
+        for step in range(1, 4):
+            optimizer.zero_grad()
+            ddp(**batch(step)).loss.backward()
+            reduced, scattered = torch.full((2,), float(step)), torch.zeros(1)
+            works = [dist.all_reduce(reduced, async_op=True),
+                     dist.reduce_scatter_tensor(scattered, torch.full((1,), 2.0 * step), async_op=True)]
+            waiter = threading.Thread(target=lambda: [work.wait() for work in works])
+            waiter.start()
+            waiter.join()
+            results.append([*reduced.tolist(), *scattered.tolist()])
+            optimizer.step()
+    assert results == [[s, s, 2 * s] for s in (1.0, 2.0, 3.0)]
+    reports = [m for m in sent if isinstance(m, StepReport)]
+    assert [[(s.kind, s.tag, s.blocking) for s in r.spans if s.tag.startswith("l")] for r in reports] == [
+        [("all_reduce", "l0", False), ("reduce_scatter", "l1", False)]] * 3
+    assert [sum(s.kind == "wait" for s in r.spans) for r in reports] == [1, 1, 1]  # DDP's alone
+    assert looked_from == {threading.get_ident()}
+    assert all(s.start <= s.end for r in reports for s in r.spans)
+
+
+def test_the_loops_collective_on_another_process_group_waits_in_that_groups_queue_not_ddps(
+        one_rank_group: None, sent: list[Any]) -> None:
+    """Each process group has its own gloo threads and its own NCCL stream: a loop's collective
+    on DDP's group (the default, named or not) waits in DDP's queue, "", and one on any other
+    group (a metric on a gloo side group) in that group's, so that replaying the queues for
+    starts (``StepTimeline``) never makes it wait for DDP's buckets, nor them for it. An FSDP2
+    model's own group is its mesh's shard dimension: here the default group."""
+    side, other = dist.new_group([0]), dist.new_group([0])
+    models: list[tuple[Any, Any]] = [make_ddp(), sharded_classifier()]
+    for model, optimizer in models:
+        queues: list[tuple[str, str]] = []
+        with attached(model, optimizer) as watch:
+            def opening(kind: str, nbytes: int, tag: str, *args: Any, _open: Any = watch.timeline.open_collective,
+                        **kwargs: Any) -> Any:
+                queues.append((tag, kwargs.get("queue", "")))
+                return _open(kind, nbytes, tag, *args, **kwargs)
+            watch.timeline.open_collective = opening
+            optimizer.zero_grad()
+            model(**batch(1)).loss.backward()
+            dist.all_reduce(torch.ones(1))
+            dist.all_reduce(torch.ones(1), group=dist.group.WORLD)
+            dist.all_reduce(torch.ones(1), group=side)
+            dist.all_reduce(torch.ones(1), group=other, async_op=True).wait()
+            dist.broadcast(torch.ones(1), src=0, group=side)
+            optimizer.step()
+        assert [q for q in queues if q[0].startswith("l")] == [
+            ("l0", ""), ("l1", ""), ("l2", f"group {side.group_name}"), ("l3", f"group {other.group_name}"),
+            ("l4", f"group {side.group_name}")]
+        assert all(queue == "" for tag, queue in queues if not tag.startswith("l"))  # DDP's buckets
+
+
+def test_on_a_gpu_the_loops_collective_is_timed_only_on_cuda_tensors_through_nccl_and_else_counted(
+        one_rank_group: None, sent: list[Any]) -> None:
+    """A GPU step is timed by CUDA events and NCCL's durations: a metric all-reduced on the CPU
+    over a gloo side group has neither (with NCCL timing on, gloo's work has no duration and the
+    step went out unresolved), so it is counted untimed there. The host's clock, on the CPU,
+    times any call; on a GPU a call on CUDA tensors is timed where its group's CUDA backend is
+    NCCL (a gloo group reduces CUDA tensors too, and is not)."""
+    from instrumented_ddp.collective_stand_ins import LoopCall
+
+    class NcclGroup:
+        def _get_backend(self, device: torch.device) -> Any:
+            return SimpleNamespace(name=lambda: "nccl" if device.type == "cuda" else "gloo")
+
+    def call(device: str, group: Any = None) -> LoopCall:
+        return LoopCall("all_reduce", 4, "float32", group, False, device)
+
+    ddp, optimizer = make_ddp()
+    nccl = NcclGroup()
+    with attached(ddp, optimizer) as watch:
+        assert watch._on_the_steps_clock(call("cpu")) and watch._on_the_steps_clock(call("cpu", nccl))
+        watch.device = torch.device("cuda")  # what a model on a GPU is attached on
+        assert not watch._on_the_steps_clock(call("cpu")) and not watch._on_the_steps_clock(call("cpu", nccl))
+        assert not watch._on_the_steps_clock(call("cuda"))  # the default group here is gloo's
+        assert watch._on_the_steps_clock(call("cuda", nccl)) and watch._on_the_steps_clock(call("cuda", nccl))
+        for step in range(1, 3):
+            optimizer.zero_grad()
+            ddp(**batch(step)).loss.backward()
+            dist.all_reduce(torch.ones(1))  # a CPU metric: counted, not timed
+            optimizer.step()
+    reports = [m for m in sent if isinstance(m, StepReport)]
+    assert [[s.tag for s in r.spans if s.tag.startswith("l")] for r in reports] == [[], []]
+    assert [r.untimed_collectives for r in reports] == [1, 3]  # and step 2's DDP's two rebuild broadcasts
+
+
+def test_the_loops_collectives_coalesced_by_torch_pass_through_and_are_counted(one_rank_group: None,
+                                                                                sent: list[Any]) -> None:
+    """Inside ``_coalescing_manager`` torch issues nothing at each call, only one coalesced
+    collective at the block's end: a call timed as the loop's there waited on an ``_IllegalWork``
+    (ValueError), and the next block found the first one's op list left behind. Each block's one
+    collective is counted untimed; the user's tensors hold what torch gives them."""
+    ddp, optimizer = make_ddp()
+    reduced: list[list[float]] = []
+    with attached(ddp, optimizer):
+        for step in range(1, 4):
+            optimizer.zero_grad()
+            ddp(**batch(step)).loss.backward()
+            one, two = torch.full((2,), float(step)), torch.full((3,), 2.0 * step)
+            with dist._coalescing_manager(async_ops=step == 3) as coalesced:
+                dist.all_reduce(one)
+                dist.all_reduce(two)
+            if step == 3:
+                coalesced.wait()
+            reduced.append([*one.tolist(), *two.tolist()])
+            optimizer.step()
+    assert reduced == [[s, s, 2 * s, 2 * s, 2 * s] for s in (1.0, 2.0, 3.0)]
+    reports = [m for m in sent if isinstance(m, StepReport)]
+    assert [[s.tag for s in r.spans if s.tag.startswith("l")] for r in reports] == [[], [], []]
+    assert [r.untimed_collectives for r in reports] == [1, 2 + 1, 1]  # step 2: DDP's two rebuilt-bucket broadcasts too
+
+
+def test_the_loops_own_collectives_between_a_backward_and_the_next_forward_are_counted_as_in_its_data(
+        one_rank_group: None, sent: list[Any]) -> None:
+    """Where the loop's own collective falls says what its time reads as: in the data gap before a
+    forward (a loss all-reduced for logging after the update, which is the next step's gap; a
+    gather before the forward, as the Trainer's label count; one between two micro-steps) it
+    reads as data loading, a wait in it for a slower rank included; before the update, as the
+    optimizer's. Two micro-steps a step. Step 2 also holds DDP's two rebuilt-bucket broadcasts,
+    issued in its forward: untimed, not in its data. The loop's collectives here are barriers,
+    which ddpwatch cannot time (no span kind; the others it can: the next tests)."""
+    ddp, optimizer = make_ddp()
+    with attached(ddp, optimizer):
+        for step in range(1, 5):
+            if step >= 2:
+                dist.barrier()  # before the step's first forward: its data
+            optimizer.zero_grad()
+            for micro in range(2):
+                with ddp.no_sync() if micro == 0 else contextlib.nullcontext():
+                    ddp(**batch(step)).loss.backward()
+                if micro == 0 and step == 3:
+                    dist.barrier()  # between the micro-steps: data too
+            if step == 4:
+                dist.barrier()  # before the update: the optimizer's
+            optimizer.step()
+            dist.barrier()  # after the update: the next step's data
+    reports = [m for m in sent if isinstance(m, StepReport)]
+    assert [r.untimed_collectives for r in reports] == [0, 1 + 1 + 2, 1 + 1 + 1, 1 + 1 + 1]
+    assert [r.untimed_in_data for r in reports] == [0, 2, 3, 2]
+    assert [sum(s.kind == "all_reduce" for s in r.spans) for r in reports] == [1, 3, 3, 3]  # DDP's buckets: timed
+
+
+def test_the_loops_synchronous_collectives_in_its_data_time_are_timed_there_as_collectives_of_their_kind(
+        one_rank_group: None, sent: list[Any]) -> None:
+    """The Trainer's gathers before each forward (``all_gather`` on gloo, ``all_gather_into_tensor``
+    on NCCL, as Accelerate's ``gather`` picks), a broadcast and a reduce-scatter, in the data gap: spans of their
+    kind inside the ``data`` span, numbered ``l0, l1, ...`` in each step, with the bytes
+    nccl-tests counts (an all-gather's output, a reduce-scatter's input); none left untimed. Not the loop's and so not
+    timed: what an evaluation issues inside ``paused`` (the pause's, in no step), and a call on
+    another thread (counted). The user's tensors hold what torch's own functions give."""
+    ddp, optimizer = make_ddp()
+    gathered: list[list[float]] = []
+    with attached(ddp, optimizer) as watch:
+        for step in range(1, 4):
+            labels = [torch.zeros(2)]
+            dist.all_gather(labels, torch.full((2,), float(step)))
+            into = torch.zeros(3, dtype=torch.float64)
+            dist.all_gather_into_tensor(into, torch.full((3,), 2.0 * step, dtype=torch.float64))
+            seed = torch.tensor([step], dtype=torch.int64)
+            dist.broadcast(seed, src=0)
+            scattered = torch.zeros(2)
+            dist.reduce_scatter_tensor(scattered, torch.full((2,), 3.0 * step))  # gloo's work has no future
+            gathered.append([*labels[0].tolist(), *into.tolist(), float(seed), *scattered.tolist()])
+            optimizer.zero_grad()
+            ddp(**batch(step)).loss.backward()
+            optimizer.step()
+            if step == 2:
+                with watch.paused("evaluate"):
+                    dist.all_reduce(torch.ones(1))
+                elsewhere = threading.Thread(target=lambda: dist.all_reduce(torch.ones(1)))
+                elsewhere.start()
+                elsewhere.join()
+    assert gathered == [[s, s, 2.0 * s, 2.0 * s, 2.0 * s, s, 3.0 * s, 3.0 * s] for s in (1.0, 2.0, 3.0)]
+    reports = [m for m in sent if isinstance(m, StepReport)]
+    # step 1's gathers come before its first forward, before the step began: issued outside any step
+    assert [[(s.kind, s.tag, s.nbytes, s.dtype, s.blocking) for s in r.spans if s.tag.startswith("l")] for r in reports] == [
+        [], *[[("all_gather", "l0", 8, "float32", True), ("all_gather", "l1", 24, "float64", True),
+               ("broadcast", "l2", 8, "int64", True), ("reduce_scatter", "l3", 8, "float32", True)]] * 2]
+    for report in reports[1:]:
+        (data,) = [s for s in report.spans if s.kind == "data"]
+        assert all(data.start <= s.start <= s.end <= data.end for s in report.spans if s.tag.startswith("l"))
+    assert [(r.untimed_collectives, r.untimed_in_data) for r in reports] == [(0, 0), (2, 0), (1, 1)]  # DDP's broadcasts; the thread's

@@ -1,10 +1,14 @@
-"""A small, fixed two-rank session as raw wire messages, for dashboard and export tests."""
+"""A small, fixed two-rank session as raw wire messages, edits of it, and the dashboard's snapshot
+of such messages, for dashboard and export tests."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
 from dataclasses import replace
 
+from ddpwatch.dashboard.snapshot import Snapshot, SnapshotBuilder
+from ddpwatch.receiver import ingest
+from ddpwatch.session import Session
 from instrumented_ddp.protocol import DeviceSample, Goodbye, Hello, Span, StepReport, encode
 
 LAYOUT = [(f"layer{i}.weight", 1000, "float32") for i in range(4)]
@@ -77,3 +81,19 @@ def session_messages(steps: int = 10, goodbye: bool = True, world_size: int = 2,
         for rank in ranks:
             add(rank, Goodbye(rank, steps))
     return messages
+
+
+def desync_at_3_4_and_a_straggler(report: StepReport) -> StepReport:
+    """Two warnings: rank 1 issues one all-reduce fewer in steps 3 and 4 (a desync), and waits
+    30 ms a step for rank 0 (a straggler)."""
+    report = waiting_ranks(30.0)(report)
+    if report.rank == 1 and report.step in (3, 4):
+        return replace(report, spans=[s for s in report.spans if s.tag != "p3"])
+    return report
+
+
+def snapshot_of(messages: list[bytes], keep_steps: int | None = 120) -> tuple[Session, Snapshot]:
+    """``messages`` taken in by a session (``keep_steps``: its bound), and the dashboard's snapshot of it."""
+    session = Session(keep_steps)
+    ingest(session, messages)
+    return session, SnapshotBuilder(session).build()

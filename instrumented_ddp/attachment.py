@@ -84,9 +84,9 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from . import collective_stand_ins, stop_signals
+from .attach_problems import attach_problem, compiled_module, innermost_optimizer, is_fsdp2, optimizers_given, steps_any_of
 from .collective_stand_ins import NOT_TIMED, LoopCall
 from .collectives import LooksWhenWaited, WaitedByTheLoop, gives_future, queue_of
-from .attach_problems import attach_problem, compiled_module, innermost_optimizer, is_fsdp2, optimizers_given
 from .ddp_timing import DDPTiming, users_comm_hook
 from .distributed import DistributedContext
 from .forward_values import batch_size_and_tokens, describe, loss_of, mean_loss, output_tensors
@@ -268,7 +268,7 @@ class Attachment:
             *(optimizer.register_step_post_hook(self._after_optimizer_step) for optimizer in self.optimizers),
             register_optimizer_step_post_hook(self._any_optimizer_stepped),
         ]
-        self._optimizers_told_of: set[int] = set()  # ids of unattached ones that stepped this model: ``_any_optimizer_stepped``
+        self._other_optimizers: set[int] = set()  # ids of unattached ones judged: ``_any_optimizer_stepped``
         model._ddpwatch_attached = True
         _ADDRESSES_IN_USE[address] = self
         self.address = address
@@ -627,13 +627,10 @@ class Attachment:
         (rank 0), naming the fix. One stepped inside an attached one's ``step()`` (ZeRO's shard
         optimizer) or before it (inside the update) is not."""
         if (self._inside_optimizer_step or self._data_from is None or self._forwards or not self.timeline.in_step
-                or any(optimizer is attached for attached in self.optimizers) or id(optimizer) in self._optimizers_told_of):
+                or any(optimizer is attached for attached in self.optimizers) or id(optimizer) in self._other_optimizers):
             return
-        held = {id(p) for p in self._trainable}
-        if not any(id(p) in held for group in optimizer.param_groups for p in group["params"]):
-            return
-        self._optimizers_told_of.add(id(optimizer))
-        if dist.get_rank() == 0:
+        self._other_optimizers.add(id(optimizer))  # judged once: another model's, or told of now
+        if steps_any_of(optimizer, self._trainable) and dist.get_rank() == 0:
             names = " and the ".join(type(o).__name__ for o in (*self.optimizers, optimizer))
             print(f"instrumented_ddp.attach: {type(optimizer).__name__}, not attached, steps this model after the "
                   f"attached {type(self.optimizers[-1]).__name__}, so its step() reads as the next step's data loading "

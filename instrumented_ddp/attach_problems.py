@@ -54,7 +54,7 @@ def attach_problem(model: Any, optimizer: Any) -> str | None:
     if not given:
         return "no optimizer given: pass the one that steps this model, or a list of each that does"
     for each in given:
-        problem = optimizer_problem(each, model)
+        problem = optimizer_problem(each)
         if problem is not None:
             return problem
     if len({id(innermost_optimizer(each)) for each in given}) < len(given):
@@ -70,19 +70,18 @@ def optimizers_given(optimizer: Any) -> list[Any]:
     return list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer]
 
 
-def optimizer_problem(optimizer: Any, model: nn.Module) -> str | None:
+def optimizer_problem(optimizer: Any) -> str | None:
     """What keeps ``optimizer`` from marking the updates of ``model``: not a torch optimizer (under
-    the wrappers ``innermost_optimizer`` looks through), none of its step hooks, or none of the
-    model's parameters in it (another model's optimizer)."""
+    the wrappers ``innermost_optimizer`` looks through), or none of its step hooks. Whose
+    parameters it holds is not asked: a stand-in that updates none (transformers' layer-wise
+    optimizers, which update each parameter in its gradient's hook, keep a dummy tensor) still
+    marks each update with its ``step()``."""
     inner = innermost_optimizer(optimizer)
     if not isinstance(inner, torch.optim.Optimizer):
         return f"the optimizer is a {type(optimizer).__name__}, not a torch.optim.Optimizer: pass the one that steps this model"
     if not hasattr(inner, "_optimizer_step_pre_hooks"):
         return (f"the optimizer is a {type(inner).__name__} that never ran torch.optim.Optimizer.__init__, so it has no "
                 "step hooks to end a step with: pass the torch optimizer it wraps, whose step() it calls")
-    if not steps_any_of(inner, model.parameters()):
-        return (f"the optimizer {type(inner).__name__} steps none of this model's parameters (another model's?): "
-                "pass the one built over this model's parameters, after wrapping or sharding it")
     return None
 
 

@@ -408,7 +408,7 @@ class Attachment:
         self.timeline.begin_step(self._steps, self.strategy, self._settings(1), at=at)
         self._micro_steps, self._forwards, self._recorded_losses = 0, [], []
         carried = [span for span in self._loop_spans_since_possible_end if span.kind != "wait"]
-        for index, span in enumerate(carried):  # carried from a skipped step: this one's first
+        for index, span in enumerate(carried):  # from a step found to have ended before them: this one's first
             span.tag = f"l{index}"
         self._loop_calls = len(carried)
         self._loop_spans_since_possible_end = []

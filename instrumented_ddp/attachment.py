@@ -247,6 +247,7 @@ class Attachment:
         #: After a backward that reduced, a parameter it left a gradient on: ``_update_skipped``.
         self._reduced_gradient_of: nn.Parameter | None = None
         self._inside_optimizer_step = False  # between an optimizer's step pre- and post-hooks
+        self._stepped_inside_forward = False  # an update inside the model's forward: ``_before_optimizer_step``
         self._stepped_in_update: set[int] = set()  # ids of the optimizers whose step() returned in this update
         #: Where the latest of them returned while others are still to step; the update ended
         #: there if none of them steps before the next training forward.
@@ -579,6 +580,9 @@ class Attachment:
         self._forward_from = now
 
     def _after_forward(self, _module: nn.Module, _args: tuple[Any, ...], _kwargs: dict[str, Any], output: Any) -> None:
+        if self._stepped_inside_forward:
+            self._stop_watching_a_loop_that_steps_inside_its_forward()
+            return
         if self._forward_from is None:
             return
         self.timeline.add_span("forward", self._forward_from, self.timeline.stamp(), blocking=False)
@@ -637,7 +641,26 @@ class Attachment:
                   f"and its state is not counted: pass attach a list of every optimizer the loop steps (the {names}) "
                   "to time each one's step as the update", file=sys.stderr, flush=True)
 
+    def _stop_watching_a_loop_that_steps_inside_its_forward(self) -> None:
+        """The optimizer stepped inside the model's forward: the loop runs its whole training
+        step, backward and update included, inside the model's ``forward`` (PyTorch Lightning's
+        manual optimization: ``training_step`` calls ``manual_backward`` and ``step()`` inside
+        DDP's forward). Forward, backward and update cannot be told apart from the model's and
+        the optimizer's hooks there, and reading them as written gave steps cut mid-forward, all
+        excluded, with no figures: say so in one line (rank 0) and detach, once the forward has
+        returned (torch is not running the optimizer's hooks then, which detach removes); the
+        training goes on unwatched."""
+        if dist.get_rank() == 0:
+            print("instrumented_ddp.attach: the optimizer stepped inside the model's forward (a training step run whole "
+                  "inside it, as PyTorch Lightning's manual optimization runs training_step inside DDP's forward), where "
+                  "ddpwatch cannot tell forward, backward and update apart: detached, training goes on unwatched",
+                  file=sys.stderr, flush=True)
+        self.detach()
+
     def _before_optimizer_step(self, _optimizer: Any, _args: Any, _kwargs: Any) -> None:
+        if self._forward_from is not None:  # inside the model's forward: ``_stop_watching_a_loop_that_steps_inside_its_forward``
+            self._stepped_inside_forward = True
+            return
         if not self._stepped_in_update:  # the update's first optimizer: the phase begins
             self._optimizer_from = None
             if self.timeline.in_step:
@@ -652,6 +675,8 @@ class Attachment:
         ``step()``, from that one's end: the step's forward and backward ran in a closure
         (``optimizer.step(closure)``: PyTorch Lightning's automatic optimization, LBFGS). It ends
         when every attached optimizer has stepped, in whatever order the loop steps them."""
+        if self._stepped_inside_forward:
+            return
         self._inside_optimizer_step = False
         start = self._after_backward if self._after_backward is not None else self._optimizer_from
         if start is None or not self.timeline.in_step:

@@ -44,6 +44,12 @@ from .span_policy import SpanPolicy
 
 HEARTBEAT_EVERY_S = 1.0
 HELLO_EVERY_S = 2.0  # a dashboard started late learns who the ranks are within this
+#: A run that ends this soon after it began waits this long at most, from its start, for a
+#: listening dashboard's handshake, so that its goodbye is heard (``_connected_in_time``).
+CONNECT_GRACE_S = 0.5
+#: How long the hello and goodbye at the end may wait to go out (the connection's pipe is attached
+#: to the socket a moment after the handshake event; a send without waiting found it not yet there).
+LAST_SEND_WAIT_MS = 200
 
 
 class TelemetryPublisher:
@@ -73,6 +79,9 @@ class TelemetryPublisher:
         self._current_step = current_step
         self._current_pause = current_pause  # what the loop pauses training for now: each heartbeat says it
         self._context = zmq.Context()
+        self._started = time.monotonic()
+        self._hello_owed = True  # the last hello did not go out: sent before the goodbye (``_say_goodbye``)
+        self._closing_by: float | None = None  # how long ``close`` lets the sender wait for a dashboard
         self.commands: queue.Queue[SwitchCommand] = queue.Queue(maxsize=64)
         self.rejected_commands = 0
         self.spans = SpanPolicy(hello.world_size)  # spans or a summary per step; used on the sender thread
@@ -100,6 +109,7 @@ class TelemetryPublisher:
 
     def close(self, steps: int, reason: str = "finished", timeout_s: float = 1.0, trains_again: bool = False) -> None:
         """Say goodbye, give the sender up to ``timeout_s`` to drain, then drop what is left."""
+        self._closing_by = time.monotonic() + 0.8 * timeout_s  # the rest to send, and for the sender to end
         self.publish(Goodbye(self.hello.rank, steps, reason, trains_again))
         try:
             self._queue.put(None, timeout=timeout_s)
@@ -118,8 +128,10 @@ class TelemetryPublisher:
             if self._dashboard_connected_since_last_look():
                 next_hello = now
             if now >= next_hello:
-                self._send(self.hello)
-                next_hello = now + HELLO_EVERY_S
+                self._hello_owed = not self._send(self.hello)
+                # connected, yet it did not go out (the connection's pipe attaches a moment after the
+                # handshake event): again at the next turn, not in two seconds
+                next_hello = now + (0.05 if self._hello_owed and self.connected else HELLO_EVERY_S)
             if now >= next_heartbeat:
                 self._send(Heartbeat(self.hello.rank, time.time(), self._current_step(), self._current_pause()))
                 next_heartbeat = now + HEARTBEAT_EVERY_S
@@ -129,6 +141,9 @@ class TelemetryPublisher:
             except queue.Empty:
                 continue
             if message is None:
+                return
+            if isinstance(message, Goodbye):
+                self._say_goodbye(message)
                 return
             if not self.connected:
                 self._seq += 1  # numbered as if sent: the gap says it was lost, as the count does
@@ -155,6 +170,37 @@ class TelemetryPublisher:
                 if self.on_device_rate is not None:
                     self.on_device_rate(message.device_every_s)
 
+    def _say_goodbye(self, goodbye: Goodbye) -> None:
+        """The last message. A dashboard whose handshake is not yet looked at, or comes within the
+        grace (``_connected_in_time``), or whose last hello did not go out, gets this rank's hello
+        first: the next loop turn, which would repeat it, never comes."""
+        newly_connected = self._dashboard_connected_since_last_look() or (not self.connected and self._connected_in_time())
+        self._socket.setsockopt(zmq.SNDTIMEO, LAST_SEND_WAIT_MS)
+        if newly_connected or (self._hello_owed and self.connected):
+            self._send(self.hello, waits=True)
+        if self.connected:
+            self._send(goodbye, waits=True)
+        else:
+            self._seq += 1
+            self._count_unsent()
+
+    def _connected_in_time(self) -> bool:
+        """Whether a dashboard connects before ``CONNECT_GRACE_S`` from the publisher's start (and
+        before ``close`` stops waiting): a run that ended at once (a loop refused or raising at its
+        first step) said goodbye before the handshake of a dashboard already listening, and both
+        its hello and its goodbye went unsent, so the rank read *lost* instead of how it ended.
+        A run with no dashboard waits only what is left of the grace, never more."""
+        deadline = min(self._started + CONNECT_GRACE_S, self._closing_by if self._closing_by is not None else float("inf"))
+        try:
+            while not self._dashboard_connected_since_last_look():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._monitor.poll(timeout=max(1, int(left * 1000)))
+        except zmq.ZMQError:  # the context closed under it
+            return False
+        return True
+
     def _dashboard_connected_since_last_look(self) -> bool:
         """Whether a dashboard (re)connected since the sender last looked; ``connected`` follows
         the last connection event seen."""
@@ -167,18 +213,22 @@ class TelemetryPublisher:
                 self.connected = False
         return newly_connected
 
-    def _send(self, message: Message) -> None:
+    def _send(self, message: Message, waits: bool = False) -> bool:
+        """Send ``message`` now, or count it unsent; ``waits``: up to the socket's ``SNDTIMEO``.
+        Whether it went out."""
         try:
             data = encode(message, self._seq, self.dropped)
             self._seq += 1
-            self._socket.send(data, zmq.NOBLOCK)
+            self._socket.send(data, 0 if waits else zmq.NOBLOCK)
             self.sent += 1
             # gone out, so a dashboard is connected, even before its handshake event is read
             self.connected = self._ever_connected = True
+            return True
         except zmq.Again:
             self._count_unsent()
         except Exception:  # the context going away at exit, or a message that would not encode:
             self.dropped += 1  # counted, and the sender thread lives on
+        return False
 
     def _count_unsent(self) -> None:
         """A message that could not go out: a loss a dashboard saw, once one has been connected;

@@ -16,8 +16,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim.optimizer import _global_optimizer_post_hooks
 
-from instrumented_ddp.protocol import StepReport
-from attach_helpers import TinyClassifier, attached, batch, make_ddp, train, two_optimizers
+from instrumented_ddp.protocol import Goodbye, StepReport
+from attach_helpers import TinyClassifier, attach_for_test, attached, batch, make_ddp, train, two_optimizers
 
 
 def test_with_two_optimizers_the_one_stepped_first_falls_inside_the_attached_ones_optimizer_phase(
@@ -319,3 +319,37 @@ def test_pytorchs_post_local_sgd_optimizer_is_seen_through_and_its_averaging_tim
     (averaged,) = [s for s in reports[3].spans if s.tag == "l0"]
     assert averaged.kind == "all_reduce" and averaged.blocking and averaged.end <= next(
         s for s in reports[3].spans if s.kind == "forward").start
+
+
+class StepsInsideItsForward(nn.Module):
+    """A training step run whole inside the model's forward, as PyTorch Lightning's manual
+    optimization runs ``training_step`` (``manual_backward``, ``step()``) inside DDP's forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = TinyClassifier()
+        self.optimizer = torch.optim.SGD(self.net.parameters(), lr=0.1)
+
+    def forward(self, **inputs: torch.Tensor) -> torch.Tensor:
+        self.optimizer.step()  # the gradients of the loop's backward before (Lightning's runs inside too)
+        self.optimizer.zero_grad()
+        return self.net(**inputs).loss
+
+
+def test_a_loop_that_steps_inside_the_models_forward_is_told_it_cannot_be_watched_and_trains_on_detached(
+        one_rank_group: None, sent: list[Any], capsys: pytest.CaptureFixture[str]) -> None:
+    """Read as written, such a loop gave steps cut in the middle of a forward, all excluded, no
+    figures (seen with a Lightning GAN, two optimizers, 2 CPU ranks): one line, a goodbye, and
+    the loop goes on as before."""
+    torch.manual_seed(0)
+    ddp = DistributedDataParallel(StepsInsideItsForward(), bucket_cap_mb=0.001)
+    watch = attach_for_test(ddp, ddp.module.optimizer)
+    for step in range(3):
+        ddp(**batch(step)).backward()
+    assert capsys.readouterr().err == (
+        "instrumented_ddp.attach: the optimizer stepped inside the model's forward (a training step run whole inside "
+        "it, as PyTorch Lightning's manual optimization runs training_step inside DDP's forward), where ddpwatch "
+        "cannot tell forward, backward and update apart: detached, training goes on unwatched\n")
+    assert not watch._handles and not ddp._forward_hooks and not ddp.module.optimizer._optimizer_step_pre_hooks
+    assert [m for m in sent if isinstance(m, StepReport)] == []
+    assert [(m.steps, m.reason) for m in sent if isinstance(m, Goodbye)] == [(0, "finished")]

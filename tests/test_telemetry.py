@@ -127,6 +127,29 @@ def test_receiver_gets_hello_on_connection_reports_in_order_and_goodbye(quiet_pu
 
 
 @pytest.mark.timeout(60)
+def test_a_run_that_ends_at_once_is_heard_saying_who_it_was_and_how_it_ended(quiet_publisher: None) -> None:
+    """Closed before a listening dashboard's handshake (a loop refused, or raising, at its first
+    step: an attached Lightning loop detached 20 ms after attaching), the hello and the goodbye
+    went unsent, and the rank read *lost*. The sender waits for the handshake within
+    ``CONNECT_GRACE_S`` of its start: hello, then goodbye, and nothing after it."""
+    address = _free_address()
+    receiver = TelemetryReceiver(address)
+    try:
+        publisher = TelemetryPublisher(address, HELLO)
+        publisher.close(steps=0, reason="failed: RuntimeError: boom")
+        collector = Collector(receiver)
+        assert collector.until(lambda got: any(isinstance(e.message, Goodbye) for e in got))
+        time.sleep(0.2)
+        collector.until(lambda got: False, seconds=0.1)  # anything more that came
+    finally:
+        receiver.close()
+    messages = [e.message for e in collector.envelopes]  # a heartbeat between them, where it went out too
+    assert messages[0] == HELLO and messages[-1] == Goodbye(0, 0, "failed: RuntimeError: boom")
+    assert sum(isinstance(m, Goodbye) for m in messages) == 1
+    assert publisher.dropped == 0  # what went unsent went before the handshake, as the first hello and heartbeat can
+
+
+@pytest.mark.timeout(60)
 def test_the_publisher_knows_whether_a_dashboard_is_connected_now(quiet_publisher: None) -> None:
     """``connected`` (what ``Watch`` spaces its agreements by) follows the connection: off with
     nobody listening, on once a dashboard's handshake is done, off again when it goes away."""

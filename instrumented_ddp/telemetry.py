@@ -81,6 +81,7 @@ class TelemetryPublisher:
         self._context = zmq.Context()
         self._started = time.monotonic()
         self._hello_owed = True  # the last hello did not go out: sent before the goodbye (``_say_goodbye``)
+        self._connected_at = float("-inf")  # when the sender last saw a dashboard's handshake
         self._closing_by: float | None = None  # how long ``close`` lets the sender wait for a dashboard
         self.commands: queue.Queue[SwitchCommand] = queue.Queue(maxsize=64)
         self.rejected_commands = 0
@@ -129,9 +130,10 @@ class TelemetryPublisher:
                 next_hello = now
             if now >= next_hello:
                 self._hello_owed = not self._send(self.hello)
-                # connected, yet it did not go out (the connection's pipe attaches a moment after the
-                # handshake event): again at the next turn, not in two seconds
-                next_hello = now + (0.05 if self._hello_owed and self.connected else HELLO_EVERY_S)
+                # just connected, yet it did not go out (the connection's pipe attaches a moment after
+                # the handshake event): again at the next turn, not in two seconds
+                retry_soon = self._hello_owed and now - self._connected_at < 1.0
+                next_hello = now + (0.05 if retry_soon else HELLO_EVERY_S)
             if now >= next_heartbeat:
                 self._send(Heartbeat(self.hello.rank, time.time(), self._current_step(), self._current_pause()))
                 next_heartbeat = now + HEARTBEAT_EVERY_S
@@ -209,6 +211,7 @@ class TelemetryPublisher:
             event = recv_monitor_message(self._monitor)["event"]
             if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 newly_connected = self.connected = self._ever_connected = True
+                self._connected_at = time.monotonic()
             elif event == zmq.EVENT_DISCONNECTED:
                 self.connected = False
         return newly_connected

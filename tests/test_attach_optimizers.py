@@ -27,9 +27,7 @@ def test_with_two_optimizers_the_one_stepped_first_falls_inside_the_attached_one
     is inside ``optimizer``."""
     other_step_s = 0.03
     ddp, _ = make_ddp()
-    head = list(ddp.module.head.parameters())
-    first = torch.optim.SGD([p for p in ddp.parameters() if all(p is not h for h in head)], lr=0.1)
-    last = torch.optim.AdamW(head, lr=1e-3)
+    first, last = two_optimizers(ddp)
     first.register_step_pre_hook(lambda *_: time.sleep(other_step_s))  # a slow first optimizer
     with attached(ddp, last):
         for step in range(3):

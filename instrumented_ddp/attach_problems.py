@@ -8,7 +8,6 @@ the case it answers.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -17,7 +16,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 __all__ = ["attach_problem", "builtin_comm_hook", "compiled_module", "innermost_optimizer", "is_fsdp2",
-           "optimizer_problem", "optimizers_given", "sharded_model_problem", "steps_any_of", "training_began"]
+           "optimizer_problem", "optimizers_given", "sharded_model_problem", "training_began"]
 
 
 def attach_problem(model: Any, optimizer: Any) -> str | None:
@@ -83,13 +82,6 @@ def optimizer_problem(optimizer: Any) -> str | None:
         return (f"the optimizer is a {type(inner).__name__} that never ran torch.optim.Optimizer.__init__, so it has no "
                 "step hooks to end a step with: pass the torch optimizer it wraps, whose step() it calls")
     return None
-
-
-def steps_any_of(optimizer: torch.optim.Optimizer, parameters: Iterable[torch.Tensor]) -> bool:
-    """Whether ``optimizer`` holds any of ``parameters`` (the very tensors: a model's, FSDP's
-    sharded ones), so that its ``step()`` updates them."""
-    held = {id(p) for p in parameters}
-    return any(id(p) in held for group in optimizer.param_groups for p in group["params"])
 
 
 def is_fsdp2(model: Any) -> bool:

@@ -71,7 +71,7 @@ import numbers
 import os
 import sys
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import TracebackType
@@ -84,7 +84,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from . import collective_stand_ins, stop_signals
-from .attach_problems import attach_problem, compiled_module, innermost_optimizer, is_fsdp2, optimizers_given, steps_any_of
+from .attach_problems import attach_problem, compiled_module, innermost_optimizer, is_fsdp2, optimizers_given
 from .collective_stand_ins import NOT_TIMED, LoopCall
 from .collectives import LooksWhenWaited, WaitedByTheLoop, gives_future, queue_of
 from .ddp_timing import DDPTiming, users_comm_hook
@@ -169,6 +169,13 @@ def sharded_timing(model: nn.Module, timeline: Any) -> FSDPTiming:
     from .fsdp_timing import FSDPTiming
 
     return FSDPTiming(model, timeline)
+
+
+def steps_any_of(optimizer: torch.optim.Optimizer, parameters: Iterable[torch.Tensor]) -> bool:
+    """Whether ``optimizer`` holds any of ``parameters`` (the very tensors: a model's, FSDP's
+    sharded ones), so that its ``step()`` updates them."""
+    held = {id(p) for p in parameters}
+    return any(id(p) in held for group in optimizer.param_groups for p in group["params"])
 
 
 def megabytes_given(cap_bytes: int) -> float:
@@ -464,6 +471,14 @@ class Attachment:
         if self._update_skipped():
             self._end_step(at=self._after_backward, update_skipped=True)
 
+    @property
+    def _step_may_have_ended(self) -> bool:
+        """Whether the step may prove to have ended already: at its latest backward (where the
+        update turns out skipped), or at an optimizer's return with others of the list still to
+        step (where none of them does). What the loop issues meanwhile is kept aside
+        (``_loop_spans_since_possible_end``), to be the next step's if so."""
+        return self._after_backward is not None or self._update_returned is not None
+
     def _end_a_step_whose_update_ended_with_others_not_stepping(self) -> None:
         """Where some of the attached optimizers stepped since the last backward and the rest did
         not before this training forward (one stepped every other update), the update ended
@@ -495,7 +510,7 @@ class Attachment:
         except Exception:
             return NOT_TIMED
         self._loop_calls += 1
-        if self._after_backward is not None or self._update_returned is not None:
+        if self._step_may_have_ended:
             self._loop_spans_since_possible_end.append(span)
         try:
             work = issue()
@@ -552,7 +567,7 @@ class Attachment:
             span = self.timeline.add_span("wait", start, self.timeline.stamp(), blocking=True)
         except Exception:
             return
-        if self._after_backward is not None or self._update_returned is not None:
+        if self._step_may_have_ended:
             self._loop_spans_since_possible_end.append(span)
 
     def _before_forward(self, _module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:

@@ -28,7 +28,7 @@ from ddpwatch.data_wait import data_wait_text
 from ddpwatch.rank_lists import failed_ranks_lines, heard_until_text, interrupted_ranks_lines, rank_runs, runs_text
 from ddpwatch.segment_bars import bars_svg, lengths, segment_bar
 from ddpwatch.session import Session, goodbyes_saying, note_pause_kinds, ranks_left_behind
-from instrumented_ddp.protocol import COMM_KINDS, READY_KIND, Goodbye, StepReport, failure_of, interruption_of
+from instrumented_ddp.protocol import COMM_KINDS, COMPUTE_KINDS, LOOP_COMPUTE_KIND, READY_KIND, Goodbye, StepReport, failure_of, interruption_of
 
 __all__ = ["chrome_trace", "clock_offsets", "summary", "summary_csv", "summary_markdown", "summary_svg", "write_exports"]
 
@@ -37,7 +37,7 @@ COLUMNS = ("Segment", "Steps", "Compute%", "Non_Compute%", "Idle%", "Data wait%"
            CALLS_COLUMN, "all_reduce_ms", "step ms p50", "step ms p95", "samples/s", "busbw GB/s",
            "other busbw GB/s", "other collectives / rank / step", "held P/G/O MiB")
 _FIGURE_KEYS = ("compute_pct", "non_compute_pct", "idle_pct", "data_wait_pct", "overlap_pct", "comm_overhead_pct")
-_LANES = {"forward": "compute", "backward": "compute", "optimizer": "compute",
+_LANES = {**{kind: "compute" for kind in COMPUTE_KINDS},
           **{kind: "communication" for kind in COMM_KINDS}, "wait": "wait", "data": "data"}
 _LANE_TIDS = {"step": 0, "compute": 100, "communication": 200, "wait": 300, "data": 400}  # +k: k-th sub-lane
 
@@ -393,7 +393,8 @@ def chrome_trace(session: Session) -> dict[str, Any]:
                 args: dict[str, Any] = {"step": step, "blocking": span.blocking}
                 if lane == "communication":
                     args.update(bytes=span.nbytes, dtype=span.dtype, tag=span.tag)
-                place(rank, lane, span.kind, span.start, span.end, args)
+                name = f"{span.kind}: {span.tag}" if span.kind == LOOP_COMPUTE_KIND and span.tag else span.kind
+                place(rank, lane, name, span.start, span.end, args)
 
     for rank in sorted(set(lanes) | set(session.ranks)):
         state = session.ranks.get(rank)

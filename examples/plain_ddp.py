@@ -8,11 +8,12 @@ PyTorch's DDP tutorial loop, watched by ddpwatch with one added line (``instrume
     torchrun --nproc_per_node=2 examples/plain_ddp.py --eval-every 50      # evaluations marked as pauses
     torchrun --nproc_per_node=2 examples/plain_ddp.py --comm-hook fp16     # DDP's gradient compression hook
     torchrun --nproc_per_node=2 examples/plain_ddp.py --zero               # ZeRO-1: PyTorch's ZeroRedundancyOptimizer
+    torchrun --nproc_per_node=2 examples/plain_ddp.py --ema 0.999          # an average of the weights, marked as compute
 
 The model is the tutorial's ToyModel made deeper (``--layers``) so that DDP has several buckets
 to show; the data is random, the same on every run. Everything but the ``attach`` and ``detach``
-lines (and the optional ``record_loss`` and ``record_evaluation``, for the Loss tab, and ``paused``,
-around an evaluation) is the loop you already have.
+lines (and the optional ``record_loss`` and ``record_evaluation``, for the Loss tab, ``paused``,
+around an evaluation, and ``computing``, around the average of the weights) is the loop you already have.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.distributed.optim import ZeroRedundancyOptimizer
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import instrumented_ddp
@@ -89,6 +91,9 @@ def main() -> None:
                              "each step then broadcasts every rank's updated parameters")
     parser.add_argument("--eval-every", type=int, default=0, metavar="N",
                         help="evaluate 8 held-out batches every N optimizer steps, marked as a pause of training (default 0: never)")
+    parser.add_argument("--ema", type=float, default=0.0, metavar="DECAY",
+                        help="keep an exponential moving average of the weights, updated after each step, marked as "
+                             "the loop's own compute (default 0: none)")
     parser.add_argument("--watch", default=DEFAULT_ADDRESS, metavar="ADDRESS", help="where ddpwatch listens")
     parser.add_argument("--no-watch", action="store_true", help="the same loop without attach")
     parser.add_argument("--save-final", default=None, metavar="FILE", help="rank 0 saves the final parameters here")
@@ -99,6 +104,8 @@ def main() -> None:
     for flag in ("steps", "batch_size", "grad_accum", "width", "layers"):  # one line, exit 2, before any process group, as train.py
         if getattr(args, flag) < 1:
             parser.error(f"--{flag.replace('_', '-')} must be at least 1, not {getattr(args, flag)}")
+    if not 0 <= args.ema < 1:
+        parser.error(f"--ema must be a decay in [0, 1) (0: no average), not {args.ema}")
     if args.eval_every < 0:
         parser.error(f"--eval-every must be 0 (never) or more, not {args.eval_every}")
     if problem := bucket_mb_problem(args.bucket_mb, "--bucket-mb"):  # inf went on into DDP's traceback
@@ -134,6 +141,7 @@ def main() -> None:
         optimizer = ZeroRedundancyOptimizer(ddp_model.parameters(), optimizer_class=torch.optim.SGD, lr=0.001)
     else:
         optimizer = torch.optim.SGD(ddp_model.parameters(), lr=0.001)
+    ema = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(args.ema)) if args.ema else None
     watch = None if args.no_watch else instrumented_ddp.attach(ddp_model, optimizer, address=args.watch, total_steps=args.steps)  # <- ddpwatch
 
     data = torch.Generator().manual_seed(1 + rank)
@@ -157,6 +165,9 @@ def main() -> None:
                     watch.record_loss(loss * args.grad_accum)  # <- optional: the dashboard's Loss tab
                 loss.backward()
         optimizer.step()
+        if ema is not None:
+            with watch.computing("ema") if watch is not None else nullcontext():  # <- optional: compute, not data loading
+                ema.update_parameters(model)
         if args.eval_every and (step + 1) % args.eval_every == 0:
             with watch.paused("evaluate") if watch is not None else nullcontext():  # <- optional: not the next step's data
                 eval_loss = evaluate(ddp_model, loss_fn, held_out)

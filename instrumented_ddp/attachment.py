@@ -92,7 +92,17 @@ from .distributed import DistributedContext
 from .forward_values import batch_size_and_tokens, describe, loss_of, mean_loss, output_tensors
 from .issued_collectives import IssuedCollectives, StepCollectives
 from .memory import MemorySampler
-from .protocol import DEFAULT_ADDRESS, NOT_SWITCHABLE, address_problem, is_loopback, load_client_keys, metrics_problem
+from .protocol import (
+    COMM_KINDS,
+    DEFAULT_ADDRESS,
+    LOOP_COMPUTE_KIND,
+    MAX_PAUSED_FOR,
+    NOT_SWITCHABLE,
+    address_problem,
+    is_loopback,
+    load_client_keys,
+    metrics_problem,
+)
 from .watch import Watch, goodbye_reason, parameter_layout
 
 if TYPE_CHECKING:
@@ -385,6 +395,55 @@ class Attachment:
         yield
         self.pause_ends(what.strip())
 
+    @contextmanager
+    def computing(self, what: str) -> Iterator[None]:
+        """Mark the loop's own compute outside the model's forward, backward and ``step()``, so
+        that it reads as compute (a ``loop`` span tagged ``what``), not as the next step's data
+        loading nor as idle time::
+
+            with watch.computing("teacher forward"):
+                with torch.no_grad():
+                    teacher_logits = teacher(inputs)
+            ...
+            optimizer.step()
+            with watch.computing("ema"):
+                ema.update_parameters(model)
+
+        Training's own work, unlike a pause: it stays in the step's figures (Compute%), and where
+        it falls in the gap before a forward, that gap's ``data`` is cut around it. A block that
+        runs after ``step()`` is in the next step's window, which begins there. Not counted: a
+        block before the first training forward (no step has begun), inside the model's forward
+        or inside a pause of training, or on another thread."""
+        if not isinstance(what, str) or not what.strip():
+            raise AttachError(f"computing: expected what the loop computes, in words (\"ema\"), got {describe(what)}")
+        start = self._loop_compute_begins()
+        yield
+        if start is not None:
+            self._loop_compute_ends(start, what.strip()[:MAX_PAUSED_FOR])
+
+    def _loop_compute_begins(self) -> Any:
+        """Where a block the loop marked with ``computing`` begins: a stamp where it is the
+        step's, else None."""
+        if (not self._handles or not self.timeline.in_step or self._forward_from is not None or self.watch.pausing
+                or threading.get_ident() != self._loop_thread):
+            return None
+        try:
+            self._end_a_step_whose_update_was_skipped()  # gradients cleared since the backward: this is the next step's
+            return self.timeline.stamp()
+        except Exception:
+            return None
+
+    def _loop_compute_ends(self, start: Any, what: str) -> None:
+        if not self._handles or not self.timeline.in_step:
+            return
+        try:
+            span = self.timeline.add_span(LOOP_COMPUTE_KIND, start, self.timeline.stamp(), blocking=False)
+        except Exception:
+            return
+        span.tag = what
+        if self._step_may_have_ended:  # the next step's, if the step proves to have ended before it
+            self._loop_spans_since_possible_end.append(span)
+
     def pause_begins(self, what: str) -> None:
         """The loop pauses training now to do ``what``: said in the rank's heartbeats until the
         pause ends or the next training forward (the Trainer callback's ``on_step_end``, when the
@@ -415,7 +474,7 @@ class Attachment:
         self._steps += 1
         self.timeline.begin_step(self._steps, self.strategy, self._settings(1), at=at)
         self._micro_steps, self._forwards, self._recorded_losses = 0, [], []
-        carried = [span for span in self._loop_spans_since_possible_end if span.kind != "wait"]
+        carried = [span for span in self._loop_spans_since_possible_end if span.kind in COMM_KINDS]
         for index, span in enumerate(carried):  # from a step found to have ended before them: this one's first
             span.tag = f"l{index}"
         self._loop_calls = len(carried)

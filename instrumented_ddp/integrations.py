@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import numbers
 import sys
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import torch.distributed as dist
@@ -87,6 +88,17 @@ class DDPWatchCallback(TrainerCallback):
                                      address=self.address, watch_key=self.watch_key, total_steps=steps_to_take(state))
         except AttachError as refused:  # e.g. a built-in C++ comm hook on the DDP: said, and the Trainer trains
             print(f"ddpwatch: {refused}: training goes on unwatched", file=sys.stderr, flush=True)
+
+    def computing(self, what: str) -> AbstractContextManager[None]:
+        """``Attachment.computing`` for a Trainer subclass's own compute while the callback is
+        attached: a teacher's forward in its ``compute_loss`` (before the student's it read as
+        data loading, after it as idle time)::
+
+            with self.watch.computing("teacher forward"), torch.no_grad():
+                teacher_logits = self.teacher(**inputs).logits
+
+        Where nothing is watched (no DDP, outside ``train()``), a block that only runs."""
+        return self.attachment.computing(what) if self.attachment is not None else nullcontext()
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """The Trainer's own flow callback, called first, has said by now whether an evaluation

@@ -33,7 +33,13 @@ NOT_SWITCHABLE = "this run was not started by ddpwatch: switching is off"
 
 #: What users type; instrumented_ddp agrees. The last three shard state (ZeRO-1, ZeRO-2, FSDP2).
 STRATEGY_NAMES = ("simple", "ga", "hook", "async", "bucket", "ddp", "zero1", "zero2", "fsdp")
-COMPUTE_KINDS = ("forward", "backward", "optimizer")
+#: The model's phases, timed from its hooks and its optimizer's.
+MODEL_COMPUTE_KINDS = ("forward", "backward", "optimizer")
+#: The loop's own compute outside them, where the loop marks it (``Attachment.computing``: a
+#: teacher's forward in distillation, an average of the weights after the update); its ``tag``
+#: is what the loop said it computes. Compute, not data loading.
+LOOP_COMPUTE_KIND = "loop"
+COMPUTE_KINDS = (*MODEL_COMPUTE_KINDS, LOOP_COMPUTE_KIND)
 #: Collectives. ``nbytes`` of a ``reduce_scatter`` is its input, of an ``all_gather`` its output:
 #: the whole tensor, as nccl-tests counts them, so bandwidths compare across kinds.
 COMM_KINDS = ("all_reduce", "broadcast", "reduce_scatter", "all_gather")

@@ -23,9 +23,10 @@ from typing import Any, NamedTuple, Protocol
 
 from .intervals import clip, intersect, subtract, total_length, union
 from .protocol import COMM_KINDS as WIRE_COMM_KINDS
+from .protocol import COMPUTE_KINDS as WIRE_COMPUTE_KINDS
 from .protocol import StepReport, StepSummary, pack_floats, unpack_floats
 
-COMPUTE_KINDS = frozenset({"forward", "backward", "optimizer"})
+COMPUTE_KINDS = frozenset(WIRE_COMPUTE_KINDS)  # the model's phases and the loop's marked compute
 COMM_KINDS = frozenset(WIRE_COMM_KINDS)  # the wire schema's collectives, as a set
 # A blocking span of one of these kinds means the main thread sat waiting on the
 # network; if it happened inside e.g. a backward hook, it is not compute.

@@ -32,7 +32,8 @@ from contextlib import contextmanager, nullcontext
 from typing import Any, Protocol
 
 from .compile_counter import dynamo_graphs_compiled
-from .protocol import COMM_KINDS, COMPUTE_KINDS, MAX_PAUSED_FOR, READY_KIND, Span, StepReport
+from .intervals import subtract
+from .protocol import COMM_KINDS, LOOP_COMPUTE_KIND, MAX_PAUSED_FOR, MODEL_COMPUTE_KINDS, READY_KIND, Span, StepReport
 
 Stamp = Any  # a float (host clock) or whatever a clock's resolve() understands
 
@@ -453,7 +454,7 @@ class StepTimeline:
             return False
         if what not in step.paused_for:
             step.paused_for.append(what)
-        if step.paused_inside or any(span.kind in COMPUTE_KINDS for span in step.spans):
+        if step.paused_inside or any(span.kind in MODEL_COMPUTE_KINDS for span in step.spans):
             step.paused_inside = True
             return False
         if step.paused_from is None:  # else a second pause runs on from the first: one, however many parts
@@ -615,7 +616,7 @@ class StepTimeline:
         unresolved = bool(reason)
         start = self.clock.host_time(step.start) if start is None else start
         end = self.clock.host_time(step.end) if end is None else end
-        spans = self._start_when_a_worker_was_free(resolved, self.clock.worker_threads)
+        spans = data_outside_loop_compute(self._start_when_a_worker_was_free(resolved, self.clock.worker_threads))
         first = min([start, *(s.start for s in spans)])
         loss = None if step.loss is None or unresolved else float(step.loss)
         tokens = step.tokens if isinstance(step.tokens, int) else 0 if unresolved else int(step.tokens)
@@ -651,6 +652,23 @@ class StepTimeline:
             heapq.heappush(workers_free_at, end)
             adjusted[index] = span._replace(start=start, end=end)
         return adjusted
+
+
+def data_outside_loop_compute(spans: list[Span]) -> list[Span]:
+    """``spans`` with each ``data`` span cut around the loop's marked compute (``LOOP_COMPUTE_KIND``:
+    a teacher's forward, an average of the weights), in its place, in pieces where one falls inside
+    it: the gap before a forward is taken whole when the forward begins, and what the loop marked
+    in it computed, it did not load data."""
+    marked = [(s.start, s.end) for s in spans if s.kind == LOOP_COMPUTE_KIND]
+    if not marked:
+        return spans
+    cut: list[Span] = []
+    for span in spans:
+        if span.kind != "data":
+            cut.append(span)
+            continue
+        cut.extend(span._replace(start=start, end=end) for start, end in subtract([(span.start, span.end)], marked))
+    return cut
 
 
 class NullTimeline:

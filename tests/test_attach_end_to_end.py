@@ -21,7 +21,7 @@ from profiler_events import LOOK_SLACK_S, assert_all_reduces_hold_against_the_pr
 PROFILED_STEPS = range(4, 9)  # the examples' profiler schedule: wait 2, warmup 1, active 5
 EXAMPLES = {  # each with two buckets or more, an accumulation (no_sync) in every step, an evaluation after step 10
     "plain_ddp": [str(REPO_ROOT / "examples" / "plain_ddp.py"), "--steps", "12", "--bucket-mb", "1", "--grad-accum", "2",
-                  "--eval-every", "10"],
+                  "--eval-every", "10", "--ema", "0.9"],
     "hf_trainer": [str(REPO_ROOT / "examples" / "hf_trainer.py"), "--steps", "12", "--bucket-mb", "1", "--grad-accum", "2",
                    "--eval-every", "10"],
 }
@@ -116,6 +116,21 @@ def test_the_evaluation_between_steps_is_a_pause_before_the_next_step_not_its_da
     for rank, report in example_runs.session.reports[11].items():
         assert report.paused_s > 0 and report.start - report.paused_s >= example_runs.session.reports[10][rank].end - 1e-3
         assert report.untimed_collectives <= max(r.untimed_collectives for r in example_runs.session.reports[9].values())
+
+
+def test_the_average_of_the_weights_the_loop_marks_is_compute_where_each_step_begins(example_runs: ExampleRuns) -> None:
+    """The DDP example's ``--ema``, updated after each ``step()`` inside ``watch.computing("ema")``:
+    each step's window begins at the update before's return, so from step 2 each holds the one
+    the step before ended with, one ``loop`` span at its start, outside its data. Step 11 holds
+    none: the average after step 10 came before the evaluation's pause, and is the pause's."""
+    if example_runs.example != "plain_ddp":
+        pytest.skip("the Trainer example keeps no average")
+    for step, reports in example_runs.session.reports.items():
+        for report in reports.values():
+            marked = [s for s in report.spans if s.kind == "loop"]
+            assert [s.tag for s in marked] == ([] if step in (1, 11) else ["ema"]), step
+            data = [(s.start, s.end) for s in report.spans if s.kind == "data"]
+            assert all(end <= m.start or m.end <= start for m in marked for start, end in data), step
 
 
 def test_parameters_are_bitwise_those_of_the_run_without_ddpwatch(example_runs: ExampleRuns) -> None:

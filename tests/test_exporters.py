@@ -687,6 +687,17 @@ def test_trace_puts_every_collective_kind_in_the_communication_lane() -> None:
     assert lanes["all_gather"] == lanes["reduce_scatter"] == 2 and lanes["data"] == 4
 
 
+def test_trace_puts_the_loops_marked_compute_in_the_compute_lane_named_as_the_loop_said() -> None:
+    """``Attachment.computing("ema")``'s span: compute (lane 1), named *loop: ema*."""
+    session = Session()
+    session.ingest(Envelope(Hello(rank=0, world_size=1, session="s", host="h", pid=1, device="cpu", backend="gloo",
+                                  strategy="ddp", settings={}, model_parameters=10), 0, 0, 0), received_at=0.0)
+    spans = [Span("loop", 0.00, 0.01, tag="ema"), Span("data", 0.01, 0.02), Span("forward", 0.02, 0.03)]
+    session.ingest(Envelope(StepReport(0, 1, "ddp", {}, 0.0, 0.03, spans, 1, 1), 0, 1, 0), received_at=0.0)
+    lanes = {e["name"]: e["tid"] // 100 for e in exporters.chrome_trace(session)["traceEvents"] if e["ph"] == "X"}
+    assert lanes["loop: ema"] == lanes["forward"] == 1 and lanes["data"] == 4
+
+
 def test_the_loops_own_timed_collectives_are_given_per_segment_with_the_rank_that_spent_longest_in_them() -> None:
     """Two steps of an attached loop that all-gathers a count before each forward (``l0``): rank 0
     waits 40 ms in it for rank 1, whose own gather takes 1 ms; DDP's bucket (``b0``) is not the

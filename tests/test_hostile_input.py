@@ -112,6 +112,7 @@ def test_wrong_cli_input_gets_a_one_line_error_and_a_non_zero_exit(args: list[st
         ("hf_trainer.py", ["--grad-accum", "0"], "--grad-accum must be at least 1, not 0"),
         ("hf_trainer.py", ["--eval-every", "-1"], "--eval-every must be 0 (never) or more, not -1"),
         ("plain_ddp.py", ["--eval-every", "-1"], "--eval-every must be 0 (never) or more, not -1"),
+        ("plain_ddp.py", ["--ema", "1"], "--ema must be a decay in [0, 1) (0: no average), not 1.0"),
         ("plain_ddp.py", ["--bucket-mb", "inf"], "--bucket-mb must be a positive, finite number of MB, not inf"),  # was DDP's traceback
         ("plain_ddp.py", ["--comm-hook", "bf16"],  # was each rank's TypeError from DDP's hook at its first backward
          "--comm-hook bf16: DDP's bf16_compress_hook needs NCCL (CUDA GPUs); on the CPU use fp16"),

@@ -148,3 +148,30 @@ def test_the_trainer_callback_plans_the_steps_a_resumed_run_has_left() -> None:
     assert steps_to_take(SimpleNamespace(max_steps=30, global_step=0)) == 30
     assert steps_to_take(SimpleNamespace(max_steps=-1, global_step=0)) == 0  # unknown
     assert steps_to_take(None) == 0
+
+
+def test_the_trainer_callback_marks_a_subclasss_own_compute_while_attached_and_only_runs_it_otherwise(
+        one_rank_group: None, sent: list[Any]) -> None:
+    """A distilling Trainer's ``compute_loss`` runs its teacher inside ``callback.computing``: a
+    ``loop`` span of the step while attached; before ``on_train_begin`` and after
+    ``on_train_end`` the block runs, and nothing is sent."""
+    from instrumented_ddp.integrations import DDPWatchCallback
+
+    ddp, optimizer = make_ddp()
+    callback = DDPWatchCallback(SimpleNamespace(model_wrapped=ddp, optimizer=optimizer),
+                                address=f"tcp://127.0.0.1:{free_port()}")
+    ran = []
+    with callback.computing("teacher forward"):
+        ran.append("before")
+    callback.on_train_begin(None, SimpleNamespace(max_steps=3), None)
+    for step in range(3):
+        optimizer.zero_grad()
+        with callback.computing("teacher forward"):
+            ran.append(step)
+        train(ddp, optimizer, steps=1)
+    callback.on_train_end(None, None, None)
+    with callback.computing("teacher forward"):
+        ran.append("after")
+    assert ran == ["before", 0, 1, 2, "after"]
+    reports = [m for m in sent if isinstance(m, StepReport)]
+    assert [[s.tag for s in r.spans if s.kind == "loop"] for r in reports] == [[], ["teacher forward"], ["teacher forward"]]

@@ -16,6 +16,7 @@ STYLES = {
     "forward": Style(color="rgb(90,140,255)"),
     "backward": Style(color="rgb(80,200,120)"),
     "optimizer": Style(color="rgb(200,110,230)"),
+    "loop": Style(color="rgb(235,140,180)"),
     "data": Style(color="rgb(150,150,150)"),
     "hidden": Style(color="rgb(80,200,210)"),
     "hidden_alt": Style(color="rgb(40,130,150)"),
@@ -26,7 +27,11 @@ STYLES = {
     "label": Style(color="rgb(200,200,200)"),
     "selected": Style(color="rgb(255,255,255)", bold=True),
 }
-COMPUTE_PRECEDENCE = ("backward", "forward", "optimizer")
+#: The loop's marked compute (``Attachment.computing``) first: one marked between the last
+#: backward and ``step()`` lies inside the update's span, and is drawn as what the loop said.
+COMPUTE_PRECEDENCE = ("loop", "backward", "forward", "optimizer")
+#: Named in the legend only where a drawn rank has one: most loops mark none.
+LOOP_LEGEND = ("█", "loop", "loop's own (marked)")
 LEGEND = [("█", "forward", "forward"), ("█", "backward", "backward"), ("█", "optimizer", "optimizer"),
           ("░", "data", "data"),
           ("▆", "hidden", "collective hidden by compute"), ("▆", "exposed", "exposed: transfer"),
@@ -42,12 +47,16 @@ class TimelineView(Widget):
         super().__init__(id=id)
         self.data: TimelineData | None = None
         self.selected_rank: int | None = None
+        self._marked = False  # a drawn rank has the loop's marked compute: the legend names it
 
     def show(self, data: TimelineData | None, selected_rank: int | None = None) -> None:
         changed = data is not self.data or selected_rank != self.selected_rank
         rows_changed = (data is None) != (self.data is None) or (data and self.data and (
             (len(data.ranks), bool(data.roles)) != (len(self.data.ranks), bool(self.data.roles))))
         self.data, self.selected_rank = data, selected_rank
+        marked = data is not None and any(bar.kind == "loop" for rank in data.ranks for bar in rank.compute)
+        rows_changed = rows_changed or marked != self._marked
+        self._marked = marked
         if rows_changed:
             self.refresh(layout=True)
         elif changed:
@@ -65,7 +74,7 @@ class TimelineView(Widget):
     def get_content_height(self, container, viewport, width: int) -> int:  # noqa: ANN001
         if self.data is None:
             return 1
-        return 1 + 2 * len(self.data.ranks) + len(legend_rows(width)[1]) + (1 if self.data.roles else 0)
+        return 1 + 2 * len(self.data.ranks) + len(legend_rows(width, self._marked)[1]) + (1 if self.data.roles else 0)
 
     def render_line(self, y: int) -> Strip:
         width = self.size.width
@@ -77,7 +86,7 @@ class TimelineView(Widget):
         if 1 <= y <= lanes:
             rank = self.data.ranks[(y - 1) // 2]
             return self._lane(rank, compute=(y - 1) % 2 == 0, width=width)
-        indent, legend = legend_rows(width)
+        indent, legend = legend_rows(width, self._marked)
         if y <= lanes + len(legend):
             return self._legend(indent, legend[y - lanes - 1], width)
         if y == lanes + len(legend) + 1 and self.data.roles:
@@ -112,8 +121,8 @@ class TimelineView(Widget):
         return range(first, last + 1)
 
     def _paint_compute(self, rank: RankLanes, columns: int) -> list[tuple[str, Style]]:
-        """Paint bars in reverse precedence so backward shows over forward over optimizer, all of
-        them over ``data`` (the loader, a loop's work between steps: shaded, since it is neither
+        """Paint bars in reverse precedence so the loop's marked compute shows over backward over
+        forward over optimizer, all of them over ``data`` (the loader, a loop's work between steps: shaded, since it is neither
         compute nor communication, but a slow loader is a slow step); the rest is idle."""
         cells: list[tuple[str, Style]] = [(" ", STYLES["axis"])] * columns
         for bar in rank.data:
@@ -160,15 +169,18 @@ class TimelineView(Widget):
         return Strip(segments).crop(0, width)
 
 
-def legend_rows(width: int) -> tuple[int, list[list[tuple[str, str, str]]]]:
+def legend_rows(width: int, marked: bool = False) -> tuple[int, list[list[tuple[str, str, str]]]]:
     """The legend's indent and its items packed into rows of ``width`` (each item its mark, a
     space, its text and two spaces): under the lanes, indented past the labels, where that takes
     no more rows than from the left edge. One row was cut at the screen's edge: at 80 columns
-    the two exposed colours, the ones a reader most needs named, were never named."""
+    the two exposed colours, the ones a reader most needs named, were never named. ``marked``:
+    the loop's own compute is drawn, and named after the update."""
+    items = [*LEGEND[:3], LOOP_LEGEND, *LEGEND[3:]] if marked else LEGEND
+
     def packed(indent: int) -> list[list[tuple[str, str, str]]]:
         rows: list[list[tuple[str, str, str]]] = [[]]
         used = indent
-        for item in LEGEND:
+        for item in items:
             size = len(item[0]) + len(item[2]) + 3
             if rows[-1] and used + size - 2 > width:  # the trailing two spaces may pass the edge
                 rows.append([])

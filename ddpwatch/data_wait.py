@@ -31,4 +31,5 @@ def data_wait_text(segment: str, data_wait_pct: float, idle_pct: float, step_ms_
             f"{data_wait_pct / 100 * step_ms_p50:.0f} ms of a {step_ms_p50:.0f} ms step; Idle% {idle_pct:.1f}): the gap "
             "before each forward with nothing else running. A DataLoader that cannot keep up (more num_workers, "
             "pin_memory=True, a larger prefetch_factor), or the loop's own work between steps (logging, an "
-            f"evaluation not marked with watch.paused){issued}")
+            "evaluation not marked with watch.paused, an average of the weights not marked with watch.computing)"
+            f"{issued}")

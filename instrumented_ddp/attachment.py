@@ -52,6 +52,10 @@ Where the phases come from, since the loop is not ours to mark:
   marks its evaluations and checkpoints itself). The next step then begins where the pause
   ended, and the pause, from the end of the step before, is reported with it, in no figure
   (``StepReport.paused_s``);
+- the loop's own compute outside the model (an average of the weights after ``step()``, a
+  teacher's forward in distillation) is ``data`` where it falls before a forward, and idle time
+  between a forward and its backward, unless marked: ``with watch.computing("ema"): ...``, a
+  ``loop`` span, compute, the data gap cut around it;
 - a rank stopped from outside (Ctrl-C at torchrun, torchrun's SIGTERM to the ranks left when one
   fails, a scheduler's preemption) says goodbye as *interrupted*: while attached, SIGTERM, whose
   default action kills at once, raises instead where the script set no handler of its own

@@ -20,7 +20,7 @@ def test_a_segment_whose_steps_waited_on_their_data_is_said_with_the_ms_it_cost(
         "segment 0: the step waited on its data 48.7 % of the time (about 16 ms of a 32 ms step; Idle% 54.7): the gap "
         "before each forward with nothing else running. A DataLoader that cannot keep up (more num_workers, "
         "pin_memory=True, a larger prefetch_factor), or the loop's own work between steps (logging, an "
-        "evaluation not marked with watch.paused)")
+        "evaluation not marked with watch.paused, an average of the weights not marked with watch.computing)")
 
 
 def test_a_loop_that_issued_its_own_collectives_in_the_gap_is_told_they_are_in_the_figure() -> None:
@@ -28,7 +28,7 @@ def test_a_loop_that_issued_its_own_collectives_in_the_gap_is_told_they_are_in_t
     step's data gap: untimed, so a straggler reads as a slow loader unless the line says so."""
     line = data_wait_text("segment 0", 48.7, 54.7, 32.0, collectives_in_data=2)
     assert line is not None and line.endswith(
-        "evaluation not marked with watch.paused); here the loop also issued up to 2 collectives of its own a step in "
+        "evaluation not marked with watch.paused, an average of the weights not marked with watch.computing); here the loop also issued up to 2 collectives of its own a step in "
         "that gap, and a wait in them for a slower rank counts as waiting on data")
     assert data_wait_text("segment 0", 48.7, 54.7, 32.0, collectives_in_data=1).endswith(
         "up to 1 collective of its own a step in that gap, and a wait in them for a slower rank counts as waiting on data")

@@ -10,7 +10,8 @@
 #                                       # held bit for bit against its unwatched run's; each Trainer evaluates
 #                                       # after step 10, a pause on CUDA events (its summary names step 11);
 #                                       # ddp-fp16, ddp-powersgd (asked by name): a DDP with its own compression
-#                                       # hook, whose all-reduces are timed as the hook issues them (never yet on NCCL);
+#                                       # hook, whose all-reduces are timed as the hook issues them (never yet on NCCL;
+#                                       # ddp-fp16 also keeps an average of the weights in watch.computing: CUDA events);
 #                                       # ddp-zero (by name): torch's ZeroRedundancyOptimizer, its asynchronous
 #                                       # broadcasts timed as the loop's and its waits blocked time (never yet on NCCL)
 #   bash bench/gpu_session.sh memory    # bench/memory_staircase.py --step-peak on the GPU, 2 ranks sharing it, at
@@ -119,7 +120,8 @@ for run in "${runs[@]}"; do
     ddp-compiled) attached ddp-compiled 2 examples/plain_ddp.py --steps 12 --width 2048 --layers 8 --batch-size 512 --compile inductor ;;
     hf-ddp) AS_LOCAL_RANK_0=1 SAVES_FINAL=1 attached hf-ddp 2 examples/hf_trainer.py --steps 12 --batch-size 64 --eval-every 10 ;;
     hf-fsdp) SAVES_FINAL=1 attached hf-fsdp 2 examples/hf_trainer.py --steps 12 --batch-size 64 --fsdp --eval-every 10 ;;
-    ddp-fp16) SAVES_FINAL=1 attached ddp-fp16 2 examples/plain_ddp.py --steps 20 --width 2048 --layers 8 --batch-size 512 --comm-hook fp16 ;;
+    ddp-fp16) SAVES_FINAL=1 attached ddp-fp16 2 examples/plain_ddp.py --steps 20 --width 2048 --layers 8 --batch-size 512 --comm-hook fp16 \
+        --ema 0.999 ;;
     ddp-powersgd) SAVES_FINAL=1 attached ddp-powersgd 2 examples/plain_ddp.py --steps 20 --width 2048 --layers 8 --batch-size 512 \
         --comm-hook powersgd ;;
     ddp-zero) SAVES_FINAL=1 attached ddp-zero 2 examples/plain_ddp.py --steps 20 --width 2048 --layers 8 --batch-size 512 --zero ;;

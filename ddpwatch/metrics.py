@@ -274,6 +274,10 @@ class Figures:
     #: their ms (mean): what the script's own communication costs beside the gradients'.
     loop_collectives: float
     loop_collective_ms: float
+    #: The loop's own compute it marked (``StepFigures.loop_compute_ms``), per rank per step (mean),
+    #: and what it said it computed, each once, in the order first heard (``MARKED_NAMES`` at most).
+    loop_compute_ms: float
+    loop_computed: tuple[str, ...]
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -301,6 +305,7 @@ class SegmentFigures(Figures):
 
 
 RESERVOIR = 4096  # step times and bandwidths kept per segment for percentiles: memory stays bounded
+MARKED_NAMES = 8  # names of the loop's marked compute kept per segment: a sender cannot grow it
 
 
 class FloatRing:
@@ -375,6 +380,8 @@ class _Running:
     memory: dict[str, int] = field(default_factory=dict)
     loop_calls: int = 0
     loop_ms: float = 0.0
+    marked_ms: float = 0.0
+    marked: dict[str, None] = field(default_factory=dict)  # names the loop's marked compute went by
 
     def add_record(self, f: StepFigures, waited_ms: float) -> None:
         """Zero-length windows are left out of the percentage means: they carry no time."""
@@ -400,6 +407,11 @@ class _Running:
         self.all_reduce_ms += f.all_reduce_ms
         self.loop_calls += f.loop_collectives
         self.loop_ms += f.loop_collective_ms
+        if f.loop_computed or f.loop_compute_ms:
+            self.marked_ms += f.loop_compute_ms
+            for name in f.loop_computed.split(", "):
+                if name and len(self.marked) < MARKED_NAMES:
+                    self.marked[name] = None
         self.waited_ms += waited_ms
         self.samples += f.samples
         self.tokens += f.tokens
@@ -441,6 +453,8 @@ class _Running:
             memory=dict(self.memory),
             loop_collectives=mean(float(self.loop_calls), self.records),
             loop_collective_ms=mean(self.loop_ms, self.records),
+            loop_compute_ms=mean(self.marked_ms, self.records),
+            loop_computed=tuple(self.marked),
         )
 
 

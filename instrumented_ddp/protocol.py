@@ -228,6 +228,10 @@ class StepSummary:
     #: The share of the step window spent in ``data`` with nothing else running (``StepFigures.data_wait_pct``).
     #: 0 from an older sender.
     data_wait_pct: float = 0.0
+    #: The loop's own compute the step marked, its ms and what it was (``StepFigures.loop_compute_ms``,
+    #: ``loop_computed``). 0 and "" where none was marked, and from an older sender.
+    loop_compute_ms: float = 0.0
+    loop_computed: str = ""
 
 
 @dataclass(frozen=True)
@@ -529,6 +533,7 @@ _FIELD_TYPES: dict[str, Any] = {
     "settings": dict, "readings": dict, "spans": list, "parameter_layout": list, "bucket_layout": list,
     "all_reduce_group": list, "other_algbw_gbps": dict, "sharded_tags": list, "sharded_seconds": bytes,
     "sharded_starts": bytes, "metrics": dict, "data_wait_pct": float, "loop_collectives": int, "loop_collective_ms": float,
+    "loop_compute_ms": float, "loop_computed": str,
 }
 
 
@@ -569,6 +574,8 @@ def _check_step(values: dict[str, Any]) -> None:
         raise ProtocolError("invalid", "paused_s is negative or not finite")
     if values.get("loop_collectives", 0) < 0 or not 0.0 <= values.get("loop_collective_ms", 0.0) < math.inf:
         raise ProtocolError("invalid", "loop_collectives is negative, or loop_collective_ms negative or not finite")
+    if not 0.0 <= values.get("loop_compute_ms", 0.0) < math.inf:
+        raise ProtocolError("invalid", "loop_compute_ms is negative or not finite")
 
 
 MEMORY_KINDS = ("parameters", "gradients", "optimizer_state", "peak")

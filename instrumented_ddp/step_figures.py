@@ -24,7 +24,7 @@ from typing import Any, NamedTuple, Protocol
 from .intervals import clip, intersect, subtract, total_length, union
 from .protocol import COMM_KINDS as WIRE_COMM_KINDS
 from .protocol import COMPUTE_KINDS as WIRE_COMPUTE_KINDS
-from .protocol import StepReport, StepSummary, pack_floats, unpack_floats
+from .protocol import LOOP_COMPUTE_KIND, MAX_PAUSED_FOR, StepReport, StepSummary, pack_floats, unpack_floats
 
 COMPUTE_KINDS = frozenset(WIRE_COMPUTE_KINDS)  # the model's phases and the loop's marked compute
 COMM_KINDS = frozenset(WIRE_COMM_KINDS)  # the wire schema's collectives, as a set
@@ -265,6 +265,16 @@ class StepFigures:
     #: slower rank included).
     loop_collectives: int = 0
     loop_collective_ms: float = 0.0
+    #: The loop's own compute the step marked (``loop`` spans: ``Attachment.computing``): its ms
+    #: in the window, merged, and what the loop said it computed, each once, in the order first
+    #: marked ("ema, teacher forward"): what an average of the weights or a teacher costs a step.
+    loop_compute_ms: float = 0.0
+    loop_computed: str = ""
+
+
+def marked_names(marked: Iterable[SpanLike]) -> str:
+    """``StepFigures.loop_computed`` of the step's ``loop`` spans: their tags, each once, in order."""
+    return ", ".join(dict.fromkeys(s.tag for s in marked if s.tag))[:MAX_PAUSED_FOR]
 
 
 def _sharded_calls(sharded: Sequence[SpanLike], step_start: float, keep_starts: bool = False) -> CallTimes:
@@ -330,6 +340,7 @@ def figures_and_calls(record: StepRecordLike, world_size: int | None = None) -> 
     busy = total_length(busy_intervals)
     data = clip([(s.start, s.end) for s in spans if s.kind == "data"], lo, hi)
 
+    marked = [s for s in spans if s.kind == LOOP_COMPUTE_KIND]
     ars = _all_reduces(record)
     loop = [s for s in spans if s.kind in COMM_KINDS and issued_by_the_loop(getattr(s, "tag", "") or "")]
     # every other collective, in issue order, in one pass: most steps have none
@@ -362,6 +373,8 @@ def figures_and_calls(record: StepRecordLike, world_size: int | None = None) -> 
         data_wait_pct=_pct(total_length(subtract(data, busy_intervals)), window) if data else 0.0,
         loop_collectives=len(loop),
         loop_collective_ms=1000.0 * sum(_length(s.start, s.end) for s in loop),
+        loop_compute_ms=1000.0 * total_length(clip([(s.start, s.end) for s in marked], lo, hi)) if marked else 0.0,
+        loop_computed=marked_names(marked) if marked else "",
     )
     return figures, calls
 
@@ -389,6 +402,7 @@ def summarize(report: StepReport, world_size: int) -> StepSummary:
         sharded_tags=list(f.sharded_calls.tags), sharded_seconds=pack_floats(f.sharded_calls.seconds),
         sharded_starts=pack_floats(f.sharded_calls.starts) if f.sharded_calls.starts is not None else b"",
         data_wait_pct=f.data_wait_pct, loop_collectives=f.loop_collectives, loop_collective_ms=f.loop_collective_ms,
+        loop_compute_ms=f.loop_compute_ms, loop_computed=f.loop_computed,
     )
 
 
@@ -416,7 +430,8 @@ def summary_figures(summary: StepSummary, calls: CallTimes | None = None) -> Ste
         sharded_calls=_unpacked_calls(summary.sharded_tags, summary.sharded_seconds, summary.sharded_starts)
         if summary.sharded_tags else NO_CALLS,
         data_wait_pct=summary.data_wait_pct, loop_collectives=summary.loop_collectives,
-        loop_collective_ms=summary.loop_collective_ms,
+        loop_collective_ms=summary.loop_collective_ms, loop_compute_ms=summary.loop_compute_ms,
+        loop_computed=summary.loop_computed,
     )
 
 

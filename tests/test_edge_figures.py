@@ -28,7 +28,8 @@ def uneven(report: StepReport) -> StepReport | None:
     """Ranks that differ: all-reduces that last longer on some ranks (they waited: the others
     arrived late), rank 9 always last (a straggler), one excluded step, one step where rank 3
     skipped a collective (a desync); and, as a sharded strategy issues, an all-gather in forward
-    and a reduce-scatter, of lengths that differ by rank, and an empty all-gather (no bandwidth)."""
+    and a reduce-scatter, of lengths that differ by rank, and an empty all-gather (no bandwidth);
+    and 2 ms of compute the loop marked, an average of the weights."""
     stretch = 0.006 * (1 + report.rank % 5) if report.rank != 9 else 0.0
     spans = [s._replace(end=s.end + stretch) if s.kind == "all_reduce" else s for s in report.spans]
     if report.step == 4 and report.rank == 3:
@@ -36,7 +37,8 @@ def uneven(report: StepReport) -> StepReport | None:
     at = report.start
     spans += [Span("all_gather", at, at + 0.001 * (1 + report.rank % 3), nbytes=4_000_000, tag="u0"),
               Span("all_gather", at, at + 0.001, nbytes=0, tag="u1"),
-              Span("reduce_scatter", at + 0.002, at + 0.0035 + 0.0001 * report.rank, nbytes=4_000_000, tag="u0")]
+              Span("reduce_scatter", at + 0.002, at + 0.0035 + 0.0001 * report.rank, nbytes=4_000_000, tag="u0"),
+              Span("loop", at, at + 0.002, tag="ema")]  # the loop's marked compute (``Attachment.computing``)
     return replace(report, spans=spans, excluded=report.step == 2)
 
 
@@ -56,6 +58,7 @@ def test_a_summary_gives_back_what_step_figures_and_call_times_give_from_the_spa
     summary = decode(encode(summarize(report, WORLD))).message
     assert summary_figures(summary) == step_figures(report, WORLD)
     assert summary.data_wait_pct > 0  # its data span travels as a figure too
+    assert summary.loop_compute_ms == pytest.approx(2.0) and summary.loop_computed == "ema"  # so does the loop's marked compute
     assert summary_calls(summary) == call_times(report)
     # rank 5's b0 runs until 0.14 s, past b1's start at 0.115: the starts travel, so that waiting
     # at once counts once; rank 9's calls and a blocking step's do not overlap: none are sent
@@ -170,7 +173,7 @@ def test_a_collective_too_short_for_a_bandwidth_is_measured_as_none_and_its_summ
         assert summary_figures(summary) == figures
 
 
-_KINDS = ("forward", "backward", "optimizer", "data", "wait", "all_reduce", "reduce_scatter", "all_gather", "broadcast")
+_KINDS = ("forward", "backward", "optimizer", "loop", "data", "wait", "all_reduce", "reduce_scatter", "all_gather", "broadcast")
 
 
 @st.composite
@@ -178,7 +181,7 @@ def _spans(draw: st.DrawFn) -> Span:
     start = draw(st.floats(-1.0, 2.0))
     length = draw(st.floats(0.0, 1.0) | st.floats(0.0, 1e-300) | st.just(math.inf))
     return Span(draw(st.sampled_from(_KINDS)), start, start + length, draw(st.booleans()), draw(st.integers(0, 10**9)),
-                draw(st.sampled_from(["", "b0", "b1", "p0", "u0", "u1", "buffers"])), "float32")
+                draw(st.sampled_from(["", "b0", "b1", "p0", "u0", "u1", "buffers", "ema"])), "float32")
 
 
 @settings(max_examples=200, deadline=None)

@@ -452,6 +452,9 @@ def test_malformed_span_is_rejected_as_invalid(span: Any) -> None:
         {"sharded_tags": ["all_gather:u0"], "sharded_seconds": pack_floats([math.inf])},
         {"sharded_tags": ["all_gather:u0"], "sharded_seconds": pack_floats([0.1]), "sharded_starts": pack_floats([0.1, 0.2])},
         {"sharded_tags": ["all_gather:u0"], "sharded_seconds": pack_floats([0.1]), "sharded_starts": pack_floats([math.nan])},
+        {"loop_compute_ms": -1.0},
+        {"loop_compute_ms": math.inf},
+        {"loop_computed": ["ema"]},
     ],
     ids=lambda c: next(iter(c)),
 )

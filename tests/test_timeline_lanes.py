@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ddpwatch.dashboard.timeline_lanes import (data_collectives_text, loop_collectives_text, nograd_text, paused_text,
-                                               pick_timeline_ranks, timeline_of)
+from ddpwatch.dashboard.timeline_lanes import (data_collectives_text, loop_collectives_text, loop_compute_text, nograd_text,
+                                               paused_text, pick_timeline_ranks, timeline_of)
 from ddpwatch.metrics import calls_of
 from instrumented_ddp.protocol import Span, StepReport
 
@@ -159,3 +159,14 @@ def test_a_step_holding_the_loops_own_timed_collectives_is_titled_with_their_cou
     assert loop_collectives_text(reports) == "the loop's own collectives: 2 (all_gather, all_reduce), 42.0 ms on rank 0"
     assert timeline_of(4, reports, calls_of(reports)).notes == loop_collectives_text(reports)
     assert loop_collectives_text({0: report(0, [Span("all_reduce", 0.0, 0.01, False, 400, "b0")])}) == ""
+
+
+def test_the_title_names_the_loops_marked_compute_and_the_rank_longest_in_it() -> None:
+    """Rank 0 averaged its weights for 10 ms; rank 1 for 6 ms, then ran its teacher for 3 + 5 ms
+    (overlapping by 1: 7 merged), 13 in all: the longest. Each name once, in rank order."""
+    r0 = report(0, [Span("loop", 0.0, 0.010, tag="ema"), Span("forward", 0.010, 0.030)])
+    r1 = report(1, [Span("loop", 0.0, 0.006, tag="ema"), Span("loop", 0.006, 0.009, tag="teacher forward"),
+                    Span("loop", 0.008, 0.013, tag="teacher forward"), Span("forward", 0.013, 0.030)])
+    assert loop_compute_text({0: r0, 1: r1}) == "the loop's own compute (ema, teacher forward): 13.0 ms on rank 1"
+    assert loop_compute_text({0: report(0, [Span("forward", 0.0, 0.03)])}) == ""
+    assert "the loop's own compute (ema): 10.0 ms on rank 0" in timeline_of(4, {0: r0}, calls_of({0: r0})).notes

@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 from ddpwatch import metrics
 from ddpwatch.session import strategy_label
-from instrumented_ddp.protocol import COMM_KINDS, COMPUTE_KINDS, StepReport
+from instrumented_ddp.protocol import COMM_KINDS, COMPUTE_KINDS, LOOP_COMPUTE_KIND, StepReport
 from instrumented_ddp.step_figures import BLOCKING_KINDS, issued_by_the_loop
 
 
@@ -101,7 +101,8 @@ def timeline_of(step: int, reports: dict[int, StepReport], calls: dict[int, metr
     return TimelineData(step, first.strategy, max(end - origin, 1e-9), tuple(lanes), reported,
                         tuple(role for role in roles or () if role[0] in reports), strategy_label(first.strategy, first.settings),
                         " · ".join(filter(None, (paused_text(reports.values()), nograd_text(reports.values()),
-                                                 loop_collectives_text(reports), data_collectives_text(reports.values())))))
+                                                 loop_compute_text(reports), loop_collectives_text(reports),
+                                                 data_collectives_text(reports.values())))))
 
 
 def paused_text(reports: Iterable[StepReport]) -> str:
@@ -121,6 +122,25 @@ def nograd_text(reports: Iterable[StepReport]) -> str:
     evaluation the loop did not mark, which the step's ``data`` span holds (``StepReport.nograd_forwards``)."""
     most = max((r.nograd_forwards for r in reports), default=0)
     return f"data held {most} forward{'s' if most != 1 else ''} without gradients" if most else ""
+
+
+def loop_compute_text(reports: dict[int, StepReport]) -> str:
+    """What the drawn ranks' loop marked as its own compute (``Attachment.computing``) and the
+    rank that spent the longest in it ("the loop's own compute (ema): 9.7 ms on rank 0"), or "":
+    its bars share the compute lane with the model's phases, in a colour of their own."""
+    longest: tuple[float, int] | None = None
+    names: dict[str, None] = {}
+    for rank, report in sorted(reports.items()):
+        marked = [s for s in report.spans if s.kind == LOOP_COMPUTE_KIND]
+        if marked:
+            names.update(dict.fromkeys(s.tag for s in marked if s.tag))
+            seconds = metrics.total_length((s.start, s.end) for s in marked)
+            if longest is None or seconds > longest[0]:
+                longest = (seconds, rank)
+    if longest is None:
+        return ""
+    named = f" ({', '.join(names)})" if names else ""
+    return f"the loop's own compute{named}: {1000 * longest[0]:.1f} ms on rank {longest[1]}"
 
 
 def loop_collectives_text(reports: dict[int, StepReport]) -> str:

@@ -94,7 +94,10 @@ class DDPWatchCallback(TrainerCallback):
         attached: a teacher's forward in its ``compute_loss`` (before the student's it read as
         data loading, after it as idle time)::
 
-            with self.watch.computing("teacher forward"), torch.no_grad():
+            watch = DDPWatchCallback(trainer)
+            trainer.add_callback(watch)
+            ...  # in the subclass's compute_loss:
+            with watch.computing("teacher forward"), torch.no_grad():
                 teacher_logits = self.teacher(**inputs).logits
 
         Where nothing is watched (no DDP, outside ``train()``), a block that only runs."""

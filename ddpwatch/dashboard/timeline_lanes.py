@@ -14,7 +14,7 @@ from typing import NamedTuple
 from ddpwatch import metrics
 from ddpwatch.session import strategy_label
 from instrumented_ddp.protocol import COMM_KINDS, COMPUTE_KINDS, LOOP_COMPUTE_KIND, StepReport
-from instrumented_ddp.step_figures import BLOCKING_KINDS, issued_by_the_loop
+from instrumented_ddp.step_figures import BLOCKING_KINDS, issued_by_the_loop, marked_names
 
 
 class Bar(NamedTuple):
@@ -128,19 +128,14 @@ def loop_compute_text(reports: dict[int, StepReport]) -> str:
     """What the drawn ranks' loop marked as its own compute (``Attachment.computing``) and the
     rank that spent the longest in it ("the loop's own compute (ema): 9.7 ms on rank 0"), or "":
     its bars share the compute lane with the model's phases, in a colour of their own."""
-    longest: tuple[float, int] | None = None
-    names: dict[str, None] = {}
-    for rank, report in sorted(reports.items()):
-        marked = [s for s in report.spans if s.kind == LOOP_COMPUTE_KIND]
-        if marked:
-            names.update(dict.fromkeys(s.tag for s in marked if s.tag))
-            seconds = metrics.total_length((s.start, s.end) for s in marked)
-            if longest is None or seconds > longest[0]:
-                longest = (seconds, rank)
-    if longest is None:
+    marked = {rank: spans for rank, report in sorted(reports.items())
+              if (spans := [s for s in report.spans if s.kind == LOOP_COMPUTE_KIND])}
+    if not marked:
         return ""
-    named = f" ({', '.join(names)})" if names else ""
-    return f"the loop's own compute{named}: {1000 * longest[0]:.1f} ms on rank {longest[1]}"
+    seconds = {rank: metrics.total_length((s.start, s.end) for s in spans) for rank, spans in marked.items()}
+    longest = max(seconds, key=lambda rank: (seconds[rank], -rank))
+    names = marked_names(s for spans in marked.values() for s in spans)
+    return f"the loop's own compute{f' ({names})' if names else ''}: {1000 * seconds[longest]:.1f} ms on rank {longest}"
 
 
 def loop_collectives_text(reports: dict[int, StepReport]) -> str:

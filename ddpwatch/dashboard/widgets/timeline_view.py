@@ -122,8 +122,9 @@ class TimelineView(Widget):
 
     def _paint_compute(self, rank: RankLanes, columns: int) -> list[tuple[str, Style]]:
         """Paint bars in reverse precedence so the loop's marked compute shows over backward over
-        forward over optimizer, all of them over ``data`` (the loader, a loop's work between steps: shaded, since it is neither
-        compute nor communication, but a slow loader is a slow step); the rest is idle."""
+        forward over optimizer, all of them over ``data`` (the loader, a loop's work between
+        steps: shaded, since it is neither compute nor communication, but a slow loader is a slow
+        step); the rest is idle."""
         cells: list[tuple[str, Style]] = [(" ", STYLES["axis"])] * columns
         for bar in rank.data:
             for column in self._column_range(bar.start, bar.end, columns):

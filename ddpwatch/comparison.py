@@ -40,6 +40,9 @@ class ComparedSegment:
     overlap_pct: float
     all_reduce_calls: float
     data_wait_pct: float | None = None  # None: a summary written before it was kept
+    #: The loop's own compute it marked (``watch.computing``), ms a step, and what it said it was.
+    loop_compute_ms: float = 0.0
+    loop_computed: tuple[str, ...] = ()
 
 
 def compared_segments(runs: Sequence[tuple[str, dict[str, Any]]]) -> list[ComparedSegment]:
@@ -56,7 +59,8 @@ def compared_segments(runs: Sequence[tuple[str, dict[str, Any]]]) -> list[Compar
                 step_ms_p50=seg["step_ms_p50"], interval=tuple(interval) if interval else None,  # type: ignore[arg-type]
                 samples_per_s=seg["samples_per_s"], compute_pct=seg["compute_pct"],
                 non_compute_pct=seg["non_compute_pct"], idle_pct=seg["idle_pct"], overlap_pct=seg["overlap_pct"],
-                all_reduce_calls=seg["all_reduce_calls"], data_wait_pct=seg.get("data_wait_pct")))
+                all_reduce_calls=seg["all_reduce_calls"], data_wait_pct=seg.get("data_wait_pct"),
+                loop_compute_ms=seg.get("loop_compute_ms", 0.0), loop_computed=tuple(seg.get("loop_computed", ()))))
     return found
 
 
@@ -82,7 +86,17 @@ def change_line(segment: ComparedSegment, base: ComparedSegment) -> str:
             f"{'' if step is None else f' (×{step:.2f})'}, {verdict(segment, base)}; samples/s "
             f"{base.samples_per_s:.1f} → {segment.samples_per_s:.1f}{'' if rate is None else f' (×{rate:.2f})'}; "
             f"exposed communication (Non_Compute%) {base.non_compute_pct:.1f} → {segment.non_compute_pct:.1f} %, "
-            f"Overlap% {base.overlap_pct:.1f} → {segment.overlap_pct:.1f}")
+            f"Overlap% {base.overlap_pct:.1f} → {segment.overlap_pct:.1f}{loop_compute_change(segment, base)}")
+
+
+def loop_compute_change(segment: ComparedSegment, base: ComparedSegment) -> str:
+    """The loop's marked compute against ``base``'s, where either marked any: what an average of
+    the weights or a teacher added to the step ("; the loop's own compute (ema) 0.0 → 9.0 ms a step")."""
+    if not (segment.loop_compute_ms or base.loop_compute_ms):
+        return ""
+    names = ", ".join(dict.fromkeys((*base.loop_computed, *segment.loop_computed)))
+    return (f"; the loop's own compute{f' ({names})' if names else ''} {base.loop_compute_ms:.1f} → "
+            f"{segment.loop_compute_ms:.1f} ms a step")
 
 
 def run_differences(runs: Sequence[tuple[str, dict[str, Any]]]) -> list[str]:

@@ -123,3 +123,12 @@ def test_compare_fails_a_ci_job_on_a_regression_and_refuses_a_bad_allowance(tmp_
     for bad in ("-1", "inf"):
         assert cli.main(["compare", *both, "--fail-if-slower", bad]) == 2
         assert "--fail-if-slower must be a percentage, 0 or more" in capsys.readouterr().err
+
+
+def test_the_loops_marked_compute_is_held_against_the_first_where_either_marked_any() -> None:
+    """A run without an average of the weights against one with it (``watch.computing("ema")``,
+    9.0 ms a step): the change line says what the average added; runs that marked none say nothing of it."""
+    with_ema = run({**segment("ddp 25 MB", 59, 109.0, (104.0, 113.0), 590.0), "loop_compute_ms": 9.0, "loop_computed": ["ema"]})
+    lines = comparison_lines([("none", BASE), ("ema", with_ema)])
+    assert lines[-1].endswith("Overlap% 0.0 → 50.0; the loop's own compute (ema) 0.0 → 9.0 ms a step")
+    assert "the loop's own compute" not in "\n".join(comparison_lines([("a", BASE), ("b", SMALL_CAPS)]))

@@ -25,6 +25,7 @@ import numpy as np
 from ddpwatch import evaluations, metrics
 from ddpwatch.accumulation import early_reductions_of, early_reductions_text
 from ddpwatch.data_wait import data_wait_text
+from ddpwatch.loop_compute import loop_compute_text
 from ddpwatch.rank_lists import failed_ranks_lines, heard_until_text, interrupted_ranks_lines, rank_runs, runs_text
 from ddpwatch.segment_bars import bars_svg, lengths, segment_bar
 from ddpwatch.session import Session, goodbyes_saying, note_pause_kinds, ranks_left_behind
@@ -190,14 +191,6 @@ def segment_loop_collectives_text(seg: dict[str, Any]) -> str:
             "a wait in them for a slower rank included")
 
 
-def segment_loop_compute_text(seg: dict[str, Any]) -> str:
-    """A segment's compute the loop marked itself (``Attachment.computing``), in words: what it
-    said it was, its ms a step (the mean of ranks) beside the step's p50, and where it is counted."""
-    named = f" ({', '.join(seg['loop_computed'])})" if seg.get("loop_computed") else ""
-    return (f"the loop's own compute, marked with watch.computing{named}: {seg['loop_compute_ms']:.1f} ms a step "
-            f"(mean of ranks) of a {seg['step_ms_p50']:.0f} ms step (p50), in Compute%, not data loading")
-
-
 def summary_markdown(summary: dict[str, Any]) -> str:
     """The seed blog's comparison table, one row per segment, so results read side by side with it;
     a desync, an error of the whole run, comes first."""
@@ -260,8 +253,9 @@ def summary_markdown(summary: dict[str, Any]) -> str:
                          f"{', '.join(map(str, seg['compiling_steps']))}")
         if seg.get("loop_collectives"):
             lines.append(f"- segment {seg['index']}: {segment_loop_collectives_text(seg)}")
-        if seg.get("loop_compute_ms"):
-            lines.append(f"- segment {seg['index']}: {segment_loop_compute_text(seg)}")
+        if seg.get("steps") and (marked := loop_compute_text(f"segment {seg['index']}", seg.get("loop_compute_ms", 0.0),
+                                                             seg.get("loop_computed", []), seg["step_ms_p50"])):
+            lines.append(f"- {marked}")
         if seg.get("untimed_collective_steps"):
             lines.append(f"- segment {seg['index']}: steps with collectives ddpwatch did not time (outside DDP's buckets and "
                          f"FSDP's gathers and reductions; up to {seg.get('untimed_collectives_most', 0)} a step on a rank) "

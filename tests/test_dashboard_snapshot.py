@@ -17,7 +17,7 @@ from ddpwatch.metrics import ONE_RANK_NOTE
 from ddpwatch.dashboard.snapshot import SnapshotBuilder
 from ddpwatch.receiver import ingest
 from ddpwatch.session import Session
-from instrumented_ddp.protocol import (Goodbye, Heartbeat, StepReport, decode, encode)
+from instrumented_ddp.protocol import (Goodbye, Heartbeat, Span, StepReport, decode, encode)
 from synthetic_session import hello, session_messages, step_report, waiting_ranks
 from synthetic_session import snapshot_of
 
@@ -159,6 +159,20 @@ def test_steps_the_loop_paused_training_before_are_a_note_with_their_steps_and_t
     assert snapshot.warnings == ()
     assert snapshot.notes == ("the loop paused training (evaluate, save) before 2 steps (4, 8), up to 1.75 s: left out "
                               "of the step times and of samples/s",)
+
+
+def test_a_segment_whose_loop_marked_compute_of_its_own_is_a_note_with_its_ms_a_step() -> None:
+    """Each step begins with 4 ms of an average of the weights the loop marked (``watch.computing``),
+    inside its data gap. Through the wire as ranks send them (summaries carry it too): a line per
+    segment, as summary.md says it."""
+    def averaging(report: StepReport) -> StepReport:
+        return replace(report, spans=[Span("loop", report.start, report.start + 0.004, tag="ema"), *report.spans])
+
+    _, snapshot = snapshot_of(session_messages(edit=averaging))
+    assert snapshot.warnings == ()
+    assert snapshot.notes == tuple(
+        f"{segment}: the loop's own compute, marked with watch.computing (ema): 4.0 ms a step (mean of ranks) of a "
+        f"{p50} ms step (p50), in Compute%, not data loading" for segment, p50 in (("simple (steps 1-5)", 185), ("bucket 1 MB (steps 6-10)", 170)))
 
 
 def test_steps_whose_data_held_forwards_without_gradients_are_a_note_naming_the_fix() -> None:

@@ -18,6 +18,7 @@ from typing import Any
 from ddpwatch import metrics
 from ddpwatch.advisor import Advice, advice_for_session, keep_shown_best
 from ddpwatch.data_wait import data_wait_text
+from ddpwatch.loop_compute import loop_compute_text
 from ddpwatch.evaluations import MetricSeries
 from ddpwatch.heatmap import Heatmap, RowLayout, assemble_heatmap, heat_column, row_layout
 from ddpwatch.rank_rows import RankRow, rows_by_node
@@ -93,14 +94,20 @@ class SegmentRow:
     #: session (``Session.untimed_in_data``), where any of the segment's steps had some, else 0:
     #: the data wait holds them (``StepReport.untimed_in_data``).
     untimed_in_data_most: int = 0
+    #: The loop's own compute it marked, ms a step (mean), and what it said it was (``loop_compute``).
+    loop_compute_ms: float = 0.0
+    loop_computed: tuple[str, ...] = ()
 
 
-def data_wait_notes(rows: tuple[SegmentRow, ...]) -> tuple[str, ...]:
-    """``data_wait.data_wait_text`` of each segment whose counted steps waited on their data."""
+def segment_notes(rows: tuple[SegmentRow, ...]) -> tuple[str, ...]:
+    """``data_wait.data_wait_text`` of each segment whose counted steps waited on their data,
+    and ``loop_compute.loop_compute_text`` of each whose loop marked compute of its own."""
     lines = (data_wait_text(f"{row.short_label} (steps {row.steps})", row.data_wait_pct, row.idle_pct, row.step_ms_p50,
                             row.untimed_in_data_most)
              for row in rows if row.counted_steps)
-    return tuple(line for line in lines if line is not None)
+    marked = (loop_compute_text(f"{row.short_label} (steps {row.steps})", row.loop_compute_ms, row.loop_computed,
+                                row.step_ms_p50) for row in rows if row.counted_steps)
+    return tuple(line for line in (*lines, *marked) if line is not None)
 
 
 @dataclass(frozen=True)
@@ -270,7 +277,7 @@ class SnapshotBuilder:
             step_ms=tuple(s.step_ms for s in trend if s.ranks),
             segments=segments,
             warnings=warnings,
-            notes=notes + data_wait_notes(segments),
+            notes=notes + segment_notes(segments),
             heatmap=self._heatmap(heatmap_metric, open_nodes, now) if side_tab in (None, "heatmap") else None,
             stragglers=self._top_stragglers(step) if side_tab in (None, "stragglers") else (),
             advice=self.advice(now) if side_tab in (None, "advisor") else None,
@@ -491,7 +498,7 @@ class SnapshotBuilder:
                          f.step_ms_p50, f.samples_per_s, f.hidden_comm_pct,
                          metrics.kinds_text(f.calls_by_kind), metrics.held_text(f.memory),
                          metrics.busbw_text(f.busbw_gbps, f.other_busbw_gbps), f.data_wait_pct,
-                         self._untimed_in_data_most(segment))
+                         self._untimed_in_data_most(segment), f.loop_compute_ms, f.loop_computed)
         self._segment_rows[segment.index] = (now, key, row)
         return row
 

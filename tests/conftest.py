@@ -27,6 +27,17 @@ def child_processes_keep_their_temp_files_here() -> Iterator[None]:
 
 
 @pytest.fixture
+def host_time(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The host's clock inside ``instrumented_ddp.timeline``, set by the test (``timeline_fakes.FakeHostTime``)."""
+    from instrumented_ddp import timeline
+    from timeline_fakes import FakeHostTime
+
+    fake = FakeHostTime()
+    monkeypatch.setattr(timeline, "time", fake)
+    return fake
+
+
+@pytest.fixture
 def one_rank_group() -> Iterator[None]:
     """A one-rank gloo process group for the test's duration."""
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)

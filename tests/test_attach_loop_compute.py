@@ -1,7 +1,8 @@
 """``Attachment.computing``: the loop's own compute outside the model's phases (a teacher's
 forward in distillation, an average of the weights after the update) marked in one line, so it
 reads as compute and not as data loading or idle time. In one process over a one-rank gloo group;
-the sleeps stand for the marked work, so that its time is long beside everything else a step does."""
+the sleeps stand for the marked work, so that its time is long beside everything else a step does.
+How the rank cuts a data span around it: ``test_timeline.py``."""
 
 from __future__ import annotations
 
@@ -18,7 +19,6 @@ from instrumented_ddp.attachment import AttachError, Attachment
 from instrumented_ddp.intervals import intersect, total_length
 from instrumented_ddp.protocol import Span, StepReport
 from instrumented_ddp.step_figures import step_figures
-from instrumented_ddp.timeline import data_outside_loop_compute
 from attach_helpers import attached, batch, make_ddp
 
 WORK_S = 0.03  # each marked block's sleep
@@ -154,14 +154,3 @@ def test_marked_work_where_it_is_no_steps_is_not_counted_and_a_bad_label_is_one_
     assert len(reports) == 3 and all(s.kind != "loop" for r in reports for s in r.spans)
     assert reports[2].paused_for == "evaluate"
 
-
-def test_data_is_cut_around_the_loops_marked_compute_in_place_and_nothing_else_moves() -> None:
-    """By hand: data 0-10 with marked compute 2-3 and 5-7 in it becomes 0-2, 3-5 and 7-10, where
-    the data span was; a data span the marks cover whole goes; other spans stay as they were."""
-    spans = [Span("data", 0.0, 10.0), Span("loop", 2.0, 3.0, tag="ema"), Span("forward", 10.0, 12.0),
-             Span("loop", 5.0, 7.0, tag="teacher"), Span("data", 12.0, 13.0), Span("loop", 11.5, 13.5)]
-    assert data_outside_loop_compute(spans) == [
-        Span("data", 0.0, 2.0), Span("data", 3.0, 5.0), Span("data", 7.0, 10.0), Span("loop", 2.0, 3.0, tag="ema"),
-        Span("forward", 10.0, 12.0), Span("loop", 5.0, 7.0, tag="teacher"), Span("loop", 11.5, 13.5)]
-    unmarked = [Span("data", 0.0, 1.0), Span("forward", 1.0, 2.0)]
-    assert data_outside_loop_compute(unmarked) is unmarked

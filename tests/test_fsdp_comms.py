@@ -30,7 +30,7 @@ def test_a_gpu_collective_on_fsdps_stream_blocks_no_compute_and_a_gloo_call_does
 def test_hsdps_all_reduce_across_replicas_and_ddps_bucket_ask_for_timing_in_their_own_group(one_rank_group: None) -> None:
     """Both are asynchronous works of a group that need not be the default one (the replicate
     group; a DDP's own ``process_group``): the clock is asked to time that group before the call.
-    On NCCL it turns timing on there (``test_timeline.py``); without it, on a lent H200 every step
+    On NCCL it turns timing on there (``test_timeline_cuda.py``); without it, on a lent H200 every step
     of an attached HSDP run went out unresolved, its all-reduces' durations unreadable."""
     import torch.distributed as dist
 

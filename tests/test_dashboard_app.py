@@ -1,5 +1,7 @@
-"""The dashboard driven through Textual's pilot: what the widgets hold, keys, and switching."""
-
+"""The dashboard driven through Textual's pilot: what the widgets hold, keys, switching, replays and
+runs, the header, and how the panels share the screen. The tables: ``test_dashboard_tables.py``;
+the side tabs: ``test_dashboard_tabs.py``; the warnings panel: ``test_warnings_panel.py``; what the
+snapshot says without drawing it: ``test_dashboard_snapshot.py``."""
 from __future__ import annotations
 
 import gc
@@ -9,7 +11,6 @@ import time
 from dataclasses import replace
 
 import pytest
-from textual.content import Content
 from textual.geometry import Region
 import zmq
 from textual.widgets import Static, TabbedContent
@@ -20,19 +21,19 @@ from ddpwatch.dashboard.feeds import ReplayFeed, StaticFeed
 from ddpwatch.dashboard.process_feed import ProcessFeed
 from ddpwatch.dashboard.screens.help_screen import HelpScreen, help_text
 from ddpwatch.dashboard.snapshot import SnapshotBuilder
-from ddpwatch.dashboard.widgets.rank_heatmap import HEADER_ROWS, RankHeatmap
-from ddpwatch.dashboard.widgets.ranks_table import COLUMNS, RanksTable
+from ddpwatch.dashboard.widgets.ranks_table import RanksTable
 from ddpwatch.dashboard.widgets.segment_bars_view import SegmentBarsView
 from ddpwatch.dashboard.widgets.segments_table import SegmentsTable
 from ddpwatch.dashboard.widgets.timeline_view import TimelineView
 from ddpwatch.receiver import ingest
 from ddpwatch.session import Session
 from ddpwatch.session_file import SESSION_FILE_NAME, SessionWriter
-from instrumented_ddp.protocol import (NOT_SWITCHABLE, Ack, Evaluation, Goodbye, SpanRequest, StepReport, SwitchCommand,
+from instrumented_ddp.protocol import (NOT_SWITCHABLE, Ack, Goodbye, SpanRequest, StepReport, SwitchCommand,
                                       decode, encode)
 from instrumented_ddp.telemetry import routing_id
 from synthetic_session import (desync_at_3_4_and_a_straggler, hello, session_messages, snapshot_of, step_report,
                                waiting_ranks)
+from dashboard_pilot import draw_every_message
 
 
 def free_address() -> str:
@@ -199,15 +200,6 @@ def test_heatmap_tab_snapshot_of_a_large_job(snap_compare, world: int) -> None: 
     hellos = {rank: replace(hello(rank, world_size=world), node_rank=rank // 8) for rank in range(world)}
     app = DashboardApp(StaticFeed(session_messages(steps=4, world_size=world, hellos=hellos, edit=late)), export_on_exit=False)
     assert snap_compare(app, terminal_size=(160, 48), run_before=settle)
-
-
-async def draw_every_message(app: DashboardApp, pilot) -> None:  # noqa: ANN001
-    """The static feed's messages all queued (its thread joined), folded and drawn in one frame,
-    whatever the machine's load (the frame timer folds for at most 60 ms a frame)."""
-    app.feed.stop()
-    app.ingest_arrived()
-    app.refresh_frame()
-    await pilot.pause()
 
 
 async def test_the_screen_fits_the_terminal_with_a_large_job_and_every_segment_bar_shows() -> None:
@@ -449,24 +441,6 @@ async def test_the_timeline_is_titled_with_its_step_and_its_whole_strategy_and_s
         assert box.border_title == "step 4 · simple (grad_accum=1)"
 
 
-def test_the_timeline_legend_wraps_so_every_colour_is_named() -> None:
-    """Items are mark, space, text and two spaces: forward 11, backward 12, optimizer 13, data 8,
-    "collective hidden by compute" 32, "exposed: transfer" 21, "exposed: waiting for other ranks"
-    36, wait 8: 141 columns, the last item's two spaces free to pass the edge. At 160 columns all
-    fit in one row after the 12-column label indent (12 + 139 = 151). At 78 (an 80-column screen
-    inside the box's border) one row was cut after "collective hidden"; indented they would take
-    three rows (44 + 12 = 56, then 32 + 21 = 53, then 36 + 8), from the left edge two (11 + 12 + 13
-    + 8 + 32 = 76, less 2 = 74 <= 78; then 21 + 36 + 8): so from the left edge."""
-    from ddpwatch.dashboard.widgets.timeline_view import legend_rows
-
-    indent, rows = legend_rows(160)
-    assert (indent, [len(row) for row in rows]) == (12, [8])
-    indent, rows = legend_rows(78)
-    assert (indent, [[text for _, _, text in row] for row in rows]) == (0, [
-        ["forward", "backward", "optimizer", "data", "collective hidden by compute"],
-        ["exposed: transfer", "exposed: waiting for other ranks", "wait"]])
-
-
 @pytest.mark.parametrize("rows", [24, 35, 36])
 async def test_every_panel_shows_without_scrolling_on_a_default_terminal_with_warnings(rows: int) -> None:
     """At 80 x 24 (most terminals' default) the panels were 5 rows taller than the screen: it
@@ -535,74 +509,6 @@ async def test_sixty_four_ranks_fit_the_timeline_and_the_ranks_table_scrolls() -
         assert app.frames > 0
 
 
-async def test_the_runs_evaluations_are_drawn_under_the_training_loss() -> None:
-    """A Trainer's eval_loss was in its log alone: now a series per metric, losses first, captioned
-    with how many evaluations and the step the last followed; every rank's copy is one point."""
-    evaluations = [encode(Evaluation(rank, step, {"eval_accuracy": 0.5 + step / 20, "eval_loss": 1.0 / step}), 100 + step, 0)
-                   for step in (3, 6) for rank in (0, 1)]
-    app = DashboardApp(StaticFeed([*session_messages(steps=6, goodbye=False), *evaluations]), export_on_exit=False)
-    async with app.run_test(size=(160, 50)) as pilot:
-        app.side_tabs.active = "trends-tab"
-        await draw_every_message(app, pilot)
-        series = app.trends_panel.series
-        assert [s.label for s in series] == ["loss (mean over ranks)", "step time", "eval_loss (2 evaluations, the last after step 6)",
-                                             "eval_accuracy (2 evaluations, the last after step 6)"]
-        assert series[2].values == (pytest.approx(1 / 3), pytest.approx(1 / 6)) and series[3].values == (0.65, 0.8)
-        assert series[2].caption().startswith("eval_loss (2 evaluations, the last after step 6): 0.167 (min 0.167, max 0.333)")
-
-
-async def test_a_click_or_enter_on_a_rank_row_highlights_that_rank_and_the_cursor_scrolls() -> None:
-    app = DashboardApp(StaticFeed(session_messages(steps=6, world_size=64)), export_on_exit=False)
-    async with app.run_test(size=(160, 50)) as pilot:
-        await pilot.pause(0.5)
-        table = app.ranks_table
-        await pilot.click(RanksTable, offset=(2, 3))  # below the border: the header, rank 0, rank 1
-        await pilot.pause(0.1)
-        assert app.selected_rank == 1 and table.cursor_row == 1
-        await pilot.click(RanksTable, offset=(2, 3))
-        await pilot.pause(0.1)
-        assert app.selected_rank is None  # a second click on the same rank clears the highlight
-        table.focus()
-        await pilot.press(*["down"] * 20, "enter")  # past the 14 rows in view (each press ~90 ms at 64 ranks)
-        await pilot.pause(0.1)
-        assert table.cursor_row == 21 and app.selected_rank == 21
-        visible_rows = table.size.height - 1
-        assert visible_rows < 21 and table.scroll_y <= 21 < table.scroll_y + visible_rows  # the cursor never leaves the view
-
-
-def visible_text(table: RanksTable, y: int) -> str:
-    return table.render_line(y).text
-
-
-async def test_a_narrow_ranks_table_shows_each_ranks_figures_and_keeps_the_rank_when_scrolled() -> None:
-    """At 80 x 24 the ranks table's panel is 46 columns: it shows the rank, its status, step, step
-    ms and Compute% (before, the rank then node, host, device and status, and not one figure),
-    for more than one rank (before, its horizontal scrollbar took the second rank's row).
-    Shift and the arrows scroll it a column at a time (the arrows alone still walk the steps);
-    at its far end it shows where each rank runs, each row still led by its rank."""
-    messages = session_messages(steps=4, world_size=8, edit=waiting_ranks(40.0))
-    app = DashboardApp(StaticFeed(messages), export_on_exit=False)
-    async with app.run_test(size=(80, 24)) as pilot:
-        await draw_every_message(app, pilot)
-        table = app.ranks_table
-        assert table.size.width < 50 and table.max_scroll_x > 0
-        assert table.scrollable_content_region.height - 1 >= 2  # rank rows in view, under the header line
-        assert visible_text(table, 0).split()[:5] == ["rank", "status", "step", "step", "ms"]
-        assert "Compute%" in visible_text(table, 0)
-        first_row = visible_text(table, 1).split()
-        assert first_row[:3] == ["0", "finished", "4"] and float(first_row[3]) > 0
-        table.focus()
-        await pilot.press("shift+right")  # a column to the right: status scrolls out, the rank stays
-        await pilot.pause(0.1)
-        assert visible_text(table, 0).split()[:3] == ["rank", "step", "step"] and app.timeline_view.data.step == 4
-        await pilot.press(*["shift+right"] * len(COLUMNS))  # as far as it goes: the device column in view
-        await pilot.pause(0.1)
-        assert table.scroll_x == table.max_scroll_x
-        header, first_row = visible_text(table, 0), visible_text(table, 1)
-        assert header.startswith("rank  ") and header.rstrip().endswith("device")
-        assert first_row.startswith("0     ") and first_row.rstrip().endswith("cpu")
-
-
 def test_a_bounded_session_keeps_recent_steps_and_exact_segment_figures() -> None:
     from ddpwatch.receiver import ingest
     from ddpwatch.session import Session
@@ -616,126 +522,6 @@ def test_a_bounded_session_keeps_recent_steps_and_exact_segment_figures() -> Non
         a, b = everything.segment_figures(full).as_dict(), bounded.segment_figures(kept).as_dict()
         for key in ("compute_pct", "non_compute_pct", "overlap_pct", "all_reduce_calls_total", "samples_per_s", "step_ms_p50"):
             assert a[key] == pytest.approx(b[key]), key
-
-
-async def test_the_segments_table_widens_a_column_when_a_running_segment_grows() -> None:
-    from textual.app import App
-
-    from ddpwatch.dashboard.snapshot import SegmentRow
-
-    def row(steps: str) -> SegmentRow:
-        return SegmentRow("async", "async", steps, 10, 80.0, 15.0, 5.0, 70.0, 50.0, 57.0, 300.0, 280.0, 50.0)
-
-    class OneTable(App[None]):
-        def compose(self):  # noqa: ANN202
-            yield SegmentsTable()
-
-    app = OneTable()
-    async with app.run_test() as pilot:
-        table = app.query_one(SegmentsTable)
-        table.show((row("69-69"),))
-        await pilot.pause()
-        table.show((row("69-148"),))  # the running segment reached step 148
-        await pilot.pause()
-        steps_column = list(table.columns.values())[1]
-        assert steps_column.content_width >= len("69-148")
-
-
-async def test_at_160_columns_the_segments_table_shows_step_time_and_throughput_beside_the_bars() -> None:
-    """Every figure up to Comm_overhead% in view, step ms and samples/s first after the steps, with
-    the bars beside the table. Before, at 160 columns the table showed "bucket (bucket_mb=1.0,
-    grad_accum=1)" and four percentages: step ms and samples/s were past its edge."""
-    app = DashboardApp(StaticFeed(session_messages()), export_on_exit=False)
-    async with app.run_test(size=(160, 48)) as pilot:
-        await draw_every_message(app, pilot)
-        table = app.query_one(SegmentsTable)
-        assert app.query_one(SegmentBarsView).region.width > 0
-        names = [str(column.label) for column in table.columns.values()]
-        widths = [column.get_render_width(table) for column in table.columns.values()]
-        cells = [str(cell) for cell in table.get_row_at(1)]
-        in_view = table.scrollable_content_region.width
-    shown = names[:names.index("Comm_overhead%") + 1]
-    assert shown[:4] == ["segment", "steps", "step ms p50", "samples/s"]
-    assert sum(widths[:len(shown)]) <= in_view
-    assert cells[0] == "bucket 1 MB"  # the synthetic session's bucket segment, its cap in words
-
-
-async def test_a_segment_without_a_counted_step_shows_dashes_and_says_so_in_its_bar() -> None:
-    """A "bucket" segment whose two steps were both excluded (as a switch's first steps are, live,
-    before one is folded): its figures are dashes, where they read 0.00 Compute%, 0.0 step ms."""
-    from textual.app import App
-
-    def excluded_if_bucket(report: StepReport) -> StepReport:
-        return replace(report, excluded=True) if report.strategy == "bucket" else report
-
-    _, snapshot = snapshot_of(session_messages(steps=4, edit=excluded_if_bucket))
-    simple, bucket = snapshot.segments
-    assert (simple.counted_steps, bucket.counted_steps) == (2, 0)
-
-    class OneTable(App[None]):
-        def compose(self):  # noqa: ANN202
-            yield SegmentsTable()
-            yield SegmentBarsView()
-
-    app = OneTable()
-    async with app.run_test(size=(120, 20)) as pilot:
-        table = app.query_one(SegmentsTable)
-        table.show(snapshot.segments)
-        bars = app.query_one(SegmentBarsView)
-        bars.show(snapshot.segments)
-        await pilot.pause()
-        shown = [[str(cell) for cell in table.get_row_at(index)] for index in (0, 1)]
-        bar_lines = str(bars.render()).splitlines()[-2:]
-    assert shown[1][:2] == [bucket.short_label, "3-4"] and set(shown[1][2:]) == {"—"}
-    assert bar_lines[0].startswith("simple 1-2") and bar_lines[0].endswith("ov   0%")
-    assert bar_lines[1].startswith("bucket 3-4") and bar_lines[1].endswith("no counted step")  # was "ov   0%"
-    assert shown[0][2:5] == [f"{simple.step_ms_p50:.1f}", f"{simple.samples_per_s:.1f}", f"{simple.compute_pct:.2f}"]
-    assert "—" not in shown[0][2:9]
-
-
-async def test_a_segment_bar_is_as_long_as_its_time_per_sample_and_its_overlap_stays_in_column() -> None:
-    """Two segments, the second at twice the samples/s: its bar is half as long (time per sample,
-    the slowest full length), and both "ov" figures stand in one column. Full-length bars of
-    segments 50 % apart in speed looked alike in length."""
-    from textual.app import App
-
-    _, snapshot = snapshot_of(session_messages(steps=4))
-    slow, fast = snapshot.segments
-    rows = (replace(slow, samples_per_s=50.0), replace(fast, samples_per_s=100.0))
-
-    class Bars(App[None]):
-        def compose(self):  # noqa: ANN202
-            yield SegmentBarsView()
-
-    app = Bars()
-    async with app.run_test(size=(80, 10)) as pilot:
-        view = app.query_one(SegmentBarsView)
-        view.show(rows)
-        await pilot.pause()
-        lines = str(view.render()).splitlines()[-2:]
-        full = view.content_region.width - 16 - 8  # less the label and " ov  77%"
-    drawn = [sum(line.count(glyph) for glyph in "█▓░") for line in lines]
-    assert drawn[0] == full and abs(2 * drawn[1] - drawn[0]) <= 1
-    assert lines[0].index(" ov ") == lines[1].index(" ov ")
-
-
-def test_the_segments_table_gives_each_collective_kinds_busbw() -> None:
-    """Each "bucket" step also all-gathers 4 MB in 2 ms: 2 GB/s of algbw, times (2-1)/2 over two
-    ranks, AG 1.00, after the all-reduces' own. Before, the dashboard showed no bandwidth at all."""
-    from instrumented_ddp.protocol import Span
-
-    def gathering(report: StepReport) -> StepReport:
-        if report.strategy != "bucket":
-            return report
-        return replace(report, spans=[*report.spans, Span("all_gather", report.start, report.start + 0.002, nbytes=4_000_000)])
-
-    _, snapshot = snapshot_of(session_messages(steps=4, edit=gathering))
-    simple, bucket = (row.busbw for row in snapshot.segments)
-    assert simple.startswith("AR ") and " " not in simple.removeprefix("AR ")
-    assert bucket.startswith("AR ") and bucket.endswith(" AG 1.00")
-
-
-# --- what stays on screen, drawn (what the snapshot says itself: test_dashboard_snapshot.py) ---------
 
 
 async def test_the_header_gives_no_rate_before_two_complete_steps() -> None:
@@ -772,97 +558,6 @@ def test_the_dashboard_dates_a_message_by_its_arrival_not_by_the_frame_that_fold
     time.sleep(0.3)  # ... and the next frame folds it in late
     app.ingest_arrived()
     assert app.session.ranks and max(state.last_seen for state in app.session.ranks.values()) <= arrived_by
-
-
-async def test_heatmap_tab_gives_every_rank_a_row_and_h_switches_its_metric() -> None:
-    app = DashboardApp(StaticFeed(session_messages()), export_on_exit=False)
-    async with app.run_test(size=(160, 28)) as pilot:  # too short to stack the ranks: the tabs beside them, 64 columns
-        await pilot.pause(0.3)
-        app.query_one("#side", TabbedContent).active = "heatmap-tab"
-        await pilot.pause(0.2)
-        heatmap = app.query_one(RankHeatmap)
-        assert heatmap.data is not None and [row.label for row in heatmap.data.rows] == ["r0", "r1"]
-        assert not heatmap.data.collapsible and heatmap.data.metric == "exposed"
-        assert len(heatmap.data.steps) == 10 and heatmap.render_line(HEADER_ROWS).text.startswith("r0")
-        # the steps shown end the metric's line, so the rows begin on the third line (the fourth
-        # before: at 80 x 24 one rank's row was left in view)
-        assert HEADER_ROWS == 2 and heatmap.render_line(0).text.rstrip().endswith("(Non_Compute%) · steps 1…10")
-        # the scale's high end and its key, on a line of their own: after the metric's name they were cut at 64 columns
-        assert heatmap.size.width <= 64 and heatmap.render_line(1).text.rstrip().endswith(f"{heatmap.data.high:.1f}   h: next metric")
-        await pilot.press("h")
-        await pilot.pause(0.2)
-        assert heatmap.data.metric == "step"
-        await pilot.click(RankHeatmap, offset=(2, HEADER_ROWS + 1))  # the r1 row: selects rank 1, as the ranks table does
-        assert app.selected_rank == 1
-
-
-async def test_a_large_job_shows_a_row_per_node_and_the_timeline_draws_picked_ranks() -> None:
-    world = 80  # above 64 ranks the timeline draws the slowest, the fastest and the selected rank
-    hellos = {rank: replace(hello(rank, world_size=world), node_rank=rank // 8) for rank in range(world)}
-    app = DashboardApp(StaticFeed(session_messages(steps=4, world_size=world, hellos=hellos)), export_on_exit=False)
-    async with app.run_test(size=(160, 50)) as pilot:
-        await pilot.pause(0.5)
-        app.query_one("#side", TabbedContent).active = "heatmap-tab"
-        await pilot.pause(0.2)
-        timeline = app.query_one(TimelineView).data  # every rank's step equally long: rank 0 is both
-        assert timeline is not None and timeline.reported == world and timeline.roles == ((0, "slowest+fastest"),)
-        heatmap = app.query_one(RankHeatmap)
-        assert heatmap.data is not None and heatmap.data.collapsible
-        assert [row.label for row in heatmap.data.rows] == [f"node {n} ×8" for n in range(10)]
-        await pilot.click(RankHeatmap, offset=(2, HEADER_ROWS + 1))  # node 1
-        await pilot.pause(0.3)
-        labels = [row.label for row in heatmap.data.rows]
-        assert labels == ["node 0 ×8", *(f"r{r}" for r in range(8, 16)), *(f"node {n} ×8" for n in range(2, 10))]
-        await pilot.click(RankHeatmap, offset=(2, HEADER_ROWS + 3))  # rank 9's row: closes node 1 again
-        await pilot.pause(0.3)
-        assert len(heatmap.data.rows) == 10
-        app.selected_rank = 40  # as a click in the ranks table does: the timeline draws it too
-        await pilot.pause(0.3)
-        assert app.query_one(TimelineView).data.roles == ((0, "slowest+fastest"), (40, "selected"))
-
-
-async def test_stragglers_tab_names_the_rank_the_others_waited_for_and_how_long() -> None:
-    def rank1_arrives_late(report: StepReport) -> StepReport:
-        # rank 1 enters every all-reduce 2 ms late and leaves with the others: they wait 2 ms a call
-        if report.rank != 1:
-            return report
-        spans = [s._replace(start=s.start + 0.002) if s.kind == "all_reduce" else s for s in report.spans]
-        return replace(report, spans=spans)
-
-    app = DashboardApp(StaticFeed(session_messages(edit=rank1_arrives_late)), export_on_exit=False)
-    async with app.run_test(size=(160, 50)) as pilot:
-        await pilot.pause(0.4)
-        assert app.snapshot.stragglers == ()  # made only while its tab is on screen
-        app.query_one("#side", TabbedContent).active = "stragglers-tab"
-        await pilot.pause(0.2)
-        (row,) = app.snapshot.stragglers
-        # steps 1-10: 4 calls a step under simple (1-5), 2 under bucket (6-10): 30 calls x 2 ms / 10 steps
-        assert (row.rank, row.first_step, row.last_step) == (1, 1, 10)
-        # steps of 185 ms (simple) and 170 (bucket): 6 ms of 177.5 is 3.4 %, under the rule's 10 %
-        assert row.waited_for_ms == pytest.approx(6.0) and row.waited_ms == 0.0 and not row.named
-        lines = str(app.query_one("#stragglers").render()).splitlines()
-        assert lines[0] == "rank 1 (node 0): the others waited 6.0 ms for it (3.4 %), it 0.0 ms"
-        assert lines[1].startswith("ms a step over steps 1-10, % of the step time. A straggler:")
-
-
-async def test_stragglers_tab_shows_each_ranks_own_waiting_and_marks_the_rank_the_rule_names() -> None:
-    """Rank 1 waits 30 ms a step in its first all-reduce for rank 0 (17 % of a 177.5 ms step): rank 0
-    is named, as in the warnings, and rank 1, which the others (rank 0) waited for in the rest
-    of its calls, shows that it waited far longer itself. Before, the tab gave the others' waiting
-    alone: two ranks that wait by turns both read as stragglers."""
-    app = DashboardApp(StaticFeed(session_messages(edit=waiting_ranks(30.0))), export_on_exit=False)
-    async with app.run_test(size=(160, 50)) as pilot:
-        await draw_every_message(app, pilot)
-        app.query_one("#side", TabbedContent).active = "stragglers-tab"
-        await pilot.pause()
-        app.refresh_frame()  # the frame that makes the tab's rows, whatever the machine's load
-        await pilot.pause()
-        rows = {row.rank: row for row in app.snapshot.stragglers}
-        assert rows[0].named and rows[0].waited_for_ms == pytest.approx(30.0, abs=0.5) and rows[0].waited_ms < 1.0
-        assert any(warning.startswith("rank 0 is a straggler") for warning in app.snapshot.warnings)
-        assert 1 not in rows or (not rows[1].named and rows[1].waited_ms == pytest.approx(30.0, abs=0.5))
-        lines = str(app.query_one("#stragglers").render()).splitlines()
-        assert lines[0].startswith("straggler: rank 0 (node 0): the others waited 30.0 ms for it")
 
 
 def test_a_frame_folds_in_what_its_budget_allows_and_the_next_frames_the_rest() -> None:
@@ -926,63 +621,6 @@ async def test_ranks_a_signal_stopped_read_interrupted_not_failed_on_screen_and_
     assert (await header_first_line(messages)).startswith("ddpwatch fixed-session · 2 ranks · interrupted · fixed data")
 
 
-@pytest.mark.parametrize("metric", ["exposed", "wait"])
-def test_the_heatmap_kept_column_by_column_equals_one_made_from_scratch(metric: str) -> None:
-    """Columns are kept per step and remade only when their step gains a report: fed in two
-    halves (step 6 half-reported at the first build), the grid equals one built whole."""
-    world = 40
-    hellos = {rank: replace(hello(rank, world_size=world), node_rank=rank // 8) for rank in range(world)}
-    messages = session_messages(steps=8, world_size=world, hellos=hellos, edit=waiting_ranks(3.0))
-    session = Session(None)
-    builder = SnapshotBuilder(session)
-    half = len(messages) * 2 // 3
-    ingest(session, messages[:half])
-    assert 0 < len(session.reports[6]) < world
-    builder.build(now=100.0, heatmap_metric=metric, open_nodes={1})
-    ingest(session, messages[half:])
-    kept = builder.build(now=102.0, heatmap_metric=metric, open_nodes={1}).heatmap
-    whole = SnapshotBuilder(session).build(now=102.0, heatmap_metric=metric, open_nodes={1}).heatmap
-    assert kept == whole and len(kept.rows) == 4 + 8 and kept.steps == tuple(range(1, 9))
-
-
-def test_a_device_series_taken_in_sample_by_sample_is_its_last_points() -> None:
-    """A series is extended by the samples new since it was last made (at most once a second),
-    and begun again when the rank's readings change kind (CPU, then a GPU)."""
-    from ddpwatch.dashboard.snapshot import TREND_POINTS
-    from instrumented_ddp.protocol import DeviceSample
-
-    session = Session(None)
-    builder = SnapshotBuilder(session)
-    seq = iter(range(10_000))
-
-    def samples(first: int, count: int, kind: str = "gpu") -> list[bytes]:
-        key = "gpu_util_pct" if kind == "gpu" else "process_cpu_pct"
-        return [encode(DeviceSample(0, float(i), kind, {key: float(i % 97)}), next(seq), 0) for i in range(first, first + count)]
-
-    ingest(session, [encode(hello(0, world_size=1), next(seq), 0), *samples(0, 30, "cpu")])
-    (series,) = builder.build(now=10.0).devices
-    assert series.label == "CPU % (no GPU)" and series.values == tuple(float(i % 97) for i in range(30))
-    ingest(session, samples(30, 200, "cpu"))
-    assert builder.build(now=10.5).devices == (series,)  # within the second: as it was
-    (series,) = builder.build(now=11.0).devices
-    assert series.label == "CPU % (no GPU)" and series.values == tuple(float(i % 97) for i in range(230 - TREND_POINTS, 230))
-    ingest(session, samples(230, 5, "gpu"))
-    (series,) = builder.build(now=12.0).devices
-    assert series.label == "GPU util %" and series.values == tuple(float(i % 97) for i in range(230, 235))
-
-
-def test_a_ranks_table_row_is_kept_until_what_it_shows_changes() -> None:
-    session = Session(None)
-    ingest(session, session_messages(steps=3, goodbye=False))
-    builder = SnapshotBuilder(session)
-    arrived = max(state.last_seen for state in session.ranks.values())
-    first = builder.build(now=arrived + 0.1).ranks
-    again = builder.build(now=arrived + 0.2).ranks
-    assert all(a is b for a, b in zip(first, again))
-    later = builder.build(now=arrived + 10.0).ranks  # silent for 10 s: lost, and the row says so
-    assert [row.status for row in later] == ["lost", "lost"] and later[0] is not first[0]
-
-
 async def test_a_large_job_makes_full_cycle_collections_rarer_and_the_app_restores_them() -> None:
     """Above 64 ranks a full pass over what the session keeps takes ~1 s at 1,024 ranks."""
     before = gc.get_threshold()
@@ -996,31 +634,6 @@ async def test_a_large_job_makes_full_cycle_collections_rarer_and_the_app_restor
         await pilot.pause(0.3)
         assert gc.get_threshold()[2] == LARGE_JOB_FULL_COLLECTION_AFTER
     assert gc.get_threshold() == before
-
-
-async def test_a_large_jobs_ranks_table_has_a_row_per_node_opened_by_enter() -> None:
-    world = 80  # above 64 ranks: a row per node of 8
-    hellos = {rank: replace(hello(rank, world_size=world), node_rank=rank // 8) for rank in range(world)}
-    app = DashboardApp(StaticFeed(session_messages(steps=4, world_size=world, hellos=hellos)), export_on_exit=False)
-    async with app.run_test(size=(160, 50)) as pilot:
-        await pilot.pause(0.5)
-        table = app.ranks_table
-        assert table.row_count == 10 and table.rows[1][0] == "▸ node 1: 8 ranks" and table.rows[1][-3] == "1"
-        table.focus()
-        table.cursor_row = 1
-        await pilot.press("enter")  # opens node 1: its row, then its 8 ranks
-        await pilot.pause(0.3)
-        assert table.row_count == 18 and table.rows[1][0] == "▾ node 1: 8 ranks"
-        assert [cells[0] for cells in table.rows[2:10]] == [str(rank) for rank in range(8, 16)]
-        assert app.open_nodes == {1}  # the heatmap's open nodes too
-        table.cursor_row = 3
-        await pilot.press("enter")  # a rank's row selects the rank
-        await pilot.pause(0.1)
-        assert app.selected_rank == 9
-        table.cursor_row = 1
-        await pilot.press("enter")  # the node's row again closes it
-        await pilot.pause(0.3)
-        assert table.row_count == 10 and app.open_nodes == set()
 
 
 async def test_a_run_ddpwatch_did_not_start_offers_no_switch_and_says_why() -> None:
@@ -1048,108 +661,6 @@ async def test_a_run_ddpwatch_did_not_start_offers_no_switch_and_says_why() -> N
         await pilot.press("s", "5", "plus")
         app.request_switch("bucket", bucket_mb=5.0)
         assert not sent and any(NOT_SWITCHABLE in text for _, text in app.notices)
-
-
-async def test_the_advisor_tab_draws_the_sweep_and_b_switches_to_its_best_cap() -> None:
-    """The advisor tests' run (tests/test_advisor.py) on two NCCL ranks: a cost model of 12 ms +
-    2 ms/MiB from calls of 1 and 3 MiB; caps from 2 MiB up to 3 MiB pair the four 1 MiB gradients
-    (16 ms exposed, the least), so the best is the largest grid cap below 3 MiB: 2^21.5 bytes."""
-    from test_advisor import LAYOUT, MIB, bucket_step
-
-    hellos = [replace(hello(rank, strategy="bucket"), backend="nccl", parameter_layout=LAYOUT, bucket_layout=[[3, 2], [1, 0]],
-                      settings={"grad_accum": 1, "bucket_mb": 2.0}) for rank in (0, 1)]
-    messages = [encode(h, seq=0) for h in hellos]
-    for step in range(1, 7):
-        for rank in (0, 1):
-            report = bucket_step(rank, step)
-            sizes = {"b0": (MIB, 0.014), "b1": (3 * MIB, 0.018)}
-            spans = [s._replace(nbytes=sizes[s.tag][0], end=s.start + sizes[s.tag][1]) if s.kind == "all_reduce" else s
-                     for s in report.spans]
-            shift = step * 0.2
-            report = replace(report, start=report.start + shift, end=report.end + shift, settings={"bucket_mb": 2.0, "grad_accum": 1},
-                             spans=[s._replace(start=s.start + shift, end=s.end + shift) for s in spans])
-            messages.append(encode(report, seq=step))
-    feed = StaticFeed(messages)
-    sent: list[SwitchCommand] = []
-    feed.request_switch = sent.append  # type: ignore[method-assign]
-    app = DashboardApp(feed, export_on_exit=False)
-    async with app.run_test(size=(200, 36)) as pilot:
-        await pilot.pause(0.4)
-        app.side_tabs.active = "advisor-tab"
-        await pilot.pause(0.4)
-        shown = str(app.advisor_panel.render())
-        assert "one exposed" in shown or "latency-bound" in shown, shown
-        assert "best 2.83 MB" in shown and "b: switch to bucket at 2.83 MB" in shown
-        assert "cost model: 12 ms + S /" in shown and "◆" in shown and "★" in shown
-        # on a short terminal the side tabs are a few rows high: the key and the whole plot, axis included, are the rows in view
-        rendered = app.advisor_panel.render()
-        assert isinstance(rendered, Content)
-        rows = [line.plain for line in rendered.wrap(app.advisor_panel.size.width)]
-        in_view = app.query_one("#advisor-scroll").size.height
-        assert 5 <= in_view < len(rows)
-        assert any("b: switch to bucket at 2.83 MB" in row for row in rows[:in_view])
-        assert any(row.lstrip().startswith("1K") for row in rows[:in_view]) and "★" in "".join(rows[:in_view])
-        await pilot.press("b")
-        (command,) = sent
-        assert command.strategy == "bucket" and command.bucket_mb == pytest.approx(2**21.5 / 2**20)
-        # a sweep remade between the frame and the key (its best a point from another cap's) is not what b applies
-        app.builder.advice = lambda now: "remade since the frame"  # type: ignore[method-assign]
-        app.action_apply_advice()  # at once: no frame between
-        assert len(sent) == 2 and sent[1].bucket_mb == pytest.approx(2**21.5 / 2**20)
-
-
-# --- the warnings panel's rows ------------------------------------------------------------------
-
-
-def rows_of(text: str, width: int) -> list[str]:
-    """A wrap a reader can follow: ``width`` characters a row."""
-    return [text[i:i + width] for i in range(0, len(text), width)] or [""]
-
-
-def test_warnings_that_fit_are_shown_whole_each_mark_on_its_first_row() -> None:
-    from ddpwatch.dashboard.widgets.warnings_panel import fitted_rows
-
-    # width 12: the mark and a space take 2, so 10 characters a row; "desync at 3-4" is 13: two rows
-    lines = [("!", "desync at 3-4"), ("i", "a note")]
-    assert fitted_rows(lines, 12, 3, rows_of) == [("!", "desync at "), (" ", "3-4"), ("i", "a note")]
-
-
-def test_warnings_that_do_not_fit_say_how_many_are_left_out() -> None:
-    from ddpwatch.dashboard.widgets.warnings_panel import fitted_rows
-
-    lines = [("!", "desync at 3-4"), ("!", "rank 1 lost"), ("i", "a note")]  # 2 + 2 + 1 rows at width 12
-    # 3 rows: the desync whole (2), then no room for "rank 1 lost" before the last row: 2 left out
-    assert fitted_rows(lines, 12, 3, rows_of) == [("!", "desync at "), (" ", "3-4"),
-                                                  ("+", "2 more not shown: a taller terminal shows them")]
-    # 2 rows: the desync does not fit whole before the last row: its first row cut with "…", 2 left out
-    assert fitted_rows(lines, 12, 2, rows_of) == [("!", "desync at…"), ("+", "2 more not shown: a taller terminal shows them")]
-    # 5 rows: all of them
-    assert len(fitted_rows(lines, 12, 5, rows_of)) == 5
-
-
-async def test_a_short_terminal_shows_the_first_warning_and_how_many_more_there_are() -> None:
-    """At 80 x 24 the panel has two rows: a desync wrapped onto both, and a straggler and two
-    unresolved steps after it were not shown, nor said to be there."""
-    def three_warnings(report: StepReport) -> StepReport:
-        report = desync_at_3_4_and_a_straggler(report)
-        if report.rank == 1 and report.step in (6, 7):
-            return replace(report, unresolved=True, spans=[s for s in report.spans if s.tag not in ("p3", "b1")])
-        return report
-
-    app = DashboardApp(StaticFeed(session_messages(edit=three_warnings)), export_on_exit=False)
-    async with app.run_test(size=(80, 24)) as pilot:
-        await draw_every_message(app, pilot)
-        assert len(app.snapshot.warnings) == 3
-        shown = str(app.warnings_panel.render()).splitlines()
-        assert len(shown) == 2 and app.warnings_panel.region.height == 2
-        assert shown[0].startswith("! DESYNC at steps 3-4 (2 steps)") and shown[0].endswith("…")
-        assert shown[1] == "+ 2 more not shown: a taller terminal shows them"
-        await pilot.resize_terminal(80, 40)  # taller: every one, whole
-        await pilot.pause()
-        app.refresh_frame()
-        await pilot.pause()
-        shown = str(app.warnings_panel.render())
-        assert "more not shown" not in shown and "straggler" in shown and "unresolved" in shown
 
 
 @pytest.mark.parametrize(("size", "all_in_view"), [((160, 50), True), ((80, 24), False)])
@@ -1191,31 +702,3 @@ async def test_the_strategy_picker_refuses_a_cap_no_rank_could_take() -> None:
         assert app.screen is picker  # still open, nothing asked of the ranks
         assert "finite number > 0" in str(picker.query_one("#picker-error", Label).render())
         assert not app.pending_switches
-
-
-def test_the_timeline_axis_leaves_out_a_label_that_would_run_into_the_next() -> None:
-    """At 40 columns the ¾ tick's "|395ms" would end where "526ms|" begins: it was cut to
-    "|395m526ms|"; now it is left out. Wide enough, every label shows, as before."""
-    from ddpwatch.dashboard.widgets.timeline_view import axis_text
-
-    assert axis_text(526.4, 40) == "|0ms      |132ms    |263ms        526ms|"
-    assert axis_text(526.4, 60) == "|0ms           |132ms         |263ms         |395ms   526ms|"
-    assert axis_text(526.4, 4) == "    "
-
-
-async def test_the_loss_and_step_time_grow_into_a_tall_tab() -> None:
-    """Two trends in the side panel of a 160 x 48 screen: each bar is several rows, where it was a
-    one-line strip at the top of an empty tab; the devices of two ranks the same."""
-    app = DashboardApp(StaticFeed(session_messages()), export_on_exit=False)
-    async with app.run_test(size=(160, 48)) as pilot:
-        await draw_every_message(app, pilot)
-        assert app.device_panel.bar_rows > 1
-        await pilot.press("t")
-        await pilot.pause(0.2)
-        app.refresh_frame()
-        await pilot.pause(0.1)
-        panel = app.trends_panel
-        assert panel.bar_rows > 1 and panel.virtual_size.height == 2 * (panel.bar_rows + 2)
-        lines = [panel.render_line(y).text for y in range(panel.bar_rows + 2)]
-        assert lines[0].startswith("loss (mean over ranks)") and lines[-1].strip() == ""
-        assert all(line.strip() for line in lines[1:-1])  # every bar row draws something

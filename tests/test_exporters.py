@@ -18,6 +18,7 @@ import io
 import json
 import threading
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -698,12 +699,9 @@ def test_trace_puts_the_loops_marked_compute_in_the_compute_lane_named_as_the_lo
     assert lanes["loop: ema"] == lanes["forward"] == 1 and lanes["data"] == 4
 
 
-def test_the_loops_marked_compute_is_given_per_segment_with_what_it_was() -> None:
-    """Two steps of 100 ms on two ranks of a loop that averages its weights after each update
-    (``watch.computing("ema")``, 10 ms) and, on rank 1's second step, also runs a teacher in two
-    4 ms blocks (``teacher forward``). A block past the step's end counts only inside it: rank 0's
-    second average runs 5 ms past its end and counts 5. So 10, 5, 10 and 18 ms: a mean of 10.75 ms
-    a step; rank 0's 7.5, rank 1's 14.0. The names each once, in the order first heard."""
+def two_attached_ranks(spans_of: Callable[[int, int, float], list[Span]]) -> Session:
+    """Two ranks of an attached DDP loop, two 100 ms steps each, each step's spans
+    ``spans_of(rank, step, its start)`` on the rank's own clock."""
     session = Session()
     for rank in (0, 1):
         session.ingest(Envelope(Hello(rank=rank, world_size=2, session="sess-1", host=HOSTS[rank], pid=1, device="cpu",
@@ -712,18 +710,30 @@ def test_the_loops_marked_compute_is_given_per_segment_with_what_it_was() -> Non
     for step in (1, 2):
         for rank in (0, 1):
             t0 = CLOCK[rank] + 0.2 * step
-            spans = [Span("loop", t0, t0 + ms(10), tag="ema"), Span("data", t0 + ms(10), t0 + ms(20)),
-                     Span("forward", t0 + ms(20), t0 + ms(40)), Span("backward", t0 + ms(40), t0 + ms(90)),
-                     Span("all_reduce", t0 + ms(80), t0 + ms(95), False, 4_000_000, "b0", "float32")]
-            if (rank, step) == (1, 2):
-                spans += [Span("loop", t0 + ms(12), t0 + ms(16), tag="teacher forward"),
-                          Span("loop", t0 + ms(16), t0 + ms(20), tag="teacher forward")]
-            if (rank, step) == (0, 2):
-                spans[0] = Span("loop", t0 + ms(95), t0 + ms(105), tag="ema")
             session.ingest(Envelope(StepReport(rank=rank, step=step, strategy="ddp", settings={"grad_accum": 1}, start=t0,
-                                               end=t0 + ms(100), spans=spans, samples=4, tokens=0), rank, step, 0),
-                           received_at=0.0)
-    data = exporters.summary(session)
+                                               end=t0 + ms(100), spans=spans_of(rank, step, t0), samples=4, tokens=0),
+                                    rank, step, 0), received_at=0.0)
+    return session
+
+
+def test_the_loops_marked_compute_is_given_per_segment_with_what_it_was() -> None:
+    """Two steps of 100 ms on two ranks of a loop that averages its weights after each update
+    (``watch.computing("ema")``, 10 ms) and, on rank 1's second step, also runs a teacher in two
+    4 ms blocks (``teacher forward``). A block past the step's end counts only inside it: rank 0's
+    second average runs 5 ms past its end and counts 5. So 10, 5, 10 and 18 ms: a mean of 10.75 ms
+    a step; rank 0's 7.5, rank 1's 14.0. The names each once, in the order first heard."""
+    def spans_of(rank: int, step: int, t0: float) -> list[Span]:
+        spans = [Span("loop", t0, t0 + ms(10), tag="ema"), Span("data", t0 + ms(10), t0 + ms(20)),
+                 Span("forward", t0 + ms(20), t0 + ms(40)), Span("backward", t0 + ms(40), t0 + ms(90)),
+                 Span("all_reduce", t0 + ms(80), t0 + ms(95), False, 4_000_000, "b0", "float32")]
+        if (rank, step) == (1, 2):
+            spans += [Span("loop", t0 + ms(12), t0 + ms(16), tag="teacher forward"),
+                      Span("loop", t0 + ms(16), t0 + ms(20), tag="teacher forward")]
+        if (rank, step) == (0, 2):
+            spans[0] = Span("loop", t0 + ms(95), t0 + ms(105), tag="ema")
+        return spans
+
+    data = exporters.summary(two_attached_ranks(spans_of))
     (segment,) = data["segments"]
     assert segment["loop_compute_ms"] == pytest.approx((10 + 10 + 5 + 18) / 4)
     assert [segment["per_rank"][rank]["loop_compute_ms"] for rank in sorted(segment["per_rank"])] == pytest.approx([7.5, 14.0])
@@ -737,22 +747,13 @@ def test_the_loops_own_timed_collectives_are_given_per_segment_with_the_rank_tha
     waits 40 ms in it for rank 1, whose own gather takes 1 ms; DDP's bucket (``b0``) is not the
     loop's. Worked by hand: 1 a step on a rank; (40 + 1) / 2 = 20.5 ms a step, the mean of ranks;
     rank 0's 40 the longest."""
-    session = Session()
-    for rank in (0, 1):
-        session.ingest(Envelope(Hello(rank=rank, world_size=2, session="sess-1", host=HOSTS[rank], pid=1, device="cpu",
-                                      backend="gloo", strategy="ddp", settings={"grad_accum": 1}, model_parameters=10),
-                                rank, 0, 0), received_at=0.0)
-    for step in (1, 2):
-        for rank in (0, 1):
-            t0 = CLOCK[rank] + 0.2 * step
-            gather = (t0, t0 + ms(40)) if rank == 0 else (t0 + ms(39), t0 + ms(40))
-            spans = [Span("data", t0, t0 + ms(40), False), Span("all_gather", *gather, True, 16, "l0", "float32"),
-                     Span("forward", t0 + ms(40), t0 + ms(60), False), Span("backward", t0 + ms(60), t0 + ms(90), False),
-                     Span("all_reduce", t0 + ms(80), t0 + ms(95), False, 4_000_000, "b0", "float32")]
-            session.ingest(Envelope(StepReport(rank=rank, step=step, strategy="ddp", settings={"grad_accum": 1}, start=t0,
-                                               end=t0 + ms(100), spans=spans, samples=4, tokens=0), rank, step, 0),
-                           received_at=0.0)
-    data = exporters.summary(session)
+    def spans_of(rank: int, _step: int, t0: float) -> list[Span]:
+        gather = (t0, t0 + ms(40)) if rank == 0 else (t0 + ms(39), t0 + ms(40))
+        return [Span("data", t0, t0 + ms(40), False), Span("all_gather", *gather, True, 16, "l0", "float32"),
+                Span("forward", t0 + ms(40), t0 + ms(60), False), Span("backward", t0 + ms(60), t0 + ms(90), False),
+                Span("all_reduce", t0 + ms(80), t0 + ms(95), False, 4_000_000, "b0", "float32")]
+
+    data = exporters.summary(two_attached_ranks(spans_of))
     (segment,) = data["segments"]
     assert segment["loop_collectives"] == pytest.approx(1.0) and segment["loop_collective_ms"] == pytest.approx(20.5)
     assert [segment["per_rank"][rank]["loop_collective_ms"] for rank in sorted(segment["per_rank"])] == pytest.approx([40.0, 1.0])

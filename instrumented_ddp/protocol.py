@@ -13,6 +13,7 @@ import functools
 import json
 import math
 import numbers
+import re
 import sys
 from array import array
 from collections.abc import Iterable, Sequence
@@ -48,6 +49,9 @@ COMM_KINDS = ("all_reduce", "broadcast", "reduce_scatter", "all_gather")
 #: backward from these. Not compute, not communication: no figure counts it.
 READY_KIND = "ready"
 SPAN_KINDS = (*COMPUTE_KINDS, *COMM_KINDS, "wait", "data", READY_KIND)
+#: How a newer ddpwatch names a span kind (as this one does: ``all_reduce``), told from garbage: a
+#: report holding one is rejected as ``unknown_type``, as a message of a type this one does not know.
+_SPAN_KIND_NAME = re.compile(r"[a-z][a-z0-9_]{0,31}")
 
 
 class ProtocolError(ValueError):
@@ -649,6 +653,8 @@ def _span(item: Any) -> Span:
         raise ProtocolError("invalid", "a span is a list of 3 to 7 items")
     kind, start, end, *rest = item
     if kind not in SPAN_KINDS:
+        if isinstance(kind, str) and _SPAN_KIND_NAME.fullmatch(kind):  # a newer ddpwatch's kind
+            raise ProtocolError("unknown_type", f"a span of a kind this ddpwatch does not know, {kind!r}")
         raise ProtocolError("invalid", f"unknown span kind {kind!r:.30}")
     if not (_is_number(start) and _is_number(end)) or end < start:
         raise ProtocolError("invalid", f"{kind} span has bad times")

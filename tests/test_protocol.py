@@ -305,6 +305,20 @@ def test_a_message_of_a_type_this_ddpwatch_does_not_know_is_rejected_as_unknown_
     assert _category(_pack(_raw(STEP, type=kind))) == "unknown_type"
 
 
+@pytest.mark.parametrize(("kind", "category"), [("tensor_core", "unknown_type"), ("compute", "unknown_type"),
+                                               ("x" * 32, "unknown_type"), ("x" * 33, "invalid"), ("ALL_REDUCE", "invalid"),
+                                               ("", "invalid"), ("two words", "invalid"), (7, "invalid"), (None, "invalid")])
+def test_a_report_holding_a_span_of_a_kind_this_ddpwatch_does_not_know_is_another_ddpwatchs_or_malformed(
+        kind: Any, category: str) -> None:
+    """A kind named as a newer ddpwatch would name one (this release's ``loop``, read by the one
+    before, which counted the whole report *invalid*) is another ddpwatch's: the warnings say to
+    upgrade here (a misspelt one, ``compute``, cannot be told from it). Anything else in its place
+    is malformed."""
+    raw = _raw(STEP)
+    raw["body"]["spans"] = [[kind, 1.0, 2.0]]
+    assert _category(_pack(raw)) == category
+
+
 @pytest.mark.parametrize("kind", [[], {"a": 1}], ids=["list", "map"])
 def test_unhashable_message_type_is_rejected_as_invalid(kind: Any) -> None:
     assert _category(_pack(_raw(STEP, type=kind))) == "invalid"
@@ -394,11 +408,6 @@ def test_non_finite_times_are_rejected_as_invalid(where: str, bad: float) -> Non
     else:
         data = _with_body(DeviceSample(0, 1.0, "cpu", {}), time=bad)
     assert _category(data) == "invalid"
-
-
-@pytest.mark.parametrize("kind", ["compute", "ALL_REDUCE", "", 3, None])
-def test_unknown_span_kind_is_rejected_as_invalid(kind: Any) -> None:
-    assert _category(_with_body(STEP, spans=[[kind, 1.0, 2.0]])) == "invalid"
 
 
 @pytest.mark.parametrize(

@@ -72,13 +72,15 @@ def reporting_fault_lines(session: Session) -> list[str]:
 def rejected_lines(rejected: Mapping[str, int]) -> list[str]:
     """The messages the receiver rejected, by category (``protocol.ProtocolError``). Two are not
     malformed but another ddpwatch's, and say so: a message of a type this one does not know
-    (a newer ddpwatch's, say its ``evaluation`` messages) and one in another wire version; they
+    (a newer ddpwatch's, say its ``evaluation`` messages) or a report holding a span of a kind
+    it does not know (its ``loop`` spans, say), and one in another wire version; they
     read as *malformed*, as if the network or a sender were broken, where the fix is to run one
     ddpwatch version on the ranks and here."""
     lines = []
     if newer := rejected.get("unknown_type", 0):
-        lines.append(f"{newer} message(s) of a type this ddpwatch does not know, left out: the ranks run a newer "
-                     "ddpwatch than this dashboard (the session file keeps them; upgrade ddpwatch here to see them)")
+        lines.append(f"{newer} message(s) of a type, or holding a span of a kind, this ddpwatch does not know, left out: "
+                     "the ranks run a newer ddpwatch than this dashboard (the session file keeps them; upgrade ddpwatch "
+                     "here to see them)")
     if other := rejected.get("wrong_version", 0):
         lines.append(f"{other} message(s) in another version of ddpwatch's wire format than this dashboard's "
                      f"({PROTOCOL_VERSION}), left out: run the same ddpwatch version on the ranks and here")

@@ -13,13 +13,12 @@ from typing import Any
 
 import pytest
 import torch
-from torch.nn.parallel import DistributedDataParallel
 
 from instrumented_ddp.attachment import AttachError, Attachment
 from instrumented_ddp.intervals import intersect, total_length
 from instrumented_ddp.protocol import Span, StepReport
 from instrumented_ddp.step_figures import step_figures
-from attach_helpers import attached, batch, make_ddp
+from attach_helpers import attached, batch, make_ddp, sharded_classifier
 
 WORK_S = 0.03  # each marked block's sleep
 
@@ -32,7 +31,7 @@ def spans_of(report: StepReport, kind: str) -> list[tuple[float, float]]:
     return [(s.start, s.end) for s in report.spans if s.kind == kind]
 
 
-def distil(ddp: DistributedDataParallel, optimizer: torch.optim.Optimizer, watch: Attachment, steps: int,
+def distil(model: torch.nn.Module, optimizer: torch.optim.Optimizer, watch: Attachment, steps: int,
            mark: bool = True) -> None:
     """A distillation loop with an average of the weights: the teacher's forward before the
     student's, the average after ``step()``; each block marked where ``mark``."""
@@ -43,7 +42,7 @@ def distil(ddp: DistributedDataParallel, optimizer: torch.optim.Optimizer, watch
         optimizer.zero_grad()
         with block("teacher forward"):
             time.sleep(WORK_S)
-        ddp(**batch(step)).loss.backward()
+        model(**batch(step)).loss.backward()
         optimizer.step()
         with block("ema"):
             time.sleep(WORK_S)
@@ -83,6 +82,20 @@ def test_marked_work_before_the_forward_and_after_the_update_is_compute_cut_out_
     assert all(s.kind != "loop" for r in unmarked for s in r.spans)
     window = unmarked[-1].end - unmarked[-1].start
     assert step_figures(unmarked[-1], world_size=1).data_wait_pct / 100 * window >= 2 * WORK_S
+
+
+def test_an_fsdp2_loop_marks_its_own_compute_as_a_ddp_loop_does(one_rank_group: None, sent: list[Any]) -> None:
+    """The same loop over a model sharded with FSDP2: the same ``loop`` spans, cut out of its data."""
+    model, optimizer = sharded_classifier()
+    with attached(model, optimizer) as watch:
+        distil(model, optimizer, watch, steps=3)
+    reports = [m for m in sent if isinstance(m, StepReport)]
+    assert [r.strategy for r in reports] == ["fsdp"] * 3
+    assert [sorted(s.tag for s in r.spans if s.kind == "loop") for r in reports] == [
+        [], ["ema", "teacher forward"], ["ema", "teacher forward"]]
+    for report in reports[1:]:
+        marked = [(s.start, s.end) for s in report.spans if s.kind == "loop"]
+        assert intersect(spans_of(report, "data"), marked) == []
 
 
 def test_a_teachers_forward_between_the_students_forward_and_backward_is_compute_not_idle(

@@ -264,6 +264,33 @@ def test_accumulating_without_no_sync_is_a_note_and_a_finding_of_its_segment(one
         assert found["steps"] == [2, 3] and found["early_all_reduces"] == 3 * buckets
 
 
+def test_accumulating_with_nanogpts_flag_instead_of_no_sync_reads_as_no_sync(one_rank_group: None, sent: list[Any]) -> None:
+    """nanoGPT does not enter ``no_sync``: it sets ``require_backward_grad_sync`` itself, true only
+    for the last micro-step. Each step then reduces once, DDP's buckets after the last backward,
+    with one wait, its four micro-steps counted, and nothing is said of early reductions."""
+    ddp, optimizer = make_ddp()
+    with attached(ddp, optimizer):
+        for step in range(3):
+            for micro in range(4):
+                ddp.require_backward_grad_sync = micro == 3
+                (ddp(**batch(4 * step + micro)).loss / 4).backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+    buckets = len(ddp._get_ddp_logging_data()["rebuilt_bucket_sizes"].split(","))
+    reports = [m for m in sent if isinstance(m, StepReport)]
+    assert [r.settings["grad_accum"] for r in reports] == [4, 4, 4]
+    for report in reports[1:]:
+        kinds = [s.kind for s in report.spans]
+        assert kinds.count("all_reduce") == buckets and kinds.count("wait") == 1 and kinds.count("backward") == 4
+        (wait,) = [s for s in report.spans if s.kind == "wait"]
+        last_backward = max((s for s in report.spans if s.kind == "backward"), key=lambda s: s.end)
+        assert last_backward.start <= wait.start and wait.end <= last_backward.end  # the last micro-step's
+    session = Session()
+    for sequence, message in enumerate(m for m in sent if isinstance(m, (Hello, StepReport, Goodbye))):
+        assert session.ingest(Envelope(message, 0, sequence, 0), received_at=0.0) is None
+    assert not session.early_reductions
+
+
 def test_a_forward_no_backward_follows_is_not_a_micro_step_nor_part_of_the_batch_or_loss(
         one_rank_group: None, sent: list[Any]) -> None:
     """An evaluation run with gradients enabled (no ``torch.no_grad()``) between steps: its forward

@@ -68,10 +68,12 @@ def test_marked_work_before_the_forward_and_after_the_update_is_compute_cut_out_
         assert ema.duration >= WORK_S and teacher.duration >= WORK_S
         data = spans_of(report, "data")
         assert data and intersect(data, [(ema.start, ema.end), (teacher.start, teacher.end)]) == []
-        assert total_length(data) < WORK_S  # the gap, less what was marked in it
+        # the gap before the forward, less what was marked in it, and Data wait% that and no more
+        gap_from = min(start for start, _ in data)  # where the update before returned
+        assert total_length(data) == pytest.approx(forward.start - gap_from - ema.duration - teacher.duration)
         figures = step_figures(report, world_size=1)
         window = report.end - report.start
-        assert figures.data_wait_pct / 100 * window < WORK_S
+        assert figures.data_wait_pct == pytest.approx(100 * total_length(data) / window)
         assert figures.compute_pct / 100 * window >= 2 * WORK_S
 
     sent.clear()

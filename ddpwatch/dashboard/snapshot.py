@@ -18,9 +18,9 @@ from typing import Any
 from ddpwatch import metrics
 from ddpwatch.advisor import Advice, advice_for_session, keep_shown_best
 from ddpwatch.data_wait import data_wait_text
-from ddpwatch.loop_compute import loop_compute_text
 from ddpwatch.evaluations import MetricSeries
 from ddpwatch.heatmap import Heatmap, RowLayout, assemble_heatmap, heat_column, row_layout
+from ddpwatch.loop_compute import loop_compute_text
 from ddpwatch.rank_rows import RankRow, rows_by_node
 from ddpwatch.session import Segment, Session
 from instrumented_ddp.protocol import StepReport

@@ -107,6 +107,7 @@ from .protocol import (
     load_client_keys,
     metrics_problem,
 )
+from .timeline import StepTimeline
 from .watch import Watch, goodbye_reason, parameter_layout
 
 if TYPE_CHECKING:
@@ -240,7 +241,9 @@ class Attachment:
             "model_parameters": sum(p.numel() for p in module.parameters()),
             "parameter_layout": parameter_layout(module), "all_reduce_group": meets, "total_steps": total_steps,
         }, keys=keys, switchable=False)
-        self.timeline = self.watch.timeline
+        timeline = self.watch.timeline
+        assert isinstance(timeline, StepTimeline)  # ``Watch.start`` times every run it starts: narrowed for the type checker
+        self.timeline: StepTimeline = timeline
         kept: DDPTiming | FSDPTiming | None = getattr(model, "_ddpwatch_timing", None)
         if kept is not None:  # attached before and detached: DDP keeps the hook it was given, FSDP its comms
             kept.resume(self.timeline)

@@ -50,13 +50,15 @@ class TimelineView(Widget):
         self._marked = False  # a drawn rank has the loop's marked compute: the legend names it
 
     def show(self, data: TimelineData | None, selected_rank: int | None = None) -> None:
-        changed = data is not self.data or selected_rank != self.selected_rank
+        new_data = data is not self.data
+        changed = new_data or selected_rank != self.selected_rank
         rows_changed = (data is None) != (self.data is None) or (data and self.data and (
             (len(data.ranks), bool(data.roles)) != (len(self.data.ranks), bool(self.data.roles))))
         self.data, self.selected_rank = data, selected_rank
-        marked = data is not None and any(bar.kind == "loop" for rank in data.ranks for bar in rank.compute)
-        rows_changed = rows_changed or marked != self._marked
-        self._marked = marked
+        if new_data:  # a frame shows the same step's lanes again and again: look at their bars once
+            marked = data is not None and any(bar.kind == "loop" for rank in data.ranks for bar in rank.compute)
+            rows_changed = rows_changed or marked != self._marked
+            self._marked = marked
         if rows_changed:
             self.refresh(layout=True)
         elif changed:

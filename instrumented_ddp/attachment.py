@@ -79,7 +79,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import torch
 import torch.distributed as dist
@@ -99,6 +99,7 @@ from .memory import MemorySampler
 from .protocol import (
     COMM_KINDS,
     DEFAULT_ADDRESS,
+    DETACHED,
     LOOP_COMPUTE_KIND,
     MAX_PAUSED_FOR,
     NOT_SWITCHABLE,
@@ -118,6 +119,35 @@ __all__ = ["NOT_SWITCHABLE", "AttachError", "Attachment", "attach"]
 
 class AttachError(RuntimeError):
     """A misuse of ``attach``, said in one line that names the fix; nothing was changed."""
+
+
+_Hook = TypeVar("_Hook", bound=Callable[..., Any])
+
+
+def never_raises_into_the_loop(detaches_here: bool) -> Callable[[_Hook], _Hook]:
+    """A hook of the loop's model, its optimizers or its backward, which must never make the
+    loop raise (nor raise again at every step after): where ddpwatch's own code raises in it,
+    the rank stops being watched, said in one line, and training goes on unwatched. The hooks
+    are removed at once where ``detaches_here`` (a forward's: torch copies its hooks before it
+    calls them), else at the next forward or the exit, whichever comes first, since an
+    optimizer's hooks are called from a loop over the very dict removing them would change;
+    until then each is a no-op."""
+
+    def guard(hook: _Hook) -> _Hook:
+        @functools.wraps(hook)
+        def guarded(self: Attachment, *args: Any, **kwargs: Any) -> Any:
+            if self.broken is None:
+                try:
+                    return hook(self, *args, **kwargs)
+                except Exception as error:
+                    self.stop_watching_after(error, hook.__name__)
+            if detaches_here:
+                self.detach(self.broken_reason())
+            return None
+
+        return cast(_Hook, guarded)
+
+    return guard
 
 
 #: The address each live attachment of this process sends to: a dashboard watches one run, and
@@ -285,6 +315,8 @@ class Attachment:
         #: an optimizer's return with others still to step (where none of them does). The next
         #: step's, where it did end there.
         self._loop_spans_since_possible_end: list[Any] = []
+        #: What ddpwatch's own code raised in a hook, where it did: watching stops (``never_raises_into_the_loop``).
+        self.broken: Exception | None = None
         self._handles = [
             # before FSDP's own pre-forward hook, whose all-gather is then inside the forward
             model.register_forward_pre_hook(torch.compiler.disable(self._before_forward), with_kwargs=True, prepend=True),
@@ -342,9 +374,23 @@ class Attachment:
     def _detach_at_exit(self) -> None:
         """The end of the process detaches what the script did not: finished, failed with what
         it raised, or interrupted by the signal that stopped it (a ``SystemExit``, which never
-        reaches ``sys.excepthook``)."""
+        reaches ``sys.excepthook``); where watching had stopped on an error of ddpwatch's own,
+        detached with it."""
         ended_by = self._uncaught or stop_signals.received
-        self.detach("finished" if ended_by is None else goodbye_reason(ended_by))
+        self.detach(goodbye_reason(ended_by) if ended_by is not None else self.broken_reason() if self.broken else "finished")
+
+    def stop_watching_after(self, error: Exception, where: str) -> None:
+        """ddpwatch's own code raised ``error`` in the hook ``where``: every hook is a no-op from
+        now on (``never_raises_into_the_loop`` removes them), said in one line on this rank."""
+        self.broken = error
+        print(f"instrumented_ddp.attach: rank {dist.get_rank()}: ddpwatch raised {self.broken_reason().removeprefix(DETACHED)} "
+              f"in {where}: this rank is no longer watched and trains on unwatched (a fault of ddpwatch's: please report "
+              "it with this line)", file=sys.stderr, flush=True)
+
+    def broken_reason(self) -> str:
+        """The goodbye of a rank whose watching stopped on ``broken``: *detached: OverflowError: …*."""
+        first_line = next(iter(str(self.broken).splitlines()), "")
+        return f"{DETACHED}{type(self.broken).__name__}" + (f": {first_line[:200]}" if first_line else "")
 
     def held_parameters(self) -> list[torch.Tensor]:
         """The parameters this rank holds (``memory.held_memory``; with ``optimizers``): the
@@ -636,6 +682,7 @@ class Attachment:
         if self._step_may_have_ended:
             self._loop_spans_since_possible_end.append(span)
 
+    @never_raises_into_the_loop(detaches_here=True)
     def _before_forward(self, _module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if not torch.is_grad_enabled():  # not training: counted where it will read as data loading, else not seen
             if not self.watch.pausing and (not self.timeline.in_step or self._data_from is not None
@@ -660,6 +707,7 @@ class Attachment:
         self._inputs = batch_size_and_tokens(args, kwargs)
         self._forward_from = now
 
+    @never_raises_into_the_loop(detaches_here=True)
     def _after_forward(self, _module: nn.Module, _args: tuple[Any, ...], _kwargs: dict[str, Any], output: Any) -> None:
         if self._stepped_inside_forward:
             self._stop_watching_a_loop_that_steps_inside_its_forward()
@@ -679,6 +727,7 @@ class Attachment:
         for tensor in output_tensors(output):
             tensor.register_hook(functools.partial(self._gradient_reached_output, forward))
 
+    @never_raises_into_the_loop(detaches_here=False)
     def _gradient_reached_output(self, forward: TrainingForward, _gradient: torch.Tensor) -> None:
         """A gradient reached ``forward``'s output: it trains. The first of this backward: backward
         has begun. The callback queued here runs when the engine ends the backward, before DDP's
@@ -693,6 +742,7 @@ class Attachment:
         engine = torch.autograd.Variable._execution_engine
         engine.queue_callback(lambda: engine.queue_callback(self._backward_ended))
 
+    @never_raises_into_the_loop(detaches_here=False)
     def _backward_ended(self) -> None:
         if self._backward_from is None or not self.timeline.in_step:
             return
@@ -704,6 +754,7 @@ class Attachment:
         self._collectives.gap_begins()  # until the next forward, or the update
         self._reduced_gradient_of = next((p for p in self._trainable if p.grad is not None), None) if reduced else None
 
+    @never_raises_into_the_loop(detaches_here=False)
     def _any_optimizer_stepped(self, optimizer: torch.optim.Optimizer, _args: Any, _kwargs: Any) -> None:
         """Any optimizer of the process returned from ``step()`` (torch's global hook). One that
         was not attached, stepping some of this model's parameters after the update ended (a loop
@@ -736,8 +787,9 @@ class Attachment:
                   "inside it, as PyTorch Lightning's manual optimization runs training_step inside DDP's forward), where "
                   "ddpwatch cannot tell forward, backward and update apart: detached, training goes on unwatched",
                   file=sys.stderr, flush=True)
-        self.detach()
+        self.detach(f"{DETACHED}the optimizer stepped inside the model's forward")
 
+    @never_raises_into_the_loop(detaches_here=False)
     def _before_optimizer_step(self, _optimizer: Any, _args: Any, _kwargs: Any) -> None:
         if self._forward_from is not None:  # inside the model's forward: ``_stop_watching_a_loop_that_steps_inside_its_forward``
             self._stepped_inside_forward = True
@@ -751,6 +803,7 @@ class Attachment:
         self._loop_spans_since_possible_end = []
         self._collectives.gap_cancelled()
 
+    @never_raises_into_the_loop(detaches_here=False)
     def _after_optimizer_step(self, optimizer: Any, _args: Any, _kwargs: Any) -> None:
         """The update ran from the step's last backward, or, where a backward ended inside
         ``step()``, from that one's end: the step's forward and backward ran in a closure

@@ -18,8 +18,11 @@ __all__ = ["batch_size_and_tokens", "describe", "loss_of", "mean_loss", "output_
 def batch_size_and_tokens(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, Any]:
     """Samples and tokens of one forward's inputs, read from shapes (no device sync): samples are
     the leading size of the first tensor (``input_ids`` first); tokens are the attention mask's
-    sum where there is one (a device tensor, read when the step resolves), else the positions
-    of an integer ``input_ids``, else 0. A batch passed whole is looked into, one level: a dict
+    positions it keeps where there is one of one or two dimensions (its ones counted, not summed:
+    an fp16 mask of more than 65,504 ones summed to inf; a device tensor, read when the step
+    resolves), else the positions of an integer ``input_ids``, else 0: a mask of four dimensions
+    (the additive ``(batch, 1, query, key)`` masks a Hugging Face model also takes, 0 where a
+    position is kept, the dtype's least where not) says nothing of tokens by its sum. A batch passed whole is looked into, one level: a dict
     (``model(batch)``) by its names, a list or tuple (PyTorch Lightning's ``(batch, batch_idx)``,
     its batch ``[x, y]``) by position."""
     named, positional = dict(kwargs), []
@@ -35,8 +38,8 @@ def batch_size_and_tokens(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tupl
     tensors = [t for t in tensors_in([named.get("input_ids"), *positional, *named.values()]) if t.dim() > 0]
     samples = int(tensors[0].shape[0]) if tensors else 0
     mask = named.get("attention_mask")
-    if isinstance(mask, torch.Tensor):
-        return samples, mask.sum()
+    if isinstance(mask, torch.Tensor) and mask.dim() <= 2:
+        return samples, torch.count_nonzero(mask)
     ids = named.get("input_ids", positional[0] if positional else None)
     if isinstance(ids, torch.Tensor) and not ids.is_floating_point():
         return samples, ids.numel()

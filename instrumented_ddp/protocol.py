@@ -337,6 +337,9 @@ class Evaluation:
 
 FAILED = "failed: "  # a goodbye's reason when the rank's training raised: "failed: RuntimeError: ..."
 INTERRUPTED = "interrupted: "  # when a signal stopped it: "interrupted: SIGTERM" (``stop_signals``)
+#: When watching stopped while the rank trains on, unwatched: "detached: the optimizer stepped
+#: inside the model's forward" (``attach`` on a loop it cannot read, or its own code raising).
+DETACHED = "detached: "
 
 
 def failure_of(reason: str) -> str | None:
@@ -348,6 +351,12 @@ def interruption_of(reason: str) -> str | None:
     """The signal a goodbye's ``reason`` says stopped the rank from outside, or None where none
     did. A dashboard older than this reads such a goodbye as *finished*."""
     return reason.removeprefix(INTERRUPTED) if reason.startswith(INTERRUPTED) else None
+
+
+def detachment_of(reason: str) -> str | None:
+    """Why a goodbye's ``reason`` says ddpwatch stopped watching a rank that trains on, or None
+    where it does not. A dashboard older than this reads such a goodbye as *finished*."""
+    return reason.removeprefix(DETACHED) if reason.startswith(DETACHED) else None
 
 
 Message = (Hello | StepReport | StepSummary | Heartbeat | DeviceSample | SwitchCommand | SpanRequest | Ack | Goodbye

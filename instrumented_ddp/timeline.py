@@ -563,19 +563,46 @@ class StepTimeline:
 
     def completed_reports(self) -> list[StepReport]:
         """Reports of finished steps whose every mark has resolved, oldest first; a step that
-        can no longer resolve goes out marked ``unresolved`` instead of holding the rest."""
+        can no longer resolve goes out marked ``unresolved`` instead of holding the rest. One
+        that cannot be read at all (a figure that raises when it is read) goes out with nothing
+        but its window, unresolved and saying why, or where not even that can be read is left
+        out and counted (``unresolved_steps``): this runs inside the loop's ``optimizer.step()``,
+        which telemetry must never make raise, and a step left at the head of the queue would
+        raise again at every step after it."""
         ready: list[StepReport] = []
         self.clock.poll()
         with self._lock:
             while self._pending:
                 overdue = len(self._pending) > self.unresolved_after_steps
-                report = self._resolve(self._pending[0], overdue)
+                try:
+                    report = self._resolve(self._pending[0], overdue)
+                except Exception as error:
+                    report = self._unreadable(self._pending[0], error)
+                    if report is None:
+                        self._pending.popleft()
+                        self.unresolved_steps += 1
+                        continue
                 if report is None:
                     break
                 ready.append(report)
                 self._pending.popleft()
                 self.unresolved_steps += report.unresolved
         return ready
+
+    def _unreadable(self, step: _PendingStep, error: Exception) -> StepReport | None:
+        """The report of a step that raised as it was read: its window alone, unresolved, and
+        what raised; None where its window cannot be read either."""
+        try:
+            start, end = self.clock.host_time(step.start), self.clock.host_time(step.end)
+        except Exception:
+            return None
+        if start is None or end is None:
+            return None
+        first_line = next(iter(str(error).splitlines()), "")
+        reason = f"could not be read: {type(error).__name__}: {first_line}"[:200]
+        return StepReport(rank=self.rank, step=step.step, strategy=step.strategy, settings=step.settings, start=start,
+                          end=max(end, start), spans=[], samples=step.samples, tokens=0, excluded=step.excluded, unresolved=True,
+                          unresolved_reason=reason)
 
     def _resolve(self, step: _PendingStep, overdue: bool) -> StepReport | None:
         """The step's report, or None while a mark may still resolve. A mark that failed, or any

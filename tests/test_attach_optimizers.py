@@ -350,4 +350,5 @@ def test_a_loop_that_steps_inside_the_models_forward_is_told_it_cannot_be_watche
         "cannot tell forward, backward and update apart: detached, training goes on unwatched\n")
     assert not watch._handles and not ddp._forward_hooks and not ddp.module.optimizer._optimizer_step_pre_hooks
     assert [m for m in sent if isinstance(m, StepReport)] == []
-    assert [(m.steps, m.reason) for m in sent if isinstance(m, Goodbye)] == [(0, "finished")]
+    assert [(m.steps, m.reason) for m in sent if isinstance(m, Goodbye)] == [
+        (0, "detached: the optimizer stepped inside the model's forward")]

@@ -13,15 +13,26 @@ from instrumented_ddp.forward_values import batch_size_and_tokens, describe, los
 
 
 @pytest.mark.parametrize(("args", "kwargs", "expected"), [
-    ((), {"input_ids": torch.zeros(4, 7, dtype=torch.long), "attention_mask": torch.ones(4, 7)}, (4, 28.0)),
+    ((), {"input_ids": torch.zeros(4, 7, dtype=torch.long), "attention_mask": torch.ones(4, 7)}, (4, 28)),
     ((torch.zeros(3, 5, dtype=torch.long),), {}, (3, 15)),  # token ids with no mask: every position
     ((torch.zeros(8, 10),), {}, (8, 0)),  # features, not tokens
     ((), {"labels": torch.zeros(2)}, (2, 0)),
     ((), {}, (0, 0)),
     # a batch passed whole: Lightning's (batch, batch_idx), a dict handed to model(batch)
     (([torch.zeros(16, 256), torch.zeros(16, dtype=torch.long)], 3), {}, (16, 0)),
-    (({"input_ids": torch.zeros(2, 9, dtype=torch.long), "attention_mask": torch.ones(2, 9)},), {}, (2, 18.0)),
+    (({"input_ids": torch.zeros(2, 9, dtype=torch.long), "attention_mask": torch.ones(2, 9)},), {}, (2, 18)),
     (({"input_ids": torch.zeros(5, 4, dtype=torch.long)},), {}, (5, 20)),
+    # the mask's kept positions are counted, not summed: 3 of 4 and 1 of 4 kept, 4 in all
+    ((), {"input_ids": torch.zeros(2, 4, dtype=torch.long),
+          "attention_mask": torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0]])}, (2, 4)),
+    # an fp16 mask of 65,536 ones: summed in fp16 it is inf (65,504 is fp16's largest), counted 65,536
+    ((), {"input_ids": torch.zeros(64, 1024, dtype=torch.long),
+          "attention_mask": torch.ones(64, 1024, dtype=torch.half)}, (64, 65536)),
+    # an additive mask of four dimensions (0 kept, the dtype's least not) says nothing of tokens by
+    # its sum (-inf here): the ids' positions, 2 x 16
+    ((), {"input_ids": torch.zeros(2, 16, dtype=torch.long),
+          "attention_mask": torch.zeros(2, 1, 16, 16).index_fill_(3, torch.arange(12, 16), torch.finfo(torch.float).min)},
+     (2, 32)),
 ])
 def test_samples_and_tokens_come_from_the_forwards_inputs(args: tuple[Any, ...], kwargs: dict[str, Any],
                                                          expected: tuple[int, float]) -> None:

@@ -370,6 +370,26 @@ def test_reports_come_out_oldest_first_and_a_held_step_holds_the_later_ones(host
     assert timeline.completed_reports() == []
 
 
+def test_a_step_whose_figures_raise_as_they_are_read_goes_out_unresolved_and_holds_none_after_it(
+        host_time: FakeHostTime) -> None:
+    """Reading runs inside the loop's ``optimizer.step()``: a figure that raises there (tokens of
+    inf, ``int()`` of it an OverflowError) raised into the loop at that step and at every one after,
+    the step held at the head of the queue."""
+    timeline = StepTimeline(rank=0, clock=HostClock())
+    for step, tokens in ((1, 8), (2, torch.tensor(float("inf"))), (3, 8)):
+        host_time.now = float(step)
+        timeline.begin_step(step, "ddp", {})
+        with timeline.phase("forward"):
+            host_time.now = step + 0.25
+        host_time.now = step + 0.5
+        timeline.end_step(samples=2, tokens=tokens)
+    reports = timeline.completed_reports()
+    assert [(r.step, r.unresolved, r.tokens) for r in reports] == [(1, False, 8), (2, True, 0), (3, False, 8)]
+    assert (reports[1].start, reports[1].end, reports[1].spans, reports[1].samples) == (2.0, 2.5, [], 2)
+    assert reports[1].unresolved_reason == "could not be read: OverflowError: cannot convert float infinity to integer"
+    assert timeline.unresolved_steps == 1 and not timeline.has_pending()
+
+
 def test_end_step_without_begin_step_reports_nothing(host_time: FakeHostTime) -> None:
     timeline = StepTimeline(rank=0, clock=HostClock())
     timeline.end_step(samples=1, tokens=1)

@@ -1,0 +1,41 @@
+"""A loop ``attach`` watches never raises because of ddpwatch: where ddpwatch's own code raises in
+one of its hooks, the rank stops being watched, says so in one line and in its goodbye, and the
+loop trains on exactly as it would have unwatched."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from attach_helpers import attach_for_test, make_ddp, train
+from instrumented_ddp.protocol import Goodbye, StepReport
+
+
+def test_ddpwatch_raising_in_the_optimizers_hook_stops_watching_and_the_loop_trains_on_unchanged(
+        one_rank_group: None, sent: list[Any], capsys: pytest.CaptureFixture[str]) -> None:
+    """The step's end raising (at step 2, inside the loop's ``optimizer.step()``): before, the
+    loop raised there, and at every step after it."""
+    ddp, optimizer = make_ddp()
+    watch = attach_for_test(ddp, optimizer)
+    original = watch.timeline.end_step
+
+    def end_step(*args: Any, **kwargs: Any) -> None:
+        if watch._steps == 2:
+            raise RuntimeError("a fault of ddpwatch's")
+        original(*args, **kwargs)
+
+    watch.timeline.end_step = end_step  # type: ignore[method-assign]
+    train(ddp, optimizer, steps=4)
+    assert capsys.readouterr().err == (
+        "instrumented_ddp.attach: rank 0: ddpwatch raised RuntimeError: a fault of ddpwatch's in _after_optimizer_step: "
+        "this rank is no longer watched and trains on unwatched (a fault of ddpwatch's: please report it with this line)\n")
+    assert not watch._handles and not ddp._forward_pre_hooks and not optimizer._optimizer_step_post_hooks  # at step 3's forward
+    assert [m.step for m in sent if isinstance(m, StepReport)] == [1]
+    assert [(m.steps, m.reason) for m in sent if isinstance(m, Goodbye)] == [
+        (1, "detached: RuntimeError: a fault of ddpwatch's")]
+
+    unwatched, unwatched_optimizer = make_ddp()
+    train(unwatched, unwatched_optimizer, steps=4)
+    assert all(torch.equal(a, b) for a, b in zip(ddp.parameters(), unwatched.parameters(), strict=True))

@@ -445,8 +445,10 @@ class Attachment:
         if not isinstance(what, str) or not what.strip():
             raise AttachError(f"paused: expected what the loop pauses for, in words (\"evaluate\"), got {describe(what)}")
         self.pause_begins(what.strip())
-        yield
-        self.pause_ends(what.strip())
+        try:
+            yield
+        finally:  # a checkpoint that failed to write, the error caught by the loop, paused it all the same
+            self.pause_ends(what.strip())
 
     @contextmanager
     def computing(self, what: str) -> Iterator[None]:
@@ -470,9 +472,11 @@ class Attachment:
         if not isinstance(what, str) or not what.strip():
             raise AttachError(f"computing: expected what the loop computes, in words (\"ema\"), got {describe(what)}")
         start = self._loop_compute_begins()
-        yield
-        if start is not None:
-            self._loop_compute_ends(start, what.strip()[:MAX_PAUSED_FOR])
+        try:
+            yield
+        finally:  # what it computed before raising, the error caught by the loop, was computed all the same
+            if start is not None:
+                self._loop_compute_ends(start, what.strip()[:MAX_PAUSED_FOR])
 
     def _loop_compute_begins(self) -> Any:
         """Where a block the loop marked with ``computing`` begins: a stamp where it is the

@@ -1,6 +1,7 @@
 """A loop ``attach`` watches never raises because of ddpwatch: where ddpwatch's own code raises in
 one of its hooks, the rank stops being watched, says so in one line and in its goodbye, and the
-loop trains on exactly as it would have unwatched."""
+loop trains on exactly as it would have unwatched. And the loop's own errors, caught by the loop,
+leave the watching as it was: a marked block that raised was what it was marked as."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from typing import Any
 import pytest
 import torch
 
-from attach_helpers import attach_for_test, make_ddp, train
-from instrumented_ddp.protocol import Goodbye, StepReport
+from attach_helpers import attach_for_test, attached, make_ddp, train
+from instrumented_ddp.protocol import LOOP_COMPUTE_KIND, Goodbye, StepReport
 
 
 def test_ddpwatch_raising_in_the_optimizers_hook_stops_watching_and_the_loop_trains_on_unchanged(
@@ -39,3 +40,24 @@ def test_ddpwatch_raising_in_the_optimizers_hook_stops_watching_and_the_loop_tra
     unwatched, unwatched_optimizer = make_ddp()
     train(unwatched, unwatched_optimizer, steps=4)
     assert all(torch.equal(a, b) for a, b in zip(ddp.parameters(), unwatched.parameters(), strict=True))
+
+
+def test_a_pause_and_a_marked_compute_block_that_raise_into_the_loop_are_still_a_pause_and_compute(
+        one_rank_group: None, sent: list[Any]) -> None:
+    """A checkpoint that failed to write, the loop catching the error: the pause did not end,
+    the heartbeats went on saying *save*, and its time read as the next step's data loading."""
+    ddp, optimizer = make_ddp()
+    with attached(ddp, optimizer) as watch:
+        train(ddp, optimizer, steps=1)
+        with pytest.raises(OSError, match="disk full"):
+            with watch.paused("save"):
+                raise OSError("disk full")
+        assert watch.watch.pausing == ""
+        train(ddp, optimizer, steps=1)
+        with pytest.raises(ValueError, match="nan in the average"):
+            with watch.computing("ema"):
+                raise ValueError("nan in the average")
+        train(ddp, optimizer, steps=1)
+    reports = {m.step: m for m in sent if isinstance(m, StepReport)}
+    assert (reports[2].paused_for, reports[3].paused_for) == ("save", "")
+    assert [span.tag for span in reports[3].spans if span.kind == LOOP_COMPUTE_KIND] == ["ema"]

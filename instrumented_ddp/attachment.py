@@ -777,6 +777,18 @@ class Attachment:
                   f"and its state is not counted: pass attach a list of every optimizer the loop steps (the {names}) "
                   "to time each one's step as the update", file=sys.stderr, flush=True)
 
+    def _forward_is_running(self) -> bool:
+        """Whether the model's forward is on this thread's stack (a frame of ``Module._call_impl``
+        called on it), where a forward began and did not return: the loop steps inside it, or it
+        raised and the loop went on (a batch that ran out of memory, skipped), which reads the
+        same from the hooks. Looked at only there: walking the stack costs microseconds."""
+        frame = sys._getframe(1)
+        while frame is not None:
+            if frame.f_code.co_name == "_call_impl" and frame.f_locals.get("self") is self.model:
+                return True
+            frame = frame.f_back
+        return False
+
     def _stop_watching_a_loop_that_steps_inside_its_forward(self) -> None:
         """The optimizer stepped inside the model's forward: the loop runs its whole training
         step, backward and update included, inside the model's ``forward`` (PyTorch Lightning's
@@ -795,9 +807,11 @@ class Attachment:
 
     @never_raises_into_the_loop(detaches_here=False)
     def _before_optimizer_step(self, _optimizer: Any, _args: Any, _kwargs: Any) -> None:
-        if self._forward_from is not None:  # inside the model's forward: ``_stop_watching_a_loop_that_steps_inside_its_forward``
-            self._stepped_inside_forward = True
-            return
+        if self._forward_from is not None:
+            if self._forward_is_running():  # ``_stop_watching_a_loop_that_steps_inside_its_forward``
+                self._stepped_inside_forward = True
+                return
+            self._forward_from = None  # a forward that raised (and the loop went on) never ran its post-hook
         if not self._stepped_in_update:  # the update's first optimizer: the phase begins
             self._optimizer_from = None
             if self.timeline.in_step:

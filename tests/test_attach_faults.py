@@ -61,3 +61,37 @@ def test_a_pause_and_a_marked_compute_block_that_raise_into_the_loop_are_still_a
     reports = {m.step: m for m in sent if isinstance(m, StepReport)}
     assert (reports[2].paused_for, reports[3].paused_for) == ("save", "")
     assert [span.tag for span in reports[3].spans if span.kind == LOOP_COMPUTE_KIND] == ["ema"]
+
+
+class FailsOnThreeSamples(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(8, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] == 3:
+            raise ValueError("a bad batch")
+        return self.layer(x).mean()
+
+
+def test_a_forward_that_raised_and_was_skipped_leaves_the_next_update_a_step_not_one_inside_a_forward(
+        one_rank_group: None, sent: list[Any], capsys: pytest.CaptureFixture[str]) -> None:
+    """A forward that raises never runs its post-hook: the update after it read as one inside the
+    model's forward (PyTorch Lightning's manual optimization), and the next forward detached,
+    saying so."""
+    torch.manual_seed(0)
+    ddp = torch.nn.parallel.DistributedDataParallel(FailsOnThreeSamples())
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    with attached(ddp, optimizer) as watch:
+        for step in range(4):
+            optimizer.zero_grad()
+            for micro in range(2):
+                try:
+                    ddp(torch.randn(3 if (step, micro) == (1, 1) else 4, 8)).backward()
+                except ValueError:
+                    pass  # skipped, as a loop skips a batch that ran out of memory
+            optimizer.step()
+        assert watch._handles
+    assert capsys.readouterr().err == ""
+    reports = [m for m in sent if isinstance(m, StepReport)]
+    assert [(r.step, r.settings["grad_accum"], r.samples) for r in reports] == [(1, 2, 8), (2, 1, 4), (3, 2, 8), (4, 2, 8)]

@@ -283,7 +283,8 @@ class Attachment:
             self.timing.install()
             model._ddpwatch_timing = self.timing
         self._steps = 0
-        self._micro_steps = 0  # backwards in this step
+        self._micro_steps = 0  # backwards in this step that reached a forward none before them did
+        self._backward_is_a_micro_step = False  # the backward running now reached such a forward
         self._forwards: list[TrainingForward] = []  # this step's, with what each returned (``loss_of``)
         self._inputs: tuple[int, Any] = (0, 0)  # samples and tokens of the forward running now
         self._recorded_losses: list[torch.Tensor] = []  # what the loop handed over (``record_loss``)
@@ -736,23 +737,34 @@ class Attachment:
         """A gradient reached ``forward``'s output: it trains. The first of this backward: backward
         has begun. The callback queued here runs when the engine ends the backward, before DDP's
         own (queued later, when the last bucket is launched), so it queues the one that stamps
-        the end after DDP's."""
+        the end after DDP's.
+
+        Every backward that reaches a forward's output is timed, and one is a micro-step where it
+        reaches a forward no backward of the step reached before: a gradient penalty's
+        ``torch.autograd.grad`` of the output and then the loss's ``backward()`` (WGAN-GP, R1) are
+        two backwards of one micro-step, as are two losses' backwards through one forward
+        (``retain_graph=True``); two forwards and one backward of their joint loss, one. Before,
+        the penalty's took the step's one backward and the loss's went untimed, read as the update."""
+        first_to_reach_it = not forward.reached_by_backward
         forward.reached_by_backward = True
-        if self._backward_from is not None:
-            return
-        self._micro_steps += 1
-        self._backward_from = self.timeline.stamp()
-        self.timing.backward_began()
-        engine = torch.autograd.Variable._execution_engine
-        engine.queue_callback(lambda: engine.queue_callback(self._backward_ended))
+        if self._backward_from is None:
+            self._backward_from = self.timeline.stamp()
+            self._backward_is_a_micro_step = False
+            self.timing.backward_began()
+            engine = torch.autograd.Variable._execution_engine
+            engine.queue_callback(lambda: engine.queue_callback(self._backward_ended))
+        if first_to_reach_it and not self._backward_is_a_micro_step:
+            self._micro_steps += 1
+            self._backward_is_a_micro_step = True
 
     @never_raises_into_the_loop(detaches_here=False)
     def _backward_ended(self) -> None:
-        if self._backward_from is None or not self.timeline.in_step:
+        began, self._backward_from = self._backward_from, None
+        if began is None or not self.timeline.in_step:
             return
         reduced = self.timing.backward_ended()  # its wait ends first: a step found skipped ends at ``ended``
         ended = self.timeline.stamp()
-        self.timeline.add_span("backward", self._backward_from, ended, blocking=False)
+        self.timeline.add_span("backward", began, ended, blocking=False)
         self._after_backward = ended
         self._loop_spans_since_possible_end = []
         self._collectives.gap_begins()  # until the next forward, or the update

@@ -180,6 +180,7 @@ class DDPTiming:
         (reentrant checkpointing) are told apart: see ``_wait_at_backward_end``. With a hook of
         the user's, its all-reduces on this thread are timed from now (``hooked_collectives``)."""
         self._backward_task = torch._C._current_graph_task_id()
+        self.last_bucket_at = None  # a backward that raised never ended: its last bucket is not this one's
         if self.users_hook is not None:
             self._hooked_calls = 0
             self._syncs_gradients = bool(getattr(self.ddp, "require_backward_grad_sync", True))

@@ -95,3 +95,41 @@ def test_a_forward_that_raised_and_was_skipped_leaves_the_next_update_a_step_not
     assert capsys.readouterr().err == ""
     reports = [m for m in sent if isinstance(m, StepReport)]
     assert [(r.step, r.settings["grad_accum"], r.samples) for r in reports] == [(1, 2, 8), (2, 1, 4), (3, 2, 8), (4, 2, 8)]
+
+
+class Critic(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.hidden, self.out = torch.nn.Linear(8, 64), torch.nn.Linear(64, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.tanh(self.hidden(x)))
+
+
+@pytest.mark.filterwarnings("ignore:Grad strides do not match bucket view strides")  # DDP's, of the penalty's graph
+def test_a_gradient_penaltys_backward_and_the_losss_are_both_timed_in_one_micro_step(
+        one_rank_group: None, sent: list[Any]) -> None:
+    """WGAN-GP's penalty: ``torch.autograd.grad`` of the output, then the loss's ``backward()``.
+    Before, the penalty's took the step's one backward, and the loss's backward (with every
+    bucket's all-reduce) went untimed inside the update."""
+    torch.manual_seed(0)
+    ddp = torch.nn.parallel.DistributedDataParallel(Critic(), bucket_cap_mb=0.001)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    with attached(ddp, optimizer):
+        for _ in range(4):
+            optimizer.zero_grad()
+            x = torch.randn(16, 8, requires_grad=True)
+            out = ddp(x)
+            (gradient,) = torch.autograd.grad(out.sum(), x, create_graph=True)
+            (out.mean() + ((gradient.norm(dim=1) - 1) ** 2).mean()).backward()
+            optimizer.step()
+    reports = [m for m in sent if isinstance(m, StepReport)]
+    assert len(reports) == 4
+    for report in reports:
+        penalty, loss = [s for s in report.spans if s.kind == "backward"]
+        (update,) = [s for s in report.spans if s.kind == "optimizer"]
+        reductions = [s for s in report.spans if s.kind == "all_reduce"]
+        assert report.settings["grad_accum"] == 1 and penalty.end <= loss.start and loss.end <= update.start
+        assert reductions  # one bucket: DDP's first holds 1 MiB
+        assert all(loss.start <= s.start <= loss.end for s in reductions)
+        assert all(report.start <= s.start for s in report.spans)

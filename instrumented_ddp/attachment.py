@@ -156,6 +156,35 @@ def never_raises_into_the_loop(detaches_here: bool) -> Callable[[_Hook], _Hook]:
 _ADDRESSES_IN_USE: dict[str, Attachment] = {}
 
 
+class _UncaughtNoted:
+    """Python's hook for an exception no one caught, which runs before the exit's: the loop
+    raised, and each live attachment's goodbye says so (it said *finished*, and the rank read
+    so). One for the process, installed with the first attachment and taken out with the last,
+    reading the live ones as it runs: a hook of each attachment's own, chained, was put back by
+    the later one's detach, and held the earlier one's model for the rest of the process."""
+
+    def __init__(self) -> None:
+        self.previous: Callable[..., Any] | None = None
+
+    def __call__(self, kind: type[BaseException], error: BaseException, trace: TracebackType | None) -> None:
+        for attachment in list(_ADDRESSES_IN_USE.values()):
+            attachment.uncaught = error
+        (self.previous or sys.__excepthook__)(kind, error, trace)
+
+    def install(self) -> None:
+        if sys.excepthook is not self:
+            self.previous, sys.excepthook = sys.excepthook, self
+
+    def remove_if_unused(self) -> None:
+        """Put the hook before it back once no attachment is live, unless one set after it is
+        there now (it chains to this one, which then passes every exception on)."""
+        if not _ADDRESSES_IN_USE and sys.excepthook is self:
+            sys.excepthook, self.previous = self.previous or sys.__excepthook__, None
+
+
+_NOTE_UNCAUGHT = _UncaughtNoted()
+
+
 def attach(model: nn.Module, optimizer: torch.optim.Optimizer | Sequence[torch.optim.Optimizer], *,
            address: str = DEFAULT_ADDRESS, watch_key: str | None = None, total_steps: int = 0) -> Attachment:
     """Watch ``model``, a ``DistributedDataParallel`` the caller built (or a model sharded with
@@ -330,9 +359,8 @@ class Attachment:
         model._ddpwatch_attached = True
         _ADDRESSES_IN_USE[address] = self
         self.address = address
-        self._uncaught: BaseException | None = None  # what ended the process, if the loop raised
-        self._previous_excepthook = sys.excepthook
-        sys.excepthook = self._note_uncaught
+        self.uncaught: BaseException | None = None  # what ended the process, if the loop raised
+        _NOTE_UNCAUGHT.install()
         atexit.register(self._detach_at_exit)
         collective_stand_ins.stand_in(self)
         self._loop_thread = collective_stand_ins.time_loop_calls(self._time_loop_collective)
@@ -360,24 +388,17 @@ class Attachment:
         if _ADDRESSES_IN_USE.get(self.address) is self:
             del _ADDRESSES_IN_USE[self.address]
         atexit.unregister(self._detach_at_exit)
-        if sys.excepthook == self._note_uncaught:  # a later attach's, chained to ours, stays
-            sys.excepthook = self._previous_excepthook
+        _NOTE_UNCAUGHT.remove_if_unused()
         if self._stops_on_sigterm and not _ADDRESSES_IN_USE:  # the last attachment: SIGTERM kills again
             stop_signals.default_on_sigterm()
         self.watch.close(reason, trains_again=trains_again)
-
-    def _note_uncaught(self, kind: type[BaseException], error: BaseException, trace: TracebackType | None) -> None:
-        """Python's hook for an exception no one caught, which runs before the exit's: the loop
-        raised, and the goodbye says so (it said *finished*, and the rank read so)."""
-        self._uncaught = error
-        self._previous_excepthook(kind, error, trace)
 
     def _detach_at_exit(self) -> None:
         """The end of the process detaches what the script did not: finished, failed with what
         it raised, or interrupted by the signal that stopped it (a ``SystemExit``, which never
         reaches ``sys.excepthook``); where watching had stopped on an error of ddpwatch's own,
         detached with it."""
-        ended_by = self._uncaught or stop_signals.received
+        ended_by = self.uncaught or stop_signals.received
         self.detach(goodbye_reason(ended_by) if ended_by is not None else self.broken_reason() if self.broken else "finished")
 
     def stop_watching_after(self, error: Exception, where: str) -> None:

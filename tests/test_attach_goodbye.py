@@ -4,11 +4,13 @@ the process says goodbye without ``detach``."""
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import subprocess
 import sys
 import time
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +38,29 @@ def test_a_loop_that_raises_says_goodbye_as_failed_with_what_it_raised(one_rank_
     assert shown == [error]  # still printed, by the hook that was there before
     (goodbye,) = [m for m in sent if isinstance(m, Goodbye)]
     assert (goodbye.steps, goodbye.reason) == (2, "failed: RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB")
-    assert sys.excepthook is not watch._note_uncaught and sys.excepthook.__name__ == "<lambda>"  # detach put it back
+    assert sys.excepthook.__name__ == "<lambda>"  # detach put it back
+
+
+def test_two_models_attached_and_detached_in_turn_put_the_hook_back_and_free_the_first(
+        one_rank_group: None, sent: list[Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GAN's two DDPs, each attached to an address of its own: each had a hook of its own,
+    chained; the second's detach put the first's back, which held the first attachment, its DDP
+    and its model (on a GPU, its memory) for the rest of the process."""
+    monkeypatch.setattr(sys, "excepthook", lambda kind, error, trace: None)  # the interpreter's printer
+    original = sys.excepthook
+    first, first_optimizer = make_ddp()
+    second, second_optimizer = make_ddp()
+    first_watch, second_watch = attach_for_test(first, first_optimizer), attach_for_test(second, second_optimizer)
+    error = RuntimeError("the loop raised")
+    sys.excepthook(RuntimeError, error, None)
+    assert first_watch.uncaught is error and second_watch.uncaught is error  # each goodbye will say so
+    first_watch.detach()
+    second_watch.detach()
+    assert sys.excepthook is original
+    freed = weakref.ref(first)
+    del first, first_optimizer, first_watch
+    gc.collect()
+    assert freed() is None
 
 
 def test_a_loop_stopped_by_a_signal_says_goodbye_as_interrupted_not_failed(one_rank_group: None, sent: list[Any],
@@ -90,6 +114,7 @@ def test_a_script_that_handles_sigterm_itself_keeps_its_handler(one_rank_group: 
 END_WITHOUT_DETACH = """
 import sys
 import time
+import weakref
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel

@@ -100,6 +100,7 @@ from .protocol import (
     COMM_KINDS,
     DEFAULT_ADDRESS,
     DETACHED,
+    INTERRUPTED,
     LOOP_COMPUTE_KIND,
     MAX_PAUSED_FOR,
     NOT_SWITCHABLE,
@@ -365,6 +366,7 @@ class Attachment:
         collective_stand_ins.stand_in(self)
         self._loop_thread = collective_stand_ins.time_loop_calls(self._time_loop_collective)
         self._stops_on_sigterm = stop_signals.stop_on_sigterm()  # torchrun's stop, a preemption: a goodbye, not *lost*
+        stop_signals.when_stuck(self._goodbye_while_blocked)
 
     @property
     def publisher(self) -> Any:
@@ -389,6 +391,7 @@ class Attachment:
             del _ADDRESSES_IN_USE[self.address]
         atexit.unregister(self._detach_at_exit)
         _NOTE_UNCAUGHT.remove_if_unused()
+        stop_signals.not_when_stuck(self._goodbye_while_blocked)
         if self._stops_on_sigterm and not _ADDRESSES_IN_USE:  # the last attachment: SIGTERM kills again
             stop_signals.default_on_sigterm()
         self.watch.close(reason, trains_again=trains_again)
@@ -400,6 +403,13 @@ class Attachment:
         detached with it."""
         ended_by = self.uncaught or stop_signals.received
         self.detach(goodbye_reason(ended_by) if ended_by is not None else self.broken_reason() if self.broken else "finished")
+
+    def _goodbye_while_blocked(self) -> None:
+        """A SIGTERM found the loop blocked in C++, and the process ends from another thread
+        (``stop_signals``): the goodbye goes out from there, the publisher's alone (what the
+        main thread holds, the timeline's lock among it, is not waited for)."""
+        if self.publisher is not None and self._handles:
+            self.publisher.close(self.watch.steps, f"{INTERRUPTED}SIGTERM")
 
     def stop_watching_after(self, error: Exception, where: str) -> None:
         """ddpwatch's own code raised ``error`` in the hook ``where``: every hook is a no-op from

@@ -22,6 +22,15 @@ has no loop to unwind. Once stopped, the process puts a handler that does nothin
 Python SIGCHLD handler (the DataLoader's, which raised *worker … is killed by signal* in the middle
 of the goodbye as the same stop killed its workers).
 
+A handler of Python's runs only between two bytecodes of the main thread: a rank blocked in C++
+(a collective's ``wait()`` for a peer that hung, a CUDA sync, a store's wait) did not run it until
+the call returned, and outlived the stop it would have died of at once by as long, up to
+torchrun's SIGKILL 30 s later, so a failed job took 30 s longer to end. So the C side of the
+handler also writes the signal's number to a socket (``signal.set_wakeup_fd``, where no one else
+uses it), which a thread of ours reads as it comes: where the main thread has not taken the
+signal ``STUCK_AFTER_S`` later, that thread runs what was asked of it (``when_stuck``: the
+goodbye) and ends the process with the signal's exit code.
+
 ``interruption_reason`` is what the goodbye then says: a rank blocked in a collective when the
 stop came may see its peer leave first, and fail, before its own handler runs; the stop is still
 what ended it.
@@ -31,13 +40,19 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import sys
 import threading
+import time
+from collections.abc import Callable
 from types import FrameType
 
 from .protocol import INTERRUPTED
 
 RAISE_AGAIN_AFTER_S = 2.0  # a stop noted while an exception was handled: time for its goodbye
+#: How long a SIGTERM may wait for the main thread to take it (it is blocked in C++ meanwhile)
+#: before the process is ended from another thread: SIGTERM's own action ends it at once.
+STUCK_AFTER_S = 2.0
 
 #: The process that installed the handler: a child forked from it inherits the handler but not
 #: the loop.
@@ -83,17 +98,93 @@ def exception_chain(error: BaseException) -> list[BaseException]:
 def stop_on_sigterm() -> bool:
     """Install the SIGTERM handler where SIGTERM has its default action and this is the main
     thread (the only one Python lets set a handler); whether it is installed now."""
-    global _installed_in, _fork_hook_registered
+    global _installed_in, _fork_hook_registered, _watch
     if _installed_in == os.getpid() and signal.getsignal(signal.SIGTERM) is _stop:
         return True
     if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
         return False
     signal.signal(signal.SIGTERM, _stop)
     _installed_in = os.getpid()
+    if _watch is None or _watch.pid != os.getpid():
+        _watch = _SignalWatch()
+    _watch.listen()
     if not _fork_hook_registered:  # registered once for the process's life: it cannot be removed
         os.register_at_fork(after_in_child=_default_in_child)
         _fork_hook_registered = True
     return True
+
+
+class _SignalWatch:
+    """The thread that reads the signals' numbers off the wakeup socket as they come (the C side
+    of Python's handlers writes them, whatever the main thread is doing), and ends a process
+    whose main thread has not taken a SIGTERM ``STUCK_AFTER_S`` later."""
+
+    def __init__(self) -> None:
+        self._reading, self._writing = socket.socketpair()
+        self._writing.setblocking(False)
+        self.when_stuck: list[Callable[[], None]] = []
+        self.pid = os.getpid()
+        threading.Thread(target=self._read, name="ddpwatch-signal-watch", daemon=True).start()
+
+    def listen(self) -> bool:
+        """Be the process's wakeup socket (from the main thread), unless another is: whether it is."""
+        try:
+            previous = signal.set_wakeup_fd(self._writing.fileno(), warn_on_full_buffer=False)
+        except ValueError:
+            return False
+        if previous not in (-1, self._writing.fileno()):  # asyncio's, say: theirs, left as it was
+            signal.set_wakeup_fd(previous)
+            return False
+        return True
+
+    def stop_listening(self) -> None:
+        try:
+            if signal.set_wakeup_fd(-1) not in (-1, self._writing.fileno()):  # another's since: theirs again
+                signal.set_wakeup_fd(self._writing.fileno(), warn_on_full_buffer=False)
+        except ValueError:
+            pass
+
+    def _read(self) -> None:
+        while True:
+            try:
+                numbers = self._reading.recv(64)
+            except OSError:
+                return
+            if signal.SIGTERM in numbers and os.getpid() == self.pid and received is None:
+                self._end_if_stuck(signal.SIGTERM)
+
+    def _end_if_stuck(self, signum: int) -> None:
+        deadline = time.monotonic() + STUCK_AFTER_S
+        while received is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if received is not None or signal.getsignal(signum) is not _stop:
+            return  # the main thread took it
+        print(f"instrumented_ddp: {signal.Signals(signum).name} came while the main thread was blocked in a call "
+              f"that does not return to Python (a collective waiting for a peer, a device sync) for {STUCK_AFTER_S:g} s: "
+              "the process ends now, as the signal's default action would have ended it", file=sys.stderr, flush=True)
+        for call in list(self.when_stuck):
+            try:
+                call()
+            except Exception:
+                pass
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(128 + signum)
+
+
+_watch: _SignalWatch | None = None
+
+
+def when_stuck(call: Callable[[], None]) -> None:
+    """``call`` (from another thread, briefly: a goodbye) where a SIGTERM finds the main thread
+    blocked in C++ and the process is ended without it."""
+    if _watch is not None:
+        _watch.when_stuck.append(call)
+
+
+def not_when_stuck(call: Callable[[], None]) -> None:
+    if _watch is not None and call in _watch.when_stuck:
+        _watch.when_stuck.remove(call)
 
 
 def default_on_sigterm() -> None:
@@ -104,6 +195,8 @@ def default_on_sigterm() -> None:
             and signal.getsignal(signal.SIGTERM) is _stop):
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         _installed_in = None
+        if _watch is not None:
+            _watch.stop_listening()
 
 
 def _default_in_child() -> None:
@@ -111,6 +204,8 @@ def _default_in_child() -> None:
     if signal.getsignal(signal.SIGTERM) is _stop:
         try:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            if _watch is not None:
+                _watch.stop_listening()  # its signals are not the parent's
         except ValueError:  # forked from a thread Python does not count as the child's main one
             pass
 

@@ -172,3 +172,33 @@ def test_a_process_sent_sigterm_exits_at_once_and_its_goodbye_says_interrupted(t
     steps = session.ranks[0].goodbye.steps
     assert line == f"ddpwatch record: rank 0 interrupted after step {steps}: SIGTERM" and steps >= 3
     assert session.status(0) == "interrupted" and sorted(session.reports)[-1] == steps
+
+
+BLOCKED_IN_CPP = END_WITHOUT_DETACH + """
+import datetime
+print("trained 3 steps", flush=True)
+dist.distributed_c10d._get_default_store().wait(["never set"], datetime.timedelta(seconds=300))  # C++, as a hung peer's collective
+"""
+
+
+def test_a_process_sent_sigterm_while_blocked_in_cpp_ends_and_says_goodbye_without_waiting_for_the_call(
+        tmp_path: Path) -> None:
+    """Python's handler runs only once the blocked call returns (a collective waiting for a hung
+    peer): the process outlived the stop by as long, up to torchrun's SIGKILL 30 s later, which
+    ended it with no goodbye anyway. Now it ends ``STUCK_AFTER_S`` later, its goodbye sent."""
+    with Recorder(tmp_path / "session", "--idle-exit", "20") as recorder:
+        process = subprocess.Popen([sys.executable, "-c", BLOCKED_IN_CPP, recorder.address], cwd=REPO_ROOT,
+                                   env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True)
+        try:
+            assert process.stdout.readline() == "trained 3 steps\n"
+            time.sleep(0.5)  # into the store's wait (a signal before it is taken between two bytecodes: the same end)
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(120) == 128 + signal.SIGTERM  # long before the 300 s wait returned
+        finally:
+            process.kill()
+            process.stdout.close()
+            process.stderr.close()
+        assert "every rank said goodbye" in recorder.wait()
+    session = load_session(tmp_path / "session" / "session.ddpwatch")
+    assert session.status(0) == "interrupted" and session.ranks[0].goodbye.reason == "interrupted: SIGTERM"

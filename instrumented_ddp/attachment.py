@@ -246,6 +246,20 @@ def sharded_timing(model: nn.Module, timeline: Any) -> FSDPTiming:
     return FSDPTiming(model, timeline)
 
 
+def compute_device(model: nn.Module, module: nn.Module, sharded: bool) -> torch.device:
+    """The device the model computes on, whose clock times its steps: its parameters', but for
+    an FSDP2 model FSDP's own (``FSDPState._device``): with ``CPUOffloadPolicy`` its sharded
+    parameters stay on the host while it computes on the GPU, and read from them a GPU run was
+    timed on the host's clock (launch times for compute, a device sync at each step's end to read
+    its loss) and sampled as a CPU's."""
+    if sharded:
+        try:
+            return torch.device(model._get_fsdp_state()._device)
+        except Exception:  # FSDP's internals as a later torch may name them
+            pass
+    return next(module.parameters()).device
+
+
 def steps_any_of(optimizer: torch.optim.Optimizer, parameters: Iterable[torch.Tensor]) -> bool:
     """Whether ``optimizer`` holds any of ``parameters`` (the very tensors: a model's, FSDP's
     sharded ones), so that its ``step()`` updates them."""
@@ -288,7 +302,7 @@ class Attachment:
         self.strategy = "fsdp" if sharded else "ddp"
         module = model if sharded else model.module
         group = None if sharded else model.process_group  # FSDP's: its mesh, over the default group's ranks
-        self.device = next(module.parameters()).device
+        self.device = compute_device(model, module, sharded)
         meets = all_reduce_group(model, sharded)
         replicas = len(meets) if sharded and len(meets) > 1 else 0
         self._mesh_settings = {"replicas": replicas} if replicas else {}  # HSDP: the replicate dimension's size

@@ -469,6 +469,18 @@ def test_attached_again_after_detach_times_the_hook_ddp_kept_bitwise(one_rank_gr
 
 
 @pytest.mark.filterwarnings("ignore:FSDP2-wrapped module .* returned a view tensor")  # a Linear on 3-D input: no in-place op follows
+def test_an_fsdp2_model_is_timed_on_the_device_fsdp_computes_on_not_where_its_shards_are_kept(
+        one_rank_group: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With ``CPUOffloadPolicy`` FSDP keeps the shards on the host and computes on its device (a
+    GPU): read off the shards, a GPU run was timed on the host's clock. Its device is faked here
+    as FSDP keeps it on a GPU run (no GPU here)."""
+    model, _ = sharded_classifier()
+    assert attachment.compute_device(model, model, sharded=True) == torch.device("cpu")
+    monkeypatch.setattr(model._get_fsdp_state(), "_device", torch.device("cuda", 0))
+    assert {p.device.type for p in model.parameters()} == {"cpu"}
+    assert attachment.compute_device(model, model, sharded=True) == torch.device("cuda", 0)
+
+
 def test_an_fsdp2_model_is_attached_as_fsdp_and_each_misuse_of_it_is_one_line(one_rank_group: None, sent: list[Any],
                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """``fully_shard`` models are attached like DDP ones and reported as ``fsdp`` (their comms, which

@@ -375,14 +375,14 @@ def find_straggler(complete_steps: Iterable[StepWaits], groups: Groups | None = 
     groups' stragglers, the one its group waited for longest.
     """
     window = sorted(complete_steps, key=lambda s: s.step)[-STRAGGLER_STEPS:]
-    if not window:
-        return None
     totals: dict[int, float] = defaultdict(float)
     wall_ms = 0.0
     for s in window:
         wall_ms += s.wall_ms
         for rank, waited in s.waits_ms.items():
             totals[rank] += waited
+    if wall_ms <= 0:  # no steps, or steps of no length (a rank's hostile reports): no share of them to name
+        return None
     found: tuple[float, int] | None = None  # (the others' excess, the rank)
     for members in groups if groups is not None else (list(totals),):
         waited = {rank: totals[rank] for rank in members if rank in totals}

@@ -242,6 +242,9 @@ class Session:
         self.acks: list[Ack] = []
         self.transfer_memory = TransferMemory()  # the advisor's transfers of sizes its recent steps lack
         self.rejected: Counter[str] = Counter()
+        #: What the last message that passed every check and still raised as it was folded raised
+        #: (``rejected["unfoldable"]`` counts them): said on the dashboard, so a fault is seen.
+        self.unfoldable_error = ""
         #: Steps any rank reported with its optimizer update skipped (``StepReport.update_skipped``).
         self.skipped_updates = StepSet()
         #: Steps any rank reported torch.compile compiling in (``StepReport.compiling``).
@@ -300,7 +303,19 @@ class Session:
         problem = self._impossible(envelope)
         if problem is not None:
             self.reject(problem)
+            if (state := self.ranks.get(envelope.rank)) is not None:
+                state.last_seq = max(state.last_seq, envelope.seq)  # rejected, not lost: not counted twice
             return problem
+        try:
+            self._take(envelope, now, prepared)
+        except Exception as error:  # a message no check foresaw: one rejected, never the listener lost
+            self.unfoldable_error = f"{type(envelope.message).TYPE} from rank {envelope.rank}: {type(error).__name__}: {error}"[:200]
+            self.reject("unfoldable")
+            return "unfoldable"
+        return None
+
+    def _take(self, envelope: Envelope, now: float, prepared: PreparedReport | None) -> None:
+        message = envelope.message
         self.messages += 1
         rank = self.ranks[envelope.rank]
         if envelope.seq > rank.last_seq + 1 and rank.last_seq >= 0:
@@ -362,6 +377,8 @@ class Session:
         message = envelope.message
         world = self._declared_world_size()
         if world and envelope.rank >= world and not isinstance(message, Hello):
+            return "unknown_rank"
+        if envelope.rank < 0:  # a listener's own (a span request relayed), not a rank's
             return "unknown_rank"
         if getattr(message, "rank", envelope.rank) != envelope.rank:
             return "rank_mismatch"
@@ -634,8 +651,8 @@ class Session:
     @property
     def finished(self) -> bool:
         """Every rank of the world said goodbye."""
-        ranks = [self.ranks.get(r) for r in range(self.world_size)]
-        return bool(ranks) and all(r is not None and r.goodbye is not None for r in ranks)
+        return self.world_size > 0 and all((state := self.ranks.get(r)) is not None and state.goodbye is not None
+                                           for r in range(self.world_size))
 
     @property
     def trains_again(self) -> bool:

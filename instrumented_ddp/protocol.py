@@ -28,6 +28,13 @@ DEFAULT_MAX_MESSAGE_BYTES = 8 * 1024 * 1024
 #: Characters of what a loop paused training for (``StepReport.paused_for``, ``Heartbeat.pausing``)
 #: a rank sends and a listener keeps: a few words ("evaluate, save").
 MAX_PAUSED_FOR = 80
+#: The largest world a hello may declare, beyond any job run today: a listener keeps and figures
+#: each rank of it (a hello of 2**40 ranks hung the recorder listing them).
+MAX_WORLD_SIZE = 1 << 17
+#: The furthest from zero a time on the wire may be, in seconds (31,700 years): a rank's clocks
+#: (``perf_counter``, the epoch's seconds) are far inside it, and a step from -1e308 to 1e308 made
+#: the segment's wall time infinite and every export fail to write.
+MAX_TIME_S = 1e12
 DEFAULT_ADDRESS = "tcp://127.0.0.1:5555"
 #: What a run that cannot switch (``Hello.switchable`` False) answers, and the dashboard says.
 NOT_SWITCHABLE = "this run was not started by ddpwatch: switching is off"
@@ -464,6 +471,12 @@ def _is_number(value: Any) -> bool:
     return (isinstance(value, (int, float)) and not isinstance(value, bool)) and math.isfinite(value)
 
 
+def _is_time(value: Any) -> bool:
+    return _is_number(value) and abs(value) < MAX_TIME_S
+
+
+_TIMES = ("start", "end", "time", "anchor")  # fields on a rank's clock: ``_is_time``
+
 _CHECKS: dict[type, Any] = {int: _is_int, float: _is_number, str: lambda v: isinstance(v, str), bool: lambda v: isinstance(v, bool),
                             bytes: lambda v: isinstance(v, bytes)}
 
@@ -483,6 +496,8 @@ def _value_check(name: str) -> Any:
     for option in expected if isinstance(expected, tuple) else (expected,):
         if option is type(None):
             tests.append(lambda value: value is None)
+        elif option is float and name in _TIMES:
+            tests.append(_is_time)
         elif option in _CHECKS:
             tests.append(_CHECKS[option])
         elif option in (dict, list):
@@ -502,6 +517,10 @@ def _build(cls: type, body: dict[str, Any]) -> Message:
         value = values[name] = body[name]
         if not check(value) and not (name == "loss" and isinstance(value, float)):  # a NaN loss is real news
             raise ProtocolError("invalid", f"{cls.TYPE}.{name} has a bad value {value!r:.40}")
+    if "settings" in values:
+        _check_settings(cls.TYPE, values["settings"])
+    if cls is DeviceSample and not all(isinstance(k, str) and _is_number(v) for k, v in values["readings"].items()):
+        raise ProtocolError("invalid", "device: a reading's name is not a string or its value not a finite number")
     if cls in (StepReport, StepSummary):
         _check_step(values)
         for name in ("calls_by_kind", "memory"):
@@ -523,6 +542,8 @@ def _build(cls: type, body: dict[str, Any]) -> Message:
         if values["step"] < 0:
             raise ProtocolError("invalid", "evaluation: a negative step")
     if cls is Hello:
+        if not 0 <= values["rank"] < values["world_size"] <= MAX_WORLD_SIZE:
+            raise ProtocolError("invalid", f"hello: world_size outside 1-{MAX_WORLD_SIZE}, or a rank outside it")
         values["parameter_layout"] = [_layout_row(row) for row in values.get("parameter_layout", [])]
         _check_all_reduce_group(values)
     if "rank" in values and values["rank"] < 0:
@@ -565,6 +586,22 @@ def metrics_problem(metrics: object) -> str | None:
         if not isinstance(value, (int, float)) or isinstance(value, bool):
             return f"metric {name!r} is not a number: {value!r:.40}"
     return None
+
+
+def _check_settings(message: str, settings: dict[Any, Any]) -> None:
+    """A strategy's settings: names, each a word, a number, a flag or none; ``grad_accum`` a
+    whole number from 1 (or none), ``bucket_mb`` one from 0 (or none). Every listener reads
+    them (a segment's label, its micro-steps): ``grad_accum`` of ``"two"`` or NaN raised as the
+    report was folded, and the recorder died with the run unwritten."""
+    for name, value in settings.items():
+        if not isinstance(name, str) or not (value is None or isinstance(value, (str, bool)) or _is_number(value)):
+            raise ProtocolError("invalid", f"{message}.settings: a name that is not a string, or a value {value!r:.30} "
+                                           "that is not a word, a finite number, a flag or none")
+    grad_accum, bucket_mb = settings.get("grad_accum"), settings.get("bucket_mb")
+    if grad_accum is not None and not (_is_int(grad_accum) and grad_accum >= 1):
+        raise ProtocolError("invalid", f"{message}.settings: grad_accum {grad_accum!r:.30} is not a whole number from 1")
+    if bucket_mb is not None and not (_is_number(bucket_mb) and bucket_mb >= 0):  # DDP takes a cap of 0
+        raise ProtocolError("invalid", f"{message}.settings: bucket_mb {bucket_mb!r:.30} is not a number from 0")
 
 
 def _check_all_reduce_group(values: dict[str, Any]) -> None:
@@ -665,7 +702,7 @@ def _span(item: Any) -> Span:
         if isinstance(kind, str) and _SPAN_KIND_NAME.fullmatch(kind):  # a newer ddpwatch's kind
             raise ProtocolError("unknown_type", f"a span of a kind this ddpwatch does not know, {kind!r}")
         raise ProtocolError("invalid", f"unknown span kind {kind!r:.30}")
-    if not (_is_number(start) and _is_number(end)) or end < start:
+    if not (_is_time(start) and _is_time(end)) or end < start:
         raise ProtocolError("invalid", f"{kind} span has bad times")
     span = Span(kind, float(start), float(end), *rest)
     if not isinstance(span.blocking, bool) or not _is_int(span.nbytes) or span.nbytes < 0:

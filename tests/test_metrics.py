@@ -755,6 +755,9 @@ def test_find_straggler_looks_only_at_the_last_ten_steps():
     assert find_straggler(steps) is None
     assert find_straggler(steps[:STRAGGLER_STEPS]) == Straggler(0, 0, 9, 10, approx(18.8), approx(18.8))
     assert find_straggler([]) is None
+    # steps of no length (a rank's hostile reports: valid on the wire): no share of them to name,
+    # where the share's division raised ZeroDivisionError and no export was written
+    assert find_straggler([StepWaits(s, {0: 0.0, 1: 90.0}, 0.0) for s in range(3)]) is None
 
 
 def test_ranks_that_wait_for_each_other_by_turns_name_no_straggler():

@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from instrumented_ddp.protocol import (
+    MAX_WORLD_SIZE,
     MESSAGE_TYPES,
     PROTOCOL_VERSION,
     SPAN_KINDS,
@@ -392,9 +393,11 @@ def test_span_that_ends_before_it_starts_is_rejected_as_invalid() -> None:
     assert _category(_with_body(STEP, spans=[["forward", 2.0, 1.0]])) == "invalid"
 
 
-@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")], ids=["nan", "inf", "-inf"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf"), 1e308, -1e12], ids=["nan", "inf", "-inf", "1e308", "-1e12"])
 @pytest.mark.parametrize("where", ["step.start", "step.end", "span.start", "span.end", "heartbeat.time", "device.time"])
-def test_non_finite_times_are_rejected_as_invalid(where: str, bad: float) -> None:
+def test_non_finite_times_and_times_beyond_any_clocks_are_rejected_as_invalid(where: str, bad: float) -> None:
+    """A step from -1e308 to 1e308 made its segment's wall time infinite: no export could be
+    written (JSON has no infinity). A rank's clocks read far inside ``MAX_TIME_S``."""
     if where == "step.start":
         data = _with_body(STEP, start=bad)
     elif where == "step.end":
@@ -408,6 +411,44 @@ def test_non_finite_times_are_rejected_as_invalid(where: str, bad: float) -> Non
     else:
         data = _with_body(DeviceSample(0, 1.0, "cpu", {}), time=bad)
     assert _category(data) == "invalid"
+
+@pytest.mark.parametrize(("settings", "why"), [
+    ({"grad_accum": "two"}, "grad_accum 'two' is not a whole number from 1"),
+    ({"grad_accum": float("nan")}, "a value nan"),
+    ({"grad_accum": 0}, "grad_accum 0 is not a whole number from 1"),
+    ({"grad_accum": [2]}, "a value [2]"),
+    ({"bucket_mb": -1.0}, "bucket_mb -1.0 is not a number from 0"),
+    ({"bucket_mb": "25"}, "bucket_mb '25' is not a number from 0"),
+    ({b"bucket_mb": 25.0}, "a name that is not a string"),
+    ({"comm_hook": {"name": "fp16"}}, "a value {'name': 'fp16'}"),
+])
+@pytest.mark.parametrize("message", [HELLO, STEP, SUMMARY], ids=lambda m: m.TYPE)
+def test_settings_every_listener_reads_must_be_words_numbers_or_flags_and_micro_steps_whole(
+        message: Any, settings: dict[Any, Any], why: str) -> None:
+    """A ``grad_accum`` of "two", NaN or [2] passed the wire and raised as the report was folded:
+    the recorder died with the run unwritten, and its recording could not be read back."""
+    with pytest.raises(ProtocolError, match="settings") as caught:
+        decode(_with_body(message, settings=settings))
+    assert caught.value.category == "invalid" and why in str(caught.value)
+
+
+def test_settings_may_be_none_a_cap_of_zero_or_another_strategys_words() -> None:
+    settings = {"grad_accum": None, "bucket_mb": 0.0, "comm_hook": "fp16_compress_hook", "replicas": 2, "static": True}
+    assert decode(encode(replace(STEP, settings=settings))).message.settings == settings
+
+
+@pytest.mark.parametrize("readings", [{"gpu_util_pct": "87"}, {"gpu_util_pct": float("nan")}, {b"gpu_util_pct": 87.0}])
+def test_a_device_reading_must_be_a_named_finite_number(readings: dict[Any, Any]) -> None:
+    """The dashboard formats each as a number, the trace writes each as JSON."""
+    assert _category(_with_body(DeviceSample(0, 1.0, "gpu", {}), readings=readings)) == "invalid"
+
+
+@pytest.mark.parametrize(("rank", "world_size"), [(0, 0), (0, 2**40), (2, 2), (0, MAX_WORLD_SIZE + 1)])
+def test_a_hello_must_declare_a_world_a_listener_can_hold_with_its_rank_in_it(rank: int, world_size: int) -> None:
+    """A hello of 2**40 ranks hung the recorder, which lists every rank of the world to tell
+    whether each said goodbye."""
+    assert _category(_with_body(HELLO, rank=rank, world_size=world_size, all_reduce_group=[])) == "invalid"
+
 
 
 @pytest.mark.parametrize(

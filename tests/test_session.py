@@ -11,7 +11,7 @@ import pytest
 from ddpwatch.receiver import ingest
 from ddpwatch.compact import PackedSpans
 from ddpwatch.session import PAUSE_KINDS_KEPT, Session, note_pause_kinds, ranks_left_behind, short_strategy_label, strategy_label
-from instrumented_ddp.protocol import Envelope, Heartbeat, Span
+from instrumented_ddp.protocol import Envelope, Heartbeat, Span, SpanRequest
 from instrumented_ddp.step_figures import call_times
 from synthetic_session import hello, session_messages, step_report, waiting_ranks
 
@@ -142,6 +142,33 @@ def test_unresolved_reports_are_counted_per_rank_and_enter_no_figure() -> None:
     assert figures.desync is None and figures.desyncs == ()  # partial spans are not a desync
     assert (figures.per_rank[0].steps, figures.per_rank[1].steps) == (4, 2)
     assert figures.all_reduce_calls == 4 and figures.all_reduce_calls_total == 24
+
+
+def test_a_rejected_message_is_rejected_not_also_lost_and_a_listeners_own_message_makes_no_rank() -> None:
+    """The rejected one never moved the rank's sequence on, so the next counted it lost as well;
+    a span request (a listener's, rank -1) made a rank -1 that *passed no step* in summary.md."""
+    session, feed = two_ranks()
+    feed(step_report(0, 1, "simple"))
+    assert feed(step_report(0, 1, "simple")) == "step_repeated"
+    feed(step_report(0, 2, "simple"))
+    assert session.rejected == {"step_repeated": 1} and session.ranks[0].lost_messages == 0
+    assert session.ingest(Envelope(SpanRequest(full=True), -1, 1, 0)) == "unknown_rank"
+    assert sorted(session.ranks) == [0, 1]
+
+
+def test_a_message_that_passed_every_check_and_raises_as_it_is_folded_is_rejected_and_said_not_raised(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where a check is missing (a settings value the wire once took, read as a number later),
+    the recorder died and its recording could not be read back; the dashboard with it."""
+    from ddpwatch.dashboard.warning_lines import reporting_fault_lines
+
+    session, feed = two_ranks()
+    monkeypatch.setattr(session, "_receive_report", lambda *args: int("two"))
+    assert feed(step_report(0, 1, "simple")) == "unfoldable"
+    assert session.rejected == {"unfoldable": 1}
+    line = ("a message that passed every check raised as it was read, and was left out (the last: step from rank 0: "
+            "ValueError: invalid literal for int() with base 10: 'two'): please report it")
+    assert line in reporting_fault_lines(session)
 
 
 def test_the_declared_world_follows_the_hellos_including_a_smaller_one_repeated() -> None:

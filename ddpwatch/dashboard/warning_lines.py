@@ -66,7 +66,11 @@ def reporting_fault_lines(session: Session) -> list[str]:
                  if session.runs_told_apart else "its reports are mixed in with this run's or rejected")
               + "; give each run its own address (ddpwatch --listen, train.py --watch)"
               for other, count in session.other_runs.items()]
-    return lines + rejected_lines(session.rejected)
+    lines += rejected_lines(session.rejected)
+    if session.unfoldable_error:  # a fault of ddpwatch's, or a check it lacks: what raised, to report
+        lines.append(f"a message that passed every check raised as it was read, and was left out (the last: "
+                     f"{session.unfoldable_error}): please report it")
+    return lines
 
 
 def rejected_lines(rejected: Mapping[str, int]) -> list[str]:

@@ -41,6 +41,9 @@ LOST_AFTER_S = 2.5  # heartbeats come every second: a killed rank shows as lost 
 STOPPED_STEPS = 5  # ranks move in step (each step's collectives need them all): this far behind, one has stopped
 STOPPED_AFTER_S = 3.0  # ... and unmoved this long: not a rank whose reports are still resolving
 STEP_REORDER_SLACK = 2  # a report this many steps behind the rank's newest is neither late nor backwards
+#: A segment extends across at most this many steps no report has come for yet (a rank's dropped
+#: ones): further, the gap may hold another strategy's steps, whose reports are still to come.
+SEGMENT_GAP_STEPS = 4
 DEVICE_SAMPLES_PER_RANK = 600  # kept per rank (the dashboard's series, trace.json's device counters) ...
 MIN_DEVICE_SAMPLES = 8  # ... or, in a session with ``device_samples`` set, that many over all ranks, this many at least
 
@@ -630,12 +633,23 @@ class Session:
         return self._groups_problem
 
     def _place_in_segment(self, report: StepReport) -> None:
-        """Extend the neighbouring segment with the same settings, or start a new one."""
+        """Extend the neighbouring segment with the same settings, or start a new one. The one
+        before the step extends across steps no report has come for yet, where no segment lies
+        between: a rank's report dropped (its sender's queue full) or still on its way while
+        another rank's next one came split the segment in two for good, each figured from part
+        of its steps (two rows of the same strategy in summary.md). Up to ``SEGMENT_GAP_STEPS``.
+        """
+        def same(segment: Segment) -> bool:
+            return segment.strategy == report.strategy and segment.settings == report.settings
+
+        before = max((s for s in self.segments if s.last_step < report.step), key=lambda s: s.last_step, default=None)
+        holding = any(s.first_step <= report.step <= s.last_step for s in self.segments)
+        if before is not None and same(before) and not holding and report.step - before.last_step <= SEGMENT_GAP_STEPS + 1:
+            before.last_step = report.step
+            return
         for segment in self.segments:
-            same = segment.strategy == report.strategy and segment.settings == report.settings
-            if same and report.step in (segment.last_step + 1, segment.first_step - 1):
-                segment.first_step = min(segment.first_step, report.step)
-                segment.last_step = max(segment.last_step, report.step)
+            if same(segment) and report.step == segment.first_step - 1:
+                segment.first_step = report.step
                 return
         segment = Segment(0, report.strategy, dict(report.settings), report.step, report.step)
         self.segments.append(segment)

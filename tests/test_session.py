@@ -10,7 +10,7 @@ import pytest
 
 from ddpwatch.receiver import ingest
 from ddpwatch.compact import PackedSpans
-from ddpwatch.session import PAUSE_KINDS_KEPT, Session, note_pause_kinds, ranks_left_behind, short_strategy_label, strategy_label
+from ddpwatch.session import PAUSE_KINDS_KEPT, SEGMENT_GAP_STEPS, Session, note_pause_kinds, ranks_left_behind, short_strategy_label, strategy_label
 from instrumented_ddp.protocol import Envelope, Heartbeat, Span, SpanRequest
 from instrumented_ddp.step_figures import call_times
 from synthetic_session import hello, session_messages, step_report, waiting_ranks
@@ -169,6 +169,29 @@ def test_a_message_that_passed_every_check_and_raises_as_it_is_folded_is_rejecte
     line = ("a message that passed every check raised as it was read, and was left out (the last: step from rank 0: "
             "ValueError: invalid literal for int() with base 10: 'two'): please report it")
     assert line in reporting_fault_lines(session)
+
+
+def test_a_report_dropped_while_another_rank_lags_leaves_its_segment_whole() -> None:
+    """Rank 0's report of step 3 dropped (its sender's queue full), its step 4 in before rank 1's
+    step 3: the segment split in two for good, each row figured from part of the steps."""
+    session, feed = two_ranks()
+    for rank, step in [(0, 1), (1, 1), (0, 2), (1, 2), (0, 4), (1, 3), (0, 5), (1, 4), (0, 6), (1, 5), (1, 6)]:
+        assert feed(step_report(rank, step, "simple")) is None
+    assert [(s.strategy, s.first_step, s.last_step) for s in session.segments] == [("simple", 1, 6)]
+    assert session.segment_figures(session.segments[0]).steps == 6
+
+
+def test_a_segment_extends_across_a_few_missing_steps_only_as_they_may_hold_another_strategys() -> None:
+    """Beyond ``SEGMENT_GAP_STEPS`` steps with no report the gap may be a segment of another
+    strategy whose reports are still to come: a new segment begins instead."""
+    session, feed = two_ranks()
+    feed(step_report(0, 1, "simple"))
+    feed(step_report(0, 2 + SEGMENT_GAP_STEPS, "simple"))
+    feed(step_report(0, 4 + 2 * SEGMENT_GAP_STEPS, "simple"))
+    assert [(s.first_step, s.last_step) for s in session.segments] == [
+        (1, 2 + SEGMENT_GAP_STEPS), (4 + 2 * SEGMENT_GAP_STEPS, 4 + 2 * SEGMENT_GAP_STEPS)]
+    feed(step_report(1, 3 + 2 * SEGMENT_GAP_STEPS, "bucket"))  # another strategy's step, its report late
+    assert [s.strategy for s in session.segments] == ["simple", "bucket", "simple"]
 
 
 def test_the_declared_world_follows_the_hellos_including_a_smaller_one_repeated() -> None:

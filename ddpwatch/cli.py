@@ -229,7 +229,9 @@ def run_record(args: argparse.Namespace) -> int:
     session = record(args.listen, writable_out_dir(args.out), StopRule(args.until_steps, args.until_seconds, args.idle_exit, args.wait),
                      args.max_message_bytes, keys=server_keys(args), sample_every=args.sample, runs=args.runs)
     if args.wait is not None and not session.messages and time.monotonic() - started >= args.wait:  # not a Ctrl-C before it
-        print(f"ddpwatch record: error: no rank connected within {args.wait:g} s", file=sys.stderr)
+        print(f"ddpwatch record: error: no rank connected within {args.wait:g} s" if not session.rejected else
+              f"ddpwatch record: error: every message was rejected ({sum(session.rejected.values())}: "
+              f"{', '.join(f'{n} {kind}' for kind, n in sorted(session.rejected.items()))})", file=sys.stderr)
         return 2
     return 0
 

@@ -44,9 +44,10 @@ class StopRule:
                 return f"step {self.until_steps} reached"
         if self.until_seconds is not None and now - started >= self.until_seconds:
             return f"{self.until_seconds:g} s elapsed"
-        if session.messages and now - last_message >= self.idle_exit_s:
+        heard = session.messages or session.rejected  # a rank whose every message is refused still connected
+        if heard and now - last_message >= self.idle_exit_s:
             return f"no message for {self.idle_exit_s:g} s"
-        if self.connect_within_s is not None and not session.messages and now - started >= self.connect_within_s:
+        if self.connect_within_s is not None and not heard and now - started >= self.connect_within_s:
             return f"no rank connected within {self.connect_within_s:g} s"
         return None
 
@@ -100,6 +101,8 @@ def record(
                     envelope = log_and_decode(data, writer, max_message_bytes, run)
                     if isinstance(envelope, ProtocolError):
                         session.reject(envelope.category)
+                        if session.rejected[envelope.category] == 1:  # said once a kind, as it happens
+                            log(f"{command}: rejected a message ({envelope}); later ones of the kind are counted")
                         continue
                     # next_run first: cheap for a message of this run, where trains_again looks at every rank
                     if ((next_run := session.next_run(envelope.message, time.monotonic(), run))

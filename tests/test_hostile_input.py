@@ -8,9 +8,11 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
+import msgpack
 import pytest
 import zmq
 from hypothesis import given, settings
@@ -166,6 +168,35 @@ def test_record_gives_up_when_no_rank_connects_within_its_wait(tmp_path: Path) -
     assert result.stderr.strip().splitlines()[-1] == "ddpwatch record: error: no rank connected within 1 s"
     assert "stopped (no rank connected within 1 s); 0 messages" in result.stderr
     assert time.monotonic() - started < 30
+
+
+def test_a_rank_whose_every_message_is_rejected_is_said_so_once_not_as_no_rank_at_all(tmp_path: Path) -> None:
+    """Ranks of another ddpwatch version: every message refused, and the recorder said *no rank
+    connected* (with ``--wait``) or sat silent until stopped, nothing logged of why."""
+    from ddpwatch.recorder import StopRule, record
+
+    address = f"tcp://127.0.0.1:{free_port()}"
+
+    def newer_rank() -> None:
+        context = zmq.Context()
+        dealer = context.socket(zmq.DEALER)
+        dealer.setsockopt(zmq.LINGER, 0)
+        dealer.connect(address)
+        for seq in range(30):  # a heartbeat in wire version 2, for 1.5 s: the recorder is listening by then
+            dealer.send(msgpack.packb({"v": 2, "type": "heartbeat", "rank": 0, "seq": seq, "dropped": 0,
+                                       "body": {"rank": 0, "time": time.time(), "step": seq}}))
+            time.sleep(0.05)
+        context.destroy(linger=0)
+
+    sender = threading.Thread(target=newer_rank)
+    sender.start()
+    lines: list[str] = []
+    session = record(address, tmp_path, StopRule(idle_exit_s=1.0, connect_within_s=60.0), log=lines.append)
+    sender.join()
+    assert session.messages == 0 and session.rejected["wrong_version"] >= 1
+    assert lines.count("ddpwatch record: rejected a message (wrong_version: version 2, expected 1); "
+                       "later ones of the kind are counted") == 1
+    assert lines[-1].startswith("ddpwatch record: stopped (no message for 1 s); 0 messages")
 
 
 def test_record_stopped_by_ctrl_c_before_its_wait_is_no_error(tmp_path: Path) -> None:

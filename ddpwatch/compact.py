@@ -49,6 +49,17 @@ class StepSet:
         else:
             self._runs.insert(index, [step, step])
 
+    def forget_below(self, step: int) -> None:
+        """Drop the steps before ``step``: a listener that no longer keeps them has no use for
+        them (sampled steps' spans, one run every 25th step, grew a 1,024-rank dashboard's
+        memory by ~0.6 GB a 100,000 steps)."""
+        index = bisect.bisect_left(self._runs, [step, -1])
+        del self._runs[:max(index - 1, 0)]
+        if self._runs and self._runs[0][1] < step:
+            del self._runs[0]
+        elif self._runs and self._runs[0][0] < step:
+            self._runs[0][0] = step
+
     @property
     def runs(self) -> int:
         return len(self._runs)

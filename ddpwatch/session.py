@@ -44,6 +44,7 @@ STEP_REORDER_SLACK = 2  # a report this many steps behind the rank's newest is n
 #: A segment extends across at most this many steps no report has come for yet (a rank's dropped
 #: ones): further, the gap may hold another strategy's steps, whose reports are still to come.
 SEGMENT_GAP_STEPS = 4
+FORGET_DETAILED_EVERY = 64  # steps: how often the ranks' record of sampled steps' spans drops those not kept
 DEVICE_SAMPLES_PER_RANK = 600  # kept per rank (the dashboard's series, trace.json's device counters) ...
 MIN_DEVICE_SAMPLES = 8  # ... or, in a session with ``device_samples`` set, that many over all ranks, this many at least
 
@@ -228,7 +229,7 @@ class Session:
         self._detail_steps: deque[int] = deque()  # kept steps whose details are kept, in arrival order
         self._details_forgotten: set[int] = set()
         self._waits: dict[int, tuple[int, dict[int, float], dict[int, float]]] = {}  # step -> (reports, waited, waited for)
-        self._folded_steps: set[int] = set()
+        self._folded_steps = StepSet()  # in runs: a set of every step grew with the run
         self._figures: dict[int, dict[int, metrics.StepFigures]] = {}  # step -> rank -> figures (kept steps)
         self._calls: dict[int, dict[int, metrics.CallTimes]] = {}  # step -> rank -> all-reduces (kept steps)
         self._times: dict[int, dict[int, metrics.StepTimes]] = {}  # step -> rank -> window and anchor (kept steps)
@@ -487,6 +488,9 @@ class Session:
         if self.keep_steps is not None:
             while len(self.reports) > self.keep_steps:
                 oldest = min(self.reports)
+                if oldest % FORGET_DETAILED_EVERY == 0:
+                    for state in self.ranks.values():
+                        state.detailed.forget_below(oldest)  # a detail of a step not kept is unused anyway
                 self._fold(oldest)
                 del self.reports[oldest]
                 self._figures.pop(oldest, None)

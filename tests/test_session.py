@@ -79,6 +79,16 @@ def test_step_set_keeps_runs_of_consecutive_steps() -> None:
     assert all(s in steps for s in (1, 4, 7, 10)) and not any(s in steps for s in (0, 8, 9, 11))
     steps.add(4)
     assert steps.runs == 2
+    for step in (20, 30, 31):
+        steps.add(step)
+    steps.forget_below(5)  # inside a run: its first steps go
+    assert steps.ranges() == [(5, 7), (10, 10), (20, 20), (30, 31)]
+    steps.forget_below(20)  # at a run's first: the runs before it go
+    assert steps.ranges() == [(20, 20), (30, 31)]
+    steps.forget_below(25)  # between runs
+    assert steps.ranges() == [(30, 31)] and 20 not in steps
+    steps.forget_below(40)
+    assert steps.ranges() == []
 
 
 def test_a_report_for_a_step_the_rank_passed_is_counted_late_and_used_while_its_step_is_open() -> None:

@@ -26,10 +26,12 @@ from ddpwatch import evaluations, metrics
 from ddpwatch.accumulation import early_reductions_of, early_reductions_text
 from ddpwatch.data_wait import data_wait_text
 from ddpwatch.loop_compute import loop_compute_text
-from ddpwatch.rank_lists import failed_ranks_lines, heard_until_text, interrupted_ranks_lines, rank_runs, runs_text
+from ddpwatch.rank_lists import (detached_ranks_lines, failed_ranks_lines, heard_until_text, interrupted_ranks_lines, rank_runs,
+                                 runs_text)
 from ddpwatch.segment_bars import bars_svg, lengths, segment_bar
 from ddpwatch.session import Session, goodbyes_saying, note_pause_kinds, ranks_left_behind
-from instrumented_ddp.protocol import COMM_KINDS, COMPUTE_KINDS, LOOP_COMPUTE_KIND, READY_KIND, Goodbye, StepReport, failure_of, interruption_of
+from instrumented_ddp.protocol import (COMM_KINDS, COMPUTE_KINDS, LOOP_COMPUTE_KIND, READY_KIND, Goodbye, StepReport, detachment_of,
+                                       failure_of, interruption_of)
 
 __all__ = ["chrome_trace", "clock_offsets", "summary", "summary_csv", "summary_markdown", "summary_svg", "write_exports"]
 
@@ -173,6 +175,11 @@ def interrupted_ranks(summary: dict[str, Any]) -> dict[int, tuple[int, str]]:
     return goodbyes_saying(interruption_of, summary_goodbyes(summary))
 
 
+def detached_ranks(summary: dict[str, Any]) -> dict[int, tuple[int, str]]:
+    """``Session.detached_ranks`` read back from a summary's ranks."""
+    return goodbyes_saying(detachment_of, summary_goodbyes(summary))
+
+
 def summary_goodbyes(summary: dict[str, Any]) -> list[tuple[int, Goodbye | None]]:
     """Each rank of a summary and its goodbye, where it said one."""
     return [(rank["rank"], Goodbye(rank["rank"], said["steps"], said.get("reason", "finished")) if (said := rank.get("goodbye")) else None)
@@ -203,6 +210,8 @@ def summary_markdown(summary: dict[str, Any]) -> str:
     for line in failed_ranks_lines(failed_ranks(summary), summary.get("first_failed_rank")):
         lines += [f"**ERROR: {line}**", ""]
     for line in interrupted_ranks_lines(interrupted_ranks(summary)):  # stopped, not broken: the run did not finish
+        lines += [f"**{line[0].upper()}{line[1:]}**", ""]
+    for line in detached_ranks_lines(detached_ranks(summary)):  # trained on, unwatched: its later steps are not here
         lines += [f"**{line[0].upper()}{line[1:]}**", ""]
     lines += ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for seg in summary.get("segments", []):

@@ -78,6 +78,19 @@ def interrupted_ranks_lines(interruptions: dict[int, tuple[int, str]]) -> list[s
     return lines
 
 
+def detached_ranks_lines(detachments: dict[int, tuple[int, str]]) -> list[str]:
+    """Ranks whose goodbye said ddpwatch stopped watching them while they trained on,
+    ``{rank: (steps done, why)}``: a line per reason, its ranks and steps in short. Not a fault
+    of the training: its steps after those are not in the figures."""
+    lines = []
+    for why in sorted(set(why for _, why in detachments.values())):
+        ranks = {rank: steps for rank, (steps, said) in detachments.items() if said == why}
+        after = step_range_text(min(ranks.values()), max(ranks.values()))
+        who = f"rank {next(iter(ranks))}" if len(ranks) == 1 else f"ranks {ranks_text(ranks)}"
+        lines.append(f"{who} no longer watched after {after}, training on unwatched: {why}")
+    return lines
+
+
 def heard_until_text(last_steps: dict[int, int]) -> str:
     """Ranks and the last step each was heard at, ``{rank: step}``, in short: ``rank 3 (last heard
     at step 6)``, ``8 ranks (0-7; last heard at steps 5-6)``. Said of ranks a record ends without

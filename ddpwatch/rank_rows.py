@@ -39,7 +39,7 @@ class RankRow:
 
 #: Worst first: a node with one failed or lost rank reads so, one still running reads live, one
 #: whose end a recording does not hold (``Session.status``'s ``cut``) reads cut.
-STATUS_ORDER = {"failed": 5, "lost": 4, "interrupted": 3, "cut": 2, "live": 1, "finished": 0}
+STATUS_ORDER = {"failed": 6, "lost": 5, "interrupted": 4, "detached": 3, "cut": 2, "live": 1, "finished": 0}
 
 T = TypeVar("T", int, float)
 

@@ -17,7 +17,7 @@ from . import metrics
 from .auth import ServerKeys
 from .control import SwitchRelay
 from .exporters import write_exports
-from .rank_lists import failed_ranks_lines, interrupted_ranks_lines
+from .rank_lists import detached_ranks_lines, failed_ranks_lines, interrupted_ranks_lines
 from .receiver import TelemetryReceiver, log_and_decode
 from .session import Session
 from .session_file import SESSION_FILE_NAME, SessionWriter, read_session_records
@@ -146,6 +146,8 @@ def record(
     for line in failed_ranks_lines(session.failed_ranks, session.first_failed_rank):  # a rank whose training raised, and what
         log(f"{command}: ERROR: {line}")
     for line in interrupted_ranks_lines(session.interrupted_ranks):  # Ctrl-C, torchrun's or a scheduler's SIGTERM
+        log(f"{command}: {line}")
+    for line in detached_ranks_lines(session.detached_ranks):  # ddpwatch stopped watching; the training went on
         log(f"{command}: {line}")
     return session
 

@@ -31,6 +31,7 @@ from instrumented_ddp.protocol import (
     StepSummary,
     SwitchCommand,
     failure_of,
+    detachment_of,
     interruption_of,
 )
 from instrumented_ddp.step_figures import NO_CALLS, call_times, float_array, report_without_spans, summary_calls, summary_figures
@@ -726,17 +727,23 @@ class Session:
         scheduler's SIGTERM): ``{rank: (steps done, which signal)}``."""
         return goodbyes_saying(interruption_of, ((rank, state.goodbye) for rank, state in self.ranks.items()))
 
+    @property
+    def detached_ranks(self) -> dict[int, tuple[int, str]]:
+        """Ranks whose goodbye says ddpwatch stopped watching them while they trained on
+        (``protocol.DETACHED``): ``{rank: (steps done, why)}``."""
+        return goodbyes_saying(detachment_of, ((rank, state.goodbye) for rank, state in self.ranks.items()))
+
     def status(self, rank: int, now: float | None = None, recording_ended: bool = False) -> str:
         """``live``, ``lost`` (nothing heard for ``LOST_AFTER_S``), or, once it said goodbye,
-        ``finished``, ``failed`` (its training raised: the goodbye says what) or ``interrupted``
-        (a signal stopped it). ``recording_ended``: nothing more will come (a replay at the end of
+        ``finished``, ``failed`` (its training raised: the goodbye says what), ``interrupted``
+        (a signal stopped it) or ``detached`` (ddpwatch stopped watching it; it trains on). ``recording_ended``: nothing more will come (a replay at the end of
         its file): a rank heard to the end without a goodbye is ``cut``, not ``live``: the
         recording stopped before its run did, and how the run went on is not in it."""
         state = self.ranks[rank]
         if state.goodbye is not None:
             reason = state.goodbye.reason
             return ("failed" if failure_of(reason) is not None else "interrupted" if interruption_of(reason) is not None
-                    else "finished")
+                    else "detached" if detachment_of(reason) is not None else "finished")
         now = time.monotonic() if now is None else now
         return "lost" if now - state.last_seen > LOST_AFTER_S else "cut" if recording_ended else "live"
 

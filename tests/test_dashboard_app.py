@@ -621,6 +621,23 @@ async def test_ranks_a_signal_stopped_read_interrupted_not_failed_on_screen_and_
     assert (await header_first_line(messages)).startswith("ddpwatch fixed-session · 2 ranks · interrupted · fixed data")
 
 
+def test_a_rank_ddpwatch_stopped_watching_reads_detached_not_finished_on_screen_and_in_the_exports() -> None:
+    """``attach`` detaches where it cannot read the loop (the optimizer stepping inside the model's
+    forward) or where its own code raised, and the rank trains on: it read *finished*, its later
+    steps silently missing."""
+    why = "the optimizer stepped inside the model's forward"
+    messages = [*session_messages(steps=4, goodbye=False), encode(Goodbye(1, 2, f"detached: {why}"), 90, 0),
+                encode(Goodbye(0, 4), 90, 0)]
+    session = Session()
+    ingest(session, messages)
+    snapshot = SnapshotBuilder(session).build(now=max(state.last_seen for state in session.ranks.values()))
+    assert [(row.rank, row.status) for row in snapshot.ranks] == [(0, "finished"), (1, "detached")]
+    assert f"rank 1 no longer watched after step 2, training on unwatched: {why}" in snapshot.notes
+    data = json.loads(json.dumps(exporters.summary(session)))
+    assert exporters.detached_ranks(data) == {1: (2, why)} and exporters.failed_ranks(data) == {}
+    assert f"**Rank 1 no longer watched after step 2, training on unwatched: {why}**" in exporters.summary_markdown(data)
+
+
 async def test_a_large_job_makes_full_cycle_collections_rarer_and_the_app_restores_them() -> None:
     """Above 64 ranks a full pass over what the session keeps takes ~1 s at 1,024 ranks."""
     before = gc.get_threshold()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ddpwatch.rank_lists import failed_ranks_lines, heard_until_text, interrupted_ranks_lines, rank_runs, ranks_text, step_range_text
+from ddpwatch.rank_lists import detached_ranks_lines, failed_ranks_lines, heard_until_text, interrupted_ranks_lines, rank_runs, ranks_text, step_range_text
 
 
 def test_consecutive_ranks_collapse_to_runs_whatever_their_order_or_repeats() -> None:
@@ -60,3 +60,10 @@ def test_ranks_a_record_ends_without_are_said_with_the_steps_they_were_last_hear
     assert heard_until_text({3: 6}) == "rank 3 (last heard at step 6)"
     assert heard_until_text({rank: 5 + (rank == 7) for rank in range(8)}) == "8 ranks (0-7; last heard at steps 5-6)"
     assert heard_until_text({0: 6, 2: 6}) == "2 ranks (0, 2; last heard at step 6)"
+
+
+def test_detached_ranks_are_said_in_a_line_per_reason() -> None:
+    assert detached_ranks_lines({}) == []
+    assert detached_ranks_lines({0: (7, "RuntimeError: x"), 1: (8, "RuntimeError: x"), 3: (2, "the optimizer stepped")}) == [
+        "ranks 0-1 no longer watched after steps 7-8, training on unwatched: RuntimeError: x",
+        "rank 3 no longer watched after step 2, training on unwatched: the optimizer stepped"]

@@ -18,7 +18,8 @@ from instrumented_ddp.protocol import PROTOCOL_VERSION
 
 from ddpwatch.compact import StepSet
 from ddpwatch.metrics import ONE_RANK_NOTE
-from ddpwatch.rank_lists import (FEW_RANKS, failed_ranks_lines, heard_until_text, interrupted_ranks_lines, ranks_text,
+from ddpwatch.rank_lists import (FEW_RANKS, detached_ranks_lines, failed_ranks_lines, heard_until_text, interrupted_ranks_lines,
+                                 ranks_text,
                                  runs_text, step_range_text)
 from ddpwatch.session import Session
 
@@ -109,6 +110,7 @@ def cut_ranks_lines(session: Session, heard: float) -> list[str]:
 def note_lines(session: Session, heard: float, recording_ended: bool = False) -> list[str]:
     """Not faults: ranks a recording ends with (``recording_ended``: a replay at its end;
     ``cut_ranks_lines``), ranks a signal stopped (Ctrl-C, a SIGTERM: ``rank_lists.interrupted_ranks_lines``),
+    ranks ddpwatch stopped watching as they trained on (``rank_lists.detached_ranks_lines``),
     steps whose optimizer update was skipped, steps in which torch.compile compiled, accumulating
     steps that all-reduced before their last micro-step (``accumulation``), ranks whose
     steps stopped while the others' went on, reports that came late (heartbeats run ahead of
@@ -116,6 +118,7 @@ def note_lines(session: Session, heard: float, recording_ended: bool = False) ->
     run of one rank, whose figures of communication are empty."""
     lines = cut_ranks_lines(session, heard) if recording_ended else []
     lines += interrupted_ranks_lines(session.interrupted_ranks)
+    lines += detached_ranks_lines(session.detached_ranks)
     if session.world_size == 1:
         lines.append(ONE_RANK_NOTE)
     if session.skipped_updates:

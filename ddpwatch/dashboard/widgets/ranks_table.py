@@ -32,7 +32,7 @@ COLUMNS = ("rank", "status", "step", "step ms", "Compute%", "Non_Compute%", "Ove
 STATUS_COLUMN = COLUMNS.index("status")
 STATUS_STYLE = {"live": Style(color="green"), "finished": Style(color="blue"), "lost": Style(color="red", bold=True),
                 "failed": Style(color="red", bold=True), "interrupted": Style(color="yellow"),
-                "cut": Style(color="yellow", dim=True)}
+                "cut": Style(color="yellow", dim=True), "detached": Style(color="magenta")}
 NUMERIC = frozenset(range(COLUMNS.index("step"), COLUMNS.index("waited ms") + 1)) | {COLUMNS.index("dropped")}
 GAP = 2
 

@@ -15,7 +15,9 @@ import io
 import json
 import math
 import os
+import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -449,16 +451,31 @@ def _write_atomic(path: Path, text: str) -> None:
         raise
 
 
-def write_exports(session: Session, out_dir: Path) -> dict[str, Path]:
-    """Write the export files into ``out_dir`` (created if needed); returns name -> path."""
+def write_exports(session: Session, out_dir: Path,
+                  on_error: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)) -> dict[str, Path]:
+    """Write the export files into ``out_dir`` (created if needed); returns name -> path of those
+    written. One that cannot be made is said in a line (``on_error``) and the others are written:
+    every text was made before any was written, so one that raised (a trace of a time JSON cannot
+    hold) lost them all, the recorder's end included."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    data = summary(session)
-    texts = {"summary.json": json.dumps(data, indent=2, allow_nan=False) + "\n",
-             "summary.md": summary_markdown(data), "summary.svg": summary_svg(data), "summary.csv": summary_csv(data),
-             "trace.json": json.dumps(chrome_trace(session), allow_nan=False, separators=(",", ":"))}
+    makers: dict[str, Callable[[], str]] = {"trace.json": lambda: json.dumps(chrome_trace(session), allow_nan=False,
+                                                                               separators=(",", ":"))}
+    try:
+        data = summary(session)
+    except Exception as error:
+        on_error(f"summary.json, summary.md, summary.svg and summary.csv could not be made: {type(error).__name__}: {error}")
+    else:
+        makers = {"summary.json": lambda: json.dumps(data, indent=2, allow_nan=False) + "\n",
+                  "summary.md": lambda: summary_markdown(data), "summary.svg": lambda: summary_svg(data),
+                  "summary.csv": lambda: summary_csv(data), **makers}
     paths = {}
-    for name, text in texts.items():
+    for name, make in makers.items():
+        try:
+            text = make()
+        except Exception as error:
+            on_error(f"{name} could not be made: {type(error).__name__}: {error}")
+            continue
         _write_atomic(out_dir / name, text)
         paths[name] = out_dir / name
     return paths

@@ -524,6 +524,19 @@ def test_write_exports(session: Session, tmp_path: Path) -> None:
     assert len(list(out.iterdir())) == 5
 
 
+def test_an_export_that_cannot_be_made_is_said_and_the_others_are_written(
+        session: Session, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every text was made before any was written: one that raised lost them all."""
+    def chrome_trace(_session: Session) -> dict[str, Any]:
+        return {"traceEvents": [{"ts": float("inf")}]}  # JSON holds no infinity
+
+    monkeypatch.setattr(exporters, "chrome_trace", chrome_trace)
+    said: list[str] = []
+    paths = exporters.write_exports(session, tmp_path, on_error=said.append)
+    assert sorted(paths) == ["summary.csv", "summary.json", "summary.md", "summary.svg"]
+    assert said == ["trace.json could not be made: ValueError: Out of range float values are not JSON compliant"]
+
+
 # --- the headless recorder ---------------------------------------------------------------------
 
 

@@ -86,6 +86,31 @@ def test_host_clock_puts_nothing_on_gloos_thread_and_ends_a_collective_between_t
     assert [(s.tag, s.end) for s in kinds_of(report, "all_reduce")] == [("p0", 1.5), ("p1", 3.25), ("p2", 5.0)]
 
 
+def test_several_collectives_of_a_queue_seen_completed_at_one_look_end_in_turn_across_it_not_all_in_its_middle(
+        host_time: FakeHostTime) -> None:
+    """By hand: p0, p1, p2 issued at 0, 1 and 2 ms (gloo's two workers take p0 and p1; p2 waits for
+    one), still running at the look at 3 ms, all seen completed at 10 ms. Given one end, the middle
+    (6.5), the replay started p2 when a worker freed, at 6.5 too: 0 ms long. Now the i-th of the
+    three ends at 3 + 7 * i / 4: 4.75, 6.5 and 8.25 ms, and p2 starts when p0 ends, at 4.75."""
+    timeline = StepTimeline(rank=0, clock=HostClock())
+    timeline.begin_step(1, "async", {})
+    works = []
+    for index, tag in enumerate(("p0", "p1", "p2")):
+        host_time.now = index * 0.001
+        span = timeline.open_collective("all_reduce", 4, tag, "float32", blocking=False)
+        works.append(FakeWork())
+        timeline.close_collective(span, works[-1])
+    host_time.now = 0.003
+    timeline.poll()
+    for work in works:
+        work.completed = True
+    host_time.now = 0.010
+    timeline.poll()
+    timeline.end_step(samples=1, tokens=1)
+    spans = [(s.tag, round(1e3 * s.start, 6), round(1e3 * s.end, 6)) for s in kinds_of(only_report(timeline), "all_reduce")]
+    assert spans == [("p0", 0.0, 4.75), ("p1", 1.0, 6.5), ("p2", 4.75, 8.25)]
+
+
 def test_host_clock_stops_looking_past_as_many_running_collectives_as_gloo_has_workers(host_time: FakeHostTime) -> None:
     """Gloo's two workers take collectives in issue order: with the first two still running, no
     later one has started, so a rank far behind pays for two looks a mark, not one per work."""

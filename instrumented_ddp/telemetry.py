@@ -83,6 +83,8 @@ class TelemetryPublisher:
         self._hello_owed = True  # the last hello did not go out: sent before the goodbye (``_say_goodbye``)
         self._connected_at = float("-inf")  # when the sender last saw a dashboard's handshake
         self._closing_by: float | None = None  # how long ``close`` lets the sender wait for a dashboard
+        self._ending = threading.Lock()  # ``close`` giving up on the sender, or the sender ending: one closes the context
+        self._closed = False  # ``close`` has returned
         self.commands: queue.Queue[SwitchCommand] = queue.Queue(maxsize=64)
         self.rejected_commands = 0
         self.spans = SpanPolicy(hello.world_size)  # spans or a summary per step; used on the sender thread
@@ -109,20 +111,44 @@ class TelemetryPublisher:
             self.dropped += 1
 
     def close(self, steps: int, reason: str = "finished", timeout_s: float = 1.0, trains_again: bool = False) -> None:
-        """Say goodbye, give the sender up to ``timeout_s`` to drain, then drop what is left."""
-        self._closing_by = time.monotonic() + 0.8 * timeout_s  # the rest to send, and for the sender to end
+        """Say goodbye, give the sender up to ``timeout_s`` to drain, then drop what is left.
+
+        The goodbye is queued behind what is still to send: with a backlog the sender cannot
+        clear in time (2,000 step reports to summarize, ~3 ms each), it never went out, the rank
+        read *lost*, and the context was destroyed under the sender still sending, whose thread
+        died printing a traceback into the user's output. Now the sender drops what is left once
+        the drain's time is up (``_closing_by``, counted as dropped) and says goodbye within the
+        time given; the context is closed by whichever of the two ends last."""
+        goodbye_s = 2 * LAST_SEND_WAIT_MS / 1000  # at most a hello and the goodbye, each waiting that long
+        self._closing_by = time.monotonic() + max(0.0, timeout_s - goodbye_s)  # the rest to send, then the goodbye
         self.publish(Goodbye(self.hello.rank, steps, reason, trains_again))
         try:
             self._queue.put(None, timeout=timeout_s)
         except queue.Full:
             pass
-        self._thread.join(timeout_s)
-        if not self._thread.is_alive():
+        self._thread.join(timeout_s + goodbye_s)
+        with self._ending:
+            self._closed = True
+            if self._thread.is_alive():
+                return  # the sender closes the context as it ends
             self._socket.disable_monitor()
-        self._context.destroy(linger=0)
+            self._context.destroy(linger=0)
 
     # -- the sender thread -------------------------------------------------------------------------
     def _run(self) -> None:
+        """The sender's loop, then the context closed if ``close`` stopped waiting for it; what
+        it raises (the context gone at the process's exit) ends it quietly: never a traceback in
+        the training's output."""
+        try:
+            self._send_until_goodbye()
+        except Exception:
+            pass
+        finally:
+            with self._ending:
+                if self._closed:
+                    self._context.destroy(linger=0)
+
+    def _send_until_goodbye(self) -> None:
         next_heartbeat = next_hello = time.monotonic()
         while True:
             now = time.monotonic()
@@ -147,6 +173,10 @@ class TelemetryPublisher:
             if isinstance(message, Goodbye):
                 self._say_goodbye(message)
                 return
+            if self._closing_by is not None and time.monotonic() >= self._closing_by:
+                self._seq += 1  # no time left to send it: dropped, so the goodbye still goes out
+                self._count_unsent()
+                continue
             if not self.connected:
                 self._seq += 1  # numbered as if sent: the gap says it was lost, as the count does
                 self._count_unsent()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import socket
 import struct
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -223,6 +224,33 @@ def test_a_rank_sends_the_spans_asked_for_and_summaries_of_the_rest(quiet_publis
         assert publisher.spans.summaries == 6
     finally:
         publisher.close(steps=0, timeout_s=0.2)
+        receiver.close()
+
+
+def test_close_with_a_backlog_it_cannot_send_in_time_drops_the_rest_and_still_says_goodbye(
+        quiet_publisher: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A thousand reports queued, each taking 5 ms to send (a summary of a large step takes ~3):
+    the goodbye, queued behind them, never went out (the rank read *lost*), and the context was
+    destroyed under the sender, whose thread died printing a traceback."""
+    address = _free_address()
+    receiver = TelemetryReceiver(address)
+    publisher = TelemetryPublisher(address, HELLO)
+    collector = Collector(receiver)
+    died: list[BaseException] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: died.append(args.exc_value))
+    slow = publisher.spans.messages_for
+    monkeypatch.setattr(publisher.spans, "messages_for", lambda report: time.sleep(0.005) or slow(report))
+    try:
+        assert collector.until(lambda got: any(isinstance(e.message, Hello) for e in got))
+        for step in range(1, 1001):
+            publisher.publish(_report(step))
+        publisher.close(steps=1000, timeout_s=1.0)
+        assert not publisher._thread.is_alive() and died == []
+        assert collector.until(lambda got: any(isinstance(e.message, Goodbye) for e in got))
+        (goodbye,) = [e for e in collector.envelopes if isinstance(e.message, Goodbye)]
+        sent = [e.message.step for e in collector.envelopes if isinstance(e.message, StepReport)]
+        assert len(sent) < 1000 and goodbye.dropped == 1000 - len(sent)  # the rest dropped, and said so
+    finally:
         receiver.close()
 
 

@@ -49,7 +49,7 @@ class Clock(Protocol):
     #: Whether ends of asynchronous collectives are found by ``poll`` on this rank's thread.
     polls: bool
 
-    def begin_step(self) -> None: ...
+    def begin_step(self, at: Stamp = None) -> None: ...
     def poll(self, waited: Any = None) -> None: ...
     def stamp(self) -> Stamp: ...
     def resolve(self, stamp: Stamp) -> float | None: ...
@@ -120,7 +120,7 @@ class HostClock:
         self._running: list[tuple[Any, _PendingSpan]] = []  # issued, not yet seen completed
         self._last_look = float("-inf")  # when the running ones were last seen running
 
-    def begin_step(self) -> None:
+    def begin_step(self, at: Stamp = None) -> None:
         pass
 
     def stamp(self) -> float:
@@ -241,7 +241,15 @@ class CudaEventClock:
     def poll(self, waited: Any = None) -> None:
         pass
 
-    def begin_step(self) -> None:
+    def begin_step(self, at: Stamp = None) -> None:
+        """A step's reference event, recorded now; or, for a step that begins at ``at`` (a mark
+        made earlier: where the step before was found to have ended), that mark's own. Given a
+        new one, the step's start was read against the old reference and its spans against the
+        new, and however far the GPU fell behind the host between the two landed in its window
+        (a step of 30 ms on the GPU read 10, its forward before its own start)."""
+        if isinstance(at, tuple):
+            self._reference, self._reference_host = at[0], at[1]
+            return
         self._reference = self._event()
         self._reference_host = time.perf_counter()
 
@@ -383,6 +391,9 @@ class _PendingStep:
         self.paused_to: Stamp = None
         self.paused_for: list[str] = []
         self.paused_inside = False  # a pause after the step's training began: its window holds it
+        #: A mark made after the loss and tokens were captured, where the step ended at an earlier
+        #: one (``end_step``'s ``at``): they are read once it resolves, not at the step's end.
+        self.values_at: Stamp = None
         self.carries_outside_spans = bool(spans)  # it starts with marks made before it began (a wrap-time broadcast)
         self.graphs_compiled_at_start = dynamo_graphs_compiled()  # torch.compile's count: ``compile_counter``
 
@@ -405,7 +416,7 @@ class StepTimeline:
     # -- marking ---------------------------------------------------------------------------------
     def begin_step(self, step: int, strategy: str, settings: dict[str, Any], at: Stamp = None) -> None:
         """A step begins now, or at ``at`` (a stamp made a moment ago: where the step before ended)."""
-        self.clock.begin_step()
+        self.clock.begin_step(at)
         early, self._outside_step = self._outside_step, []
         carried, self._carried = self._carried, []
         self._current = _PendingStep(step, strategy, dict(settings), self.clock.stamp() if at is None else at, early + carried)
@@ -537,6 +548,9 @@ class StepTimeline:
         step.loss = self.clock.capture(loss) if loss is not None else None
         step.tokens = tokens if isinstance(tokens, int) else self.clock.capture(tokens)
         step.end, step.samples = self.clock.stamp() if at is None else at, samples
+        if at is not None and (not isinstance(tokens, int) or loss is not None):
+            # the copies were queued now, after ``at``: on a GPU, read once a mark after them resolved
+            step.values_at = self.clock.stamp()
         step.settings.update(settings or {})
         step.compiling = dynamo_graphs_compiled() != step.graphs_compiled_at_start
         step.excluded = excluded or step.carries_outside_spans or step.compiling or step.paused_inside
@@ -626,10 +640,11 @@ class StepTimeline:
         mark once the step is ``overdue``, is left out and the report marked unresolved."""
         resolve = self.clock.resolve
         start, end = resolve(step.start), resolve(step.end)
-        if (start is None or end is None) and not overdue:
+        values_ready = step.values_at is None or resolve(step.values_at) is not None
+        if (start is None or end is None or not values_ready) and not overdue:
             return None
         reason = ""  # why the step is unresolved: its first mark that failed, else that marks were still pending
-        pending_marks = int(start is None) + int(end is None)
+        pending_marks = int(start is None) + int(end is None) + int(not values_ready)
         resolved: list[tuple[Span, float | None, str]] = []  # (span, NCCL's duration: its end is to be found, queue)
         for pending in step.spans:
             span_start = resolve(pending.start)

@@ -313,6 +313,53 @@ def test_cuda_loss_is_read_without_waiting_for_the_device(gpu: FakeGpu, host_tim
     assert gpu.synchronizations == 0
 
 
+def test_a_step_ended_at_an_earlier_mark_reads_its_loss_once_the_copy_after_that_mark_ran(
+        gpu: FakeGpu, host_time: FakeHostTime) -> None:
+    """An attached step found only later to have ended at its backward (its update skipped): its
+    end is the backward's mark (5 ms), but its loss is captured, the copy queued, after the next
+    forward's kernels (9 ms). Read once the end's event ran, the copy had not: a stale loss
+    (the fake asserts, where real pinned memory reads whatever it held)."""
+    timeline = _cuda_timeline(gpu)
+    timeline.begin_step(1, "ddp", {})
+    gpu.compute.run(5.0)
+    after_backward = timeline.stamp()
+    gpu.compute.run(4.0)
+    timeline.end_step(samples=1, tokens=1, loss=FakeCudaTensor(gpu, 2.5), at=after_backward, update_skipped=True)
+    gpu.done_ms = 5.0  # every mark of the step has run; the copy, at 9 ms, not
+    assert timeline.completed_reports() == []
+    gpu.done_ms = 9.0
+    report = only_report(timeline)
+    assert (report.loss, report.unresolved, report.end) == (2.5, False, pytest.approx(report.start + 0.005))
+    assert gpu.synchronizations == 0
+
+
+def test_a_step_begun_at_an_earlier_mark_is_read_against_that_marks_reference_not_a_new_one(
+        gpu: FakeGpu, host_time: FakeHostTime) -> None:
+    """By hand: step 1's backward runs 0-5 ms on the GPU, where its update is later found skipped;
+    the host then queues 20 ms of kernels and moves on 2 ms. Step 2 begins at the backward's mark
+    and its forward runs 25-35 ms on the GPU: a window of 5-35 ms. With a reference of its own,
+    recorded at host 2 ms behind 25 ms of GPU work, its marks read 23 ms early: forward 2-12,
+    before the step's own start (5, read against step 1's reference), and the window 2-12."""
+    timeline = _cuda_timeline(gpu)
+    timeline.begin_step(1, "ddp", {})
+    gpu.compute.run(5.0)
+    after_backward = timeline.stamp()
+    gpu.compute.run(20.0)
+    host_time.now = 0.002
+    timeline.end_step(1, 1, at=after_backward, update_skipped=True)
+    timeline.begin_step(2, "ddp", {}, at=after_backward)
+    with timeline.phase("forward"):
+        gpu.compute.run(10.0)
+    host_time.now = 0.003
+    timeline.end_step(1, 1)
+    gpu.done_ms = 35.0
+    first, second = timeline.completed_reports()
+    (forward,) = second.spans
+    assert 1e3 * first.start == pytest.approx(0.0) and 1e3 * first.end == pytest.approx(5.0)
+    assert (1e3 * second.start, 1e3 * second.end) == (pytest.approx(5.0), pytest.approx(35.0))
+    assert (1e3 * forward.start, 1e3 * forward.end) == (pytest.approx(25.0), pytest.approx(35.0))
+
+
 def test_cuda_marks_record_on_the_stream_current_at_each_mark_building_each_stream_once(gpu: FakeGpu, host_time: FakeHostTime) -> None:
     """Marks are cheap on the host (one Stream object per stream, not per mark) yet still land on
     whichever stream is current: a user's side stream, or the callback's pool stream."""

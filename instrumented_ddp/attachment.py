@@ -143,7 +143,10 @@ def never_raises_into_the_loop(detaches_here: bool) -> Callable[[_Hook], _Hook]:
                 except Exception as error:
                     self.stop_watching_after(error, hook.__name__)
             if detaches_here:
-                self.detach(self.broken_reason())
+                try:
+                    self.detach(self.broken_reason())
+                except Exception:  # what is left of the watch goes with the process
+                    pass
             return None
 
         return cast(_Hook, guarded)
@@ -429,9 +432,12 @@ class Attachment:
         """ddpwatch's own code raised ``error`` in the hook ``where``: every hook is a no-op from
         now on (``never_raises_into_the_loop`` removes them), said in one line on this rank."""
         self.broken = error
-        print(f"instrumented_ddp.attach: rank {dist.get_rank()}: ddpwatch raised {self.broken_reason().removeprefix(DETACHED)} "
-              f"in {where}: this rank is no longer watched and trains on unwatched (a fault of ddpwatch's: please report "
-              "it with this line)", file=sys.stderr, flush=True)
+        try:
+            print(f"instrumented_ddp.attach: rank {self.timeline.rank}: ddpwatch raised "
+                  f"{self.broken_reason().removeprefix(DETACHED)} in {where}: this rank is no longer watched and trains on "
+                  "unwatched (a fault of ddpwatch's: please report it with this line)", file=sys.stderr, flush=True)
+        except Exception:  # no stderr to say it on: the goodbye still says it
+            pass
 
     def broken_reason(self) -> str:
         """The goodbye of a rank whose watching stopped on ``broken``: *detached: OverflowError: …*."""

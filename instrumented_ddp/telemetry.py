@@ -121,6 +121,9 @@ class TelemetryPublisher:
         time given; the context is closed by whichever of the two ends last."""
         goodbye_s = 2 * LAST_SEND_WAIT_MS / 1000  # at most a hello and the goodbye, each waiting that long
         self._closing_by = time.monotonic() + max(0.0, timeout_s - goodbye_s)  # the rest to send, then the goodbye
+        waiting_until = time.monotonic() + timeout_s
+        while self._queue.full() and time.monotonic() < waiting_until:  # the sender frees a place: not dropped by it
+            time.sleep(0.005)
         self.publish(Goodbye(self.hello.rank, steps, reason, trains_again))
         try:
             self._queue.put(None, timeout=timeout_s)

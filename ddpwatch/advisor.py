@@ -188,8 +188,10 @@ class Advice:
 
 
 def workers_of(backend: str) -> int:
-    """NCCL runs a group's collectives one at a time on its stream; gloo on its 2 worker threads."""
-    return 1 if backend == "nccl" else 2
+    """NCCL runs a group's collectives one at a time on its stream; gloo on its 2 worker threads.
+    A group of several backends names each by device (``cpu:gloo,cuda:nccl``): a model's buckets
+    are on its CUDA device, so NCCL's."""
+    return 1 if "nccl" in backend else 2
 
 
 def advise(*, strategy: str, cap_mb: float, backend: str, world_size: int, profile_steps: Sequence[Mapping[int, StepReport]],
@@ -340,6 +342,6 @@ def measured_caps(session: Session) -> list[MeasuredCap]:
         figures = session.segment_figures(segment, include_pending=False, per_rank=False)
         if figures.steps:
             low_ms, high_ms = figures.step_ms_p50_interval
-            measured.append(MeasuredCap(segment.strategy, int(float(cap_mb) * MIB), figures.step_ms_p50 / 1e3, figures.steps,
+            measured.append(MeasuredCap(segment.strategy, max(1, int(float(cap_mb) * MIB)), figures.step_ms_p50 / 1e3, figures.steps,
                                         (low_ms / 1e3, high_ms / 1e3)))
     return measured

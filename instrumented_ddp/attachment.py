@@ -263,6 +263,17 @@ def compute_device(model: nn.Module, module: nn.Module, sharded: bool) -> torch.
     return next(module.parameters()).device
 
 
+def backend_of(group: dist.ProcessGroup | None, device: torch.device) -> str:
+    """The backend the model's collectives run on: the group's for the model's device. A group
+    made with no backend named (``init_process_group()``, torch's default of gloo for the CPU and
+    NCCL for CUDA) calls itself ``undefined``, and the advisor simulated a GPU run's buckets on
+    gloo's two workers instead of NCCL's one stream."""
+    try:
+        return str((group or dist.distributed_c10d._get_default_group())._get_backend(device).name())
+    except Exception:  # no backend for that device, or a torch that names it otherwise
+        return str(dist.get_backend(group))
+
+
 def steps_any_of(optimizer: torch.optim.Optimizer, parameters: Iterable[torch.Tensor]) -> bool:
     """Whether ``optimizer`` holds any of ``parameters`` (the very tensors: a model's, FSDP's
     sharded ones), so that its ``step()`` updates them."""
@@ -312,7 +323,7 @@ class Attachment:
         users_hook = None if sharded else users_comm_hook(model)
         self._hook_settings = {"comm_hook": users_hook} if users_hook else {}  # gradient compression, named
         context = DistributedContext(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")),
-                                     self.device, dist.get_backend(group))
+                                     self.device, backend_of(group, self.device))
         self.watch = Watch.start(address, context, {
             "strategy": self.strategy, "settings": self._settings(1),
             "model_parameters": sum(p.numel() for p in module.parameters()),

@@ -35,6 +35,8 @@ MAX_WORLD_SIZE = 1 << 17
 #: (``perf_counter``, the epoch's seconds) are far inside it, and a step from -1e308 to 1e308 made
 #: the segment's wall time infinite and every export fail to write.
 MAX_TIME_S = 1e12
+#: The largest bucket cap, in MB: a petabyte, where DDP's reducer overflows its 64-bit bytes at ~8.8e12.
+MAX_BUCKET_MB = 1e9
 DEFAULT_ADDRESS = "tcp://127.0.0.1:5555"
 #: What a run that cannot switch (``Hello.switchable`` False) answers, and the dashboard says.
 NOT_SWITCHABLE = "this run was not started by ddpwatch: switching is off"
@@ -749,6 +751,8 @@ def bucket_mb_problem(bucket_mb: object, name: str = "bucket_mb") -> str | None:
         return f"{name} must be a number of MB, not {bucket_mb!r}"
     if not (math.isfinite(bucket_mb) and bucket_mb > 0):
         return f"{name} must be a positive, finite number of MB, not {bucket_mb:g}"
+    if bucket_mb > MAX_BUCKET_MB:  # DDP's C++ reducer takes the bytes as a 64-bit integer: a TypeError on every rank
+        return f"{name} must be at most {MAX_BUCKET_MB:g} MB (a petabyte), not {bucket_mb:g}"
     return None
 
 

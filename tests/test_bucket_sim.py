@@ -4,6 +4,8 @@ each changing the answer)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from ddpwatch.bucket_sim import BackwardProfile, best, cap_grid, describe, simulate, sweep
@@ -104,6 +106,17 @@ def test_the_valley_one_stream_both_walls() -> None:
     assert four.extrapolated and not two.extrapolated  # the model saw 1-2 MiB only
     assert describe(one, MODEL).startswith("latency-bound: 4 calls of 1 MB")
     assert describe(four, MODEL).startswith("one exposed 4 MB all-reduce after backward")
+
+
+def test_of_caps_as_fast_the_best_is_the_fewest_calls_then_the_smallest_cap() -> None:
+    """Above the model's bytes every cap is one bucket of it all, equally fast: the largest
+    (2 GB) was the best offered, and ``tune`` ran 1, 2 and 4 GB as three caps. Within 0.1 % of
+    the fastest, fewer calls still win (a larger cap for the same time)."""
+    one_bucket = [simulate(PROFILE, MODEL, cap) for cap in (4 * MIB, 64 * MIB, 2048 * MIB)]
+    assert len({p.step_s for p in one_bucket}) == 1 and best(one_bucket).cap_bytes == 4 * MIB
+    one, two, four = sweep(PROFILE, MODEL, [MIB, 2 * MIB, 4 * MIB])  # the valley above: 2 MiB best, 2 calls
+    four_as_fast = replace(four, step_s=two.step_s * 1.0005)  # one call, 0.05 % slower
+    assert best([one, two, four_as_fast]) is four_as_fast
 
 
 def test_gloos_two_workers_move_the_best_cap() -> None:

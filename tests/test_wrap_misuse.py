@@ -28,3 +28,17 @@ def test_a_cap_that_is_not_a_positive_finite_number_of_mb_is_refused(one_rank_gr
 def test_the_smallest_and_largest_sane_caps_pass() -> None:
     assert bucket_mb_problem(1e-6) is None and bucket_mb_problem(2048) is None and bucket_mb_problem(25) is None
     assert bucket_mb_problem(True) == "bucket_mb must be a number of MB, not True"
+    # DDP's reducer takes the bytes as a 64-bit integer: 1e13 MB passed, then a TypeError on every rank
+    assert bucket_mb_problem(1e9) is None
+    assert bucket_mb_problem(1e13) == "bucket_mb must be at most 1e+09 MB (a petabyte), not 1e+13"
+
+
+def test_the_bucket_strategys_layout_indexes_the_trainable_parameters_as_the_hello_lists_them(one_rank_group: None) -> None:
+    """A frozen parameter between trainable ones: indexed among all of them, every index after
+    it was one too high, and the advisor read the wrong sizes or raised IndexError."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 8), torch.nn.Linear(8, 2))
+    model[1].weight.requires_grad_(False)
+    wrapped = instrumented_ddp.wrap(model, "bucket", bucket_mb=1e-4)
+    listed = [name for name, p in model.named_parameters() if p.requires_grad]  # the hello's parameter_layout
+    indices = sorted(i for bucket in wrapped.bucket_layout for i in bucket)
+    assert indices == list(range(len(listed)))

@@ -182,8 +182,10 @@ def switch_strategy(model: DataParallelStrategy, optimizer: torch.optim.Optimize
                     context: DistributedContext, watch: Watch) -> tuple[DataParallelStrategy, torch.optim.Optimizer, str]:
     """Re-wrap the model at this optimizer-step boundary, with a new optimizer holding the old
     one's state (gathered from shards or scattered to them); every rank runs this with the same command."""
-    grad_accum = command.grad_accum or (2 if command.strategy == "ga" and args.grad_accum == 1 else args.grad_accum)
-    bucket_mb = command.bucket_mb or args.bucket_mb
+    # ``is None``, not falsiness: a cap or micro-step count of 0 is refused in the acknowledgement, not applied as the old one
+    grad_accum = command.grad_accum if command.grad_accum is not None else (
+        2 if command.strategy == "ga" and args.grad_accum == 1 else args.grad_accum)
+    bucket_mb = command.bucket_mb if command.bucket_mb is not None else args.bucket_mb
     problem = (
         f"unknown strategy {command.strategy!r}" if command.strategy not in instrumented_ddp.STRATEGY_NAMES
         else unavailable_strategy(command.strategy)
@@ -313,6 +315,7 @@ def main(argv: list[str] | None = None) -> int:
             accuracy, eval_loss = evaluate(bare, eval_loader, context.device)
             watch.record_evaluation({"eval_loss": eval_loss, "eval_accuracy": accuracy})  # the Loss tab, the exports
             say(f"eval accuracy {accuracy:.3f} on {len(eval_loader.dataset)} held-out examples (chance 0.200), loss {eval_loss:.4f}")
+        watch.refuse_commands("training has ended: no step is left to switch at")  # asked after the last step: answered
     watch.close()
 
     differing = ranks_that_differ(gather_digests(bare))

@@ -44,7 +44,8 @@ class StopRule:
                 return f"step {self.until_steps} reached"
         if self.until_seconds is not None and now - started >= self.until_seconds:
             return f"{self.until_seconds:g} s elapsed"
-        heard = session.messages or session.rejected  # a rank whose every message is refused still connected
+        # a rank spoke (a switch command sent before any run is no rank); one whose every message is refused did
+        heard = bool(session.ranks) or bool(session.rejected)
         if heard and now - last_message >= self.idle_exit_s:
             return f"no message for {self.idle_exit_s:g} s"
         if self.connect_within_s is not None and not heard and now - started >= self.connect_within_s:

@@ -199,6 +199,18 @@ def test_a_rank_whose_every_message_is_rejected_is_said_so_once_not_as_no_rank_a
     assert lines[-1].startswith("ddpwatch record: stopped (no message for 1 s); 0 messages")
 
 
+def test_a_switch_command_before_any_rank_is_no_rank_having_spoken() -> None:
+    """``ddpwatch switch`` sent to a recorder before the run started: it was counted as a rank
+    speaking, and ``--idle-exit`` ended the recording before the run came (the README: it counts
+    only once a rank has spoken)."""
+    from ddpwatch.recorder import StopRule
+    from instrumented_ddp.protocol import SwitchCommand
+
+    session = Session()
+    session.ingest(Envelope(SwitchCommand(command_id="c-1", strategy="zero1"), -1, 0, 0))
+    assert StopRule(idle_exit_s=1.0).reached(session, started=0.0, last_message=0.0) is None
+
+
 def test_record_stopped_by_ctrl_c_before_its_wait_is_no_error(tmp_path: Path) -> None:
     """Ctrl-C before ``--wait`` ran out is the user's stop, not a run that never connected."""
     recorder = subprocess.Popen([sys.executable, "-m", "ddpwatch.cli", "record", "--listen", f"tcp://127.0.0.1:{free_port()}",

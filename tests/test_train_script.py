@@ -134,6 +134,27 @@ def test_a_live_switch_to_fsdp_on_a_torch_without_fsdp2_is_refused_and_the_model
     assert acks == [(False, 8, said.removeprefix("switch to fsdp refused: "))]
 
 
+@pytest.mark.parametrize(("bucket_mb", "grad_accum", "said"), [
+    (0.0, None, "bucket_mb must be a positive, finite number of MB, not 0"),
+    (None, 0, "grad-accum must be at least 1, not 0"),
+])
+def test_a_live_switch_to_a_cap_or_micro_steps_of_zero_is_refused_not_applied_with_the_old_ones(
+        bucket_mb: float | None, grad_accum: int | None, said: str) -> None:
+    """Read by falsiness, 0 fell back to the run's own values and the switch was acknowledged as
+    applied (a run at 5 MB said *switched to bucket (bucket_mb=5, grad_accum=1)* to a command of 0)."""
+    from types import SimpleNamespace
+
+    import train
+
+    acks: list[tuple[bool, int, str]] = []
+    watch = SimpleNamespace(steps=7, acknowledge=lambda command, applied, step, detail="": acks.append((applied, step, detail)))
+    model, optimizer = object(), object()
+    args = SimpleNamespace(grad_accum=1, bucket_mb=5.0, batch_size=8)
+    command = SimpleNamespace(strategy="bucket", grad_accum=grad_accum, bucket_mb=bucket_mb)
+    kept, kept_optimizer, _ = train.switch_strategy(model, optimizer, command, args, SimpleNamespace(world_size=2), watch)
+    assert kept is model and kept_optimizer is optimizer and acks == [(False, 8, said)]
+
+
 def test_unknown_model_fails_with_one_line_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     result = run_train("--model", "no-such-org/no-such-model", "--steps", "1")

@@ -150,8 +150,8 @@ class DataParallelStrategy(nn.Module):
 
     def _load_full_optimizer_state(self, optimizer: torch.optim.Optimizer, state: FullOptimizerState) -> None:
         for parameter, entries in zip(self.trainable_parameters(), state, strict=True):
-            if entries:
-                optimizer.state[parameter] = {k: v.to(parameter.device) for k, v in entries.items()}
+            if entries:  # a 0-dim step stays where it was (the host): on the device, Adam syncs on it per parameter
+                optimizer.state[parameter] = {k: v if v.dim() == 0 else v.to(parameter.device) for k, v in entries.items()}
 
     # -- what subclasses specialise -------------------------------------------------------------
     def _attach(self) -> None:

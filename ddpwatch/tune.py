@@ -89,11 +89,15 @@ class SweepDriver:
             return None
         if self.start_mb is None:
             self.start_mb = float(segment.settings.get("bucket_mb") or 25.0)
+            if segment.strategy != self.strategy:  # its steps are another strategy's: the start is measured switched
+                self.log(f"ddpwatch tune: the run trains {segment.strategy}; measuring the starting cap under {self.strategy}")
+                self._switch_to(self.start_mb, session, relay)
+                return None
             predicted_ms, because = _prediction(session, self.start_mb)
             start = TunedCap(self.start_mb, predicted_ms, no_prediction_because=because)
             self._measure(session, segment, start)
             self.results.append(start)
-        if not self._planned:
+        if not self._planned and not self._queue:  # a probe still queued is run before planning again
             self._plan(session)
         if self._queue:
             self._switch_to(self._queue.pop(0), session, relay)

@@ -15,7 +15,7 @@ from ddpwatch.tune import SweepDriver, TunedCap, table, told_apart
 from instrumented_ddp.protocol import Ack, SwitchCommand, encode
 from launch import REPO_ROOT
 from synthetic_session import hello
-from test_advisor import LAYOUT, bucket_step
+from test_advisor import LAYOUT, MIB, bucket_step
 
 
 class FakeRelay:
@@ -80,6 +80,64 @@ def test_the_sweep_switches_to_each_size_in_turn_and_measures_it_after_its_ackno
     # every step of a cap alike: its interval is that one step time
     assert [r.measured_interval_ms for r in driver.results[1:]] == [pytest.approx((180.0, 180.0)), pytest.approx((190.0, 190.0))]
     assert all(r.predicted_ms is None for r in driver.results)  # one size of all-reduce: no cost model fits
+
+
+def test_a_run_on_another_strategy_has_its_starting_cap_measured_under_the_swept_one() -> None:
+    """A run on ``simple`` (train.py's default strategy is another than the sweep's): its steps
+    were taken as the ``bucket`` sweep's starting cap, and the run could be left there at a
+    setup never measured (*measured best: 25 MB at 150.0 ms, the starting cap*: simple's)."""
+    session, relay = Session(), FakeRelay()
+    run = MadeUpRun(session, {0.25: 150.0, 1.0: 180.0})
+    for rank in (0, 1):
+        run.send(replace(hello(rank, strategy="simple"), parameter_layout=LAYOUT, settings={"grad_accum": 1}))
+    for _ in range(4):
+        run.step += 1
+        for rank in (0, 1):
+            run.send(replace(bucket_step(rank, run.step), strategy="simple", settings={"grad_accum": 1}))
+    driver = SweepDriver("bucket", steps_per_size=3, sizes=[1.0], log=lambda line: None)
+    assert driver(session, relay) is None and driver.results == []
+    (first,) = relay.requested
+    assert (first.strategy, first.bucket_mb) == ("bucket", 25.0)  # the starting cap, under bucket
+    relay.acks.append(Ack(0, first.command_id, True, run.step + 1))
+    run.step_ms[25.0] = 200.0
+    run.steps(3, 25.0)
+    assert driver(session, relay) is None and [r.cap_mb for r in driver.results] == [25.0]
+    assert driver(session, relay) is None and relay.requested[-1].bucket_mb == 1.0  # then the sizes asked for
+
+
+def test_a_cost_model_that_fits_only_after_the_second_probe_still_plans_the_predicted_best() -> None:
+    """Without ``--sizes``: the quarter probe (one size of all-reduce still: no model) marked the
+    sweep planned, *the sweep ends with what it measured*, yet the x4 probe ran, and where its
+    4 MiB call made the model fit, nothing planned the predicted best and its neighbours."""
+    session, relay = Session(), FakeRelay()
+    run = MadeUpRun(session, {1.0: 170.0, 0.25: 170.0, 4.0: 170.0})
+
+    def steps(cap: float) -> None:
+        for rank in (0, 1):  # each rank's hello, repeated, says the cap it trains at now
+            run.send(replace(hello(rank, strategy="bucket"), parameter_layout=LAYOUT, bucket_layout=[[3, 2], [1, 0]],
+                             settings={"grad_accum": 1, "bucket_mb": cap}))
+        for _ in range(4):
+            run.step += 1
+            shift = run.step * 0.5
+            for rank in (0, 1):
+                report = bucket_step(rank, run.step)
+                spans = [s._replace(nbytes=4 * MIB, end=s.start + 0.030) if (s.tag, cap) == ("b1", 4.0) else s
+                         for s in report.spans]  # the x4 probe's second bucket: 4 MiB in 30 ms, a second size
+                run.send(replace(report, start=shift, end=shift + 0.17, settings={"bucket_mb": cap, "grad_accum": 1},
+                                 spans=[s._replace(start=s.start + shift, end=s.end + shift) for s in spans]))
+
+    lines: list[str] = []
+    driver = SweepDriver("bucket", steps_per_size=3, log=lines.append)
+    steps(1.0)
+    driver(session, relay)
+    for _ in range(2):  # the two probes
+        relay.acks.append(Ack(0, relay.requested[-1].command_id, True, run.step + 1))
+        steps(relay.requested[-1].bucket_mb)
+        driver(session, relay)
+        driver(session, relay)
+    assert [c.bucket_mb for c in relay.requested[:2]] == [0.25, 4.0]
+    assert any(line.startswith("ddpwatch tune: predicted best") for line in lines)
+    assert len(relay.requested) == 3 and relay.requested[2].bucket_mb not in (1.0, 0.25, 4.0)  # not back to a probe
 
 
 def test_a_run_that_cannot_switch_or_refuses_ends_the_sweep_with_nothing_switched() -> None:

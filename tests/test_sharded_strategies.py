@@ -138,6 +138,38 @@ def test_a_switch_into_fsdp_leaves_no_gradient_of_the_strategy_before_held(one_r
     assert instrumented_ddp.unwrap(sharded) is bare and carried
 
 
+class WithAnUnusedHead(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body, self.head, self.unused = torch.nn.Linear(4, 4), torch.nn.Linear(4, 2), torch.nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(x))
+
+
+def test_fsdps_state_carried_into_zero1_keeps_every_stepped_parameters_moments_beside_one_never_stepped(
+        one_rank_group: None) -> None:
+    """FSDP steps no parameter that no rank gave a gradient: its state is empty, and zero1 reset
+    the whole bucket it shares (at 25 MB the whole model) instead of that parameter alone (a
+    review's 2-rank run: *params with state 6 of 8*, then *0 of 8* in zero1)."""
+    torch.manual_seed(0)
+    model = instrumented_ddp.wrap(WithAnUnusedHead(), "fsdp")
+    optimizer = model.make_optimizer(torch.optim.AdamW, lr=1e-3)
+    for _ in range(3):
+        model(torch.randn(4, 4)).sum().backward()
+        model.finish_gradient_sync()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=False)
+    carried = model.full_optimizer_state()
+    assert [bool(entry) for entry in carried] == [True, True, True, True, False, False]
+    zero1 = instrumented_ddp.wrap(instrumented_ddp.unwrap(model), "zero1", bucket_mb=25)
+    zero1.make_optimizer(torch.optim.AdamW, lr=1e-3, state=carried)
+    after = zero1.full_optimizer_state()
+    for was, now in zip(carried, after, strict=True):
+        assert torch.equal(now["exp_avg"], was["exp_avg"]) if was else not now["exp_avg"].any()
+    assert all(float(entry["step"]) == 3.0 for entry in after)
+
+
 class SeenCompleted:
     """A ``Work`` as NCCL's reads once its kernel has ended: ``is_completed()`` is True (an event
     query on NCCL; gloo's reduce-scatter, torch 2.13, never says so, even after ``wait()``).

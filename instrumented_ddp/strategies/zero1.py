@@ -137,15 +137,19 @@ class ShardedOptimizerState(BucketedAsyncHook):
         by_parameter = dict(zip((id(p) for p in self.trainable_parameters()), state, strict=True))
         for bucket, shard in zip(self.buckets, self.shards, strict=True):
             entries = [by_parameter[id(p)] for p in bucket.parameters]
-            if not all(entries):
-                continue  # a parameter never stepped: the slice starts fresh, as it would whole
+            stepped = next((entry for entry in entries if entry), None)
+            if stepped is None:
+                continue  # none of the bucket's parameters ever stepped: the slice starts fresh
+            # A parameter never stepped (FSDP steps none that no rank gave a gradient) has zero
+            # moments in the slice, sharing its step count; before, it reset the whole bucket's state.
             sliced: dict[str, torch.Tensor] = {}
-            for key, first in entries[0].items():
+            for key, first in stepped.items():
                 if first.dim() == 0:
                     sliced[key] = first.clone()
                     continue
                 full = torch.zeros(shard.flat.numel(), dtype=first.dtype, device=shard.flat.device)
                 for parameter_state, (start, numel) in zip(entries, shard.offsets, strict=True):
-                    full[start : start + numel].copy_(parameter_state[key].reshape(-1))
+                    if key in parameter_state:
+                        full[start : start + numel].copy_(parameter_state[key].reshape(-1))
                 sliced[key] = shard.slice_of(full).clone()
             optimizer.state[shard.shard] = sliced

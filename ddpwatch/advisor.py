@@ -27,10 +27,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from instrumented_ddp.bucket_plan import TensorSize
+from instrumented_ddp.bucket_plan import DDP_DEFAULT_FIRST_BUCKET_BYTES, TensorSize
 from instrumented_ddp.protocol import READY_KIND, Hello, StepReport
 
-from .bucket_sim import MIB, BackwardProfile, Prediction, best, cap_grid, describe, sweep
+from .bucket_sim import MIB, BackwardProfile, Prediction, best, cap_grid, describe, simulate, sweep
 from .cost_model import CostModel, StepCollectives, TransferMemory, TransferSample, call_sizes, fit_cost_model, transfer_samples_of
 from .metrics import ClockAlignment, Groups, all_reduce_ranks, call_times, counted
 from .session import Segment, Session
@@ -198,14 +198,18 @@ def advise(*, strategy: str, cap_mb: float, backend: str, world_size: int, profi
            fit_steps: Sequence[StepCollectives], parameter_layout: Sequence[tuple[str, int, str]],
            bucket_layout: Sequence[Sequence[int]] = (), measured: Sequence[MeasuredCap] = (),
            caps: Sequence[int] | None = None, offsets: Mapping[int, float] | None = None,
-           groups: Groups | None = None, memory: TransferMemory | None = None, switchable: bool = True) -> Advice | str:
+           groups: Groups | None = None, memory: TransferMemory | None = None, switchable: bool = True,
+           first_bucket_mb: float | None = None) -> Advice | str:
     """The sweep for the run as it is now, or a line saying what is missing. ``profile_steps``:
     recent steps' reports by rank, read on their lowest rank's clock (``offsets``: see
     ``backward_profile``). ``groups``: who meets whom in the all-reduces (None, the world): the
     transfers are paired within each group, busbw's bus factor is over a group's ranks, and the
     backward simulated waits for the slowest rank of the reference's group. ``memory``: the
     run's earlier transfers; the sizes ``fit_steps`` did not issue are fitted from it.
-    ``switchable``: the run can be switched to another cap (else it is told to restart with one)."""
+    ``switchable``: the run can be switched to another cap (else it is told to restart with one).
+    ``first_bucket_mb``: the run's DDP caps its first bucket below the rest (``bucket_cap_mb`` not
+    given: 1 MiB), simulated at the run's own cap; any other cap is one a run given it would take,
+    every bucket alike, but PyTorch's default, which is 25 MB after a first bucket of 1 MiB."""
     if strategy not in ADVISED_STRATEGIES:
         return f"the advisor predicts bucket and ddp runs; this segment is {strategy}: switch to bucket to see it"
     tensors = layout_tensors(parameter_layout)
@@ -225,8 +229,13 @@ def advise(*, strategy: str, cap_mb: float, backend: str, world_size: int, profi
     options: dict[str, Any] = {"rule": strategy, "workers": workers_of(backend)}
     predictions = sweep(profile, model, caps or cap_grid(current_bytes), **options)
     by_cap = {p.cap_bytes: p for p in predictions}
-    current = by_cap.get(current_bytes) or sweep(profile, model, [current_bytes], **options)[0]
-    default = by_cap.get(25 * MIB) or sweep(profile, model, [25 * MIB], **options)[0]
+    if strategy == "ddp" and first_bucket_mb:  # DDP's own first bucket, where the run's cap was not given
+        current = simulate(profile, model, current_bytes, first_cap_bytes=max(1, int(first_bucket_mb * MIB)), **options)
+    else:
+        current = by_cap.get(current_bytes) or sweep(profile, model, [current_bytes], **options)[0]
+    # PyTorch's default: 25 MB, and under DDP a first bucket of 1 MiB (a cap given is every bucket's)
+    default = (simulate(profile, model, 25 * MIB, first_cap_bytes=DDP_DEFAULT_FIRST_BUCKET_BYTES, **options) if strategy == "ddp"
+               else by_cap.get(25 * MIB) or sweep(profile, model, [25 * MIB], **options)[0])
     top = best(predictions)
     words = describe(current, model)
     if current.step_s <= top.step_s * 1.01:
@@ -300,7 +309,9 @@ def advice_for_session(session: Session, caps: Sequence[int] | None = None,
         return f"waiting for the run's first steps as {hello.strategy}{f' at {float(cap):g} MB' if cap else ''}, where it switched"
     profile_steps, offsets = profile if profile is not None else recent_profile_steps(session, segment)
     fit_steps = [session.step_collectives(step) for step in sorted(session.reports)[-FIT_STEPS:]]
+    first_mb = segment.settings.get("first_bucket_mb")
     return advise(strategy=segment.strategy, cap_mb=float(segment.settings.get("bucket_mb") or 25.0),
+                  first_bucket_mb=float(first_mb) if first_mb else None,
                   backend=hello.backend, world_size=session.world_size, profile_steps=profile_steps,
                   fit_steps=fit_steps, parameter_layout=hello.parameter_layout, bucket_layout=hello.bucket_layout,
                   measured=measured_caps(session), caps=caps, offsets=offsets, groups=session.all_reduce_groups(),

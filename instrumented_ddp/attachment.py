@@ -263,6 +263,18 @@ def compute_device(model: nn.Module, module: nn.Module, sharded: bool) -> torch.
     return next(module.parameters()).device
 
 
+def first_bucket_setting(ddp: DistributedDataParallel) -> dict[str, float]:
+    """``{"first_bucket_mb": ...}`` where DDP caps its first bucket below the others: at 1 MiB
+    where ``bucket_cap_mb`` was not given (torch's ``_BucketCapacityConfig``; a torch without it
+    always did); else nothing. The advisor simulates it: the Trainer's DDP, at its default, was
+    simulated as one of 25 MB first buckets."""
+    config = getattr(ddp, "_bucket_config", None)
+    first = getattr(config, "first_bucket_bytes_cap", None) if config is not None else dist._DEFAULT_FIRST_BUCKET_BYTES
+    if not isinstance(first, int) or first <= 0 or first >= ddp.bucket_bytes_cap:
+        return {}
+    return {"first_bucket_mb": megabytes_given(first)}
+
+
 def backend_of(group: dist.ProcessGroup | None, device: torch.device) -> str:
     """The backend the model's collectives run on: the group's for the model's device. A group
     made with no backend named (``init_process_group()``, torch's default of gloo for the CPU and
@@ -586,7 +598,8 @@ class Attachment:
 
     def _settings(self, micro_steps: int) -> dict[str, Any]:
         if isinstance(self.model, DistributedDataParallel):
-            return {"bucket_mb": megabytes_given(self.model.bucket_bytes_cap), "grad_accum": micro_steps, **self._hook_settings}
+            return {"bucket_mb": megabytes_given(self.model.bucket_bytes_cap), "grad_accum": micro_steps,
+                    **first_bucket_setting(self.model), **self._hook_settings}
         return {"grad_accum": micro_steps, **self._mesh_settings}
 
     # -- the hooks ---------------------------------------------------------------------------------

@@ -260,6 +260,18 @@ def test_advice_at_a_cap_the_run_trains_predicts_the_step_it_measured_and_finds_
     assert advice.workers == 1 and advice.measured == tuple(measured)
 
 
+def test_a_ddp_at_its_default_cap_is_simulated_with_its_first_bucket_of_1_mib_and_so_is_pytorchs_default() -> None:
+    """The same four 1 MiB gradients on ``ddp``. A DDP given no ``bucket_cap_mb`` (the Trainer's)
+    caps its first bucket at 1 MiB: at 4 MiB that is [1 MiB] then [3 MiB], not one call of all;
+    PyTorch's default, 25 MB, likewise. Any other cap is every bucket's (a cap given)."""
+    advice = advise(strategy="ddp", cap_mb=4.0, first_bucket_mb=1.0, backend="nccl", world_size=2,
+                    profile_steps=[{0: bucket_step(step=s)} for s in (3, 4, 5)], fit_steps=two_sized_fit(),
+                    parameter_layout=LAYOUT, bucket_layout=[[3, 2], [1, 0]], caps=[MIB, 2 * MIB, 4 * MIB])
+    assert isinstance(advice, Advice)
+    assert advice.current.bucket_bytes == (MIB, 3 * MIB) and advice.default.bucket_bytes == (MIB, 3 * MIB)
+    assert [p.bucket_bytes for p in advice.predictions][-1] == (4 * MIB,)  # 4 MiB given: one bucket of all
+
+
 def test_the_best_cap_shown_stays_while_it_is_predicted_within_a_point_of_the_fastest() -> None:
     """At 1, 2 and 4 MiB the steps are predicted at 180, 170 and 174 ms (above). 4 MiB shown
     before is 2.4 % slower than the fastest: the best moves to 2 MiB; within 3 % it would stay at

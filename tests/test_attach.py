@@ -721,3 +721,12 @@ def test_the_bucket_cap_reported_is_the_one_ddp_was_given_not_its_bytes_over_a_m
     """DDP keeps ``int(bucket_cap_mb * 2**20)`` bytes: 0.3 MB is 314,572 bytes, which read back
     as 0.2999992370605469 MB; the segment label says ``bucket_mb=0.3``."""
     assert attachment.megabytes_given(int(given * 1024 * 1024)) == given
+
+
+def test_an_attached_ddp_at_its_default_cap_says_its_first_bucket_and_one_given_a_cap_does_not(one_rank_group: None) -> None:
+    """torch caps DDP's first bucket at 1 MiB where ``bucket_cap_mb`` was not given, every bucket
+    at the cap where it was: the advisor simulates what the settings say (``first_bucket_mb``)."""
+    default = DistributedDataParallel(TinyClassifier())
+    given = DistributedDataParallel(TinyClassifier(), bucket_cap_mb=25)
+    assert attachment.first_bucket_setting(default) == {"first_bucket_mb": 1.0}
+    assert attachment.first_bucket_setting(given) == {}

@@ -17,7 +17,9 @@ from dataclasses import dataclass
 from instrumented_ddp.protocol import Ack, Envelope, Goodbye, SwitchCommand, encode, run_of_sender
 
 RESEND_EVERY_S = 1.0
-GIVE_UP_AFTER_S = 60.0
+#: As long as ``ddpwatch switch`` waits by default: one it stopped waiting for, having said it
+#: failed, was still resent for another 30 s, and applied by a run that came up meanwhile.
+GIVE_UP_AFTER_S = 30.0
 #: A rank 0 silent this long (heartbeats come every second) gives way to another run's: as
 #: ``session.LOST_AFTER_S`` judges a rank lost.
 RANK0_QUIET_AFTER_S = 2.5
@@ -34,6 +36,7 @@ class PendingSwitch:
     first_sent: float
     last_sent: float = 0.0
     sends: int = 0
+    sent_to: bytes | None = None  # the rank 0 it first went to: the run it is for
 
 
 class SwitchRelay:
@@ -78,19 +81,28 @@ class SwitchRelay:
         return self._rank0_gone or self._clock() - self._rank0_heard_at >= RANK0_QUIET_AFTER_S
 
     def request(self, command: SwitchCommand, requester: bytes | None = None) -> None:
-        self.pending[command.command_id] = PendingSwitch(command, requester, time.monotonic())
+        self.pending[command.command_id] = PendingSwitch(command, requester, self._clock())
         self.tick()
 
     def tick(self, now: float | None = None) -> None:
-        """Send what is due; give up on a command nobody acknowledged for a minute."""
-        now = time.monotonic() if now is None else now
+        """Send what is due; give up on a command nobody acknowledged within ``GIVE_UP_AFTER_S``,
+        and on one whose run is over: commands go to a rank 0 of another run once the one followed
+        said goodbye or fell silent, and a command sent to the run before (answered by no step:
+        asked in its last moments) went to the next run with them, switching a run no one asked to."""
+        now = self._clock() if now is None else now
         for command_id, pending in list(self.pending.items()):
             if now - pending.first_sent > GIVE_UP_AFTER_S:
-                del self.pending[command_id]
-                if pending.requester is not None:
-                    failure = Ack(0, command_id, False, 0, "no rank 0 acknowledged the command within a minute")
-                    self._send(pending.requester, encode(failure))
+                self._give_up(command_id, pending, f"no rank 0 acknowledged the command within {GIVE_UP_AFTER_S:g} s")
+                continue
+            if pending.sent_to is not None and self.rank0 != pending.sent_to:
+                self._give_up(command_id, pending, "the run it was sent to is over (its rank 0 said goodbye or fell "
+                                                   "silent): not sent on to the next")
                 continue
             if self.rank0 is not None and now - pending.last_sent >= RESEND_EVERY_S:
                 if self._send(self.rank0, encode(pending.command)):
-                    pending.last_sent, pending.sends = now, pending.sends + 1
+                    pending.last_sent, pending.sends, pending.sent_to = now, pending.sends + 1, self.rank0
+
+    def _give_up(self, command_id: str, pending: PendingSwitch, why: str) -> None:
+        del self.pending[command_id]
+        if pending.requester is not None:
+            self._send(pending.requester, encode(Ack(0, command_id, False, 0, why)))

@@ -61,3 +61,40 @@ def test_a_rank_0_whose_run_is_not_known_is_taken_as_it_speaks() -> None:
     heard(relay, A0, Heartbeat(0, 1.0, 3))
     heard(relay, b"\x00k\x8bEg", Heartbeat(0, 1.0, 1))
     assert relay.rank0 == b"\x00k\x8bEg"
+
+
+def test_a_command_for_a_run_that_ended_is_refused_to_its_asker_not_sent_on_to_the_next_run() -> None:
+    """Asked in run A's last moments (its final evaluation, no step left to switch at): once A's
+    rank 0 said goodbye, B's took the commands, and the pending one went to B, switching a run no
+    one had asked to switch."""
+    from instrumented_ddp.protocol import decode
+
+    relay, sent, clock = relay_and_sent()
+    answers: list[bytes] = []
+    relay._send = lambda peer, data: (answers.append(data) if peer == b"asker" else sent.append(peer)) or True
+    heard(relay, A0, Heartbeat(0, 1.0, 3))
+    command = new_command("zero1")
+    relay.request(command, requester=b"asker")
+    assert sent == [A0]
+    heard(relay, A0, Goodbye(0, 3))
+    heard(relay, B0, Heartbeat(0, 1.0, 1))
+    clock.now += 1.5
+    relay.tick()
+    assert sent == [A0] and not relay.pending
+    (answer,) = [decode(data).message for data in answers]
+    assert (answer.command_id, answer.applied) == (command.command_id, False)
+    assert answer.detail.startswith("the run it was sent to is over")
+
+
+def test_a_command_no_rank_0_acknowledged_is_given_up_when_ddpwatch_switch_stops_waiting() -> None:
+    """It was resent for a minute, twice as long as ``ddpwatch switch`` waits: a run that came up
+    after the asker was told it failed still applied it."""
+    from ddpwatch.control import GIVE_UP_AFTER_S
+
+    relay, sent, clock = relay_and_sent()
+    relay.request(new_command("zero1"))
+    clock.now += GIVE_UP_AFTER_S + 0.1
+    relay.tick()
+    heard(relay, A0, Heartbeat(0, 1.0, 1))
+    relay.tick()
+    assert GIVE_UP_AFTER_S == 30.0 and not relay.pending and sent == []

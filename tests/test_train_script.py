@@ -117,19 +117,28 @@ def test_fsdp_on_a_torch_without_fsdp2_is_a_one_line_error() -> None:
     assert result.stderr.strip().splitlines()[-1].startswith("train.py: error: --strategy strategy 'fsdp' needs what torch ")
 
 
-def test_a_live_switch_to_fsdp_on_a_torch_without_fsdp2_is_refused_and_the_model_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+def refused_switch(strategy: str, bucket_mb: float | None = None, grad_accum: int | None = None,
+                   run_bucket_mb: float = 25.0) -> tuple[str, list[tuple[bool, int, str]]]:
+    """``train.switch_strategy`` asked to switch a run (at step 7, its cap ``run_bucket_mb``) where
+    the command cannot apply: what it says, and the acknowledgements (applied, step, detail) it
+    sent; the model and optimizer are checked kept."""
     from types import SimpleNamespace
 
     import train
 
-    monkeypatch.setitem(sys.modules, "instrumented_ddp.strategies.fsdp", None)  # as where FSDP2 cannot be imported
     acks: list[tuple[bool, int, str]] = []
     watch = SimpleNamespace(steps=7, acknowledge=lambda command, applied, step, detail="": acks.append((applied, step, detail)))
     model, optimizer = object(), object()
-    args = SimpleNamespace(grad_accum=1, bucket_mb=25.0, batch_size=8)
-    command = SimpleNamespace(strategy="fsdp", grad_accum=None, bucket_mb=None)
+    args = SimpleNamespace(grad_accum=1, bucket_mb=run_bucket_mb, batch_size=8)
+    command = SimpleNamespace(strategy=strategy, grad_accum=grad_accum, bucket_mb=bucket_mb)
     kept, kept_optimizer, said = train.switch_strategy(model, optimizer, command, args, SimpleNamespace(world_size=2), watch)
     assert kept is model and kept_optimizer is optimizer
+    return said, acks
+
+
+def test_a_live_switch_to_fsdp_on_a_torch_without_fsdp2_is_refused_and_the_model_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "instrumented_ddp.strategies.fsdp", None)  # as where FSDP2 cannot be imported
+    said, acks = refused_switch("fsdp")
     assert said.startswith("switch to fsdp refused: strategy 'fsdp' needs what torch ")
     assert acks == [(False, 8, said.removeprefix("switch to fsdp refused: "))]
 
@@ -142,17 +151,8 @@ def test_a_live_switch_to_a_cap_or_micro_steps_of_zero_is_refused_not_applied_wi
         bucket_mb: float | None, grad_accum: int | None, said: str) -> None:
     """Read by falsiness, 0 fell back to the run's own values and the switch was acknowledged as
     applied (a run at 5 MB said *switched to bucket (bucket_mb=5, grad_accum=1)* to a command of 0)."""
-    from types import SimpleNamespace
-
-    import train
-
-    acks: list[tuple[bool, int, str]] = []
-    watch = SimpleNamespace(steps=7, acknowledge=lambda command, applied, step, detail="": acks.append((applied, step, detail)))
-    model, optimizer = object(), object()
-    args = SimpleNamespace(grad_accum=1, bucket_mb=5.0, batch_size=8)
-    command = SimpleNamespace(strategy="bucket", grad_accum=grad_accum, bucket_mb=bucket_mb)
-    kept, kept_optimizer, _ = train.switch_strategy(model, optimizer, command, args, SimpleNamespace(world_size=2), watch)
-    assert kept is model and kept_optimizer is optimizer and acks == [(False, 8, said)]
+    _, acks = refused_switch("bucket", bucket_mb, grad_accum, run_bucket_mb=5.0)
+    assert acks == [(False, 8, said)]
 
 
 def test_unknown_model_fails_with_one_line_error(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -309,7 +309,7 @@ RESERVOIR = 4096  # step times and bandwidths kept per segment for percentiles: 
 MARKED_NAMES = 8  # names of the loop's marked compute kept per segment: a sender cannot grow it
 
 
-class FloatRing:
+class FloatReservoir:
     """A uniform sample of at most ``size`` of the values added (Algorithm R: the k-th value added
     is kept with probability size/k, in the place of one held), as C doubles, for an order-free
     statistic (a median, a percentile) over all of them (each with the same chance, size/k). A deque of Python floats costs four
@@ -399,8 +399,8 @@ class _Running:
     waited_ms: float = 0.0
     samples: int = 0
     tokens: int = 0
-    walls_ms: FloatRing = field(default_factory=FloatRing)
-    algbw: FloatRing = field(default_factory=FloatRing)
+    walls_ms: FloatReservoir = field(default_factory=FloatReservoir)
+    algbw: FloatReservoir = field(default_factory=FloatReservoir)
     calls_by_kind: dict[str, int] = field(default_factory=dict)
     memory: dict[str, int] = field(default_factory=dict)
     loop_calls: int = 0
@@ -504,7 +504,7 @@ class SegmentAccumulator:
         self.recent_complete: list[StepWaits] = []  # the last STRAGGLER_STEPS steps every rank reported
         self.desyncs: list[Desync] = []
         self.desync: DesyncRange | None = None
-        self.other_algbw: dict[str, FloatRing] = {}  # by kind, over every rank: see SegmentFigures.other_busbw_gbps
+        self.other_algbw: dict[str, FloatReservoir] = {}  # by kind, over every rank: see SegmentFigures.other_busbw_gbps
 
     def add_step(self, figures: Mapping[int, StepFigures], calls: Mapping[int, CallTimes],
                  waits: Mapping[int, float] | None = None) -> None:
@@ -526,10 +526,10 @@ class SegmentAccumulator:
         times: dict[int, StepTimes] = {}
         for rank, f in sorted(figures.items()):
             for kind, alg in f.other_algbw_gbps.items():
-                ring = self.other_algbw.get(kind)
-                if ring is None:
-                    ring = self.other_algbw[kind] = FloatRing()
-                ring.extend(alg)
+                sample = self.other_algbw.get(kind)
+                if sample is None:
+                    sample = self.other_algbw[kind] = FloatReservoir()
+                sample.extend(alg)
             self.overall.add_record(f, waits.get(rank, 0.0))
             self.per_rank[rank].add_record(f, waits.get(rank, 0.0))
             self.per_rank[rank].add_step_wall(f.step_ms)
@@ -565,8 +565,8 @@ class SegmentAccumulator:
         overall = self.overall.figures(self.all_reduce_ranks, self.clocks.wall_s())
         slow = find_straggler(self.recent_complete, self.groups)
         spanned = shard_ranks(self.groups, self.world_size)  # a broadcast's factor is 1 whatever it spans
-        other_busbw = {kind: median_of(ring.values()) * factor for kind, ring in sorted(self.other_algbw.items())
-                       if len(ring) and (factor := bus_factor(kind, spanned)) is not None}
+        other_busbw = {kind: median_of(sample.values()) * factor for kind, sample in sorted(self.other_algbw.items())
+                       if len(sample) and (factor := bus_factor(kind, spanned)) is not None}
         return SegmentFigures(
             **{f.name: getattr(overall, f.name) for f in fields(Figures)},
             world_size=self.world_size,

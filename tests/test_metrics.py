@@ -889,50 +889,50 @@ def test_both_ways_is_the_waits_and_the_waited_for_from_one_pass():
     assert waits_both_ways(calls_of({})) == ({}, {})
 
 
-def test_a_float_ring_holds_every_value_in_order_until_full_then_a_uniform_sample_of_all() -> None:
-    from ddpwatch.metrics import FloatRing
+def test_a_float_reservoir_holds_every_value_in_order_until_full_then_a_uniform_sample_of_all() -> None:
+    from ddpwatch.metrics import FloatReservoir
 
-    ring = FloatRing(size=5)
+    ring = FloatReservoir(size=5)
     assert len(ring) == 0 and list(ring.values()) == []
     ring.extend([1.0, 2.0])
     ring.append(3.0)
     assert list(ring.values()) == [1.0, 2.0, 3.0]
     ring.extend([4.0, 5.0, 6.0, 7.0])  # past the size: 5 of the 7, each one of them
     assert len(ring) == 5 and set(ring.values()) <= {1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0}
-    big = FloatRing(size=200)
+    big = FloatReservoir(size=200)
     big.extend(float(v) for v in range(150))  # grows from its first small buffer
     big.extend(float(v) for v in range(150, 200))
     assert list(big.values()) == [float(v) for v in range(200)]
 
 
-def test_a_full_float_rings_median_is_every_values_not_the_last_ones() -> None:
+def test_a_full_float_reservoirs_median_is_every_values_not_the_last_ones() -> None:
     """The helper's case at 64 ranks, 128 calls a rank, added rank by rank as a step folds:
     ranks 0-39 at 1 GB/s, 40-63 at 3. The median of all 8,192 is 1 (5,120 of them are); the last
     4,096 held were ranks 32-63's, 24 of 32 at 3: a median of 3. Kept uniformly, a sample of 4,096
     holds 62.5 % ones, give or take 0.8 % (one standard deviation): its median is 1."""
     from array import array
 
-    from ddpwatch.metrics import FloatRing
+    from ddpwatch.metrics import FloatReservoir
     from ddpwatch.order_statistics import median_of
 
-    ring = FloatRing(size=4096)
+    ring = FloatReservoir(size=4096)
     for rank in range(64):
         ring.extend(array("d", [1.0 if rank < 40 else 3.0] * 128))
     assert len(ring) == 4096 and float(median_of(ring.values())) == 1.0
-    again = FloatRing(size=4096)
+    again = FloatReservoir(size=4096)
     for rank in range(64):
         again.extend(array("d", [1.0 if rank < 40 else 3.0] * 128))
     assert list(again.values()) == list(ring.values())  # seeded: the same values, the same figures
 
 
-def test_a_float_ring_takes_values_one_by_one_and_as_c_doubles_as_it_takes_any_iterable() -> None:
+def test_a_float_reservoir_takes_values_one_by_one_and_as_c_doubles_as_it_takes_any_iterable() -> None:
     """The fast paths (a value written in place; an ``array('d')`` read as a buffer) keep the
     same values through growing and sampling."""
     from array import array
 
-    from ddpwatch.metrics import FloatRing
+    from ddpwatch.metrics import FloatReservoir
 
-    one_by_one, as_arrays, as_lists = FloatRing(size=100), FloatRing(size=100), FloatRing(size=100)
+    one_by_one, as_arrays, as_lists = FloatReservoir(size=100), FloatReservoir(size=100), FloatReservoir(size=100)
     for start in range(0, 250, 7):
         chunk = [float(v) for v in range(start, start + 7)]
         as_arrays.extend(array("d", chunk))

@@ -246,9 +246,9 @@ def test_attached_hook_is_bitwise_plain_ddp_at_a_world_size_that_is_not_a_power_
     # the same with Accelerate's fp16 compression hook (DistributedDataParallelKwargs(comm_hook=FP16)), which
     # DDP keeps: its one all-reduce a step timed as the hook issues it, in float16, half the gradients'
     # 6,467 float32 elements (32x64+64 + 64x64+64 + 64x3+3): 12,934 bytes; step 2's 2 untimed are DDP's
-    # broadcasts of its rebuilt buckets
+    # broadcasts of its rebuilt buckets; Accelerate gives DDP no cap, so its first bucket is 1 MiB (first_bucket_mb)
     assert "accelerate fp16: bitwise equal on every rank: True" in result.stdout
-    assert ("accelerate fp16: settings {'bucket_mb': 25.0, 'grad_accum': 2, 'comm_hook': 'fp16_compress_hook'}, "
+    assert ("accelerate fp16: settings {'bucket_mb': 25.0, 'grad_accum': 2, 'first_bucket_mb': 1.0, 'comm_hook': 'fp16_compress_hook'}, "
             "excluded [True, False, False, False], all-reduces [" + ", ".join(["[('h0', 'float16', 12934)]"] * 4) + "], "
             "untimed [0, 2, 0, 0]") in result.stdout
     # FSDP2, each Linear a unit and the root holding none: per micro-step each unit all-gathered before its

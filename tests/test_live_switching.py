@@ -71,13 +71,14 @@ def test_switching_live_through_all_nine_ends_bitwise_where_the_unswitched_run_d
 @pytest.mark.timeout(300)
 def test_switches_racing_the_end_of_training_apply_on_every_rank_or_none(tmp_path: Path) -> None:
     """Commands keep coming until the run is over: each lands on the same step on every rank, or
-    on none (the run ended first and nobody acknowledges it); the run still finishes cleanly."""
+    on none (the run ended first: refused, *training has ended*, or acknowledged by nobody); the
+    run still finishes cleanly."""
     from ddpwatch.recorder import load_session
 
     with Recorder(tmp_path / "session", "--idle-exit", "30") as recorder:
         training = start_torchrun(["--strategy", "simple", "--steps", "40", "--batch-size", "8", "--log-every", "10",
                                    "--watch", recorder.address], tmp_path / "train.log")
-        applied = []
+        applied, refused = [], []
         try:
             wait_for_line(tmp_path / "train.log", "step 10/40", training)
             cycle = ["async", "bucket", "hook", "ddp", "ga", "simple"]
@@ -85,7 +86,7 @@ def test_switches_racing_the_end_of_training_apply_on_every_rank_or_none(tmp_pat
             while training.poll() is None:
                 try:
                     ack = request_switch(recorder.address, cycle[index % len(cycle)], 1.0, 1, timeout_s=3)
-                    applied.append(ack.step)
+                    (applied if ack.applied else refused).append(ack.step if ack.applied else ack.detail)
                 except TimeoutError:
                     pass  # the run ended before rank 0 could take it: applied nowhere
                 index += 1
@@ -98,3 +99,5 @@ def test_switches_racing_the_end_of_training_apply_on_every_rank_or_none(tmp_pat
     for step, ranks in session.reports.items():
         assert len({(r.strategy, tuple(sorted(r.settings.items()))) for r in ranks.values()}) == 1, step
     assert applied and all(step in session.reports for step in applied)
+    assert all(why == "training has ended: no step is left to switch at" or why.startswith("the run it was sent to is over")
+               for why in refused), refused

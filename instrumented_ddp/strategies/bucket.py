@@ -76,7 +76,7 @@ class BucketedAsyncHook(DataParallelStrategy):
         """Parameter indices of each bucket, in launch order: among the trainable parameters, as
         the hello's ``parameter_layout`` lists them (indexed among all, a frozen parameter shifted
         every index after it, and the advisor read the wrong sizes or raised IndexError)."""
-        index_of = {id(p): i for i, p in enumerate(p for p in self.module.parameters() if p.requires_grad)}
+        index_of = {id(p): i for i, p in enumerate(self.trainable_parameters())}
         return [[index_of[id(p)] for p in bucket.parameters] for bucket in self.buckets]
 
     def _attach(self) -> None:

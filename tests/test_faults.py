@@ -56,16 +56,26 @@ class WatchedRun:
         self.pump()
 
 
+def has_exited(pid: int) -> bool:
+    """The process is gone or a zombie its parent has not reaped yet: it ended by itself."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] == "Z"
+
+
 @pytest.mark.timeout(300)
-def test_a_killed_rank_is_marked_lost_within_three_seconds_and_the_session_keeps_everything(tmp_path: Path) -> None:
-    # Which comes first for rank 0 is a race unless ordered: its next collective failing on the dead
-    # peer (a goodbye saying *failed*, pinned below), or torchrun's SIGTERM once its 0.1 s look finds
-    # rank 1 gone (*interrupted*: one clean-clone run in about eight, on a busy box, with rank 0 still
-    # in its step's compute). Looking every 3 s, torchrun stops rank 0 after its failure, as on a
-    # cluster where the launcher is slower than a collective.
-    with WatchedRun(tmp_path, 2, ["--strategy", "async", "--steps", "500", "--batch-size", "8"], monitor_interval_s=3.0) as run:
+def test_a_killed_rank_is_marked_lost_within_three_seconds_and_its_peer_fails_by_itself_saying_why(tmp_path: Path) -> None:
+    # torchrun looks at its ranks only every 600 s here, so it never stops rank 0 during the test:
+    # what rank 0 says and does is its own doing. With torchrun looking often, which comes first is a
+    # race (rank 0's next collective failing on the dead peer, or torchrun's SIGTERM on its look) that
+    # no interval orders: the look falls anywhere after the kill, and one clean-clone run in a
+    # hundred or so caught rank 0 still in its step's compute (*interrupted: SIGTERM*).
+    with WatchedRun(tmp_path, 2, ["--strategy", "async", "--steps", "500", "--batch-size", "8"], monitor_interval_s=600.0) as run:
         run.wait_until_streaming()
         session = run.session
+        survivor = session.ranks[0].hello.pid
         os.kill(session.ranks[1].hello.pid, signal.SIGKILL)
         killed_at = time.monotonic()
         while session.status(1) != "lost":
@@ -73,17 +83,19 @@ def test_a_killed_rank_is_marked_lost_within_three_seconds_and_the_session_keeps
             assert time.monotonic() - killed_at < 3.0, "rank 1 not marked lost within 3 s"
             time.sleep(0.05)
         seen_lost_after = time.monotonic() - killed_at
-        run.training.wait(120)  # torchrun tears the rest of the group down; it must not hang
-    assert seen_lost_after <= 3.0
-    assert session.ranks[0].goodbye is not None
-    print(f"rank 1 marked lost {seen_lost_after:.2f} s after kill -9; rank 0 said goodbye: {session.ranks[0].goodbye.reason!r}")
+        while session.ranks[0].goodbye is None or not has_exited(survivor):  # it must not hang on the dead peer
+            run.pump()
+            assert time.monotonic() - killed_at < 60, "rank 0 neither said goodbye nor ended within 60 s of its peer's death"
+            time.sleep(0.05)
+        rank0_ended_after = time.monotonic() - killed_at
+    goodbye = session.ranks[0].goodbye
+    print(f"rank 1 marked lost {seen_lost_after:.2f} s after kill -9; rank 0 ended {rank0_ended_after:.2f} s after, saying {goodbye.reason!r}")
+    assert goodbye.reason.startswith("failed: "), goodbye  # its collective failed on the dead peer, and it said so
     recorded = list(read_session_file(tmp_path / "session.ddpwatch"))
     assert len(recorded) == run.accepted + sum(session.rejected.values())  # every message that arrived is on disk
     paths = write_exports(session, tmp_path)
     assert all(path.stat().st_size > 0 for path in paths.values())
     assert all(0 in ranks for step, ranks in session.reports.items())  # rank 0 kept reporting until the end
-    # ... and, its next collective failing on the dead peer, said so before torchrun stopped it
-    assert session.ranks[0].goodbye is not None and session.ranks[0].goodbye.reason.startswith("failed: "), session.ranks[0].goodbye
 
 
 @pytest.mark.timeout(300)

@@ -28,6 +28,7 @@ import torch
 import instrumented_ddp
 from instrumented_ddp.distributed import DistributedContext, exit_process, init_distributed, resolve_device, shutdown_distributed
 from instrumented_ddp.memory import MemorySampler
+from instrumented_ddp.one_line_errors import OneLineErrorParser
 from instrumented_ddp.output_paths import outputs_problem
 from instrumented_ddp.protocol import DEFAULT_ADDRESS, address_problem, bucket_mb_problem, is_loopback, load_client_keys
 from instrumented_ddp.replicas import gather_digests, ranks_that_differ
@@ -43,7 +44,7 @@ if TYPE_CHECKING:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineErrorParser(description=__doc__.split("\n\n")[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--strategy", default="async", choices=instrumented_ddp.STRATEGY_NAMES, help="default async")
     parser.add_argument("--steps", type=int, default=200, help="optimizer steps")
     parser.add_argument("--batch-size", type=int, default=16, help="global batch per optimizer step")

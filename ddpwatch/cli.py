@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from instrumented_ddp.one_line_errors import OneLineErrorParser
 from instrumented_ddp.output_paths import directory_problem, file_in_the_way
 from instrumented_ddp.protocol import DEFAULT_ADDRESS, DEFAULT_MAX_MESSAGE_BYTES, STRATEGY_NAMES, bucket_mb_problem
 
@@ -18,7 +19,7 @@ if TYPE_CHECKING:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineErrorParser(
         prog="ddpwatch", description="Watch PyTorch data-parallel training, rank by rank. With no COMMAND: the live dashboard.")
     parser.add_argument("--listen", default=DEFAULT_ADDRESS, help=f"address to listen on (default {DEFAULT_ADDRESS})")
     parser.add_argument("--out", type=Path, help="session directory (default ddpwatch-sessions/<time>)")

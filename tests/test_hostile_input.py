@@ -141,6 +141,26 @@ def test_an_example_refuses_a_wrong_flag_in_one_line_before_any_process_group(
     assert capsys.readouterr().err.strip().splitlines()[-1] == f"{example}: error: {message}"
 
 
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["tune"], "ddpwatch tune: error: the following arguments are required: --out"),
+        (["tune", "--out", "x", "--steps-per-size", "x"], "ddpwatch tune: error: argument --steps-per-size: invalid int value: 'x'"),
+        (["record", "--out", "x", "--bogus"], "ddpwatch: error: unrecognized arguments: --bogus"),
+        (["nosuch"], "ddpwatch: error: argument COMMAND: invalid choice: 'nosuch' (choose from 'replay', 'demo', 'record', "
+                     "'switch', 'tune', 'doctor', 'summary', 'compare')"),
+    ],
+)
+def test_a_wrong_flag_to_ddpwatch_is_refused_in_exactly_one_line(argv: list[str], said: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """argparse printed its usage first: five lines before ``tune``'s reason, the reason last."""
+    from ddpwatch.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2
+    assert capsys.readouterr().err == said + "\n"
+
+
 def test_a_summary_piped_into_a_reader_that_stopped_is_no_error(tmp_path: Path) -> None:
     """``ddpwatch summary DIR | head -1``: the reader closes the pipe before the table is written.
     Before, that printed "ddpwatch summary: error: [Errno 32] Broken pipe" and exited 2. Here the

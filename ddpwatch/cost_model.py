@@ -140,6 +140,8 @@ def fit_cost_model(samples: Iterable[TransferSample], world_size: int, kind: str
     ys = [seconds for _, seconds in points]
     mean_x, mean_y = statistics.fmean(xs), statistics.fmean(ys)
     sxx = sum((x - mean_x) ** 2 for x in xs)
+    if sxx <= 0:  # distinct sizes, one float once scaled (a byte apart at ~1e18): no line through them
+        return None
     slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / sxx
     alpha, through_origin = mean_y - slope * mean_x, False
     if alpha < 0:

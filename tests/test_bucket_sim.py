@@ -63,6 +63,8 @@ def test_a_negative_latency_is_refitted_through_the_origin() -> None:
     ([TransferSample(1_000_000, 1e-4)] * 3, 2),  # one size: latency and bandwidth cannot be told apart
     ([TransferSample(1_000_000, 1e-4), TransferSample(2_000_000, 2e-4)], 1),  # one rank: no transfer
     ([TransferSample(1_000_000, 2e-4), TransferSample(2_000_000, 1e-4)], 2),  # bigger was faster
+    # sizes apart by a byte but not in floating point once scaled (was ZeroDivisionError from the fit)
+    ([TransferSample(10**18, 1e-4), TransferSample(10**18 + 1, 2e-4)], 2),
 ])
 def test_samples_that_cannot_make_a_model_make_none(samples: list[TransferSample], world_size: int) -> None:
     assert fit_cost_model(samples, world_size) is None

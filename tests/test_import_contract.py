@@ -16,7 +16,8 @@ from launch import REPO_ROOT, free_port
 #: the ranks, centrally by ddpwatch from full spans).
 SHARED_GROUND = {"instrumented_ddp.protocol", "instrumented_ddp.intervals", "instrumented_ddp.step_figures",
                  "instrumented_ddp.bucket_plan",  # the bucket rule: the strategy uses it, the advisor simulates it
-                 "instrumented_ddp.output_paths"}  # where a command will write: train.py's --profile, ddpwatch's --out
+                 "instrumented_ddp.output_paths",  # where a command will write: train.py's --profile, ddpwatch's --out
+                 "instrumented_ddp.one_line_errors"}  # train.py's and ddpwatch's flags refused in one line
 
 
 def modules_loaded_by(statement: str) -> set[str]:

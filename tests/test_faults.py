@@ -56,15 +56,6 @@ class WatchedRun:
         self.pump()
 
 
-def has_exited(pid: int) -> bool:
-    """The process is gone or a zombie its parent has not reaped yet: it ended by itself."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return True
-    return stat.rsplit(")", 1)[1].split()[0] == "Z"
-
-
 @pytest.mark.timeout(300)
 def test_a_killed_rank_is_marked_lost_within_three_seconds_and_its_peer_fails_by_itself_saying_why(tmp_path: Path) -> None:
     # torchrun looks at its ranks only every 600 s here, so it never stops rank 0 during the test:
@@ -83,7 +74,7 @@ def test_a_killed_rank_is_marked_lost_within_three_seconds_and_its_peer_fails_by
             assert time.monotonic() - killed_at < 3.0, "rank 1 not marked lost within 3 s"
             time.sleep(0.05)
         seen_lost_after = time.monotonic() - killed_at
-        while session.ranks[0].goodbye is None or not has_exited(survivor):  # it must not hang on the dead peer
+        while session.ranks[0].goodbye is None or _alive(survivor):  # it must not hang on the dead peer
             run.pump()
             assert time.monotonic() - killed_at < 60, "rank 0 neither said goodbye nor ended within 60 s of its peer's death"
             time.sleep(0.05)

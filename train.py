@@ -32,7 +32,7 @@ from instrumented_ddp.one_line_errors import OneLineErrorParser
 from instrumented_ddp.output_paths import outputs_problem
 from instrumented_ddp.protocol import DEFAULT_ADDRESS, address_problem, bucket_mb_problem, is_loopback, load_client_keys
 from instrumented_ddp.replicas import gather_digests, ranks_that_differ
-from instrumented_ddp.stop_signals import stop_on_sigterm
+from instrumented_ddp.stop_signals import held, stop_on_sigterm
 from instrumented_ddp.strategies import strategy_class
 from instrumented_ddp.watch import Watch, parameter_layout
 
@@ -289,9 +289,10 @@ def main(argv: list[str] | None = None) -> int:
             with timeline.phase("optimizer"):
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=False)  # keeps bucket gradient views in place
-            timeline.end_step(samples, tokens, loss.detach() * args.grad_accum, excluded=model.excluded_from_statistics,
-                              memory=memory.sample(model) if not args.no_watch else None)
-            watch.step_done()
+            with held:  # a SIGTERM lands after the step is counted and its report queued, not between
+                timeline.end_step(samples, tokens, loss.detach() * args.grad_accum, excluded=model.excluded_from_statistics,
+                                  memory=memory.sample(model) if not args.no_watch else None)
+                watch.step_done()
             if not layout_sent and (layout := getattr(model, "bucket_layout", [])):  # DDP rebuilt its buckets
                 watch.update_hello(bucket_layout=layout)  # which parameters each b<i> holds: the advisor reads it
                 layout_sent = True

@@ -132,14 +132,16 @@ def never_raises_into_the_loop(detaches_here: bool) -> Callable[[_Hook], _Hook]:
     are removed at once where ``detaches_here`` (a forward's: torch copies its hooks before it
     calls them), else at the next forward or the exit, whichever comes first, since an
     optimizer's hooks are called from a loop over the very dict removing them would change;
-    until then each is a no-op."""
+    until then each is a no-op. A SIGTERM that comes inside one is raised as it returns
+    (``stop_signals.held``): a step's report is never made and left unsent."""
 
     def guard(hook: _Hook) -> _Hook:
         @functools.wraps(hook)
         def guarded(self: Attachment, *args: Any, **kwargs: Any) -> Any:
             if self.broken is None:
                 try:
-                    return hook(self, *args, **kwargs)
+                    with stop_signals.held:  # a SIGTERM lands in the loop's code, not mid-report
+                        return hook(self, *args, **kwargs)
                 except Exception as error:
                     self.stop_watching_after(error, hook.__name__)
             if detaches_here:

@@ -31,6 +31,10 @@ uses it), which a thread of ours reads as it comes: where the main thread has no
 signal ``STUCK_AFTER_S`` later, that thread runs what was asked of it (``when_stuck``: the
 goodbye) and ends the process with the signal's exit code.
 
+A stop that comes while ddpwatch's own code runs in the main thread (``held``: a hook making a
+step's report and sending it) is noted and raised as that code returns: raised inside it, it cut
+a step in two, its report made but never sent, or sent while the goodbye counted a step fewer.
+
 ``interruption_reason`` is what the goodbye then says: a rank blocked in a collective when the
 stop came may see its peer leave first, and fail, before its own handler runs; the stop is still
 what ended it.
@@ -45,7 +49,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from types import FrameType
+from types import FrameType, TracebackType
 
 from .protocol import INTERRUPTED
 
@@ -62,6 +66,8 @@ _fork_hook_registered = False
 #: never reaches ``sys.excepthook``).
 received: StoppedBySignal | None = None
 _deferred = False  # a stop was noted, not raised, while an exception was handled: the next one raises
+_held_depth = 0  # how deep the main thread is in ``held`` blocks
+_held_signal: int | None = None  # a stop that came inside one, raised as the outermost ends
 
 
 class StoppedBySignal(SystemExit):
@@ -199,6 +205,30 @@ def default_on_sigterm() -> None:
             _watch.stop_listening()
 
 
+class _Held:
+    """``held``'s block: counted in the main thread only (the one a handler runs in; an
+    autograd thread's hook holds nothing)."""
+
+    def __enter__(self) -> None:
+        global _held_depth
+        if threading.current_thread() is threading.main_thread():
+            _held_depth += 1
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None) -> None:
+        global _held_depth, _held_signal
+        if threading.current_thread() is not threading.main_thread():
+            return
+        _held_depth -= 1
+        if _held_depth == 0 and _held_signal is not None:  # with ``error`` on its way: deferred, as in any ``except``
+            signum, _held_signal = _held_signal, None
+            _land(signum)
+
+
+#: ``with held:`` around ddpwatch's own code in the loop (the making and sending of a step's
+#: report): a SIGTERM coming inside is raised as the block ends, in the loop's code.
+held = _Held()
+
+
 def _default_in_child() -> None:
     """Run in a forked child as it starts: SIGTERM kills it again, at once."""
     if signal.getsignal(signal.SIGTERM) is _stop:
@@ -217,7 +247,7 @@ def _children_end_too(_signum: int, _frame: FrameType | None) -> None:
 
 
 def _stop(signum: int, _frame: FrameType | None) -> None:
-    global received, _deferred
+    global received, _held_signal
     if os.getpid() != _installed_in:  # a child that kept the handler: die of the signal, as it would have
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
@@ -226,6 +256,17 @@ def _stop(signum: int, _frame: FrameType | None) -> None:
     if callable(signal.getsignal(signal.SIGCHLD)):  # the process ends: its children's deaths are expected
         signal.signal(signal.SIGCHLD, _children_end_too)
     if not threading.main_thread().is_alive():  # the exit handlers run (the goodbye among them)
+        return
+    if _held_depth > 0:  # ddpwatch's own code runs: raised as it returns
+        _held_signal = signum
+        return
+    _land(signum)
+
+
+def _land(signum: int) -> None:
+    """Raise the stop in the main thread's code, unless an exception is being handled there."""
+    global _deferred
+    if received is None:
         return
     if sys.exc_info()[1] is not None and not _deferred:  # an exception is being handled: ending the process, or not
         _deferred = True

@@ -22,7 +22,7 @@ from torch import nn
 from .device_sampler import DeviceSampler, cuda_device_identity, make_reader
 from .distributed import DistributedContext
 from .protocol import FAILED, Ack, ClientKeys, Evaluation, Hello, StepReport, SwitchCommand
-from .stop_signals import interruption_reason
+from .stop_signals import held, interruption_reason
 from .telemetry import TelemetryPublisher
 from .timeline import NULL_TIMELINE, CudaEventClock, HostClock, NullTimeline, StepTimeline
 
@@ -228,10 +228,11 @@ class Watch:
         return self._publish_completed()
 
     def _publish_completed(self) -> list[StepReport]:
-        reports = self.timeline.completed_reports()
-        if self.publisher is not None:
-            for report in reports:
-                self.publisher.publish(report)
+        with held:  # a SIGTERM between taking a report and queuing it lost it
+            reports = self.timeline.completed_reports()
+            if self.publisher is not None:
+                for report in reports:
+                    self.publisher.publish(report)
         for report in reports:
             if report.loss is not None:
                 self.latest_loss = (report.step, report.loss)

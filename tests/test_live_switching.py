@@ -48,6 +48,7 @@ def test_switching_live_through_all_nine_ends_bitwise_where_the_unswitched_run_d
             stop(training)
         recorder.wait()
     log = (tmp_path / "train.log").read_text()
+    print(f"switches applied at steps {[acks[strategy].step for strategy, _ in SWITCHES]} of {STEPS}")
     assert "parameters identical on all 2 rank(s)" in log
     segments = json.loads((tmp_path / "session" / "summary.json").read_text())["segments"]
     assert [s["strategy"] for s in segments] == ["simple", *(strategy for strategy, _ in SWITCHES)]

@@ -45,7 +45,7 @@ def free_address() -> str:
 async def test_widgets_hold_the_fed_session() -> None:
     app = DashboardApp(StaticFeed(session_messages()), export_on_exit=False)
     async with app.run_test(size=(160, 50)) as pilot:
-        await pilot.pause(0.4)
+        await draw_every_message(app, pilot)
         assert app.query_one(RanksTable).row_count == 2
         assert app.query_one(SegmentsTable).row_count == 2  # simple, then bucket
         timeline = app.query_one(TimelineView).data
@@ -69,7 +69,7 @@ async def test_widgets_hold_the_fed_session() -> None:
 async def test_arrow_keys_walk_back_through_steps_and_end_follows_again() -> None:
     app = DashboardApp(StaticFeed(session_messages()), export_on_exit=False)
     async with app.run_test(size=(160, 50)) as pilot:
-        await pilot.pause(0.3)
+        await draw_every_message(app, pilot)
         await pilot.press("left", "left")
         await pilot.pause(0.2)
         assert app.query_one(TimelineView).data.step == 8
@@ -84,7 +84,7 @@ async def test_t_steps_through_the_side_tabs_from_the_keyboard() -> None:
     heatmap, stragglers and advisor tabs were out of reach. ``t`` and ``T`` go round them."""
     app = DashboardApp(StaticFeed(session_messages()), export_on_exit=False)
     async with app.run_test(size=(160, 50)) as pilot:
-        await pilot.pause(0.2)
+        await draw_every_message(app, pilot)
         seen = [app.side_tabs.active]
         for _ in range(5):
             await pilot.press("t")
@@ -124,7 +124,7 @@ async def test_help_screen_lists_the_keys() -> None:
 async def test_malformed_messages_are_counted_and_shown() -> None:
     app = DashboardApp(StaticFeed([b"\xc1garbage", *session_messages(steps=4)]), export_on_exit=False)
     async with app.run_test(size=(160, 50)) as pilot:
-        await pilot.pause(0.3)
+        await draw_every_message(app, pilot)
         assert app.session.rejected["garbage"] == 1
         assert any("rejected 1 malformed" in w for w in app.snapshot.warnings)
 
@@ -495,7 +495,7 @@ def test_impossible_values_are_rejected_by_kind_and_the_valid_stream_is_kept() -
 async def test_sixty_four_ranks_fit_the_timeline_and_the_ranks_table_scrolls() -> None:
     app = DashboardApp(StaticFeed(session_messages(steps=20, world_size=64)), export_on_exit=False)
     async with app.run_test(size=(160, 50)) as pilot:
-        await pilot.pause(1.0)
+        await draw_every_message(app, pilot)
         assert app.ranks_table.row_count == 64
         assert len(app.timeline_view.data.ranks) == 64
         timeline_box = app.query_one("#timeline-box")
@@ -543,7 +543,7 @@ async def test_a_device_note_is_shown_per_rank_as_sent_even_with_brackets_in_it(
     hellos = {0: hello(0, device="cuda:0", device_note=note), 1: hello(1, device="cuda:1", device_note="[/] [b]odd")}
     app = DashboardApp(StaticFeed(session_messages(steps=4, hellos=hellos)), export_on_exit=False)
     async with app.run_test(size=(160, 50)) as pilot:
-        await pilot.pause(0.4)
+        await draw_every_message(app, pilot)
         assert app.snapshot.notes == (f"rank 0 (cuda:0): {note}", "rank 1 (cuda:1): [/] [b]odd")
         shown = str(app.warnings_panel.render())
         assert f"rank 0 (cuda:0): {note}" in shown and "rank 1 (cuda:1): [/] [b]odd" in shown
@@ -643,12 +643,12 @@ async def test_a_large_job_makes_full_cycle_collections_rarer_and_the_app_restor
     before = gc.get_threshold()
     small = DashboardApp(StaticFeed(session_messages(steps=2)), export_on_exit=False)
     async with small.run_test(size=(120, 40)) as pilot:
-        await pilot.pause(0.3)
+        await draw_every_message(small, pilot)
         assert gc.get_threshold()[2] == FULL_COLLECTION_AFTER
     hellos = {rank: replace(hello(rank, world_size=80), node_rank=rank // 8) for rank in range(80)}
     large = DashboardApp(StaticFeed(session_messages(steps=2, world_size=80, hellos=hellos)), export_on_exit=False)
     async with large.run_test(size=(120, 40)) as pilot:
-        await pilot.pause(0.3)
+        await draw_every_message(large, pilot)
         assert gc.get_threshold()[2] == LARGE_JOB_FULL_COLLECTION_AFTER
     assert gc.get_threshold() == before
 
@@ -662,7 +662,7 @@ async def test_a_run_ddpwatch_did_not_start_offers_no_switch_and_says_why() -> N
     feed.request_switch = sent.append  # type: ignore[method-assign]
     app = DashboardApp(feed, export_on_exit=False)
     async with app.run_test(size=(160, 50)) as pilot:
-        await pilot.pause(0.4)
+        await draw_every_message(app, pilot)
         assert not app.snapshot.header.switchable
         # Whole and in view on every width a user has: at the end of the second line it was cut at
         # 160 columns, after the session's name on the first at 120-151 and under 112.

@@ -21,7 +21,7 @@ from dashboard_pilot import draw_every_message
 async def test_a_click_or_enter_on_a_rank_row_highlights_that_rank_and_the_cursor_scrolls() -> None:
     app = DashboardApp(StaticFeed(session_messages(steps=6, world_size=64)), export_on_exit=False)
     async with app.run_test(size=(160, 50)) as pilot:
-        await pilot.pause(0.5)
+        await draw_every_message(app, pilot)
         table = app.ranks_table
         await pilot.click(RanksTable, offset=(2, 3))  # below the border: the header, rank 0, rank 1
         await pilot.pause(0.1)
@@ -204,7 +204,7 @@ async def test_a_large_jobs_ranks_table_has_a_row_per_node_opened_by_enter() -> 
     hellos = {rank: replace(hello(rank, world_size=world), node_rank=rank // 8) for rank in range(world)}
     app = DashboardApp(StaticFeed(session_messages(steps=4, world_size=world, hellos=hellos)), export_on_exit=False)
     async with app.run_test(size=(160, 50)) as pilot:
-        await pilot.pause(0.5)
+        await draw_every_message(app, pilot)
         table = app.ranks_table
         assert table.row_count == 10 and table.rows[1][0] == "▸ node 1: 8 ranks" and table.rows[1][-3] == "1"
         table.focus()

@@ -40,7 +40,7 @@ async def test_the_runs_evaluations_are_drawn_under_the_training_loss() -> None:
 async def test_heatmap_tab_gives_every_rank_a_row_and_h_switches_its_metric() -> None:
     app = DashboardApp(StaticFeed(session_messages()), export_on_exit=False)
     async with app.run_test(size=(160, 28)) as pilot:  # too short to stack the ranks: the tabs beside them, 64 columns
-        await pilot.pause(0.3)
+        await draw_every_message(app, pilot)
         app.query_one("#side", TabbedContent).active = "heatmap-tab"
         await pilot.pause(0.2)
         heatmap = app.query_one(RankHeatmap)
@@ -64,7 +64,7 @@ async def test_a_large_job_shows_a_row_per_node_and_the_timeline_draws_picked_ra
     hellos = {rank: replace(hello(rank, world_size=world), node_rank=rank // 8) for rank in range(world)}
     app = DashboardApp(StaticFeed(session_messages(steps=4, world_size=world, hellos=hellos)), export_on_exit=False)
     async with app.run_test(size=(160, 50)) as pilot:
-        await pilot.pause(0.5)
+        await draw_every_message(app, pilot)
         app.query_one("#side", TabbedContent).active = "heatmap-tab"
         await pilot.pause(0.2)
         timeline = app.query_one(TimelineView).data  # every rank's step equally long: rank 0 is both
@@ -94,7 +94,7 @@ async def test_stragglers_tab_names_the_rank_the_others_waited_for_and_how_long(
 
     app = DashboardApp(StaticFeed(session_messages(edit=rank1_arrives_late)), export_on_exit=False)
     async with app.run_test(size=(160, 50)) as pilot:
-        await pilot.pause(0.4)
+        await draw_every_message(app, pilot)
         assert app.snapshot.stragglers == ()  # made only while its tab is on screen
         app.query_one("#side", TabbedContent).active = "stragglers-tab"
         await pilot.pause(0.2)
@@ -198,7 +198,7 @@ async def test_the_advisor_tab_draws_the_sweep_and_b_switches_to_its_best_cap() 
     feed.request_switch = sent.append  # type: ignore[method-assign]
     app = DashboardApp(feed, export_on_exit=False)
     async with app.run_test(size=(200, 36)) as pilot:
-        await pilot.pause(0.4)
+        await draw_every_message(app, pilot)
         app.side_tabs.active = "advisor-tab"
         await pilot.pause(0.4)
         shown = str(app.advisor_panel.render())

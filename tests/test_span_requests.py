@@ -7,6 +7,7 @@ from dataclasses import replace
 import pytest
 from synthetic_session import session_messages
 
+from dashboard_pilot import draw_every_message
 from ddpwatch.dashboard.app import DashboardApp
 from ddpwatch.dashboard.feeds import StaticFeed
 from ddpwatch.span_requests import (
@@ -83,7 +84,7 @@ def test_a_pinned_step_without_ranks_named_goes_to_every_rank() -> None:
 async def test_the_dashboard_asks_every_span_of_a_small_job_and_the_drawn_and_first_ranks_of_a_large_one() -> None:
     small = DashboardApp(StaticFeed(session_messages(steps=3)), export_on_exit=False)
     async with small.run_test(size=(160, 50)) as pilot:
-        await pilot.pause(0.3)
+        await draw_every_message(small, pilot)
         assert small.span_wish() == SpanWish.everything()
 
     def middling_first_rank(report: StepReport) -> StepReport:  # rank 1 the slowest, rank 0 neither slowest nor fastest
@@ -91,7 +92,7 @@ async def test_the_dashboard_asks_every_span_of_a_small_job_and_the_drawn_and_fi
 
     large = DashboardApp(StaticFeed(session_messages(steps=6, world_size=80, edit=middling_first_rank)), export_on_exit=False)
     async with large.run_test(size=(160, 50)) as pilot:
-        await pilot.pause(0.5)
+        await draw_every_message(large, pilot)
         step = large.session.latest_complete_step()
         figures = large.session.step_figures(step)
         slowest = max(figures, key=lambda r: (figures[r].step_ms, -r))

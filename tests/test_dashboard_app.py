@@ -142,7 +142,9 @@ async def test_key_press_sends_the_switch_to_rank_0_and_reports_its_ack(tmp_path
     try:
         async with app.run_test(size=(160, 50)) as pilot:
             rank0.send(encode(hello(0)))
-            await pilot.pause(0.5)
+            deadline = time.monotonic() + 10
+            while 0 not in app.session.ranks and time.monotonic() < deadline:  # heard before the key (was: a 0.5 s pause)
+                await pilot.pause(0.05)
             await pilot.press("5")  # bucket
             command, span_requests = None, []
             deadline = time.monotonic() + 10
@@ -157,7 +159,9 @@ async def test_key_press_sends_the_switch_to_rank_0_and_reports_its_ack(tmp_path
             assert isinstance(command, SwitchCommand) and command.strategy == "bucket"
             assert span_requests[0] == SpanRequest(full=True)  # two ranks: every span, as before summaries
             rank0.send(encode(Ack(0, command.command_id, True, 7), seq=1))
-            await pilot.pause(0.5)
+            deadline = time.monotonic() + 10
+            while app.pending_switches and time.monotonic() < deadline:
+                await pilot.pause(0.05)
             assert any("switched to bucket at step 7" in text for _, text in app.notices)
             assert not app.pending_switches
     finally:

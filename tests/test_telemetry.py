@@ -144,9 +144,12 @@ def test_a_run_that_ends_at_once_is_heard_saying_who_it_was_and_how_it_ended(qui
         collector.until(lambda got: False, seconds=0.1)  # anything more that came
     finally:
         receiver.close()
-    messages = [e.message for e in collector.envelopes]  # a heartbeat between them, where it went out too
-    assert messages[0] == HELLO and messages[-1] == Goodbye(0, 0, "failed: RuntimeError: boom")
-    assert sum(isinstance(m, Goodbye) for m in messages) == 1
+    # A heartbeat may come anywhere before the goodbye, the first one too: the sender's first hello
+    # can find the pipe not yet attached, and the heartbeat after it not (a session takes a
+    # heartbeat from a rank it has no hello from yet).
+    messages = [e.message for e in collector.envelopes if not isinstance(e.message, Heartbeat)]
+    assert messages == [HELLO, Goodbye(0, 0, "failed: RuntimeError: boom")]
+    assert isinstance(collector.envelopes[-1].message, Goodbye)
     assert publisher.dropped == 0  # what went unsent went before the handshake, as the first hello and heartbeat can
 
 

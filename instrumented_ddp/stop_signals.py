@@ -156,15 +156,15 @@ class _SignalWatch:
                 numbers = self._reading.recv(64)
             except OSError:
                 return
-            if signal.SIGTERM in numbers and os.getpid() == self.pid and received is None:
+            if signal.SIGTERM in numbers and os.getpid() == self.pid and (received is None or _held_signal is not None):
                 self._end_if_stuck(signal.SIGTERM)
 
     def _end_if_stuck(self, signum: int) -> None:
         deadline = time.monotonic() + STUCK_AFTER_S
-        while received is None and time.monotonic() < deadline:
+        while (received is None or _held_signal is not None) and time.monotonic() < deadline:
             time.sleep(0.02)
-        if received is not None or signal.getsignal(signum) is not _stop:
-            return  # the main thread took it
+        if (received is not None and _held_signal is None) or signal.getsignal(signum) is not _stop:
+            return  # the main thread took it (a held one: and raised it, its ``held`` block over)
         print(f"instrumented_ddp: {signal.Signals(signum).name} came while the main thread was blocked in a call "
               f"that does not return to Python (a collective waiting for a peer, a device sync) for {STUCK_AFTER_S:g} s: "
               "the process ends now, as the signal's default action would have ended it", file=sys.stderr, flush=True)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -13,6 +15,7 @@ import pytest
 from instrumented_ddp import stop_signals
 from instrumented_ddp.stop_signals import StoppedBySignal, default_on_sigterm, interruption_reason, stop_on_sigterm
 from instrumented_ddp.watch import goodbye_reason
+from launch import REPO_ROOT
 
 
 @pytest.fixture
@@ -195,6 +198,29 @@ def test_a_held_block_in_another_thread_holds_nothing(default_sigterm: None) -> 
         leave.set()
         other.join(30)
     assert stop_signals._held_depth == 0 and stop_signals._held_signal is None
+
+
+HELD_THEN_BLOCKED = """
+import os, signal, socket
+from instrumented_ddp import stop_signals
+stop_signals.stop_on_sigterm()
+stop_signals.when_stuck(lambda: print("goodbye sent from the watch", flush=True))
+waiting, _ = socket.socketpair()
+with stop_signals.held:
+    os.kill(os.getpid(), signal.SIGTERM)
+    print("noted", flush=True)  # the handler has run by now: the stop is held
+    waiting.recv(1)  # and the hook blocks: nothing ever comes
+"""
+
+
+def test_a_held_stop_whose_block_then_blocks_ends_the_process_as_a_stop_blocked_in_cpp_does() -> None:
+    """Noted in the hook, then the hook blocks (a device sync, a collective): the watch thread took
+    the noted stop as raised, and the process outlived it until torchrun's SIGKILL."""
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, "-c", HELD_THEN_BLOCKED], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 128 + signal.SIGTERM, result.stderr[-2000:]
+    assert result.stdout == "noted\ngoodbye sent from the watch\n"
+    assert time.monotonic() - started < 30
 
 
 def test_a_stop_during_the_exit_handlers_is_noted_not_raised(default_sigterm: None, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -32,7 +32,7 @@ from instrumented_ddp.one_line_errors import OneLineErrorParser
 from instrumented_ddp.output_paths import outputs_problem
 from instrumented_ddp.protocol import DEFAULT_ADDRESS, address_problem, bucket_mb_problem, is_loopback, load_client_keys
 from instrumented_ddp.replicas import gather_digests, ranks_that_differ
-from instrumented_ddp.stop_signals import held, stop_on_sigterm
+from instrumented_ddp.stop_signals import held, hold_ctrl_c, stop_on_sigterm
 from instrumented_ddp.strategies import strategy_class
 from instrumented_ddp.watch import Watch, parameter_layout
 
@@ -235,6 +235,7 @@ def start_profiler(directory: str, context: DistributedContext) -> torch.profile
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     stop_on_sigterm()  # torchrun's stop of the ranks left: an exception, so the watch sends what it holds and why
+    hold_ctrl_c()  # a Ctrl-C as a step's report is sent: raised once it is sent
     context = init_distributed(args.device)
     say = print if context.is_main else (lambda *a, **k: None)
     try:
@@ -289,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
             with timeline.phase("optimizer"):
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=False)  # keeps bucket gradient views in place
-            with held:  # a SIGTERM lands after the step is counted and its report queued, not between
+            with held:  # a SIGTERM or Ctrl-C lands after the step is counted and its report queued, not between
                 timeline.end_step(samples, tokens, loss.detach() * args.grad_accum, excluded=model.excluded_from_statistics,
                                   memory=memory.sample(model) if not args.no_watch else None)
                 watch.step_done()

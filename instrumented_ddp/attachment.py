@@ -132,15 +132,15 @@ def never_raises_into_the_loop(detaches_here: bool) -> Callable[[_Hook], _Hook]:
     are removed at once where ``detaches_here`` (a forward's: torch copies its hooks before it
     calls them), else at the next forward or the exit, whichever comes first, since an
     optimizer's hooks are called from a loop over the very dict removing them would change;
-    until then each is a no-op. A SIGTERM that comes inside one is raised as it returns
-    (``stop_signals.held``): a step's report is never made and left unsent."""
+    until then each is a no-op. A SIGTERM or a Ctrl-C that comes inside one is raised as it
+    returns (``stop_signals.held``): a step's report is never made and left unsent."""
 
     def guard(hook: _Hook) -> _Hook:
         @functools.wraps(hook)
         def guarded(self: Attachment, *args: Any, **kwargs: Any) -> Any:
             if self.broken is None:
                 try:
-                    with stop_signals.held:  # a SIGTERM lands in the loop's code, not mid-report
+                    with stop_signals.held:  # a SIGTERM or Ctrl-C lands in the loop's code, not mid-report
                         return hook(self, *args, **kwargs)
                 except Exception as error:
                     self.stop_watching_after(error, hook.__name__)
@@ -409,6 +409,7 @@ class Attachment:
         self._loop_thread = collective_stand_ins.time_loop_calls(self._time_loop_collective)
         self._stops_on_sigterm = stop_signals.stop_on_sigterm()  # torchrun's stop, a preemption: a goodbye, not *lost*
         stop_signals.when_stuck(self._goodbye_while_blocked)
+        self._holds_ctrl_c = stop_signals.hold_ctrl_c()  # a Ctrl-C in a hook: raised as it returns
 
     @property
     def publisher(self) -> Any:
@@ -436,6 +437,8 @@ class Attachment:
         stop_signals.not_when_stuck(self._goodbye_while_blocked)
         if self._stops_on_sigterm and not _ADDRESSES_IN_USE:  # the last attachment: SIGTERM kills again
             stop_signals.default_on_sigterm()
+        if self._holds_ctrl_c and not _ADDRESSES_IN_USE:
+            stop_signals.release_ctrl_c()
         self.watch.close(reason, trains_again=trains_again)
 
     def _detach_at_exit(self) -> None:

@@ -34,6 +34,8 @@ goodbye) and ends the process with the signal's exit code.
 A stop that comes while ddpwatch's own code runs in the main thread (``held``: a hook making a
 step's report and sending it) is noted and raised as that code returns: raised inside it, it cut
 a step in two, its report made but never sent, or sent while the goodbye counted a step fewer.
+Ctrl-C too (``hold_ctrl_c``): Python's own SIGINT handler raises ``KeyboardInterrupt`` at the
+next bytecode, wherever that is, and Ctrl-C is the commonest stop of all.
 
 ``interruption_reason`` is what the goodbye then says: a rank blocked in a collective when the
 stop came may see its peer leave first, and fail, before its own handler runs; the stop is still
@@ -68,6 +70,7 @@ received: StoppedBySignal | None = None
 _deferred = False  # a stop was noted, not raised, while an exception was handled: the next one raises
 _held_depth = 0  # how deep the main thread is in ``held`` blocks
 _held_signal: int | None = None  # a stop that came inside one, raised as the outermost ends
+_ctrl_c_held = False  # a Ctrl-C that came inside one: ``KeyboardInterrupt`` as the outermost ends
 
 
 class StoppedBySignal(SystemExit):
@@ -104,7 +107,7 @@ def exception_chain(error: BaseException) -> list[BaseException]:
 def stop_on_sigterm() -> bool:
     """Install the SIGTERM handler where SIGTERM has its default action and this is the main
     thread (the only one Python lets set a handler); whether it is installed now."""
-    global _installed_in, _fork_hook_registered, _watch
+    global _installed_in, _watch
     if _installed_in == os.getpid() and signal.getsignal(signal.SIGTERM) is _stop:
         return True
     if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
@@ -114,10 +117,15 @@ def stop_on_sigterm() -> bool:
     if _watch is None or _watch.pid != os.getpid():
         _watch = _SignalWatch()
     _watch.listen()
+    _reset_in_children()
+    return True
+
+
+def _reset_in_children() -> None:
+    global _fork_hook_registered
     if not _fork_hook_registered:  # registered once for the process's life: it cannot be removed
         os.register_at_fork(after_in_child=_default_in_child)
         _fork_hook_registered = True
-    return True
 
 
 class _SignalWatch:
@@ -215,13 +223,18 @@ class _Held:
             _held_depth += 1
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None) -> None:
-        global _held_depth, _held_signal
+        global _held_depth, _held_signal, _ctrl_c_held
         if threading.current_thread() is not threading.main_thread():
             return
         _held_depth -= 1
-        if _held_depth == 0 and _held_signal is not None:  # with ``error`` on its way: deferred, as in any ``except``
-            signum, _held_signal = _held_signal, None
+        if _held_depth > 0:
+            return
+        if _held_signal is not None:  # with ``error`` on its way: deferred, as in any ``except``
+            signum, _held_signal, _ctrl_c_held = _held_signal, None, False
             _land(signum)
+        if _ctrl_c_held:  # with ``error`` on its way too, as Python's handler raises in an ``except``
+            _ctrl_c_held = False
+            raise KeyboardInterrupt
 
 
 #: ``with held:`` around ddpwatch's own code in the loop (the making and sending of a step's
@@ -229,8 +242,43 @@ class _Held:
 held = _Held()
 
 
+def hold_ctrl_c() -> bool:
+    """Have a Ctrl-C (SIGINT) that comes inside a ``held`` block raise its ``KeyboardInterrupt``
+    as the outermost one ends, as a SIGTERM does; anywhere else it raises at once, as Python's
+    own handler does. Installed only where SIGINT has Python's handler and this is the main
+    thread: a script's own SIGINT handler stays. Whether ours is in place now."""
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    current = signal.getsignal(signal.SIGINT)
+    if current is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _interrupt)
+        _reset_in_children()
+        return True
+    return current is _interrupt
+
+
+def release_ctrl_c() -> None:
+    """Python's own SIGINT handler again where ``hold_ctrl_c`` put ours; one set since stays."""
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is _interrupt:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    global _ctrl_c_held
+    if _held_depth > 0:  # ddpwatch's own code runs: raised as it returns
+        _ctrl_c_held = True
+        return
+    signal.default_int_handler(signum, frame)
+
+
 def _default_in_child() -> None:
-    """Run in a forked child as it starts: SIGTERM kills it again, at once."""
+    """Run in a forked child as it starts: SIGTERM kills it again, at once, and Ctrl-C is
+    Python's again (a DataLoader worker's own ``KeyboardInterrupt`` handling expects it)."""
+    if signal.getsignal(signal.SIGINT) is _interrupt:
+        try:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+        except ValueError:
+            pass
     if signal.getsignal(signal.SIGTERM) is _stop:
         try:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)

@@ -228,7 +228,7 @@ class Watch:
         return self._publish_completed()
 
     def _publish_completed(self) -> list[StepReport]:
-        with held:  # a SIGTERM between taking a report and queuing it lost it
+        with held:  # a SIGTERM or Ctrl-C between taking a report and queuing it lost it
             reports = self.timeline.completed_reports()
             if self.publisher is not None:
                 for report in reports:

@@ -180,24 +180,29 @@ from instrumented_ddp.protocol import StepReport
 publish = watch.publisher.publish
 def publish_then_stop(message):
     if isinstance(message, StepReport) and message.step == 2:  # a stop as ddpwatch has taken the report
-        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), getattr(signal, sys.argv[2]))
     publish(message)
 watch.publisher.publish = publish_then_stop
 for _ in range(10):""")
 
 
-def test_a_sigterm_as_a_steps_report_is_being_sent_lands_after_it_is_sent(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("stop", "exit_code", "said"), [
+    ("SIGTERM", 128 + signal.SIGTERM, "interrupted: SIGTERM"),
+    ("SIGINT", -signal.SIGINT, "interrupted: SIGINT (KeyboardInterrupt, Ctrl-C)"),  # Ctrl-C: Python dies of it
+], ids=["SIGTERM", "SIGINT"])
+def test_a_stop_as_a_steps_report_is_being_sent_lands_after_it_is_sent(tmp_path: Path, stop: str, exit_code: int,
+                                                                        said: str) -> None:
     """Raised at the next bytecode, inside ddpwatch's hook, the stop lost the report it had in
     hand (the goodbye said step 2, no step 2 came) or, a step earlier, sent a report past the
     goodbye's count. Held (``stop_signals.held``), it lands in the loop once the hook returns."""
     with Recorder(tmp_path / "session", "--idle-exit", "20") as recorder:
-        result = subprocess.run([sys.executable, "-c", STOPPED_AS_STEP_2_IS_SENT, recorder.address], cwd=REPO_ROOT,
+        result = subprocess.run([sys.executable, "-c", STOPPED_AS_STEP_2_IS_SENT, recorder.address, stop], cwd=REPO_ROOT,
                                 env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=120)
-        assert result.returncode == 128 + signal.SIGTERM, result.stderr[-2000:]
+        assert result.returncode == exit_code, result.stderr[-2000:]
         recorder.wait()
     session = load_session(tmp_path / "session" / "session.ddpwatch")
     goodbye = session.ranks[0].goodbye
-    assert goodbye is not None and goodbye.reason == "interrupted: SIGTERM"
+    assert goodbye is not None and goodbye.reason == said
     assert sorted(session.reports) == list(range(1, goodbye.steps + 1)) and goodbye.steps >= 2
 
 

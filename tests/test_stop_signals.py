@@ -13,7 +13,14 @@ from collections.abc import Iterator
 import pytest
 
 from instrumented_ddp import stop_signals
-from instrumented_ddp.stop_signals import StoppedBySignal, default_on_sigterm, interruption_reason, stop_on_sigterm
+from instrumented_ddp.stop_signals import (
+    StoppedBySignal,
+    default_on_sigterm,
+    hold_ctrl_c,
+    interruption_reason,
+    release_ctrl_c,
+    stop_on_sigterm,
+)
 from instrumented_ddp.watch import goodbye_reason
 from launch import REPO_ROOT
 
@@ -28,9 +35,12 @@ def default_sigterm(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setattr(stop_signals, "_deferred", False)
     monkeypatch.setattr(stop_signals, "_held_depth", 0)
     monkeypatch.setattr(stop_signals, "_held_signal", None)
+    monkeypatch.setattr(stop_signals, "_ctrl_c_held", False)
+    previous_sigint = signal.signal(signal.SIGINT, signal.default_int_handler)
     yield
     signal.signal(signal.SIGTERM, previous)
     signal.signal(signal.SIGCHLD, previous_sigchld)
+    signal.signal(signal.SIGINT, previous_sigint)
 
 
 def wait_for_a_signal(seconds: float = 30.0) -> None:
@@ -174,6 +184,50 @@ def test_a_stop_in_a_held_block_an_exception_leaves_is_deferred_then_raised(defa
             raise RuntimeError("ddpwatch's own fault")
     with pytest.raises(StoppedBySignal):
         wait_for_a_signal(10)
+
+
+def test_a_ctrl_c_inside_ddpwatchs_own_code_is_raised_as_the_outermost_held_block_ends(default_sigterm: None) -> None:
+    """Python's handler raised ``KeyboardInterrupt`` at the next bytecode, inside the hook as
+    well: the window a SIGTERM no longer has stayed open for the commonest stop of all."""
+    assert hold_ctrl_c()
+    reached = []
+    with pytest.raises(KeyboardInterrupt):
+        with stop_signals.held:
+            with stop_signals.held:
+                os.kill(os.getpid(), signal.SIGINT)
+                wait_for_a_signal(0.3)
+                reached.append("inner")
+            wait_for_a_signal(0.1)
+            reached.append("outer")
+        reached.append("after")
+    assert reached == ["inner", "outer"] and not stop_signals._ctrl_c_held
+    with pytest.raises(KeyboardInterrupt):  # outside a held block: at once, as Python's own
+        os.kill(os.getpid(), signal.SIGINT)
+        wait_for_a_signal(10)
+
+
+def test_a_ctrl_c_in_a_held_block_an_exception_leaves_is_raised_with_it_as_its_context(default_sigterm: None) -> None:
+    """As Python's handler raises inside an ``except`` block: the user asked to stop."""
+    hold_ctrl_c()
+    with pytest.raises(KeyboardInterrupt) as interrupted:
+        with stop_signals.held:
+            os.kill(os.getpid(), signal.SIGINT)
+            wait_for_a_signal(0.3)
+            raise RuntimeError("ddpwatch's own fault")
+    assert isinstance(interrupted.value.__context__, RuntimeError)
+
+
+def test_a_scripts_own_sigint_handler_is_left_alone_and_ours_is_given_back(default_sigterm: None) -> None:
+    def theirs(signum: int, frame: object) -> None: ...
+
+    signal.signal(signal.SIGINT, theirs)
+    assert not hold_ctrl_c() and signal.getsignal(signal.SIGINT) is theirs
+    release_ctrl_c()
+    assert signal.getsignal(signal.SIGINT) is theirs
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    assert hold_ctrl_c() and hold_ctrl_c()  # twice: still ours
+    release_ctrl_c()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
 def test_a_held_block_in_another_thread_holds_nothing(default_sigterm: None) -> None:

@@ -716,6 +716,26 @@ class Session:
         return {rank: step for rank, step in behind.items()
                 if now - self.ranks[rank].last_step_at >= STOPPED_AFTER_S and self.status(rank, now) != "lost"}
 
+    def ranks_held_by_lost(self, now: float) -> tuple[dict[int, int], dict[int, float]]:
+        """Live ranks that have passed no step since a lost rank went silent, unmoved for
+        ``STOPPED_AFTER_S``, with the step each is at; and the lost ranks, with when each was
+        last heard. Every collective of a step needs every rank, so a rank that dies or freezes
+        holds the others in their next one, heartbeating (their sender is a thread of its own)
+        but passing no step: until the process group's timeout, unless the launcher stops them
+        (gloo fails a collective at once on a peer whose connection closes, but not one whose
+        send was half written when it did: it waits out its timeout). A rank passed its last
+        step no later than its lost peer died, at most ``LOST_AFTER_S`` after that peer was
+        last heard; a rank that went on past that is training without it (the lost one's
+        telemetry alone went silent), and is not said held."""
+        lost = {rank: state.last_seen for rank, state in sorted(self.ranks.items()) if self.status(rank, now) == "lost"}
+        if not lost:
+            return {}, {}
+        died_by = min(lost.values()) + LOST_AFTER_S
+        held = {rank: state.last_step for rank, state in sorted(self.ranks.items())
+                if rank not in lost and self.status(rank, now) == "live"
+                and state.last_step_at <= died_by and now - state.last_step_at >= STOPPED_AFTER_S}
+        return held, lost
+
     @property
     def failed_ranks(self) -> dict[int, tuple[int, str]]:
         """Ranks whose goodbye says their training failed: ``{rank: (steps done, why)}``."""

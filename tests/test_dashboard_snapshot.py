@@ -208,6 +208,30 @@ def test_a_rank_whose_steps_stopped_while_the_others_went_on_is_a_note() -> None
     assert "rank 1 lost: nothing heard from it for 4.0 s" in silent.warnings and silent.notes == ()  # lost, not this
 
 
+def test_live_ranks_a_lost_rank_holds_in_a_collective_are_a_warning_until_they_step_again() -> None:
+    """Rank 3 of 4 freezes after step 10 (all heard at 5.0 s): it is lost 2.5 s later; the others
+    beat on, passing no step, since every collective needs rank 3. Said once they have been
+    unmoved for 3 s (at 8.0 s, not 7.9 s); rank 0 stepping on (its heartbeat says step 11)
+    is training without rank 3's telemetry, and is no longer said held."""
+    session = Session(120)
+    for message in session_messages(world_size=4, goodbye=False):
+        session.ingest(decode(message), received_at=5.0)
+    for seq, t in enumerate((6.5, 7.5, 8.5, 9.5, 10.5, 11.5)):
+        for rank in (0, 1, 2):
+            session.ingest(decode(encode(Heartbeat(rank, t, 10), seq=100 + seq)), received_at=t)
+    held_line = ("3 ranks (0-2) have passed no step since rank 3 went silent {} s ago (at step 10): waiting for it in a "
+                 "collective, until the process group's timeout (by default 10 min on NCCL, 30 min on gloo) unless the "
+                 "launcher stops the job")
+    assert session.ranks_held_by_lost(7.9) == ({}, {3: 5.0})
+    assert SnapshotBuilder(session).build(now=8.0).warnings[:2] == ("rank 3 lost: nothing heard from it for 3.0 s",
+                                                                   held_line.format(3))
+    assert SnapshotBuilder(session).build(now=12.0).warnings[1] == held_line.format(7)
+    session.ingest(decode(encode(Heartbeat(0, 12.5, 11), seq=200)), received_at=12.5)
+    assert session.ranks_held_by_lost(13.0) == ({1: 10, 2: 10}, {3: 5.0})
+    assert SnapshotBuilder(session).build(now=13.0).warnings[1].startswith(
+        "2 ranks (1-2) have passed no step since rank 3 went silent 8 s ago (at step 10)")
+
+
 def test_ranks_whose_loop_is_pausing_now_are_a_note_with_how_long_until_they_train_again() -> None:
     """A Trainer evaluating after step 10: both ranks' heartbeats say so from 5.0 s (rank 1's a
     little later); at 47 s the note says 42 s; once a heartbeat says training goes on, it is gone.

@@ -1,6 +1,6 @@
-"""What the warnings panel says of a session, in plain words. Faults: lost and failed ranks, steps sent
-unresolved, telemetry dropped or rejected, all-reduce groups the hellos contradict. Notes, not
-faults: ranks a recording ends with, reports that came late, device notes, skipped optimizer updates, steps that compiled,
+"""What the warnings panel says of a session, in plain words. Faults: lost and failed ranks (and the
+live ranks a lost one holds in a collective), steps sent unresolved, telemetry dropped or rejected,
+all-reduce groups the hellos contradict. Notes, not faults: ranks a recording ends with, reports that came late, device notes, skipped optimizer updates, steps that compiled,
 collectives not timed, ranks whose steps stopped while the others' went on.
 
 Pure functions of the session and of the time on its arrivals' clock (``heard``); the snapshot
@@ -34,7 +34,22 @@ def lost_rank_lines(session: Session, heard: float) -> list[str]:
     else:
         lines = [f"{len(silent)} ranks lost: nothing heard from them for {min(silent.values()):.0f}-"
                  f"{max(silent.values()):.0f} s: ranks {ranks_text(silent)}"]
-    return lines + failed_ranks_lines(session.failed_ranks, session.first_failed_rank)
+    return lines + held_by_lost_lines(session, heard) + failed_ranks_lines(session.failed_ranks, session.first_failed_rank)
+
+
+def held_by_lost_lines(session: Session, heard: float) -> list[str]:
+    """One line for the live ranks a lost rank holds (``Session.ranks_held_by_lost``): still
+    heartbeating, so not lost, but waiting in a collective for a peer that will not come; read
+    as a slow step, the job looked alive for as long as the process group's timeout."""
+    held, lost = session.ranks_held_by_lost(heard)
+    if not held:
+        return []
+    who = f"rank {next(iter(held))} has" if len(held) == 1 else f"{len(held)} ranks ({ranks_text(held)}) have"
+    them = f"rank {next(iter(lost))}" if len(lost) == 1 else f"ranks {ranks_text(lost)}"
+    steps = sorted(set(held.values()))
+    return [f"{who} passed no step since {them} went silent {heard - min(lost.values()):.0f} s ago (at "
+            f"{step_range_text(steps[0], steps[-1])}): waiting for {'it' if len(lost) == 1 else 'them'} in a collective, "
+            "until the process group's timeout (by default 10 min on NCCL, 30 min on gloo) unless the launcher stops the job"]
 
 
 def reporting_fault_lines(session: Session) -> list[str]:

@@ -64,6 +64,30 @@ def failed_ranks_lines(failures: dict[int, tuple[int, str]], first: int | None =
     return [f"{line}; first rank {first}, after step {first_steps}: {first_why}{then}"]
 
 
+def lost_ranks_lines(silent: dict[int, float]) -> list[str]:
+    """Ranks nothing has been heard from past ``session.LOST_AFTER_S``, ``{rank: seconds silent}``:
+    a line each for a few, one line for many (a node gone takes eight at once)."""
+    if len(silent) <= FEW_RANKS:
+        return [f"rank {rank} lost: nothing heard from it for {s:.1f} s" for rank, s in sorted(silent.items())]
+    return [f"{len(silent)} ranks lost: nothing heard from them for {min(silent.values()):.0f}-"
+            f"{max(silent.values()):.0f} s: ranks {ranks_text(silent)}"]
+
+
+def held_by_lost_lines(held: dict[int, int], lost: dict[int, float], heard: float) -> list[str]:
+    """One line for the live ranks that lost ranks hold in a collective (``Session.ranks_held_by_lost``:
+    ``{rank: step it is at}``, and ``{lost rank: when last heard}``), at ``heard``: still
+    heartbeating, so not lost, but passing no step; read as a slow step, the job looked alive for
+    as long as the process group's timeout."""
+    if not held or not lost:
+        return []
+    who = f"rank {next(iter(held))} has" if len(held) == 1 else f"{len(held)} ranks ({ranks_text(held)}) have"
+    them = f"rank {next(iter(lost))}" if len(lost) == 1 else f"ranks {ranks_text(lost)}"
+    steps = sorted(set(held.values()))
+    return [f"{who} passed no step since {them} went silent {heard - min(lost.values()):.0f} s ago (at "
+            f"{step_range_text(steps[0], steps[-1])}): waiting for {'it' if len(lost) == 1 else 'them'} in a collective, "
+            "until the process group's timeout (by default 10 min on NCCL, 30 min on gloo) unless the launcher stops the job"]
+
+
 def interrupted_ranks_lines(interruptions: dict[int, tuple[int, str]]) -> list[str]:
     """Ranks whose goodbye said a signal stopped them, ``{rank: (steps done, which signal)}``: a
     line per signal (one, at the usual Ctrl-C or torchrun's stop of every rank), its ranks and

@@ -17,6 +17,7 @@ from . import metrics
 from .auth import ServerKeys
 from .control import SwitchRelay
 from .exporters import write_exports
+from .live_faults import FaultsAsTheyHappen
 from .rank_lists import detached_ranks_lines, failed_ranks_lines, interrupted_ranks_lines
 from .receiver import TelemetryReceiver, log_and_decode
 from .session import Session
@@ -85,6 +86,11 @@ def record(
     writer = SessionWriter(out_dir / SESSION_FILE_NAME)
     stop_requested: list[str] = []
 
+    def say_fault(line: str) -> None:
+        log(f"{command}: WARNING: {line}")
+
+    faults = FaultsAsTheyHappen(say_fault)  # a lost rank, the live ranks it holds: said as they happen
+
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         stop_requested.append(signal.Signals(signum).name)
 
@@ -118,6 +124,7 @@ def record(
                             f"its exports are in {folder} ({', '.join(p.name for p in paths.values())}); "
                             f"now recording run {next_run}")
                         session = Session()
+                        faults = FaultsAsTheyHappen(say_fault)
                     if session.ingest(envelope, run=run) is None:
                         relay.note(peer, envelope)
                         requester.note(peer, envelope)
@@ -126,6 +133,7 @@ def record(
             relay.tick()
             requester.tick()
             writer.flush_if_due()
+            faults.look(session, time.monotonic())
             reason = stop_requested[0] if stop_requested else rule.reached(session, started, last_message,
                                                                            runs_left > 1 or session.trains_again)
             if reason is None and drive is not None:

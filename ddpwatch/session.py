@@ -726,13 +726,14 @@ class Session:
         send was half written when it did: it waits out its timeout). A rank passed its last
         step no later than its lost peer died, at most ``LOST_AFTER_S`` after that peer was
         last heard; a rank that went on past that is training without it (the lost one's
-        telemetry alone went silent), and is not said held."""
+        telemetry alone went silent), and is not said held; nor is one that has passed no step
+        at all (still starting: loading its data, compiling)."""
         lost = {rank: state.last_seen for rank, state in sorted(self.ranks.items()) if self.status(rank, now) == "lost"}
         if not lost:
             return {}, {}
         died_by = min(lost.values()) + LOST_AFTER_S
         held = {rank: state.last_step for rank, state in sorted(self.ranks.items())
-                if rank not in lost and self.status(rank, now) == "live"
+                if rank not in lost and self.status(rank, now) == "live" and state.last_step > 0
                 and state.last_step_at <= died_by and now - state.last_step_at >= STOPPED_AFTER_S}
         return held, lost
 

@@ -174,7 +174,10 @@ def test_a_process_sent_sigterm_exits_at_once_and_its_goodbye_says_interrupted(t
     assert session.status(0) == "interrupted" and sorted(session.reports)[-1] == steps
 
 
-STOPPED_AS_STEP_2_IS_SENT = END_WITHOUT_DETACH.replace("for _ in range(3):", """
+STOPPED_AS_STEP_2_IS_SENT = ("""
+import signal
+signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's, as under a terminal (a background job inherits it ignored)
+""" + END_WITHOUT_DETACH).replace("for _ in range(3):", """
 import os, signal
 from instrumented_ddp.protocol import StepReport
 publish = watch.publisher.publish

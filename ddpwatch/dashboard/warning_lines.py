@@ -18,38 +18,20 @@ from instrumented_ddp.protocol import PROTOCOL_VERSION
 
 from ddpwatch.compact import StepSet
 from ddpwatch.metrics import ONE_RANK_NOTE
-from ddpwatch.rank_lists import (FEW_RANKS, detached_ranks_lines, failed_ranks_lines, heard_until_text, interrupted_ranks_lines,
-                                 ranks_text,
-                                 runs_text, step_range_text)
+from ddpwatch.rank_lists import (FEW_RANKS, detached_ranks_lines, failed_ranks_lines, heard_until_text, held_by_lost_lines,
+                                 interrupted_ranks_lines, lost_ranks_lines, ranks_text, runs_text, step_range_text)
 from ddpwatch.session import Session
 
 
 def lost_rank_lines(session: Session, heard: float) -> list[str]:
-    """A line per rank silent past ``LOST_AFTER_S`` at ``heard``, or one line for many; then the
-    ranks whose goodbye said their training failed, and why (``rank_lists.failed_ranks_lines``)."""
+    """The ranks silent past ``LOST_AFTER_S`` at ``heard`` (``rank_lists.lost_ranks_lines``), the live
+    ranks they hold in a collective (``Session.ranks_held_by_lost``), then the ranks whose goodbye
+    said their training failed, and why (``rank_lists.failed_ranks_lines``)."""
     silent = {rank: heard - state.last_seen for rank, state in sorted(session.ranks.items())
               if session.status(rank, heard) == "lost"}
-    if len(silent) <= FEW_RANKS:
-        lines = [f"rank {rank} lost: nothing heard from it for {s:.1f} s" for rank, s in silent.items()]
-    else:
-        lines = [f"{len(silent)} ranks lost: nothing heard from them for {min(silent.values()):.0f}-"
-                 f"{max(silent.values()):.0f} s: ranks {ranks_text(silent)}"]
-    return lines + held_by_lost_lines(session, heard) + failed_ranks_lines(session.failed_ranks, session.first_failed_rank)
-
-
-def held_by_lost_lines(session: Session, heard: float) -> list[str]:
-    """One line for the live ranks a lost rank holds (``Session.ranks_held_by_lost``): still
-    heartbeating, so not lost, but waiting in a collective for a peer that will not come; read
-    as a slow step, the job looked alive for as long as the process group's timeout."""
     held, lost = session.ranks_held_by_lost(heard)
-    if not held:
-        return []
-    who = f"rank {next(iter(held))} has" if len(held) == 1 else f"{len(held)} ranks ({ranks_text(held)}) have"
-    them = f"rank {next(iter(lost))}" if len(lost) == 1 else f"ranks {ranks_text(lost)}"
-    steps = sorted(set(held.values()))
-    return [f"{who} passed no step since {them} went silent {heard - min(lost.values()):.0f} s ago (at "
-            f"{step_range_text(steps[0], steps[-1])}): waiting for {'it' if len(lost) == 1 else 'them'} in a collective, "
-            "until the process group's timeout (by default 10 min on NCCL, 30 min on gloo) unless the launcher stops the job"]
+    return (lost_ranks_lines(silent) + held_by_lost_lines(held, lost, heard)
+            + failed_ranks_lines(session.failed_ranks, session.first_failed_rank))
 
 
 def reporting_fault_lines(session: Session) -> list[str]:

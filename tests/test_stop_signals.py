@@ -8,7 +8,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -158,20 +158,25 @@ def test_a_stop_while_an_exception_is_handled_is_noted_then_raised_once_the_loop
     assert stop_signals.RAISE_AGAIN_AFTER_S - 0.1 < time.monotonic() - sent < stop_signals.RAISE_AGAIN_AFTER_S + 2
 
 
-def test_a_stop_inside_ddpwatchs_own_code_is_raised_as_the_outermost_held_block_ends(default_sigterm: None) -> None:
-    """Raised inside, it cut a step in two: its report made and never sent (``Watch._publish_completed``)."""
-    stop_on_sigterm()
+@pytest.mark.parametrize(("signum", "install", "raised"), [(signal.SIGTERM, stop_on_sigterm, StoppedBySignal),
+                                                      (signal.SIGINT, hold_ctrl_c, KeyboardInterrupt)], ids=["SIGTERM", "SIGINT"])
+def test_a_stop_inside_ddpwatchs_own_code_is_raised_as_the_outermost_held_block_ends(
+        default_sigterm: None, signum: int, install: Callable[[], bool], raised: type[BaseException]) -> None:
+    """Raised inside, it cut a step in two: its report made and never sent (``Watch._publish_completed``).
+    Ctrl-C too: Python's handler raised ``KeyboardInterrupt`` at the next bytecode, inside the
+    hook as well, and Ctrl-C is the commonest stop of all."""
+    assert install()
     reached = []
-    with pytest.raises(StoppedBySignal):
+    with pytest.raises(raised):
         with stop_signals.held:
             with stop_signals.held:
-                os.kill(os.getpid(), signal.SIGTERM)
+                os.kill(os.getpid(), signum)
                 wait_for_a_signal(0.3)
                 reached.append("inner")
             wait_for_a_signal(0.1)
             reached.append("outer")
         reached.append("after")
-    assert reached == ["inner", "outer"]
+    assert reached == ["inner", "outer"] and stop_signals._held_signal is None and not stop_signals._ctrl_c_held
 
 
 def test_a_stop_in_a_held_block_an_exception_leaves_is_deferred_then_raised(default_sigterm: None) -> None:
@@ -186,22 +191,9 @@ def test_a_stop_in_a_held_block_an_exception_leaves_is_deferred_then_raised(defa
         wait_for_a_signal(10)
 
 
-def test_a_ctrl_c_inside_ddpwatchs_own_code_is_raised_as_the_outermost_held_block_ends(default_sigterm: None) -> None:
-    """Python's handler raised ``KeyboardInterrupt`` at the next bytecode, inside the hook as
-    well: the window a SIGTERM no longer has stayed open for the commonest stop of all."""
-    assert hold_ctrl_c()
-    reached = []
+def test_a_ctrl_c_outside_a_held_block_raises_at_once_as_pythons_own_handler_does(default_sigterm: None) -> None:
+    hold_ctrl_c()
     with pytest.raises(KeyboardInterrupt):
-        with stop_signals.held:
-            with stop_signals.held:
-                os.kill(os.getpid(), signal.SIGINT)
-                wait_for_a_signal(0.3)
-                reached.append("inner")
-            wait_for_a_signal(0.1)
-            reached.append("outer")
-        reached.append("after")
-    assert reached == ["inner", "outer"] and not stop_signals._ctrl_c_held
-    with pytest.raises(KeyboardInterrupt):  # outside a held block: at once, as Python's own
         os.kill(os.getpid(), signal.SIGINT)
         wait_for_a_signal(10)
 

@@ -36,12 +36,11 @@ class FaultsAsTheyHappen:
         if now < self._next_look:
             return
         self._next_look = now + LOOK_EVERY_S
-        silent = {rank: now - state.last_seen for rank, state in sorted(session.ranks.items())
-                  if session.status(rank, now) == "lost"}
-        for line in lost_ranks_lines({rank: s for rank, s in silent.items() if rank not in self._said_lost}):
-            self._say(line)
-        self._said_lost = set(silent)
         held, lost = session.ranks_held_by_lost(now)
+        newly_lost = {rank: now - last_seen for rank, last_seen in lost.items() if rank not in self._said_lost}
+        for line in lost_ranks_lines(newly_lost):
+            self._say(line)
+        self._said_lost = set(lost)
         if not set(held) <= self._said_held:
             for line in held_by_lost_lines(held, lost, now):
                 self._say(line)

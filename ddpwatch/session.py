@@ -718,8 +718,8 @@ class Session:
 
     def ranks_held_by_lost(self, now: float) -> tuple[dict[int, int], dict[int, float]]:
         """Live ranks that have passed no step since a lost rank went silent, unmoved for
-        ``STOPPED_AFTER_S``, with the step each is at; and the lost ranks, with when each was
-        last heard. Every collective of a step needs every rank, so a rank that dies or freezes
+        ``STOPPED_AFTER_S``, with the step each is at; and every lost rank, with when each was
+        last heard (what the lines of lost ranks say too: one pass over the ranks for both). Every collective of a step needs every rank, so a rank that dies or freezes
         holds the others in their next one, heartbeating (their sender is a thread of its own)
         but passing no step: until the process group's timeout, unless the launcher stops them
         (gloo fails a collective at once on a peer whose connection closes, but not one whose

@@ -27,10 +27,8 @@ def lost_rank_lines(session: Session, heard: float) -> list[str]:
     """The ranks silent past ``LOST_AFTER_S`` at ``heard`` (``rank_lists.lost_ranks_lines``), the live
     ranks they hold in a collective (``Session.ranks_held_by_lost``), then the ranks whose goodbye
     said their training failed, and why (``rank_lists.failed_ranks_lines``)."""
-    silent = {rank: heard - state.last_seen for rank, state in sorted(session.ranks.items())
-              if session.status(rank, heard) == "lost"}
     held, lost = session.ranks_held_by_lost(heard)
-    return (lost_ranks_lines(silent) + held_by_lost_lines(held, lost, heard)
+    return (lost_ranks_lines({rank: heard - last_seen for rank, last_seen in lost.items()}) + held_by_lost_lines(held, lost, heard)
             + failed_ranks_lines(session.failed_ranks, session.first_failed_rank))
 
 

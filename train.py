@@ -133,18 +133,25 @@ def load_model_and_data(args: argparse.Namespace, context: DistributedContext,
     """Tokenizer, model and loaders; every rank builds the same ones (the data is deterministic)."""
     import datasets
 
-    from instrumented_ddp import data, models
+    from instrumented_ddp import data, data_cache, models
 
     datasets.disable_progress_bars()
-    reviews = data.load_reviews(args.dataset, seed=args.seed)
-    torch.manual_seed(args.seed)
-    if args.model in models.BUILT_IN_SHAPES:
-        tokenizer = data.build_tokenizer(reviews["train"]["text"])
+    if args.dataset == "builtin" and args.model in models.BUILT_IN_SHAPES:  # the same every run: kept on disk
+        tokenized, tokenizer, problem = data_cache.builtin_reviews_tokenized(args.seed, args.max_length, data_cache.cache_folder())
+        if problem and context.is_main:
+            print(f"train.py: note: {problem}", file=sys.stderr)
+        torch.manual_seed(args.seed)
         model = models.build_built_in_model(args.model, len(tokenizer), data.NUM_LABELS, tokenizer.pad_token_id)
     else:
-        bundle = models.load_pretrained(args.model, data.NUM_LABELS)
-        model, tokenizer = bundle.model, bundle.tokenizer
-    tokenized = data.tokenize_reviews(reviews, tokenizer, args.max_length)
+        reviews = data.load_reviews(args.dataset, seed=args.seed)
+        torch.manual_seed(args.seed)
+        if args.model in models.BUILT_IN_SHAPES:
+            tokenizer = data.build_tokenizer(reviews["train"]["text"])
+            model = models.build_built_in_model(args.model, len(tokenizer), data.NUM_LABELS, tokenizer.pad_token_id)
+        else:
+            bundle = models.load_pretrained(args.model, data.NUM_LABELS)
+            model, tokenizer = bundle.model, bundle.tokenizer
+        tokenized = data.tokenize_reviews(reviews, tokenizer, args.max_length)
     if args.eval_examples is not None:  # the first N: yelp's test split is 50,000 reviews, minutes on a CPU
         tokenized["test"] = tokenized["test"].select(range(min(args.eval_examples, len(tokenized["test"]))))
     rank_batch = args.batch_size // context.world_size  # split into --grad-accum micro-batches per step

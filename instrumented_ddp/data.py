@@ -33,6 +33,7 @@ __all__ = [
     "make_builtin_reviews",
     "make_loaders",
     "tokenize_reviews",
+    "wrap_tokenizer",
 ]
 
 NUM_LABELS = 5
@@ -173,6 +174,11 @@ def build_tokenizer(texts: Iterable[str], vocab_size: int = 4096) -> PreTrainedT
     trainer = trainers.WordLevelTrainer(vocab_size=vocab_size, special_tokens=[PAD_TOKEN, UNK_TOKEN],
                                         show_progress=False)
     tok.train_from_iterator(texts, trainer=trainer)
+    return wrap_tokenizer(tok)
+
+
+def wrap_tokenizer(tok: Tokenizer) -> PreTrainedTokenizerFast:
+    """The trained vocabulary as the tokenizer the model and loaders use (also one read back from disk)."""
     assert tok.token_to_id(PAD_TOKEN) == 0, "padding relies on [PAD] being id 0"
     return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD_TOKEN, unk_token=UNK_TOKEN, padding_side="right")
 

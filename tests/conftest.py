@@ -3,6 +3,7 @@ and what an attachment sends."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -16,11 +17,14 @@ import torch.distributed as dist
 def child_processes_keep_their_temp_files_here() -> Iterator[None]:
     """The processes the tests start get a temp folder of their own, removed at the end:
     torchrun makes a ``torchelastic_*`` folder of rank logs in the temp folder at every launch
-    and never removes it (about 35 a suite run, 599 left in /tmp here before this)."""
+    and never removes it (about 35 a suite run, 599 left in /tmp here before this). The built-in
+    data they keep (``instrumented_ddp.data_cache``) goes there too: built by the suite's first run,
+    read by the rest, never read from a cache the user's own runs left."""
     folder = tempfile.mkdtemp(prefix="ddpwatch-tests-")
     try:
         with pytest.MonkeyPatch.context() as patch:
             patch.setenv("TMPDIR", folder)
+            patch.setenv("DDPWATCH_DATA_CACHE", os.path.join(folder, "data-cache"))
             yield
     finally:
         shutil.rmtree(folder, ignore_errors=True)

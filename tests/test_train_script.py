@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -9,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from instrumented_ddp.data_cache import CACHE_ENV, entry_name
 from instrumented_ddp.replicas import ranks_that_differ, state_digest
 from launch import REPO_ROOT, run_torchrun
 
@@ -26,6 +28,8 @@ def test_a_short_run_learns_the_builtin_reviews_above_chance() -> None:
     rates = {line.split()[1]: float(line.split(" samples/s")[0].split("| ")[-1])
              for line in result.stdout.splitlines() if line.startswith("step ") and "samples/s" in line}
     assert list(rates) == ["25/60", "50/60", "60/60"] and all(rate > 0 for rate in rates.values()), result.stdout
+    # the built-in data it trained on is kept for the next run, in the folder the suite gives its processes
+    assert (Path(os.environ[CACHE_ENV]) / entry_name(0, 64) / "tokenizer.json").is_file()
 
 
 def test_a_negative_eval_count_is_a_one_line_error(capsys: pytest.CaptureFixture[str]) -> None:

@@ -122,8 +122,9 @@ def main() -> None:
             print(f"FSDP2 sharded the model in {units} unit(s)")
         if args.save_final:
             torch.save(final, args.save_final)
-    torch.distributed.barrier()
-    torch.distributed.destroy_process_group()
+    if torch.distributed.is_initialized():  # one process (python, not torchrun): the Trainer made no group
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
     scratch.cleanup()  # exit_process skips the interpreter's own cleanup
     sys.stdout.flush()
     exit_process(0)  # skips a gloo teardown race at interpreter exit (see instrumented_ddp.distributed)

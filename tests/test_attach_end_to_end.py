@@ -1,5 +1,6 @@
-"""The examples a user copies, run as they would run them: torchrun, two gloo ranks, recorded by
-``ddpwatch record``. One watched run per example serves every assertion about it."""
+"""The examples a user copies, run as torchrun runs them (two gloo ranks given torchrun's environment,
+without its launcher: ``launch.run_as_torchrun_would``), recorded by ``ddpwatch record``. One
+watched run per example serves every assertion about it."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import torch
 
 from ddpwatch.recorder import load_session
 from ddpwatch.session import Session
-from launch import REPO_ROOT, Recorder, free_port, run_torchrun
+from launch import REPO_ROOT, Recorder, free_port, run_as_torchrun_would
 from profiler_events import LOOK_SLACK_S, assert_all_reduces_hold_against_the_profiler, rank_reports
 
 PROFILED_STEPS = range(4, 9)  # the examples' profiler schedule: wait 2, warmup 1, active 5
@@ -44,11 +45,11 @@ def example_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPa
     command = EXAMPLES[request.param]
     out = tmp_path_factory.mktemp(request.param)
     with Recorder(out / "session", "--idle-exit", "20") as recorder:
-        watched = run_torchrun([*command, "--watch", recorder.address, "--save-final", str(out / "watched.pt"),
+        watched = run_as_torchrun_would([*command, "--watch", recorder.address, "--save-final", str(out / "watched.pt"),
                                 "--profile", str(out / "profile")])
         assert watched.returncode == 0, watched.stderr[-3000:]
         recorder.wait()
-    unwatched = run_torchrun([*command, "--no-watch", "--save-final", str(out / "unwatched.pt")])
+    unwatched = run_as_torchrun_would([*command, "--no-watch", "--save-final", str(out / "unwatched.pt")])
     assert unwatched.returncode == 0, unwatched.stderr[-3000:]
     buckets = int(re.search(r"DDP reduced gradients in (\d+) bucket", watched.stdout).group(1))
     return ExampleRuns(request.param, load_session(out / "session" / "session.ddpwatch"), json.loads((out / "session" / "summary.json").read_text()),
@@ -180,8 +181,8 @@ def test_the_loops_own_gathers_hold_against_the_profiler(example_runs: ExampleRu
 
 @pytest.fixture(scope="module")
 def three_rank_worker() -> subprocess.CompletedProcess[str]:
-    """``tests/workers/attach_bitwise.py`` on three ranks: one torchrun for every scenario it runs."""
-    result = run_torchrun([str(REPO_ROOT / "tests" / "workers" / "attach_bitwise.py"), "--address", f"tcp://127.0.0.1:{free_port()}"],
+    """``tests/workers/attach_bitwise.py`` on three ranks: one run for every scenario it runs."""
+    result = run_as_torchrun_would([str(REPO_ROOT / "tests" / "workers" / "attach_bitwise.py"), "--address", f"tcp://127.0.0.1:{free_port()}"],
                           nproc=3)
     assert result.returncode == 0, result.stderr[-3000:]
     return result
@@ -292,7 +293,7 @@ def test_the_fsdp_example_reports_every_units_collectives_and_its_shards(tmp_pat
     command = [str(REPO_ROOT / "examples" / "plain_fsdp.py"), "--steps", "6", "--grad-accum", "2",
                "--width", str(width), "--layers", str(layers), "--replicas", str(replicas)]
     with Recorder(tmp_path / "session", "--idle-exit", "20") as recorder:
-        run = run_torchrun([*command, "--watch", recorder.address])
+        run = run_as_torchrun_would([*command, "--watch", recorder.address])
         assert run.returncode == 0, run.stderr[-3000:]
         recorder.wait()
     session = load_session(tmp_path / "session" / "session.ddpwatch")

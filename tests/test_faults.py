@@ -102,7 +102,7 @@ def test_a_frozen_rank_is_lost_within_three_seconds_its_peer_is_said_held_and_ki
 
 @pytest.mark.timeout(300)
 def test_training_finishes_normally_when_the_recorder_is_killed_mid_run(tmp_path: Path) -> None:
-    from launch import Recorder, run_torchrun
+    from launch import Recorder, run_as_torchrun_would
 
     with Recorder(tmp_path / "session") as recorder:
         import threading
@@ -118,8 +118,8 @@ def test_training_finishes_normally_when_the_recorder_is_killed_mid_run(tmp_path
 
         killer = threading.Thread(target=kill_after_first_messages)
         killer.start()
-        result = run_torchrun([str(REPO_ROOT / "train.py"), *QUICK_EVAL, "--strategy", "bucket", "--steps", "30", "--batch-size", "8",
-                               "--log-every", "10", "--watch", recorder.address])
+        result = run_as_torchrun_would([str(REPO_ROOT / "train.py"), *QUICK_EVAL, "--strategy", "bucket", "--steps", "30",
+                                         "--batch-size", "8", "--log-every", "10", "--watch", recorder.address])
         killer.join()
     assert recorder.proc.returncode == -signal.SIGKILL
     assert result.returncode == 0, result.stderr[-3000:]

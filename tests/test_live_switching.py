@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from ddpwatch.switch_client import request_switch
-from launch import REPO_ROOT, Recorder, run_torchrun, start_torchrun, stop, wait_for_line
+from launch import REPO_ROOT, Recorder, run_as_torchrun_would, start_torchrun, stop, wait_for_line
 
 TRAIN = str(REPO_ROOT / "train.py")
 #: Every strategy once, into and out of the sharded ones, ending where it began; one micro-step
@@ -65,7 +65,7 @@ def test_switching_live_through_all_nine_ends_bitwise_where_the_unswitched_run_d
     # Unswitched on bucket, whose step is 40 % shorter than simple's here: any strategy ends where any
     # other does (the average is order-free), and where the switched run does only if no switch lost a bit.
     reference = tmp_path / "unswitched.pt"
-    result = run_torchrun([TRAIN, "--eval-examples", "0", "--strategy", "bucket", "--bucket-mb", "1", *COMMON, "--no-watch",
+    result = run_as_torchrun_would([TRAIN, "--eval-examples", "0", "--strategy", "bucket", "--bucket-mb", "1", *COMMON, "--no-watch",
                            "--save-final", str(reference)])
     assert result.returncode == 0, result.stderr[-3000:]
     assert "eval skipped (--eval-examples 0)" in result.stdout

@@ -9,7 +9,7 @@ import pytest
 
 from ddpwatch.recorder import load_session
 from ddpwatch.session import Session
-from launch import QUICK_EVAL, REPO_ROOT, Recorder, run_torchrun
+from launch import QUICK_EVAL, REPO_ROOT, Recorder, run_as_torchrun_would
 from profiler_events import assert_all_reduces_hold_against_the_profiler, rank_reports
 
 PROFILED_STEPS = range(4, 9)  # train.py's profiler schedule: wait 2, warmup 1, active 5
@@ -18,7 +18,7 @@ PROFILED_STEPS = range(4, 9)  # train.py's profiler schedule: wait 2, warmup 1, 
 def profiled_run(tmp_path: Path, strategy: str, *options: str) -> tuple[Session, list[list[dict]]]:
     """train.py on 2 ranks for 9 steps, recorded and profiled: the session and each rank's trace events."""
     with Recorder(tmp_path / "session", "--idle-exit", "20") as recorder:
-        result = run_torchrun([str(REPO_ROOT / "train.py"), *QUICK_EVAL, "--strategy", strategy, *options, "--steps", "9", "--batch-size", "8",
+        result = run_as_torchrun_would([str(REPO_ROOT / "train.py"), *QUICK_EVAL, "--strategy", strategy, *options, "--steps", "9", "--batch-size", "8",
                                "--log-every", "9", "--profile", str(tmp_path / "profile"), "--watch", recorder.address])
         assert result.returncode == 0, result.stderr[-3000:]
         recorder.wait()

@@ -12,7 +12,7 @@ import torch
 
 from instrumented_ddp.data_cache import CACHE_ENV, entry_name
 from instrumented_ddp.replicas import ranks_that_differ, state_digest
-from launch import REPO_ROOT, run_torchrun
+from launch import REPO_ROOT, run_as_torchrun_would
 
 TRAIN = str(REPO_ROOT / "train.py")
 
@@ -20,7 +20,7 @@ TRAIN = str(REPO_ROOT / "train.py")
 def test_a_short_run_learns_the_builtin_reviews_above_chance() -> None:
     """60 steps: the run is seeded, and read 0.416 twice (0.499 at 120 steps, 17 s longer); chance is 0.2.
     Logged at 25, 50 and the last step, 60: that line's rate is over its 10 steps (it read 0.0 samples/s)."""
-    result = run_torchrun([TRAIN, "--strategy", "bucket", "--bucket-mb", "2", "--steps", "60", "--log-every", "25"])
+    result = run_as_torchrun_would([TRAIN, "--strategy", "bucket", "--bucket-mb", "2", "--steps", "60", "--log-every", "25"])
     assert result.returncode == 0, result.stderr[-3000:]
     accuracy = float(result.stdout.split("eval accuracy ")[1].split()[0])
     assert accuracy > 0.3, result.stdout

@@ -51,7 +51,7 @@ def test_rogue_sender_and_controller_are_rejected_while_the_real_run_goes_on(tmp
     with Recorder(tmp_path / "session", "--keys", str(tmp_path / "keys"), "--idle-exit", "30", bind_host="0.0.0.0") as recorder:
         training = subprocess.Popen(
             [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(REPO_ROOT / "train.py"), *QUICK_EVAL,
-             "--strategy", "simple", "--steps", "40", "--batch-size", "8", "--log-every", "10",
+             "--strategy", "simple", "--steps", "20", "--batch-size", "8", "--log-every", "10",
              "--watch", recorder.address, "--watch-key", str(client_file)],
             cwd=REPO_ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             start_new_session=True)  # killed as a group: the ranks with torchrun

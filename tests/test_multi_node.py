@@ -29,11 +29,11 @@ def test_two_nodes_appear_with_their_node_and_a_switch_reaches_both(tmp_path: Pa
                 nodes.append(subprocess.Popen(
                     [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node_rank={node}", "--nproc_per_node=1",
                      "--rdzv_backend=c10d", f"--rdzv_endpoint={endpoint}", "--rdzv_id=ddpwatch-test",
-                     str(REPO_ROOT / "train.py"), *QUICK_EVAL, "--strategy", "simple", "--steps", "40", "--batch-size", "8",
-                     "--log-every", "10", "--watch", recorder.address],
+                     str(REPO_ROOT / "train.py"), *QUICK_EVAL, "--strategy", "simple", "--steps", "20", "--batch-size", "8",
+                     "--log-every", "5", "--watch", recorder.address],
                     cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
             deadline = time.monotonic() + 120
-            while "step 10/40 " not in "".join(p.read_text() for p in tmp_path.glob("node*.log")):
+            while "step 5/20 " not in "".join(p.read_text() for p in tmp_path.glob("node*.log")):
                 assert time.monotonic() < deadline and all(n.poll() is None for n in nodes)
                 time.sleep(0.2)
             ack = request_switch(recorder.address, "bucket", 1.0, None, timeout_s=60)

@@ -142,15 +142,17 @@ def load_model_and_data(args: argparse.Namespace, context: DistributedContext,
             print(f"train.py: note: {problem}", file=sys.stderr)
         torch.manual_seed(args.seed)
         model = models.build_built_in_model(args.model, len(tokenizer), data.NUM_LABELS, tokenizer.pad_token_id)
-    else:
+    elif args.model in models.BUILT_IN_SHAPES:
         reviews = data.load_reviews(args.dataset, seed=args.seed)
         torch.manual_seed(args.seed)
-        if args.model in models.BUILT_IN_SHAPES:
-            tokenizer = data.build_tokenizer(reviews["train"]["text"])
-            model = models.build_built_in_model(args.model, len(tokenizer), data.NUM_LABELS, tokenizer.pad_token_id)
-        else:
-            bundle = models.load_pretrained(args.model, data.NUM_LABELS)
-            model, tokenizer = bundle.model, bundle.tokenizer
+        tokenizer = data.build_tokenizer(reviews["train"]["text"])
+        model = models.build_built_in_model(args.model, len(tokenizer), data.NUM_LABELS, tokenizer.pad_token_id)
+        tokenized = data.tokenize_reviews(reviews, tokenizer, args.max_length)
+    else:  # the model first: one that cannot be loaded is said before the data is built or fetched
+        torch.manual_seed(args.seed)
+        bundle = models.load_pretrained(args.model, data.NUM_LABELS)
+        model, tokenizer = bundle.model, bundle.tokenizer
+        reviews = data.load_reviews(args.dataset, seed=args.seed)
         tokenized = data.tokenize_reviews(reviews, tokenizer, args.max_length)
     if args.eval_examples is not None:  # the first N: yelp's test split is 50,000 reviews, minutes on a CPU
         tokenized["test"] = tokenized["test"].select(range(min(args.eval_examples, len(tokenized["test"]))))

@@ -23,7 +23,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 from transformers import EvalPrediction, Trainer, TrainerCallback, TrainingArguments
 
-from instrumented_ddp import data, models
+from instrumented_ddp import data, data_cache, models
 from instrumented_ddp.distributed import exit_process
 from instrumented_ddp.integrations import DDPWatchCallback
 from instrumented_ddp.output_paths import outputs_problem
@@ -85,9 +85,9 @@ def main() -> None:
         parser.error("--fsdp needs CUDA: Accelerate shards with FSDP only on GPUs (on the CPU the Trainer would train with DDP)")
 
     datasets.disable_progress_bars()
-    reviews = data.make_builtin_reviews(n_train=2000, n_test=200)
-    tokenizer = data.build_tokenizer(reviews["train"]["text"])
-    tokenized = data.tokenize_reviews(reviews, tokenizer, max_length=64)
+    # train.py's built-in reviews (kept on disk after the first run): 2000 to train on, 200 held out
+    tokenized, tokenizer, _ = data_cache.builtin_reviews_tokenized(0, 64, data_cache.cache_folder())
+    tokenized = datasets.DatasetDict(train=tokenized["train"].select(range(2000)), test=tokenized["test"].select(range(200)))
     torch.manual_seed(0)
     model = models.build_built_in_model("tiny", len(tokenizer), data.NUM_LABELS, tokenizer.pad_token_id)
 

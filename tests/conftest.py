@@ -1,12 +1,14 @@
-"""Fixtures shared by the test modules: a temp folder for the processes they start, a one-rank group,
+"""Fixtures shared by the test modules: a temp folder and compiled modules for the processes they start, a one-rank group,
 and what an attachment sends."""
 
 from __future__ import annotations
 
+import compileall
 import os
 import shutil
 import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -28,6 +30,17 @@ def child_processes_keep_their_temp_files_here() -> Iterator[None]:
             yield
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def the_projects_modules_are_compiled_once_for_every_process_the_tests_start() -> None:
+    """Where ``PYTHONDONTWRITEBYTECODE`` is set (this machine's environment sets it), no process
+    keeps what it compiles: every process the suite starts compiled instrumented_ddp (~0.3 s)
+    and a dashboard ddpwatch (~0.2 s) again. Compiled here once, they read the bytecode (a source
+    edited later is compiled afresh by each, as before: the bytecode names its source's mtime)."""
+    root = Path(__file__).resolve().parents[1]
+    for package in ("instrumented_ddp", "ddpwatch"):
+        compileall.compile_dir(root / package, quiet=1)
 
 
 @pytest.fixture

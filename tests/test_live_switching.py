@@ -82,11 +82,11 @@ def test_switches_racing_the_end_of_training_apply_on_every_rank_or_none(tmp_pat
     from ddpwatch.recorder import load_session
 
     with Recorder(tmp_path / "session", "--idle-exit", "30") as recorder:
-        training = start_torchrun(["--strategy", "simple", "--steps", "40", "--batch-size", "8", "--log-every", "10",
+        training = start_torchrun(["--strategy", "simple", "--steps", "25", "--batch-size", "8", "--log-every", "10",
                                    "--watch", recorder.address], tmp_path / "train.log")
         applied, refused = [], []
         try:
-            wait_for_line(tmp_path / "train.log", "step 10/40", training)
+            wait_for_line(tmp_path / "train.log", "step 10/25", training)
             cycle = ["async", "bucket", "hook", "ddp", "ga", "simple"]
             index = 0
             while training.poll() is None:

@@ -238,12 +238,16 @@ class TelemetryPublisher:
 
     def _dashboard_connected_since_last_look(self) -> bool:
         """Whether a dashboard (re)connected since the sender last looked; ``connected`` follows
-        the last connection event seen."""
+        the last connection event seen. A handshake read while ``connected`` already holds (a send
+        went out on its pipe before its event was read: the only pipe, with ``IMMEDIATE``) is the
+        connection the sender already knew of, not a new one: its hello had gone out, and
+        sending it again put two hellos before a run's goodbye, one run in several hundred."""
         newly_connected = False
         while self._monitor.poll(0):
             event = recv_monitor_message(self._monitor)["event"]
             if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-                newly_connected = self.connected = self._ever_connected = True
+                newly_connected = newly_connected or not self.connected
+                self.connected = self._ever_connected = True
                 self._connected_at = time.monotonic()
             elif event == zmq.EVENT_DISCONNECTED:
                 self.connected = False

@@ -12,6 +12,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import rank_forks
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -52,18 +54,7 @@ def run_ranks(
 ) -> list[subprocess.CompletedProcess[str]]:
     """Run ``script`` on ``world_size`` ranks; kill every rank if one fails or time runs out."""
     port = free_port()
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(script), *args],
-            cwd=cwd,
-            env=rank_environment(rank, world_size, port),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
-        )
-        for rank in range(world_size)
-    ]
+    procs = [start_rank([str(script), *args], cwd, rank_environment(rank, world_size, port)) for rank in range(world_size)]
     deadline = time.monotonic() + timeout_s
     try:
         while any(p.poll() is None for p in procs):
@@ -79,6 +70,71 @@ def run_ranks(
         out, err = proc.communicate()
         results.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
     return results
+
+
+def start_rank(argv: list[str], cwd: Path, env: dict[str, str],
+               log: Path | None = None) -> subprocess.Popen[str] | rank_forks.ForkedRank:
+    """``python ARGV`` in its own session: forked from the suite's rank fork server where it can be
+    (``rank_forks``: the ~6.5 s of imports a rank starts with, saved), else a process of its own.
+    Its stdout and stderr appended to ``log`` where given, else kept for ``communicate``."""
+    forked = rank_forks.fork_rank(argv, cwd, env, log)
+    if forked is not None:
+        return forked
+    if log is None:
+        return subprocess.Popen([sys.executable, *argv], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, start_new_session=True)
+    with open(log, "ab") as out:  # the child holds its own copy
+        return subprocess.Popen([sys.executable, *argv], cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                text=True, start_new_session=True)
+
+
+class RankGroup:
+    """``train.py`` on ``nproc`` ranks started as torchrun would start them, their output appended
+    to one log, behind what the tests used of torchrun's process: ``poll`` and ``wait`` (the first
+    failing rank's status, the others stopped at once, as torchrun stops them), and ``stop``."""
+
+    def __init__(self, args: list[str], log: Path | None, nproc: int) -> None:
+        port = free_port()
+        log = log if log is not None else Path(os.devnull)
+        if log != Path(os.devnull):
+            log.write_bytes(b"")
+        self.ranks = [start_rank([str(REPO_ROOT / "train.py"), *QUICK_EVAL, *args], REPO_ROOT,
+                                 rank_environment(rank, nproc, port), log) for rank in range(nproc)]
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            codes = [rank.poll() for rank in self.ranks]
+            failed = next((code for code in codes if code not in (None, 0)), None)
+            if failed is not None:
+                self.stop()
+                self.returncode = failed
+            elif all(code == 0 for code in codes):
+                self.returncode = 0
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(["train.py"], timeout or 0.0)
+            time.sleep(0.05)
+        return self.returncode  # type: ignore[return-value]
+
+    def stop(self) -> None:
+        for rank in self.ranks:
+            if rank.poll() is None:
+                os.killpg(rank.pid, signal.SIGKILL)
+        for rank in self.ranks:
+            rank.wait()
+
+
+def start_ranks(args: list[str], log: Path | None = None, nproc: int = 2) -> RankGroup:
+    """``train.py ARGS`` (with ``QUICK_EVAL``) on ranks started as torchrun starts them, without
+    its launcher (~2.5 s) and forked where they can be (``start_rank``), output to ``log``: for
+    runs whose subject is the script. Those about torchrun's own behaviour (its stop of the ranks
+    left when one hangs or dies) use ``start_torchrun``. Stop it with ``stop``."""
+    return RankGroup(args, log, nproc)
 
 
 def run_as_torchrun_would(args: list[str], nproc: int = 2, timeout_s: float = 300.0) -> subprocess.CompletedProcess[str]:
@@ -123,8 +179,8 @@ def start_torchrun(args: list[str], log: Path | None = None, nproc: int = 2,
             out.close()
 
 
-def wait_for_line(log: Path, text: str, process: subprocess.Popen[bytes], timeout_s: float = 120) -> None:
-    """Until ``text`` is in the log of a run ``start_torchrun`` started; the run ending or the time
+def wait_for_line(log: Path, text: str, process: subprocess.Popen[bytes] | RankGroup, timeout_s: float = 120) -> None:
+    """Until ``text`` is in the log of a run ``start_torchrun`` or ``start_ranks`` started; the run ending or the time
     running out first fails the test with the log's tail."""
     deadline = time.monotonic() + timeout_s
     while text not in (log.read_text() if log.exists() else ""):
@@ -132,7 +188,10 @@ def wait_for_line(log: Path, text: str, process: subprocess.Popen[bytes], timeou
         time.sleep(0.1)
 
 
-def stop(process: subprocess.Popen[bytes]) -> None:
+def stop(process: subprocess.Popen[bytes] | RankGroup) -> None:
+    if isinstance(process, RankGroup):
+        process.stop()
+        return
     if process.poll() is None:
         os.killpg(process.pid, signal.SIGKILL)
     process.wait()

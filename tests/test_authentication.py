@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
 import stat
 import subprocess
 import sys
@@ -19,7 +17,7 @@ from ddpwatch.recorder import load_session
 from ddpwatch.receiver import TelemetryReceiver
 from ddpwatch.switch_client import request_switch
 from instrumented_ddp.protocol import Hello, encode, load_client_keys
-from launch import QUICK_EVAL, REPO_ROOT, Recorder, free_port
+from launch import REPO_ROOT, Recorder, free_port, start_ranks, stop
 
 
 def test_listening_beyond_loopback_without_keys_is_refused() -> None:
@@ -49,12 +47,8 @@ def test_rogue_sender_and_controller_are_rejected_while_the_real_run_goes_on(tmp
     _, client_file = ensure_keys(tmp_path / "keys")
     _, rogue_client_file = ensure_keys(tmp_path / "rogue-keys")  # a key pair the dashboard never made
     with Recorder(tmp_path / "session", "--keys", str(tmp_path / "keys"), "--idle-exit", "30", bind_host="0.0.0.0") as recorder:
-        training = subprocess.Popen(
-            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(REPO_ROOT / "train.py"), *QUICK_EVAL,
-             "--strategy", "simple", "--steps", "20", "--batch-size", "8", "--log-every", "10",
-             "--watch", recorder.address, "--watch-key", str(client_file)],
-            cwd=REPO_ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            start_new_session=True)  # killed as a group: the ranks with torchrun
+        training = start_ranks(["--strategy", "simple", "--steps", "20", "--batch-size", "8", "--log-every", "10",
+                                "--watch", recorder.address, "--watch-key", str(client_file)], tmp_path / "train.log")
         context = zmq.Context()
         try:
             rogue = context.socket(zmq.DEALER)  # no keys at all
@@ -72,15 +66,13 @@ def test_rogue_sender_and_controller_are_rejected_while_the_real_run_goes_on(tmp
             try:
                 ack = request_switch(recorder.address, "bucket", 1.0, None, timeout_s=60, keys=load_client_keys(str(client_file)))
             except TimeoutError:
-                os.killpg(training.pid, signal.SIGKILL)
-                pytest.fail(f"no acknowledgement; training said:\n{training.communicate()[0].decode()[-3000:]}")
+                stop(training)
+                pytest.fail(f"no acknowledgement; training said:\n{(tmp_path / 'train.log').read_text()[-3000:]}")
             assert ack.applied
-            output, _ = training.communicate(timeout=240)
-            assert training.returncode == 0, output.decode()[-3000:]
+            assert training.wait(timeout=240) == 0, (tmp_path / "train.log").read_text()[-3000:]
         finally:
             context.destroy(linger=0)
-            if training.poll() is None:
-                os.killpg(training.pid, signal.SIGKILL)
+            stop(training)
         recorder.wait()
     summary = json.loads((tmp_path / "session" / "summary.json").read_text())
     assert summary["session"] != "spoofed"

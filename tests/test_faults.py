@@ -14,7 +14,7 @@ from ddpwatch.exporters import write_exports
 from ddpwatch.session import LOST_AFTER_S, Session
 from ddpwatch.session_file import read_session_file
 from instrumented_ddp.protocol import Envelope, decode
-from launch import QUICK_EVAL, REPO_ROOT, free_port, start_torchrun, stop, wait_for_line
+from launch import QUICK_EVAL, REPO_ROOT, free_port, start_ranks, start_torchrun, stop, wait_for_line
 
 
 class WatchedRun:
@@ -184,8 +184,8 @@ def test_the_dashboard_started_late_then_killed_and_restarted_never_pauses_train
     first_file, second_file = tmp_path / "first" / "session.ddpwatch", tmp_path / "second" / "session.ddpwatch"
     # 70 steps: the second dashboard had its 5 steps by step ~44 of 100 (the first drew from 10 to 28,
     # with 100 KB of the run to wait for, now 50 KB): the run went on 50 steps more for nothing.
-    training = start_torchrun(["--strategy", "async", "--steps", "70", "--batch-size", "8", "--log-every", "10",
-                               "--watch", address], tmp_path / "train.log")
+    training = start_ranks(["--strategy", "async", "--steps", "70", "--batch-size", "8", "--log-every", "10",
+                            "--watch", address], tmp_path / "train.log")
     try:
         wait_for_line(tmp_path / "train.log", "step 10/70 ", training)  # unwatched so far
         with DashboardProcess("--listen", address, "--out", str(tmp_path / "first")) as first:

@@ -1,4 +1,4 @@
-"""Switching strategies while torchrun trains (a dashboard that comes and goes mid-run: test_faults)."""
+"""Switching strategies while two ranks train (a dashboard that comes and goes mid-run: test_faults)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from ddpwatch.switch_client import request_switch
-from launch import REPO_ROOT, Recorder, run_as_torchrun_would, start_torchrun, stop, wait_for_line
+from launch import REPO_ROOT, Recorder, run_as_torchrun_would, start_ranks, stop, wait_for_line
 
 TRAIN = str(REPO_ROOT / "train.py")
 #: Every strategy once, into and out of the sharded ones, ending where it began; one micro-step
@@ -33,7 +33,7 @@ def test_switching_live_through_all_nine_ends_bitwise_where_the_unswitched_run_d
     accumulation averages each micro-step, other sums again). Accumulation across switches is
     proven in float64 in ``test_sharded_strategies``."""
     with Recorder(tmp_path / "session", "--idle-exit", "30") as recorder:
-        training = start_torchrun(["--strategy", "simple", *COMMON, "--watch", recorder.address,
+        training = start_ranks(["--strategy", "simple", *COMMON, "--watch", recorder.address,
                                    "--save-final", str(tmp_path / "switched.pt")], tmp_path / "train.log")
         try:
             wait_for_line(tmp_path / "train.log", f"step 10/{STEPS} ", training)  # a simple segment first
@@ -82,7 +82,7 @@ def test_switches_racing_the_end_of_training_apply_on_every_rank_or_none(tmp_pat
     from ddpwatch.recorder import load_session
 
     with Recorder(tmp_path / "session", "--idle-exit", "30") as recorder:
-        training = start_torchrun(["--strategy", "simple", "--steps", "25", "--batch-size", "8", "--log-every", "10",
+        training = start_ranks(["--strategy", "simple", "--steps", "25", "--batch-size", "8", "--log-every", "10",
                                    "--watch", recorder.address], tmp_path / "train.log")
         applied, refused = [], []
         try:

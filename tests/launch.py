@@ -160,18 +160,16 @@ def describe_failure(results: list[subprocess.CompletedProcess[str]]) -> str:
 QUICK_EVAL = ("--eval-examples", "32")
 
 
-def start_torchrun(args: list[str], log: Path | None = None, nproc: int = 2,
-                   monitor_interval_s: float | None = None) -> subprocess.Popen[bytes]:
+def start_torchrun(args: list[str], log: Path | None = None, nproc: int = 2) -> subprocess.Popen[bytes]:
     """``train.py ARGS`` (with ``QUICK_EVAL``) under torchrun in its own process group, output to
-    ``log`` (or nowhere); a dead rank fails the run (no restart). Stop it with ``stop``.
-    ``monitor_interval_s``: how often torchrun looks at its ranks (its default: 0.1 s), and so how
-    soon after one dies it stops the others."""
+    ``log`` (or nowhere); a dead rank fails the run (no restart). Stop it with ``stop``. For the
+    tests about what torchrun does to the ranks (its stop of those left when one dies or hangs);
+    others use ``start_ranks``."""
     env = dict(os.environ, OMP_NUM_THREADS="1", TORCHELASTIC_MAX_RESTARTS="0")
     out = open(log, "wb") if log is not None else subprocess.DEVNULL  # the child holds its own copy
-    monitor = [f"--monitor-interval={monitor_interval_s}"] if monitor_interval_s is not None else []
     try:
         return subprocess.Popen(
-            [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *monitor,
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
              str(REPO_ROOT / "train.py"), *QUICK_EVAL, *args],
             cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     finally:

@@ -18,17 +18,20 @@ from launch import QUICK_EVAL, REPO_ROOT, free_port, start_ranks, start_torchrun
 
 
 class WatchedRun:
-    """A torchrun group streaming to the dashboard's own feed, folded into a session as it comes;
-    on exit the group is killed if still there and the feed stopped."""
+    """A group of ranks streaming to the dashboard's own feed, folded into a session as it comes;
+    on exit the group is killed if still there and the feed stopped. Under torchrun where the
+    test is about what torchrun does to the ranks (``under_torchrun``), else started as torchrun
+    would start them (``start_ranks``: without its launcher, forked)."""
 
-    def __init__(self, tmp_path: Path, nproc: int, args: list[str], monitor_interval_s: float | None = None) -> None:
+    def __init__(self, tmp_path: Path, nproc: int, args: list[str], under_torchrun: bool = False) -> None:
         address = f"tcp://127.0.0.1:{free_port()}"
         self.nproc = nproc
         self.feed = LiveFeed(address, tmp_path / "session.ddpwatch")
         self.feed.start()
         self.session = Session()
         self.accepted = 0
-        self.training = start_torchrun([*args, "--watch", address], nproc=nproc, monitor_interval_s=monitor_interval_s)
+        start = start_torchrun if under_torchrun else start_ranks
+        self.training = start([*args, "--watch", address], nproc=nproc)
 
     def pump(self) -> None:
         for arrived_at, item, prepared, run in self.feed.drain():
@@ -66,7 +69,7 @@ def test_a_frozen_rank_is_lost_within_three_seconds_its_peer_is_said_held_and_ki
     process group's timeout (30 min) and torchrun's stop ends it (*interrupted: SIGTERM*, 2 s
     after, from the watch thread, its main thread blocked in C++). Either way it says goodbye and
     ends: nothing of ddpwatch's holds it."""
-    with WatchedRun(tmp_path, 2, ["--strategy", "async", "--steps", "500", "--batch-size", "8"]) as run:
+    with WatchedRun(tmp_path, 2, ["--strategy", "async", "--steps", "500", "--batch-size", "8"], under_torchrun=True) as run:
         run.wait_until_streaming()
         session = run.session
         survivor, frozen = session.ranks[0].hello.pid, session.ranks[1].hello.pid
@@ -160,7 +163,7 @@ def test_a_switch_sent_as_a_rank_dies_lands_on_every_rank_or_none_and_nothing_ha
         run.training.wait(120)  # well inside the 300 s process-group timeout: a dead peer fails the broadcast at once
         ended_after = time.monotonic() - killed_at
     training = run.training
-    assert training.returncode != 0  # a rank died: torchrun reports the run failed
+    assert training.returncode != 0  # a rank died: the run failed
     applied = {ack.rank: ack.step for ack in session.acks if ack.command_id == command.command_id and ack.applied}
     for step, reports in session.reports.items():
         assert len({r.strategy for r in reports.values()}) == 1, f"step {step}: ranks on different strategies"
@@ -169,7 +172,7 @@ def test_a_switch_sent_as_a_rank_dies_lands_on_every_rank_or_none_and_nothing_ha
                 assert report.strategy == "bucket", f"rank {rank} ran step {step} on {report.strategy} after a rank switched"
     switched = {rank for reports in session.reports.values() for rank, r in reports.items() if r.strategy == "bucket"}
     outcome = f"switched on ranks {sorted(set(applied) | switched)}" if applied or switched else "switched nowhere"
-    print(f"{order}: {outcome}; torchrun ended {ended_after:.1f} s after the kill")
+    print(f"{order}: {outcome}; the ranks ended {ended_after:.1f} s after the kill")
 
 
 @pytest.mark.timeout(300)

@@ -49,6 +49,14 @@ def rank_environment(rank: int, world_size: int, port: int) -> dict[str, str]:
     return env
 
 
+def one_process_environment() -> dict[str, str]:
+    """What ``python SCRIPT`` on its own gets: the ranks' environment with no rank in it."""
+    env = rank_environment(0, 1, 0)
+    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        del env[key]
+    return env
+
+
 def run_ranks(
     script: Path, args: list[str], world_size: int = 2, timeout_s: float = 240.0, cwd: Path = REPO_ROOT,
 ) -> list[subprocess.CompletedProcess[str]]:

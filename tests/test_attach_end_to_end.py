@@ -16,7 +16,7 @@ import torch
 
 from ddpwatch.recorder import load_session
 from ddpwatch.session import Session
-from launch import REPO_ROOT, Recorder, free_port, run_as_torchrun_would
+from launch import REPO_ROOT, Recorder, free_port, one_process_environment, run_as_torchrun_would, start_rank
 from profiler_events import LOOK_SLACK_S, assert_all_reduces_hold_against_the_profiler, rank_reports
 
 PROFILED_STEPS = range(4, 9)  # the examples' profiler schedule: wait 2, warmup 1, active 5
@@ -350,3 +350,20 @@ def test_collectives_the_script_issues_itself_are_timed_as_its_own_or_counted(ex
     assert segment["untimed_collective_steps"] == [step for step, n in zip(range(1, 13), per_step) if n]
     assert segment["untimed_collectives_most"] == max(per_step)
     assert segment["untimed_in_data_steps"] == [step for step, n in zip(range(1, 13), in_data) if n]
+
+
+@pytest.mark.timeout(200)
+def test_the_trainer_example_run_as_one_process_trains_unwatched_saying_why_and_ends_cleanly(tmp_path: Path) -> None:
+    """``python examples/hf_trainer.py``, no torchrun: the Trainer builds no DDP, so there is no
+    communication to watch (said in one line, training goes on); the Trainer makes no process
+    group either, and the example's last barrier once ended such a run in a traceback after its
+    final state was saved."""
+    run = start_rank([str(REPO_ROOT / "examples" / "hf_trainer.py"), "--steps", "3", "--watch", f"tcp://127.0.0.1:{free_port()}",
+                      "--save-final", str(tmp_path / "final.pt")], REPO_ROOT, one_process_environment())
+    out, err = run.communicate(timeout=180)
+    assert run.returncode == 0, err[-3000:]
+    assert err.splitlines() == ["ddpwatch: one process, so the Trainer built no DistributedDataParallel and there is no "
+                                "communication to watch (launch two or more with torchrun): training goes on unwatched"]
+    assert "'train_loss'" in out  # the Trainer's own end-of-training log: it ran its three steps
+    final = torch.load(tmp_path / "final.pt")
+    assert final and all(isinstance(tensor, torch.Tensor) for tensor in final.values())

@@ -74,9 +74,9 @@ def run_ranks(
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
     results = []
-    for rank, proc in enumerate(procs):
+    for proc in procs:
         out, err = proc.communicate()
-        results.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+        results.append(subprocess.CompletedProcess(proc.args, proc.wait(), out, err))
     return results
 
 

@@ -106,6 +106,8 @@ class RankForkServer:
                 time.sleep(0.05)
 
     def fork(self, argv: list[str], cwd: Path, env: dict[str, str], log: Path | None = None) -> ForkedRank:
+        out: IO[bytes]
+        err: IO[bytes]
         if log is not None:  # both streams appended to it, as torchrun's ranks write to its own output
             out = err = open(log, "ab")
         else:

@@ -51,10 +51,7 @@ def rank_environment(rank: int, world_size: int, port: int) -> dict[str, str]:
 
 def one_process_environment() -> dict[str, str]:
     """What ``python SCRIPT`` on its own gets: the ranks' environment with no rank in it."""
-    env = rank_environment(0, 1, 0)
-    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-        del env[key]
-    return env
+    return {key: value for key, value in rank_environment(0, 1, 0).items() if key not in rank_forks.RANKISH_KEYS}
 
 
 def run_ranks(

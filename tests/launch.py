@@ -58,22 +58,17 @@ def run_ranks(
     script: Path, args: list[str], world_size: int = 2, timeout_s: float = 240.0, cwd: Path = REPO_ROOT,
 ) -> list[subprocess.CompletedProcess[str]]:
     """Run ``script`` on ``world_size`` ranks; kill every rank if one fails or time runs out."""
-    port = free_port()
-    procs = [start_rank([str(script), *args], cwd, rank_environment(rank, world_size, port)) for rank in range(world_size)]
-    deadline = time.monotonic() + timeout_s
+    group = RankGroup([str(script), *args], world_size, cwd=cwd)
     try:
-        while any(p.poll() is None for p in procs):
-            if time.monotonic() > deadline or any(p.poll() not in (None, 0) for p in procs):
-                break
-            time.sleep(0.05)
+        group.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        pass  # each rank's output so far, and its status once killed, tell the test what happened
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
+        group.stop()
     results = []
-    for proc in procs:
-        out, err = proc.communicate()
-        results.append(subprocess.CompletedProcess(proc.args, proc.wait(), out, err))
+    for rank in group.ranks:
+        out, err = rank.communicate()
+        results.append(subprocess.CompletedProcess(rank.args, rank.wait(), out, err))
     return results
 
 
@@ -94,17 +89,17 @@ def start_rank(argv: list[str], cwd: Path, env: dict[str, str],
 
 
 class RankGroup:
-    """``train.py`` on ``nproc`` ranks started as torchrun would start them, their output appended
-    to one log, behind what the tests used of torchrun's process: ``poll`` and ``wait`` (the first
-    failing rank's status, the others stopped at once, as torchrun stops them), and ``stop``."""
+    """``python ARGV`` on ``nproc`` ranks started as torchrun would start them (``start_rank``), their
+    output appended to ``log`` where given, else kept for each rank's ``communicate``; behind what
+    the tests used of torchrun's process: ``poll`` and ``wait`` (the first failing rank's status,
+    the others stopped at once, as torchrun stops them), and ``stop``."""
 
-    def __init__(self, args: list[str], log: Path | None, nproc: int) -> None:
+    def __init__(self, argv: list[str], nproc: int, log: Path | None = None, cwd: Path = REPO_ROOT) -> None:
         port = free_port()
-        log = log if log is not None else Path(os.devnull)
-        if log != Path(os.devnull):
+        if log is not None and log != Path(os.devnull):
             log.write_bytes(b"")
-        self.ranks = [start_rank([str(REPO_ROOT / "train.py"), *QUICK_EVAL, *args], REPO_ROOT,
-                                 rank_environment(rank, nproc, port), log) for rank in range(nproc)]
+        self.argv = argv
+        self.ranks = [start_rank(argv, cwd, rank_environment(rank, nproc, port), log) for rank in range(nproc)]
         self.returncode: int | None = None
 
     def poll(self) -> int | None:
@@ -122,7 +117,7 @@ class RankGroup:
         deadline = None if timeout is None else time.monotonic() + timeout
         while self.poll() is None:
             if deadline is not None and time.monotonic() > deadline:
-                raise subprocess.TimeoutExpired(["train.py"], timeout or 0.0)
+                raise subprocess.TimeoutExpired(self.argv, timeout or 0.0)
             time.sleep(0.05)
         return self.returncode  # type: ignore[return-value]
 
@@ -139,7 +134,7 @@ def start_ranks(args: list[str], log: Path | None = None, nproc: int = 2) -> Ran
     its launcher (~2.5 s) and forked where they can be (``start_rank``), output to ``log``: for
     runs whose subject is the script. Those about torchrun's own behaviour (its stop of the ranks
     left when one hangs or dies) use ``start_torchrun``. Stop it with ``stop``."""
-    return RankGroup(args, log, nproc)
+    return RankGroup([str(REPO_ROOT / "train.py"), *QUICK_EVAL, *args], nproc, log if log is not None else Path(os.devnull))
 
 
 def run_as_torchrun_would(args: list[str], nproc: int = 2, timeout_s: float = 300.0) -> subprocess.CompletedProcess[str]:

@@ -20,7 +20,7 @@ from bisect import bisect_right
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from instrumented_ddp.intervals import merge, total_length
 
@@ -42,18 +42,31 @@ SKIPPED_BY = {
 
 
 class SpanLike(Protocol):
-    kind: str
-    start: float
-    end: float
+    """What this module reads of a span (read-only: ``Span`` is a named tuple)."""
+
+    @property
+    def kind(self) -> str: ...
+    @property
+    def start(self) -> float: ...
+    @property
+    def end(self) -> float: ...
 
 
 class StepReportLike(Protocol):
-    step: int
-    strategy: str
-    settings: Mapping[str, object]
-    spans: Sequence[SpanLike]
-    excluded: bool
-    unresolved: bool
+    """What this module reads of a step report (read-only: ``StepReport`` is frozen)."""
+
+    @property
+    def step(self) -> int: ...
+    @property
+    def strategy(self) -> str: ...
+    @property
+    def settings(self) -> Mapping[str, Any]: ...
+    @property
+    def spans(self) -> Sequence[SpanLike]: ...
+    @property
+    def excluded(self) -> bool: ...
+    @property
+    def unresolved(self) -> bool: ...
 
 
 class MicroStepReduction(NamedTuple):

@@ -110,7 +110,7 @@ def backward_profile(steps: Sequence[Mapping[int, StepReport]], tensors: Sequenc
     others: list[float] = []
     for reports in steps:
         own = reference if reference is not None else min(reports, default=None)
-        if own not in reports:
+        if own is None or own not in reports:
             continue
         report = reports[own]
         found = ready_times(report, tensors, bucket_layout)

@@ -81,6 +81,7 @@ class PackedSpans(Sequence[Span]):
     """
 
     __slots__ = ("_rows",)
+    _rows: tuple[tuple[str, float, float, bool, int, str, str], ...]  # Span's fields, in order
 
     def __init__(self, spans: Iterable[Span]) -> None:
         if isinstance(spans, PackedSpans):  # packed already (by the dashboard's receiver process)

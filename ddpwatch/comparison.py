@@ -56,7 +56,7 @@ def compared_segments(runs: Sequence[tuple[str, dict[str, Any]]]) -> list[Compar
             interval = seg.get("step_ms_p50_interval")
             found.append(ComparedSegment(
                 run=name, label=seg.get("label") or seg.get("strategy", "?"), steps=seg["steps"],
-                step_ms_p50=seg["step_ms_p50"], interval=tuple(interval) if interval else None,  # type: ignore[arg-type]
+                step_ms_p50=seg["step_ms_p50"], interval=tuple(interval) if interval else None,
                 samples_per_s=seg["samples_per_s"], compute_pct=seg["compute_pct"],
                 non_compute_pct=seg["non_compute_pct"], idle_pct=seg["idle_pct"], overlap_pct=seg["overlap_pct"],
                 all_reduce_calls=seg["all_reduce_calls"], data_wait_pct=seg.get("data_wait_pct"),

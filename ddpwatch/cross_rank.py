@@ -154,6 +154,8 @@ class _PairedWaits(NamedTuple):
     def waiting(self, row: int, in_call: list[float]) -> list[Interval]:
         """Each call's waiting on the rank's own clock, from its start (the row has starts)."""
         starts = self.starts[row]
+        if starts is None:
+            raise ValueError(f"row {row}'s calls overlapped no other call: no starts were sent")
         return [(starts[i], starts[i] + ms / 1000.0) for i, ms in zip(self.positions[row], in_call)]
 
 
@@ -240,14 +242,14 @@ def transfers(calls_of_one_step: Mapping[int, CallTimes], groups: Groups | None 
     if not minima:
         return []
     tags = minima[0][0]
-    if all(theirs == tags and len(positions) == len(tags) for theirs, positions, _ in minima):  # every group made every call
+    if all(theirs == tags and len(made) == len(tags) for theirs, made, _ in minima):  # every group made every call
         return list(zip(_keys(tags), np.mean([shortest for *_, shortest in minima], axis=0).tolist()))
     sums: dict[tuple[str, int], list[float]] = {}  # key -> [sum over groups, groups]
-    for theirs, positions, shortest in minima:
+    for theirs, made, shortest in minima:
         keys = _keys(theirs)
-        for index, seconds in zip(positions, shortest.tolist()):
+        for index, transfer_s in zip(made, shortest.tolist()):
             total = sums.setdefault(keys[index], [0.0, 0])
-            total[0] += seconds
+            total[0] += transfer_s
             total[1] += 1
     return [(key, total / groups_made) for key, (total, groups_made) in sums.items()]
 
@@ -385,12 +387,12 @@ def find_straggler(complete_steps: Iterable[StepWaits], groups: Groups | None = 
         return None
     found: tuple[float, int] | None = None  # (the others' excess, the rank)
     for members in groups if groups is not None else (list(totals),):
-        waited = {rank: totals[rank] for rank in members if rank in totals}
-        slow = straggler(waited)
-        others = [w for r, w in waited.items() if r != slow]
+        waited_by_rank = {rank: totals[rank] for rank in members if rank in totals}
+        slow = straggler(waited_by_rank)
+        others = [w for r, w in waited_by_rank.items() if r != slow]
         if slow is None or not others:
             continue
-        excess = min(others) - waited[slow]
+        excess = min(others) - waited_by_rank[slow]
         if excess > STRAGGLER_SHARE * wall_ms and (found is None or excess > found[0]):
             found = (excess, slow)
     if found is None:

@@ -203,12 +203,14 @@ def parse_trace(trace: Mapping[str, Any] | Sequence[Any]) -> ProfilerTrace:
                 steps[int(match[1])] = timing
     kernels = []
     for name, (start, end), args in kernel_events:
-        call = calls.get(_correlation(args)) if _correlation(args) is not None else None
+        correlation = _correlation(args)
+        call = calls.get(correlation) if correlation is not None else None
         collective_name = args.get("Collective name")
         kernels.append(Kernel(name, start, end, collective_kind(name, collective_name if isinstance(collective_name, str) else None),
                               call[1] if call else None))
     for name, (start, _end), args in memcpys:
-        call = calls.get(_correlation(args)) if _correlation(args) is not None else None
+        correlation = _correlation(args)
+        call = calls.get(correlation) if correlation is not None else None
         if _is_pageable_dtoh(name) and not (call and call[0] in SYNC_CALLS):  # a blocking cudaMemcpy counts once
             syncs.append(SyncCall(name, call[1] if call else start))
     return ProfilerTrace(

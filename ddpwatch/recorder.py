@@ -40,9 +40,9 @@ class StopRule:
         now = time.monotonic()
         if session.finished and not runs_to_come:
             return "every rank said goodbye"
-        if self.until_steps is not None and session.latest_complete_step() is not None:
-            if session.latest_complete_step() >= self.until_steps:
-                return f"step {self.until_steps} reached"
+        latest = session.latest_complete_step()
+        if self.until_steps is not None and latest is not None and latest >= self.until_steps:
+            return f"step {self.until_steps} reached"
         if self.until_seconds is not None and now - started >= self.until_seconds:
             return f"{self.until_seconds:g} s elapsed"
         # a rank spoke (a switch command sent before any run is no rank); one whose every message is refused did
@@ -119,7 +119,8 @@ def record(
                             runs_left -= 1
                         folder = out_dir / (session.session_id or "run")
                         paths = write_exports(session, folder)
-                        why = Counter(state.goodbye.reason for state in session.ranks.values()).most_common(1)[0][0] if again else ""
+                        why = Counter(state.goodbye.reason for state in session.ranks.values()  # every rank's: trains_again
+                                      if state.goodbye is not None).most_common(1)[0][0] if again else ""
                         log(f"{command}: run {session.session_id} is over{f', and trains again ({why})' if again else ''}; "
                             f"its exports are in {folder} ({', '.join(p.name for p in paths.values())}); "
                             f"now recording run {next_run}")

@@ -241,10 +241,10 @@ def table(results: Sequence[TunedCap], start_mb: float | None) -> list[str]:
         if start is not None and start is not best and told_apart(start, best) is False:
             lines.append(f"(the steps do not tell it from the starting {start.cap_mb:.3g} MB: "
                          "more steps a cap, --steps-per-size, narrow the intervals)")
-        predicted = [r for r in results if r.predicted_ms is not None]
-        if predicted:
-            predicted_best = min(predicted, key=lambda r: r.predicted_ms or 0.0)
-            errors = [abs(r.error) for r in predicted if r.error is not None]
+        with_prediction = [r for r in results if r.predicted_ms is not None]
+        if with_prediction:
+            predicted_best = min(with_prediction, key=lambda r: r.predicted_ms or 0.0)
+            errors = [abs(r.error) for r in with_prediction if r.error is not None]
             median = f"{statistics.median(errors):.1%}" if errors else "—"
             lines.append(f"predicted best among these: {predicted_best.cap_mb:.3g} MB; median |error| {median}")
     return lines

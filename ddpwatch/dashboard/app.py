@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import gc
 import time
-from collections import Counter, deque
+from collections import defaultdict, deque
 from pathlib import Path
 
 from textual.app import App, ComposeResult
@@ -142,7 +142,7 @@ class DashboardApp(App[None]):
         self.export_failure: str | None = None  # the last export that could not be written, said at exit
         self.frames = 0
         self.frame_seconds = 0.0  # our code's time in frames (bench/dashboard_load.py reports it) ...
-        self.frame_parts: Counter[str] = Counter()  # ... by part: "ingest", "build", then each panel's show
+        self.frame_parts: defaultdict[str, float] = defaultdict(float)  # ... by part: "ingest", "build", then each panel's show
         self._arrivals: deque[Arrival] = deque()  # drained from the feed, not folded in yet
         self._devices_shown: tuple[tuple[DeviceSeries, ...] | None, tuple[Series, ...]] = (None, ())
         self._series_made: dict[int, tuple[DeviceSeries, Series]] = {}  # rank -> (its series, as drawn)

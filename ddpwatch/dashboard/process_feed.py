@@ -209,7 +209,8 @@ class KnownJob:
         if isinstance(message, Hello) and 0 <= message.rank < message.world_size:
             self.declared_world = max(self.declared_world, message.world_size)
             if self.hellos.get(message.rank) == message:
-                return arrival._replace(item=replace(item, message=SameHello(message.rank)))
+                # Not a wire message: only this pipe carries it, and ``_with_hellos`` puts the hello back.
+                return arrival._replace(item=replace(item, message=SameHello(message.rank)))  # type: ignore[arg-type]
             self.hellos[message.rank] = message
         if isinstance(message, StepSummary):
             self.summarized[message.rank].append(message.step)

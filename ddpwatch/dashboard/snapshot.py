@@ -260,7 +260,7 @@ class SnapshotBuilder:
         roles = self.timeline_ranks(step, selected_rank) if len(reports) > EVERY_RANK_IN_THE_TIMELINE_UP_TO else None
         if (step, len(reports), roles, session.details) != self._shown_step:
             self._shown_step = (step, len(reports), roles, session.details)
-            self._timeline = timeline_of(step, self._with_spans(step, reports), session.step_calls(step),  # type: ignore[arg-type]
+            self._timeline = timeline_of(step, self._with_spans(step, reports), session.step_calls(step),
                                          session.step_times(step), roles, session.all_reduce_groups(),
                                          {rank: f.sharded_calls for rank, f in figures.items()}) if step is not None and reports else None
             self._desync = metrics.find_desync(session.counted_calls(step), step,  # type: ignore[arg-type]
@@ -378,7 +378,7 @@ class SnapshotBuilder:
         same = len(made_from) == len(complete) and all(a is b for a, b in zip(made_from, complete))
         if same or (result[1] is not None and now - made_at < SEGMENT_REFRESH_S):
             return result
-        result: tuple[float | None, float | None] = (None, None)
+        result = (None, None)
         if len(complete) >= 2:
             if self._rate_clocks is None or self._rate_clocks[0] != window:
                 self._rate_clocks = (window, metrics.ClockAlignment(keep=window), set())
@@ -460,7 +460,8 @@ class SnapshotBuilder:
         dashboard's time)."""
         state = self.session.ranks[rank]
         kept = self._devices.get(rank)
-        if kept is not None and (kept.received == state.devices_received or now - kept.made_at < DEVICE_REFRESH_S):
+        if kept is not None and kept.series is not None and (kept.received == state.devices_received
+                                                             or now - kept.made_at < DEVICE_REFRESH_S):
             return kept.series
         devices = state.devices
         gpu = bool(devices) and devices[-1].kind == "gpu"
@@ -472,8 +473,8 @@ class SnapshotBuilder:
             if key in sample.readings:
                 kept.values.append(sample.readings[key])
         kept.received, kept.made_at = state.devices_received, now
-        kept.series = DeviceSeries(rank, "GPU util %" if gpu else "CPU % (no GPU)", tuple(kept.values))
-        return kept.series
+        series = kept.series = DeviceSeries(rank, "GPU util %" if gpu else "CPU % (no GPU)", tuple(kept.values))
+        return series
 
     def _untimed_in_data_most(self, segment: Segment) -> int:
         in_data = self.session.untimed_in_data

@@ -152,10 +152,10 @@ class TimelineView(Widget):
             style = STYLES["hidden" if index % 2 == 0 else "hidden_alt"]
             for column in self._column_range(bar.start, bar.end, columns):
                 cells[column] = ("▆", style)
-        for style, intervals in (("exposed", rank.exposed), ("exposed_waiting", rank.exposed_waiting)):
+        for part, intervals in (("exposed", rank.exposed), ("exposed_waiting", rank.exposed_waiting)):
             for start, end in intervals:
                 for column in self._column_range(start, end, columns):
-                    cells[column] = ("▆", STYLES[style])
+                    cells[column] = ("▆", STYLES[part])
         return cells
 
     def _drawn_ranks(self, width: int) -> Strip:

@@ -78,7 +78,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from types import TracebackType
+from types import FrameType, TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import torch
@@ -113,6 +113,8 @@ from .timeline import StepTimeline
 from .watch import Watch, goodbye_reason, parameter_layout
 
 if TYPE_CHECKING:
+    from torch.distributed.fsdp import FSDPModule
+
     from .fsdp_timing import FSDPTiming
 
 __all__ = ["NOT_SWITCHABLE", "AttachError", "Attachment", "attach"]
@@ -230,7 +232,7 @@ def all_reduce_group(model: nn.Module, sharded: bool) -> list[int]:
         from .fsdp_timing import replica_ranks
 
         return replica_ranks(model)
-    group = model.process_group
+    group = cast(DistributedDataParallel, model).process_group
     return dist.get_process_group_ranks(group) if group.size() != dist.get_world_size() else []
 
 
@@ -259,7 +261,7 @@ def compute_device(model: nn.Module, module: nn.Module, sharded: bool) -> torch.
     its loss) and sampled as a CPU's."""
     if sharded:
         try:
-            return torch.device(model._get_fsdp_state()._device)
+            return torch.device(cast("FSDPModule", model)._get_fsdp_state()._device)  # ``sharded``: an FSDP2 model
         except Exception:  # FSDP's internals as a later torch may name them
             pass
     return next(module.parameters()).device
@@ -328,13 +330,14 @@ class Attachment:
         self.model, self.optimizers = model, tuple(optimizers)
         sharded = is_fsdp2(model)
         self.strategy = "fsdp" if sharded else "ddp"
-        module = model if sharded else model.module
-        group = None if sharded else model.process_group  # FSDP's: its mesh, over the default group's ranks
+        ddp = None if sharded else cast(DistributedDataParallel, model)  # ``attach_problem`` let a DDP or an FSDP2 model in
+        module = model if ddp is None else cast(nn.Module, ddp.module)  # torch types ``DDP.module`` as Tensor | Module
+        group = None if ddp is None else ddp.process_group  # FSDP's: its mesh, over the default group's ranks
         self.device = compute_device(model, module, sharded)
         meets = all_reduce_group(model, sharded)
         replicas = len(meets) if sharded and len(meets) > 1 else 0
         self._mesh_settings = {"replicas": replicas} if replicas else {}  # HSDP: the replicate dimension's size
-        users_hook = None if sharded else users_comm_hook(model)
+        users_hook = None if ddp is None else users_comm_hook(ddp)
         self._hook_settings = {"comm_hook": users_hook} if users_hook else {}  # gradient compression, named
         context = DistributedContext(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")),
                                      self.device, backend_of(group, self.device))
@@ -351,9 +354,10 @@ class Attachment:
             kept.resume(self.timeline)
             self.timing = kept
         else:
-            self.timing = sharded_timing(model, self.timeline) if sharded else DDPTiming(model, self.timeline)
+            self.timing = sharded_timing(model, self.timeline) if ddp is None else DDPTiming(ddp, self.timeline)
             self.timing.install()
-            model._ddpwatch_timing = self.timing
+            # Plain attributes, read back with getattr: ``nn.Module.__setattr__`` is typed for tensors and modules only.
+            setattr(model, "_ddpwatch_timing", self.timing)
         self._steps = 0
         self._micro_steps = 0  # backwards in this step that reached a forward none before them did
         self._backward_is_a_micro_step = False  # the backward running now reached such a forward
@@ -366,7 +370,7 @@ class Attachment:
         self._optimizer_from: Any = None
         self._after_backward: Any = None  # when this step's latest backward ended, until a forward or the step names the gap
         self._trainable = [p for p in module.parameters() if p.requires_grad]
-        self._parameters = list(module.parameters())  # FSDP's are its DTensor shards
+        self._parameters: list[torch.Tensor] = list(module.parameters())  # FSDP's are its DTensor shards
         self._memory = MemorySampler()  # bytes held, every few steps, as train.py measures
         #: The script's own collectives: what the step issued beyond what we time, and where.
         self._collectives = StepCollectives(IssuedCollectives(), lambda: self.timeline.timed_collectives())
@@ -399,7 +403,7 @@ class Attachment:
             register_optimizer_step_post_hook(self._any_optimizer_stepped),
         ]
         self._other_optimizers: set[int] = set()  # ids of unattached ones judged: ``_any_optimizer_stepped``
-        model._ddpwatch_attached = True
+        setattr(model, "_ddpwatch_attached", True)
         _ADDRESSES_IN_USE[address] = self
         self.address = address
         self.uncaught: BaseException | None = None  # what ended the process, if the loop raised
@@ -429,7 +433,7 @@ class Attachment:
         collective_stand_ins.stop_timing_loop_calls(self._loop_thread, self._time_loop_collective)
         collective_stand_ins.stand_down(self)
         self.timing.stop_timing()
-        self.model._ddpwatch_attached = False
+        setattr(self.model, "_ddpwatch_attached", False)
         if _ADDRESSES_IN_USE.get(self.address) is self:
             del _ADDRESSES_IN_USE[self.address]
         atexit.unregister(self._detach_at_exit)
@@ -874,7 +878,7 @@ class Attachment:
         called on it), where a forward began and did not return: the loop steps inside it, or it
         raised and the loop went on (a batch that ran out of memory, skipped), which reads the
         same from the hooks. Looked at only there: walking the stack costs microseconds."""
-        frame = sys._getframe(1)
+        frame: FrameType | None = sys._getframe(1)
         while frame is not None:
             if frame.f_code.co_name == "_call_impl" and frame.f_locals.get("self") is self.model:
                 return True

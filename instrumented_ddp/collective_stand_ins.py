@@ -91,8 +91,9 @@ NOT_TIMED: Any = object()
 #: ``NOT_TIMED``, having issued nothing, where it is not to be timed.
 LoopTimer = Callable[[LoopCall, Callable[[], Any]], Any]
 
-#: torch's own functions, by name, while ours stand in for them.
-_torch_functions: dict[str, Callable[..., Any]] = {}
+#: torch's own functions, by name, while ours stand in for them. None where ``torch.distributed``
+#: had no such name (only ``distributed_c10d`` did): ``torch_function`` then takes c10d's.
+_torch_functions: dict[str, Callable[..., Any] | None] = {}
 #: Who needs the stand-ins in place (by id): attachments, and DDPs timing a hook of the user's.
 _users: set[int] = set()
 #: The loop timers of each thread an attached loop trains on, by thread ident, the latest
@@ -234,7 +235,9 @@ def time_loop_calls(timer: LoopTimer) -> int:
 def stop_timing_loop_calls(ident: int | None, timer: LoopTimer) -> None:
     """``timer`` no longer times that thread's calls: the attachment before it does again, if
     one is still there. (A bound method is made anew at each look-up: found equal, not the same.)"""
-    timers = _loop_timers.get(ident) if ident is not None else None
+    if ident is None:
+        return
+    timers = _loop_timers.get(ident)
     if timers is None:
         return
     timers[:] = [t for t in timers if t != timer]

@@ -22,7 +22,8 @@ all_gather = getattr(_c10d, "all_gather_single", None) or _c10d.all_gather_into_
 
 def timed_collective(
     timeline: Any, kind: str, tensor: torch.Tensor, *, tag: str, async_op: bool,
-    group: dist.ProcessGroup | None = None, src: int = 0, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM,
+    group: dist.ProcessGroup | None = None, src: int = 0,
+    op: dist.ReduceOp | dist.ReduceOp.RedOpType = dist.ReduceOp.SUM,  # a ReduceOp: FSDP's ``AllreduceOptions.reduceOp``
     marks_ready: bool = False, output: torch.Tensor | None = None, blocking: bool | None = None, queue: str = "",
 ) -> dist.Work | None:
     """Issue an ``all_reduce`` or a ``broadcast`` of ``tensor`` in place, or a ``reduce_scatter``
@@ -43,7 +44,11 @@ def timed_collective(
     ``group`` is not the one the strategy's other collectives share, a name for its queue
     (``StepTimeline.open_collective``).
     """
-    whole = output if kind == "all_gather" else tensor
+    whole = tensor
+    if kind == "all_gather":
+        if output is None:
+            raise ValueError("an all_gather needs the tensor it gathers into (output)")
+        whole = output
     span = _open(timeline, kind, whole, tag, blocking=not async_op if blocking is None else blocking, queue=queue)
     if marks_ready and span is not None:
         timeline.mark_ready(tag, span.nbytes, at=span.start)

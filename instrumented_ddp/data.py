@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 import random
-from typing import Iterable
+from typing import Any, Iterable
 
 import datasets
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
@@ -216,10 +216,11 @@ def make_loaders(
     ``pin_memory`` (for a CUDA device): batches in page-locked memory, so ``.to(device,
     non_blocking=True)`` is a true asynchronous copy and the host does not wait for it.
     """
-    train_sampler = DistributedSampler(tokenized["train"], num_replicas=world_size, rank=rank,
-                                       shuffle=True, seed=seed, drop_last=True)
-    eval_sampler = DistributedSampler(tokenized["test"], num_replicas=world_size, rank=rank,
-                                      shuffle=False, drop_last=False)
+    # Typed by hand: ``datasets`` has no type information, and a row is a dict of its columns.
+    train_sampler: DistributedSampler[dict[str, Any]] = DistributedSampler(
+        tokenized["train"], num_replicas=world_size, rank=rank, shuffle=True, seed=seed, drop_last=True)
+    eval_sampler: DistributedSampler[dict[str, Any]] = DistributedSampler(
+        tokenized["test"], num_replicas=world_size, rank=rank, shuffle=False, drop_last=False)
     train_loader = DataLoader(tokenized["train"], batch_size=micro_batch_size, sampler=train_sampler,
                               num_workers=0, drop_last=True, pin_memory=pin_memory)
     eval_loader = DataLoader(tokenized["test"], batch_size=micro_batch_size, sampler=eval_sampler, num_workers=0)

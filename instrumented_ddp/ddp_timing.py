@@ -118,8 +118,10 @@ class DDPTiming:
         parameter cost 1-2 % of the tiny model's step on two cores, so the looks are spread by
         gradient elements instead (``parameters_to_look_from``)."""
         if not isinstance(self.process_group, ForwardingGroup) and self.users_hook is None:
-            self.ddp.register_comm_hook(state=None, hook=self._all_reduce_hook())
-            self.ddp.register_comm_hook = self.ddp._register_builtin_comm_hook = refuse_a_second_hook
+            ddp = self.ddp
+            ddp.register_comm_hook(state=None, hook=self._all_reduce_hook())
+            # Deliberately put over DDP's bound methods, on this instance only: DDP takes one hook.
+            ddp.register_comm_hook = ddp._register_builtin_comm_hook = refuse_a_second_hook  # type: ignore[method-assign]
         self.resume(self.timeline)
 
     def resume(self, timeline: StepTimeline | NullTimeline) -> None:
@@ -130,7 +132,9 @@ class DDPTiming:
             self.process_group.watcher = self._launch_watched_bucket
         if self.users_hook is not None:
             collective_stand_ins.stand_in(self)
-        self.ddp._distributed_broadcast_coalesced = self._timed_buffer_broadcast(self.ddp._distributed_broadcast_coalesced)
+        # Deliberately put over DDP's bound method, on this instance only (``stop_timing`` pops it).
+        self.ddp._distributed_broadcast_coalesced = self._timed_buffer_broadcast(  # type: ignore[method-assign]
+            self.ddp._distributed_broadcast_coalesced)
         if self.timeline.polls:
             poll = self.timeline.poll
             trainable = [parameter for parameter in self.ddp.module.parameters() if parameter.requires_grad]
@@ -198,7 +202,9 @@ class DDPTiming:
             self._watched_thread = None
             reduced, self._syncs_gradients = reduced or self._syncs_gradients, False
         if self.last_bucket_at is not None:
-            self.timeline.add_span("wait", self.last_bucket_at, self.timeline.stamp(), blocking=True)
+            timeline = self.timeline
+            assert not isinstance(timeline, NullTimeline), "a bucket's launch is stamped only while timing"
+            timeline.add_span("wait", self.last_bucket_at, timeline.stamp(), blocking=True)
             self.last_bucket_at = None
         if reduced:
             self.gradients_are_views = bool(getattr(self.ddp, "gradient_as_bucket_view", False))
@@ -213,7 +219,7 @@ class DDPTiming:
         end of backward, looking around the wait, as for ddpwatch's own hook (DDP waits for the
         hook's future there anyway)."""
         timeline, span = self.timeline, None
-        if timeline is NULL_TIMELINE:
+        if isinstance(timeline, NullTimeline):  # NULL_TIMELINE, the only one
             return all_reduce(tensor, op=op, group=group, async_op=True)
         try:
             issued_at = timeline.stamp()
@@ -271,14 +277,16 @@ class DDPTiming:
             op = averaging or dist.ReduceOp.SUM
             issued_at = self.last_bucket_at if averaging is not None else None  # after a scaling pass: stamped again
             if timeline.polls and self.process_group is not None:
-                return self._all_reduce_completed_at_backward_end(timeline, buffer, bucket.index(), op, issued_at)
+                return self._all_reduce_completed_at_backward_end(timeline, self.process_group, buffer, bucket.index(), op,
+                                                                  issued_at)
             return timed_all_reduce_result(timeline, buffer, tag=f"b{bucket.index()}", group=self.process_group, op=op,
                                            at=issued_at)
 
         return timed_all_reduce
 
-    def _all_reduce_completed_at_backward_end(self, timeline: StepTimeline, buffer: torch.Tensor, index: int,
-                                              op: dist.ReduceOp.RedOpType, issued_at: Any) -> torch.futures.Future:
+    def _all_reduce_completed_at_backward_end(self, timeline: StepTimeline, group: dist.ProcessGroup,
+                                              buffer: torch.Tensor, index: int, op: dist.ReduceOp.RedOpType,
+                                              issued_at: Any) -> torch.futures.Future:
         """The bucket's all-reduce, and a future of ``buffer`` that ``_complete_buckets`` completes
         at the end of this backward, before DDP reads it; ``.then`` on the work where DDP would
         wait for it before that callback ran (static graph's first iteration:
@@ -289,8 +297,8 @@ class DDPTiming:
         coalescing) are for a user's tensors, not a DDP bucket, and on the CPU they cost as
         much as the rest of the hook."""
         options = dist.AllreduceOptions()
-        options.reduceOp = op
-        work = self._issue_bucket(timeline, self.process_group, [buffer], buffer.numel() * buffer.element_size(), options, index,
+        options.reduceOp = dist.ReduceOp(op)  # what assigning ``op`` converts it to implicitly
+        work = self._issue_bucket(timeline, group, [buffer], buffer.numel() * buffer.element_size(), options, index,
                                   issued_at)
         future: torch.futures.Future = torch.futures.Future()
         if launched_by_a_gradient() and self._wait_at_backward_end(work, buffer, future):
@@ -305,6 +313,7 @@ class DDPTiming:
         DDP waits for the work itself at the end of backward; ``_complete_buckets`` waits for it
         one callback earlier, looking around the wait, and leaves a failure to DDP's own wait."""
         timeline = self.timeline
+        assert not isinstance(timeline, NullTimeline), "the watcher is set only while timing (``resume`` to ``stop_timing``)"
         index = self._launched
         self._launched += 1
         nbytes = sum(t.numel() * t.element_size() for t in tensors)

@@ -124,26 +124,31 @@ class NvmlReader:
 
     def __init__(self, identity: CudaDeviceIdentity, nvml: Any | None = None) -> None:
         """Raises :class:`NvmlUnavailable` saying why when there is no NVML handle for it."""
-        if nvml is None:
-            try:
-                import pynvml as nvml  # provided by nvidia-ml-py
-            except ImportError as error:
-                raise NvmlUnavailable(f"pynvml cannot be imported ({error}); pip install nvidia-ml-py") from error
-        self._nvml = nvml
+        library: Any = nvml if nvml is not None else self._import_pynvml()
+        self._nvml = library
         self.identity = identity
         try:
-            nvml.nvmlInit()
-        except nvml.NVMLError as error:
+            library.nvmlInit()
+        except library.NVMLError as error:
             raise NvmlUnavailable(f"nvmlInit failed: {error}") from error
         try:
-            self._handle, self.found_by = self._find_handle(nvml, identity)
+            self._handle, self.found_by = self._find_handle(library, identity)
         except NvmlUnavailable:
             try:
-                nvml.nvmlShutdown()  # balance the nvmlInit above
+                library.nvmlShutdown()  # balance the nvmlInit above
             except Exception:
                 pass
             raise
         self._nvlink_last: dict[int, tuple[float, float]] = {}  # field -> (KiB so far, when)
+
+    @staticmethod
+    def _import_pynvml() -> Any:
+        """The ``pynvml`` module, imported only when no NVML stand-in is passed in (the tests pass one)."""
+        try:
+            import pynvml  # provided by nvidia-ml-py
+        except ImportError as error:
+            raise NvmlUnavailable(f"pynvml cannot be imported ({error}); pip install nvidia-ml-py") from error
+        return pynvml
 
     @staticmethod
     def _find_handle(nvml: Any, identity: CudaDeviceIdentity) -> tuple[Any, str]:

@@ -25,7 +25,8 @@ def batch_size_and_tokens(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tupl
     position is kept, the dtype's least where not) says nothing of tokens by its sum. A batch passed whole is looked into, one level: a dict
     (``model(batch)``) by its names, a list or tuple (PyTorch Lightning's ``(batch, batch_idx)``,
     its batch ``[x, y]``) by position."""
-    named, positional = dict(kwargs), []
+    named = dict(kwargs)
+    positional: list[Any] = []
     for arg in args:
         if isinstance(arg, dict):
             positional += arg.values()

@@ -43,7 +43,8 @@ class ForwardingGroup(dist.ProcessGroup):
     """
 
     def __init__(self, inner: dist.ProcessGroup) -> None:
-        super().__init__(inner.rank(), inner.size())
+        # torch's stub lists only ``(store, rank, size)``; the binding also takes ``(rank, size)``.
+        super().__init__(inner.rank(), inner.size())  # type: ignore[call-arg]
         self.inner = inner
         self.watcher: AllReduceWatcher | None = None
 

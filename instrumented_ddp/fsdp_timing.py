@@ -85,8 +85,11 @@ class TimedReplicaAllReduce(_TimedComm):
     def __call__(self, group: dist.ProcessGroup, tensors: list[torch.Tensor], options: dist.AllreduceOptions) -> dist.Work:
         self.calls += 1
         (tensor,) = tensors
-        return timed_collective(self.timeline, "all_reduce", tensor, tag=self.tag, async_op=True, group=group,
+        work = timed_collective(self.timeline, "all_reduce", tensor, tag=self.tag, async_op=True, group=group,
                                 op=options.reduceOp, blocking=not tensor.is_cuda, queue=REPLICAS_QUEUE)
+        # None only from a group this rank is not in; FSDP all-reduces on its own replicate group.
+        assert work is not None, "an asynchronous all-reduce on this rank's own group gives a work"
+        return work
 
 
 def time_replica_all_reduces(unit: FSDPModule, timed: TimedReplicaAllReduce) -> bool:
@@ -136,7 +139,7 @@ def _replicated_meshes(unit: FSDPModule) -> list[Any]:
 def fsdp_units(model: nn.Module) -> list[FSDPModule]:
     """The model's ``fully_shard`` units, the root last (as the ``fsdp`` strategy numbers them:
     ``u<i>``, the root taking what is left, embeddings and head)."""
-    units = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    units: list[FSDPModule] = [m for m in model.modules() if isinstance(m, FSDPModule)]
     return [*units[1:], units[0]] if units and units[0] is model else units
 
 

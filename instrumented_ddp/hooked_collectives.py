@@ -94,7 +94,9 @@ def unwatch_thread(ident: int | None, timer: Timer) -> None:
     """That backward ended (possibly on another thread than the one it began on): ``timer`` no
     longer watches the thread it began on. (A bound method is made anew at each look-up: the
     timer is found equal, not the same object.)"""
-    watchers = _watchers.get(ident) if ident is not None else None
+    if ident is None:
+        return
+    watchers = _watchers.get(ident)
     if watchers is None:
         return
     watchers[:] = [watcher for watcher in watchers if watcher.timer != timer]

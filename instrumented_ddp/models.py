@@ -8,6 +8,7 @@ embeddings) so the gradients, tensor count and bucket layout behave like the rea
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from torch import nn
 from transformers import (
@@ -38,16 +39,21 @@ BUILT_IN_SHAPES: dict[str, dict[str, int]] = {
 
 
 def smollm2_config(size: str, vocab_size: int, num_labels: int, pad_token_id: int = 0) -> LlamaConfig:
-    return LlamaConfig(
-        vocab_size=vocab_size,
+    """The keywords go in as one untyped dict because they span transformers versions:
+    ``rope_theta`` is transformers 4's keyword, which 5 still takes and files under
+    ``rope_parameters``; 5's typed ``LlamaConfig`` names neither it nor ``num_labels`` (a
+    ``PreTrainedConfig`` keyword), though both take effect there."""
+    settings: dict[str, Any] = {
+        "vocab_size": vocab_size,
         **BUILT_IN_SHAPES[size],
-        rms_norm_eps=1e-5,
-        rope_theta=100000.0,
-        hidden_act="silu",
-        tie_word_embeddings=True,
-        num_labels=num_labels,
-        pad_token_id=pad_token_id,
-    )
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 100000.0,
+        "hidden_act": "silu",
+        "tie_word_embeddings": True,
+        "num_labels": num_labels,
+        "pad_token_id": pad_token_id,
+    }
+    return LlamaConfig(**settings)
 
 
 def build_tiny_model(vocab_size: int, num_labels: int, pad_token_id: int = 0) -> nn.Module:

@@ -44,8 +44,12 @@ UNRESOLVED_AFTER_STEPS = 32
 
 
 class Clock(Protocol):
-    #: Collectives the backend runs at once, in issue order (None: the clock knows true starts).
-    worker_threads: int | None
+    @property
+    def worker_threads(self) -> int | None:
+        """Collectives the backend runs at once, in issue order (None: the clock knows true starts).
+        Read-only here, so a clock may say ``int`` (a settable ``int | None`` member would not match it)."""
+        ...
+
     #: Whether ends of asynchronous collectives are found by ``poll`` on this rank's thread.
     polls: bool
 

@@ -57,8 +57,12 @@ def turn_on_nccl_timing(backend: str) -> bool:
         return setting in ("1", "true", "yes", "y")
     if backend != "nccl":
         return False
+    world = dist.group.WORLD
+    if world is None:  # no default group (yet): nothing to turn timing on in
+        return False
     try:
-        dist.group.WORLD._enable_collectives_timing()
+        # Bound in C++ but missing from torch's stub for ProcessGroup (checked with torch 2.13).
+        world._enable_collectives_timing()  # type: ignore[attr-defined]
     except (RuntimeError, AttributeError):  # a PyTorch without it: the callbacks time the ends
         return False
     return True
@@ -187,10 +191,12 @@ class Watch:
         interval = max(1, interval)
         if not has_command:
             return None, interval
-        box = [held]
+        box = [held]  # rank 0's command; None on the others until the broadcast fills it in
         dist.broadcast_object_list(box, src=0, group=self._control)
-        self._applied.add(box[0].command_id)
-        return box[0], interval
+        command = box[0]
+        assert command is not None, "rank 0 announced a command, so it broadcast one"
+        self._applied.add(command.command_id)
+        return command, interval
 
     def _next_new_command(self) -> SwitchCommand | None:
         """The next command not agreed on yet. The dashboard resends a command until it hears an

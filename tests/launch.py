@@ -166,15 +166,11 @@ def start_torchrun(args: list[str], log: Path | None = None, nproc: int = 2) -> 
     tests about what torchrun does to the ranks (its stop of those left when one dies or hangs);
     others use ``start_ranks``."""
     env = dict(os.environ, OMP_NUM_THREADS="1", TORCHELASTIC_MAX_RESTARTS="0")
-    out = open(log, "wb") if log is not None else subprocess.DEVNULL  # the child holds its own copy
-    try:
+    with open(log if log is not None else os.devnull, "wb") as out:  # the child holds its own copy
         return subprocess.Popen(
             [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
              str(REPO_ROOT / "train.py"), *QUICK_EVAL, *args],
             cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    finally:
-        if log is not None:
-            out.close()
 
 
 def wait_for_line(log: Path, text: str, process: subprocess.Popen[bytes] | RankGroup, timeout_s: float = 120) -> None:
@@ -206,6 +202,7 @@ class Recorder:
             [sys.executable, "-m", "ddpwatch.cli", "record", "--listen", f"tcp://{bind_host}:{port}", "--out", str(out_dir), *extra],
             cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
         )
+        assert self.proc.stderr is not None  # stderr=PIPE
         line = self.proc.stderr.readline()  # "listening on ..." once bound (after a CURVE notice, if any)
         if "CURVE on" in line:
             line = self.proc.stderr.readline()

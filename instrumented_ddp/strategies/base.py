@@ -201,7 +201,7 @@ class DataParallelStrategy(nn.Module):
                     work.wait()
 
     @staticmethod
-    def _gradient_or_zeros(parameter: nn.Parameter) -> torch.Tensor:
+    def _gradient_or_zeros(parameter: torch.Tensor) -> torch.Tensor:
         """A parameter that got no gradient this step still joins the collective, as zeros.
 
         Every rank must issue the same collectives in the same order, whatever its data did.

@@ -30,6 +30,14 @@ class GradientBucket:
     def nbytes(self) -> int:
         return self.numel * self.parameters[0].element_size()
 
+    @property
+    def allocated_buffer(self) -> torch.Tensor:
+        """``buffer``, where the caller's bucket has one: allocated at wrap time, and where
+        ``zero2`` released it, allocated again by its first ready gradient, before it launches."""
+        if self.buffer is None:
+            raise RuntimeError(f"bucket b{self.index} has no buffer: released and not allocated again")
+        return self.buffer
+
     def allocate(self) -> None:
         """A zeroed flat buffer, and each parameter's gradient-shaped view of it, in order."""
         first = self.parameters[0]
@@ -142,10 +150,10 @@ class BucketedAsyncHook(DataParallelStrategy):
 
     def _average(self, bucket: GradientBucket) -> None:
         """The bucket's collective summed it: divide by the world size."""
-        bucket.buffer.div_(self.world_size)
+        bucket.allocated_buffer.div_(self.world_size)
 
     def _launch(self, bucket: GradientBucket) -> None:
-        bucket.work = self._all_reduce(bucket.buffer, tag=f"b{bucket.index}", async_op=True)
+        bucket.work = self._all_reduce(bucket.allocated_buffer, tag=f"b{bucket.index}", async_op=True)
         self._next_to_launch += 1
 
     def finish_gradient_sync(self) -> None:

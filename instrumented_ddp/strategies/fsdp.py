@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from ..fsdp_timing import FSDPTiming
@@ -41,12 +41,16 @@ class FullyShardedFSDP2(DataParallelStrategy):
     """
 
     name: ClassVar[str] = "fsdp"
+    #: The sharded copy, from ``_attach`` to ``_detach`` (set with ``object.__setattr__``: no submodule).
+    sharded: nn.Module
 
     def _attach(self) -> None:
         sharded = copy.deepcopy(self.module)
         units = sharding_units(sharded)
         device = next(self.module.parameters()).device
-        mesh = DeviceMesh.from_group(self.process_group or dist.group.WORLD, device_type=device.type)
+        group = self.process_group or dist.group.WORLD
+        assert group is not None, "DataParallelStrategy.__init__ checked that torch.distributed is initialized"
+        mesh = DeviceMesh.from_group(group, device_type=device.type)
         for unit in units:
             fully_shard(unit, mesh=mesh)
         if self.timeline is not NULL_TIMELINE:
@@ -70,12 +74,14 @@ class FullyShardedFSDP2(DataParallelStrategy):
     @contextmanager
     def no_sync(self) -> Iterator[None]:
         """FSDP keeps accumulating unsharded gradients and reduce-scatters at the next synced backward."""
-        self.sharded.set_requires_gradient_sync(False)
+        sharded = self.sharded
+        assert isinstance(sharded, FSDPModule), "_attach's fully_shard made the copy's root an FSDPModule"
+        sharded.set_requires_gradient_sync(False)
         try:
             with super().no_sync():
                 yield
         finally:
-            self.sharded.set_requires_gradient_sync(True)
+            sharded.set_requires_gradient_sync(True)
 
     def optimized_parameters(self) -> list[nn.Parameter]:
         return [p for p in self.sharded.parameters() if p.requires_grad]
@@ -85,8 +91,8 @@ class FullyShardedFSDP2(DataParallelStrategy):
         sharded = self.sharded
         for original, shard in zip(self.module.parameters(), sharded.parameters(), strict=True):
             original.data = shard.full_tensor() if isinstance(shard, DTensor) else shard.detach().clone()
-        for original, buffer in zip(self.module.buffers(), sharded.buffers(), strict=True):
-            original.data = buffer.detach().clone()
+        for original_buffer, buffer in zip(self.module.buffers(), sharded.buffers(), strict=True):
+            original_buffer.data = buffer.detach().clone()
         object.__delattr__(self, "sharded")
 
     def full_optimizer_state(self) -> FullOptimizerState:
@@ -100,6 +106,7 @@ class FullyShardedFSDP2(DataParallelStrategy):
     def _load_full_optimizer_state(self, optimizer: torch.optim.Optimizer, state: FullOptimizerState) -> None:
         for parameter, entries in zip(self.optimized_parameters(), state, strict=True):
             if entries:
+                assert isinstance(parameter, DTensor), "fully_shard made every parameter of the copy a DTensor shard"
                 optimizer.state[parameter] = {
                     key: distribute_tensor(value.to(parameter.device), parameter.device_mesh, parameter.placements)
                     if value.dim() > 0 else value.clone() for key, value in entries.items()

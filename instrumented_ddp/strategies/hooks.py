@@ -6,7 +6,6 @@ from typing import ClassVar
 
 import torch
 import torch.distributed as dist
-from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from .base import DataParallelStrategy
@@ -29,7 +28,7 @@ class PerParameterHook(DataParallelStrategy):
     def _attach(self) -> None:
         self._parameters_in_order = self.trainable_parameters()
         self._index_of = {id(p): i for i, p in enumerate(self._parameters_in_order)}
-        self._pending: list[tuple[nn.Parameter, dist.Work | None]] = []
+        self._pending: list[tuple[torch.Tensor, dist.Work | None]] = []  # (parameter, its all-reduce)
         self._reduced: set[int] = set()
         self._handles: list[RemovableHandle] = [
             p.register_post_accumulate_grad_hook(self._on_gradient_ready) for p in self._parameters_in_order
@@ -57,8 +56,10 @@ class PerParameterHook(DataParallelStrategy):
             if index not in self._reduced:
                 self._reduce(parameter)
         self._wait_all([work for _, work in self._pending])
-        for parameter, _ in self._pending:
-            parameter.grad.div_(self.world_size)
+        for reduced, _ in self._pending:
+            gradient = reduced.grad
+            assert gradient is not None, "_reduce gave it one (zeros where backward gave none)"
+            gradient.div_(self.world_size)
         self._pending.clear()
         self._reduced.clear()
 

@@ -33,6 +33,8 @@ class NativeDDP(DataParallelStrategy):
 
     name: ClassVar[str] = "ddp"
     uses_bucket_mb: ClassVar[bool] = True
+    #: The DDP object, from ``_attach`` to ``_detach`` (set with ``object.__setattr__``: no submodule).
+    ddp: DistributedDataParallel
 
     def __init__(self, module: Any, *, find_unused_parameters: bool = False, **settings: Any) -> None:
         self._find_unused_parameters = find_unused_parameters
@@ -69,6 +71,7 @@ class NativeDDP(DataParallelStrategy):
         Not with ``find_unused_parameters``: DDP then all-reduces its map of used parameters
         on the same group, which is not a bucket; the hook sees buckets only."""
         group = self.process_group or dist.group.WORLD
+        assert group is not None, "DataParallelStrategy.__init__ checked that torch.distributed is initialized"
         if self.timeline.polls and not self._find_unused_parameters and dist.get_backend(group) == "gloo":
             return ForwardingGroup(group)
         return self.process_group

@@ -57,7 +57,7 @@ class ShardedOptimizerState(BucketedAsyncHook):
         self.shards = [self._shard(bucket) for bucket in self.buckets]
 
     def _shard(self, bucket: GradientBucket) -> ParameterShard:
-        flat = torch.zeros_like(bucket.buffer)
+        flat = torch.zeros_like(bucket.allocated_buffer)
         offsets, offset = [], 0
         with torch.no_grad():
             for parameter in bucket.parameters:
@@ -96,7 +96,7 @@ class ShardedOptimizerState(BucketedAsyncHook):
     def _point_shard_gradients(self) -> None:
         """Each slice's gradient is its slice of the averaged bucket (a view: no copy)."""
         for bucket, shard in zip(self.buckets, self.shards, strict=True):
-            shard.shard.grad = shard.slice_of(bucket.buffer)
+            shard.shard.grad = shard.slice_of(bucket.allocated_buffer)
 
     @torch.no_grad()
     def _after_step(self) -> None:
@@ -110,7 +110,7 @@ class ShardedOptimizerState(BucketedAsyncHook):
 
     def _zero_full_gradients(self) -> None:
         for bucket in self.buckets:
-            bucket.buffer.zero_()
+            bucket.allocated_buffer.zero_()
 
     # -- the whole state, for a switch ----------------------------------------------------------
     def full_optimizer_state(self) -> FullOptimizerState:

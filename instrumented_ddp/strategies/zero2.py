@@ -32,7 +32,7 @@ class ShardedGradients(ShardedOptimizerState):
             bucket.release()
 
     def _launch(self, bucket: GradientBucket) -> None:
-        bucket.work = self._collective("reduce_scatter", bucket.buffer, output=self.gradient_shards[bucket.index],
+        bucket.work = self._collective("reduce_scatter", bucket.allocated_buffer, output=self.gradient_shards[bucket.index],
                                        tag=f"b{bucket.index}", async_op=True)
         self._next_to_launch += 1
 
@@ -49,9 +49,11 @@ class ShardedGradients(ShardedOptimizerState):
         the buffer's memory is free though a timeline still holds the work until its step resolves."""
         while self._next_to_settle < self._next_to_launch:
             bucket = self.buckets[self._next_to_settle]
-            if not bucket.work.is_completed():
+            work = bucket.work
+            assert work is not None, "a launched bucket holds its reduce-scatter's work"
+            if not work.is_completed():
                 return
-            bucket.work.wait()
+            work.wait()
             self._settle(bucket)
             self._next_to_settle += 1
 

@@ -91,9 +91,9 @@ NOT_TIMED: Any = object()
 #: ``NOT_TIMED``, having issued nothing, where it is not to be timed.
 LoopTimer = Callable[[LoopCall, Callable[[], Any]], Any]
 
-#: torch's own functions, by name, while ours stand in for them. None where ``torch.distributed``
-#: had no such name (only ``distributed_c10d`` did): ``torch_function`` then takes c10d's.
-_torch_functions: dict[str, Callable[..., Any] | None] = {}
+#: torch's own functions, by name, while ours stand in for them (c10d's where ``torch.distributed``
+#: had none by that name: ``stand_down`` puts a function back, never None).
+_torch_functions: dict[str, Callable[..., Any]] = {}
 #: Who needs the stand-ins in place (by id): attachments, and DDPs timing a hook of the user's.
 _users: set[int] = set()
 #: The loop timers of each thread an attached loop trains on, by thread ident, the latest
@@ -270,7 +270,7 @@ def stand_in(user: object) -> None:
             if name in _torch_functions:
                 continue
             current = getattr(dist, name, None)  # ours already, where a stand-in put over ours kept it (``stand_down``)
-            _torch_functions[name] = current if current is not ours else getattr(dist.distributed_c10d, name)
+            _torch_functions[name] = current if current is not None and current is not ours else getattr(dist.distributed_c10d, name)
             if (traced := remaps.get(getattr(dist.distributed_c10d, name))) is not None:
                 remaps[ours] = traced
             setattr(dist, name, ours)

@@ -75,6 +75,18 @@ def test_the_stand_ins_are_in_place_while_anyone_needs_them_and_torchs_own_are_b
     assert all(getattr(dist, name) is TORCHS[name] for name in STAND_INS)
 
 
+def test_a_name_torch_distributed_lacks_is_given_c10ds_function_back_never_none(monkeypatch: Any) -> None:
+    # A torch whose ``torch.distributed`` does not export one of the names (only ``distributed_c10d``
+    # has it): standing down put ``None`` there, and the loop's next call raised "not callable".
+    name = next(iter(STAND_INS))
+    monkeypatch.delattr(dist, name)
+    user = object()
+    collective_stand_ins.stand_in(user)
+    collective_stand_ins.stand_down(user)
+    assert getattr(dist, name) is getattr(dist.distributed_c10d, name)
+    assert collective_stand_ins.torch_function(name) is getattr(dist.distributed_c10d, name)
+
+
 def test_a_loops_synchronous_call_goes_to_the_latest_attachments_timer_and_the_earlier_one_times_again_after(
         one_rank_group: None) -> None:
     """Two models attached from one loop (a GAN's, to two dashboards): the call is timed once, by

@@ -27,7 +27,7 @@ from torch.nn.parallel import DistributedDataParallel
 import instrumented_ddp
 from ddpwatch import exporters
 from ddpwatch.session import Session
-from instrumented_ddp import attachment
+from instrumented_ddp import attached_model
 from instrumented_ddp.attachment import NOT_SWITCHABLE, AttachError
 from instrumented_ddp.protocol import Ack, Envelope, Evaluation, Goodbye, Hello, StepReport, SwitchCommand
 from launch import free_port
@@ -475,10 +475,10 @@ def test_an_fsdp2_model_is_timed_on_the_device_fsdp_computes_on_not_where_its_sh
     GPU): read off the shards, a GPU run was timed on the host's clock. Its device is faked here
     as FSDP keeps it on a GPU run (no GPU here)."""
     model, _ = sharded_classifier()
-    assert attachment.compute_device(model, model, sharded=True) == torch.device("cpu")
+    assert attached_model.compute_device(model, model, sharded=True) == torch.device("cpu")
     monkeypatch.setattr(model._get_fsdp_state(), "_device", torch.device("cuda", 0))
     assert {p.device.type for p in model.parameters()} == {"cpu"}
-    assert attachment.compute_device(model, model, sharded=True) == torch.device("cuda", 0)
+    assert attached_model.compute_device(model, model, sharded=True) == torch.device("cuda", 0)
 
 
 def test_an_fsdp2_model_is_attached_as_fsdp_and_each_misuse_of_it_is_one_line(one_rank_group: None, sent: list[Any],
@@ -720,7 +720,7 @@ def test_an_evaluation_the_loop_measured_is_sent_with_the_step_it_followed_and_a
 def test_the_bucket_cap_reported_is_the_one_ddp_was_given_not_its_bytes_over_a_mebibyte(given: float) -> None:
     """DDP keeps ``int(bucket_cap_mb * 2**20)`` bytes: 0.3 MB is 314,572 bytes, which read back
     as 0.2999992370605469 MB; the segment label says ``bucket_mb=0.3``."""
-    assert attachment.megabytes_given(int(given * 1024 * 1024)) == given
+    assert attached_model.megabytes_given(int(given * 1024 * 1024)) == given
 
 
 def test_an_attached_ddp_at_its_default_cap_says_its_first_bucket_and_one_given_a_cap_does_not(one_rank_group: None) -> None:
@@ -728,5 +728,5 @@ def test_an_attached_ddp_at_its_default_cap_says_its_first_bucket_and_one_given_
     at the cap where it was: the advisor simulates what the settings say (``first_bucket_mb``)."""
     default = DistributedDataParallel(TinyClassifier())
     given = DistributedDataParallel(TinyClassifier(), bucket_cap_mb=25)
-    assert attachment.first_bucket_setting(default) == {"first_bucket_mb": 1.0}
-    assert attachment.first_bucket_setting(given) == {}
+    assert attached_model.first_bucket_setting(default) == {"first_bucket_mb": 1.0}
+    assert attached_model.first_bucket_setting(given) == {}

@@ -15,6 +15,7 @@ from instrumented_ddp.output_paths import directory_problem, file_in_the_way
 from instrumented_ddp.protocol import DEFAULT_ADDRESS, DEFAULT_MAX_MESSAGE_BYTES, STRATEGY_NAMES, bucket_mb_problem
 
 if TYPE_CHECKING:
+    from .auth import ServerKeys
     from .dashboard.app import DashboardApp
 
 
@@ -139,7 +140,7 @@ def default_session_dir() -> Path:
     return Path("ddpwatch-sessions") / time.strftime("%Y%m%d-%H%M%S")
 
 
-def server_keys(args: argparse.Namespace):  # noqa: ANN201 - ServerKeys | None, imported lazily
+def server_keys(args: argparse.Namespace) -> ServerKeys | None:  # ServerKeys imported lazily (zmq's CURVE)
     """The CURVE keys to listen with (made on first use), telling the user where the client file is."""
     if args.keys is None:
         return None

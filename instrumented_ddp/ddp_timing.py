@@ -264,10 +264,12 @@ class DDPTiming:
         averaging = averaging_op(self.process_group)
         scale = 1.0 / self.world_size
 
-        def timed_all_reduce(state, bucket):  # noqa: ANN001, ANN202
+        # Unannotated on purpose: DDP reads a hook's annotations and refuses any that is not its own
+        # class (this module's are strings: ``bucket annotation should be dist.GradBucket``).
+        def timed_all_reduce(state, bucket):  # type: ignore[no-untyped-def]  # noqa: ANN001, ANN202
             timeline = self.timeline
             buffer = bucket.buffer()
-            if timeline is not NULL_TIMELINE:  # DDP calls the hook in bucket order, once a bucket is ready
+            if not isinstance(timeline, NullTimeline):  # DDP calls the hook in bucket order, once a bucket is ready
                 self.last_bucket_at = timeline.stamp()
                 timeline.mark_ready(f"b{bucket.index()}", buffer.numel() * buffer.element_size(), at=self.last_bucket_at)
             if averaging is None and self.gradients_are_views:
@@ -276,7 +278,7 @@ class DDPTiming:
                 buffer.mul_(scale)
             op = averaging or dist.ReduceOp.SUM
             issued_at = self.last_bucket_at if averaging is not None else None  # after a scaling pass: stamped again
-            if timeline.polls and self.process_group is not None:
+            if not isinstance(timeline, NullTimeline) and timeline.polls and self.process_group is not None:
                 return self._all_reduce_completed_at_backward_end(timeline, self.process_group, buffer, bucket.index(), op,
                                                                   issued_at)
             return timed_all_reduce_result(timeline, buffer, tag=f"b{bucket.index()}", group=self.process_group, op=op,
@@ -401,8 +403,11 @@ class DDPTiming:
         forward (and break the graph at each stamp): it runs eagerly, as the broadcast does."""
 
         @torch.compiler.disable
-        def timed_broadcast(tensors, buffer_size, authoritative_rank=0):  # noqa: ANN001, ANN202
+        def timed_broadcast(tensors: list[torch.Tensor], buffer_size: int, authoritative_rank: int = 0) -> None:
             timeline = self.timeline
+            if isinstance(timeline, NullTimeline):  # not timing
+                untimed(tensors, buffer_size, authoritative_rank)
+                return
             nbytes = sum(t.numel() * t.element_size() for t in tensors)
             dtypes = {str(t.dtype).removeprefix("torch.") for t in tensors}
             span = timeline.open_collective("broadcast", nbytes, "buffers", ",".join(sorted(dtypes)), True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from rich.segment import Segment
 from rich.style import Style
 from textual.events import Click
+from textual.geometry import Size
 from textual.message import Message
 from textual.strip import Strip
 from textual.widget import Widget
@@ -47,7 +48,7 @@ class RankHeatmap(Widget):
         self.data = data
         self.refresh(layout=rows_changed)
 
-    def get_content_height(self, container, viewport, width: int) -> int:  # noqa: ANN001 (Textual's signature)
+    def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
         return HEADER_ROWS + (len(self.data.rows) if self.data else 0)
 
     def render_line(self, y: int) -> Strip:

@@ -4,6 +4,7 @@ at a glance (``ddpwatch/segment_bars.py`` says what the parts are; summary.svg d
 from __future__ import annotations
 
 from textual.content import Content
+from textual.geometry import Size
 from textual.widget import Widget
 
 from ...segment_bars import NOT_MEASURED, SegmentBar, cells, lengths, segment_bar
@@ -44,7 +45,7 @@ class SegmentBarsView(Widget):
             self._bars = bars
             self.refresh(layout=True)
 
-    def get_content_height(self, container, viewport, width: int) -> int:  # noqa: ANN001 (Textual's signature)
+    def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
         """The legend's lines as they wrap at this width (two in a narrow panel), then a line a bar."""
         return len(legend().wrap(max(1, width))) + max(1, len(self._bars))
 

@@ -6,6 +6,7 @@ from itertools import groupby
 
 from rich.segment import Segment
 from rich.style import Style
+from textual.geometry import Size
 from textual.strip import Strip
 from textual.widget import Widget
 
@@ -73,7 +74,7 @@ class TimelineView(Widget):
         notes = f" · {self.data.notes}" if self.data.notes else ""
         return f"step {self.data.step} · {self.data.label or self.data.strategy}{notes}"
 
-    def get_content_height(self, container, viewport, width: int) -> int:  # noqa: ANN001
+    def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
         if self.data is None:
             return 1
         return 1 + 2 * len(self.data.ranks) + len(legend_rows(width, self._marked)[1]) + (1 if self.data.roles else 0)

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
 from instrumented_ddp.intervals import merge, total_length
+from instrumented_ddp.step_figures import SpanLike
 
 from .compact import StepSet
 from .rank_lists import runs_text
@@ -39,17 +40,6 @@ SKIPPED_BY = {
     ("fsdp",): ("HSDP's model.set_requires_all_reduce(False) before the others skips them, keeping the reduce-scatters "
                 "(set_requires_gradient_sync(False) skips both)"),
 }
-
-
-class SpanLike(Protocol):
-    """What this module reads of a span (read-only: ``Span`` is a named tuple)."""
-
-    @property
-    def kind(self) -> str: ...
-    @property
-    def start(self) -> float: ...
-    @property
-    def end(self) -> float: ...
 
 
 class StepReportLike(Protocol):

@@ -88,11 +88,17 @@ def start_rank(argv: list[str], cwd: Path, env: dict[str, str],
                                 text=True, start_new_session=True)
 
 
+#: How long torchrun lets the ranks it stops after one failed end on SIGTERM before it sends
+#: SIGKILL (``PContext.close``'s ``timeout``, through ``os.killpg`` of each rank's session).
+TERM_GRACE_S = 30.0
+
+
 class RankGroup:
     """``python ARGV`` on ``nproc`` ranks started as torchrun would start them (``start_rank``), their
     output appended to ``log`` where given, else kept for each rank's ``communicate``; behind what
     the tests used of torchrun's process: ``poll`` and ``wait`` (the first failing rank's status,
-    the others stopped at once, as torchrun stops them), and ``stop``."""
+    the others stopped as torchrun stops them: SIGTERM, then SIGKILL after ``TERM_GRACE_S``), and
+    ``stop`` (a test's own end: SIGKILL at once)."""
 
     def __init__(self, argv: list[str], nproc: int, log: Path | None = None, cwd: Path = REPO_ROOT) -> None:
         port = free_port()
@@ -107,7 +113,7 @@ class RankGroup:
             codes = [rank.poll() for rank in self.ranks]
             failed = next((code for code in codes if code not in (None, 0)), None)
             if failed is not None:
-                self.stop()
+                self.stop(grace_s=TERM_GRACE_S)
                 self.returncode = failed
             elif all(code == 0 for code in codes):
                 self.returncode = 0
@@ -121,28 +127,41 @@ class RankGroup:
             time.sleep(0.05)
         return self.returncode  # type: ignore[return-value]
 
-    def stop(self) -> None:
-        for rank in self.ranks:
-            if rank.poll() is None:
-                os.killpg(rank.pid, signal.SIGKILL)
+    def stop(self, grace_s: float = 0.0) -> None:
+        """SIGKILL to every rank left; with ``grace_s``, SIGTERM first, and SIGKILL only to those
+        still there ``grace_s`` later."""
+        live = [rank for rank in self.ranks if rank.poll() is None]
+        if grace_s > 0:
+            _signal_sessions(live, signal.SIGTERM)
+            deadline = time.monotonic() + grace_s
+            while any(rank.poll() is None for rank in live) and time.monotonic() < deadline:
+                time.sleep(0.05)
+        _signal_sessions([rank for rank in live if rank.poll() is None], signal.SIGKILL)
         for rank in self.ranks:
             rank.wait()
+
+
+def _signal_sessions(ranks: list[subprocess.Popen[str] | rank_forks.ForkedRank], signum: int) -> None:
+    """``signum`` to each rank's session (a rank may end between its poll and this: nothing to do)."""
+    for rank in ranks:
+        try:
+            os.killpg(rank.pid, signum)
+        except ProcessLookupError:
+            pass
 
 
 def start_ranks(args: list[str], log: Path | None = None, nproc: int = 2) -> RankGroup:
     """``train.py ARGS`` (with ``QUICK_EVAL``) on ranks started as torchrun starts them, without
     its launcher (~2.5 s) and forked where they can be (``start_rank``), output to ``log``: for
-    runs whose subject is the script. Those about torchrun's own behaviour (its stop of the ranks
-    left when one hangs or dies) use ``start_torchrun``. Stop it with ``stop``."""
+    runs whose subject is the script; ``RankGroup`` stops the ranks left when one fails as torchrun
+    does. Stop it with ``stop``."""
     return RankGroup([str(REPO_ROOT / "train.py"), *QUICK_EVAL, *args], nproc, log if log is not None else Path(os.devnull))
 
 
 def run_as_torchrun_would(args: list[str], nproc: int = 2, timeout_s: float = 300.0) -> subprocess.CompletedProcess[str]:
     """``[script, *args]`` on ranks started with the environment torchrun gives them, without
-    torchrun: its launcher took ~2.5 s of every run on two cores before the ranks started. For runs
-    whose subject is the script; those whose subject is torchrun's own behaviour (its stop of the
-    ranks left when one dies) use ``start_torchrun``. The ranks' output joined, rank 0's first; the
-    first failing rank's exit status."""
+    torchrun: its launcher took ~2.5 s of every run on two cores before the ranks started. The
+    ranks' output joined, rank 0's first; the first failing rank's exit status."""
     ranks = run_ranks(Path(args[0]), args[1:], world_size=nproc, timeout_s=timeout_s)
     failed = next((rank.returncode for rank in ranks if rank.returncode != 0), 0)
     return subprocess.CompletedProcess(ranks[0].args, failed, "".join(rank.stdout for rank in ranks),
@@ -160,21 +179,8 @@ def describe_failure(results: list[subprocess.CompletedProcess[str]]) -> str:
 QUICK_EVAL = ("--eval-examples", "32")
 
 
-def start_torchrun(args: list[str], log: Path | None = None, nproc: int = 2) -> subprocess.Popen[bytes]:
-    """``train.py ARGS`` (with ``QUICK_EVAL``) under torchrun in its own process group, output to
-    ``log`` (or nowhere); a dead rank fails the run (no restart). Stop it with ``stop``. For the
-    tests about what torchrun does to the ranks (its stop of those left when one dies or hangs);
-    others use ``start_ranks``."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", TORCHELASTIC_MAX_RESTARTS="0")
-    with open(log if log is not None else os.devnull, "wb") as out:  # the child holds its own copy
-        return subprocess.Popen(
-            [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-             str(REPO_ROOT / "train.py"), *QUICK_EVAL, *args],
-            cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-
-
 def wait_for_line(log: Path, text: str, process: subprocess.Popen[bytes] | RankGroup, timeout_s: float = 120) -> None:
-    """Until ``text`` is in the log of a run ``start_torchrun`` or ``start_ranks`` started; the run ending or the time
+    """Until ``text`` is in the log of a run ``start_ranks`` started; the run ending or the time
     running out first fails the test with the log's tail."""
     deadline = time.monotonic() + timeout_s
     while text not in (log.read_text() if log.exists() else ""):

@@ -14,24 +14,23 @@ from ddpwatch.exporters import write_exports
 from ddpwatch.session import LOST_AFTER_S, Session
 from ddpwatch.session_file import read_session_file
 from instrumented_ddp.protocol import Envelope, decode
-from launch import QUICK_EVAL, REPO_ROOT, free_port, start_ranks, start_torchrun, stop, wait_for_line
+from launch import QUICK_EVAL, REPO_ROOT, free_port, start_ranks, stop, wait_for_line
 
 
 class WatchedRun:
     """A group of ranks streaming to the dashboard's own feed, folded into a session as it comes;
-    on exit the group is killed if still there and the feed stopped. Under torchrun where the
-    test is about what torchrun does to the ranks (``under_torchrun``), else started as torchrun
-    would start them (``start_ranks``: without its launcher, forked)."""
+    on exit the group is killed if still there and the feed stopped. The ranks are started as
+    torchrun would start them (``start_ranks``: without its launcher, forked), and stopped as it
+    would stop them once one fails."""
 
-    def __init__(self, tmp_path: Path, nproc: int, args: list[str], under_torchrun: bool = False) -> None:
+    def __init__(self, tmp_path: Path, nproc: int, args: list[str]) -> None:
         address = f"tcp://127.0.0.1:{free_port()}"
         self.nproc = nproc
         self.feed = LiveFeed(address, tmp_path / "session.ddpwatch")
         self.feed.start()
         self.session = Session()
         self.accepted = 0
-        start = start_torchrun if under_torchrun else start_ranks
-        self.training = start([*args, "--watch", address], nproc=nproc)
+        self.training = start_ranks([*args, "--watch", address], nproc=nproc)
 
     def pump(self) -> None:
         for arrived_at, item, prepared, run in self.feed.drain():
@@ -66,10 +65,11 @@ def test_a_frozen_rank_is_lost_within_three_seconds_its_peer_is_said_held_and_ki
     a slow step. Then rank 1 is killed: rank 0's collective fails on the dead peer (*failed: …
     Connection reset by peer*), or, where its send to rank 1 was half written (likely here: the
     frozen peer read nothing more), gloo's wait for that send outlasts the death until the
-    process group's timeout (30 min) and torchrun's stop ends it (*interrupted: SIGTERM*, 2 s
-    after, from the watch thread, its main thread blocked in C++). Either way it says goodbye and
-    ends: nothing of ddpwatch's holds it."""
-    with WatchedRun(tmp_path, 2, ["--strategy", "async", "--steps", "500", "--batch-size", "8"], under_torchrun=True) as run:
+    process group's timeout (30 min) and the launcher's stop ends it (*interrupted: SIGTERM*, 2 s
+    after, from the watch thread, its main thread blocked in C++; the ranks are stopped as
+    torchrun stops them, ``RankGroup``: SIGTERM to those left once one failed). Either way it
+    says goodbye and ends: nothing of ddpwatch's holds it."""
+    with WatchedRun(tmp_path, 2, ["--strategy", "async", "--steps", "500", "--batch-size", "8"]) as run:
         run.wait_until_streaming()
         session = run.session
         survivor, frozen = session.ranks[0].hello.pid, session.ranks[1].hello.pid
@@ -88,6 +88,7 @@ def test_a_frozen_rank_is_lost_within_three_seconds_its_peer_is_said_held_and_ki
         os.kill(frozen, signal.SIGKILL)
         killed_at = time.monotonic()
         while session.ranks[0].goodbye is None or _alive(survivor):  # it must not hang on the dead peer
+            run.training.poll()  # the launcher sees rank 1's death, and stops what is left
             run.pump()
             assert time.monotonic() - killed_at < 60, "rank 0 neither said goodbye nor ended within 60 s of its peer's death"
             time.sleep(0.05)

@@ -14,9 +14,10 @@ The strategies (and torch) load on first use, so ``ddpwatch`` can import
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from .protocol import STRATEGY_NAMES
+from .protocol import DEFAULT_ADDRESS, STRATEGY_NAMES
 
 if TYPE_CHECKING:
     import torch
@@ -44,11 +45,14 @@ def unwrap(model: nn.Module) -> nn.Module:
     return model.unwrap() if isinstance(model, DataParallelStrategy) else model
 
 
-def attach(model: nn.Module, optimizer: torch.optim.Optimizer, **options: Any) -> Attachment:
-    """Watch a user's own ``DistributedDataParallel`` loop (see ``instrumented_ddp.attachment``)."""
+def attach(model: nn.Module, optimizer: torch.optim.Optimizer | Sequence[torch.optim.Optimizer], *,
+           address: str = DEFAULT_ADDRESS, watch_key: str | None = None, total_steps: int = 0) -> Attachment:
+    """Watch a user's own ``DistributedDataParallel`` loop (see ``instrumented_ddp.attachment``).
+    The signature is ``attachment.attach``'s, spelled out (not ``**options``) so that a user's
+    editor and type checker read it here, where the package loads torch only on first use."""
     from .attachment import attach as attach_to
 
-    return attach_to(model, optimizer, **options)
+    return attach_to(model, optimizer, address=address, watch_key=watch_key, total_steps=total_steps)
 
 
 def __getattr__(name: str) -> Any:

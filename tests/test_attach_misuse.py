@@ -4,6 +4,7 @@ run training on after it. In one process over a one-rank gloo group (FSDP2's mis
 
 from __future__ import annotations
 
+import inspect
 import re
 from typing import Any
 
@@ -95,3 +96,11 @@ def test_attach_without_a_process_group_says_how_to_make_one(monkeypatch: pytest
     monkeypatch.setattr(attachment.dist, "is_initialized", lambda: False)
     with pytest.raises(AttachError, match=r"no process group: call torch.distributed.init_process_group\(\)"):
         instrumented_ddp.attach(nn.Linear(2, 2), torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=0.1))
+
+
+def test_the_packages_attach_has_attachments_own_signature_and_refuses_a_misspelt_option() -> None:
+    # ``instrumented_ddp.attach`` took ``**options`` and handed them on: a user's type checker and
+    # editor saw no ``address`` or ``total_steps``, and a list of optimizers read as a type error.
+    assert inspect.signature(instrumented_ddp.attach) == inspect.signature(attachment.attach)
+    with pytest.raises(TypeError, match="adress"):
+        instrumented_ddp.attach(nn.Linear(1, 1), torch.optim.SGD(nn.Linear(1, 1).parameters()), adress="tcp://127.0.0.1:1")  # type: ignore[call-arg]

@@ -179,22 +179,13 @@ def describe_failure(results: list[subprocess.CompletedProcess[str]]) -> str:
 QUICK_EVAL = ("--eval-examples", "32")
 
 
-def wait_for_line(log: Path, text: str, process: subprocess.Popen[bytes] | RankGroup, timeout_s: float = 120) -> None:
+def wait_for_line(log: Path, text: str, process: RankGroup, timeout_s: float = 120) -> None:
     """Until ``text`` is in the log of a run ``start_ranks`` started; the run ending or the time
     running out first fails the test with the log's tail."""
     deadline = time.monotonic() + timeout_s
     while text not in (log.read_text() if log.exists() else ""):
         assert process.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:] if log.exists() else "no log"
         time.sleep(0.1)
-
-
-def stop(process: subprocess.Popen[bytes] | RankGroup) -> None:
-    if isinstance(process, RankGroup):
-        process.stop()
-        return
-    if process.poll() is None:
-        os.killpg(process.pid, signal.SIGKILL)
-    process.wait()
 
 
 class Recorder:

@@ -17,7 +17,7 @@ from ddpwatch.recorder import load_session
 from ddpwatch.receiver import TelemetryReceiver
 from ddpwatch.switch_client import request_switch
 from instrumented_ddp.protocol import Hello, encode, load_client_keys
-from launch import REPO_ROOT, Recorder, free_port, start_ranks, stop
+from launch import REPO_ROOT, Recorder, free_port, start_ranks
 
 
 def test_listening_beyond_loopback_without_keys_is_refused() -> None:
@@ -66,13 +66,13 @@ def test_rogue_sender_and_controller_are_rejected_while_the_real_run_goes_on(tmp
             try:
                 ack = request_switch(recorder.address, "bucket", 1.0, None, timeout_s=60, keys=load_client_keys(str(client_file)))
             except TimeoutError:
-                stop(training)
+                training.stop()
                 pytest.fail(f"no acknowledgement; training said:\n{(tmp_path / 'train.log').read_text()[-3000:]}")
             assert ack.applied
             assert training.wait(timeout=240) == 0, (tmp_path / "train.log").read_text()[-3000:]
         finally:
             context.destroy(linger=0)
-            stop(training)
+            training.stop()
         recorder.wait()
     summary = json.loads((tmp_path / "session" / "summary.json").read_text())
     assert summary["session"] != "spoofed"

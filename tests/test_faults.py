@@ -14,7 +14,7 @@ from ddpwatch.exporters import write_exports
 from ddpwatch.session import LOST_AFTER_S, Session
 from ddpwatch.session_file import read_session_file
 from instrumented_ddp.protocol import Envelope, decode
-from launch import QUICK_EVAL, REPO_ROOT, free_port, start_ranks, stop, wait_for_line
+from launch import QUICK_EVAL, REPO_ROOT, free_port, start_ranks, wait_for_line
 
 
 class WatchedRun:
@@ -51,7 +51,7 @@ class WatchedRun:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        stop(self.training)
+        self.training.stop()
         time.sleep(0.3)  # what the ranks sent last is still on its way
         self.pump()
         self.feed.stop()
@@ -212,7 +212,7 @@ def test_the_dashboard_started_late_then_killed_and_restarted_never_pauses_train
             assert second.wait(30) == 0
         assert training.wait(240) == 0, (tmp_path / "train.log").read_text()[-3000:]
     finally:
-        stop(training)
+        training.stop()
     assert "parameters identical on all 2 rank(s)" in (tmp_path / "train.log").read_text()
     before, after = load_session(first_file), load_session(second_file)  # the killed one's file reads to its last flush
     assert all(before.ranks[r].hello for r in (0, 1))  # the late one learned the run as the restarted one did

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from ddpwatch.switch_client import request_switch
-from launch import REPO_ROOT, Recorder, run_as_torchrun_would, start_ranks, stop, wait_for_line
+from launch import REPO_ROOT, Recorder, run_as_torchrun_would, start_ranks, wait_for_line
 
 TRAIN = str(REPO_ROOT / "train.py")
 #: Every strategy once, into and out of the sharded ones, ending where it began; one micro-step
@@ -47,7 +47,7 @@ def test_switching_live_through_all_nine_ends_bitwise_where_the_unswitched_run_d
                 wait_for_line(tmp_path / "train.log", f"step {acks[strategy].step + 1}/{STEPS} ", training)
             assert training.wait(300) == 0, (tmp_path / "train.log").read_text()[-3000:]
         finally:
-            stop(training)
+            training.stop()
         recorder.wait()
     log = (tmp_path / "train.log").read_text()
     print(f"switches applied at steps {[acks[strategy].step for strategy, _ in SWITCHES]} of {STEPS}")
@@ -98,7 +98,7 @@ def test_switches_racing_the_end_of_training_apply_on_every_rank_or_none(tmp_pat
                 index += 1
             assert training.wait(60) == 0, (tmp_path / "train.log").read_text()[-3000:]
         finally:
-            stop(training)
+            training.stop()
         recorder.wait()
     assert "parameters identical on all 2 rank(s)" in (tmp_path / "train.log").read_text()
     session = load_session(tmp_path / "session" / "session.ddpwatch")

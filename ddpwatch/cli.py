@@ -44,7 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--out", type=Path, default=argparse.SUPPRESS, help="session directory (default ddpwatch-sessions/<time>)")
 
     record = commands.add_parser("record", help="record a session headless and write its summary when it ends")
-    record.add_argument("--listen", default=DEFAULT_ADDRESS, help=f"address to listen on (default {DEFAULT_ADDRESS})")
+    # SUPPRESS on the flags the top level has too: a subcommand's default overwrote the value given
+    # before the command (``ddpwatch --listen tcp://HOST:PORT record`` listened on the default).
+    record.add_argument("--listen", default=argparse.SUPPRESS, help=f"address to listen on (default {DEFAULT_ADDRESS})")
     record.add_argument("--out", type=Path, required=True, help="directory for the session file and exports")
     record.add_argument("--until-steps", type=int, help="stop once every rank reported this step")
     record.add_argument("--until-seconds", type=float, help="stop after this long")
@@ -55,9 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "after it (default 1: stop when the first run's ranks have all said goodbye)")
     record.add_argument("--wait", type=float, help="give up, exit 2, when no rank has connected this many seconds after "
                         "start (default: wait as long as it takes; --idle-exit counts only once a rank has spoken)")
-    record.add_argument("--max-message-bytes", type=int, default=DEFAULT_MAX_MESSAGE_BYTES,
+    record.add_argument("--max-message-bytes", type=int, default=argparse.SUPPRESS,
                         help=f"larger messages are rejected and counted (default {DEFAULT_MAX_MESSAGE_BYTES:,})")
-    record.add_argument("--keys", type=Path, help="CURVE key directory (made if missing); needed beyond loopback")
+    record.add_argument("--keys", type=Path, default=argparse.SUPPRESS, help="CURVE key directory (made if missing); needed beyond loopback")
     record.add_argument("--sample", type=int, metavar="N", help="ask the ranks for the spans of every N-th step only "
                         "(summaries of the rest: figures exact, timelines sampled); default: every span")
 
@@ -65,20 +67,20 @@ def build_parser() -> argparse.ArgumentParser:
     switch.add_argument("strategy", help=", ".join(STRATEGY_NAMES))
     switch.add_argument("--bucket-mb", type=float, help="the bucket cap, MB (bucket, ddp, zero1, zero2)")
     switch.add_argument("--grad-accum", type=int, help="micro-steps per optimizer step")
-    switch.add_argument("--listen", default=DEFAULT_ADDRESS, help="the address the dashboard or recorder listens on")
+    switch.add_argument("--listen", default=argparse.SUPPRESS, help=f"the address the dashboard or recorder listens on (default {DEFAULT_ADDRESS})")
     switch.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the acknowledgement")
     switch.add_argument("--key", help="CURVE client keys (client.json) of a dashboard beyond loopback")
 
     tune = commands.add_parser("tune", help="sweep bucket caps on a running job with live switches: the advisor's "
                                             "predictions against the measured step times")
-    tune.add_argument("--listen", default=DEFAULT_ADDRESS, help=f"address to listen on, as for record (default {DEFAULT_ADDRESS})")
+    tune.add_argument("--listen", default=argparse.SUPPRESS, help=f"address to listen on, as for record (default {DEFAULT_ADDRESS})")
     tune.add_argument("--out", type=Path, required=True, help="directory for the session file, exports and tune.json")
     tune.add_argument("--sizes", type=bucket_sizes, help="caps in MB, comma-separated (default: the predicted best and its neighbours)")
     tune.add_argument("--steps-per-size", type=int, default=10, help="counted steps measured at each cap (at least 2)")
     tune.add_argument("--strategy", default="bucket", choices=["bucket", "ddp"], help="what to switch to at each cap")
     tune.add_argument("--wait", type=float, default=120.0, help="seconds to wait for a run to connect")
     tune.add_argument("--idle-exit", type=float, default=30.0, help="stop when every rank is silent this long")
-    tune.add_argument("--keys", type=Path, help="CURVE key directory (made if missing); needed beyond loopback")
+    tune.add_argument("--keys", type=Path, default=argparse.SUPPRESS, help="CURVE key directory (made if missing); needed beyond loopback")
     doctor = commands.add_parser("doctor", help="check ddpwatch's GPU figures on this machine against torch.profiler, NVML, overhead")
     doctor.add_argument("--strategies", default="bucket,ddp", help="strategies of the profiled runs (comma-separated)")
     doctor.add_argument("--overhead-steps", type=int, default=20, help="timed steps per mode in the overhead checks (0: none)")
@@ -99,9 +101,30 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: The options of the top level (``ddpwatch --listen ADDRESS COMMAND``) each command reads; one it
+#: does not read, given, is refused: before, ``ddpwatch --listen ADDRESS demo`` listened elsewhere
+#: without a word.
+READS = {"dashboard": {"listen", "out", "max_message_bytes", "keys"}, "record": {"listen", "out", "max_message_bytes", "keys"},
+         "tune": {"listen", "out", "max_message_bytes", "keys"}, "switch": {"listen"}, "replay": {"out"}, "demo": {"out"},
+         "doctor": set(), "summary": set(), "compare": set()}
+
+
+def unread_option(args: argparse.Namespace, parser: argparse.ArgumentParser) -> str | None:
+    """The first top-level option given that ``args.command`` does not read, as the user typed it."""
+    command = args.command or "dashboard"
+    for name in ("listen", "out", "max_message_bytes", "keys"):
+        if name not in READS[command] and getattr(args, name, None) != parser.get_default(name):
+            return "--" + name.replace("_", "-")
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if (option := unread_option(args, parser)) is not None:
+        print(f"ddpwatch {args.command}: error: {option} does nothing for {args.command}: it is not one of its options "
+              f"(`ddpwatch {args.command} --help` lists them)", file=sys.stderr)
+        return 2
     try:
         return COMMANDS[args.command or "dashboard"](args)
     except BrokenPipeError:  # the reader went away (``ddpwatch summary DIR | head``): not an error
@@ -334,8 +357,8 @@ def run_tune(args: argparse.Namespace) -> int:
         return 2
     positive(args, "wait", "idle_exit")
     driver = SweepDriver(args.strategy, args.steps_per_size, args.sizes, connect_timeout_s=args.wait)
-    record(args.listen, writable_out_dir(args.out), StopRule(idle_exit_s=args.idle_exit), keys=server_keys(args), drive=driver,
-           command="ddpwatch tune")
+    record(args.listen, writable_out_dir(args.out), StopRule(idle_exit_s=args.idle_exit), args.max_message_bytes,
+           keys=server_keys(args), drive=driver, command="ddpwatch tune")
     if driver.failure:
         print(f"ddpwatch tune: error: {driver.failure}", file=sys.stderr)
         return 2

@@ -161,6 +161,37 @@ def test_a_wrong_flag_to_ddpwatch_is_refused_in_exactly_one_line(argv: list[str]
     assert capsys.readouterr().err == said + "\n"
 
 
+@pytest.mark.parametrize("command", [["record", "--out", "d"], ["tune", "--out", "d"], ["switch", "ddp"]])
+def test_an_option_given_before_the_command_is_the_one_the_command_uses(command: list[str]) -> None:
+    """The subcommand's own default overwrote it: ``ddpwatch --listen tcp://HOST:PORT record``
+    listened on the default address, ``ddpwatch --listen ... switch ddp`` switched the job there."""
+    from ddpwatch.cli import build_parser
+
+    parser = build_parser()
+    args = parser.parse_args(["--listen", "tcp://127.0.0.1:1111", *command])
+    assert args.listen == "tcp://127.0.0.1:1111"
+    assert parser.parse_args([*command, "--listen", "tcp://127.0.0.1:2222"]).listen == "tcp://127.0.0.1:2222"
+    assert parser.parse_args(command).listen == "tcp://127.0.0.1:5555"
+    if command[0] != "switch":
+        given = parser.parse_args(["--keys", "k", "--max-message-bytes", "7", *command])
+        assert (given.keys, given.max_message_bytes) == (Path("k"), 7)
+
+
+@pytest.mark.parametrize(("argv", "option"), [(["--listen", "tcp://127.0.0.1:1111", "demo"], "--listen"),
+                                               (["--keys", "k", "switch", "ddp"], "--keys"),
+                                               (["--out", "o", "summary", "s"], "--out"),
+                                               (["--max-message-bytes", "7", "replay", "s"], "--max-message-bytes")])
+def test_an_option_the_command_does_not_read_is_refused_in_one_line(argv: list[str], option: str,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """Before, ignored without a word: ``ddpwatch --listen ADDRESS demo`` listened on a port of its own."""
+    from ddpwatch.cli import main
+
+    assert main(argv) == 2
+    command = next(word for word in argv if word in ("demo", "switch", "summary", "replay"))
+    assert capsys.readouterr().err == (f"ddpwatch {command}: error: {option} does nothing for {command}: it is not one "
+                                       f"of its options (`ddpwatch {command} --help` lists them)\n")
+
+
 def test_a_summary_piped_into_a_reader_that_stopped_is_no_error(tmp_path: Path) -> None:
     """``ddpwatch summary DIR | head -1``: the reader closes the pipe before the table is written.
     Before, that printed "ddpwatch summary: error: [Errno 32] Broken pipe" and exited 2. Here the

@@ -177,6 +177,16 @@ def test_an_option_given_before_the_command_is_the_one_the_command_uses(command:
         assert (given.keys, given.max_message_bytes) == (Path("k"), 7)
 
 
+def test_every_command_says_which_top_level_options_it_reads() -> None:
+    """A command missing from ``READS`` would raise a KeyError before it ran, whatever was typed."""
+    import argparse
+
+    from ddpwatch.cli import READS, build_parser
+
+    (commands,) = (action for action in build_parser()._actions if isinstance(action, argparse._SubParsersAction))
+    assert set(READS) == {*commands.choices, "dashboard"}
+
+
 @pytest.mark.parametrize(("argv", "option"), [(["--listen", "tcp://127.0.0.1:1111", "demo"], "--listen"),
                                                (["--keys", "k", "switch", "ddp"], "--keys"),
                                                (["--out", "o", "summary", "s"], "--out"),

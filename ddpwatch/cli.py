@@ -101,31 +101,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-#: The options of the top level (``ddpwatch --listen ADDRESS COMMAND``) each command reads; one it
-#: does not read, given, is refused: before, ``ddpwatch --listen ADDRESS demo`` listened elsewhere
-#: without a word.
-READS = {"dashboard": {"listen", "out", "max_message_bytes", "keys"}, "record": {"listen", "out", "max_message_bytes", "keys"},
-         "tune": {"listen", "out", "max_message_bytes", "keys"}, "switch": {"listen"}, "replay": {"out"}, "demo": {"out"},
-         "doctor": set(), "summary": set(), "compare": set()}
+#: The options of the top level (``ddpwatch --listen ADDRESS COMMAND``), in the order they are named.
+TOP_LEVEL_OPTIONS = ("listen", "out", "max_message_bytes", "keys")
+#: Those each command reads; one it does not read, given, is refused: before, ``ddpwatch --listen
+#: ADDRESS demo`` listened elsewhere without a word.
+READS = {"dashboard": set(TOP_LEVEL_OPTIONS), "record": set(TOP_LEVEL_OPTIONS), "tune": set(TOP_LEVEL_OPTIONS),
+         "switch": {"listen"}, "replay": {"out"}, "demo": {"out"}, "doctor": set(), "summary": set(), "compare": set()}
 
 
-def unread_option(args: argparse.Namespace, parser: argparse.ArgumentParser) -> str | None:
-    """The first top-level option given that ``args.command`` does not read, as the user typed it."""
+def refuse_unread_options(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """A ``ValueError`` naming the first top-level option given that ``args.command`` does not read."""
     command = args.command or "dashboard"
-    for name in ("listen", "out", "max_message_bytes", "keys"):
+    for name in TOP_LEVEL_OPTIONS:
         if name not in READS[command] and getattr(args, name, None) != parser.get_default(name):
-            return "--" + name.replace("_", "-")
-    return None
+            option = "--" + name.replace("_", "-")
+            raise ValueError(f"{option} does nothing for {command}: it is not one of its options "
+                             f"(`ddpwatch {command} --help` lists them)")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if (option := unread_option(args, parser)) is not None:
-        print(f"ddpwatch {args.command}: error: {option} does nothing for {args.command}: it is not one of its options "
-              f"(`ddpwatch {args.command} --help` lists them)", file=sys.stderr)
-        return 2
     try:
+        refuse_unread_options(args, parser)
         return COMMANDS[args.command or "dashboard"](args)
     except BrokenPipeError:  # the reader went away (``ddpwatch summary DIR | head``): not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's flush does not raise again

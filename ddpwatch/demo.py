@@ -14,7 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-TRAIN_SCRIPT = Path(__file__).resolve().parents[1] / "train.py"
+#: train.py as a module of the package (``torchrun -m``): an installed ddpwatch has it, where a
+#: clone's top-level ``train.py`` is not installed (the demo failed from a wheel: *train.py not found*).
+TRAIN_MODULE = "instrumented_ddp.train"
 TRAIN_DEFAULT_BATCH = 16  # train.py's --batch-size default: the global batch (not imported: train.py imports torch)
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
@@ -49,11 +51,9 @@ def start_training(address: str, log_path: Path, nproc: int, steps: int, strateg
     """torchrun in its own process group (so quitting the dashboard stops every rank), output to a
     log. Start it before anything starts threads: the hook that ties it to the demo runs between
     fork and exec."""
-    if not TRAIN_SCRIPT.is_file():
-        raise FileNotFoundError(f"{TRAIN_SCRIPT} not found: run the demo from a clone (pip install -e .)")
     log_path.parent.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-               str(TRAIN_SCRIPT), "--strategy", strategy, "--steps", str(steps), "--batch-size", str(batch_size_for(nproc)),
+               "-m", TRAIN_MODULE, "--strategy", strategy, "--steps", str(steps), "--batch-size", str(batch_size_for(nproc)),
                "--watch", address]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     with open(log_path, "wb") as log:

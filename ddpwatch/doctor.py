@@ -1,6 +1,7 @@
 """``ddpwatch doctor``: does ddpwatch tell the truth on this GPU machine? One command that says.
 
-Run from a clone (it runs ``train.py`` and ``bench/overhead.py``, as ``ddpwatch demo`` does):
+It runs ``train.py`` as the package's module (``-m instrumented_ddp.train``, as ``ddpwatch demo``
+does), so an installed ddpwatch runs it; the overhead runs need a clone (``bench/overhead.py``):
 
 1. ``python -m instrumented_ddp.gpu_probe`` (torch lives there, never here): the GPUs torch
    sees, NVML's readings of a GPU it keeps busy, read by the same reader a rank's sampler uses,
@@ -43,9 +44,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .demo import TRAIN_MODULE
 from .profile_check import Check, RankComparison, format_table, value_text
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+#: The overhead runs' script: in a clone only (benches are not packaged).
+OVERHEAD_BENCH = Path(__file__).resolve().parents[1] / "bench" / "overhead.py"
 OVERHEAD_GOAL = 1.02
 PROFILED_RUN_STEPS = 10  # train.py profiles steps 4-8
 #: The doctor's training step, per rank: the small model (~110M parameters) on 64 sequences of
@@ -200,7 +203,7 @@ def _train(world_size: int, gpus: int, strategy: str, profile: Path, watch: list
     """One profiled ``train.py`` run at the doctor's training shape."""
     training = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world_size}",
-         str(REPO_ROOT / "train.py"), "--device", "cuda", "--model", "small", "--strategy", strategy,
+         "-m", TRAIN_MODULE, "--device", "cuda", "--model", "small", "--strategy", strategy,
          "--steps", str(PROFILED_RUN_STEPS), "--batch-size", str(batch_per_rank(world_size, gpus) * world_size),
          "--max-length", str(SEQUENCE_LENGTH), "--log-every", "1000", "--profile", str(profile), *watch],
         capture_output=True, text=True, env=env, timeout=900)
@@ -259,7 +262,7 @@ def run_overhead(steps: int, strategies: Sequence[str], training_shape: bool) ->
     """``bench/overhead.py`` on one GPU: at the doctor's training shape, or on the tiny model."""
     shape = (["--model", "small", "--micro-batch", str(BATCH_PER_RANK), "--seq-len", str(SEQUENCE_LENGTH)]
              if training_shape else [])
-    result = subprocess.run([sys.executable, str(REPO_ROOT / "bench" / "overhead.py"), "--device", "cuda", "--ranks", "1",
+    result = subprocess.run([sys.executable, str(OVERHEAD_BENCH), "--device", "cuda", "--ranks", "1",
                              "--steps", str(steps), "--strategies", ",".join(strategies), *shape],
                             capture_output=True, text=True, timeout=900)
     return result.stdout
@@ -280,9 +283,6 @@ def doctor(strategies: Sequence[str] = ("bucket", "ddp"), overhead_steps: int = 
     ``ranks`` (default: one per GPU, at most two) above the GPUs' count makes ranks share a GPU
     (see ``instrumented_ddp.distributed.gpu_sharing_env``): on a one-GPU machine that is the only
     way to see NCCL kernels of collectives. ``overhead_steps=0`` leaves the overhead runs out."""
-    if not (REPO_ROOT / "train.py").is_file():
-        print(f"ddpwatch doctor: {REPO_ROOT / 'train.py'} not found: run it from a clone (pip install -e .)", file=sys.stderr)
-        return 2
     probe = run_probe()
     if not probe.get("cuda_available"):
         print(f"ddpwatch doctor: no CUDA GPU on this machine (torch {probe['torch']}: torch.cuda.is_available() is False); "
@@ -314,7 +314,11 @@ def doctor(strategies: Sequence[str] = ("bucket", "ddp"), overhead_steps: int = 
                                                  world_size, sharing_gpus=world_size > gpus)
                 except (RuntimeError, OSError, ValueError, subprocess.TimeoutExpired) as error:
                     sections.append(Section(label, (Check("profiled run", None, None, "ran", False, "", str(error)),)))
-    if overhead_steps > 0:
+    if overhead_steps > 0 and not OVERHEAD_BENCH.is_file():
+        sections.append(Section("overhead", (), (f"not measured: {OVERHEAD_BENCH.relative_to(OVERHEAD_BENCH.parents[1])} comes "
+                                                 "with a clone of ddpwatch, not with an installed one (run the doctor in a "
+                                                 "clone, installed with pip install -e ., to measure it)",)))
+    elif overhead_steps > 0:
         print("ddpwatch doctor: overhead ...", flush=True)
         tiny = run_overhead(overhead_steps, ("simple", "ga", "hook", "async", "bucket", "ddp"), training_shape=False)
         sections.append(Section(f"overhead, 1 GPU, {BATCH_PER_RANK}x{SEQUENCE_LENGTH} small model",

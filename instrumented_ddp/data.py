@@ -24,7 +24,7 @@ from typing import Any, Iterable
 import datasets
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
 from torch.utils.data import DataLoader, DistributedSampler
-from transformers import PreTrainedTokenizerFast
+from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 __all__ = [
     "DataUnavailableError",
@@ -184,7 +184,7 @@ def wrap_tokenizer(tok: Tokenizer) -> PreTrainedTokenizerFast:
 
 
 def tokenize_reviews(
-    ds: datasets.DatasetDict, tokenizer: PreTrainedTokenizerFast, max_length: int = 64
+    ds: datasets.DatasetDict, tokenizer: PreTrainedTokenizerBase, max_length: int = 64
 ) -> datasets.DatasetDict:
     """Pad every example to exactly max_length so all micro-batches have one shape: step times
     across ranks are then comparable and nothing needs a custom collate function."""

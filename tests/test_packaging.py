@@ -3,6 +3,7 @@ runs from an editable install, which reads the tree, so a file the wheel left ou
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -14,8 +15,9 @@ from launch import REPO_ROOT
 PACKAGES = ("instrumented_ddp", "ddpwatch")
 
 
-def test_the_wheel_carries_the_dashboards_styles_and_both_packages_type_hints(tmp_path: Path) -> None:
-    # Built from a copy (a build in the tree leaves build/ there), offline: no build isolation, no dependencies.
+def build_wheel(tmp_path: Path) -> Path:
+    """The wheel, built from a copy (a build in the tree leaves build/ there), offline: no build
+    isolation, no dependencies."""
     source = tmp_path / "source"
     source.mkdir()
     for name in ("pyproject.toml", "README.md"):
@@ -26,7 +28,31 @@ def test_the_wheel_carries_the_dashboards_styles_and_both_packages_type_hints(tm
                             "-w", str(tmp_path / "wheel"), str(source)], capture_output=True, text=True, timeout=120)
     assert built.returncode == 0, built.stderr[-3000:]
     (wheel,) = (tmp_path / "wheel").glob("*.whl")
-    carried = set(zipfile.ZipFile(wheel).namelist())
+    return wheel
+
+
+def test_the_wheel_carries_the_dashboards_styles_and_both_packages_type_hints(tmp_path: Path) -> None:
+    carried = set(zipfile.ZipFile(build_wheel(tmp_path)).namelist())
     styles = {path.relative_to(REPO_ROOT).as_posix() for package in PACKAGES for path in (REPO_ROOT / package).rglob("*.tcss")}
     assert styles and styles <= carried, styles - carried  # without them the dashboard does not start
     assert {f"{package}/py.typed" for package in PACKAGES} <= carried  # PEP 561: users' type checkers read our hints
+
+
+def test_the_installed_wheel_runs_the_training_script_the_demo_and_the_doctor_start(tmp_path: Path) -> None:
+    """``ddpwatch demo`` and ``doctor`` start train.py; from a wheel they said *train.py not found: run
+    it from a clone*, the script being the clone's top level. They run it as the package's module."""
+    from ddpwatch.demo import TRAIN_MODULE
+
+    installed, elsewhere = tmp_path / "site", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target", str(installed),
+                           str(build_wheel(tmp_path))], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    env = dict(os.environ, PYTHONPATH=str(installed))  # ahead of the editable install's path to this tree
+    code = (f"import importlib.util, runpy, sys; print(importlib.util.find_spec({TRAIN_MODULE!r}).origin); "
+            f"sys.argv[1:] = ['--help']; runpy.run_module({TRAIN_MODULE!r}, run_name='__main__')")  # as python -m does
+    helped = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=elsewhere, env=env, timeout=120)
+    assert helped.returncode == 0, helped.stderr[-3000:]
+    ran_from, usage = helped.stdout.split("\n", 1)
+    assert Path(ran_from).is_relative_to(installed), ran_from  # the wheel's copy, not this tree's
+    assert "--strategy" in usage and f"-m {TRAIN_MODULE}" in usage

@@ -33,7 +33,7 @@ def test_a_short_run_learns_the_builtin_reviews_above_chance() -> None:
 
 
 def test_a_negative_eval_count_is_a_one_line_error(capsys: pytest.CaptureFixture[str]) -> None:
-    import train
+    from instrumented_ddp import train
 
     with pytest.raises(SystemExit) as exit_:
         train.parse_args(["--eval-examples", "-1", "--no-watch"])
@@ -54,7 +54,7 @@ def test_a_negative_eval_count_is_a_one_line_error(capsys: pytest.CaptureFixture
 )
 def test_a_batch_that_does_not_split_names_the_nearest_that_do(batch_size: int, world_size: int, grad_accum: int,
                                                                   said: str | None) -> None:
-    import train
+    from instrumented_ddp import train
 
     assert train.accumulation_problem(batch_size, world_size, grad_accum) == said
 
@@ -83,7 +83,7 @@ def test_wrong_flags_fail_with_one_line_error(args: list[str], message: str, cap
                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """In this process, as ``train.parse_args`` sees them (each ``python train.py`` spends 3-4 s
     importing torch and transformers before it parses); the next test runs one for real."""
-    import train
+    from instrumented_ddp import train
 
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     with pytest.raises(SystemExit) as exit_:
@@ -94,7 +94,7 @@ def test_wrong_flags_fail_with_one_line_error(args: list[str], message: str, cap
 
 def test_device_cuda_without_cuda_is_a_one_line_error(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     """It was a traceback from ``init_distributed`` (CUDA hidden here, so a GPU box says the same)."""
-    import train
+    from instrumented_ddp import train
 
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     monkeypatch.setattr(train.torch.cuda, "is_available", lambda: False)
@@ -129,7 +129,7 @@ def refused_switch(strategy: str, bucket_mb: float | None = None, grad_accum: in
     sent; the model and optimizer are checked kept."""
     from types import SimpleNamespace
 
-    import train
+    from instrumented_ddp import train
 
     acks: list[tuple[bool, int, str]] = []
     watch = SimpleNamespace(steps=7, acknowledge=lambda command, applied, step, detail="": acks.append((applied, step, detail)))

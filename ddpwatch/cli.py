@@ -47,7 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
     # SUPPRESS on the flags the top level has too: a subcommand's default overwrote the value given
     # before the command (``ddpwatch --listen tcp://HOST:PORT record`` listened on the default).
     record.add_argument("--listen", default=argparse.SUPPRESS, help=f"address to listen on (default {DEFAULT_ADDRESS})")
-    record.add_argument("--out", type=Path, required=True, help="directory for the session file and exports")
+    # Required (``needs_out``), but not by argparse: ``ddpwatch --out DIR record`` gave it, before the command.
+    record.add_argument("--out", type=Path, default=argparse.SUPPRESS, help="directory for the session file and exports (required)")
     record.add_argument("--until-steps", type=int, help="stop once every rank reported this step")
     record.add_argument("--until-seconds", type=float, help="stop after this long")
     record.add_argument("--idle-exit", type=float, default=15.0, help="stop when every rank is silent this long")
@@ -74,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     tune = commands.add_parser("tune", help="sweep bucket caps on a running job with live switches: the advisor's "
                                             "predictions against the measured step times")
     tune.add_argument("--listen", default=argparse.SUPPRESS, help=f"address to listen on, as for record (default {DEFAULT_ADDRESS})")
-    tune.add_argument("--out", type=Path, required=True, help="directory for the session file, exports and tune.json")
+    tune.add_argument("--out", type=Path, default=argparse.SUPPRESS, help="directory for the session file, exports and tune.json (required)")
     tune.add_argument("--sizes", type=bucket_sizes, help="caps in MB, comma-separated (default: the predicted best and its neighbours)")
     tune.add_argument("--steps-per-size", type=int, default=10, help="counted steps measured at each cap (at least 2)")
     tune.add_argument("--strategy", default="bucket", choices=["bucket", "ddp"], help="what to switch to at each cap")
@@ -119,11 +120,24 @@ def refuse_unread_options(args: argparse.Namespace, parser: argparse.ArgumentPar
                              f"(`ddpwatch {command} --help` lists them)")
 
 
+#: The commands that cannot run without ``--out``, given before the command or after it.
+NEEDS_OUT = {"record": "the session file and exports", "tune": "the session file, exports and tune.json"}
+
+
+def needs_out(args: argparse.Namespace) -> None:
+    """A ``ValueError`` where ``args.command`` needs ``--out`` and it was given nowhere. argparse's
+    ``required=True`` on the command's own ``--out`` refused ``ddpwatch --out DIR record`` with
+    *the following arguments are required: --out*, the option given but before the command."""
+    if args.command in NEEDS_OUT and args.out is None:
+        raise ValueError(f"--out DIR is required: the directory for {NEEDS_OUT[args.command]}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         refuse_unread_options(args, parser)
+        needs_out(args)
         return COMMANDS[args.command or "dashboard"](args)
     except BrokenPipeError:  # the reader went away (``ddpwatch summary DIR | head``): not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's flush does not raise again

@@ -144,7 +144,6 @@ def test_an_example_refuses_a_wrong_flag_in_one_line_before_any_process_group(
 @pytest.mark.parametrize(
     ("argv", "said"),
     [
-        (["tune"], "ddpwatch tune: error: the following arguments are required: --out"),
         (["tune", "--out", "x", "--steps-per-size", "x"], "ddpwatch tune: error: argument --steps-per-size: invalid int value: 'x'"),
         (["record", "--out", "x", "--bogus"], "ddpwatch: error: unrecognized arguments: --bogus"),
         (["nosuch"], "ddpwatch: error: argument COMMAND: invalid choice: 'nosuch' (choose from 'replay', 'demo', 'record', "
@@ -175,6 +174,19 @@ def test_an_option_given_before_the_command_is_the_one_the_command_uses(command:
     if command[0] != "switch":
         given = parser.parse_args(["--keys", "k", "--max-message-bytes", "7", *command])
         assert (given.keys, given.max_message_bytes) == (Path("k"), 7)
+
+
+@pytest.mark.parametrize("command", ["record", "tune"])
+def test_out_is_required_and_taken_before_the_command_or_after_it(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """argparse's ``required=True`` on the command's own ``--out`` refused ``ddpwatch --out DIR
+    record``: *the following arguments are required: --out*, given but before the command."""
+    from ddpwatch.cli import build_parser, main
+
+    parser = build_parser()
+    assert parser.parse_args(["--out", "before", command]).out == Path("before")
+    assert parser.parse_args([command, "--out", "after"]).out == Path("after")
+    assert main([command]) == 2  # refused before anything listens
+    assert capsys.readouterr().err.startswith(f"ddpwatch {command}: error: --out DIR is required: the directory for the session file")
 
 
 def test_every_command_says_which_top_level_options_it_reads() -> None:

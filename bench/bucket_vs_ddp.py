@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import importlib.util
 import os
 import statistics
 import sys
@@ -22,11 +21,8 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
-_spec = importlib.util.spec_from_file_location("bench_overhead", REPO_ROOT / "bench" / "overhead.py")
-assert _spec is not None and _spec.loader is not None
-_overhead = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_overhead)
-from ddpwatch.order_statistics import median_with_interval  # noqa: E402 (the repository is on the path only now)
+from instrumented_ddp.median_interval import median_with_interval  # noqa: E402 (the repository is on the path only now)
+from instrumented_ddp.overhead_bench import relaunch_on_ranks  # noqa: E402
 
 
 def measure(args: argparse.Namespace) -> None:
@@ -77,7 +73,7 @@ def main() -> None:
     if "RANK" in os.environ:
         measure(args)
         return
-    _overhead.relaunch_on_ranks(__file__, args.ranks)
+    relaunch_on_ranks([__file__], args.ranks)
 
 
 if __name__ == "__main__":

@@ -24,9 +24,9 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
-sys.path.insert(0, str(REPO_ROOT / "bench"))
 
-from overhead import marked_train_step, median_with_interval, relaunch_on_ranks  # noqa: E402 (bench/ is on the path only now)
+from instrumented_ddp.median_interval import median_with_interval  # noqa: E402 (the repository is on the path only now)
+from instrumented_ddp.overhead_bench import marked_train_step, relaunch_on_ranks  # noqa: E402
 
 
 def measure(steps: int) -> None:
@@ -86,7 +86,7 @@ def main() -> None:
     if "RANK" in os.environ:
         measure(args.steps)
         return
-    relaunch_on_ranks(__file__, args.ranks)
+    relaunch_on_ranks([__file__], args.ranks)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """``ddpwatch doctor``: does ddpwatch tell the truth on this GPU machine? One command that says.
 
-It runs ``train.py`` as the package's module (``-m instrumented_ddp.train``, as ``ddpwatch demo``
-does), so an installed ddpwatch runs it; the overhead runs need a clone (``bench/overhead.py``):
+It runs the package's modules (``-m instrumented_ddp.train``, as ``ddpwatch demo`` does, and
+``-m instrumented_ddp.overhead_bench``), so an installed ddpwatch runs it without a clone:
 
 1. ``python -m instrumented_ddp.gpu_probe`` (torch lives there, never here): the GPUs torch
    sees, NVML's readings of a GPU it keeps busy, read by the same reader a rank's sampler uses,
@@ -23,7 +23,7 @@ does), so an installed ddpwatch runs it; the overhead runs need a clone (``bench
    rank): on a step the host is the bottleneck of, the GPU idles between kernels inside
    forward and backward, and ddpwatch's compute, timed by CUDA events at phase boundaries,
    counts those gaps as compute (see the README: what the events can and cannot see).
-3. ``bench/overhead.py --device cuda``: watched against unwatched step time, alternating, on
+3. ``bench/overhead.py --device cuda`` (``instrumented_ddp.overhead_bench``): watched against unwatched step time, alternating, on
    the same training shape (at most 1.02: the check), and on the tiny model whose every
    kernel is a launch, where the host's per-step cost shows in full (reported, not checked).
 
@@ -47,8 +47,8 @@ from typing import Any
 from .demo import TRAIN_MODULE
 from .profile_check import Check, RankComparison, format_table, value_text
 
-#: The overhead runs' script: in a clone only (benches are not packaged).
-OVERHEAD_BENCH = Path(__file__).resolve().parents[1] / "bench" / "overhead.py"
+#: The overhead runs' bench (``bench/overhead.py`` in a clone), run as the package's module.
+OVERHEAD_MODULE = "instrumented_ddp.overhead_bench"
 OVERHEAD_GOAL = 1.02
 PROFILED_RUN_STEPS = 10  # train.py profiles steps 4-8
 #: The doctor's training step, per rank: the small model (~110M parameters) on 64 sequences of
@@ -262,7 +262,7 @@ def run_overhead(steps: int, strategies: Sequence[str], training_shape: bool) ->
     """``bench/overhead.py`` on one GPU: at the doctor's training shape, or on the tiny model."""
     shape = (["--model", "small", "--micro-batch", str(BATCH_PER_RANK), "--seq-len", str(SEQUENCE_LENGTH)]
              if training_shape else [])
-    result = subprocess.run([sys.executable, str(OVERHEAD_BENCH), "--device", "cuda", "--ranks", "1",
+    result = subprocess.run([sys.executable, "-m", OVERHEAD_MODULE, "--device", "cuda", "--ranks", "1",
                              "--steps", str(steps), "--strategies", ",".join(strategies), *shape],
                             capture_output=True, text=True, timeout=900)
     return result.stdout
@@ -314,11 +314,7 @@ def doctor(strategies: Sequence[str] = ("bucket", "ddp"), overhead_steps: int = 
                                                  world_size, sharing_gpus=world_size > gpus)
                 except (RuntimeError, OSError, ValueError, subprocess.TimeoutExpired) as error:
                     sections.append(Section(label, (Check("profiled run", None, None, "ran", False, "", str(error)),)))
-    if overhead_steps > 0 and not OVERHEAD_BENCH.is_file():
-        sections.append(Section("overhead", (), (f"not measured: {OVERHEAD_BENCH.relative_to(OVERHEAD_BENCH.parents[1])} comes "
-                                                 "with a clone of ddpwatch, not with an installed one (run the doctor in a "
-                                                 "clone, installed with pip install -e ., to measure it)",)))
-    elif overhead_steps > 0:
+    if overhead_steps > 0:
         print("ddpwatch doctor: overhead ...", flush=True)
         tiny = run_overhead(overhead_steps, ("simple", "ga", "hook", "async", "bucket", "ddp"), training_shape=False)
         sections.append(Section(f"overhead, 1 GPU, {BATCH_PER_RANK}x{SEQUENCE_LENGTH} small model",

@@ -1,35 +1,19 @@
 """Distribution-free intervals for a median, from order statistics alone: how far one run's
 median step time (or median paired ratio) can be trusted without assuming how the values are
 spread, which on a loaded box they are not normally. Pure; used by the segment figures
-(``metrics``), ``ddpwatch tune`` through them, and the benches."""
+(``metrics``), ``ddpwatch tune`` through them, and the benches. The interval's rule and the
+median of a plain list are ``instrumented_ddp.median_interval``'s (standard library only: the
+benches that run on the ranks use it); here, what a dashboard refresh needs from one numpy
+partial sort."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
-#: ``median_with_interval``'s z: a two-sided 90 % interval.
-MEDIAN_INTERVAL_Z = 1.645
-
-
-def median_interval_positions(n: int, z: float = MEDIAN_INTERVAL_Z) -> tuple[int, int]:
-    """Where, in ``n`` sorted values (0-based), a distribution-free interval for their
-    population's median lies: the order statistics k and n−k+1 with k = floor(n/2 − z·√n/2),
-    the normal approximation to the binomial (Conover, *Practical Nonparametric Statistics*,
-    3.2), k at least 1. At z = 1.645, 90 %; under 5 values the interval is their whole range,
-    which covers the median less often than that (4 values: 87.5 %, 3: 75 %)."""
-    k = max(1, math.floor(n / 2 - z * math.sqrt(n) / 2))
-    return k - 1, n - k
-
-
-def median_with_interval(values: Iterable[float], z: float = MEDIAN_INTERVAL_Z) -> tuple[float, float, float]:
-    """The median of ``values`` and a distribution-free interval for it, read as
-    ``percentiles_and_median_interval`` reads them: how far one run's median (the benches'
-    paired ratios) can be trusted. (0, 0, 0) for none."""
-    (median,), (low, high) = percentiles_and_median_interval(np.fromiter(values, dtype=float), (50,), z)
-    return median, low, high
+from instrumented_ddp.median_interval import MEDIAN_INTERVAL_Z, median_interval_positions
 
 
 def percentiles_and_median_interval(values: np.ndarray, percents: Sequence[float],

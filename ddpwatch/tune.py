@@ -37,7 +37,7 @@ class TunedCap:
     predicted_ms: float | None  # None: no cost model could be fitted before it ran
     measured_ms: float | None = None
     steps: int = 0
-    #: A 90 % interval for the measured median (``order_statistics.median_with_interval``): caps whose
+    #: A 90 % interval for the measured median (``instrumented_ddp.median_interval``'s rule): caps whose
     #: intervals overlap are not told apart by this many steps.
     measured_interval_ms: tuple[float, float] | None = None
     #: Where ``predicted_ms`` is None, the advisor's reason then (the table says the first below it)

@@ -17,7 +17,8 @@ from launch import REPO_ROOT, free_port
 SHARED_GROUND = {"instrumented_ddp.protocol", "instrumented_ddp.intervals", "instrumented_ddp.step_figures",
                  "instrumented_ddp.bucket_plan",  # the bucket rule: the strategy uses it, the advisor simulates it
                  "instrumented_ddp.output_paths",  # where a command will write: train.py's --profile, ddpwatch's --out
-                 "instrumented_ddp.one_line_errors"}  # train.py's and ddpwatch's flags refused in one line
+                 "instrumented_ddp.one_line_errors",  # train.py's and ddpwatch's flags refused in one line
+                 "instrumented_ddp.median_interval"}  # a median's interval: the benches on the ranks, the figures
 
 
 def modules_loaded_by(statement: str) -> set[str]:

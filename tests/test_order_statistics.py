@@ -1,11 +1,13 @@
-"""The median's distribution-free interval (``ddpwatch.order_statistics``), worked by hand."""
+"""The median's distribution-free interval (``instrumented_ddp.median_interval``, and
+``ddpwatch.order_statistics``'s partial sort), worked by hand."""
 
 from __future__ import annotations
 
 import numpy as np
 from pytest import approx
 
-from ddpwatch.order_statistics import median_interval_positions, median_of, median_with_interval, percentiles_and_median_interval
+from ddpwatch.order_statistics import median_of, percentiles_and_median_interval
+from instrumented_ddp.median_interval import median_interval_positions, median_with_interval
 
 
 def test_median_interval_of_sixteen_values_is_their_fourth_and_thirteenth() -> None:

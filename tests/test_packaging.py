@@ -38,10 +38,13 @@ def test_the_wheel_carries_the_dashboards_styles_and_both_packages_type_hints(tm
     assert {f"{package}/py.typed" for package in PACKAGES} <= carried  # PEP 561: users' type checkers read our hints
 
 
-def test_the_installed_wheel_runs_the_training_script_the_demo_and_the_doctor_start(tmp_path: Path) -> None:
-    """``ddpwatch demo`` and ``doctor`` start train.py; from a wheel they said *train.py not found: run
-    it from a clone*, the script being the clone's top level. They run it as the package's module."""
+def test_the_installed_wheel_runs_the_training_script_and_the_overhead_bench_the_demo_and_the_doctor_start(
+        tmp_path: Path) -> None:
+    """``ddpwatch demo`` and ``doctor`` start train.py (and the doctor ``bench/overhead.py``); from a
+    wheel they said *train.py not found: run it from a clone*, both scripts being the clone's.
+    They run them as the package's modules, which the wheel carries."""
     from ddpwatch.demo import TRAIN_MODULE
+    from ddpwatch.doctor import OVERHEAD_MODULE
 
     installed, elsewhere = tmp_path / "site", tmp_path / "elsewhere"
     elsewhere.mkdir()
@@ -49,10 +52,11 @@ def test_the_installed_wheel_runs_the_training_script_the_demo_and_the_doctor_st
                            str(build_wheel(tmp_path))], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     env = dict(os.environ, PYTHONPATH=str(installed))  # ahead of the editable install's path to this tree
-    code = (f"import importlib.util, runpy, sys; print(importlib.util.find_spec({TRAIN_MODULE!r}).origin); "
-            f"sys.argv[1:] = ['--help']; runpy.run_module({TRAIN_MODULE!r}, run_name='__main__')")  # as python -m does
-    helped = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=elsewhere, env=env, timeout=120)
-    assert helped.returncode == 0, helped.stderr[-3000:]
-    ran_from, usage = helped.stdout.split("\n", 1)
-    assert Path(ran_from).is_relative_to(installed), ran_from  # the wheel's copy, not this tree's
-    assert "--strategy" in usage and f"-m {TRAIN_MODULE}" in usage
+    for module, option in ((TRAIN_MODULE, "--strategy"), (OVERHEAD_MODULE, "--strategies")):
+        code = (f"import importlib.util, runpy, sys; print(importlib.util.find_spec({module!r}).origin); "
+                f"sys.argv[1:] = ['--help']; runpy.run_module({module!r}, run_name='__main__')")  # as python -m does
+        helped = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=elsewhere, env=env, timeout=120)
+        assert helped.returncode == 0, helped.stderr[-3000:]
+        ran_from, usage = helped.stdout.split("\n", 1)
+        assert Path(ran_from).is_relative_to(installed), ran_from  # the wheel's copy, not this tree's
+        assert option in usage

@@ -10,14 +10,18 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
+
 from launch import REPO_ROOT
 
 PACKAGES = ("instrumented_ddp", "ddpwatch")
 
 
-def build_wheel(tmp_path: Path) -> Path:
-    """The wheel, built from a copy (a build in the tree leaves build/ there), offline: no build
-    isolation, no dependencies."""
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The wheel, built once from a copy (a build in the tree leaves build/ there), offline: no
+    build isolation, no dependencies."""
+    tmp_path = tmp_path_factory.mktemp("wheel")
     source = tmp_path / "source"
     source.mkdir()
     for name in ("pyproject.toml", "README.md"):
@@ -31,15 +35,15 @@ def build_wheel(tmp_path: Path) -> Path:
     return wheel
 
 
-def test_the_wheel_carries_the_dashboards_styles_and_both_packages_type_hints(tmp_path: Path) -> None:
-    carried = set(zipfile.ZipFile(build_wheel(tmp_path)).namelist())
+def test_the_wheel_carries_the_dashboards_styles_and_both_packages_type_hints(wheel: Path) -> None:
+    carried = set(zipfile.ZipFile(wheel).namelist())
     styles = {path.relative_to(REPO_ROOT).as_posix() for package in PACKAGES for path in (REPO_ROOT / package).rglob("*.tcss")}
     assert styles and styles <= carried, styles - carried  # without them the dashboard does not start
     assert {f"{package}/py.typed" for package in PACKAGES} <= carried  # PEP 561: users' type checkers read our hints
 
 
 def test_the_installed_wheel_runs_the_training_script_and_the_overhead_bench_the_demo_and_the_doctor_start(
-        tmp_path: Path) -> None:
+        wheel: Path, tmp_path: Path) -> None:
     """``ddpwatch demo`` and ``doctor`` start train.py (and the doctor ``bench/overhead.py``); from a
     wheel they said *train.py not found: run it from a clone*, both scripts being the clone's.
     They run them as the package's modules, which the wheel carries."""
@@ -49,7 +53,7 @@ def test_the_installed_wheel_runs_the_training_script_and_the_overhead_bench_the
     installed, elsewhere = tmp_path / "site", tmp_path / "elsewhere"
     elsewhere.mkdir()
     done = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target", str(installed),
-                           str(build_wheel(tmp_path))], capture_output=True, text=True, timeout=120)
+                           str(wheel)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     env = dict(os.environ, PYTHONPATH=str(installed))  # ahead of the editable install's path to this tree
     for module, option in ((TRAIN_MODULE, "--strategy"), (OVERHEAD_MODULE, "--strategies")):

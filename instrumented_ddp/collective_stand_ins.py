@@ -19,7 +19,12 @@ Every library PyTorch users train with looks these functions up on the module at
 (``dist.all_reduce(...)``; Accelerate's ``gather`` reads ``torch.distributed.all_gather_into_tensor``
 as it runs), which is what makes a stand-in see them; torch's own functions calling each other
 inside ``distributed_c10d`` are not seen, so nothing is timed twice (``all_gather_object``'s
-inner gathers, for one, are not: it is counted untimed, as before). A *synchronous* call of the
+inner gathers, for one, are not: it is counted untimed, as before). A user's own script may
+have imported a function by name before attaching (``from torch.distributed import all_reduce``),
+holding torch's function where the module's look-up would find ours: the user's own modules
+(``__main__`` and those loaded from outside the interpreter's library folders) have such names
+rebound to ours while the stand-ins are in place (``_rebind_users_names``); a library's are
+left alone. A *synchronous* call of the
 loop ddpwatch issues asynchronously and waits for itself, which is what torch's synchronous path
 does (``work.wait()``: on the CPU until it completes, on NCCL the current stream waiting for
 it), so the user's code sees the same thing. An *asynchronous* one (``ZeroRedundancyOptimizer``'s
@@ -37,8 +42,12 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
+import sys
+import sysconfig
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from types import ModuleType
 from typing import Any, NamedTuple
 
 import torch
@@ -99,6 +108,9 @@ _users: set[int] = set()
 #: The loop timers of each thread an attached loop trains on, by thread ident, the latest
 #: attachment's last (two models attached to two dashboards from one loop: a GAN's).
 _loop_timers: dict[int, list[LoopTimer]] = {}
+#: Names in the user's own modules that held torch's function and hold ours while the stand-ins
+#: are in place: (module, attribute, the collective's name).
+_rebound: list[tuple[ModuleType, str, str]] = []
 _lock = threading.Lock()
 
 
@@ -262,18 +274,23 @@ def stand_in(user: object) -> None:
     compiled with ``torch.compile`` that calls ``dist.all_reduce`` then has the call rewritten
     into its graph as before, not inlined (Dynamo checks ``self.fn in (dist.all_reduce, ...)`` by
     the module's name, so through a stand-in it left a ``ReduceOp`` unconverted: ``fullgraph``
-    failed, and a graph break cost every other compiled loop)."""
+    failed, and a graph break cost every other compiled loop). Names the user's own modules
+    imported before this hold ours too (``_rebind_users_names``)."""
     with _lock:
         _users.add(id(user))
         remaps = _traceable_remaps()
+        placed = False
         for name, ours in STAND_INS.items():
             if name in _torch_functions:
                 continue
+            placed = True
             current = getattr(dist, name, None)  # ours already, where a stand-in put over ours kept it (``stand_down``)
             _torch_functions[name] = current if current is not None and current is not ours else getattr(dist.distributed_c10d, name)
             if (traced := remaps.get(getattr(dist.distributed_c10d, name))) is not None:
                 remaps[ours] = traced
             setattr(dist, name, ours)
+        if placed:  # once a name is ours, a module importing it after this gets ours
+            _rebind_users_names()
 
 
 def stand_down(user: object) -> None:
@@ -289,4 +306,55 @@ def stand_down(user: object) -> None:
             if name in _torch_functions and getattr(dist, name) is ours:
                 setattr(dist, name, _torch_functions[name])
                 remaps.pop(ours, None)  # left where someone's put over ours still calls it
+        for module, attribute, name in _rebound:
+            if getattr(module, attribute, None) is STAND_INS[name]:  # else the user has bound it to something since
+                setattr(module, attribute, _torch_functions[name])
+        _rebound.clear()
         _torch_functions.clear()
+
+
+def _library_folders() -> tuple[str, ...]:
+    """Where the interpreter's standard library and installed packages live, and torch itself
+    (wherever it is installed from): a module from there is not the user's. Each as written and
+    with its links resolved, so that a module's path is compared as it is (no look-up of its own)."""
+    paths = sysconfig.get_paths()
+    folders = {paths[key] for key in ("stdlib", "platstdlib", "purelib", "platlib") if key in paths}
+    folders.add(os.path.dirname(os.path.dirname(torch.__file__ or "")))  # torch's own folder's parent: site-packages
+    return tuple({os.path.join(way(folder), "") for folder in folders if folder for way in (os.path.abspath, os.path.realpath)})
+
+
+def _users_modules() -> Iterator[ModuleType]:
+    """The modules of the user's own code: ``__main__`` (their script, however started) and those
+    loaded from outside the interpreter's library folders (a project's modules beside the script,
+    one installed editable), ddpwatch's own left out: they issue their collectives untimed on purpose."""
+    libraries = _library_folders()
+    for name, module in list(sys.modules.items()):
+        if not isinstance(module, ModuleType) or name.split(".")[0] in ("instrumented_ddp", "ddpwatch", "torch"):
+            continue
+        path = getattr(module, "__file__", None)
+        if name == "__main__" or (isinstance(path, str) and not os.path.abspath(path).startswith(libraries)):
+            yield module
+
+
+def _rebind_users_names() -> None:
+    """Each name in the user's own modules that holds torch's own function for a collective stood
+    in for (``from torch.distributed import all_reduce``, run before the stand-ins went in) is
+    bound to ours, noted for ``stand_down``: unseen, such a call was counted untimed, and a rank
+    waiting in it for a slower one read as its own data loading. Only where torch's function is
+    what ours calls (nobody put a function of theirs in ``torch.distributed`` first: theirs may
+    call the one it imported, which would then be ours, calling theirs again). Found by identity:
+    a user's object is never hashed or compared."""
+    originals = {id(function): (function, name) for name in STAND_INS
+                 if _torch_functions.get(name) is (function := getattr(dist.distributed_c10d, name))}
+    if not originals:
+        return
+    for module in _users_modules():
+        try:
+            namespace = list(vars(module).items())
+        except Exception:  # a module whose namespace cannot be read: left alone
+            continue
+        for attribute, value in namespace:
+            found = originals.get(id(value))
+            if found is not None and found[0] is value:
+                setattr(module, attribute, STAND_INS[found[1]])
+                _rebound.append((module, attribute, found[1]))

@@ -6,13 +6,19 @@ one-rank gloo group."""
 from __future__ import annotations
 
 import contextlib
+import importlib.util
+import os
+import sys
 import threading
-from types import SimpleNamespace
+from pathlib import Path
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
+import pytest
 import torch
 import torch.distributed as dist
 
+from instrumented_ddp import collective_stand_ins
 from instrumented_ddp.protocol import StepReport
 from attach_helpers import attached, batch, make_ddp, sharded_classifier
 
@@ -252,3 +258,73 @@ def test_the_loops_synchronous_collectives_in_its_data_time_are_timed_there_as_c
         (data,) = [s for s in report.spans if s.kind == "data"]
         assert all(data.start <= s.start <= s.end <= data.end for s in report.spans if s.tag.startswith("l"))
     assert [(r.untimed_collectives, r.untimed_in_data) for r in reports] == [(0, 0), (2, 0), (1, 1)]  # DDP's broadcasts; the thread's
+
+
+def _users_module(folder: Path, name: str) -> ModuleType:
+    """A module of the user's, from ``folder``, that imported torch's all-reduce by name before
+    anything was attached (``from torch.distributed import all_reduce``), as a script does."""
+    path = folder / f"{name}.py"
+    path.write_text("from torch.distributed import all_reduce as reduce_for_the_log\n\n\n"
+                    "def log(loss):\n    reduce_for_the_log(loss)\n")
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_an_all_reduce_the_users_module_imported_by_name_before_attaching_is_timed_and_torchs_again_after(
+        one_rank_group: None, sent: list[Any], tmp_path: Path) -> None:
+    """``from torch.distributed import all_reduce`` holds torch's function, where the module's
+    look-up finds the stand-in: such a call was counted untimed, a rank waiting in it for a slower
+    one read as loading its data. The user's modules have the name rebound while attached."""
+    users = _users_module(tmp_path, "users_logging_module")
+    try:
+        ddp, optimizer = make_ddp()
+        with attached(ddp, optimizer):
+            assert users.reduce_for_the_log is collective_stand_ins.STAND_INS["all_reduce"]
+            for step in range(1, 4):
+                optimizer.zero_grad()
+                ddp(**batch(step)).loss.backward()
+                users.log(torch.ones(1))
+                optimizer.step()
+        assert users.reduce_for_the_log is dist.distributed_c10d.all_reduce  # torch's again once detached
+    finally:
+        del sys.modules["users_logging_module"]
+    reports = [m for m in sent if isinstance(m, StepReport)]
+    assert [r.untimed_collectives for r in reports] == [0, 2, 0]  # step 2: DDP's rebuilt-bucket broadcasts, as always
+    assert [[(s.kind, s.tag, s.nbytes) for s in r.spans if s.tag.startswith("l")] for r in reports] == [
+        [("all_reduce", "l0", 4)]] * 3
+
+
+def test_a_librarys_module_and_a_name_someone_else_stood_in_for_first_are_left_alone(
+        one_rank_group: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A library's module (under site-packages) looks the functions up as it runs, or is torch's
+    own: rebound, its inner calls would be timed twice. And where another tool put its function
+    in ``torch.distributed`` first, it may call the one it imported: that, made ours, would call
+    theirs again, without end."""
+    library = _users_module(tmp_path, "installed_library_module")
+    monkeypatch.setattr(collective_stand_ins, "_library_folders", lambda: (str(tmp_path) + os.sep,))
+    try:
+        user = object()
+        collective_stand_ins.stand_in(user)
+        try:
+            assert library.reduce_for_the_log is dist.distributed_c10d.all_reduce
+        finally:
+            collective_stand_ins.stand_down(user)
+        monkeypatch.undo()
+
+        def theirs(*args: Any, **kwargs: Any) -> Any:
+            return library.reduce_for_the_log(*args, **kwargs)
+
+        monkeypatch.setattr(dist, "all_reduce", theirs)
+        collective_stand_ins.stand_in(user)
+        try:
+            assert library.reduce_for_the_log is dist.distributed_c10d.all_reduce
+            dist.all_reduce(torch.ones(1))  # ours, then theirs, then torch's: once
+        finally:
+            collective_stand_ins.stand_down(user)
+        assert dist.all_reduce is theirs
+    finally:
+        del sys.modules["installed_library_module"]

@@ -36,7 +36,8 @@ def test_ddpwatch_never_imports_torch() -> None:
 
 def test_training_side_never_imports_the_ui() -> None:
     loaded = modules_loaded_by("import instrumented_ddp.watch, instrumented_ddp.strategies as s, instrumented_ddp.data, "
-                               "instrumented_ddp.gpu_probe; [s.strategy_class(name) for name in s.STRATEGY_CLASSES]")
+                               "instrumented_ddp.gpu_probe, instrumented_ddp.train, instrumented_ddp.overhead_bench; "
+                               "[s.strategy_class(name) for name in s.STRATEGY_CLASSES]")
     assert not {m for m in loaded if m.split(".")[0] in ("textual", "ddpwatch")}
 
 

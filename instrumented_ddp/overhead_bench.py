@@ -55,6 +55,8 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 from .median_interval import median_with_interval
+from .one_line_errors import OneLineErrorParser
+from .protocol import STRATEGY_NAMES
 
 #: How the ranks run this bench: as the package's module (``torchrun -m``), installed or not.
 MODULE = "instrumented_ddp.overhead_bench"
@@ -97,7 +99,7 @@ def measure(args: argparse.Namespace) -> None:
 
     rows = []
     for strategy in args.strategies.split(","):
-        if strategy in ("attach", "attach-zero", "attach-fsdp", "attach-hsdp"):
+        if strategy in ATTACH_KINDS:
             if strategy == "attach":
                 steps, attachment = attached_and_plain_ddp(model, batch, context, args.port)
             elif strategy == "attach-zero":
@@ -227,8 +229,12 @@ def marked_train_step(wrapped: Any, timeline: Any, optimizer: Any, batch: dict[s
     return loss
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+#: The user's own loops the bench times against themselves unattached (``attached_and_plain_*``).
+ATTACH_KINDS = ("attach", "attach-zero", "attach-fsdp", "attach-hsdp")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = OneLineErrorParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=40, help="timed steps per mode and strategy")
     parser.add_argument("--micro-batch", type=int, default=4)
     parser.add_argument("--seq-len", type=int, default=64)
@@ -244,19 +250,19 @@ def main() -> None:
     parser.add_argument("--a-a", action="store_true", help="both copies unwatched: the bench's own noise floor")
     parser.add_argument("--listener", action="store_true",
                         help="a `ddpwatch record` listens at --port (as a dashboard would): the reports are encoded and sent")
-    args = parser.parse_args()
-    if args.a_a and {"attach", "attach-zero", "attach-fsdp", "attach-hsdp"} & set(args.strategies.split(",")):
-        parser.error("--a-a compares two unwatched copies of a strategy; attach has none: leave it out of --strategies")
+    args = parser.parse_args(argv)
+    if problem := arguments_problem(args):
+        parser.error(problem)
     if "RANK" in os.environ:
         measure(args)
         return
     if not args.listener:
-        relaunch_on_ranks(["-m", MODULE], args.ranks)
+        relaunch_on_ranks(["-m", MODULE], args.ranks, argv)
     with tempfile.TemporaryDirectory(prefix="overhead-listener-") as out:
         listener = subprocess.Popen([sys.executable, "-m", "ddpwatch", "record", "--listen", f"tcp://127.0.0.1:{args.port}",
                                      "--out", out, "--idle-exit", "600"], stdout=subprocess.DEVNULL)
         try:
-            relaunch_on_ranks(["-m", MODULE], args.ranks)
+            relaunch_on_ranks(["-m", MODULE], args.ranks, argv)
         finally:
             listener.send_signal(signal.SIGINT)  # it writes its exports and exits
             try:
@@ -265,12 +271,31 @@ def main() -> None:
                 listener.kill()
 
 
-def relaunch_on_ranks(target: list[str], ranks: int) -> NoReturn:
-    """Run ``target`` (a script's path, or ``-m`` and a module) with this process's arguments
-    under torchrun on ``ranks`` processes, one thread each (two ranks already fill this box's two
-    cores), and exit with its status."""
+def arguments_problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with the bench's arguments, in one line, or None: refused before any rank
+    starts (a strategy it does not know failed on every rank, a traceback each; ``--steps 0``
+    timed a step anyway)."""
+    for flag in ("steps", "micro_batch", "seq_len", "ranks", "block"):
+        if getattr(args, flag) < 1:
+            return f"--{flag.replace('_', '-')} must be at least 1, not {getattr(args, flag)}"
+    if not 0 < args.port < 65536:
+        return f"--port must be a TCP port, 1-65535, not {args.port}"
+    strategies = args.strategies.split(",")
+    unknown = [name for name in strategies if name not in (*STRATEGY_NAMES, *ATTACH_KINDS)]
+    if unknown:
+        return (f"--strategies: unknown {', '.join(map(repr, unknown))}; choose from "
+                f"{', '.join((*STRATEGY_NAMES, *ATTACH_KINDS))}")
+    if args.a_a and set(ATTACH_KINDS) & set(strategies):
+        return "--a-a compares two unwatched copies of a strategy; attach has none: leave it out of --strategies"
+    return None
+
+
+def relaunch_on_ranks(target: list[str], ranks: int, arguments: list[str] | None = None) -> NoReturn:
+    """Run ``target`` (a script's path, or ``-m`` and a module) with ``arguments`` (default: this
+    process's) under torchrun on ``ranks`` processes, one thread each (two ranks already fill this
+    box's two cores), and exit with its status."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}",
-               *target, *sys.argv[1:]]
+               *target, *(sys.argv[1:] if arguments is None else arguments)]
     sys.exit(subprocess.run(command, env=dict(os.environ, OMP_NUM_THREADS="1")).returncode)
 
 

@@ -7,6 +7,9 @@ import os
 import subprocess
 import sys
 
+import pytest
+
+from instrumented_ddp.overhead_bench import main
 from launch import REPO_ROOT, free_port
 
 
@@ -19,3 +22,22 @@ def test_every_attach_strategy_is_timed_in_one_process() -> None:
     assert done.returncode == 0, done.stderr[-2000:]
     rows = [line.split()[0] for line in done.stdout.splitlines()[1:]]
     assert rows == ["attach", "attach-zero", "attach-fsdp"], done.stdout
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    (["--strategies", "nosuch,ddp"], "--strategies: unknown 'nosuch'; choose from simple, ga, hook, async, bucket, ddp, "
+                                     "zero1, zero2, fsdp, attach, attach-zero, attach-fsdp, attach-hsdp"),
+    (["--steps", "0"], "--steps must be at least 1, not 0"),  # timed a step anyway
+    (["--ranks", "0"], "--ranks must be at least 1, not 0"),  # torchrun's traceback
+    (["--port", "70000"], "--port must be a TCP port, 1-65535, not 70000"),
+    (["--a-a", "--strategies", "ddp,attach"], "--a-a compares two unwatched copies of a strategy; attach has none: "
+                                              "leave it out of --strategies"),
+])
+def test_a_wrong_flag_is_refused_in_one_line_before_any_rank_starts(argv: list[str], said: str,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """The doctor runs the bench from an installed ddpwatch, and users may too: an unknown strategy
+    failed on every rank, a traceback each, after torchrun had started them."""
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1].endswith(f": error: {said}")

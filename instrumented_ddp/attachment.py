@@ -99,7 +99,7 @@ from .attached_model import (
     steps_any_of,
     strategy_group,
 )
-from .collective_stand_ins import NOT_TIMED, LoopCall
+from .collective_stand_ins import BARRIER, NOT_TIMED, LoopCall
 from .collectives import LooksWhenWaited, WaitedByTheLoop, gives_future, queue_of
 from .ddp_timing import DDPTiming, users_comm_hook
 from .distributed import DistributedContext
@@ -107,6 +107,7 @@ from .forward_values import batch_size_and_tokens, describe, loss_of, mean_loss,
 from .issued_collectives import IssuedCollectives, StepCollectives
 from .memory import MemorySampler
 from .protocol import (
+    BARRIER_TAG,
     COMM_KINDS,
     DEFAULT_ADDRESS,
     DETACHED,
@@ -627,6 +628,8 @@ class Attachment:
         if (not self._handles or not timeline.in_step or self._forward_from is not None or self.watch.pausing
                 or not self._on_the_steps_clock(call)):
             return NOT_TIMED
+        if call.kind == BARRIER:
+            return self._time_loop_barrier(issue)
         try:
             self._end_a_step_whose_update_was_skipped()
             timeline.time_collectives_in(call.group)
@@ -651,6 +654,29 @@ class Attachment:
         LooksWhenWaited(work, timeline).wait()  # on the CPU its end is its wait's return, exactly
         return None
 
+    def _time_loop_barrier(self, issue: Callable[[], Any]) -> Any:
+        """A barrier the loop issued in a step (``_time_loop_collective`` said where): the time the
+        rank sat in it, a blocked ``wait`` span tagged ``BARRIER_TAG``, one of the step's timed
+        collectives. It carries nothing, so there is no transfer to tell from waiting: it is the
+        wait for the last rank to arrive. On a GPU its marks are events on either side of torch's
+        barrier, whose wait holds the host until the barrier's NCCL all-reduce has run: they bound
+        it on the device's clock, and add no synchronisation of their own. What ddpwatch's
+        bookkeeping raises never loses the barrier: issued untimed."""
+        timeline = self.timeline
+        try:
+            self._end_a_step_whose_update_was_skipped()
+            start = timeline.stamp()
+        except Exception:
+            return NOT_TIMED
+        result = issue()
+        try:
+            span = timeline.add_span("wait", start, timeline.stamp(), blocking=True, tag=BARRIER_TAG)
+        except Exception:
+            return result
+        if self._step_may_have_ended:
+            self._loop_spans_since_possible_end.append(span)
+        return result
+
     def _on_the_steps_clock(self, call: LoopCall) -> bool:
         """Whether the step's clock can time ``call``. The host's clock (a model on the CPU)
         times any. On a GPU the step's marks are CUDA events and a collective's end is NCCL's
@@ -660,7 +686,7 @@ class Attachment:
         is counted, untimed, as before the loop's calls were timed at all."""
         if self.device.type != "cuda":
             return True
-        if call.device != "cuda":
+        if call.device != "cuda" and call.kind != BARRIER:  # a barrier has no tensor: its group says
             return False
         group = call.group if call.group is not None else dist.distributed_c10d._get_default_group()
         known = self._nccl_groups.get(id(group))

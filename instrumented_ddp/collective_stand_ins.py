@@ -78,10 +78,11 @@ COLLECTIVES = {name: collective for name, collective in {
 
 
 class LoopCall(NamedTuple):
-    """A collective the loop issued: its kind, the bytes nccl-tests counts, their dtype, its
-    process group (None: the default group), whether the loop asked for it asynchronously
-    (``async_op=True``: it waits for the work itself), and the type of the device its tensors
-    are on ("cpu": a metric over a gloo side group in a GPU run)."""
+    """A collective the loop issued: its kind (``BARRIER`` for a barrier), the bytes nccl-tests
+    counts, their dtype, its process group (None: the default group), whether the loop asked for
+    it asynchronously (``async_op=True``: it waits for the work itself), and the type of the
+    device its tensors are on ("cpu": a metric over a gloo side group in a GPU run; "" for a
+    barrier, which has none)."""
 
     kind: str
     nbytes: int
@@ -180,7 +181,36 @@ def _stand_in_for(name: str) -> Callable[..., Any]:
     return collective
 
 
-STAND_INS: dict[str, Callable[..., Any]] = {"all_reduce": all_reduce,
+#: ``LoopCall.kind`` of a barrier: a collective with nothing to carry, timed as the wait it is.
+BARRIER = "barrier"
+
+
+@functools.wraps(dist.distributed_c10d.barrier)
+def barrier(*args: Any, **kwargs: Any) -> Any:
+    """``torch.distributed.barrier``: a loop's, synchronous, timed where it may be as the time the
+    rank sat in it (``LoopCall`` of kind ``BARRIER``, no bytes); else torch's, untouched. Counted
+    untimed before: a rank waiting in it for a slower one read as loading its data."""
+    original = torch_function("barrier")
+    if torch.compiler.is_compiling():
+        return original(*args, **kwargs)
+    timers = _loop_timers.get(threading.get_ident())
+    if not timers or torch._C._current_graph_task_id() != -1:
+        return original(*args, **kwargs)
+    try:
+        arguments = _arguments("barrier", args, kwargs)
+        call = None
+        if (arguments is not None and not arguments["async_op"]  # an asynchronous one's wait is the loop's: untimed
+                and not dist.distributed_c10d._rank_not_in_group(arguments["group"]) and not _coalescing(arguments["group"])):
+            call = LoopCall(BARRIER, 0, "", arguments["group"], False, "")
+    except Exception:
+        call = None
+    if call is None:
+        return original(*args, **kwargs)
+    result = timers[-1](call, lambda: original(*args, **kwargs))
+    return original(*args, **kwargs) if result is NOT_TIMED else result
+
+
+STAND_INS: dict[str, Callable[..., Any]] = {"all_reduce": all_reduce, "barrier": barrier,
                                             **{name: _stand_in_for(name) for name in COLLECTIVES if name != "all_reduce"}}
 
 

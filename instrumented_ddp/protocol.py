@@ -53,6 +53,10 @@ COMPUTE_KINDS = (*MODEL_COMPUTE_KINDS, LOOP_COMPUTE_KIND)
 #: Collectives. ``nbytes`` of a ``reduce_scatter`` is its input, of an ``all_gather`` its output:
 #: the whole tensor, as nccl-tests counts them, so bandwidths compare across kinds.
 COMM_KINDS = ("all_reduce", "broadcast", "reduce_scatter", "all_gather")
+#: The tag of a ``wait`` span that is a barrier the loop issued (``dist.barrier``): the time the rank
+#: sat blocked until every rank of its group arrived. A collective with nothing to carry (no bytes,
+#: no transfer to tell from waiting), so a wait, and one of the step's timed collectives.
+BARRIER_TAG = "barrier"
 #: A zero-length mark: when the gradients of parameter ``p<i>`` or bucket ``b<i>`` (the hello's
 #: ``bucket_layout``) were all ready in backward, ``nbytes`` of them; the bucket advisor replays
 #: backward from these. Not compute, not communication: no figure counts it.

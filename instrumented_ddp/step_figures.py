@@ -256,9 +256,10 @@ class StepFigures:
     #: ``zero2`` and FSDP, which issue few or none (a ``StepSummary`` carries them as
     #: ``sharded_tags``, ``sharded_seconds`` and ``sharded_starts``).
     sharded_calls: CallTimes = field(default_factory=lambda: NO_CALLS)
-    #: The share of the window in ``data`` spans with no compute or communication beside them: the
-    #: part of Idle% the rank spent waiting for its next batch (a loader that cannot keep up, or the
-    #: loop's own work between steps). Data loaded while the device still computes is not counted.
+    #: The share of the window in ``data`` spans with no compute or communication beside them and
+    #: not blocked in a wait (a barrier, the loop's wait for its own collective): the part of Idle%
+    #: the rank spent waiting for its next batch (a loader that cannot keep up, or the loop's own
+    #: work between steps). Data loaded while the device still computes is not counted.
     data_wait_pct: float = 0.0
     #: The collectives the loop issued itself and ddpwatch timed (``issued_by_the_loop``): how
     #: many, and their summed ms (the Trainer's gathers, a loss all-reduce; a wait in them for a
@@ -370,7 +371,7 @@ def figures_and_calls(record: StepRecordLike, world_size: int | None = None) -> 
         memory=dict(getattr(record, "memory", None) or {}),
         other_algbw_gbps=_other_algbw(others),
         sharded_calls=sharded_calls,
-        data_wait_pct=_pct(total_length(subtract(data, busy_intervals)), window) if data else 0.0,
+        data_wait_pct=_pct(total_length(subtract(data, union(busy_intervals, clip(blocked, lo, hi)))), window) if data else 0.0,
         loop_collectives=len(loop),
         loop_collective_ms=1000.0 * sum(_length(s.start, s.end) for s in loop),
         loop_compute_ms=1000.0 * total_length(clip([(s.start, s.end) for s in marked], lo, hi)) if marked else 0.0,

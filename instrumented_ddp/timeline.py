@@ -33,7 +33,7 @@ from typing import Any, Protocol
 
 from .compile_counter import dynamo_graphs_compiled
 from .intervals import subtract
-from .protocol import COMM_KINDS, LOOP_COMPUTE_KIND, MAX_PAUSED_FOR, MODEL_COMPUTE_KINDS, READY_KIND, Span, StepReport
+from .protocol import BARRIER_TAG, COMM_KINDS, LOOP_COMPUTE_KIND, MAX_PAUSED_FOR, MODEL_COMPUTE_KINDS, READY_KIND, Span, StepReport
 
 Stamp = Any  # a float (host clock) or whatever a clock's resolve() understands
 
@@ -449,9 +449,9 @@ class StepTimeline:
         nothing on a GPU)."""
         self.clock.poll(waited)
 
-    def add_span(self, kind: str, start: Stamp, end: Stamp, blocking: bool) -> _PendingSpan:
+    def add_span(self, kind: str, start: Stamp, end: Stamp, blocking: bool, tag: str = "") -> _PendingSpan:
         """A span whose ends were stamped elsewhere (e.g. in a gradient hook)."""
-        span = _PendingSpan(kind, start, blocking)
+        span = _PendingSpan(kind, start, blocking, tag=tag)
         span.complete(end)
         self._spans().append(span)
         return span
@@ -573,7 +573,8 @@ class StepTimeline:
         return self._current is not None
 
     def timed_collectives(self) -> int:
-        """How many collectives the current step has timed so far (0 outside a step). Asked at
+        """How many collectives the current step has timed so far (0 outside a step; a barrier the
+        loop issued is one, its ``wait`` span tagged ``BARRIER_TAG``). Asked at
         each data gap's ends of an attached loop, so only the spans added since the last ask are
         looked at (a step of an FSDP model holds hundreds)."""
         step = self._current
@@ -584,7 +585,7 @@ class StepTimeline:
             seen, count = 0, 0
         spans = step.spans
         end = len(spans)  # once: a completion callback on another thread may append meanwhile
-        count += sum(spans[i].kind in COMM_KINDS for i in range(seen, end))
+        count += sum(spans[i].kind in COMM_KINDS or spans[i].tag == BARRIER_TAG for i in range(seen, end))
         step.collectives_counted = (spans, end, count)
         return count
 

@@ -23,15 +23,16 @@ from instrumented_ddp.protocol import StepReport
 from attach_helpers import attached, batch, make_ddp, sharded_classifier
 
 
-def test_the_loops_own_collectives_are_timed_where_it_issues_them_and_a_barrier_counted_untimed_in_its_step(
+def test_the_loops_own_collectives_are_timed_where_it_issues_them_and_a_barrier_as_its_wait(
         one_rank_group: None, sent: list[Any]) -> None:
     """A loss all-reduced every other step before the update (as a gradient norm would be) is
     timed as the loop's (``l0``: blocking, its 4 bytes; ``collective_stand_ins``); in step 5 an
     asynchronous one is too, not blocking, and the loop's wait for it is a ``wait`` span of the
-    step after its issue, ending once it has (``WaitedByTheLoop``). A barrier in step 3 cannot be
-    (no span kind): it is counted in its step (``issued_collectives``), as are the two broadcasts
-    DDP issues itself in its second forward, where it rebuilds its buckets (their count, then
-    their order). DDP's buckets are timed as always."""
+    step after its issue, ending once it has (``WaitedByTheLoop``). A barrier in step 3 carries
+    nothing: it is the time the rank sat in it, a blocking ``wait`` tagged ``barrier``, one of the
+    step's timed collectives (counted untimed before). The two broadcasts DDP issues itself in
+    its second forward, where it rebuilds its buckets (their count, then their order), are
+    counted untimed in their step (``issued_collectives``). DDP's buckets are timed as always."""
     ddp, optimizer = make_ddp()
     with attached(ddp, optimizer):
         for step in range(1, 6):
@@ -47,12 +48,13 @@ def test_the_loops_own_collectives_are_timed_where_it_issues_them_and_a_barrier_
                 assert work.wait() is True and work.is_completed() and reduced.item() == 1.0
             optimizer.step()
     reports = [m for m in sent if isinstance(m, StepReport)]
-    assert [r.untimed_collectives for r in reports] == [0, 2, 1, 0, 0]
+    assert [r.untimed_collectives for r in reports] == [0, 2, 0, 0, 0]
+    assert [[(s.kind, s.blocking) for s in r.spans if s.tag == "barrier"] for r in reports] == [[], [], [("wait", True)], [], []]
     loops = [[(s.kind, s.tag, s.nbytes, s.dtype, s.blocking) for s in r.spans if s.tag.startswith("l")] for r in reports]
     assert loops == [[], [("all_reduce", "l0", 4, "float32", True)], [], [("all_reduce", "l0", 4, "float32", True)],
                      [("all_reduce", "l0", 4, "float32", False)]]
     assert [sum(s.kind == "all_reduce" and s.tag.startswith("b") for s in r.spans) for r in reports] == [1, 3, 3, 3, 3]
-    assert [[s.blocking for s in r.spans if s.kind == "wait"] for r in reports] == [[True]] * 4 + [[True, True]]  # DDP's; the loop's
+    assert [[s.blocking for s in r.spans if s.kind == "wait" and s.tag != "barrier"] for r in reports] == [[True]] * 4 + [[True, True]]  # DDP's; the loop's
     (issued,) = [s for s in reports[4].spans if s.tag == "l0"]
     (backward,) = [s for s in reports[4].spans if s.kind == "backward"]
     (waited,) = [s for s in reports[4].spans if s.kind == "wait" and s.start >= backward.end]
@@ -195,23 +197,28 @@ def test_the_loops_own_collectives_between_a_backward_and_the_next_forward_are_c
     gather before the forward, as the Trainer's label count; one between two micro-steps) it
     reads as data loading, a wait in it for a slower rank included; before the update, as the
     optimizer's. Two micro-steps a step. Step 2 also holds DDP's two rebuilt-bucket broadcasts,
-    issued in its forward: untimed, not in its data. The loop's collectives here are barriers,
-    which ddpwatch cannot time (no span kind; the others it can: the next tests)."""
+    issued in its forward: untimed, not in its data. The loop's collectives here are issued
+    through the process group itself (``group.allreduce``, as a hook may), which ddpwatch cannot
+    time (the functions of ``torch.distributed`` it can: the next tests)."""
+
+    def untimed() -> None:
+        dist.distributed_c10d._get_default_group().allreduce([torch.ones(1)]).wait()
+
     ddp, optimizer = make_ddp()
     with attached(ddp, optimizer):
         for step in range(1, 5):
             if step >= 2:
-                dist.barrier()  # before the step's first forward: its data
+                untimed()  # before the step's first forward: its data
             optimizer.zero_grad()
             for micro in range(2):
                 with ddp.no_sync() if micro == 0 else contextlib.nullcontext():
                     ddp(**batch(step)).loss.backward()
                 if micro == 0 and step == 3:
-                    dist.barrier()  # between the micro-steps: data too
+                    untimed()  # between the micro-steps: data too
             if step == 4:
-                dist.barrier()  # before the update: the optimizer's
+                untimed()  # before the update: the optimizer's
             optimizer.step()
-            dist.barrier()  # after the update: the next step's data
+            untimed()  # after the update: the next step's data
     reports = [m for m in sent if isinstance(m, StepReport)]
     assert [r.untimed_collectives for r in reports] == [0, 1 + 1 + 2, 1 + 1 + 1, 1 + 1 + 1]
     assert [r.untimed_in_data for r in reports] == [0, 2, 3, 2]
@@ -328,3 +335,32 @@ def test_a_librarys_module_and_a_name_someone_else_stood_in_for_first_are_left_a
         assert dist.all_reduce is theirs
     finally:
         del sys.modules["installed_library_module"]
+
+
+def test_a_barrier_is_timed_as_the_wait_it_is_where_a_collective_would_be_and_else_counted(
+        one_rank_group: None, sent: list[Any]) -> None:
+    """``dist.barrier()`` carries nothing: in a step, on the loop's thread, it is a blocking
+    ``wait`` tagged ``barrier`` inside the phase it falls in (after the update: the next step's
+    data, whose Data wait% it is not part of), and one of the step's timed collectives. An
+    asynchronous barrier (the loop waits for it itself) and one from another thread pass through
+    untimed, counted in their step, as before."""
+    ddp, optimizer = make_ddp()
+    with attached(ddp, optimizer):
+        for step in range(1, 5):
+            optimizer.zero_grad()
+            ddp(**batch(step)).loss.backward()
+            optimizer.step()
+            if step == 2:
+                dist.barrier()  # after the update: step 3's data gap
+            if step == 3:
+                assert dist.barrier(async_op=True).wait()
+                helper = threading.Thread(target=dist.barrier)
+                helper.start()
+                helper.join()
+    reports = [m for m in sent if isinstance(m, StepReport)]
+    barriers = [[s for s in r.spans if s.tag == "barrier"] for r in reports]
+    assert [[(s.kind, s.blocking, s.nbytes) for s in found] for found in barriers] == [[], [], [("wait", True, 0)], []]
+    (data,) = [s for s in reports[2].spans if s.kind == "data"]
+    (waited,) = barriers[2]
+    assert data.start <= waited.start <= waited.end <= data.end
+    assert [r.untimed_collectives for r in reports] == [0, 2, 0, 2]  # step 2: DDP's rebuilt-bucket broadcasts

@@ -232,6 +232,16 @@ def test_data_time_counts_as_a_wait_only_where_nothing_else_ran():
     assert step_figures(record(0, 50, span("data", 60, 70))).data_wait_pct == 0
 
 
+def test_a_wait_in_the_data_time_is_not_waiting_on_data():
+    # window [0,100): data [0,40), then forward [40,100). A barrier (a blocking wait tagged
+    # "barrier") [10,30) inside the data: the rank sat waiting for the others, not for its batch.
+    # Data wait is [0,10) and [30,40) = 20 ms -> 20 % (it read 40 before the blocked time was left
+    # out); Idle% keeps all 40, the barrier being neither compute nor a transfer.
+    f = step_figures(record(0, 100, span("data", 0, 40), span("wait", 10, 30, blocking=True, tag="barrier"),
+                            span("forward", 40, 100)))
+    assert f.data_wait_pct == approx(20) and f.idle_pct == approx(40) and f.compute_pct == approx(60)
+
+
 def test_a_segments_data_wait_is_the_mean_over_its_records():
     # rank 0: data [0,40) of [0,100) -> 40 %; rank 1: data [0,10) of [0,100) -> 10 %; mean 25
     seg = segment_figures([record(0, 100, span("data", 0, 40), span("forward", 40, 100), rank=0, step=1),

@@ -195,15 +195,16 @@ def test_a_step_the_loss_scaler_skips_is_reported_on_its_own_ending_where_its_ba
             scaler.update()
             dist.all_reduce(loss.detach().clone())  # for the log: the next step's data time, timed
             dist.all_reduce(loss.detach().clone(), async_op=True).wait()  # timed too, its wait a span
-            dist.barrier()  # and one that cannot be, counted
+            dist.barrier()  # timed as the wait it is
     assert scaler.get_scale() == 8.0  # it did find the inf, once, and halved its scale
     reports = [m for m in sent if isinstance(m, StepReport)]
     assert [r.step for r in reports] == [1, 2, 3, 4, 5]
     assert [r.update_skipped for r in reports] == [False, False, True, False, False]
     # step 3, found ended at its backward, does not take the collectives logged after it: step 4's
-    # data time does, the timed ones' spans and the wait with them (step 2's 3 untimed: the barrier
-    # before it, and DDP's two rebuilt-bucket broadcasts)
-    assert [(r.untimed_collectives, r.untimed_in_data) for r in reports] == [(0, 0), (3, 1), (1, 1), (1, 1), (1, 1)]
+    # data time does, the timed ones' spans, the wait and the barrier's wait with them (step 2's 2
+    # untimed: DDP's two rebuilt-bucket broadcasts)
+    assert [(r.untimed_collectives, r.untimed_in_data) for r in reports] == [(0, 0), (2, 0), (0, 0), (0, 0), (0, 0)]
+    assert [sum(s.tag == "barrier" for s in r.spans) for r in reports] == [0, 1, 1, 1, 1]
     assert [[s.tag for s in r.spans if s.tag.startswith("l")] for r in reports] == [[], *[["l0", "l1"]] * 4]
     buckets = len(ddp._get_ddp_logging_data()["rebuilt_bucket_sizes"].split(","))
     for report in reports[1:]:
@@ -211,7 +212,7 @@ def test_a_step_the_loss_scaler_skips_is_reported_on_its_own_ending_where_its_ba
         assert report.settings["grad_accum"] == 2 and report.samples == 8
         assert kinds.count("forward") == kinds.count("backward") == 2 and kinds.count("all_reduce") == buckets + 2
         assert kinds.count("optimizer") == (0 if report.step == 3 else 1)
-        assert kinds.count("wait") == 2  # DDP's after its last bucket; the loop's for its asynchronous all-reduce
+        assert kinds.count("wait") == 3  # DDP's after its last bucket; the loop's for its asynchronous all-reduce; the barrier
     skipped, after = reports[2], reports[3]
     last_backward = max((s for s in skipped.spans if s.kind == "backward"), key=lambda s: s.end)
     assert skipped.end == last_backward.end == after.start
@@ -219,7 +220,7 @@ def test_a_step_the_loss_scaler_skips_is_reported_on_its_own_ending_where_its_ba
     first_data = min((s for s in after.spans if s.kind == "data"), key=lambda s: s.start)
     assert first_data.start == after.start  # the scaler's check, zero_grad and the loader: the next step's data
     carried = [s for s in after.spans if s.tag in ("l0", "l1") or (s.kind == "wait" and s.start < first_data.end)]
-    assert len(carried) == 3 and all(first_data.start <= s.start <= s.end <= first_data.end for s in carried)
+    assert len(carried) == 4 and all(first_data.start <= s.start <= s.end <= first_data.end for s in carried)
 
 
 def test_a_zero_redundancy_optimizers_state_is_counted_where_it_keeps_it(one_rank_group: None, sent: list[Any],

@@ -713,6 +713,19 @@ def test_trace_puts_the_loops_marked_compute_in_the_compute_lane_named_as_the_lo
     assert lanes["loop: ema"] == lanes["forward"] == 1 and lanes["data"] == 4
 
 
+def test_trace_names_a_barriers_wait_in_the_wait_lane_and_leaves_other_waits_unnamed() -> None:
+    """A barrier the loop issued is a blocking wait tagged ``barrier``: *wait: barrier* in the wait
+    lane (3), where DDP's wait for its last bucket stays *wait*."""
+    session = Session()
+    session.ingest(Envelope(Hello(rank=0, world_size=1, session="s", host="h", pid=1, device="cpu", backend="gloo",
+                                  strategy="ddp", settings={}, model_parameters=10), 0, 0, 0), received_at=0.0)
+    spans = [Span("data", 0.00, 0.02), Span("wait", 0.005, 0.015, True, tag="barrier"), Span("forward", 0.02, 0.03),
+             Span("wait", 0.03, 0.035, True)]
+    session.ingest(Envelope(StepReport(0, 1, "ddp", {}, 0.0, 0.04, spans, 1, 1), 0, 1, 0), received_at=0.0)
+    lanes = {e["name"]: e["tid"] // 100 for e in exporters.chrome_trace(session)["traceEvents"] if e["ph"] == "X"}
+    assert lanes["wait: barrier"] == lanes["wait"] == 3
+
+
 def two_attached_ranks(spans_of: Callable[[int, int, float], list[Span]]) -> Session:
     """Two ranks of an attached DDP loop, two 100 ms steps each, each step's spans
     ``spans_of(rank, step, its start)`` on the rank's own clock."""

@@ -660,21 +660,12 @@ class Attachment:
         collectives. It carries nothing, so there is no transfer to tell from waiting: it is the
         wait for the last rank to arrive. On a GPU its marks are events on either side of torch's
         barrier, whose wait holds the host until the barrier's NCCL all-reduce has run: they bound
-        it on the device's clock, and add no synchronisation of their own. What ddpwatch's
-        bookkeeping raises never loses the barrier: issued untimed."""
-        timeline = self.timeline
-        try:
-            self._end_a_step_whose_update_was_skipped()
-            start = timeline.stamp()
-        except Exception:
+        it on the device's clock, and add no synchronisation of their own."""
+        start = self.wait_begins()
+        if start is None:
             return NOT_TIMED
         result = issue()
-        try:
-            span = timeline.add_span("wait", start, timeline.stamp(), blocking=True, tag=BARRIER_TAG)
-        except Exception:
-            return result
-        if self._step_may_have_ended:
-            self._loop_spans_since_possible_end.append(span)
+        self.wait_ends(start, BARRIER_TAG)
         return result
 
     def _on_the_steps_clock(self, call: LoopCall) -> bool:
@@ -712,10 +703,11 @@ class Attachment:
         except Exception:
             return None
 
-    def wait_ends(self, start: Any) -> None:
-        """The loop's wait begun at ``start`` returned: a ``wait`` span, blocked time of the step."""
+    def wait_ends(self, start: Any, tag: str = "") -> None:
+        """The loop's wait begun at ``start`` returned: a ``wait`` span, blocked time of the step
+        (``tag``: what it waited in, where that is not a collective's work: ``BARRIER_TAG``)."""
         try:
-            span = self.timeline.add_span("wait", start, self.timeline.stamp(), blocking=True)
+            span = self.timeline.add_span("wait", start, self.timeline.stamp(), blocking=True, tag=tag)
         except Exception:
             return
         if self._step_may_have_ended:

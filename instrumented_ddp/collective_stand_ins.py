@@ -56,17 +56,23 @@ import torch.distributed as dist
 from . import hooked_collectives
 
 class Collective(NamedTuple):
-    """What a stood-in function issues: its span's kind (``protocol.COMM_KINDS``), and which of
-    its arguments holds the bytes that count (nccl-tests': an all-gather's output, a
-    reduce-scatter's input, the whole tensor otherwise)."""
+    """What a stood-in function issues: its span's kind (``protocol.COMM_KINDS``; ``BARRIER`` for a
+    barrier), and which of its arguments holds the bytes that count (nccl-tests': an all-gather's
+    output, a reduce-scatter's input, the whole tensor otherwise; "" for a barrier, which carries
+    nothing)."""
 
     kind: str
     counted: str
 
 
+#: ``Collective.kind`` of a barrier: a collective with nothing to carry, timed as the wait it is
+#: (a synchronous one: an asynchronous one's wait is the loop's, untimed).
+BARRIER = "barrier"
+
 #: The functions stood in for, those this torch has (``*_single``: the names torch 2.13 prefers
 #: to ``*_tensor``), by name.
 COLLECTIVES = {name: collective for name, collective in {
+    "barrier": Collective(BARRIER, ""),
     "all_reduce": Collective("all_reduce", "tensor"),
     "all_gather": Collective("all_gather", "tensor_list"),
     "all_gather_into_tensor": Collective("all_gather", "output_tensor"),
@@ -181,36 +187,7 @@ def _stand_in_for(name: str) -> Callable[..., Any]:
     return collective
 
 
-#: ``LoopCall.kind`` of a barrier: a collective with nothing to carry, timed as the wait it is.
-BARRIER = "barrier"
-
-
-@functools.wraps(dist.distributed_c10d.barrier)
-def barrier(*args: Any, **kwargs: Any) -> Any:
-    """``torch.distributed.barrier``: a loop's, synchronous, timed where it may be as the time the
-    rank sat in it (``LoopCall`` of kind ``BARRIER``, no bytes); else torch's, untouched. Counted
-    untimed before: a rank waiting in it for a slower one read as loading its data."""
-    original = torch_function("barrier")
-    if torch.compiler.is_compiling():
-        return original(*args, **kwargs)
-    timers = _loop_timers.get(threading.get_ident())
-    if not timers or torch._C._current_graph_task_id() != -1:
-        return original(*args, **kwargs)
-    try:
-        arguments = _arguments("barrier", args, kwargs)
-        call = None
-        if (arguments is not None and not arguments["async_op"]  # an asynchronous one's wait is the loop's: untimed
-                and not dist.distributed_c10d._rank_not_in_group(arguments["group"]) and not _coalescing(arguments["group"])):
-            call = LoopCall(BARRIER, 0, "", arguments["group"], False, "")
-    except Exception:
-        call = None
-    if call is None:
-        return original(*args, **kwargs)
-    result = timers[-1](call, lambda: original(*args, **kwargs))
-    return original(*args, **kwargs) if result is NOT_TIMED else result
-
-
-STAND_INS: dict[str, Callable[..., Any]] = {"all_reduce": all_reduce, "barrier": barrier,
+STAND_INS: dict[str, Callable[..., Any]] = {"all_reduce": all_reduce,
                                             **{name: _stand_in_for(name) for name in COLLECTIVES if name != "all_reduce"}}
 
 
@@ -236,10 +213,13 @@ def _issued_by_the_loop(name: str, original: Callable[..., Any], args: tuple[Any
         if (arguments is not None and not dist.distributed_c10d._rank_not_in_group(arguments["group"])
                 and not _coalescing(arguments["group"])):
             kind, counted = COLLECTIVES[name]
-            first = _first_tensor(arguments[counted])
-            call = LoopCall(kind, _counted_bytes(arguments[counted]), str(first.dtype).removeprefix("torch."),
-                            arguments["group"], bool(arguments["async_op"]), first.device.type)
-            arguments["async_op"] = True
+            if not counted:  # a barrier: nothing to carry, only the time the loop sits in it
+                call = None if arguments["async_op"] else LoopCall(kind, 0, "", arguments["group"], False, "")
+            else:
+                first = _first_tensor(arguments[counted])
+                call = LoopCall(kind, _counted_bytes(arguments[counted]), str(first.dtype).removeprefix("torch."),
+                                arguments["group"], bool(arguments["async_op"]), first.device.type)
+                arguments["async_op"] = True
     except Exception:
         call = None
     if call is None:  # issued once, outside the ``try``: an error of torch's is the user's, never a second call

@@ -65,7 +65,7 @@ from dataclasses import dataclass, field
 
 from ddpwatch.metrics import step_figures
 from ddpwatch.profiler_trace import Kernel, ProfilerTrace
-from instrumented_ddp.protocol import COMM_KINDS, Span, StepReport
+from instrumented_ddp.protocol import BARRIER_TAG, COMM_KINDS, Span, StepReport
 
 __all__ = [
     "COMM_SPAN_KINDS", "Check", "ClockOffset", "PairedCollective", "RankComparison", "StepRow", "all_passed",
@@ -250,6 +250,9 @@ class StepRow:
     syncs: tuple[str, ...]  # names, in order, of the syncs in this iteration
     syncs_in_step_window: int  # of those, the ones whose CPU time falls in ddpwatch's shifted window (approximate)
     untimed_calls: int = 0  # collectives the rank counted and did not time (``StepReport.untimed_collectives``)
+    #: Barriers the rank timed as waits (``protocol.BARRIER_TAG``): a kernel each on NCCL (an
+    #: all-reduce of one element), with no span of a collective's kind to pair it with.
+    barrier_calls: int = 0
 
 
 @dataclass(frozen=True)
@@ -348,6 +351,7 @@ def _compare_step(trace: ProfilerTrace, report: StepReport, number: int, offset_
         ddpwatch_overlap_pct=ours.overlap_pct, profiler_overlap_pct=theirs.overlap_pct,
         syncs=tuple(s.name for s in syncs), syncs_in_step_window=sum(lo <= s.at_us <= hi for s in syncs),
         untimed_calls=report.untimed_collectives,
+        barrier_calls=sum(s.kind == "wait" and s.tag == BARRIER_TAG for s in report.spans),
     )
     return row, pairs
 
@@ -380,20 +384,22 @@ def _counts_agree(row: StepRow) -> bool:
     script's own: ``StepReport.untimed_collectives``), the profiler has exactly that many more, of
     whatever kinds, and none fewer of any kind ddpwatch timed."""
     ours, theirs = row.ddpwatch_calls, row.profiler_calls
-    if not row.untimed_calls:
+    unpaired = row.untimed_calls + row.barrier_calls  # a barrier's kernel is of no kind a span of ours has
+    if not unpaired:
         return dict(ours) == dict(theirs)
     return (all(theirs.get(kind, 0) >= n for kind, n in ours.items())
-            and sum(theirs.values()) - sum(ours.values()) == row.untimed_calls)
+            and sum(theirs.values()) - sum(ours.values()) == unpaired)
 
 
 def _count_check(rows: Sequence[StepRow]) -> Check:
     """Exact per step and per kind: one call more or less is a desync or a lost span."""
     bad = [r for r in rows if not _counts_agree(r)]
-    total_ours = sum(sum(r.ddpwatch_calls.values()) + r.untimed_calls for r in rows)
+    total_ours = sum(sum(r.ddpwatch_calls.values()) + r.untimed_calls + r.barrier_calls for r in rows)
     total_theirs = sum(sum(r.profiler_calls.values()) for r in rows)
 
     def untimed(row: StepRow) -> str:
-        return f" and {row.untimed_calls} untimed" if row.untimed_calls else ""
+        return (f" and {row.untimed_calls} untimed" if row.untimed_calls else "") + (
+            f" and {row.barrier_calls} barrier(s)" if row.barrier_calls else "")
 
     if not rows:
         detail = "no step to compare"
@@ -405,6 +411,8 @@ def _count_check(rows: Sequence[StepRow]) -> Check:
         if any(r.untimed_calls for r in rows):
             detail += (", of which issued outside what ddpwatch times (counted, not timed): "
                        + "/".join(str(r.untimed_calls) for r in rows))
+        if any(r.barrier_calls for r in rows):
+            detail += ", of which barriers (timed as waits): " + "/".join(str(r.barrier_calls) for r in rows)
     return Check("collectives per step", total_ours, total_theirs, "exact per step", bool(rows) and not bad, "", detail)
 
 
@@ -626,7 +634,8 @@ def render_steps(comparison: RankComparison) -> str:
     """One rank's per-step rows, for when a check fails and the step matters."""
     def calls(row: StepRow) -> str:
         untimed = f"+{row.untimed_calls}" if row.untimed_calls else ""  # counted, not timed
-        return f"{sum(row.ddpwatch_calls.values())}{untimed}/{sum(row.profiler_calls.values())}"
+        barriers = f"+{row.barrier_calls}b" if row.barrier_calls else ""  # timed as waits
+        return f"{sum(row.ddpwatch_calls.values())}{untimed}{barriers}/{sum(row.profiler_calls.values())}"
 
     rows = [[str(r.step), f"#{r.profiler_step}", _signed(r.offset_us - comparison.offset.offset_us), f"{r.window_ms:.3f}",
              calls(r), str(sum(r.outside_calls.values())),

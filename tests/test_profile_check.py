@@ -295,6 +295,24 @@ def test_a_collective_the_rank_counted_untimed_is_the_profilers_extra_one_and_no
     assert failed(compare(standard_trace(), with_untimed(5, 1))) == {"collectives per step"}
 
 
+def test_a_barrier_timed_as_a_wait_is_the_profilers_extra_kernel() -> None:
+    """The same extra all-reduce kernel in step 6, now the one-element all-reduce NCCL runs for a
+    barrier the loop issued, which the rank timed as a wait tagged ``barrier``: no span of a
+    collective's kind, and not untimed either, so the counts agree only with the barrier counted
+    (10 + 1 against 11); before, a script with a barrier in its steps failed the doctor's count."""
+    def extra(trace: Trace) -> None:
+        trace.kernel(ALL_REDUCE, us(6, 8.5), us(6, 8.6), us(6, 8.2), "cuLaunchKernelEx", "cuda_driver")
+
+    step6 = report(6)
+    with_barrier = replace(step6, spans=[*step6.spans, Span("wait", 0.0082, 0.0087, True, tag="barrier")])
+    result = compare(standard_trace(extra), replace_report(standard_reports(), with_barrier))
+    assert failed(result) == set()
+    count = checks(result)["collectives per step"]
+    assert (count.ddpwatch, count.profiler) == (11, 11)
+    assert count.detail == "per step: 2/2/3/2/2, of which barriers (timed as waits): 0/0/1/0/0"
+    assert " 2+1b/3 " in render_steps(result).splitlines()[4]  # step 6
+
+
 def test_a_duration_30_percent_off_fails_only_the_duration() -> None:
     """Step 5's second all-reduce recorded as [6.7, 8] ms: 1.3 ms against the kernel's 1.0 ms,
     +30 %. Its end is unchanged, so is M = [4, 7] ∪ [6.7, 8] = [4, 8]: every other figure holds."""

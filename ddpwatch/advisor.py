@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from instrumented_ddp.bucket_plan import DDP_DEFAULT_FIRST_BUCKET_BYTES, TensorSize
-from instrumented_ddp.protocol import BARRIER_TAG, READY_KIND, Hello, StepReport
+from instrumented_ddp.protocol import READY_KIND, Hello, StepReport, is_barrier_wait
 
 from .bucket_sim import MIB, BackwardProfile, Prediction, best, cap_grid, describe, simulate, sweep
 from .cost_model import CostModel, StepCollectives, TransferMemory, TransferSample, call_sizes, fit_cost_model, transfer_samples_of
@@ -118,7 +118,7 @@ def backward_profile(steps: Sequence[Mapping[int, StepReport]], tensors: Sequenc
             continue
         ready, origin = found
         tail = [origin + max(ready)] + [s.end for s in report.spans if s.end > origin and (
-            s.kind == "all_reduce" or (s.kind == "wait" and s.tag != BARRIER_TAG))]  # a barrier's wait: the loop's, fixed
+            s.kind == "all_reduce" or (s.kind == "wait" and not is_barrier_wait(s)))]  # a barrier's wait: the loop's, fixed
         others.append(max(0.0, (report.end - report.start) - (max(tail) - origin)))
         group = next((members for members in groups or () if own in members), None)
         meeting = reports if group is None else {rank: reports[rank] for rank in group if rank in reports}

@@ -32,8 +32,8 @@ from ddpwatch.rank_lists import (detached_ranks_lines, failed_ranks_lines, heard
                                  runs_text)
 from ddpwatch.segment_bars import bars_svg, lengths, segment_bar
 from ddpwatch.session import Session, goodbyes_saying, note_pause_kinds, ranks_left_behind
-from instrumented_ddp.protocol import (BARRIER_TAG, COMM_KINDS, COMPUTE_KINDS, LOOP_COMPUTE_KIND, READY_KIND, Goodbye, StepReport, detachment_of,
-                                       failure_of, interruption_of)
+from instrumented_ddp.protocol import (COMM_KINDS, COMPUTE_KINDS, LOOP_COMPUTE_KIND, READY_KIND, Goodbye, StepReport, detachment_of,
+                                       failure_of, interruption_of, is_barrier_wait)
 
 __all__ = ["chrome_trace", "clock_offsets", "summary", "summary_csv", "summary_markdown", "summary_svg", "write_exports"]
 
@@ -408,7 +408,7 @@ def chrome_trace(session: Session) -> dict[str, Any]:
                 args: dict[str, Any] = {"step": step, "blocking": span.blocking}
                 if lane == "communication":
                     args.update(bytes=span.nbytes, dtype=span.dtype, tag=span.tag)
-                tagged = span.kind == LOOP_COMPUTE_KIND or span.tag == BARRIER_TAG  # what the loop computed; a barrier's wait
+                tagged = span.kind == LOOP_COMPUTE_KIND or is_barrier_wait(span)  # what the loop computed; a barrier's wait
                 name = f"{span.kind}: {span.tag}" if tagged and span.tag else span.kind
                 place(rank, lane, name, span.start, span.end, args)
 

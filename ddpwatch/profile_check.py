@@ -65,7 +65,7 @@ from dataclasses import dataclass, field
 
 from ddpwatch.metrics import step_figures
 from ddpwatch.profiler_trace import Kernel, ProfilerTrace
-from instrumented_ddp.protocol import BARRIER_TAG, COMM_KINDS, Span, StepReport
+from instrumented_ddp.protocol import COMM_KINDS, Span, StepReport, is_barrier_wait
 
 __all__ = [
     "COMM_SPAN_KINDS", "Check", "ClockOffset", "PairedCollective", "RankComparison", "StepRow", "all_passed",
@@ -351,7 +351,7 @@ def _compare_step(trace: ProfilerTrace, report: StepReport, number: int, offset_
         ddpwatch_overlap_pct=ours.overlap_pct, profiler_overlap_pct=theirs.overlap_pct,
         syncs=tuple(s.name for s in syncs), syncs_in_step_window=sum(lo <= s.at_us <= hi for s in syncs),
         untimed_calls=report.untimed_collectives,
-        barrier_calls=sum(s.kind == "wait" and s.tag == BARRIER_TAG for s in report.spans),
+        barrier_calls=sum(map(is_barrier_wait, report.spans)),
     )
     return row, pairs
 

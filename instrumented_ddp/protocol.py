@@ -57,6 +57,12 @@ COMM_KINDS = ("all_reduce", "broadcast", "reduce_scatter", "all_gather")
 #: sat blocked until every rank of its group arrived. A collective with nothing to carry (no bytes,
 #: no transfer to tell from waiting), so a wait, and one of the step's timed collectives.
 BARRIER_TAG = "barrier"
+
+
+def is_barrier_wait(span: Any) -> bool:
+    """Whether ``span`` (a ``Span``, or a rank's pending one) is the wait of a barrier the loop issued."""
+    return bool(span.kind == "wait" and span.tag == BARRIER_TAG)
+
 #: A zero-length mark: when the gradients of parameter ``p<i>`` or bucket ``b<i>`` (the hello's
 #: ``bucket_layout``) were all ready in backward, ``nbytes`` of them; the bucket advisor replays
 #: backward from these. Not compute, not communication: no figure counts it.

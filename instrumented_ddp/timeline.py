@@ -33,7 +33,7 @@ from typing import Any, Protocol
 
 from .compile_counter import dynamo_graphs_compiled
 from .intervals import subtract
-from .protocol import BARRIER_TAG, COMM_KINDS, LOOP_COMPUTE_KIND, MAX_PAUSED_FOR, MODEL_COMPUTE_KINDS, READY_KIND, Span, StepReport
+from .protocol import COMM_KINDS, LOOP_COMPUTE_KIND, MAX_PAUSED_FOR, MODEL_COMPUTE_KINDS, READY_KIND, Span, StepReport, is_barrier_wait
 
 Stamp = Any  # a float (host clock) or whatever a clock's resolve() understands
 
@@ -585,7 +585,7 @@ class StepTimeline:
             seen, count = 0, 0
         spans = step.spans
         end = len(spans)  # once: a completion callback on another thread may append meanwhile
-        count += sum(spans[i].kind in COMM_KINDS or spans[i].tag == BARRIER_TAG for i in range(seen, end))
+        count += sum(spans[i].kind in COMM_KINDS or is_barrier_wait(spans[i]) for i in range(seen, end))
         step.collectives_counted = (spans, end, count)
         return count
 

@@ -244,7 +244,8 @@ class StepSummary:
     other_algbw_gbps: dict[str, bytes] = field(default_factory=dict)
     #: The step's reduce-scatters and all-gathers as the all-reduces are sent: each one's kind and
     #: tag (``all_gather:u0``), float64 duration and, where two overlapped (or one an all-reduce), start. The sharded
-    #: strategies' waits and straggler are made of them. Empty from an older sender.
+    #: strategies' waits and straggler are made of them. The waits of the loop's barriers travel
+    #: among them too (``wait:barrier``): every rank joins a barrier as it joins these. Empty from an older sender.
     sharded_tags: Sequence[str] = field(default_factory=list)
     sharded_seconds: bytes = b""
     sharded_starts: bytes = b""
@@ -682,7 +683,7 @@ def _check_summary(values: dict[str, Any]) -> None:
     tags, seconds = values.get("sharded_tags", []), values.get("sharded_seconds", b"")
     if not set(map(type, tags)) <= {str} or len(seconds) != 8 * len(tags):
         raise ProtocolError("invalid", "summary: sharded_seconds do not match sharded_tags")
-    _check_non_negative("reduce-scatter or all-gather duration", seconds)
+    _check_non_negative("reduce-scatter, all-gather or barrier duration", seconds)
     _check_starts("sharded", values.get("sharded_starts", b""), seconds)
 
 

@@ -24,7 +24,7 @@ from typing import Any, NamedTuple, Protocol
 from .intervals import clip, intersect, subtract, total_length, union
 from .protocol import COMM_KINDS as WIRE_COMM_KINDS
 from .protocol import COMPUTE_KINDS as WIRE_COMPUTE_KINDS
-from .protocol import LOOP_COMPUTE_KIND, MAX_PAUSED_FOR, StepReport, StepSummary, pack_floats, unpack_floats
+from .protocol import LOOP_COMPUTE_KIND, MAX_PAUSED_FOR, StepReport, StepSummary, is_barrier_wait, pack_floats, unpack_floats
 
 COMPUTE_KINDS = frozenset(WIRE_COMPUTE_KINDS)  # the model's phases and the loop's marked compute
 COMM_KINDS = frozenset(WIRE_COMM_KINDS)  # the wire schema's collectives, as a set
@@ -123,8 +123,15 @@ SHARDED_KINDS = ("reduce_scatter", "all_gather")
 
 
 def sharded_collectives(record: StepRecordLike) -> list[SpanLike]:
-    """A step's reduce-scatters and all-gathers in issue order (``_all_reduces``' twin)."""
-    return sorted((s for s in record.spans if s.kind in SHARDED_KINDS), key=lambda s: s.start)
+    """A step's reduce-scatters and all-gathers in issue order (``_all_reduces``' twin), and the
+    waits of the barriers the loop issued (``protocol.is_barrier_wait``): every rank joins a
+    barrier as it joins these, so the last to arrive is the one the others sat there for, and
+    the straggler rule pairs it across ranks with them (``StepFigures.sharded_calls``)."""
+    return _met_by_every_rank(record.spans)
+
+
+def _met_by_every_rank(spans: Iterable[SpanLike]) -> list[SpanLike]:
+    return sorted((s for s in spans if s.kind in SHARDED_KINDS or is_barrier_wait(s)), key=lambda s: s.start)
 
 
 #: A step's sharded calls where it made none (most steps): one object shared, not one per report
@@ -254,7 +261,9 @@ class StepFigures:
     #: The step's reduce-scatters and all-gathers, in issue order, tagged with their kind: waits
     #: and the straggler pair them across ranks as they do the all-reduces, for ``zero1``,
     #: ``zero2`` and FSDP, which issue few or none (a ``StepSummary`` carries them as
-    #: ``sharded_tags``, ``sharded_seconds`` and ``sharded_starts``).
+    #: ``sharded_tags``, ``sharded_seconds`` and ``sharded_starts``). The waits of the loop's
+    #: barriers go among them (``wait:barrier``): a rank that sat in a barrier waited for the
+    #: last to arrive, as in a reduce-scatter (``sharded_collectives``).
     sharded_calls: CallTimes = field(default_factory=lambda: NO_CALLS)
     #: The share of the window in ``data`` spans with no compute or communication beside them and
     #: not blocked in a wait (a barrier, the loop's wait for its own collective): the part of Idle%
@@ -346,7 +355,7 @@ def figures_and_calls(record: StepRecordLike, world_size: int | None = None) -> 
     loop = [s for s in spans if s.kind in COMM_KINDS and issued_by_the_loop(getattr(s, "tag", "") or "")]
     # every other collective, in issue order, in one pass: most steps have none
     others = sorted((s for s in spans if s.kind in _OTHER_KINDS), key=lambda s: s.start)
-    calls, sharded_calls = _calls_of_both_kinds(ars, [s for s in others if s.kind in SHARDED_KINDS], lo)
+    calls, sharded_calls = _calls_of_both_kinds(ars, _met_by_every_rank(spans), lo)
     alg = float_array(a for a in (algbw_gbps(s.nbytes, seconds) for s, seconds in zip(ars, calls.seconds)
                                   if not issued_by_the_loop(getattr(s, "tag", "") or "")) if a is not None)
     factor = bus_factor("all_reduce", world_size) if world_size is not None else None

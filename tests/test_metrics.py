@@ -36,6 +36,7 @@ from ddpwatch.metrics import (
     segment_figures,
     shard_groups,
     shard_ranks,
+    sharded_collectives,
     step_figures,
     step_waits,
     step_times,
@@ -826,6 +827,37 @@ def test_on_hsdps_mesh_reduce_scatters_are_paired_within_the_shard_groups():
     waited, waited_for = step_waits({rank: call_times(rec) for rank, rec in enumerate(records)}, figures, [[0, 2], [1, 3]])
     assert waited == approx({0: 30.0, 1: 0.0, 2: 0.0, 3: 0.0}) and waited_for == approx({0: 0.0, 1: 30.0, 2: 0.0, 3: 0.0})
     assert step_waits({rank: call_times(rec) for rank, rec in enumerate(records)}, figures)[0] == approx({0: 30.0, 1: 0.0, 2: 30.0, 3: 30.0})
+
+
+def test_ranks_sitting_in_a_barrier_for_a_late_one_name_it_as_a_reduce_scatter_would():
+    """A loop that meets at ``dist.barrier()`` after its update, rank 1 late by its own work:
+    each step, one 4 ms all-reduce together (no one waits there), then rank 0 sits in the
+    barrier 60-94 ms and rank 1 90-94. The barrier's shortest stay, 4 ms, is the barrier
+    itself; rank 0 waited the other 30 ms for rank 1, 30 % of the 100 ms step: rank 1 is
+    named. Before, the barrier's wait was paired with nothing: 0 ms waited, nobody named. The
+    ranks' summaries carry the barrier among the sharded calls (``wait:barrier``), so the
+    figures from them are the same."""
+    from instrumented_ddp.protocol import StepReport
+    from instrumented_ddp.step_figures import summarize, summary_calls, summary_figures
+
+    records = []
+    for step in range(10):
+        t = 1000 * step
+        for rank, sits_from in ((0, 60), (1, 90)):
+            records.append(record(t, t + 100, span("backward", t, t + 40), span("all_reduce", t + 40, t + 44, True, 8, "b0"),
+                                  span("wait", t + sits_from, t + 94, blocking=True, tag="barrier"), rank=rank, step=step))
+    assert [s.tag for s in sharded_collectives(records[0])] == ["barrier"]
+    assert step_figures(records[0]).sharded_calls.tags == ("wait:barrier",)
+    s = segment_figures(records, world_size=2)
+    assert s.per_rank[0].waited_for_others_ms == approx(30.0) and s.per_rank[1].waited_for_others_ms == 0.0
+    assert s.straggler_rank == 1 and s.straggler.waited_ms_per_step == approx(30.0)
+    assert s.straggler.share_pct == approx(30.0)
+    first = {rec.rank: rec for rec in records[:2]}
+    summaries = {rank: summarize(StepReport(rank, 0, "ddp", {}, rec.start, rec.end, list(rec.spans), 0, 0, None), world_size=2)
+                 for rank, rec in first.items()}
+    from_spans = step_waits({rank: call_times(rec) for rank, rec in first.items()}, {rank: step_figures(rec) for rank, rec in first.items()})
+    assert from_spans == (approx({0: 30.0, 1: 0.0}), approx({0: 0.0, 1: 30.0}))
+    assert step_waits({r: summary_calls(m) for r, m in summaries.items()}, {r: summary_figures(m) for r, m in summaries.items()}) == from_spans
 
 
 def test_an_all_reduce_and_a_reduce_scatter_waiting_at_once_count_that_waiting_once():

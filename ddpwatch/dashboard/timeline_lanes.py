@@ -77,7 +77,7 @@ def timeline_of(step: int, reports: dict[int, StepReport], calls: dict[int, metr
     ``reports``: the ranks whose spans are at hand (None when no rank's are); ``calls``: every
     reporting rank's all-reduces, against which the waiting in the drawn ranks' collectives is
     judged (among ``groups``, where not every rank meets every other: HSDP); ``sharded_calls``:
-    their reduce-scatters and all-gathers (``StepFigures.sharded_calls``), judged likewise among
+    their reduce-scatters, all-gathers and barriers (``StepFigures.sharded_calls``), judged likewise among
     the shard groups. ``roles``: only these ranks are drawn (a large job)."""
     reported = max(len(reports), len(calls))
     if roles is not None:

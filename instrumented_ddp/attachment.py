@@ -629,7 +629,7 @@ class Attachment:
                 or not self._on_the_steps_clock(call)):
             return NOT_TIMED
         if call.kind == BARRIER:
-            return self._time_loop_barrier(issue)
+            return self._time_loop_barrier(issue, call.async_op)
         try:
             self._end_a_step_whose_update_was_skipped()
             timeline.time_collectives_in(call.group)
@@ -654,13 +654,17 @@ class Attachment:
         LooksWhenWaited(work, timeline).wait()  # on the CPU its end is its wait's return, exactly
         return None
 
-    def _time_loop_barrier(self, issue: Callable[[], Any]) -> Any:
+    def _time_loop_barrier(self, issue: Callable[[], Any], async_op: bool) -> Any:
         """A barrier the loop issued in a step (``_time_loop_collective`` said where): the time the
         rank sat in it, a blocked ``wait`` span tagged ``BARRIER_TAG``, one of the step's timed
         collectives. It carries nothing, so there is no transfer to tell from waiting: it is the
         wait for the last rank to arrive. On a GPU its marks are events on either side of torch's
         barrier, whose wait holds the host until the barrier's NCCL all-reduce has run: they bound
-        it on the device's clock, and add no synchronisation of their own."""
+        it on the device's clock, and add no synchronisation of their own. An asynchronous one
+        (``async_op=True``) is the loop's wait for its work, where the loop waits (``WaitedByTheLoop``):
+        a barrier whose work is never waited for in a step stays counted, untimed."""
+        if async_op:
+            return WaitedByTheLoop(issue(), self.timeline, self, wait_tag=BARRIER_TAG)
         start = self.wait_begins()
         if start is None:
             return NOT_TIMED

@@ -214,7 +214,7 @@ def _issued_by_the_loop(name: str, original: Callable[..., Any], args: tuple[Any
                 and not _coalescing(arguments["group"])):
             kind, counted = COLLECTIVES[name]
             if not counted:  # a barrier: nothing to carry, only the time the loop sits in it
-                call = None if arguments["async_op"] else LoopCall(kind, 0, "", arguments["group"], False, "")
+                call = LoopCall(kind, 0, "", arguments["group"], bool(arguments["async_op"]), "")
             else:
                 first = _first_tensor(arguments[counted])
                 call = LoopCall(kind, _counted_bytes(arguments[counted]), str(first.dtype).removeprefix("torch."),

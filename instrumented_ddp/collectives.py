@@ -197,8 +197,8 @@ class LoopWaits(Protocol):
     def wait_begins(self) -> Any:
         """A stamp where this wait is blocked time of a step; None where it is no step's."""
 
-    def wait_ends(self, start: Any) -> None:
-        """The wait begun at ``start`` has returned: a ``wait`` span of the step."""
+    def wait_ends(self, start: Any, tag: str = "") -> None:
+        """The wait begun at ``start`` has returned: a ``wait`` span of the step, tagged ``tag``."""
 
 
 class WaitedByTheLoop(ForwardingWork):
@@ -210,12 +210,15 @@ class WaitedByTheLoop(ForwardingWork):
     running); a work with no future (gloo's reduce-scatter, see ``EndsWhenWaited``) ends there.
     Made on the loop's thread; a wait on another (a script's logging thread) looks at nothing,
     since the CPU clock's looks are the loop thread's alone (``HostClock``). Everything else is
-    the work's own."""
+    the work's own. ``wait_tag``: what the wait span says it waited in, where that is not a
+    collective's work (``protocol.BARRIER_TAG``: an asynchronous barrier, whose wait is all of it)."""
 
-    def __init__(self, work: dist.Work, timeline: Any, waits: LoopWaits, ends_when_waited: Any = None) -> None:
+    def __init__(self, work: dist.Work, timeline: Any, waits: LoopWaits, ends_when_waited: Any = None,
+                 wait_tag: str = "") -> None:
         super().__init__(work)
         self._timeline, self._waits = timeline, waits
         self._ends_when_waited = ends_when_waited
+        self._wait_tag = wait_tag
         self._loop_thread = threading.get_ident()
 
     def wait(self, *args: Any, **kwargs: Any) -> bool:
@@ -234,7 +237,7 @@ class WaitedByTheLoop(ForwardingWork):
             self._timeline.close_collective(span, None)
         self._timeline.poll(waited=self.work)
         if start is not None:
-            self._waits.wait_ends(start)
+            self._waits.wait_ends(start, self._wait_tag)
         return done
 
     def _wait_elsewhere(self, *args: Any, **kwargs: Any) -> bool:

@@ -341,8 +341,9 @@ def test_a_barrier_is_timed_as_the_wait_it_is_where_a_collective_would_be_and_el
         one_rank_group: None, sent: list[Any]) -> None:
     """``dist.barrier()`` carries nothing: in a step, on the loop's thread, it is a blocking
     ``wait`` tagged ``barrier`` inside the phase it falls in (after the update: the next step's
-    data, whose Data wait% it is not part of), and one of the step's timed collectives. An
-    asynchronous barrier (the loop waits for it itself) and one from another thread pass through
+    data, whose Data wait% it is not part of), and one of the step's timed collectives; so is
+    an asynchronous barrier's, where the loop waits for its work (before, it passed through
+    untimed). One whose work is never waited for, and one from another thread, pass through
     untimed, counted in their step, as before."""
     ddp, optimizer = make_ddp()
     with attached(ddp, optimizer):
@@ -350,6 +351,8 @@ def test_a_barrier_is_timed_as_the_wait_it_is_where_a_collective_would_be_and_el
             optimizer.zero_grad()
             ddp(**batch(step)).loss.backward()
             optimizer.step()
+            if step == 1:
+                dist.barrier(async_op=True)  # never waited for: counted in step 2, untimed
             if step == 2:
                 dist.barrier()  # after the update: step 3's data gap
             if step == 3:
@@ -359,8 +362,9 @@ def test_a_barrier_is_timed_as_the_wait_it_is_where_a_collective_would_be_and_el
                 helper.join()
     reports = [m for m in sent if isinstance(m, StepReport)]
     barriers = [[s for s in r.spans if s.tag == "barrier"] for r in reports]
-    assert [[(s.kind, s.blocking, s.nbytes) for s in found] for found in barriers] == [[], [], [("wait", True, 0)], []]
-    (data,) = [s for s in reports[2].spans if s.kind == "data"]
-    (waited,) = barriers[2]
-    assert data.start <= waited.start <= waited.end <= data.end
-    assert [r.untimed_collectives for r in reports] == [0, 2, 0, 2]  # step 2: DDP's rebuilt-bucket broadcasts
+    assert [[(s.kind, s.blocking, s.nbytes) for s in found] for found in barriers] == [[], [], [("wait", True, 0)], [("wait", True, 0)]]
+    for step in (2, 3):  # in the next step's data gap
+        (data,) = [s for s in reports[step].spans if s.kind == "data"]
+        (waited,) = barriers[step]
+        assert data.start <= waited.start <= waited.end <= data.end
+    assert [r.untimed_collectives for r in reports] == [0, 3, 0, 1]  # step 2: DDP's rebuilt-bucket broadcasts and the unwaited; 4: the thread's

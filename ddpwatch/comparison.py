@@ -43,6 +43,9 @@ class ComparedSegment:
     #: The loop's own compute it marked (``watch.computing``), ms a step, and what it said it was.
     loop_compute_ms: float = 0.0
     loop_computed: tuple[str, ...] = ()
+    #: The rank the segment's straggler rule named (summary.json's ``straggler``: its rank and how
+    #: long the others waited for it, ms a step), None where it named none.
+    straggler: tuple[int, float] | None = None
 
 
 def compared_segments(runs: Sequence[tuple[str, dict[str, Any]]]) -> list[ComparedSegment]:
@@ -60,8 +63,15 @@ def compared_segments(runs: Sequence[tuple[str, dict[str, Any]]]) -> list[Compar
                 samples_per_s=seg["samples_per_s"], compute_pct=seg["compute_pct"],
                 non_compute_pct=seg["non_compute_pct"], idle_pct=seg["idle_pct"], overlap_pct=seg["overlap_pct"],
                 all_reduce_calls=seg["all_reduce_calls"], data_wait_pct=seg.get("data_wait_pct"),
-                loop_compute_ms=seg.get("loop_compute_ms", 0.0), loop_computed=tuple(seg.get("loop_computed", ()))))
+                loop_compute_ms=seg.get("loop_compute_ms", 0.0), loop_computed=tuple(seg.get("loop_computed", ())),
+                straggler=straggler_of(seg)))
     return found
+
+
+def straggler_of(seg: dict[str, Any]) -> tuple[int, float] | None:
+    """``ComparedSegment.straggler`` of one of summary.json's segments."""
+    named = seg.get("straggler")
+    return (int(named["rank"]), float(named["waited_ms_per_step"])) if named else None
 
 
 def ratio(value: float, base: float) -> float | None:
@@ -86,7 +96,21 @@ def change_line(segment: ComparedSegment, base: ComparedSegment) -> str:
             f"{'' if step is None else f' (×{step:.2f})'}, {verdict(segment, base)}; samples/s "
             f"{base.samples_per_s:.1f} → {segment.samples_per_s:.1f}{'' if rate is None else f' (×{rate:.2f})'}; "
             f"exposed communication (Non_Compute%) {base.non_compute_pct:.1f} → {segment.non_compute_pct:.1f} %, "
-            f"Overlap% {base.overlap_pct:.1f} → {segment.overlap_pct:.1f}{loop_compute_change(segment, base)}")
+            f"Overlap% {base.overlap_pct:.1f} → {segment.overlap_pct:.1f}{loop_compute_change(segment, base)}"
+            f"{straggler_change(segment, base)}")
+
+
+def straggler_change(segment: ComparedSegment, base: ComparedSegment) -> str:
+    """The straggler against ``base``'s, where either segment named one: whether a change (a
+    balanced loader, a slow node left out) made the others stop waiting ("; straggler rank 1,
+    waited for 30.1 ms a step → none")."""
+    if segment.straggler is None and base.straggler is None:
+        return ""
+
+    def named(straggler: tuple[int, float] | None) -> str:
+        return "none" if straggler is None else f"rank {straggler[0]}, waited for {straggler[1]:.1f} ms a step"
+
+    return f"; straggler {named(base.straggler)} → {named(segment.straggler)}"
 
 
 def loop_compute_change(segment: ComparedSegment, base: ComparedSegment) -> str:

@@ -132,3 +132,15 @@ def test_the_loops_marked_compute_is_held_against_the_first_where_either_marked_
     lines = comparison_lines([("none", BASE), ("ema", with_ema)])
     assert lines[-1].endswith("Overlap% 0.0 → 50.0; the loop's own compute (ema) 0.0 → 9.0 ms a step")
     assert "the loop's own compute" not in "\n".join(comparison_lines([("a", BASE), ("b", SMALL_CAPS)]))
+
+
+def test_the_straggler_is_held_against_the_first_where_either_named_one() -> None:
+    """A run whose rank 1 kept the others waiting 30.1 ms a step (summary.json's ``straggler``)
+    against the same run after a fix, which names none: the change line says the wait is gone;
+    runs where neither named one say nothing of it."""
+    late = run({**segment("ddp 25 MB", 59, 130.0, (128.0, 133.0), 492.0),
+                "straggler": {"rank": 1, "first_step": 50, "last_step": 59, "steps": 10, "waited_ms_per_step": 30.1, "share_pct": 23.2}})
+    lines = comparison_lines([("late", late), ("fixed", BASE)])
+    assert lines[-1].endswith("Overlap% 50.0 → 0.0; straggler rank 1, waited for 30.1 ms a step → none")
+    assert comparison_lines([("fixed", BASE), ("late", late)])[-1].endswith("; straggler none → rank 1, waited for 30.1 ms a step")
+    assert "straggler" not in "\n".join(comparison_lines([("a", BASE), ("b", SMALL_CAPS)]))

@@ -104,8 +104,8 @@ class StepWaits:
     def wait_begins(self) -> Any:
         return self.timeline.stamp()
 
-    def wait_ends(self, start: Any) -> None:
-        self.timeline.add_span("wait", start, self.timeline.stamp(), blocking=True)
+    def wait_ends(self, start: Any, tag: str = "") -> None:
+        self.timeline.add_span("wait", start, self.timeline.stamp(), blocking=True, tag=tag)
 
 
 @pytest.mark.parametrize("nccl_timing", [False, True], ids=["queue-replay", "nccl-timing"])

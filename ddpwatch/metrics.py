@@ -116,7 +116,7 @@ def calls_text(calls_per_rank_per_step: float) -> str:
 
 
 #: How the segments table and summary.md name the collectives that are not all-reduces.
-KIND_SHORT = {"all_reduce": "AR", "reduce_scatter": "RS", "all_gather": "AG", "broadcast": "BC"}
+KIND_SHORT = {"all_reduce": "AR", "reduce_scatter": "RS", "all_gather": "AG", "broadcast": "BC", "reduce": "RD"}
 
 
 def kinds_text(calls_by_kind: Mapping[str, float]) -> str:

@@ -78,6 +78,7 @@ COLLECTIVES = {name: collective for name, collective in {
     "all_gather_into_tensor": Collective("all_gather", "output_tensor"),
     "all_gather_single": Collective("all_gather", "output_tensor"),
     "broadcast": Collective("broadcast", "tensor"),
+    "reduce": Collective("reduce", "tensor"),  # a loss reduced to rank 0 for its log
     "reduce_scatter": Collective("reduce_scatter", "input_list"),  # a ZeRO written by hand, one tensor a rank
     "reduce_scatter_tensor": Collective("reduce_scatter", "input"),
     "reduce_scatter_single": Collective("reduce_scatter", "input"),

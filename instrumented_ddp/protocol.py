@@ -51,8 +51,10 @@ MODEL_COMPUTE_KINDS = ("forward", "backward", "optimizer")
 LOOP_COMPUTE_KIND = "loop"
 COMPUTE_KINDS = (*MODEL_COMPUTE_KINDS, LOOP_COMPUTE_KIND)
 #: Collectives. ``nbytes`` of a ``reduce_scatter`` is its input, of an ``all_gather`` its output:
-#: the whole tensor, as nccl-tests counts them, so bandwidths compare across kinds.
-COMM_KINDS = ("all_reduce", "broadcast", "reduce_scatter", "all_gather")
+#: the whole tensor, as nccl-tests counts them, so bandwidths compare across kinds. A ``reduce`` (to
+#: one rank: a loss reduced to rank 0 for its log) is sent only by a loop that issues one: a
+#: ddpwatch before it rejects a report holding one as another ddpwatch's (``unknown_type``).
+COMM_KINDS = ("all_reduce", "broadcast", "reduce_scatter", "all_gather", "reduce")
 #: The tag of a ``wait`` span that is a barrier the loop issued (``dist.barrier``): the time the rank
 #: sat blocked until every rank of its group arrived. A collective with nothing to carry (no bytes,
 #: no transfer to tell from waiting), so a wait, and one of the step's timed collectives.

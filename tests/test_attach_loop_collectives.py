@@ -228,7 +228,7 @@ def test_the_loops_own_collectives_between_a_backward_and_the_next_forward_are_c
 def test_the_loops_synchronous_collectives_in_its_data_time_are_timed_there_as_collectives_of_their_kind(
         one_rank_group: None, sent: list[Any]) -> None:
     """The Trainer's gathers before each forward (``all_gather`` on gloo, ``all_gather_into_tensor``
-    on NCCL, as Accelerate's ``gather`` picks), a broadcast and a reduce-scatter of each form, in the data gap: spans of their
+    on NCCL, as Accelerate's ``gather`` picks), a broadcast, a reduce-scatter of each form and a reduce, in the data gap: spans of their
     kind inside the ``data`` span, numbered ``l0, l1, ...`` in each step, with the bytes
     nccl-tests counts (an all-gather's output, a reduce-scatter's input); none left untimed. Not the loop's and so not
     timed: what an evaluation issues inside ``paused`` (the pause's, in no step), and a call on
@@ -247,7 +247,9 @@ def test_the_loops_synchronous_collectives_in_its_data_time_are_timed_there_as_c
             dist.reduce_scatter_tensor(scattered, torch.full((2,), 3.0 * step))  # gloo's work has no future
             listed = torch.zeros(3)
             dist.reduce_scatter(listed, [torch.full((3,), 4.0 * step)])  # the list form: one tensor a rank
-            gathered.append([*labels[0].tolist(), *into.tolist(), float(seed), *scattered.tolist(), *listed.tolist()])
+            logged = torch.full((1,), 5.0 * step, dtype=torch.float64)
+            dist.reduce(logged, dst=0)  # a loss reduced to rank 0 for its log
+            gathered.append([*labels[0].tolist(), *into.tolist(), float(seed), *scattered.tolist(), *listed.tolist(), float(logged)])
             optimizer.zero_grad()
             ddp(**batch(step)).loss.backward()
             optimizer.step()
@@ -257,13 +259,13 @@ def test_the_loops_synchronous_collectives_in_its_data_time_are_timed_there_as_c
                 elsewhere = threading.Thread(target=lambda: dist.all_reduce(torch.ones(1)))
                 elsewhere.start()
                 elsewhere.join()
-    assert gathered == [[s, s, 2.0 * s, 2.0 * s, 2.0 * s, s, 3.0 * s, 3.0 * s, 4.0 * s, 4.0 * s, 4.0 * s] for s in (1.0, 2.0, 3.0)]
+    assert gathered == [[s, s, 2.0 * s, 2.0 * s, 2.0 * s, s, 3.0 * s, 3.0 * s, 4.0 * s, 4.0 * s, 4.0 * s, 5.0 * s] for s in (1.0, 2.0, 3.0)]
     reports = [m for m in sent if isinstance(m, StepReport)]
     # step 1's gathers come before its first forward, before the step began: issued outside any step
     assert [[(s.kind, s.tag, s.nbytes, s.dtype, s.blocking) for s in r.spans if s.tag.startswith("l")] for r in reports] == [
         [], *[[("all_gather", "l0", 8, "float32", True), ("all_gather", "l1", 24, "float64", True),
                ("broadcast", "l2", 8, "int64", True), ("reduce_scatter", "l3", 8, "float32", True),
-               ("reduce_scatter", "l4", 12, "float32", True)]] * 2]
+               ("reduce_scatter", "l4", 12, "float32", True), ("reduce", "l5", 8, "float64", True)]] * 2]
     for report in reports[1:]:
         (data,) = [s for s in report.spans if s.kind == "data"]
         assert all(data.start <= s.start <= s.end <= data.end for s in report.spans if s.tag.startswith("l"))

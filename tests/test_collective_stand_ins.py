@@ -40,6 +40,7 @@ CALLS = [  # (name, args, kwargs): as scripts and libraries write them, and wron
     ("broadcast", (), {"tensor": T, "src": 1, "group": None, "async_op": True}),  # ZeroRedundancyOptimizer's
     ("all_gather", ([T], T), {}), ("all_gather_into_tensor", (T, T), {"async_op": True}),
     ("reduce_scatter_tensor", (T, T), {"op": dist.ReduceOp.SUM}), ("reduce_scatter", (T, [T]), {"async_op": True}),
+    ("reduce", (T, 0), {}), ("reduce", (T,), {"dst": 1, "op": dist.ReduceOp.SUM, "async_op": True}),
     ("all_reduce", (T,), {"tensor": T}),  # given twice
     ("all_reduce", (T,), {"bogus": 1}), ("all_gather", ([T],), {}),  # unknown; missing
     ("broadcast", (T, 0, None, False, None, "extra"), {}),  # too many

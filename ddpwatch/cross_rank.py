@@ -17,7 +17,9 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from instrumented_ddp.intervals import Interval, total_length
-from instrumented_ddp.step_figures import CallTimes, SpanLike, StepFigures, StepRecordLike, _all_reduces, call_times
+from instrumented_ddp.protocol import BARRIER_TAG, is_barrier_wait
+from instrumented_ddp.step_figures import (CallTimes, SpanLike, StepFigures, StepRecordLike, _all_reduces, call_times,
+                                           sharded_collectives)
 
 STRAGGLER_STEPS = 10  # a straggler is judged over this many complete steps: one step is noise
 STRAGGLER_SHARE = 0.10  # ... and only when the others waited over this share of the step time for it
@@ -103,9 +105,47 @@ def step_waits(calls_of_one_step: Mapping[int, CallTimes], figures: Mapping[int,
     passes, met = _paired_waits(calls_of_one_step, groups)
     sharded = {rank: f.sharded_calls for rank, f in figures.items() if f.sharded_calls.tags}
     if len(sharded) > 1:
-        more, more_met = _paired_waits(sharded, shard_groups(groups))
-        passes, met = passes + more, met + more_met
+        for calls, among, _ in sharded_pairings(sharded, groups):
+            more, more_met = _paired_waits(calls, among)
+            passes, met = passes + more, met + more_met
     return _settle(passes, met)
+
+
+#: How a barrier's wait is tagged among a step's sharded calls (``StepFigures.sharded_calls``).
+BARRIER_CALL = f"wait:{BARRIER_TAG}"
+
+
+def sharded_pairings(sharded: Mapping[int, CallTimes], groups: Groups | None) -> list[
+        tuple[dict[int, CallTimes], Groups | None, Callable[[StepRecordLike], Sequence[SpanLike]]]]:
+    """Who meets whom in the step's sharded calls: each pairing's calls by rank, its groups, and
+    the spans its calls were read from (``waiting_intervals``' ``collectives``). The
+    reduce-scatters and all-gathers meet within the shard groups (``shard_groups``); a loop's
+    barrier (``BARRIER_CALL``) is every rank of the world's, so where the shard groups are not
+    the world (HSDP's mesh, a DDP on subgroups) the barriers are a pairing of their own over
+    the world: within a shard group, the last to arrive of the group was taken for the barrier's
+    last, and a rank the others of the world sat waiting for was not named."""
+    shards = shard_groups(groups)
+    if shards is None or not any(BARRIER_CALL in calls.tags for calls in sharded.values()):
+        return [(dict(sharded), shards, sharded_collectives)]
+    barriers = {rank: _only(calls, True) for rank, calls in sharded.items()}
+    rest = {rank: _only(calls, False) for rank, calls in sharded.items()}
+    return [({rank: c for rank, c in rest.items() if c.tags}, shards, _collectives_but_barriers),
+            ({rank: c for rank, c in barriers.items() if c.tags}, None, _barrier_waits)]
+
+
+def _only(calls: CallTimes, barriers: bool) -> CallTimes:
+    """``calls``' barriers (``barriers``), or all but them, in issue order, their starts kept."""
+    kept = [index for index, tag in enumerate(calls.tags) if (tag == BARRIER_CALL) == barriers]
+    return CallTimes(tuple(calls.tags[i] for i in kept), array("d", (calls.seconds[i] for i in kept)),
+                     None if calls.starts is None else array("d", (calls.starts[i] for i in kept)))
+
+
+def _collectives_but_barriers(record: StepRecordLike) -> list[SpanLike]:
+    return [s for s in sharded_collectives(record) if not is_barrier_wait(s)]
+
+
+def _barrier_waits(record: StepRecordLike) -> list[SpanLike]:
+    return [s for s in sharded_collectives(record) if is_barrier_wait(s)]
 
 
 def _by_group(calls_of_one_step: Mapping[int, CallTimes], groups: Groups) -> list[dict[int, CallTimes]]:

@@ -80,6 +80,7 @@ from .cross_rank import (
     groups_of_the_world,
     shard_groups,
     shard_ranks,
+    sharded_pairings,
     step_waits,
     straggler,
     transfers,
@@ -94,7 +95,7 @@ __all__ = [
     "DesyncRange", "Figures", "Interval", "SegmentAccumulator", "SegmentFigures", "SpanLike", "StepFigures",
     "StepRecordLike", "StepTimes", "StepWaits", "Straggler", "algbw_gbps", "all_reduce_ranks", "groups_of_the_world", "shard_groups", "shard_ranks", "step_waits", "bus_factor", "busbw_text", "busbw_gbps", "call_times", "calls_of", "calls_text",
     "clip", "collective_key", "counted", "cross_rank_waits", "figures_and_calls", "find_desync", "find_straggler", "intersect", "merge", "segment_figures",
-    "sharded_collectives", "step_figures", "step_times", "straggler", "subtract", "total_length", "transfers", "union", "waited_for", "waiting_intervals",
+    "sharded_collectives", "sharded_pairings", "step_figures", "step_times", "straggler", "subtract", "total_length", "transfers", "union", "waited_for", "waiting_intervals",
     "waits_both_ways",
 ]
 

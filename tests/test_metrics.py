@@ -861,6 +861,31 @@ def test_ranks_sitting_in_a_barrier_for_a_late_one_name_it_as_a_reduce_scatter_w
     assert step_waits({r: summary_calls(m) for r, m in summaries.items()}, {r: summary_figures(m) for r, m in summaries.items()}) == from_spans
 
 
+def test_on_hsdps_mesh_a_barrier_is_paired_over_the_world_and_its_reduce_scatters_within_the_shard_groups():
+    """2 replicas x 2 shards (replica groups {0, 2} and {1, 3}, shard groups {0, 1} and {2, 3}).
+    Each rank reduce-scatters 40-44 ms (no one waits there), then meets every other at a barrier:
+    ranks 0, 1 and 2 sit in it 60-94 ms, rank 3 arrives at 90 and leaves at 94. Over the world
+    the barrier itself is rank 3's 4 ms, and each of the three others waited 30 ms for rank 3
+    (90 put down to it). Paired within the shard groups, as the reduce-scatters are, ranks 0 and
+    1 met only each other, both 34 ms, and read 0 waited: only rank 2 waited, 30."""
+    from ddpwatch.metrics import sharded_pairings
+
+    records = [record(0, 100, span("backward", 0, 40), span("reduce_scatter", 40, 44, True, 8, "u0"),
+                      span("wait", 90 if rank == 3 else 60, 94, blocking=True, tag="barrier"), rank=rank) for rank in range(4)]
+    figures = {rec.rank: step_figures(rec) for rec in records}
+    calls = {rec.rank: call_times(rec) for rec in records}
+    waited, waited_for = step_waits(calls, figures, [[0, 2], [1, 3]])
+    assert waited == approx({0: 30.0, 1: 30.0, 2: 30.0, 3: 0.0}) and waited_for == approx({0: 0.0, 1: 0.0, 2: 0.0, 3: 90.0})
+    pairings = sharded_pairings({rank: f.sharded_calls for rank, f in figures.items()}, [[0, 2], [1, 3]])
+    assert [(sorted(c), among, [s.kind for s in spans(records[0])]) for c, among, spans in pairings] == [
+        ([0, 1, 2, 3], [[0, 1], [2, 3]], ["reduce_scatter"]), ([0, 1, 2, 3], None, ["wait"])]
+    by_pairing = [waiting_intervals(c, {rec.rank: rec for rec in records}, among, collectives=spans) for c, among, spans in pairings]
+    assert by_pairing[1][0] == [(approx(0.060), approx(0.090))] and by_pairing[0][0] == []
+    # Over the world (no groups named) everything is one pairing, as before.
+    assert len(sharded_pairings({rank: f.sharded_calls for rank, f in figures.items()}, None)) == 1
+    assert step_waits(calls, figures)[0] == approx(waited)
+
+
 def test_an_all_reduce_and_a_reduce_scatter_waiting_at_once_count_that_waiting_once():
     """HSDP on a GPU: a unit's all-reduce across replicas (FSDP2's own stream) beside the next
     unit's reduce-scatter. Rank 0's all-reduce runs 0-40 ms and its reduce-scatter 10-50; rank 1

@@ -86,9 +86,9 @@ def timeline_of(step: int, reports: dict[int, StepReport], calls: dict[int, metr
         return None
     waiting = metrics.waiting_intervals(calls, reports, groups)
     if sharded_calls:
-        sharded = metrics.waiting_intervals(sharded_calls, reports, metrics.shard_groups(groups),
-                                            collectives=metrics.sharded_collectives)
-        waiting = {rank: sorted(waiting.get(rank, []) + sharded.get(rank, [])) for rank in reports}
+        for calls, among, collectives in metrics.sharded_pairings(sharded_calls, groups):
+            sharded = metrics.waiting_intervals(calls, reports, among, collectives=collectives)
+            waiting = {rank: sorted(waiting.get(rank, []) + sharded.get(rank, [])) for rank in reports}
     known = times or {}
     clocks = metrics.ClockAlignment(reference=min(reports))
     clocks.add_step({rank: known[rank] if rank in known else metrics.step_times(report) for rank, report in reports.items()})

@@ -173,7 +173,8 @@ def test_a_collective_too_short_for_a_bandwidth_is_measured_as_none_and_its_summ
         assert summary_figures(summary) == figures
 
 
-_KINDS = ("forward", "backward", "optimizer", "loop", "data", "wait", "all_reduce", "reduce_scatter", "all_gather", "broadcast")
+_KINDS = ("forward", "backward", "optimizer", "loop", "data", "wait", "all_reduce", "reduce_scatter", "all_gather", "broadcast",
+          "reduce")
 
 
 @st.composite
@@ -181,7 +182,7 @@ def _spans(draw: st.DrawFn) -> Span:
     start = draw(st.floats(-1.0, 2.0))
     length = draw(st.floats(0.0, 1.0) | st.floats(0.0, 1e-300) | st.just(math.inf))
     return Span(draw(st.sampled_from(_KINDS)), start, start + length, draw(st.booleans()), draw(st.integers(0, 10**9)),
-                draw(st.sampled_from(["", "b0", "b1", "p0", "u0", "u1", "buffers", "ema"])), "float32")
+                draw(st.sampled_from(["", "b0", "b1", "p0", "u0", "u1", "buffers", "ema", "barrier", "l0"])), "float32")
 
 
 @settings(max_examples=200, deadline=None)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ddpwatch.dashboard.timeline_lanes import (data_collectives_text, loop_collectives_text, loop_compute_text, nograd_text,
+from ddpwatch.dashboard.timeline_lanes import (barrier_text, data_collectives_text, loop_collectives_text, loop_compute_text, nograd_text,
                                                paused_text, pick_timeline_ranks, timeline_of)
 from ddpwatch.metrics import calls_of
 from instrumented_ddp.protocol import Span, StepReport
@@ -159,6 +159,23 @@ def test_a_step_holding_the_loops_own_timed_collectives_is_titled_with_their_cou
     assert loop_collectives_text(reports) == "the loop's own collectives: 2 (all_gather, all_reduce), 42.0 ms on rank 0"
     assert timeline_of(4, reports, calls_of(reports)).notes == loop_collectives_text(reports)
     assert loop_collectives_text({0: report(0, [Span("all_reduce", 0.0, 0.01, False, 400, "b0")])}) == ""
+
+
+def test_the_title_names_the_rank_a_barrier_held_longest() -> None:
+    """After the update every rank meets at ``dist.barrier()``: rank 0 sat in it 60-90 ms and
+    again 92-94 (two barriers, 32 ms), rank 1 88-90 and 92-94 (4 ms). The ``wait`` bars in the
+    communication lane are named: rank 0, in 2, 30 + 2 = 32.0 ms. A wait for the loop's own
+    collective (untagged) is not a barrier."""
+    def barriers(*stays: tuple[float, float]) -> list[Span]:
+        return [Span("wait", a, b, True, 0, "barrier") for a, b in stays]
+
+    reports = {0: report(0, [Span("forward", 0.0, 0.040), *barriers((0.060, 0.090), (0.092, 0.094))]),
+               1: report(1, [Span("forward", 0.0, 0.040), Span("wait", 0.050, 0.058, True), *barriers((0.088, 0.090), (0.092, 0.094))])}
+    assert barrier_text(reports) == "2 barriers held rank 0 32.0 ms"
+    assert timeline_of(4, reports, calls_of(reports)).notes == "2 barriers held rank 0 32.0 ms"
+    assert barrier_text({1: reports[1]}) == "2 barriers held rank 1 4.0 ms"
+    assert barrier_text({0: report(0, barriers((0.060, 0.090)))}) == "a barrier held rank 0 30.0 ms"
+    assert barrier_text({1: report(1, [Span("wait", 0.050, 0.058, True)])}) == ""
 
 
 def test_the_title_names_the_loops_marked_compute_and_the_rank_longest_in_it() -> None:

@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 from ddpwatch import metrics
 from ddpwatch.session import strategy_label
-from instrumented_ddp.protocol import COMM_KINDS, COMPUTE_KINDS, LOOP_COMPUTE_KIND, StepReport
+from instrumented_ddp.protocol import COMM_KINDS, COMPUTE_KINDS, LOOP_COMPUTE_KIND, StepReport, is_barrier_wait
 from instrumented_ddp.step_figures import BLOCKING_KINDS, issued_by_the_loop, marked_names
 
 
@@ -102,7 +102,7 @@ def timeline_of(step: int, reports: dict[int, StepReport], calls: dict[int, metr
                         tuple(role for role in roles or () if role[0] in reports), strategy_label(first.strategy, first.settings),
                         " · ".join(filter(None, (paused_text(reports.values()), nograd_text(reports.values()),
                                                  loop_compute_text(reports), loop_collectives_text(reports),
-                                                 data_collectives_text(reports.values())))))
+                                                 barrier_text(reports), data_collectives_text(reports.values())))))
 
 
 def paused_text(reports: Iterable[StepReport]) -> str:
@@ -157,6 +157,21 @@ def loop_collectives_text(reports: dict[int, StepReport]) -> str:
     longest = max(seconds, key=lambda rank: (seconds[rank], -rank))
     return (f"the loop's own collectives: {max(counts.values())} ({', '.join(sorted(kinds))}), "
             f"{1000 * seconds[longest]:.1f} ms on rank {longest}")
+
+
+def barrier_text(reports: dict[int, StepReport]) -> str:
+    """Where the drawn ranks sat in the loop's barriers (``protocol.is_barrier_wait``), the rank
+    that sat longest, in how many and how long ("a barrier held rank 0 30.1 ms"), or "": drawn
+    as a ``wait`` in the communication lane, it could not be told from a wait for the loop's own
+    collective."""
+    stays = {rank: spans for rank, report in sorted(reports.items())
+             if (spans := [s for s in report.spans if s.kind == "wait" and is_barrier_wait(s)])}
+    if not stays:
+        return ""
+    seconds = {rank: sum(max(s.end - s.start, 0.0) for s in spans) for rank, spans in stays.items()}
+    longest = max(seconds, key=lambda rank: (seconds[rank], -rank))
+    count = len(stays[longest])
+    return f"{'a barrier' if count == 1 else f'{count} barriers'} held rank {longest} {1000 * seconds[longest]:.1f} ms"
 
 
 def data_collectives_text(reports: Iterable[StepReport]) -> str:

@@ -12,17 +12,21 @@ Pure: a segment's figures in, a line out; the dashboard's notes and summary.md s
 
 from __future__ import annotations
 
-#: A segment whose steps waited on their data this share of the time or more gets the line.
+from collections.abc import Mapping
+
+#: A segment whose steps waited on their data this share of the time or more (the mean of its
+#: ranks, or any one rank's) gets the line; ranks this many points apart are named in it.
 DATA_WAIT_NOTE_PCT = 10.0
 
 
 def data_wait_text(segment: str, data_wait_pct: float, idle_pct: float, step_ms_p50: float,
-                   collectives_in_data: int = 0) -> str | None:
+                   collectives_in_data: int = 0, by_rank: Mapping[int, float] | None = None) -> str | None:
     """The line for ``segment`` (its name as the reader knows it), or None below ``DATA_WAIT_NOTE_PCT``.
     ``collectives_in_data``: the most collectives of its own a rank's loop issued in a step's data
     time (``StepReport.untimed_in_data``): ddpwatch does not time them, so their time, and a wait
-    in them for a slower rank, is in the figure, where a straggler reads as a slow loader."""
-    if data_wait_pct < DATA_WAIT_NOTE_PCT:
+    in them for a slower rank, is in the figure, where a straggler reads as a slow loader.
+    ``by_rank``: each rank's own Data wait% over the segment, where known (``uneven_text``)."""
+    if max(data_wait_pct, max((by_rank or {}).values(), default=0.0)) < DATA_WAIT_NOTE_PCT:
         return None
     issued = ("" if not collectives_in_data else
               f"; here the loop also issued up to {collectives_in_data} collective{'s' if collectives_in_data != 1 else ''} "
@@ -32,4 +36,20 @@ def data_wait_text(segment: str, data_wait_pct: float, idle_pct: float, step_ms_
             "before each forward with nothing else running. A DataLoader that cannot keep up (more num_workers, "
             "pin_memory=True, a larger prefetch_factor), or the loop's own work between steps (logging, an "
             "evaluation not marked with watch.paused, an average of the weights not marked with watch.computing)"
-            f"{issued}")
+            f"{issued}{uneven_text(by_rank or {})}")
+
+
+def uneven_text(by_rank: Mapping[int, float]) -> str:
+    """Where the ranks' Data wait% are ``DATA_WAIT_NOTE_PCT`` points apart or more, the rank that
+    waited most and the one that waited least: one rank's slow loader, or its loop's own work
+    between steps, is a straggler the others then wait for in the next step's collectives, and
+    the segment's mean (one rank of 64 at 90 %: 1.4) hid whose it was. "" where they are even."""
+    if len(by_rank) < 2:
+        return ""
+    most = max(by_rank, key=lambda rank: (by_rank[rank], -rank))
+    least = min(by_rank, key=lambda rank: (by_rank[rank], rank))
+    if by_rank[most] - by_rank[least] < DATA_WAIT_NOTE_PCT:
+        return ""
+    return (f". Unevenly: rank {most} waited on its data {by_rank[most]:.1f} % of the time, rank {least} "
+            f"{by_rank[least]:.1f} % (the most and the least): rank {most}'s loader or its own work between steps, "
+            "which the others then wait for")

@@ -285,9 +285,10 @@ def summary_markdown(summary: dict[str, Any]) -> str:
                          f"(up to {seg.get('nograd_forwards_most', 0)} a step on a rank: an evaluation the loop did not mark "
                          "with watch.paused; their time reads as data loading) "
                          f"{runs_text(rank_runs(seg['nograd_forward_steps']), limit=20)}")
+        by_rank = {int(rank): figures.get("data_wait_pct", 0.0) for rank, figures in seg.get("per_rank", {}).items()}
         if seg.get("steps") and (waited := data_wait_text(f"segment {seg['index']}", seg.get("data_wait_pct", 0.0),
                                                            seg["idle_pct"], seg["step_ms_p50"],
-                                                           seg.get("untimed_in_data_most", 0))):
+                                                           seg.get("untimed_in_data_most", 0), by_rank)):
             lines.append(f"- {waited}")
         if early := seg.get("early_reductions"):
             lines.append(f"- segment {seg['index']}: {early_reductions_text(rank_runs(early['steps']), early, [seg['strategy']])}")

@@ -556,6 +556,12 @@ class SegmentAccumulator:
     def copy(self) -> SegmentAccumulator:
         return copy.deepcopy(self)
 
+    def data_wait_by_rank(self) -> dict[int, float]:
+        """Each rank's Data wait% (``Figures.data_wait_pct`` of its own): a mean, none of the
+        per-rank figures' percentile passes, so the dashboard can ask at 1,024 ranks."""
+        return {rank: running.data_wait / running.timed if running.timed else 0.0
+                for rank, running in sorted(self.per_rank.items())}
+
     @property
     def records(self) -> int:
         return self.overall.records

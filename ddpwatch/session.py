@@ -793,6 +793,11 @@ class Session:
             accumulator.add_step(self.step_figures(step), self.counted_calls(step))
         return accumulator.figures(per_rank)
 
+    def segment_data_wait_by_rank(self, segment: Segment) -> dict[int, float]:
+        """Each rank's Data wait% over the segment's folded steps (``segment_figures`` with
+        ``include_pending=False``, as the dashboard's rows are made), without the per-rank figures."""
+        return segment.folded.data_wait_by_rank() if segment.folded is not None else {}
+
     def latest_complete_step(self) -> int | None:
         """The newest step every live rank has reported."""
         expected = self.world_size

@@ -97,13 +97,16 @@ class SegmentRow:
     #: The loop's own compute it marked, ms a step (mean), and what it said it was (``loop_compute``).
     loop_compute_ms: float = 0.0
     loop_computed: tuple[str, ...] = ()
+    #: Each rank's Data wait%, where they are known (``Session.segment_data_wait_by_rank``): the line
+    #: names the rank that waited most where the ranks are uneven (``data_wait.uneven_text``).
+    data_wait_by_rank: tuple[tuple[int, float], ...] = ()  # (rank, %), rank order
 
 
 def segment_notes(rows: tuple[SegmentRow, ...]) -> tuple[str, ...]:
     """``data_wait.data_wait_text`` of each segment whose counted steps waited on their data,
     and ``loop_compute.loop_compute_text`` of each whose loop marked compute of its own."""
     lines = (data_wait_text(f"{row.short_label} (steps {row.steps})", row.data_wait_pct, row.idle_pct, row.step_ms_p50,
-                            row.untimed_in_data_most)
+                            row.untimed_in_data_most, dict(row.data_wait_by_rank))
              for row in rows if row.counted_steps)
     marked = (loop_compute_text(f"{row.short_label} (steps {row.steps})", row.loop_compute_ms, row.loop_computed,
                                 row.step_ms_p50) for row in rows if row.counted_steps)
@@ -499,7 +502,8 @@ class SnapshotBuilder:
                          f.step_ms_p50, f.samples_per_s, f.hidden_comm_pct,
                          metrics.kinds_text(f.calls_by_kind), metrics.held_text(f.memory),
                          metrics.busbw_text(f.busbw_gbps, f.other_busbw_gbps), f.data_wait_pct,
-                         self._untimed_in_data_most(segment), f.loop_compute_ms, f.loop_computed)
+                         self._untimed_in_data_most(segment), f.loop_compute_ms, f.loop_computed,
+                         tuple(self.session.segment_data_wait_by_rank(segment).items()))
         self._segment_rows[segment.index] = (now, key, row)
         return row
 

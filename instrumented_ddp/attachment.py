@@ -107,7 +107,6 @@ from .forward_values import batch_size_and_tokens, describe, loss_of, mean_loss,
 from .issued_collectives import IssuedCollectives, StepCollectives
 from .memory import MemorySampler
 from .protocol import (
-    BARRIER_TAG,
     COMM_KINDS,
     DEFAULT_ADDRESS,
     DETACHED,
@@ -116,6 +115,7 @@ from .protocol import (
     MAX_PAUSED_FOR,
     NOT_SWITCHABLE,
     address_problem,
+    barrier_tag,
     is_loopback,
     load_client_keys,
     metrics_problem,
@@ -629,7 +629,7 @@ class Attachment:
                 or not self._on_the_steps_clock(call)):
             return NOT_TIMED
         if call.kind == BARRIER:
-            return self._time_loop_barrier(issue, call.async_op)
+            return self._time_loop_barrier(issue, call.async_op, call.group)
         try:
             self._end_a_step_whose_update_was_skipped()
             timeline.time_collectives_in(call.group)
@@ -654,22 +654,25 @@ class Attachment:
         LooksWhenWaited(work, timeline).wait()  # on the CPU its end is its wait's return, exactly
         return None
 
-    def _time_loop_barrier(self, issue: Callable[[], Any], async_op: bool) -> Any:
+    def _time_loop_barrier(self, issue: Callable[[], Any], async_op: bool, group: Any) -> Any:
         """A barrier the loop issued in a step (``_time_loop_collective`` said where): the time the
-        rank sat in it, a blocked ``wait`` span tagged ``BARRIER_TAG``, one of the step's timed
+        rank sat in it, a blocked ``wait`` span tagged ``protocol.BARRIER_TAG``, one of the step's timed
         collectives. It carries nothing, so there is no transfer to tell from waiting: it is the
         wait for the last rank to arrive. On a GPU its marks are events on either side of torch's
         barrier, whose wait holds the host until the barrier's NCCL all-reduce has run: they bound
         it on the device's clock, and add no synchronisation of their own. An asynchronous one
         (``async_op=True``) is the loop's wait for its work, where the loop waits (``WaitedByTheLoop``):
-        a barrier whose work is never waited for in a step stays counted, untimed."""
+        a barrier whose work is never waited for in a step stays counted, untimed. One on a group
+        other than the world is tagged with the group's name (``protocol.barrier_tag``)."""
+        world = group is None or group is dist.GroupMember.WORLD
+        tag = barrier_tag("" if world else str(getattr(group, "group_name", "") or "group"))
         if async_op:
-            return WaitedByTheLoop(issue(), self.timeline, self, wait_tag=BARRIER_TAG)
+            return WaitedByTheLoop(issue(), self.timeline, self, wait_tag=tag)
         start = self.wait_begins()
         if start is None:
             return NOT_TIMED
         result = issue()
-        self.wait_ends(start, BARRIER_TAG)
+        self.wait_ends(start, tag)
         return result
 
     def _on_the_steps_clock(self, call: LoopCall) -> bool:
@@ -709,7 +712,7 @@ class Attachment:
 
     def wait_ends(self, start: Any, tag: str = "") -> None:
         """The loop's wait begun at ``start`` returned: a ``wait`` span, blocked time of the step
-        (``tag``: what it waited in, where that is not a collective's work: ``BARRIER_TAG``)."""
+        (``tag``: what it waited in, where that is not a collective's work: ``protocol.barrier_tag``)."""
         try:
             span = self.timeline.add_span("wait", start, self.timeline.stamp(), blocking=True, tag=tag)
         except Exception:

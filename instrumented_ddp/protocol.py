@@ -57,13 +57,21 @@ COMPUTE_KINDS = (*MODEL_COMPUTE_KINDS, LOOP_COMPUTE_KIND)
 COMM_KINDS = ("all_reduce", "broadcast", "reduce_scatter", "all_gather", "reduce")
 #: The tag of a ``wait`` span that is a barrier the loop issued (``dist.barrier``): the time the rank
 #: sat blocked until every rank of its group arrived. A collective with nothing to carry (no bytes,
-#: no transfer to tell from waiting), so a wait, and one of the step's timed collectives.
+#: no transfer to tell from waiting), so a wait, and one of the step's timed collectives. A barrier
+#: on a group of the loop's own is ``barrier@<group name>`` (``barrier_tag``).
 BARRIER_TAG = "barrier"
+
+
+def barrier_tag(group_name: str = "") -> str:
+    """The tag of a barrier's wait: ``BARRIER_TAG`` for the world's, ``barrier@<name>`` for one on
+    another group (c10d's name of it, the same on each of its ranks): pairing calls across ranks
+    by tag, a barrier of a group then meets only that group's, never another group's or the world's."""
+    return f"{BARRIER_TAG}@{group_name}" if group_name else BARRIER_TAG
 
 
 def is_barrier_wait(span: Any) -> bool:
     """Whether ``span`` (a ``Span``, or a rank's pending one) is the wait of a barrier the loop issued."""
-    return bool(span.kind == "wait" and span.tag == BARRIER_TAG)
+    return bool(span.kind == "wait" and (span.tag == BARRIER_TAG or span.tag.startswith(BARRIER_TAG + "@")))
 
 #: A zero-length mark: when the gradients of parameter ``p<i>`` or bucket ``b<i>`` (the hello's
 #: ``bucket_layout``) were all ready in backward, ``nbytes`` of them; the bucket advisor replays

@@ -348,9 +348,10 @@ def test_a_barrier_is_timed_as_the_wait_it_is_where_a_collective_would_be_and_el
     ``wait`` tagged ``barrier`` inside the phase it falls in (after the update: the next step's
     data, whose Data wait% it is not part of), and one of the step's timed collectives; so is
     an asynchronous barrier's, where the loop waits for its work (before, it passed through
-    untimed). One whose work is never waited for, and one from another thread, pass through
-    untimed, counted in their step, as before."""
+    untimed). One on a group of the loop's own is tagged with the group's name. One whose work is
+    never waited for, and one from another thread, pass through untimed, counted in their step, as before."""
     ddp, optimizer = make_ddp()
+    side = dist.new_group([0])
     with attached(ddp, optimizer):
         for step in range(1, 5):
             optimizer.zero_grad()
@@ -362,14 +363,15 @@ def test_a_barrier_is_timed_as_the_wait_it_is_where_a_collective_would_be_and_el
                 dist.barrier()  # after the update: step 3's data gap
             if step == 3:
                 assert dist.barrier(async_op=True).wait()
+                dist.barrier(group=side)  # on a group of the loop's own: tagged with its name
                 helper = threading.Thread(target=dist.barrier)
                 helper.start()
                 helper.join()
     reports = [m for m in sent if isinstance(m, StepReport)]
-    barriers = [[s for s in r.spans if s.tag == "barrier"] for r in reports]
-    assert [[(s.kind, s.blocking, s.nbytes) for s in found] for found in barriers] == [[], [], [("wait", True, 0)], [("wait", True, 0)]]
+    barriers = [[s for s in r.spans if s.tag.startswith("barrier")] for r in reports]
+    assert [[(s.kind, s.tag, s.blocking, s.nbytes) for s in found] for found in barriers] == [
+        [], [], [("wait", "barrier", True, 0)], [("wait", "barrier", True, 0), ("wait", f"barrier@{side.group_name}", True, 0)]]
     for step in (2, 3):  # in the next step's data gap
         (data,) = [s for s in reports[step].spans if s.kind == "data"]
-        (waited,) = barriers[step]
-        assert data.start <= waited.start <= waited.end <= data.end
+        assert all(data.start <= waited.start <= waited.end <= data.end for waited in barriers[step])
     assert [r.untimed_collectives for r in reports] == [0, 3, 0, 1]  # step 2: DDP's rebuilt-bucket broadcasts and the unwaited; 4: the thread's

@@ -886,6 +886,28 @@ def test_on_hsdps_mesh_a_barrier_is_paired_over_the_world_and_its_reduce_scatter
     assert step_waits(calls, figures)[0] == approx(waited)
 
 
+def test_barriers_of_two_groups_meet_only_their_own_groups_ranks():
+    """Ranks 0 and 1 meet at a barrier of their group (``barrier@1``), ranks 2 and 3 at their
+    own (``barrier@2``), at once: rank 1 sits 60-94 ms for rank 0 (90-94), rank 3 60-94 for
+    rank 2. Tagged alike, the four read as one world barrier, whose last arrival (ties: the lowest
+    rank) rank 0 had kept both waiting: rank 3's 30 ms put down to rank 0, with which it never met.
+    With their groups' names in the tags no call is common to the world, and nobody is blamed
+    (ddpwatch does not know a group's ranks from its name: paired only where every rank of a
+    pairing made the call)."""
+    from instrumented_ddp.protocol import barrier_tag, is_barrier_wait
+
+    assert barrier_tag() == "barrier" and barrier_tag("1") == "barrier@1"
+    assert is_barrier_wait(span("wait", 0, 1, True, tag="barrier@1")) and not is_barrier_wait(span("wait", 0, 1, True, tag="b0"))
+    sits = {0: (90, "1"), 1: (60, "1"), 2: (90, "2"), 3: (60, "2")}
+    records = {rank: record(0, 100, span("wait", at, 94, blocking=True, tag=barrier_tag(group)), rank=rank)
+               for rank, (at, group) in sits.items()}
+    figures = {rank: step_figures(rec) for rank, rec in records.items()}
+    assert step_waits(calls_of(records), figures)[0] == approx({0: 0.0, 1: 0.0, 2: 0.0, 3: 0.0})
+    alike = {rank: record(0, 100, span("wait", at, 94, blocking=True, tag="barrier"), rank=rank) for rank, (at, _) in sits.items()}
+    assert step_waits(calls_of(alike), {rank: step_figures(rec) for rank, rec in alike.items()}) == (
+        approx({0: 0.0, 1: 30.0, 2: 0.0, 3: 30.0}), approx({0: 60.0, 1: 0.0, 2: 0.0, 3: 0.0}))
+
+
 def test_an_all_reduce_and_a_reduce_scatter_waiting_at_once_count_that_waiting_once():
     """HSDP on a GPU: a unit's all-reduce across replicas (FSDP2's own stream) beside the next
     unit's reduce-scatter. Rank 0's all-reduce runs 0-40 ms and its reduce-scatter 10-50; rank 1

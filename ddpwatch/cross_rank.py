@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from instrumented_ddp.intervals import Interval, total_length
-from instrumented_ddp.protocol import BARRIER_TAG, is_barrier_wait
+from instrumented_ddp.protocol import BARRIER_TAG
 from instrumented_ddp.step_figures import (CallTimes, SpanLike, StepFigures, StepRecordLike, _all_reduces, call_times,
                                            sharded_collectives)
 
@@ -120,10 +120,11 @@ def sharded_pairings(sharded: Mapping[int, CallTimes], groups: Groups | None) ->
     """Who meets whom in the step's sharded calls: each pairing's calls by rank, its groups, and
     the spans its calls were read from (``waiting_intervals``' ``collectives``). The
     reduce-scatters and all-gathers meet within the shard groups (``shard_groups``); a loop's
-    barrier (``BARRIER_CALL``) is every rank of the world's, so where the shard groups are not
-    the world (HSDP's mesh, a DDP on subgroups) the barriers are a pairing of their own over
+    barrier on the world (``BARRIER_CALL``) is every rank's, so where the shard groups are not
+    the world (HSDP's mesh, a DDP on subgroups) those barriers are a pairing of their own over
     the world: within a shard group, the last to arrive of the group was taken for the barrier's
-    last, and a rank the others of the world sat waiting for was not named."""
+    last, and a rank the others of the world sat waiting for was not named. A barrier on a
+    group of the loop's own (``protocol.barrier_tag``) stays with the rest."""
     shards = shard_groups(groups)
     if shards is None or not any(BARRIER_CALL in calls.tags for calls in sharded.values()):
         return [(dict(sharded), shards, sharded_collectives)]
@@ -134,18 +135,23 @@ def sharded_pairings(sharded: Mapping[int, CallTimes], groups: Groups | None) ->
 
 
 def _only(calls: CallTimes, barriers: bool) -> CallTimes:
-    """``calls``' barriers (``barriers``), or all but them, in issue order, their starts kept."""
+    """``calls``' world barriers (``barriers``), or all but them, in issue order, their starts kept."""
     kept = [index for index, tag in enumerate(calls.tags) if (tag == BARRIER_CALL) == barriers]
     return CallTimes(tuple(calls.tags[i] for i in kept), array("d", (calls.seconds[i] for i in kept)),
                      None if calls.starts is None else array("d", (calls.starts[i] for i in kept)))
 
 
+def _world_barrier(span: SpanLike) -> bool:
+    """The span ``_only`` reads as ``BARRIER_CALL``: a barrier's wait on the world, not a group's."""
+    return span.kind == "wait" and span.tag == BARRIER_TAG
+
+
 def _collectives_but_barriers(record: StepRecordLike) -> list[SpanLike]:
-    return [s for s in sharded_collectives(record) if not is_barrier_wait(s)]
+    return [s for s in sharded_collectives(record) if not _world_barrier(s)]
 
 
 def _barrier_waits(record: StepRecordLike) -> list[SpanLike]:
-    return [s for s in sharded_collectives(record) if is_barrier_wait(s)]
+    return [s for s in sharded_collectives(record) if _world_barrier(s)]
 
 
 def _by_group(calls_of_one_step: Mapping[int, CallTimes], groups: Groups) -> list[dict[int, CallTimes]]:

@@ -884,6 +884,16 @@ def test_on_hsdps_mesh_a_barrier_is_paired_over_the_world_and_its_reduce_scatter
     # Over the world (no groups named) everything is one pairing, as before.
     assert len(sharded_pairings({rank: f.sharded_calls for rank, f in figures.items()}, None)) == 1
     assert step_waits(calls, figures)[0] == approx(waited)
+    # A barrier of a group of the loop's own stays with the reduce-scatters (paired within the shard
+    # groups), and their spans line up with their calls: rank 1 sits in it 95-99 for rank 0 (98-99).
+    records = [replace(rec, spans=(*rec.spans, span("wait", 98 if rec.rank in (0, 3) else 95, 99, blocking=True, tag="barrier@7")))
+               for rec in records]
+    figures = {rec.rank: step_figures(rec) for rec in records}
+    pairings = sharded_pairings({rank: f.sharded_calls for rank, f in figures.items()}, [[0, 2], [1, 3]])
+    assert [c[0].tags for c, *_ in pairings] == [("reduce_scatter:u0", "wait:barrier@7"), ("wait:barrier",)]
+    rest, among, spans = pairings[0]
+    assert [s.tag for s in spans(records[1])] == ["u0", "barrier@7"]
+    assert waiting_intervals(rest, {rec.rank: rec for rec in records}, among, collectives=spans)[1] == [(approx(0.095), approx(0.098))]
 
 
 def test_barriers_of_two_groups_meet_only_their_own_groups_ranks():

@@ -127,12 +127,8 @@ def sharded_collectives(record: StepRecordLike) -> list[SpanLike]:
     waits of the barriers the loop issued (``protocol.is_barrier_wait``): every rank joins a
     barrier as it joins these, so the last to arrive is the one the others sat there for, and
     the straggler rule pairs it across ranks with them (``StepFigures.sharded_calls``)."""
-    return _met_by_every_rank(record.spans)
-
-
-def _met_by_every_rank(spans: Iterable[SpanLike]) -> list[SpanLike]:
     # the kind first: a step of an FSDP model holds hundreds of spans, few of them waits
-    return sorted((s for s in spans if s.kind in SHARDED_KINDS or (s.kind == "wait" and is_barrier_wait(s))),
+    return sorted((s for s in record.spans if s.kind in SHARDED_KINDS or (s.kind == "wait" and is_barrier_wait(s))),
                   key=lambda s: s.start)
 
 
@@ -357,7 +353,7 @@ def figures_and_calls(record: StepRecordLike, world_size: int | None = None) -> 
     loop = [s for s in spans if s.kind in COMM_KINDS and issued_by_the_loop(getattr(s, "tag", "") or "")]
     # every other collective, in issue order, in one pass: most steps have none
     others = sorted((s for s in spans if s.kind in _OTHER_KINDS), key=lambda s: s.start)
-    calls, sharded_calls = _calls_of_both_kinds(ars, _met_by_every_rank(spans), lo)
+    calls, sharded_calls = _calls_of_both_kinds(ars, sharded_collectives(record), lo)
     alg = float_array(a for a in (algbw_gbps(s.nbytes, seconds) for s, seconds in zip(ars, calls.seconds)
                                   if not issued_by_the_loop(getattr(s, "tag", "") or "")) if a is not None)
     factor = bus_factor("all_reduce", world_size) if world_size is not None else None

@@ -116,7 +116,7 @@ BARRIER_CALL = f"wait:{BARRIER_TAG}"
 
 
 def sharded_pairings(sharded: Mapping[int, CallTimes], groups: Groups | None) -> list[
-        tuple[dict[int, CallTimes], Groups | None, Callable[[StepRecordLike], Sequence[SpanLike]]]]:
+        tuple[Mapping[int, CallTimes], Groups | None, Callable[[StepRecordLike], Sequence[SpanLike]]]]:
     """Who meets whom in the step's sharded calls: each pairing's calls by rank, its groups, and
     the spans its calls were read from (``waiting_intervals``' ``collectives``). The
     reduce-scatters and all-gathers meet within the shard groups (``shard_groups``); a loop's
@@ -127,7 +127,7 @@ def sharded_pairings(sharded: Mapping[int, CallTimes], groups: Groups | None) ->
     group of the loop's own (``protocol.barrier_tag``) stays with the rest."""
     shards = shard_groups(groups)
     if shards is None or not any(BARRIER_CALL in calls.tags for calls in sharded.values()):
-        return [(dict(sharded), shards, sharded_collectives)]
+        return [(sharded, shards, sharded_collectives)]
     barriers = {rank: _only(calls, True) for rank, calls in sharded.items()}
     rest = {rank: _only(calls, False) for rank, calls in sharded.items()}
     return [({rank: c for rank, c in rest.items() if c.tags}, shards, _collectives_but_barriers),

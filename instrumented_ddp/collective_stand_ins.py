@@ -66,7 +66,7 @@ class Collective(NamedTuple):
 
 
 #: ``Collective.kind`` of a barrier: a collective with nothing to carry, timed as the wait it is
-#: (a synchronous one: an asynchronous one's wait is the loop's, untimed).
+#: (an asynchronous one's where the loop waits for its work: ``Attachment._time_loop_barrier``).
 BARRIER = "barrier"
 
 #: The functions stood in for, those this torch has (``*_single``: the names torch 2.13 prefers

@@ -86,8 +86,8 @@ def timeline_of(step: int, reports: dict[int, StepReport], calls: dict[int, metr
         return None
     waiting = metrics.waiting_intervals(calls, reports, groups)
     if sharded_calls:
-        for calls, among, collectives in metrics.sharded_pairings(sharded_calls, groups):
-            sharded = metrics.waiting_intervals(calls, reports, among, collectives=collectives)
+        for paired, among, collectives in metrics.sharded_pairings(sharded_calls, groups):
+            sharded = metrics.waiting_intervals(paired, reports, among, collectives=collectives)
             waiting = {rank: sorted(waiting.get(rank, []) + sharded.get(rank, [])) for rank in reports}
     known = times or {}
     clocks = metrics.ClockAlignment(reference=min(reports))

@@ -50,7 +50,7 @@ def measure(args: argparse.Namespace) -> None:
         optimizers[name].zero_grad(set_to_none=False)
         if round_ >= 6:  # three warm-up steps each (DDP rebuilds its buckets after its first)
             times[name].append(time.perf_counter() - started)
-    ratio, low, high = median_with_interval([b / d for b, d in zip(times["bucket"], times["ddp"])])
+    ratio, low, high = median_with_interval([b / d for b, d in zip(times["bucket"], times["ddp"], strict=True)])
     if context.is_main:
         print(f"bucket {1000 * statistics.median(times['bucket']):.1f} ms, ddp {1000 * statistics.median(times['ddp']):.1f} ms, "
               f"bucket/ddp {ratio:.3f} ({low:.3f}-{high:.3f}) over {args.steps} alternating steps each, "

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import itertools
 import multiprocessing as mp
 import resource
 import sys
@@ -176,7 +177,7 @@ class CollectorTime:
 
     def describe(self, elapsed: float) -> str:
         return ", ".join(f"generation {g}: {n} passes, {1000 * s / max(n, 1):.1f} ms each, {s / elapsed:.1%} of the run"
-                         for g, (n, s) in enumerate(zip(self.passes, self.seconds)))
+                         for g, (n, s) in enumerate(zip(self.passes, self.seconds, strict=True)))
 
 
 def rss_mib() -> float:
@@ -243,7 +244,7 @@ async def watch(args: argparse.Namespace, directory: Path) -> None:
         print(f"  RSS over the run ({args.feed} feed" + (", UI process; the receiver's at the end "
               f"{receiver.memory_info().rss / 2**20:.0f} MiB)  " if receiver else ")  ")
               + ", ".join(f"{t:.0f}s {rss:.0f} MiB" for t, rss, _, _ in samples))
-        windows = zip([(0.0, 0.0, 0, 0.0), *samples], samples)
+        windows = itertools.pairwise([(0.0, 0.0, 0, 0.0), *samples])
         print("  frames/s, 5 s windows " + ", ".join(f"{(f1 - f0) / (t1 - t0):.1f}" for (t0, _, f0, _), (t1, _, f1, _) in windows))
 
 

@@ -66,8 +66,8 @@ def measure(steps: int) -> None:
         timeline.completed_reports()  # what the publisher would take
         if step >= 4:
             times[path].append(time.perf_counter() - started)
-    equal = all(torch.equal(a, b) for a, b in zip(models["forwarding group"].parameters(), models["hook"].parameters()))
-    ratio, low, high = median_with_interval([a / b for a, b in zip(times["forwarding group"], times["hook"])])
+    equal = all(torch.equal(a, b) for a, b in zip(models["forwarding group"].parameters(), models["hook"].parameters(), strict=True))
+    ratio, low, high = median_with_interval([a / b for a, b in zip(times["forwarding group"], times["hook"], strict=True)])
     if context.is_main:
         print(f"forwarding group {1000 * statistics.median(times['forwarding group']):.1f} ms, "
               f"hook {1000 * statistics.median(times['hook']):.1f} ms, ratio {ratio:.3f} ({low:.3f}-{high:.3f}), "

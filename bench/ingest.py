@@ -93,7 +93,7 @@ def rank_stream(rank: int, world: int, steps: int, spans_per_step: int) -> Itera
 def sender(address: str, ranks: list[int], world: int, steps: int, spans_per_step: int, start: Barrier) -> None:
     context = zmq.Context()
     sockets = [context.socket(zmq.DEALER) for _ in ranks]
-    for rank, dealer in zip(ranks, sockets):
+    for rank, dealer in zip(ranks, sockets, strict=True):
         dealer.setsockopt(zmq.ROUTING_ID, routing_id("bench", rank))
         dealer.connect(address)
     encoded: list[list[list[bytes]]] = []  # per rank, per step (see the module docstring)
@@ -105,7 +105,7 @@ def sender(address: str, ranks: list[int], world: int, steps: int, spans_per_ste
         encoded.append(per_step)
     start.wait()
     for step in range(steps + 2):  # the ranks advance together, step by step
-        for dealer, per_step in zip(sockets, encoded):
+        for dealer, per_step in zip(sockets, encoded, strict=True):
             for data in per_step[step]:
                 dealer.send(data)  # blocking: waits at the high-water mark, never drops
     for dealer in sockets:

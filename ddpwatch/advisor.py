@@ -126,11 +126,11 @@ def backward_profile(steps: Sequence[Mapping[int, StepReport]], tensors: Sequenc
         theirs = ready_times(reports[last], tensors, bucket_layout) if last is not None else None
         if last is not None and theirs is not None:
             shift = theirs[1] + offsets.get(last, 0.0) - (origin + offsets.get(own, 0.0))
-            ready = [max(mine, shift + t) for mine, t in zip(ready, theirs[0])]
+            ready = [max(mine, shift + t) for mine, t in zip(ready, theirs[0], strict=True)]
         per_step.append(ready)
     if not per_step:
         return None
-    ready_s = tuple(statistics.median(times) for times in zip(*per_step))
+    ready_s = tuple(statistics.median(times) for times in zip(*per_step, strict=True))
     return BackwardProfile(tuple(tensors), ready_s, max(ready_s), statistics.median(others))
 
 

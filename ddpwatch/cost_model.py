@@ -142,14 +142,14 @@ def fit_cost_model(samples: Iterable[TransferSample], world_size: int, kind: str
     sxx = sum((x - mean_x) ** 2 for x in xs)
     if sxx <= 0:  # distinct sizes, one float once scaled (a byte apart at ~1e18): no line through them
         return None
-    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / sxx
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / sxx
     alpha, through_origin = mean_y - slope * mean_x, False
     if alpha < 0:
-        slope, alpha, through_origin = sum(x * y for x, y in zip(xs, ys)) / sum(x * x for x in xs), 0.0, True
+        slope, alpha, through_origin = sum(x * y for x, y in zip(xs, ys, strict=True)) / sum(x * x for x in xs), 0.0, True
     if slope <= 0:
         return None
-    residuals = [y - (alpha + slope * x) for x, y in zip(xs, ys)]
-    relative = [abs(r) / y for r, y in zip(residuals, ys) if y > 0]
+    residuals = [y - (alpha + slope * x) for x, y in zip(xs, ys, strict=True)]
+    relative = [abs(r) / y for r, y in zip(residuals, ys, strict=True) if y > 0]
     return CostModel(world_size, alpha, 1.0 / slope, factor, len(points), min(n for n, _ in points),
                      max(n for n, _ in points), statistics.fmean(r * r for r in residuals) ** 0.5,
                      statistics.median(relative) if relative else 0.0, through_origin)

@@ -81,7 +81,7 @@ def shard_groups(groups: Groups | None) -> Groups | None:
     {0, 2} and {1, 3}, whose shard groups are {0, 1} and {2, 3}."""
     if not groups or len({len(group) for group in groups}) != 1:
         return None
-    return [list(shard) for shard in zip(*(sorted(group) for group in groups))]
+    return [list(shard) for shard in zip(*(sorted(group) for group in groups), strict=True)]
 
 
 def shard_ranks(groups: Groups | None, world_size: int) -> int:
@@ -202,7 +202,7 @@ class _PairedWaits(NamedTuple):
         starts = self.starts[row]
         if starts is None:
             raise ValueError(f"row {row}'s calls overlapped no other call: no starts were sent")
-        return [(starts[i], starts[i] + ms / 1000.0) for i, ms in zip(self.positions[row], in_call)]
+        return [(starts[i], starts[i] + ms / 1000.0) for i, ms in zip(self.positions[row], in_call, strict=True)]
 
 
 def _paired_waits(calls_of_one_step: Mapping[int, CallTimes],
@@ -240,9 +240,9 @@ def _settle(passes: Sequence[_PairedWaits], met: Iterable[int]) -> tuple[dict[in
         own_total: dict[int, float] = {}  # ΣU per rank
         timed: dict[int, list[tuple[_PairedWaits, int]]] = {}  # per rank, the pairings whose rows have starts
         timed_total: dict[int, float] = {}  # their U summed, per rank
-        for p, sums in zip(passes, summed):
+        for p, sums in zip(passes, summed, strict=True):
             row_covered = []
-            for row, (rank, ms) in enumerate(zip(p.ranks, sums)):
+            for row, (rank, ms) in enumerate(zip(p.ranks, sums, strict=True)):
                 if p.starts[row] is not None:
                     ms = 1000.0 * total_length(p.waiting(row, p.in_call[row].tolist()))
                     timed.setdefault(rank, []).append((p, row))
@@ -255,14 +255,14 @@ def _settle(passes: Sequence[_PairedWaits], met: Iterable[int]) -> tuple[dict[in
             if len(rows) > 1:  # their common waiting, once: the union of all of it in place of their U
                 union = total_length([w for p, row in rows for w in p.waiting(row, p.in_call[row].tolist())])
                 covered[rank] += 1000.0 * union - timed_total[rank]
-        for index, (p, sums, row_covered) in enumerate(zip(passes, summed, own)):
+        for index, (p, sums, row_covered) in enumerate(zip(passes, summed, own, strict=True)):
             scales[index] = np.array([(u / r if r > 0 else 1.0) * (covered[rank] / own_total[rank] if own_total[rank] > 0 else 1.0)
-                                      for rank, r, u in zip(p.ranks, sums, row_covered)])
-    for p, scale in zip(passes, scales):
+                                      for rank, r, u in zip(p.ranks, sums, row_covered, strict=True)])
+    for p, scale in zip(passes, scales, strict=True):
         in_call = p.in_call if scale is None else p.in_call * scale[:, None]
-        for rank, ms in zip(p.ranks, in_call.sum(axis=1).tolist()):  # one pass over rows, not 1,024 numpy calls
+        for rank, ms in zip(p.ranks, in_call.sum(axis=1).tolist(), strict=True):  # one pass over rows, not 1,024 numpy calls
             waited[rank] += ms
-        for rank, ms in zip(p.ranks, np.bincount(p.last, weights=in_call.sum(axis=0), minlength=len(p.ranks)).tolist()):
+        for rank, ms in zip(p.ranks, np.bincount(p.last, weights=in_call.sum(axis=0), minlength=len(p.ranks)).tolist(), strict=True):
             waited_on[rank] += ms
     return waited, waited_on
 
@@ -289,11 +289,11 @@ def transfers(calls_of_one_step: Mapping[int, CallTimes], groups: Groups | None 
         return []
     tags = minima[0][0]
     if all(theirs == tags and len(made) == len(tags) for theirs, made, _ in minima):  # every group made every call
-        return list(zip(_keys(tags), np.mean([shortest for *_, shortest in minima], axis=0).tolist()))
+        return list(zip(_keys(tags), np.mean([shortest for *_, shortest in minima], axis=0).tolist(), strict=True))
     sums: dict[tuple[str, int], list[float]] = {}  # key -> [sum over groups, groups]
     for theirs, made, shortest in minima:
         keys = _keys(theirs)
-        for index, transfer_s in zip(made, shortest.tolist()):
+        for index, transfer_s in zip(made, shortest.tolist(), strict=True):
             total = sums.setdefault(keys[index], [0.0, 0])
             total[0] += transfer_s
             total[1] += 1
@@ -363,7 +363,7 @@ def _paired_calls(calls_of_one_step: Mapping[int, CallTimes]) -> tuple[list[int]
         keyed.append({collective_key(tag, seen): index for index, tag in enumerate(calls_of_one_step[rank].tags)})
     common = sorted(set.intersection(*(set(k) for k in keyed)), key=lambda key: keyed[0][key])
     positions = [[k[key] for key in common] for k in keyed]
-    seconds = np.array([[calls_of_one_step[rank].seconds[i] for i in row] for rank, row in zip(ranks, positions)],
+    seconds = np.array([[calls_of_one_step[rank].seconds[i] for i in row] for rank, row in zip(ranks, positions, strict=True)],
                        dtype=float).reshape(len(ranks), len(common))
     return ranks, positions, seconds
 

@@ -93,10 +93,10 @@ def nvml_checks(nvml: dict[str, Any]) -> tuple[Check, ...]:
                         busiest is not None and BUSY_UTILIZATION_PCT < busiest <= 100.0, "%",
                         f"{len(utilization)} of {len(samples)} samples" + ("" if utilization else ": absent")
                         + ("; an idle reading means NVML looks at another GPU" if busiest is not None and busiest <= BUSY_UTILIZATION_PCT else "")))
-    used, total = values("mem_used_bytes"), values("mem_total_bytes")
-    memory_ok = bool(used and total) and all(0 < u <= t for u, t in zip(used, total))
+    both = [(s["mem_used_bytes"], s["mem_total_bytes"]) for s in samples if "mem_used_bytes" in s and "mem_total_bytes" in s]
+    memory_ok = bool(both) and all(0 < used <= total for used, total in both)  # each sample's own pair
     checks.append(Check("memory used / total", None, None, "0 < used <= total", memory_ok, "",
-                        f"{used[-1] / 2**30:.1f} / {total[-1] / 2**30:.1f} GiB" if used and total else "absent"))
+                        f"{both[-1][0] / 2**30:.1f} / {both[-1][1] / 2**30:.1f} GiB" if both else "absent"))
     power = values("power_w")
     low, high = PLAUSIBLE_POWER_W
     checks.append(Check("power", max(power, default=None), None, f"{low:g}-{high:g} W or not supported",

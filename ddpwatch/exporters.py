@@ -331,7 +331,7 @@ def summary_svg(summary: dict[str, Any]) -> str:
     bars = [segment_bar(f"{seg.get('label') or seg.get('strategy', '')} ({seg['first_step']}-{seg['last_step']})",
                         seg.get("compute_pct", 0.0), seg.get("non_compute_pct", 0.0), seg.get("idle_pct", 0.0),
                         seg.get("hidden_comm_pct", 0.0), seg.get("overlap_pct", 0.0), length)
-            for seg, length in zip(segments, lengths([seg.get("samples_per_s", 0.0) for seg in segments]))]
+            for seg, length in zip(segments, lengths([seg.get("samples_per_s", 0.0) for seg in segments]), strict=True)]
     return bars_svg(bars, f"ddpwatch session {summary.get('session') or '(unnamed)'}: where each step's time went")
 
 

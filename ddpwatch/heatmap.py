@@ -89,7 +89,7 @@ def assemble_heatmap(metric: str, steps: Sequence[int], layout: Sequence[RowLayo
                      columns: Sequence[Sequence[float | None]], collapsible: bool) -> Heatmap:
     """The grid from one column per step (in ``steps`` order), rows in ``layout`` order."""
     rows = tuple(HeatRow(row.label, row.node, row.ranks, tuple(values))
-                 for row, values in zip(layout, zip(*columns) if columns else ((),) * len(layout)))
+                 for row, values in zip(layout, zip(*columns, strict=True) if columns else ((),) * len(layout), strict=True))
     shown = [v for column in columns for v in column if v is not None]
     return Heatmap(metric, tuple(steps), rows, min(shown, default=0.0), max(shown, default=0.0), collapsible=collapsible)
 

@@ -130,7 +130,7 @@ def _equal_count_differences(report: StepReport, kernels: Sequence[Kernel]) -> l
     out: list[float] = []
     for spans, ks in _by_kind_sorted(_collective_spans(report), kernels).values():
         if spans and len(spans) == len(ks):
-            out.extend(k.end_us - s.end * _US_PER_S for s, k in zip(spans, ks))
+            out.extend(k.end_us - s.end * _US_PER_S for s, k in zip(spans, ks, strict=True))
     return out
 
 
@@ -291,7 +291,7 @@ def _pair(spans: Sequence[Span], kernels: Sequence[Kernel], offset_us: float) ->
     """Equal counts: in order of end (exact). Otherwise nearest ends first, so one missing call
     leaves the other pairs right instead of shifting every later one."""
     if len(spans) == len(kernels):
-        return list(zip(spans, kernels))
+        return list(zip(spans, kernels, strict=True))
     distances = sorted((abs(k.end_us - (s.end * _US_PER_S + offset_us)), i, j)
                        for i, s in enumerate(spans) for j, k in enumerate(kernels))
     used_s: set[int] = set()

@@ -102,7 +102,7 @@ def bars_svg(bars: Sequence[SegmentBar], title: str) -> str:
         out.append(f'<text x="8" y="{y + 15}">{escape(bar.label)}</text>')
         total = sum(bar.parts)
         x = float(LABEL_PX)
-        for (name, what, colour), part in zip(PARTS, bar.parts):
+        for (name, what, colour), part in zip(PARTS, bar.parts, strict=True):
             w = BAR_PX * bar.length * part / total if total > 0 else 0.0
             if w > 0:
                 out.append(f'<rect class="{name}" x="{x:.2f}" y="{y}" width="{w:.2f}" height="20" fill="{colour}">'

@@ -152,7 +152,7 @@ def _arguments(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict
     parameters = _parameters(name)
     if parameters is None or len(args) > parameters.positional:
         return None
-    arguments = dict(zip(parameters.names, args))
+    arguments = dict(zip(parameters.names, args, strict=False))  # the first len(args) names: the rest came by keyword or not at all
     for key, value in kwargs.items():
         if key in arguments or key not in parameters.names:
             return None

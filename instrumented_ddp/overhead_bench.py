@@ -134,7 +134,7 @@ def measure(args: argparse.Namespace) -> None:
             for wrapped in models.values():
                 instrumented_ddp.unwrap(wrapped)
         watched_ms, plain_ms = (1000 * statistics.median(times[m]) for m in ("watched", "plain"))
-        ratio, low, high = median_with_interval([w / p for w, p in zip(times["watched"], times["plain"])])
+        ratio, low, high = median_with_interval([w / p for w, p in zip(times["watched"], times["plain"], strict=True)])
         rows.append((strategy, watched_ms, plain_ms, ratio, low, high))
     watched.close()
     if context.is_main:

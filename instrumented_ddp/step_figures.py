@@ -145,7 +145,7 @@ def _overlapping(calls: CallTimes) -> bool:
     if calls.starts is None:
         return False
     reached = float("-inf")
-    for start, seconds in zip(calls.starts, calls.seconds):
+    for start, seconds in zip(calls.starts, calls.seconds, strict=True):
         if start < reached:
             return True
         reached = max(reached, start + seconds)
@@ -354,7 +354,7 @@ def figures_and_calls(record: StepRecordLike, world_size: int | None = None) -> 
     # every other collective, in issue order, in one pass: most steps have none
     others = sorted((s for s in spans if s.kind in _OTHER_KINDS), key=lambda s: s.start)
     calls, sharded_calls = _calls_of_both_kinds(ars, sharded_collectives(record), lo)
-    alg = float_array(a for a in (algbw_gbps(s.nbytes, seconds) for s, seconds in zip(ars, calls.seconds)
+    alg = float_array(a for a in (algbw_gbps(s.nbytes, seconds) for s, seconds in zip(ars, calls.seconds, strict=True)
                                   if not issued_by_the_loop(getattr(s, "tag", "") or "")) if a is not None)
     factor = bus_factor("all_reduce", world_size) if world_size is not None else None
     figures = StepFigures(

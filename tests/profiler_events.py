@@ -22,10 +22,10 @@ def profiler_intervals(recorded: Sequence[Span], profiled: Sequence[dict]) -> di
     """Each recorded span's profiler event (paired in order), put on ddpwatch's clock by the
     median offset between their ends, in seconds, keyed by the span's ``id``; its start moved
     earlier by the median pick-up (``pick_up_us``)."""
-    offset_us = statistics.median(e["ts"] + e["dur"] - s.end * 1e6 for s, e in zip(recorded, profiled))
+    offset_us = statistics.median(e["ts"] + e["dur"] - s.end * 1e6 for s, e in zip(recorded, profiled, strict=True))
     pick_up = pick_up_us(recorded, profiled, offset_us)
     return {id(s): ((e["ts"] - offset_us - pick_up) / 1e6, (e["ts"] + e["dur"] - offset_us) / 1e6)
-            for s, e in zip(recorded, profiled)}
+            for s, e in zip(recorded, profiled, strict=True)}
 
 
 def pick_up_us(recorded: Sequence[Span], profiled: Sequence[dict], offset_us: float) -> float:
@@ -37,7 +37,7 @@ def pick_up_us(recorded: Sequence[Span], profiled: Sequence[dict], offset_us: fl
     into the profiler's starts, so that Overlap% is held against what ddpwatch measures, not
     against how busy the box was: in one clean-clone run the attached Trainer's rank 0, with
     1.7 ms buckets, read Overlap% 5.04 points above the profiler's, every step higher."""
-    return max(0.0, statistics.median(e["ts"] - offset_us - s.start * 1e6 for s, e in zip(recorded, profiled)))
+    return max(0.0, statistics.median(e["ts"] - offset_us - s.start * 1e6 for s, e in zip(recorded, profiled, strict=True)))
 
 
 def overlap_pcts(reports: Sequence[StepReport], intervals: dict[int, tuple[float, float]]) -> tuple[list[float], list[float]]:
@@ -91,7 +91,7 @@ def ends_off_by_more_than_their_looks(recorded: Sequence[Span], intervals: dict[
     """The recorded ends off the profiler's (``intervals``) by more than the CPU clock's
     resolution (``half_gaps``, from ``half_look_gaps``), each as (error, half the gap between its
     looks), in us."""
-    errors = [(span.end - intervals[id(span)][1], half_gap) for span, half_gap in zip(recorded, half_gaps)]
+    errors = [(span.end - intervals[id(span)][1], half_gap) for span, half_gap in zip(recorded, half_gaps, strict=True)]
     return [(round(error * 1e6), round(half_gap * 1e6)) for error, half_gap in errors if abs(error) > half_gap + LOOK_SLACK_S]
 
 
@@ -126,4 +126,4 @@ def assert_all_reduces_hold_against_the_profiler(reports: Sequence[StepReport], 
     ours, theirs = overlap_pcts(reports, at_the_profilers_starts(recorded, intervals))
     # A bias every step would show (a worker's pick-up counted as communication read 5.04 points
     # high in every step once), as the median step; the ends are held above, each to its resolution.
-    assert abs(statistics.median(o - t for o, t in zip(ours, theirs))) < 5.0, (ours, theirs)
+    assert abs(statistics.median(o - t for o, t in zip(ours, theirs, strict=True))) < 5.0, (ours, theirs)

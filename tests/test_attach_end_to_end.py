@@ -174,7 +174,7 @@ def test_the_loops_own_gathers_hold_against_the_profiler(example_runs: ExampleRu
                        key=lambda s: s.start)
         assert len(spans) == len(events) == (trainer_gathers_a_step() * len(PROFILED_STEPS) if runs.example == "hf_trainer" else 0)
         if spans:
-            differences = [e["ts"] + e["dur"] - s.end * 1e6 for s, e in zip(spans, events)]
+            differences = [e["ts"] + e["dur"] - s.end * 1e6 for s, e in zip(spans, events, strict=True)]
             offset = statistics.median(differences)
             assert statistics.median(abs(d - offset) for d in differences) <= LOOK_SLACK_S * 1e6, differences
 
@@ -347,9 +347,9 @@ def test_collectives_the_script_issues_itself_are_timed_as_its_own_or_counted(ex
     gathers = trainer_gathers_a_step()  # 3: its log's two after the update (step 11's in the pause), its label count
     assert loop_calls == ([0] * 12 if "plain_ddp" in request.node.name else [0] + [gathers] * 9 + [gathers - 2, gathers])
     (segment,) = runs.summary["segments"]
-    assert segment["untimed_collective_steps"] == [step for step, n in zip(range(1, 13), per_step) if n]
+    assert segment["untimed_collective_steps"] == [step for step, n in zip(range(1, 13), per_step, strict=True) if n]
     assert segment["untimed_collectives_most"] == max(per_step)
-    assert segment["untimed_in_data_steps"] == [step for step, n in zip(range(1, 13), in_data) if n]
+    assert segment["untimed_in_data_steps"] == [step for step, n in zip(range(1, 13), in_data, strict=True) if n]
 
 
 @pytest.mark.timeout(200)

@@ -522,7 +522,7 @@ def test_a_bounded_session_keeps_recent_steps_and_exact_segment_figures() -> Non
     ingest(everything, messages)
     ingest(bounded, messages)
     assert len(bounded.reports) == 7 and sorted(bounded.reports)[0] == 54
-    for full, kept in zip(everything.segments, bounded.segments):
+    for full, kept in zip(everything.segments, bounded.segments, strict=True):
         a, b = everything.segment_figures(full).as_dict(), bounded.segment_figures(kept).as_dict()
         for key in ("compute_pct", "non_compute_pct", "overlap_pct", "all_reduce_calls_total", "samples_per_s", "step_ms_p50"):
             assert a[key] == pytest.approx(b[key]), key

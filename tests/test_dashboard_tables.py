@@ -194,7 +194,7 @@ def test_a_ranks_table_row_is_kept_until_what_it_shows_changes() -> None:
     arrived = max(state.last_seen for state in session.ranks.values())
     first = builder.build(now=arrived + 0.1).ranks
     again = builder.build(now=arrived + 0.2).ranks
-    assert all(a is b for a, b in zip(first, again))
+    assert all(a is b for a, b in zip(first, again, strict=True))
     later = builder.build(now=arrived + 10.0).ranks  # silent for 10 s: lost, and the row says so
     assert [row.status for row in later] == ["lost", "lost"] and later[0] is not first[0]
 

@@ -38,7 +38,7 @@ def tokenized(reviews, tokenizer) -> datasets.DatasetDict:
 
 
 def _rows(ds: datasets.Dataset) -> list[tuple[str, int]]:
-    return list(zip(ds["text"], ds["label"]))
+    return list(zip(ds["text"], ds["label"], strict=True))
 
 
 def test_generation_is_deterministic_and_ignores_global_rng():

@@ -52,6 +52,16 @@ def test_memory_used_beyond_total_fails() -> None:
     assert failed(nvml_checks({"note": "", "samples": [busy_sample(mem_used_bytes=90.0 * GIB)]})) == ["memory used / total"]
 
 
+def test_memory_used_is_held_against_its_own_samples_total() -> None:
+    """A sample that read one of the two (the other's call failed that once) is left out, not
+    paired with the next sample's: 90 GiB used of 80 read as 90 of 96 before."""
+    samples = [{k: v for k, v in busy_sample(mem_total_bytes=96.0 * GIB).items() if k != "mem_used_bytes"},
+               busy_sample(mem_used_bytes=90.0 * GIB)]
+    checks = nvml_checks({"note": "", "samples": samples})
+    assert failed(checks) == ["memory used / total"]
+    assert checks[1].detail == "90.0 / 80.0 GiB"
+
+
 def test_nvml_not_used_fails_with_the_ranks_reason() -> None:
     note = "NVML not used for cuda:0 (nvmlInit failed: Driver Not Loaded); sending CPU readings instead"
     (check,) = nvml_checks({"note": note, "samples": []})

@@ -71,7 +71,7 @@ def test_64_ranks_summarized_at_the_edge_give_the_central_figures_exactly() -> N
     central = fed(session_messages(steps=12, world_size=WORLD, edit=uneven))
     edge = fed(session_messages(steps=12, world_size=WORLD, edit=as_summary))
     assert [s.label for s in edge.segments] == [s.label for s in central.segments]
-    for a, b in zip(central.segments, edge.segments):
+    for a, b in zip(central.segments, edge.segments, strict=True):
         central_figures, edge_figures = central.segment_figures(a), edge.segment_figures(b)
         assert edge_figures.as_dict() == central_figures.as_dict()
     assert central.desync_range() == edge.desync_range() is not None
@@ -84,7 +84,7 @@ def test_a_session_fed_summaries_and_full_reports_mixed_gives_the_same_figures()
     central = fed(session_messages(steps=12, world_size=WORLD, edit=uneven))
     mixed = fed(session_messages(steps=12, world_size=WORLD,
                                  edit=lambda r: uneven(r) if r.rank in (0, 9) or r.step % 5 == 0 else as_summary(r)))
-    for a, b in zip(central.segments, mixed.segments):
+    for a, b in zip(central.segments, mixed.segments, strict=True):
         assert mixed.segment_figures(b).as_dict() == central.segment_figures(a).as_dict()
 
 

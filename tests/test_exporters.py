@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import csv
 import io
+import itertools
 import json
 import threading
 from collections import defaultdict
@@ -492,7 +493,7 @@ def test_trace_lanes_never_overlap(trace: dict) -> None:
             lanes[(e["pid"], e["tid"])].append((e["ts"], e["ts"] + e["dur"]))
     for spans in lanes.values():
         spans.sort()
-        assert all(a[1] <= b[0] + 1e-6 for a, b in zip(spans, spans[1:]))
+        assert all(a[1] <= b[0] + 1e-6 for a, b in itertools.pairwise(spans))
     bucket_ars = [e for e in trace["traceEvents"]
                   if e["ph"] == "X" and e["name"] == "all_reduce" and e["args"]["step"] == 4 and e["pid"] == 1]
     assert len(bucket_ars) == 2 and bucket_ars[0]["tid"] != bucket_ars[1]["tid"]

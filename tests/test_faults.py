@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import time
@@ -222,7 +223,7 @@ def test_the_dashboard_started_late_then_killed_and_restarted_never_pauses_train
     last_seen = max(step for step, ranks in before.reports.items() if 0 in ranks)
     first_again = min(step for step, ranks in after.reports.items() if 0 in ranks)
     assert first_again > last_seen
-    per_step = sorted(starts[b] - starts[a] for a, b in zip(sorted(starts), sorted(starts)[1:]) if b == a + 1)
+    per_step = sorted(starts[b] - starts[a] for a, b in itertools.pairwise(sorted(starts)) if b == a + 1)
     typical = per_step[len(per_step) // 2]
     across_outage = (starts[first_again] - starts[last_seen]) / (first_again - last_seen)
     assert across_outage < 2.0 * typical, f"steps took {across_outage:.3f} s while no dashboard ran, {typical:.3f} s otherwise"

@@ -527,7 +527,7 @@ def two_rank_segment() -> list[Record]:
     lengths = {0: [10, 20, 30, 40], 1: [5, 20, 30, 30]}
     starts = [0, 100, 200, 300]
     for rank, ls in lengths.items():
-        for step, (t, L) in enumerate(zip(starts, ls)):
+        for step, (t, L) in enumerate(zip(starts, ls, strict=True)):
             if rank == 0:
                 spans = (span("forward", t, t + L / 2),
                          span("all_reduce", t + L / 2, t + 3 * L / 4, True, 10_000_000))

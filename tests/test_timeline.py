@@ -146,7 +146,7 @@ def test_host_clock_looks_at_a_collective_on_another_groups_queue_past_this_grou
     timeline = StepTimeline(rank=0, clock=HostClock())
     timeline.begin_step(1, "fsdp", {})
     busy = [FakeWork(), FakeWork()]
-    for tag, work in zip(("u2", "u1"), busy):
+    for tag, work in zip(("u2", "u1"), busy, strict=True):
         timeline.close_collective(timeline.open_collective("reduce_scatter", 4, tag, "float32", blocking=False), work)
     across = FakeWork()
     host_time.now = 1.0

@@ -118,7 +118,7 @@ def test_ddp_on_the_cpu_completes_its_buckets_in_backward_and_a_failed_all_reduc
             wrapped.finish_gradient_sync()
             timeline.end_step(samples=5, tokens=5)
             reference(inputs).pow(2).mean().backward()
-        assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), reference.parameters()))
+        assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), reference.parameters(), strict=True))
         for report in timeline.completed_reports()[1:]:
             (backward,) = kinds_of(report, "backward")
             all_reduces = kinds_of(report, "all_reduce")

@@ -378,7 +378,7 @@ class SnapshotBuilder:
         it first enters the window (aligning 20 steps of 1,024 ranks afresh took ~100 ms)."""
         complete = tuple(s for s in trend[-window:] if s.ranks >= self.session.world_size)
         made_at, made_from, result = self._rate
-        same = len(made_from) == len(complete) and all(a is b for a, b in zip(made_from, complete))
+        same = len(made_from) == len(complete) and all(a is b for a, b in zip(made_from, complete, strict=True))
         if same or (result[1] is not None and now - made_at < SEGMENT_REFRESH_S):
             return result
         result = (None, None)

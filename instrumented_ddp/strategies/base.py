@@ -176,7 +176,7 @@ class DataParallelStrategy(nn.Module):
         for group in by_kind.values():
             flat = _flatten_dense_tensors([t.data for t in group])
             self._collective("broadcast", flat, tag="state", async_op=False, src=source)
-            for tensor, synced in zip(group, _unflatten_dense_tensors(flat, group)):
+            for tensor, synced in zip(group, _unflatten_dense_tensors(flat, group), strict=True):
                 tensor.data.copy_(synced)
 
     def _all_reduce(self, tensor: torch.Tensor, *, tag: str, async_op: bool,

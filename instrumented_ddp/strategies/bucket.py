@@ -94,7 +94,7 @@ class BucketedAsyncHook(DataParallelStrategy):
         for index, members in enumerate(plan_buckets(self.trainable_parameters(), cap_bytes)):
             bucket = GradientBucket(index, members, self._buffer_numel(sum(p.numel() for p in members)))
             bucket.allocate()
-            for parameter, view in zip(members, bucket.views):
+            for parameter, view in zip(members, bucket.views, strict=True):
                 if parameter.grad is not None:
                     view.copy_(parameter.grad)
                     parameter.grad = view

@@ -116,7 +116,7 @@ def train_side_by_side(option: dict[str, Any], address: str, rank: int) -> tuple
             optimizers[mode].step()
             optimizers[mode].zero_grad(set_to_none=not view)  # views stay views
     watch.detach()
-    same = all(torch.equal(a, b) for a, b in zip(pair["plain"].parameters(), pair["watched"].parameters()))
+    same = all(torch.equal(a, b) for a, b in zip(pair["plain"].parameters(), pair["watched"].parameters(), strict=True))
     return same, [m for m in sent if isinstance(m, StepReport)], watch.publisher.hello.all_reduce_group
 
 
@@ -145,7 +145,7 @@ def train_zero_one_then_the_other(address: str, rank: int) -> tuple[bool, list[S
         if watch is not None:
             watch.detach()
         trained[mode] = ddp
-    same = all(torch.equal(a, b) for a, b in zip(trained["plain"].parameters(), trained["watched"].parameters()))
+    same = all(torch.equal(a, b) for a, b in zip(trained["plain"].parameters(), trained["watched"].parameters(), strict=True))
     return same, [m for m in sent if isinstance(m, StepReport)]
 
 
@@ -214,7 +214,7 @@ def train_accelerate_side_by_side(address: str, rank: int, comm_hook: DDPCommuni
                 optimizer.zero_grad()
     watch.detach()
     (plain, _), (watched, _) = pair["plain"], pair["watched"]
-    same = all(torch.equal(a, b) for a, b in zip(plain.parameters(), watched.parameters()))
+    same = all(torch.equal(a, b) for a, b in zip(plain.parameters(), watched.parameters(), strict=True))
     return same, [m for m in sent if isinstance(m, StepReport)]
 
 
@@ -251,7 +251,7 @@ def train_fsdp2_side_by_side(address: str, rank: int, mesh: Any = None, prefetch
             optimizers[mode].step()
             optimizers[mode].zero_grad()
     watch.detach()
-    same = all(torch.equal(a.full_tensor(), b.full_tensor()) for a, b in zip(pair["plain"].parameters(), pair["watched"].parameters()))
+    same = all(torch.equal(a.full_tensor(), b.full_tensor()) for a, b in zip(pair["plain"].parameters(), pair["watched"].parameters(), strict=True))
     return same, [m for m in sent if isinstance(m, StepReport)], watch.publisher.hello.all_reduce_group
 
 

@@ -152,7 +152,7 @@ class RanksTable(ScrollView, can_focus=True):
 
     def _line(self, cells: tuple[str, ...], style: Style, header: bool = False) -> Strip:
         segments = []
-        for column, (text, width) in enumerate(zip(cells, self.widths)):
+        for column, (text, width) in enumerate(zip(cells, self.widths, strict=True)):
             padded = text.rjust(width) if column in NUMERIC else text.ljust(width)
             cell_style = style + STATUS_STYLE[text] if column == STATUS_COLUMN and not header and text in STATUS_STYLE else style
             segments.append(Segment(padded, cell_style))

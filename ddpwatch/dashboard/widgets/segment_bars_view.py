@@ -40,7 +40,7 @@ class SegmentBarsView(Widget):
         """A bar per segment, labelled by its strategy and steps (the table beside it has the rest)."""
         bars = tuple(segment_bar(f"{r.label.split(' (')[0]} {r.steps}", r.compute_pct, r.non_compute_pct,
                                  r.idle_pct, r.hidden_comm_pct, r.overlap_pct, length)
-                     for r, length in zip(rows, lengths([r.samples_per_s if r.counted_steps else 0.0 for r in rows])))
+                     for r, length in zip(rows, lengths([r.samples_per_s if r.counted_steps else 0.0 for r in rows]), strict=True))
         if bars != self._bars:
             self._bars = bars
             self.refresh(layout=True)
@@ -60,7 +60,7 @@ class SegmentBarsView(Widget):
                 parts.append((NOT_MEASURED[:width + OVERLAP_CELLS], "grey50"))
                 continue
             counts = cells(bar, width)
-            for (glyph, style), count in zip(GLYPHS, counts):
+            for (glyph, style), count in zip(GLYPHS, counts, strict=True):
                 if count:
                     parts.append((glyph * count, style))
             parts.append(" " * (width - sum(counts)) + f" ov {bar.overlap_pct:3.0f}%")  # under the longest bar's end

@@ -41,7 +41,7 @@ class SegmentsTable(DataTable):
         widths = [max([len(name), *(len(row[index]) for row in cells)]) for index, name in enumerate(COLUMNS)]
         if widths != self._widths or len(cells) != len(self._shown):  # a column never keeps the width of a value gone
             self.clear(columns=True)
-            for name, width in zip(COLUMNS, widths):
+            for name, width in zip(COLUMNS, widths, strict=True):
                 self.add_column(name, width=width)
             for index, row in enumerate(cells):
                 self.add_row(*row, key=str(index))
@@ -49,8 +49,8 @@ class SegmentsTable(DataTable):
             if len(cells) > len(self._shown):  # a new segment: in view, even where only two rows show
                 self.call_after_refresh(self.scroll_end, animate=False)
         else:
-            for index, (row, shown) in enumerate(zip(cells, self._shown)):
-                for column, cell, old in zip(self.columns, row, shown):
+            for index, (row, shown) in enumerate(zip(cells, self._shown, strict=True)):
+                for column, cell, old in zip(self.columns, row, shown, strict=True):
                     if cell != old:  # as wide as before: the column's width holds it
                         self.update_cell(str(index), column, cell)
         self._shown = cells

@@ -206,7 +206,7 @@ def axis_text(span_ms: float, columns: int) -> str:
         return "".join(ticks)
     labels = [(int(fraction * columns), f"|{span_ms * fraction:.0f}ms") for fraction in (0.0, 0.25, 0.5, 0.75)]
     starts = [at for at, _ in labels[1:]] + [columns - len(end)]
-    for (at, text), next_start in zip(labels, starts):
+    for (at, text), next_start in zip(labels, starts, strict=True):
         if at + len(text) < next_start:  # a column of space before the next label
             ticks[at:at + len(text)] = text
     ticks[columns - len(end):] = end

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .data_wait import extremes, most_and_least
 from .order_statistics import intervals_apart
 
 COLUMNS = ("run", "segment", "steps", "step ms p50", "90 % interval", "× step", "samples/s", "× samples/s",
@@ -46,6 +47,9 @@ class ComparedSegment:
     #: The rank the segment's straggler rule named (summary.json's ``straggler``: its rank and how
     #: long the others waited for it, ms a step), None where it named none.
     straggler: tuple[int, float] | None = None
+    #: Each rank's own Data wait% over the segment (summary.json's ``per_rank``), by rank; empty
+    #: in a summary written before it was kept.
+    data_wait_by_rank: tuple[tuple[int, float], ...] = ()
 
 
 def compared_segments(runs: Sequence[tuple[str, dict[str, Any]]]) -> list[ComparedSegment]:
@@ -64,7 +68,7 @@ def compared_segments(runs: Sequence[tuple[str, dict[str, Any]]]) -> list[Compar
                 non_compute_pct=seg["non_compute_pct"], idle_pct=seg["idle_pct"], overlap_pct=seg["overlap_pct"],
                 all_reduce_calls=seg["all_reduce_calls"], data_wait_pct=seg.get("data_wait_pct"),
                 loop_compute_ms=seg.get("loop_compute_ms", 0.0), loop_computed=tuple(seg.get("loop_computed", ())),
-                straggler=straggler_of(seg)))
+                straggler=straggler_of(seg), data_wait_by_rank=data_wait_by_rank_of(seg)))
     return found
 
 
@@ -72,6 +76,13 @@ def straggler_of(seg: dict[str, Any]) -> tuple[int, float] | None:
     """``ComparedSegment.straggler`` of one of summary.json's segments."""
     named = seg.get("straggler")
     return (int(named["rank"]), float(named["waited_ms_per_step"])) if named else None
+
+
+def data_wait_by_rank_of(seg: dict[str, Any]) -> tuple[tuple[int, float], ...]:
+    """``ComparedSegment.data_wait_by_rank`` of one of summary.json's segments."""
+    per_rank = seg.get("per_rank") or {}
+    return tuple(sorted((int(rank), float(figures["data_wait_pct"])) for rank, figures in per_rank.items()
+                        if figures.get("data_wait_pct") is not None))
 
 
 def ratio(value: float, base: float) -> float | None:
@@ -97,7 +108,7 @@ def change_line(segment: ComparedSegment, base: ComparedSegment) -> str:
             f"{base.samples_per_s:.1f} → {segment.samples_per_s:.1f}{'' if rate is None else f' (×{rate:.2f})'}; "
             f"exposed communication (Non_Compute%) {base.non_compute_pct:.1f} → {segment.non_compute_pct:.1f} %, "
             f"Overlap% {base.overlap_pct:.1f} → {segment.overlap_pct:.1f}{loop_compute_change(segment, base)}"
-            f"{straggler_change(segment, base)}")
+            f"{straggler_change(segment, base)}{data_wait_change(segment, base)}")
 
 
 def straggler_change(segment: ComparedSegment, base: ComparedSegment) -> str:
@@ -111,6 +122,23 @@ def straggler_change(segment: ComparedSegment, base: ComparedSegment) -> str:
         return "none" if straggler is None else f"rank {straggler[0]}, waited for {straggler[1]:.1f} ms a step"
 
     return f"; straggler {named(base.straggler)} → {named(segment.straggler)}"
+
+
+def data_wait_change(segment: ComparedSegment, base: ComparedSegment) -> str:
+    """The ranks' own Data wait% against ``base``'s, where either segment's were uneven
+    (``data_wait.most_and_least``): the mean in the table hides one rank's slow loader
+    ("; Data wait by rank: rank 1 84.7 %, rank 0 2.3 % → rank 1 3.1 %, rank 0 2.9 %, the most and the least")."""
+    if most_and_least(dict(base.data_wait_by_rank)) is None and most_and_least(dict(segment.data_wait_by_rank)) is None:
+        return ""
+
+    def spread(pairs: tuple[tuple[int, float], ...]) -> str:
+        if not pairs:
+            return "not kept"
+        by_rank = dict(pairs)
+        most, least = extremes(by_rank)
+        return f"rank {most} {by_rank[most]:.1f} %, rank {least} {by_rank[least]:.1f} %"
+
+    return f"; Data wait by rank: {spread(base.data_wait_by_rank)} → {spread(segment.data_wait_by_rank)}, the most and the least"
 
 
 def loop_compute_change(segment: ComparedSegment, base: ComparedSegment) -> str:

@@ -44,12 +44,24 @@ def uneven_text(by_rank: Mapping[int, float]) -> str:
     waited most and the one that waited least: one rank's slow loader, or its loop's own work
     between steps, is a straggler the others then wait for in the next step's collectives, and
     the segment's mean (one rank of 64 at 90 %: 1.4) hid whose it was. "" where they are even."""
-    if len(by_rank) < 2:
+    if (apart := most_and_least(by_rank)) is None:
         return ""
-    most = max(by_rank, key=lambda rank: (by_rank[rank], -rank))
-    least = min(by_rank, key=lambda rank: (by_rank[rank], rank))
-    if by_rank[most] - by_rank[least] < DATA_WAIT_NOTE_PCT:
-        return ""
+    most, least = apart
     return (f". Unevenly: rank {most} waited on its data {by_rank[most]:.1f} % of the time, rank {least} "
             f"{by_rank[least]:.1f} % (the most and the least): rank {most}'s loader or its own work between steps, "
             "which the others then wait for")
+
+
+def most_and_least(by_rank: Mapping[int, float]) -> tuple[int, int] | None:
+    """The rank that waited on its data most and the one that waited least, where they are
+    ``DATA_WAIT_NOTE_PCT`` points apart or more; None where the ranks are even, or fewer than two."""
+    if len(by_rank) < 2:
+        return None
+    most, least = extremes(by_rank)
+    return (most, least) if by_rank[most] - by_rank[least] >= DATA_WAIT_NOTE_PCT else None
+
+
+def extremes(by_rank: Mapping[int, float]) -> tuple[int, int]:
+    """The rank with the most and the one with the least (the lower rank on a tie) of a
+    non-empty ``by_rank``."""
+    return (max(by_rank, key=lambda rank: (by_rank[rank], -rank)), min(by_rank, key=lambda rank: (by_rank[rank], rank)))

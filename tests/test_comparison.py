@@ -144,3 +144,19 @@ def test_the_straggler_is_held_against_the_first_where_either_named_one() -> Non
     assert lines[-1].endswith("Overlap% 50.0 → 0.0; straggler rank 1, waited for 30.1 ms a step → none")
     assert comparison_lines([("fixed", BASE), ("late", late)])[-1].endswith("; straggler none → rank 1, waited for 30.1 ms a step")
     assert "straggler" not in "\n".join(comparison_lines([("a", BASE), ("b", SMALL_CAPS)]))
+
+
+def test_the_ranks_data_wait_is_held_against_the_first_where_either_was_uneven() -> None:
+    """Rank 1 waited on its data 84.7 % of the time and rank 0 2.3 % (a mean of 43.5 in the
+    table), then the loader was given workers: the change line names whose wait went; runs whose
+    ranks were even (or whose summaries kept no ranks' figures) say nothing of it."""
+    def by_rank(seg: dict[str, Any], *pcts: float) -> dict[str, Any]:
+        return {**seg, "per_rank": {str(rank): {"data_wait_pct": pct} for rank, pct in enumerate(pcts)}}
+
+    slow_loader = run(by_rank(segment("ddp 25 MB", 59, 180.0, (175.0, 186.0), 355.0), 2.3, 84.7))
+    fixed = run(by_rank(segment("ddp 25 MB", 59, 100.0, (95.0, 105.0), 640.0), 3.1, 2.9))
+    lines = comparison_lines([("slow loader", slow_loader), ("workers", fixed)])
+    assert lines[-1].endswith("; Data wait by rank: rank 1 84.7 %, rank 0 2.3 % → rank 0 3.1 %, rank 1 2.9 %, the most and the least")
+    assert comparison_lines([("workers", fixed), ("old", BASE)])[-1].endswith("Overlap% 50.0 → 0.0")  # even, and not kept
+    assert comparison_lines([("old", BASE), ("slow loader", slow_loader)])[-1].endswith(
+        "; Data wait by rank: not kept → rank 1 84.7 %, rank 0 2.3 %, the most and the least")

@@ -13,6 +13,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from instrumented_ddp.protocol import Ack, Envelope, Goodbye, SwitchCommand, encode, run_of_sender
 
@@ -37,6 +38,15 @@ class PendingSwitch:
     last_sent: float = 0.0
     sends: int = 0
     sent_to: bytes | None = None  # the rank 0 it first went to: the run it is for
+
+
+class Relay(Protocol):
+    """What a driver of switches (``tune.SweepDriver``) needs of a relay: requests out,
+    acknowledgements in. ``SwitchRelay`` is the one; the tests' is a list."""
+
+    acks: list[Ack]
+
+    def request(self, command: SwitchCommand, requester: bytes | None = None) -> None: ...
 
 
 class SwitchRelay:

@@ -24,7 +24,7 @@ from instrumented_ddp.protocol import NOT_SWITCHABLE
 
 from .advisor import Advice, advice_for_session
 from .bucket_sim import MIB
-from .control import SwitchRelay, new_command
+from .control import Relay, new_command
 from .order_statistics import intervals_apart
 from .session import Segment, Session
 
@@ -70,7 +70,7 @@ class SweepDriver:
     connect_timeout_s: float = 120.0
     _started: float | None = None
 
-    def __call__(self, session: Session, relay: SwitchRelay) -> str | None:
+    def __call__(self, session: Session, relay: Relay) -> str | None:
         now = time.monotonic()
         self._started = now if self._started is None else self._started
         hello = next((s.hello for _, s in sorted(session.ranks.items()) if s.hello), None)
@@ -138,7 +138,7 @@ class SweepDriver:
         switched = [self._waiting_for[1].cap_mb] if self._waiting_for is not None and self._waiting_for[1] is not None else []
         return switched + self._queue
 
-    def _switch_to(self, cap_mb: float, session: Session, relay: SwitchRelay) -> None:
+    def _switch_to(self, cap_mb: float, session: Session, relay: Relay) -> None:
         predicted_ms, because = _prediction(session, cap_mb)
         tuned = TunedCap(cap_mb, predicted_ms, no_prediction_because=because)
         command = new_command(self.strategy, bucket_mb=cap_mb)
@@ -148,7 +148,7 @@ class SweepDriver:
                      else f"no prediction: {tuned.no_prediction_because}")
         self.log(f"ddpwatch tune: switching to {self.strategy} at {cap_mb:.3g} MB ({predicted})")
 
-    def _follow(self, session: Session, relay: SwitchRelay) -> str | None:
+    def _follow(self, session: Session, relay: Relay) -> str | None:
         """After a switch: its acknowledgement, then the steps that measure it."""
         assert self._waiting_for is not None
         command_id, tuned = self._waiting_for
@@ -177,7 +177,7 @@ class SweepDriver:
         tuned.measured_ms, tuned.steps = figures.step_ms_p50, figures.steps
         tuned.measured_interval_ms = figures.step_ms_p50_interval
 
-    def _finish(self, relay: SwitchRelay) -> str | None:
+    def _finish(self, relay: Relay) -> str | None:
         """Leave the run at the measured best."""
         self._final = True
         measured = [r for r in self.results if r.measured_ms]

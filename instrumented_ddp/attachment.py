@@ -79,7 +79,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import FrameType, TracebackType
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, SupportsFloat, TypeVar, cast
 
 import torch
 import torch.distributed as dist
@@ -406,7 +406,7 @@ class Attachment:
         model's, or under FSDP its shards."""
         return self._parameters
 
-    def record_loss(self, loss: torch.Tensor | float) -> None:
+    def record_loss(self, loss: torch.Tensor | SupportsFloat) -> None:
         """This micro-step's loss, for a loop that computes it outside the model (where the
         forward returns it, it is read there: ``loss_of``; a step with losses recorded here
         reports those alone). Optional, one line after the loss is computed; a device tensor is

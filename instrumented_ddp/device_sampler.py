@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from .protocol import DeviceSample
 
@@ -90,6 +90,14 @@ def cuda_device_identity(torch_module: Any, index: int | None) -> CudaDeviceIden
 
 class NvmlUnavailable(Exception):
     """Why NVML cannot read this device (one line, for the rank's hello)."""
+
+
+class DeviceReader(Protocol):
+    """What the sampler reads: ``CpuReader`` or ``NvmlReader`` (``make_reader`` picks)."""
+
+    kind: str
+
+    def read(self) -> dict[str, float]: ...
 
 
 class CpuReader:
@@ -231,7 +239,7 @@ def make_reader(device_type: str, identity: CudaDeviceIdentity | None = None,
 class DeviceSampler:
     """A daemon thread that samples at ~5 Hz and hands each sample to ``publish``."""
 
-    def __init__(self, rank: int, reader: CpuReader | NvmlReader, publish: Callable[[DeviceSample], None], every_s: float = SAMPLE_EVERY_S) -> None:
+    def __init__(self, rank: int, reader: DeviceReader, publish: Callable[[DeviceSample], None], every_s: float = SAMPLE_EVERY_S) -> None:
         self.rank, self.reader, self.publish, self.every_s = rank, reader, publish, every_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"ddpwatch-sampler-{rank}", daemon=True)

@@ -66,14 +66,14 @@ def untouched(ddp: DistributedDataParallel, optimizer: torch.optim.Optimizer, co
             and not optimizer._optimizer_step_pre_hooks and not optimizer._optimizer_step_post_hooks)
 
 
-def attach_for_test(ddp: DistributedDataParallel, optimizer: Any) -> Attachment:
-    return instrumented_ddp.attach(ddp, optimizer, address=f"tcp://127.0.0.1:{free_port()}")  # nobody listens
+def attach_for_test(model: nn.Module, optimizer: Any) -> Attachment:
+    return instrumented_ddp.attach(model, optimizer, address=f"tcp://127.0.0.1:{free_port()}")  # nobody listens
 
 
 @contextmanager
-def attached(ddp: DistributedDataParallel, optimizer: Any) -> Iterator[Attachment]:
+def attached(model: nn.Module, optimizer: Any) -> Iterator[Attachment]:
     """Attached for the block, detached after it whatever happens."""
-    watch = attach_for_test(ddp, optimizer)
+    watch = attach_for_test(model, optimizer)
     try:
         yield watch
     finally:

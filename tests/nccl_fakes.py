@@ -112,6 +112,7 @@ class FakeEvent:
     def elapsed_time(self, other: FakeEvent) -> float:
         if not (self.query() and other.query()):
             raise RuntimeError("CUDAEvent: Both events must be completed before calculating elapsed time.")
+        assert self.at_ms is not None and other.at_ms is not None  # query() holds both
         return other.at_ms - self.at_ms
 
     def synchronize(self) -> None:
@@ -221,6 +222,7 @@ class FakeHostTensor:
 
     def __float__(self) -> float:
         assert self.copied_at_ms is not None and self.copied_at_ms <= self.gpu.done_ms, "read before the copy ran"
+        assert self.value is not None, "copied from a tensor that held nothing"
         return float(self.value)
 
 

@@ -9,7 +9,7 @@ from dataclasses import replace
 from ddpwatch.dashboard.snapshot import Snapshot, SnapshotBuilder
 from ddpwatch.receiver import ingest
 from ddpwatch.session import Session
-from instrumented_ddp.protocol import DeviceSample, Goodbye, Hello, Span, StepReport, encode
+from instrumented_ddp.protocol import DeviceSample, Goodbye, Hello, Message, Span, StepReport, StepSummary, encode
 
 LAYOUT = [(f"layer{i}.weight", 1000, "float32") for i in range(4)]
 
@@ -39,10 +39,11 @@ def step_report(rank: int, step: int, strategy: str) -> StepReport:
                       start=t0, end=end_comm + 0.02, spans=spans, samples=4, tokens=256, loss=2.0 - 0.1 * step)
 
 
-Edit = Callable[[StepReport], StepReport | None]
+#: A step report as sent instead: changed, summarized at the edge, or None (not sent).
+Edit = Callable[[StepReport], StepReport | StepSummary | None]
 
 
-def waiting_ranks(ms: float, ranks: Collection[int] = (1,)) -> Edit:
+def waiting_ranks(ms: float, ranks: Collection[int] = (1,)) -> Callable[[StepReport], StepReport]:
     """An edit: the first all-reduce of each step of each of ``ranks`` starts ``ms`` earlier, so
     that rank waits that long in it for the others."""
     def edit(report: StepReport) -> StepReport:
@@ -63,7 +64,7 @@ def session_messages(steps: int = 10, goodbye: bool = True, world_size: int = 2,
     ranks = range(world_size)
     seq = dict.fromkeys(ranks, 0)
 
-    def add(rank: int, message) -> None:  # noqa: ANN001
+    def add(rank: int, message: Message) -> None:
         messages.append(encode(message, seq[rank], 0))
         seq[rank] += 1
 
@@ -73,9 +74,9 @@ def session_messages(steps: int = 10, goodbye: bool = True, world_size: int = 2,
         strategy = "simple" if step <= steps // 2 else "bucket"
         for rank in ranks:
             report = step_report(rank, step, strategy)
-            report = edit(report) if edit is not None else report
-            if report is not None:
-                add(rank, report)
+            sent = edit(report) if edit is not None else report
+            if sent is not None:
+                add(rank, sent)
             add(rank, DeviceSample(rank, 100.0 + step * 0.2, "cpu", {"process_cpu_pct": 40.0 + 5 * step + rank, "host_cpu_pct": 70.0, "rss_bytes": 5e8}))
     if goodbye:
         for rank in ranks:

@@ -4,6 +4,7 @@ and its other time, transfer samples paired across ranks, and the advice or why 
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -121,7 +122,7 @@ def test_the_profile_waits_only_for_the_slowest_rank_of_the_references_group() -
     offsets = {0: 0.0, 1: -1.0, 2: 0.0, 3: -1.0}
     (two_ranks,) = two_sized_steps()  # every rank's link as in the two-rank run: 12 ms + 2 ms/MiB
     fit = [step_collectives({rank: replace(two_ranks[rank % 2], rank=rank) for rank in range(4)})]
-    common = dict(strategy="bucket", cap_mb=2.0, backend="nccl", world_size=4, profile_steps=steps, fit_steps=fit,
+    common: dict[str, Any] = dict(strategy="bucket", cap_mb=2.0, backend="nccl", world_size=4, profile_steps=steps, fit_steps=fit,
                   parameter_layout=LAYOUT, bucket_layout=[[3, 2], [1, 0]], caps=[2 * MIB], offsets=offsets)
     within, world = advise(**common, groups=[[0, 2], [1, 3]]), advise(**common)
     assert isinstance(within, Advice) and isinstance(world, Advice)
@@ -184,7 +185,7 @@ def test_the_cost_model_is_fitted_within_the_groups_each_all_reduce_spans() -> N
     factor is 2·1/2 = 1, so busbw is 1 MiB in 3 ms. Paired over the world the shortest of four is
     the fast pair's, 14 and 18 ms: 2 ms/MiB, and the slow link is not seen; its bus factor 2·3/4
     = 1.5 read busbw as 1.5 MiB in 2 ms, 2.25 times the pairs'."""
-    common = dict(strategy="bucket", cap_mb=2.0, backend="nccl", world_size=4, profile_steps=[{0: bucket_step()}],
+    common: dict[str, Any] = dict(strategy="bucket", cap_mb=2.0, backend="nccl", world_size=4, profile_steps=[{0: bucket_step()}],
                   fit_steps=pairs_on_two_links(), parameter_layout=LAYOUT, bucket_layout=[[3, 2], [1, 0]], caps=[2 * MIB])
     within = advise(**common, groups=[[0, 1], [2, 3]])
     world = advise(**common)
@@ -207,7 +208,7 @@ def test_a_session_hands_the_advisor_the_groups_its_hellos_name() -> None:
         for rank in range(4):
             session.ingest(Envelope(Hello(rank, 4, "s", "h", 1, "cpu", "gloo", "bucket", {"bucket_mb": 2.0, "grad_accum": 1}, 4 * MIB,
                                           parameter_layout=LAYOUT, bucket_layout=[[3, 2], [1, 0]],
-                                          all_reduce_group=[rank // 2 * 2, rank // 2 * 2 + 1] if groups else None), rank, 0, 0),
+                                          all_reduce_group=[rank // 2 * 2, rank // 2 * 2 + 1] if groups else []), rank, 0, 0),
                            received_at=0.0)
         sequence = 1
         for step, reports in [(1, two_sized_steps()[0]), (2, two_sized_steps()[0])] + [(s, late_rank_step(s)) for s in (3, 4, 5)]:
@@ -318,7 +319,7 @@ def test_gloos_workers_make_the_smaller_cap_the_advice() -> None:
     ({"world_size": 1}, "one rank"),
 ])
 def test_without_what_it_needs_the_advisor_says_what_is_missing(changes: dict, says: str) -> None:
-    arguments = dict(strategy="bucket", cap_mb=2.0, backend="gloo", world_size=2, profile_steps=[{0: bucket_step()}],
+    arguments: dict[str, Any] = dict(strategy="bucket", cap_mb=2.0, backend="gloo", world_size=2, profile_steps=[{0: bucket_step()}],
                      fit_steps=two_sized_fit(), parameter_layout=LAYOUT, bucket_layout=[[3, 2], [1, 0]])
     advice = advise(**{**arguments, **changes})
     assert isinstance(advice, str) and says in advice
@@ -331,7 +332,7 @@ def test_with_every_gradient_in_one_bucket_the_advisor_asks_for_a_cap_under_it()
         spans = [Span("all_reduce", 0.0, 0.02, False, 4 * MIB, "b0")]
         return StepReport(rank=rank, step=1, strategy="bucket", settings={}, start=0.0, end=0.1, spans=spans, samples=1, tokens=0)
 
-    arguments = dict(strategy="bucket", backend="gloo", world_size=2, profile_steps=[{0: bucket_step()}],
+    arguments: dict[str, Any] = dict(strategy="bucket", backend="gloo", world_size=2, profile_steps=[{0: bucket_step()}],
                      fit_steps=[step_collectives({0: one_bucket(0), 1: one_bucket(1)})], parameter_layout=LAYOUT,
                      bucket_layout=[[3, 2], [1, 0]])
     assert advise(cap_mb=25.0, **arguments) == ("needs all-reduces of two sizes or more to fit the cost model: every one "
@@ -415,7 +416,8 @@ def test_right_after_a_switch_the_advisor_waits_for_the_new_segment_rather_than_
     assert advice_for_session(session) == "waiting for the run's first steps as bucket at 4 MB, where it switched"
     for rank in (0, 1):
         session.ingest(Envelope(replace(bucket_step(rank, 5), settings={"bucket_mb": 4.0}), rank, 5, 0), received_at=0.0)
-    assert "where it switched" not in advice_for_session(session)
+    after = advice_for_session(session)
+    assert isinstance(after, str) and "two sizes or more" in after, after  # the new segment read: only the fit is missing
 
 
 def test_an_attached_fsdp_run_is_told_why_there_is_no_advice_without_being_told_to_switch() -> None:

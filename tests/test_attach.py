@@ -15,13 +15,14 @@ import sys
 import time
 import weakref
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
 from torch.nn.parallel import DistributedDataParallel
 
 import instrumented_ddp
@@ -476,7 +477,7 @@ def test_an_fsdp2_model_is_timed_on_the_device_fsdp_computes_on_not_where_its_sh
     as FSDP keeps it on a GPU run (no GPU here)."""
     model, _ = sharded_classifier()
     assert attached_model.compute_device(model, model, sharded=True) == torch.device("cpu")
-    monkeypatch.setattr(model._get_fsdp_state(), "_device", torch.device("cuda", 0))
+    monkeypatch.setattr(cast(FSDPModule, model)._get_fsdp_state(), "_device", torch.device("cuda", 0))
     assert {p.device.type for p in model.parameters()} == {"cpu"}
     assert attached_model.compute_device(model, model, sharded=True) == torch.device("cuda", 0)
 
@@ -543,9 +544,10 @@ def test_an_fsdp2_model_is_attached_as_fsdp_and_each_misuse_of_it_is_one_line(on
         pass
 
     users = UsersAllGather(None, 0)
-    model.body.set_custom_all_gather(users)
+    body = cast(FSDPModule, model.body)
+    body.set_custom_all_gather(users)
     assert "already has the custom comm UsersAllGather" in refused(model, optimizer)
-    assert model.body._get_fsdp_state()._fsdp_param_groups[0]._all_gather_comm is users
+    assert body._get_fsdp_state()._fsdp_param_groups[0]._all_gather_comm is users
 
     from instrumented_ddp import fsdp_timing
 
@@ -591,7 +593,7 @@ def test_a_compiled_ddp_is_attached_and_compiles_what_it_does_unattached(one_ran
         torch.manual_seed(0)
         ddp = DistributedDataParallel(BufferedClassifier(), bucket_cap_mb=25.0)
         optimizer = torch.optim.AdamW(ddp.parameters(), lr=1e-3)
-        model = torch.compile(ddp, backend="eager")  # at 25 MB: at the default 1 KB torch's compiled DDP refuses the layout
+        model = cast(nn.Module, torch.compile(ddp, backend="eager"))  # an OptimizedModule; at 25 MB: at the default 1 KB torch's compiled DDP refuses the layout
         with attached(model, optimizer) if attach else contextlib.nullcontext() as watch:
             assert watch is None or watch.model is ddp
             train(model, optimizer, steps=2)  # type: ignore[arg-type]
@@ -614,6 +616,7 @@ def test_a_compiled_ddp_is_attached_and_compiles_what_it_does_unattached(one_ran
     assert [sum(s.kind == "all_reduce" for s in r.spans) for r in reports] == [1, 1, 1, 1]  # 25 MB: one bucket of all
 
     class CompilingTrainer:
+        model_wrapped: Any
         model_wrapped, optimizer = make_ddp(bucket_mb=25.0)
         model_wrapped = torch.compile(model_wrapped, backend="eager")
 
@@ -632,7 +635,7 @@ def test_a_loss_computed_outside_the_model_is_recorded_with_one_optional_line(on
     line. Where the model returns a loss too, the one handed over is the one reported."""
     torch.manual_seed(0)
     ddp = DistributedDataParallel(nn.Linear(4, 2))
-    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    optimizer: torch.optim.Optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
     with attached(ddp, optimizer) as watch:
         for wrong, what in (([1.0], "a list"), (torch.ones(2), "a tensor of shape (2,)"), (True, "a bool")):
             with pytest.raises(AttachError, match=re.escape(f"record_loss: expected the loss as a one-element tensor or a number, got {what}")):

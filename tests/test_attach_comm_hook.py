@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+from torch.nn.parallel import DistributedDataParallel
 
 from instrumented_ddp import collective_stand_ins, hooked_collectives
 from instrumented_ddp.protocol import Hello, StepReport
@@ -23,7 +24,7 @@ from attach_helpers import attached, make_ddp, train, untouched
 TORCHS_ALL_REDUCE = dist.distributed_c10d.all_reduce
 
 
-def hooked_pair(hook: Any, state: Any = None, bucket_mb: float = 0.001) -> dict[str, Any]:
+def hooked_pair(hook: Any, state: Any = None, bucket_mb: float = 0.001) -> dict[str, tuple[DistributedDataParallel, torch.optim.Optimizer]]:
     """Two DDPs of the same model with the same hook: ``watched`` and ``plain``, each with its optimizer."""
     runs = {}
     for mode in ("watched", "plain"):
@@ -157,7 +158,7 @@ def test_post_local_sgds_all_reduces_on_its_subgroup_wait_in_that_groups_queue_n
                     **kwargs: Any) -> Any:
             queues.append((tag, kwargs.get("queue", "")))
             return _open(kind, nbytes, tag, *args, **kwargs)
-        watch.timeline.open_collective = opening
+        watch.timeline.open_collective = opening  # type: ignore[method-assign]  # the watcher's own, seen on its way
         for mode in ("watched", "plain"):
             train(*runs[mode], steps=5)
     assert_bitwise(runs["watched"][0], runs["plain"][0])

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 from torch import nn
 
 import instrumented_ddp
@@ -20,11 +21,16 @@ from launch import free_port
 from attach_helpers import attach_for_test, attached, make_ddp, train, untouched
 
 
+def trained_one_step(ddp: DistributedDataParallel, optimizer: torch.optim.Optimizer) -> tuple[DistributedDataParallel, torch.optim.Optimizer]:
+    train(ddp, optimizer, steps=1)
+    return ddp, optimizer
+
+
 MISUSES = {
     "a module that is not DDP": ("not DistributedDataParallel: wrap it first", lambda ddp, opt: (ddp.module, opt)),
     "DDP with a built-in hook": ("has the built-in communication hook 'BuiltinCommHookType.ALLREDUCE', which runs in C++",
                                  lambda ddp, opt: (ddp._register_builtin_comm_hook(dist.BuiltinCommHookType.ALLREDUCE), (ddp, opt))[1]),
-    "after the first backward": ("training has already begun", lambda ddp, opt: (train(ddp, opt, steps=1), (ddp, opt))[1]),
+    "after the first backward": ("training has already begun", lambda ddp, opt: trained_one_step(ddp, opt)),
     "an optimizer that is not one": ("not a torch.optim.Optimizer", lambda ddp, opt: (ddp, object())),
     "no optimizer in the list": ("no optimizer given", lambda ddp, opt: (ddp, [])),
     "a list with one that is not one": ("not a torch.optim.Optimizer", lambda ddp, opt: (ddp, [opt, object()])),

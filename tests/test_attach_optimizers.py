@@ -309,7 +309,7 @@ def test_pytorchs_post_local_sgd_optimizer_is_seen_through_and_its_averaging_tim
     with attached(runs["watched"][0], local["watched"]) as watch:
         assert watch.optimizers == (runs["watched"][1],)
         for mode in ("watched", "plain"):
-            train(runs[mode][0], local[mode], steps=6)  # type: ignore[arg-type]
+            train(runs[mode][0], local[mode], steps=6)
     for watched, plain in zip(runs["watched"][0].parameters(), runs["plain"][0].parameters(), strict=True):
         assert torch.equal(watched, plain)
     reports = [m for m in sent if isinstance(m, StepReport)]

@@ -17,7 +17,11 @@ class FakeClock:
 def relay_and_sent() -> tuple[SwitchRelay, list[bytes], FakeClock]:
     sent: list[bytes] = []
     clock = FakeClock()
-    relay = SwitchRelay(lambda peer, data: sent.append(peer) or True, clock=clock)
+    def send(peer: bytes, data: bytes) -> bool:
+        sent.append(peer)
+        return True
+
+    relay = SwitchRelay(send, clock=clock)
     return relay, sent, clock
 
 
@@ -71,7 +75,14 @@ def test_a_command_for_a_run_that_ended_is_refused_to_its_asker_not_sent_on_to_t
 
     relay, sent, clock = relay_and_sent()
     answers: list[bytes] = []
-    relay._send = lambda peer, data: (answers.append(data) if peer == b"asker" else sent.append(peer)) or True
+    def send(peer: bytes, data: bytes) -> bool:
+        if peer == b"asker":
+            answers.append(data)
+        else:
+            sent.append(peer)
+        return True
+
+    relay._send = send
     heard(relay, A0, Heartbeat(0, 1.0, 3))
     command = new_command("zero1")
     relay.request(command, requester=b"asker")

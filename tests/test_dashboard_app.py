@@ -506,7 +506,7 @@ async def test_sixty_four_ranks_fit_the_timeline_and_the_ranks_table_scrolls() -
         assert timeline_box.size.height < 50 and timeline_box.max_scroll_y > 0  # it scrolls, the rest stays visible
         assert app.ranks_table.max_scroll_y > 0
         assert len(app.device_panel.series) == 64 and app.device_panel.max_scroll_y > 0
-        assert app.trends_panel.series == ()  # a hidden tab is not drawn ...
+        assert not app.trends_panel.series  # a hidden tab is not drawn ...
         app.side_tabs.active = "trends-tab"
         await pilot.pause(0.3)  # ... until it is shown
         assert [s.label for s in app.trends_panel.series] == ["loss (mean over ranks)", "step time"]
@@ -533,7 +533,8 @@ async def test_the_header_gives_no_rate_before_two_complete_steps() -> None:
     header read "0.0 samples/s", as if measured; two steps give a rate."""
     assert snapshot_of(session_messages(steps=0, goodbye=False))[1].header.samples_per_s is None
     assert snapshot_of(session_messages(steps=1, goodbye=False))[1].header.samples_per_s is None
-    assert snapshot_of(session_messages(steps=2, goodbye=False))[1].header.samples_per_s > 0
+    rate = snapshot_of(session_messages(steps=2, goodbye=False))[1].header.samples_per_s
+    assert rate is not None and rate > 0
     app = DashboardApp(StaticFeed(session_messages(steps=1, goodbye=False)), export_on_exit=False)
     async with app.run_test(size=(100, 30)) as pilot:
         await draw_every_message(app, pilot)
@@ -573,7 +574,7 @@ def test_a_frame_folds_in_what_its_budget_allows_and_the_next_frames_the_rest() 
     while app._arrivals or feed._items:
         app.ingest_arrived(budget_s=0.001)
     everything = DashboardApp(StaticFeed(session_messages(steps=20)), export_on_exit=False)
-    everything.feed._run()  # type: ignore[attr-defined]
+    everything.feed._run()
     everything.ingest_arrived()
     assert app.session.messages == everything.session.messages == len(session_messages(steps=20))
     assert app.session.step_figures(20) == everything.session.step_figures(20)
@@ -662,8 +663,8 @@ async def test_a_run_ddpwatch_did_not_start_offers_no_switch_and_says_why() -> N
     says why, and a switch asked for anyway (the picker was open) is not sent."""
     hellos = {rank: replace(hello(rank), switchable=False) for rank in (0, 1)}
     feed = StaticFeed(session_messages(steps=4, hellos=hellos))
-    sent: list[object] = []
-    feed.request_switch = sent.append  # type: ignore[method-assign]
+    sent: list[SwitchCommand] = []
+    feed.request_switch = sent.append  # type: ignore[method-assign, assignment]
     app = DashboardApp(feed, export_on_exit=False)
     async with app.run_test(size=(160, 50)) as pilot:
         await draw_every_message(app, pilot)

@@ -65,9 +65,9 @@ async def test_a_narrow_ranks_table_shows_each_ranks_figures_and_keeps_the_rank_
         await pilot.press(*["shift+right"] * len(COLUMNS))  # as far as it goes: the device column in view
         await pilot.pause(0.1)
         assert table.scroll_x == table.max_scroll_x
-        header, first_row = visible_text(table, 0), visible_text(table, 1)
+        header, first_line = visible_text(table, 0), visible_text(table, 1)
         assert header.startswith("rank  ") and header.rstrip().endswith("device")
-        assert first_row.startswith("0     ") and first_row.rstrip().endswith("cpu")
+        assert first_line.startswith("0     ") and first_line.rstrip().endswith("cpu")
 
 
 async def test_the_segments_table_widens_a_column_when_a_running_segment_grows() -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from types import SimpleNamespace
 from typing import Any
 
@@ -93,7 +94,7 @@ class FakeNvml:
     def nvmlDeviceGetHandleByPciBusId(self, bus_id: bytes | str) -> object:
         return self._lookup("pci_bus_id", bus_id, self.by_bus_id)
 
-    def _lookup(self, kind: str, key: bytes | str, table: dict[str, object]) -> object:
+    def _lookup(self, kind: str, key: bytes | str, table: Mapping[str, object]) -> object:
         """NVML's lookups take bytes or str and raise NotFound for an id they do not know."""
         self.lookups.append((kind, key))
         assert self.initialised
@@ -311,7 +312,7 @@ def test_note_when_no_identity_is_given() -> None:
 def test_note_when_nvml_fails_in_an_unexpected_way() -> None:
     nvml = FakeNvml()
 
-    def explode(uuid: bytes) -> object:
+    def explode(uuid: bytes | str) -> object:
         raise OSError("libnvidia-ml.so: cannot open\nshared object file")
 
     nvml.nvmlDeviceGetHandleByUUID = explode  # type: ignore[method-assign]

@@ -154,7 +154,7 @@ def test_doctor_runs_both_timing_modes_on_two_ranks_and_exits_by_the_verdict(
     runs: list[tuple[int, str, bool | None]] = []
 
     world = ranks or devices
-    unwatched = {rank: {3: ("cudaStreamSynchronize",)} for rank in range(world)}
+    unwatched: dict[int, dict[int, tuple[str, ...]]] = {rank: {3: ("cudaStreamSynchronize",)} for rank in range(world)}
 
     def fake_unwatched(workdir: Path, world_size: int, gpus: int, strategy: str) -> dict[int, dict[int, tuple[str, ...]]]:
         assert gpus == devices

@@ -24,7 +24,7 @@ from instrumented_ddp.step_figures import call_times, step_figures, summarize, s
 WORLD = 64
 
 
-def uneven(report: StepReport) -> StepReport | None:
+def uneven(report: StepReport) -> StepReport:
     """Ranks that differ: all-reduces that last longer on some ranks (they waited: the others
     arrived late), rank 9 always last (a straggler), one excluded step, one step where rank 3
     skipped a collective (a desync); and, as a sharded strategy issues, an all-gather in forward
@@ -42,9 +42,15 @@ def uneven(report: StepReport) -> StepReport | None:
     return replace(report, spans=spans, excluded=report.step == 2)
 
 
-def as_summary(report: StepReport) -> StepSummary | None:
-    edited = uneven(report)
-    return summarize(edited, WORLD) if edited is not None else None
+def as_summary(report: StepReport) -> StepSummary:
+    return summarize(uneven(report), WORLD)
+
+
+def sent_and_read(summary: StepSummary) -> StepSummary:
+    """``summary`` as the dashboard reads it off the wire."""
+    message = decode(encode(summary)).message
+    assert isinstance(message, StepSummary)
+    return message
 
 
 def fed(messages: list[bytes]) -> Session:
@@ -55,7 +61,7 @@ def fed(messages: list[bytes]) -> Session:
 
 def test_a_summary_gives_back_what_step_figures_and_call_times_give_from_the_spans() -> None:
     report = uneven(step_report(5, 7, "bucket"))
-    summary = decode(encode(summarize(report, WORLD))).message
+    summary = sent_and_read(summarize(report, WORLD))
     assert summary_figures(summary) == step_figures(report, WORLD)
     assert summary.data_wait_pct > 0  # its data span travels as a figure too
     assert summary.loop_compute_ms == pytest.approx(2.0) and summary.loop_computed == "ema"  # so does the loop's marked compute
@@ -169,7 +175,7 @@ def test_a_collective_too_short_for_a_bandwidth_is_measured_as_none_and_its_summ
     for world in (1, 2):
         figures = step_figures(report, world)
         assert len(figures.algbw_gbps) == 0 and figures.busbw_gbps is None
-        summary = decode(encode(summarize(report, world))).message
+        summary = sent_and_read(summarize(report, world))
         assert summary_figures(summary) == figures
 
 
@@ -196,7 +202,7 @@ def test_any_report_summarized_and_sent_gives_back_its_figures(spans: list[Span]
     report = StepReport(rank=1, step=3, strategy="bucket", settings={}, start=start, end=start + length, spans=spans,
                         samples=8, tokens=512)
     figures = step_figures(report, world)
-    summary = decode(encode(summarize(report, world))).message
+    summary = sent_and_read(summarize(report, world))
     assert summary_figures(summary) == figures and summary_calls(summary) == call_times(report)
     if report.end > report.start:  # else an empty window: every share 0.0
         assert figures.compute_pct + figures.non_compute_pct + figures.idle_pct == pytest.approx(100.0)

@@ -30,7 +30,7 @@ from ddpwatch import exporters
 from ddpwatch.session import Session
 from instrumented_ddp.protocol import DeviceSample, Envelope, Evaluation, Goodbye, Hello, Span, StepReport, encode
 
-SETTINGS = {"simple": {"grad_accum": 1}, "bucket": {"grad_accum": 1, "bucket_mb": 25.0}}
+SETTINGS: dict[str, dict[str, Any]] = {"simple": {"grad_accum": 1}, "bucket": {"grad_accum": 1, "bucket_mb": 25.0}}
 HOSTS = {0: "host-a", 1: "host-b"}
 CLOCK = {0: 1000.0, 1: 1100.0}  # rank 1's clock is 100 s ahead
 US = 1e-6
@@ -151,7 +151,7 @@ def test_summary_svg_draws_each_segment_as_its_window_as_long_as_its_time_per_sa
     assert len(hidden) == 1  # simple hides nothing: no rect drawn for it
     # each bar as long as its time per sample against the slowest segment's
     length = min(simple["samples_per_s"], bucket["samples_per_s"]) / bucket["samples_per_s"]
-    assert float(hidden[0].get("width")) == pytest.approx(480 * length * bucket["hidden_comm_pct"] / 100, abs=0.01)
+    assert float(hidden[0].attrib["width"]) == pytest.approx(480 * length * bucket["hidden_comm_pct"] / 100, abs=0.01)
 
 
 def test_summary_telemetry(data: dict) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -11,6 +11,7 @@ from torch import nn
 
 import instrumented_ddp
 from instrumented_ddp.forwarding_group import ForwardingGroup
+from instrumented_ddp.strategies.native import NativeDDP
 from instrumented_ddp.timeline import StepTimeline
 
 
@@ -89,7 +90,7 @@ def test_a_watched_ddp_on_the_cpu_runs_on_a_forwarding_group_and_unwrap_stops_th
     shows them to ``DDPTiming`` until the strategy is unwrapped (a live switch), and then only
     forwards; an unwatched DDP runs on the group it was given."""
     model = nn.Linear(4, 2)
-    wrapped = instrumented_ddp.wrap(model, "ddp", timeline=StepTimeline(0))
+    wrapped = cast(NativeDDP, instrumented_ddp.wrap(model, "ddp", timeline=StepTimeline(0)))
     group = wrapped.ddp.process_group
     try:
         assert isinstance(group, ForwardingGroup) and group.watcher is not None

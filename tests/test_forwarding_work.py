@@ -69,7 +69,7 @@ def test_a_later_works_methods_and_properties_are_the_stood_for_works_own() -> N
             self.work = work
 
     class Running(WorkOfALaterTorch):
-        timeout = 1800.0  # type: ignore[assignment]
+        timeout = 1800.0
 
         def describe(self) -> str:
             return "a running all-reduce"

@@ -70,4 +70,5 @@ def test_eval_and_train_reach_the_sharded_copy_that_runs(one_rank_group: None) -
     assert torch.equal(model(torch.ones(2, 4)), model(torch.ones(2, 4)))  # dropout off: it is the copy that runs
     model.train()
     assert model.sharded.training
-    assert instrumented_ddp.unwrap(model)[0].weight.shape == (4, 4)
+    (linear, _) = instrumented_ddp.unwrap(model).children()
+    assert isinstance(linear, torch.nn.Linear) and linear.weight.shape == (4, 4)

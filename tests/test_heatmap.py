@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from array import array
+
 import pytest
 
 from ddpwatch.heatmap import build_heatmap, cell_value, level
@@ -11,7 +13,7 @@ from ddpwatch.metrics import StepFigures, StepTimes
 def fig(rank: int, step: int, exposed: float, step_ms: float) -> StepFigures:
     return StepFigures(rank=rank, step=step, step_ms=step_ms, compute_pct=100 - exposed, non_compute_pct=exposed,
                        idle_pct=0.0, overlap_pct=0.0, comm_overhead_pct=exposed, all_reduce_calls=1, all_reduce_ms=1.0,
-                       algbw_gbps=(), busbw_gbps=None, samples=1, tokens=1, times=StepTimes(0.0, step_ms / 1000, None))
+                       algbw_gbps=array("d"), busbw_gbps=None, samples=1, tokens=1, times=StepTimes(0.0, step_ms / 1000, None))
 
 
 # 4 ranks on 2 nodes (0, 1 on node 0; 2, 3 on node 1), steps 7 and 8. Rank 3 sent nothing for step 8.

@@ -63,7 +63,8 @@ def test_many_lost_ranks_are_said_in_one_line_and_a_run_that_ends_says_nothing()
         session.ingest(decode(message), received_at=5.0)
     faults.look(session, 9.0)
     assert said == ["8 ranks lost: nothing heard from them for 4-4 s: ranks 0-7"]  # none live: none held
-    ended, quiet = Session(120), []
+    ended = Session(120)
+    quiet: list[str] = []
     for message in session_messages(goodbye=True):
         ended.ingest(decode(message), received_at=5.0)
     FaultsAsTheyHappen(quiet.append).look(ended, 60.0)

@@ -84,7 +84,8 @@ def test_switches_racing_the_end_of_training_apply_on_every_rank_or_none(tmp_pat
     with Recorder(tmp_path / "session", "--idle-exit", "30") as recorder:
         training = start_ranks(["--strategy", "simple", "--steps", "25", "--batch-size", "8", "--log-every", "10",
                                    "--watch", recorder.address], tmp_path / "train.log")
-        applied, refused = [], []
+        applied: list[int] = []
+        refused: list[str] = []
         try:
             wait_for_line(tmp_path / "train.log", "step 10/25", training)
             cycle = ["async", "bucket", "hook", "ddp", "ga", "simple"]
@@ -92,7 +93,10 @@ def test_switches_racing_the_end_of_training_apply_on_every_rank_or_none(tmp_pat
             while training.poll() is None:
                 try:
                     ack = request_switch(recorder.address, cycle[index % len(cycle)], 1.0, 1, timeout_s=3)
-                    (applied if ack.applied else refused).append(ack.step if ack.applied else ack.detail)
+                    if ack.applied:
+                        applied.append(ack.step)
+                    else:
+                        refused.append(ack.detail)
                 except TimeoutError:
                     pass  # the run ended before rank 0 could take it: applied nowhere
                 index += 1

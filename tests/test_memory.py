@@ -91,7 +91,7 @@ def test_allocation_peak_is_the_highest_rise_above_the_start_with_what_was_alive
 
 def test_a_rank_whose_memory_cannot_be_measured_says_so_once_and_trains_on(capsys: pytest.CaptureFixture[str]) -> None:
     class Unmeasurable:  # a tensor kind held_memory cannot count yet
-        optimizer = None
+        optimizers: tuple[torch.optim.Optimizer, ...] = ()
 
         def held_parameters(self) -> list[torch.Tensor]:
             raise NotImplementedError("Cannot access storage of SomeTensorImpl")

@@ -24,10 +24,10 @@ def test_two_nodes_appear_with_their_node_and_a_switch_reaches_both(tmp_path: Pa
     nodes: list[subprocess.Popen[bytes]] = []
     with Recorder(tmp_path / "session", "--idle-exit", "30") as recorder:
         try:
-            for node in (0, 1):
-                log = open(tmp_path / f"node{node}.log", "wb")
+            for node_rank in (0, 1):
+                log = open(tmp_path / f"node{node_rank}.log", "wb")
                 nodes.append(subprocess.Popen(
-                    [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node_rank={node}", "--nproc_per_node=1",
+                    [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node_rank={node_rank}", "--nproc_per_node=1",
                      "--rdzv_backend=c10d", f"--rdzv_endpoint={endpoint}", "--rdzv_id=ddpwatch-test",
                      str(REPO_ROOT / "train.py"), *QUICK_EVAL, "--strategy", "simple", "--steps", "20", "--batch-size", "8",
                      "--log-every", "5", "--watch", recorder.address],

@@ -31,6 +31,7 @@ from instrumented_ddp.protocol import (
     Span,
     SpanRequest,
     StepReport,
+    StepSummary,
     SwitchCommand,
     decode,
     encode,
@@ -122,7 +123,9 @@ def test_a_field_at_its_default_is_not_sent_and_is_read_back_as_the_default() ->
     assert body["excluded"] is True and body["loss"] == 2.75  # away from their defaults: sent
     assert decode(encode(SUMMARY)).message == SUMMARY
     nan_loss = replace(SUMMARY, loss=math.nan, excluded=False)  # NaN is not None: sent, and read back as NaN
-    assert math.isnan(decode(encode(nan_loss)).message.loss) and "excluded" not in _raw(nan_loss)["body"]
+    read = decode(encode(nan_loss)).message
+    assert isinstance(read, StepSummary) and read.loss is not None and math.isnan(read.loss)
+    assert "excluded" not in _raw(nan_loss)["body"]
     as_tuple = replace(SUMMARY, sharded_tags=())  # not the default's type: sent as it is, read back as a list
     assert _raw(as_tuple)["body"]["sharded_tags"] == [] and decode(encode(as_tuple)).message.sharded_tags == []
 
@@ -221,7 +224,7 @@ def test_missing_optional_fields_take_their_defaults() -> None:
 
 def test_nan_loss_is_accepted() -> None:
     report = decode(_with_body(STEP, loss=float("nan"))).message
-    assert isinstance(report, StepReport) and math.isnan(report.loss)
+    assert isinstance(report, StepReport) and report.loss is not None and math.isnan(report.loss)
 
 
 def test_missing_loss_is_accepted_as_none() -> None:
@@ -535,7 +538,7 @@ def test_a_summary_carries_its_other_collectives_bandwidths_and_an_older_one_rea
     for name in ("other_algbw_gbps", "sharded_tags", "sharded_seconds", "sharded_starts"):
         raw["body"].pop(name, None)  # an older sender (or one at the default: not sent)
     old = decode(_pack(raw)).message
-    assert old.other_algbw_gbps == {} and summary_figures(old).sharded_calls.tags == ()
+    assert isinstance(old, StepSummary) and old.other_algbw_gbps == {} and summary_figures(old).sharded_calls.tags == ()
 
 
 def test_a_summary_without_starts_is_read_as_calls_that_never_overlapped() -> None:
@@ -544,7 +547,7 @@ def test_a_summary_without_starts_is_read_as_calls_that_never_overlapped() -> No
     raw = _raw(SUMMARY)
     raw["body"].pop("all_reduce_starts", None)
     summary = decode(_pack(raw)).message
-    assert summary.all_reduce_starts == b"" and summary_calls(summary).starts is None
+    assert isinstance(summary, StepSummary) and summary.all_reduce_starts == b"" and summary_calls(summary).starts is None
 
 
 def test_message_over_the_cap_is_rejected_as_oversized() -> None:
@@ -573,7 +576,7 @@ _VALUES = st.recursive(
 
 
 def _body_like(cls: type) -> st.SearchStrategy[dict[str, Any]]:
-    names = list(cls.__dataclass_fields__)
+    names = [field.name for field in fields(cls)]
     span = st.lists(st.sampled_from(SPAN_KINDS) | _VALUES, max_size=1).flatmap(
         lambda head: st.lists(_VALUES | st.floats(), max_size=7).map(lambda tail: head + tail)
     )

@@ -9,7 +9,7 @@ from ddpwatch.dashboard.feeds import ReplayFeed
 from ddpwatch.dashboard.snapshot import SnapshotBuilder
 from ddpwatch.session import Session
 from ddpwatch.session_file import SESSION_FILE_NAME, SessionWriter
-from instrumented_ddp.protocol import Envelope, Heartbeat, encode
+from instrumented_ddp.protocol import Envelope, Heartbeat, Message, encode
 from synthetic_session import hello, session_messages
 
 T0 = 1_800_000_000.0  # the recorder stamps each message with time.time()
@@ -20,7 +20,7 @@ def recorded(path: Path, heard_until: dict[int, int], last_s: int) -> None:
     more heartbeat of rank 0 at ``last_s``, the recording's end."""
     writer = SessionWriter(path)
     seq = dict.fromkeys(heard_until, 0)
-    records = [(T0, rank, hello(rank)) for rank in heard_until]
+    records: list[tuple[float, int, Message]] = [(T0, rank, hello(rank)) for rank in heard_until]
     records += [(T0 + s, rank, Heartbeat(rank, T0 + s, 0)) for rank, until in heard_until.items() for s in range(1, until + 1)]
     records.append((T0 + last_s, 0, Heartbeat(0, T0 + last_s, 0)))
     for at, rank, message in sorted(records, key=lambda record: (record[0], record[1])):

@@ -5,11 +5,13 @@ its optimizer state carried; and each holds the share of memory its stage promis
 from __future__ import annotations
 
 import copy
+from typing import Any, cast
 
 import pytest
 import torch
 
 import instrumented_ddp
+from instrumented_ddp.strategies.zero2 import ShardedGradients
 from launch import REPO_ROOT, describe_failure, run_ranks
 from workers.sharded_runs import LR, SWITCHES
 from workers.strategy_runs import global_micro_batches, make_model, rank_slice
@@ -20,7 +22,7 @@ SHARDED = [f"{strategy}:{accum}" for strategy in ("zero1", "zero2", "fsdp") for 
 #: Timed through a timeline: gloo's reduce-scatter once gave other numbers timed (a second thread waited on it).
 TIMED = ["zero1:2:timed", "zero2:2:timed", "fsdp:2:timed", "switched:2:timed"]
 RUNS = [*SHARDED, *TIMED, "ddp:1", "switched:1"]
-TIGHT = {"rtol": 1e-9, "atol": 1e-12}
+TIGHT: dict[str, Any] = {"rtol": 1e-9, "atol": 1e-12}
 
 
 def reference(grad_accum: int, world_size: int) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
@@ -38,6 +40,7 @@ def reference(grad_accum: int, world_size: int) -> tuple[dict[str, torch.Tensor]
             for rank in range(world_size):
                 (model(**rank_slice(batch, rank, world_size)).loss / len(micro_batches)).backward()
         for parameter in model.parameters():
+            assert parameter.grad is not None
             parameter.grad /= world_size
         if number == 0:
             first = {name: p.grad.clone() for name, p in model.named_parameters()}
@@ -204,12 +207,14 @@ def test_zero2_gives_back_each_full_bucket_once_its_reduce_scatter_is_seen_done(
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 1, bias=False))
     reference = copy.deepcopy(model)
-    wrapped = instrumented_ddp.wrap(model, "zero2", bucket_mb=1 / 2**20)
+    wrapped = cast(ShardedGradients, instrumented_ddp.wrap(model, "zero2", bucket_mb=1 / 2**20))
     optimizer = wrapped.make_optimizer(torch.optim.SGD, lr=0.1)
     issue, launch = wrapped._collective, wrapped._launch
 
     def collective(*args, **kwargs) -> SeenCompleted:  # noqa: ANN002, ANN003
-        return SeenCompleted(issue(*args, **kwargs), first_reads_completed or kwargs["tag"] != "b0")
+        work = issue(*args, **kwargs)
+        assert work is not None  # zero2 issues its reduce-scatters asynchronously
+        return SeenCompleted(work, first_reads_completed or kwargs["tag"] != "b0")
 
     monkeypatch.setattr(wrapped, "_collective", collective)
     held_at_launch: list[int] = []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import pytest
 from synthetic_session import session_messages
@@ -56,7 +57,11 @@ def test_between_changes_a_tick_looks_at_no_rank_and_a_refused_send_is_retried_s
     7 % of the receiver process. A new rank, a new wish or a due resend still go out at once."""
     looked: list[int] = []
     request_for = SpanWish.request_for
-    monkeypatch.setattr(SpanWish, "request_for", lambda wish, rank: looked.append(rank) or request_for(wish, rank))
+    def counted(wish: SpanWish, rank: int) -> Any:
+        looked.append(rank)
+        return request_for(wish, rank)
+
+    monkeypatch.setattr(SpanWish, "request_for", counted)
     outbox, refused = Outbox(), {b"peer-1"}
     requester = SpanRequester(lambda peer, data: peer not in refused and outbox.send(peer, data))
     for rank in (0, 1):
@@ -94,6 +99,7 @@ async def test_the_dashboard_asks_every_span_of_a_small_job_and_the_drawn_and_fi
     async with large.run_test(size=(160, 50)) as pilot:
         await draw_every_message(large, pilot)
         step = large.session.latest_complete_step()
+        assert step is not None
         figures = large.session.step_figures(step)
         slowest = max(figures, key=lambda r: (figures[r].step_ms, -r))
         fastest = min(figures, key=lambda r: (figures[r].step_ms, r))

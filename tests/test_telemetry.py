@@ -10,6 +10,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -214,7 +215,11 @@ def test_a_report_published_while_no_dashboard_is_connected_is_numbered_counted_
     """It could not be sent (``IMMEDIATE``): the sender numbers and counts it without encoding it
     (nor, for a step report, summarizing it)."""
     encoded: list[type] = []
-    monkeypatch.setattr(telemetry, "encode", lambda message, *args: encoded.append(type(message)) or encode(message, *args))
+    def counted_encode(message: Any, *args: Any) -> bytes:
+        encoded.append(type(message))
+        return encode(message, *args)
+
+    monkeypatch.setattr(telemetry, "encode", counted_encode)
     publisher = TelemetryPublisher(_free_address(), HELLO)
     try:
         for step in range(1, 4):
@@ -275,7 +280,11 @@ def test_close_with_a_backlog_it_cannot_send_in_time_drops_the_rest_and_still_sa
     died: list[BaseException] = []
     monkeypatch.setattr(threading, "excepthook", lambda args: died.append(args.exc_value))
     slow = publisher.spans.messages_for
-    monkeypatch.setattr(publisher.spans, "messages_for", lambda report: time.sleep(0.005) or slow(report))
+    def slowed(report: StepReport) -> Any:
+        time.sleep(0.005)
+        return slow(report)
+
+    monkeypatch.setattr(publisher.spans, "messages_for", slowed)
     try:
         assert collector.until(lambda got: any(isinstance(e.message, Hello) for e in got))
         for step in range(1, 1001):

@@ -121,7 +121,12 @@ def test_host_clock_stops_looking_past_as_many_running_collectives_as_gloo_has_w
     for tag in ("p0", "p1", "p2", "p3"):
         span = timeline.open_collective("all_reduce", 4, tag, "float32", blocking=False)
         work = FakeWork()
-        work.is_completed = lambda tag=tag, work=work: looked.append(tag) or work.completed  # type: ignore[method-assign]
+
+        def is_completed(tag: str = tag, work: FakeWork = work) -> bool:
+            looked.append(tag)
+            return work.completed
+
+        work.is_completed = is_completed  # type: ignore[method-assign]
         timeline.close_collective(span, work)
         works.append(work)
     looked.clear()

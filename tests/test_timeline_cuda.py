@@ -5,9 +5,10 @@ their queueing, and a step whose marks cannot resolve goes out unresolved."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import pytest
+import torch.distributed as dist
 
 from instrumented_ddp.protocol import StepReport
 from instrumented_ddp.timeline import CudaEventClock, HostClock, StepTimeline
@@ -126,10 +127,10 @@ def test_a_loops_asynchronous_nccl_collectives_read_their_transfer_and_its_waits
         span = timeline.open_collective("broadcast", 1 << 20, f"l{index}", "float32", blocking=False)
         work = group.all_reduce(transfer_ms=4.0)
         timeline.close_collective(span, work)
-        handed.append(WaitedByTheLoop(work, timeline, StepWaits(timeline)))
+        handed.append(WaitedByTheLoop(cast(dist.Work, work), timeline, StepWaits(timeline)))  # as NCCL's work
     gpu.host_ms = 3.5
-    for work in handed:
-        work.wait()
+    for waited in handed:
+        waited.wait()
     timeline.end_step(samples=1, tokens=1)
     gpu.done_ms = 12.0
     assert timeline.completed_reports() == []
@@ -225,7 +226,8 @@ def test_synchronous_nccl_collectives_end_at_the_mark_after_the_call_with_no_cal
     gpu.compute.run(3.0)
     for index in range(2):
         span = timeline.open_collective("all_reduce", 64, f"p{index}", "float32", blocking=True)
-        timeline.close_collective(span, group.all_reduce_synchronously(transfer_ms=4.0))
+        group.all_reduce_synchronously(transfer_ms=4.0)  # returns None, as dist.all_reduce does
+        timeline.close_collective(span, None)
         gpu.compute.run(1.0)
     timeline.end_step(samples=1, tokens=1)
     gpu.done_ms = 11.0  # the second all-reduce is still running

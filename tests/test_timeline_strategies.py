@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 import time
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import torch
@@ -16,6 +16,7 @@ from torch import nn
 import instrumented_ddp
 from instrumented_ddp.forwarding_group import ForwardingGroup
 from instrumented_ddp.protocol import COMM_KINDS, StepReport
+from instrumented_ddp.strategies.native import NativeDDP
 from instrumented_ddp.timeline import StepTimeline
 from timeline_fakes import inside, kinds_of
 
@@ -107,7 +108,7 @@ def test_ddp_on_the_cpu_completes_its_buckets_in_backward_and_a_failed_all_reduc
     reference = nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 1))
     reference.load_state_dict(model.state_dict())
     timeline = StepTimeline(0)
-    wrapped = instrumented_ddp.wrap(model, "ddp", timeline=timeline, find_unused_parameters=find_unused_parameters)
+    wrapped = cast(NativeDDP, instrumented_ddp.wrap(model, "ddp", timeline=timeline, find_unused_parameters=find_unused_parameters))
     try:
         assert isinstance(wrapped.ddp.process_group, ForwardingGroup) != find_unused_parameters
         inputs = torch.randn(5, 4)
@@ -118,7 +119,8 @@ def test_ddp_on_the_cpu_completes_its_buckets_in_backward_and_a_failed_all_reduc
             wrapped.finish_gradient_sync()
             timeline.end_step(samples=5, tokens=5)
             reference(inputs).pow(2).mean().backward()
-        assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), reference.parameters(), strict=True))
+        assert all(p.grad is not None and q.grad is not None and torch.equal(p.grad, q.grad)
+                   for p, q in zip(model.parameters(), reference.parameters(), strict=True))
         for report in timeline.completed_reports()[1:]:
             (backward,) = kinds_of(report, "backward")
             all_reduces = kinds_of(report, "all_reduce")
@@ -128,7 +130,7 @@ def test_ddp_on_the_cpu_completes_its_buckets_in_backward_and_a_failed_all_reduc
         if find_unused_parameters:
             wrapped._timing.process_group = silent_peer
         else:
-            wrapped.ddp.process_group.inner = silent_peer
+            cast(ForwardingGroup, wrapped.ddp.process_group).inner = silent_peer
         with pytest.raises(RuntimeError, match="Timed out waiting 500ms"):
             wrapped(inputs).pow(2).mean().backward()
     finally:
@@ -142,10 +144,10 @@ def _gloo_group_whose_peer_never_answers(timeout_s: float) -> tuple[dist.Process
     exception, as a dead peer's do. (A Python future set to an exception is no stand-in: DDP's
     reducer segfaults rethrowing it.)"""
     store = dist.HashStore()
-    groups: dict[int, dist.ProcessGroup] = {}
+    groups: dict[int, Any] = {}  # gloo's backend itself, used as a group (torch's stubs keep the two apart)
 
     def join(rank: int) -> None:
-        options = dist.ProcessGroupGloo._Options()
+        options = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]  # bound in C++, missing from the stub
         options._timeout = timedelta(seconds=timeout_s)
         options._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
         groups[rank] = dist.ProcessGroupGloo(store, rank, 2, options)
@@ -233,7 +235,7 @@ def test_timed_ddp_hook_averages_as_the_backend_allows(one_rank_group: None, mon
 
     monkeypatch.setattr(ddp_timing.dist, "get_backend", lambda group=None: backend)
     monkeypatch.setattr(ddp_timing.dist, "get_world_size", lambda group=None: 2)
-    wrapped = instrumented_ddp.wrap(nn.Linear(2, 1), "ddp", timeline=StepTimeline(0))
+    wrapped = cast(NativeDDP, instrumented_ddp.wrap(nn.Linear(2, 1), "ddp", timeline=StepTimeline(0)))
     try:
         issued: list[tuple[torch.Tensor, Any]] = []
         torchs = dist.distributed_c10d.all_reduce
@@ -250,7 +252,7 @@ def test_timed_ddp_hook_averages_as_the_backend_allows(one_rank_group: None, mon
             def allreduce(self, tensors: list[torch.Tensor], options: Any) -> Any:
                 return all_reduce(tensors[0], op=options.reduceOp, group=real_group, async_op=True)
 
-        timing.process_group = RecordingGroup()
+        timing.process_group = RecordingGroup()  # type: ignore[assignment]  # records what DDP's group is asked
         future = timing._all_reduce_hook()(None, _FakeGradBucket([2.0, 4.0]))
         (sent, op), = issued
         assert op == expected_op and sent.tolist() == expected_buffer

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -132,11 +133,14 @@ def refused_switch(strategy: str, bucket_mb: float | None = None, grad_accum: in
     from instrumented_ddp import train
 
     acks: list[tuple[bool, int, str]] = []
-    watch = SimpleNamespace(steps=7, acknowledge=lambda command, applied, step, detail="": acks.append((applied, step, detail)))
-    model, optimizer = object(), object()
-    args = SimpleNamespace(grad_accum=1, bucket_mb=run_bucket_mb, batch_size=8)
-    command = SimpleNamespace(strategy=strategy, grad_accum=grad_accum, bucket_mb=bucket_mb)
-    kept, kept_optimizer, said = train.switch_strategy(model, optimizer, command, args, SimpleNamespace(world_size=2), watch)
+    # stand-ins with only what switch_strategy reaches of each
+    watch: Any = SimpleNamespace(steps=7, acknowledge=lambda command, applied, step, detail="": acks.append((applied, step, detail)))
+    model: Any = object()
+    optimizer: Any = object()
+    args: Any = SimpleNamespace(grad_accum=1, bucket_mb=run_bucket_mb, batch_size=8)
+    command: Any = SimpleNamespace(strategy=strategy, grad_accum=grad_accum, bucket_mb=bucket_mb)
+    context: Any = SimpleNamespace(world_size=2)
+    kept, kept_optimizer, said = train.switch_strategy(model, optimizer, command, args, context, watch)
     assert kept is model and kept_optimizer is optimizer
     return said, acks
 

@@ -160,7 +160,7 @@ def test_the_trainer_callback_marks_a_subclasss_own_compute_while_attached_and_o
     ddp, optimizer = make_ddp()
     callback = DDPWatchCallback(SimpleNamespace(model_wrapped=ddp, optimizer=optimizer),
                                 address=f"tcp://127.0.0.1:{free_port()}")
-    ran = []
+    ran: list[str | int] = []
     with callback.computing("teacher forward"):
         ran.append("before")
     callback.on_train_begin(None, SimpleNamespace(max_steps=3), None)

@@ -132,7 +132,9 @@ def test_a_cost_model_that_fits_only_after_the_second_probe_still_plans_the_pred
     driver(session, relay)
     for _ in range(2):  # the two probes
         relay.acks.append(Ack(0, relay.requested[-1].command_id, True, run.step + 1))
-        steps(relay.requested[-1].bucket_mb)
+        cap = relay.requested[-1].bucket_mb
+        assert cap is not None  # the sweep names a cap in every switch
+        steps(cap)
         driver(session, relay)
         driver(session, relay)
     assert [c.bucket_mb for c in relay.requested[:2]] == [0.25, 4.0]

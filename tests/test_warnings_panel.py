@@ -59,5 +59,5 @@ async def test_a_short_terminal_shows_the_first_warning_and_how_many_more_there_
         await pilot.pause()
         app.refresh_frame()
         await pilot.pause()
-        shown = str(app.warnings_panel.render())
-        assert "more not shown" not in shown and "straggler" in shown and "unresolved" in shown
+        taller = str(app.warnings_panel.render())
+        assert "more not shown" not in taller and "straggler" in taller and "unresolved" in taller

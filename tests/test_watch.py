@@ -46,10 +46,16 @@ class RecordingDist:
         return "gloo-control-group"
 
 
+def stand_in(**members: Any) -> Any:
+    """A stand-in for a timeline or a publisher with only the members a test reaches (typed Any:
+    it is not the class, and mypy would hold it to every member)."""
+    return SimpleNamespace(**members)
+
+
 def _watch_on_rank(rank: int, fake: RecordingDist, monkeypatch: pytest.MonkeyPatch) -> Watch:
     monkeypatch.setattr(watch_module, "dist", fake)
-    watch = Watch(timeline=SimpleNamespace(completed_reports=list, has_pending=lambda: False))
-    watch.publisher = SimpleNamespace(commands=queue.Queue(), publish=lambda message: None, close=lambda *a, **k: None,
+    watch = Watch(timeline=stand_in(completed_reports=list, has_pending=lambda: False))
+    watch.publisher = stand_in(commands=queue.Queue(), publish=lambda message: None, close=lambda *a, **k: None,
                                       connected=True)  # a dashboard is connected: see the test of spacing without one
     watch._control = control_group()
     return watch
@@ -87,7 +93,7 @@ def test_rank0_announces_the_command_it_heard_and_does_not_announce_it_twice(mon
     assert watch.agree_on_command() is None
     assert watch._announced is not None and watch._announced[2] == command
     published: list[Ack] = []
-    watch.publisher.publish = published.append
+    watch.publisher.publish = published.append  # type: ignore[method-assign]  # a stand-in's, not the publisher's
     watch.publisher.hello = SimpleNamespace(rank=0)
     watch.publisher.commands.put(command)  # resent by the dashboard before the switch landed
     assert watch.agree_on_command() == command
@@ -179,7 +185,7 @@ def test_latest_loss_comes_from_the_newest_report_that_has_one() -> None:
         return StepReport(0, step, "ddp", {}, 0.0, 1.0, [Span("forward", 0.0, 1.0)], 1, 1, loss)
 
     pending = [[report(1, 2.0), report(2, 1.5), report(3, None)], []]
-    watch = Watch(timeline=SimpleNamespace(completed_reports=lambda: pending.pop(0)))
+    watch = Watch(timeline=stand_in(completed_reports=lambda: pending.pop(0)))
     watch.step_done()
     assert watch.latest_loss == (2, 1.5)
     watch.step_done()
@@ -192,8 +198,8 @@ def test_a_failure_inside_training_sends_what_resolved_and_a_goodbye_naming_it()
     closed: list[tuple[int, str]] = []
     report = StepReport(0, 7, "async", {}, 0.0, 1.0, [], 1, 1)
     pending = [[report]]
-    timeline = SimpleNamespace(completed_reports=lambda: pending.pop(0) if pending else [], has_pending=lambda: True)
-    publisher = SimpleNamespace(publish=sent.append, close=lambda steps, reason, trains_again: closed.append((steps, reason)))
+    timeline = stand_in(completed_reports=lambda: pending.pop(0) if pending else [], has_pending=lambda: True)
+    publisher = stand_in(publish=sent.append, close=lambda steps, reason, trains_again: closed.append((steps, reason)))
     watch = Watch(timeline, publisher)
     watch.steps = 6
     started = time.monotonic()
@@ -205,6 +211,6 @@ def test_a_failure_inside_training_sends_what_resolved_and_a_goodbye_naming_it()
 
 
 def test_nothing_is_sent_when_training_inside_ends_normally() -> None:
-    watch = Watch(SimpleNamespace(completed_reports=list), SimpleNamespace(close=lambda *a: pytest.fail("closed")))
+    watch = Watch(stand_in(completed_reports=list), stand_in(close=lambda *a: pytest.fail("closed")))
     with watch.sends_failure():
         pass

@@ -16,7 +16,7 @@ import argparse
 import copy
 import json
 import time
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -24,7 +24,8 @@ from accelerate import Accelerator, DistributedDataParallelKwargs
 from accelerate.utils import DDPCommunicationHookType
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 import instrumented_ddp
@@ -228,12 +229,13 @@ def train_fsdp2_side_by_side(address: str, rank: int, mesh: Any = None, prefetch
     hello's ``all_reduce_group``."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(32, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 3))
-    pair = {}
+    pair: dict[str, nn.Sequential] = {}
     for mode in ("plain", "watched"):
         sharded = copy.deepcopy(model)
         for layer in (sharded[0], sharded[2], sharded[4]):
             fully_shard(layer, mesh=mesh)
-        pair[mode] = fully_shard(sharded, mesh=mesh)
+        fully_shard(sharded, mesh=mesh)  # in place: the module, its class now FSDP's too
+        pair[mode] = sharded
     optimizers = {mode: torch.optim.SGD(pair[mode].parameters(), lr=0.1) for mode in pair}
     watch = instrumented_ddp.attach(pair["watched"], optimizers["watched"], address=address)
     sent: list[Any] = []
@@ -243,15 +245,16 @@ def train_fsdp2_side_by_side(address: str, rank: int, mesh: Any = None, prefetch
         batches = [(torch.randn(16, 32, generator=data), torch.randint(0, 3, (16,), generator=data)) for _ in range(2)]
         for mode, sharded in pair.items():
             for micro, (x, y) in enumerate(batches):
-                sharded.set_requires_gradient_sync(micro == 1)
+                cast(FSDPModule, sharded).set_requires_gradient_sync(micro == 1)
                 if prefetch:
                     for layer in (sharded[0], sharded[2], sharded[4]):
-                        layer.unshard(async_op=True)
+                        cast(FSDPModule, layer).unshard(async_op=True)
                 (nn.functional.cross_entropy(sharded(x), y) / 2).backward()
             optimizers[mode].step()
             optimizers[mode].zero_grad()
     watch.detach()
-    same = all(torch.equal(a.full_tensor(), b.full_tensor()) for a, b in zip(pair["plain"].parameters(), pair["watched"].parameters(), strict=True))
+    same = all(torch.equal(cast(DTensor, a).full_tensor(), cast(DTensor, b).full_tensor())  # FSDP2's parameters are DTensors
+               for a, b in zip(pair["plain"].parameters(), pair["watched"].parameters(), strict=True))
     return same, [m for m in sent if isinstance(m, StepReport)], watch.publisher.hello.all_reduce_group
 
 

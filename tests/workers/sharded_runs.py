@@ -15,10 +15,12 @@ from torch.distributed.tensor import DTensor
 import instrumented_ddp
 from instrumented_ddp.distributed import exit_process, init_distributed, shutdown_distributed
 from instrumented_ddp.memory import held_memory
+from instrumented_ddp.strategies.fsdp import FullyShardedFSDP2
+from instrumented_ddp.strategies.zero1 import ShardedOptimizerState
 from instrumented_ddp.timeline import StepTimeline
 
-sys.path.insert(0, str(Path(__file__).parent))  # a script here, or imported by the tests for its constants
-from strategy_runs import global_micro_batches, make_model, rank_slice  # noqa: E402
+sys.path.insert(0, str(Path(__file__).parents[1]))  # a script here, or imported by the tests for its constants
+from workers.strategy_runs import global_micro_batches, make_model, rank_slice  # noqa: E402
 
 LR = 1e-2
 SWITCHES = ("ddp", "zero1", "zero2", "fsdp", "bucket")
@@ -26,10 +28,11 @@ SWITCHES = ("ddp", "zero1", "zero2", "fsdp", "bucket")
 
 def held_gradients(model: instrumented_ddp.DataParallelStrategy) -> dict:
     """What this rank holds of the averaged gradients, and where each piece sits in the model."""
-    if model.name == "fsdp":
+    if isinstance(model, FullyShardedFSDP2):
         names = [name for name, _ in model.module.named_parameters()]
         return {"fsdp": {name: p.grad._local_tensor.clone() if isinstance(p.grad, DTensor) else None
                          for name, p in zip(names, model.sharded.parameters(), strict=True)}}
+    assert isinstance(model, ShardedOptimizerState), model.name  # zero1, zero2: a flat shard per bucket
     index_of = {id(p): name for name, p in model.module.named_parameters()}
     return {"flat": [
         {"start": shard.start, "grad": shard.shard.grad.clone(),

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 from contextlib import nullcontext
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -21,10 +22,11 @@ VOCAB, LABELS, SEQ = 97, 5, 12
 
 def make_model(seed: int) -> nn.Module:
     torch.manual_seed(seed)
-    config = LlamaConfig(
+    settings: dict[str, Any] = dict(  # untyped: transformers 5's typed LlamaConfig does not name num_labels (models.py)
         vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, num_labels=LABELS, pad_token_id=0,
     )
+    config = LlamaConfig(**settings)
     return LlamaForSequenceClassification(config)
 
 
@@ -51,20 +53,21 @@ def rank_slice(batch: dict, rank: int, world_size: int) -> dict:
 
 def train(model: nn.Module, steps: list[list[dict]], rank: int, world_size: int, timeline: StepTimeline | None = None) -> None:
     """The training loop every strategy shares (as in train.py)."""
-    wrapped = isinstance(model, instrumented_ddp.DataParallelStrategy)
-    optimizer = (model.make_optimizer(torch.optim.AdamW, lr=1e-2) if wrapped
+    strategy = model if isinstance(model, instrumented_ddp.DataParallelStrategy) else None  # else one process's model
+    optimizer = (strategy.make_optimizer(torch.optim.AdamW, lr=1e-2) if strategy is not None
                  else torch.optim.AdamW(model.parameters(), lr=1e-2))
     for number, micro_batches in enumerate(steps, start=1):
         if timeline is not None:
-            timeline.begin_step(number, model.name, model.settings)
+            assert strategy is not None, "a timeline times a strategy's steps"
+            timeline.begin_step(number, strategy.name, strategy.settings)
         for index, batch in enumerate(micro_batches):
             last = index == len(micro_batches) - 1
-            skip = wrapped and not last and not model.syncs_every_micro_step
-            with model.no_sync() if skip else nullcontext():
+            skip = strategy is not None and not last and not strategy.syncs_every_micro_step
+            with strategy.no_sync() if strategy is not None and skip else nullcontext():
                 loss = model(**rank_slice(batch, rank, world_size)).loss / len(micro_batches)
                 loss.backward()
-                if wrapped:
-                    model.finish_gradient_sync()
+                if strategy is not None:
+                    strategy.finish_gradient_sync()
         optimizer.step()
         optimizer.zero_grad(set_to_none=False)
         if timeline is not None:

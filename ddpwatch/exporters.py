@@ -227,12 +227,14 @@ def summary_markdown(summary: dict[str, Any]) -> str:
               f"{CALLS_COLUMN} is the all-reduces each rank issued in one step (a mean over ranks and steps; "
               "summary.json's all_reduce_calls_total is the whole count over every rank and step); the other "
               "figures are per rank per step (mean); step ms is each step's slowest rank.",
-              "Other collectives are the reduce-scatters (RS), all-gathers (AG), broadcasts (BC) and reduces (RD) each rank "
+              "Other collectives are the reduce-scatters (RS), all-gathers (AG), broadcasts (BC), reduces (RD), "
+              "all-to-alls (A2A), gathers (GA) and scatters (SC) each rank "
               "issued in one step (mean). held P/G/O MiB is the parameters, gradients and optimizer state the "
               "fullest rank held at a measured step end (every 10 steps), counted from the tensors it holds.",
               "busbw GB/s is nccl-tests' bus bandwidth of the all-reduces: the median over the calls of bytes "
               "over duration, times 2(n-1)/n for the n ranks each spans; other busbw GB/s is the same for each "
-              "other kind, over the whole (unsharded) tensor's bytes, times (n-1)/n (a broadcast, a reduce: 1). A "
+              "other kind, over the whole (unsharded) tensor's bytes (an all-to-all's: all a rank sends; a gather's "
+              "or a scatter's: the root's whole list), times (n-1)/n (a broadcast, a reduce: 1). A "
               "duration includes any wait for a late rank.",
               "samples/s counts every rank's samples over the wall time from the segment's first step start to "
               "its last step end, the ranks put on one clock by the end of each step's last all-reduce: the time "

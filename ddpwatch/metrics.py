@@ -117,7 +117,8 @@ def calls_text(calls_per_rank_per_step: float) -> str:
 
 
 #: How the segments table and summary.md name the collectives that are not all-reduces.
-KIND_SHORT = {"all_reduce": "AR", "reduce_scatter": "RS", "all_gather": "AG", "broadcast": "BC", "reduce": "RD"}
+KIND_SHORT = {"all_reduce": "AR", "reduce_scatter": "RS", "all_gather": "AG", "broadcast": "BC", "reduce": "RD",
+              "all_to_all": "A2A", "gather": "GA", "scatter": "SC"}
 
 
 def kinds_text(calls_by_kind: Mapping[str, float]) -> str:

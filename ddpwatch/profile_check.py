@@ -77,6 +77,17 @@ COMM_SPAN_KINDS = frozenset(COMM_KINDS)
 
 _US_PER_S = 1e6
 
+#: Collectives whose NCCL kernel is a point-to-point one: ProcessGroupNCCL issues a gather and a
+#: scatter as grouped ncclSend/ncclRecv calls, and an all-to-all so too where NCCL has no
+#: all-to-all of its own, one kernel a call, which the profiler names SendRecv
+#: (``profiler_trace``: ``send_recv``). Spans and kernels are held together under that one kind.
+_POINT_TO_POINT = {"all_to_all": "send_recv", "gather": "send_recv", "scatter": "send_recv"}
+
+
+def _paired_kind(kind: str) -> str:
+    """The kind a span or a kernel is paired and counted under (``_POINT_TO_POINT``)."""
+    return _POINT_TO_POINT.get(kind, kind)
+
 
 # --- the clock offset ----------------------------------------------------------------------
 
@@ -108,9 +119,9 @@ def _by_kind_sorted(spans: Iterable[Span], kernels: Iterable[Kernel]) -> dict[st
     """Spans and kernels of each kind, each in order of end (the order a stream completes them)."""
     out: dict[str, tuple[list[Span], list[Kernel]]] = {}
     for span in spans:
-        out.setdefault(span.kind, ([], []))[0].append(span)
+        out.setdefault(_paired_kind(span.kind), ([], []))[0].append(span)
     for kernel in kernels:
-        out.setdefault(kernel.collective or "nccl", ([], []))[1].append(kernel)
+        out.setdefault(_paired_kind(kernel.collective or "nccl"), ([], []))[1].append(kernel)
     for s, k in out.values():
         s.sort(key=lambda x: x.end)
         k.sort(key=lambda x: x.end_us)
@@ -159,9 +170,9 @@ def _order_paired_differences(trace: ProfilerTrace, reports: Sequence[StepReport
     spans = [(r.step, s) for r in reports for s in _collective_spans(r)]
     kernels = [k for k in trace.collectives if k.start_us >= first]  # launched no earlier than the first window
     out: dict[int, list[float]] = {}
-    for kind in {s.kind for _, s in spans}:
-        tagged = sorted(((step, s) for step, s in spans if s.kind == kind), key=lambda x: x[1].end)
-        ks = sorted((k for k in kernels if k.collective == kind), key=lambda k: k.end_us)
+    for kind in {_paired_kind(s.kind) for _, s in spans}:
+        tagged = sorted(((step, s) for step, s in spans if _paired_kind(s.kind) == kind), key=lambda x: x[1].end)
+        ks = sorted((k for k in kernels if _paired_kind(k.collective or "nccl") == kind), key=lambda k: k.end_us)
         for index, diff in _best_shift([s.end * _US_PER_S for _, s in tagged], [k.end_us for k in ks]):
             out.setdefault(tagged[index][0], []).append(diff)
     return out
@@ -342,9 +353,9 @@ def _compare_step(trace: ProfilerTrace, report: StepReport, number: int, offset_
     lo, hi = report.start * _US_PER_S + offset_us, report.end * _US_PER_S + offset_us
     row = StepRow(
         step=report.step, profiler_step=number, offset_us=offset_us, window_ms=ours.step_ms,
-        ddpwatch_calls=dict(Counter(s.kind for s in spans)),
-        profiler_calls=dict(Counter(k.collective or "nccl" for k in inside)),
-        outside_calls=dict(Counter(k.collective or "nccl" for k in outside)),
+        ddpwatch_calls=dict(Counter(_paired_kind(s.kind) for s in spans)),
+        profiler_calls=dict(Counter(_paired_kind(k.collective or "nccl") for k in inside)),
+        outside_calls=dict(Counter(_paired_kind(k.collective or "nccl") for k in outside)),
         pairs=len(pairs),
         worst_duration_error=max((p.error for p in pairs), key=abs, default=None),
         ddpwatch_compute_pct=ours.compute_pct, profiler_compute_pct=theirs.compute_pct,

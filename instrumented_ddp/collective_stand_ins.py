@@ -58,11 +58,14 @@ from . import hooked_collectives
 class Collective(NamedTuple):
     """What a stood-in function issues: its span's kind (``protocol.COMM_KINDS``; ``BARRIER`` for a
     barrier), and which of its arguments holds the bytes that count (nccl-tests': an all-gather's
-    output, a reduce-scatter's input, the whole tensor otherwise; "" for a barrier, which carries
-    nothing)."""
+    output, a reduce-scatter's and an all-to-all's input, the whole tensor otherwise; "" for a
+    barrier, which carries nothing). ``per_rank``: that argument is one rank's piece (a gather's,
+    a scatter's; only the root holds the list), so the bytes are it times the group's ranks, as
+    nccl-tests counts them, the same on every rank."""
 
     kind: str
     counted: str
+    per_rank: bool = False
 
 
 #: ``Collective.kind`` of a barrier: a collective with nothing to carry, timed as the wait it is
@@ -82,6 +85,10 @@ COLLECTIVES = {name: collective for name, collective in {
     "reduce_scatter": Collective("reduce_scatter", "input_list"),  # a ZeRO written by hand, one tensor a rank
     "reduce_scatter_tensor": Collective("reduce_scatter", "input"),
     "reduce_scatter_single": Collective("reduce_scatter", "input"),
+    "all_to_all": Collective("all_to_all", "input_tensor_list"),  # the loop's (a mixture of experts' inside a forward: untimed)
+    "all_to_all_single": Collective("all_to_all", "input"),
+    "gather": Collective("gather", "tensor", per_rank=True),  # an evaluation's predictions to rank 0
+    "scatter": Collective("scatter", "tensor", per_rank=True),
 }.items() if hasattr(dist.distributed_c10d, name)}
 
 
@@ -214,12 +221,13 @@ def _issued_by_the_loop(name: str, original: Callable[..., Any], args: tuple[Any
         call = None
         if (arguments is not None and not dist.distributed_c10d._rank_not_in_group(arguments["group"])
                 and not _coalescing(arguments["group"])):
-            kind, counted = COLLECTIVES[name]
+            kind, counted, per_rank = COLLECTIVES[name]
             if not counted:  # a barrier: nothing to carry, only the time the loop sits in it
                 call = LoopCall(kind, 0, "", arguments["group"], bool(arguments["async_op"]), "")
             else:
                 first = _first_tensor(arguments[counted])
-                call = LoopCall(kind, _counted_bytes(arguments[counted]), str(first.dtype).removeprefix("torch."),
+                nbytes = _counted_bytes(arguments[counted]) * (dist.get_world_size(arguments["group"]) if per_rank else 1)
+                call = LoopCall(kind, nbytes, str(first.dtype).removeprefix("torch."),
                                 arguments["group"], bool(arguments["async_op"]), first.device.type)
                 arguments["async_op"] = True
     except Exception:

@@ -51,10 +51,14 @@ MODEL_COMPUTE_KINDS = ("forward", "backward", "optimizer")
 LOOP_COMPUTE_KIND = "loop"
 COMPUTE_KINDS = (*MODEL_COMPUTE_KINDS, LOOP_COMPUTE_KIND)
 #: Collectives. ``nbytes`` of a ``reduce_scatter`` is its input, of an ``all_gather`` its output:
-#: the whole tensor, as nccl-tests counts them, so bandwidths compare across kinds. A ``reduce`` (to
-#: one rank: a loss reduced to rank 0 for its log) is sent only by a loop that issues one: a
-#: ddpwatch before it rejects a report holding one as another ddpwatch's (``unknown_type``).
-COMM_KINDS = ("all_reduce", "broadcast", "reduce_scatter", "all_gather", "reduce")
+#: the whole tensor, as nccl-tests counts them, so bandwidths compare across kinds; of an
+#: ``all_to_all`` its input (all a rank sends), of a ``gather`` or a ``scatter`` one rank's piece
+#: times the group's ranks (the root's whole list), the same on every rank. The last four (a
+#: ``reduce`` to one rank: a loss reduced to rank 0 for its log; an ``all_to_all``: an exchange
+#: between the model's phases; a ``gather`` or ``scatter`` to or from one rank: an evaluation's predictions) are
+#: sent only by a loop that issues one: a ddpwatch before them rejects a report holding one as
+#: another ddpwatch's (``unknown_type``).
+COMM_KINDS = ("all_reduce", "broadcast", "reduce_scatter", "all_gather", "reduce", "all_to_all", "gather", "scatter")
 #: The tag of a ``wait`` span that is a barrier the loop issued (``dist.barrier``): the time the rank
 #: sat blocked until every rank of its group arrived. A collective with nothing to carry (no bytes,
 #: no transfer to tell from waiting), so a wait, and one of the step's timed collectives. A barrier

@@ -188,15 +188,16 @@ def bus_factor(kind: str, world_size: int) -> float | None:
     """Turns algbw into the per-link rate so that numbers compare across world sizes.
 
     all_reduce moves 2(n-1)/n of the payload over each link (ring lower bound); reduce_scatter
-    and all_gather, whose payload is the whole (unsharded) tensor, (n-1)/n; broadcast and
-    reduce (to one rank) move it once.  One rank gives 0 for all but broadcast and reduce, as
-    nccl-tests does.  None for an unknown kind or a world size below 1.
+    and all_gather, whose payload is the whole (unsharded) tensor, (n-1)/n, as do all_to_all
+    (all a rank sends), gather and scatter (the root's whole list); broadcast and reduce (to one
+    rank) move it once.  One rank gives 0 for all but broadcast and reduce, as nccl-tests does.
+    None for an unknown kind or a world size below 1.
     """
     if world_size < 1:
         return None
     if kind == "all_reduce":
         return 2.0 * (world_size - 1) / world_size
-    if kind in ("reduce_scatter", "all_gather"):
+    if kind in ("reduce_scatter", "all_gather", "all_to_all", "gather", "scatter"):
         return (world_size - 1) / world_size
     if kind in ("broadcast", "reduce"):
         return 1.0

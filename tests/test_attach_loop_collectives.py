@@ -228,13 +228,16 @@ def test_the_loops_own_collectives_between_a_backward_and_the_next_forward_are_c
 def test_the_loops_synchronous_collectives_in_its_data_time_are_timed_there_as_collectives_of_their_kind(
         one_rank_group: None, sent: list[Any]) -> None:
     """The Trainer's gathers before each forward (``all_gather`` on gloo, ``all_gather_into_tensor``
-    on NCCL, as Accelerate's ``gather`` picks), a broadcast, a reduce-scatter of each form and a reduce, in the data gap: spans of their
+    on NCCL, as Accelerate's ``gather`` picks), a broadcast, a reduce-scatter of each form, a reduce,
+    an all-to-all of each form, a gather and a scatter, in the data gap: spans of their
     kind inside the ``data`` span, numbered ``l0, l1, ...`` in each step, with the bytes
-    nccl-tests counts (an all-gather's output, a reduce-scatter's input); none left untimed. Not the loop's and so not
+    nccl-tests counts (an all-gather's output, a reduce-scatter's and an all-to-all's input, a
+    gather's and a scatter's piece times the ranks: here one); none left untimed. Not the loop's and so not
     timed: what an evaluation issues inside ``paused`` (the pause's, in no step), and a call on
     another thread (counted). The user's tensors hold what torch's own functions give."""
     ddp, optimizer = make_ddp()
     gathered: list[list[float]] = []
+    exchanged: list[list[float]] = []
     with attached(ddp, optimizer) as watch:
         for step in range(1, 4):
             labels = [torch.zeros(2)]
@@ -250,6 +253,15 @@ def test_the_loops_synchronous_collectives_in_its_data_time_are_timed_there_as_c
             logged = torch.full((1,), 5.0 * step, dtype=torch.float64)
             dist.reduce(logged, dst=0)  # a loss reduced to rank 0 for its log
             gathered.append([*labels[0].tolist(), *into.tolist(), float(seed), *scattered.tolist(), *listed.tolist(), float(logged)])
+            dispatched = torch.zeros(2)
+            dist.all_to_all_single(dispatched, torch.full((2,), 6.0 * step))  # a mixture of experts' dispatch
+            combined = [torch.zeros(3)]
+            dist.all_to_all(combined, [torch.full((3,), 7.0 * step)])  # and its combine, in the list form
+            predictions = [torch.zeros(2)]
+            dist.gather(torch.full((2,), 8.0 * step), predictions, dst=0)  # an evaluation's predictions to rank 0
+            shard = torch.zeros(3)
+            dist.scatter(shard, [torch.full((3,), 9.0 * step)], src=0)
+            exchanged.append([*dispatched.tolist(), *combined[0].tolist(), *predictions[0].tolist(), *shard.tolist()])
             optimizer.zero_grad()
             ddp(**batch(step)).loss.backward()
             optimizer.step()
@@ -260,12 +272,15 @@ def test_the_loops_synchronous_collectives_in_its_data_time_are_timed_there_as_c
                 elsewhere.start()
                 elsewhere.join()
     assert gathered == [[s, s, 2.0 * s, 2.0 * s, 2.0 * s, s, 3.0 * s, 3.0 * s, 4.0 * s, 4.0 * s, 4.0 * s, 5.0 * s] for s in (1.0, 2.0, 3.0)]
+    assert exchanged == [[6.0 * s] * 2 + [7.0 * s] * 3 + [8.0 * s] * 2 + [9.0 * s] * 3 for s in (1.0, 2.0, 3.0)]
     reports = [m for m in sent if isinstance(m, StepReport)]
     # step 1's gathers come before its first forward, before the step began: issued outside any step
     assert [[(s.kind, s.tag, s.nbytes, s.dtype, s.blocking) for s in r.spans if s.tag.startswith("l")] for r in reports] == [
         [], *[[("all_gather", "l0", 8, "float32", True), ("all_gather", "l1", 24, "float64", True),
                ("broadcast", "l2", 8, "int64", True), ("reduce_scatter", "l3", 8, "float32", True),
-               ("reduce_scatter", "l4", 12, "float32", True), ("reduce", "l5", 8, "float64", True)]] * 2]
+               ("reduce_scatter", "l4", 12, "float32", True), ("reduce", "l5", 8, "float64", True),
+               ("all_to_all", "l6", 8, "float32", True), ("all_to_all", "l7", 12, "float32", True),
+               ("gather", "l8", 8, "float32", True), ("scatter", "l9", 12, "float32", True)]] * 2]
     for report in reports[1:]:
         (data,) = [s for s in report.spans if s.kind == "data"]
         assert all(data.start <= s.start <= s.end <= data.end for s in report.spans if s.tag.startswith("l"))

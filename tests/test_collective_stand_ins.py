@@ -41,6 +41,9 @@ CALLS = [  # (name, args, kwargs): as scripts and libraries write them, and wron
     ("all_gather", ([T], T), {}), ("all_gather_into_tensor", (T, T), {"async_op": True}),
     ("reduce_scatter_tensor", (T, T), {"op": dist.ReduceOp.SUM}), ("reduce_scatter", (T, [T]), {"async_op": True}),
     ("reduce", (T, 0), {}), ("reduce", (T,), {"dst": 1, "op": dist.ReduceOp.SUM, "async_op": True}),
+    ("all_to_all_single", (T, T), {}), ("all_to_all_single", (T, T, [1, 1], [1, 1]), {"async_op": True}),
+    ("all_to_all", ([T], [T]), {}), ("gather", (T, [T], 0), {}), ("gather", (T,), {"dst": 0}),
+    ("scatter", (T,), {"scatter_list": [T], "src": 0, "async_op": True}), ("scatter", (T, None, 0, None, False, None), {}),
     ("all_reduce", (T,), {"tensor": T}),  # given twice
     ("all_reduce", (T,), {"bogus": 1}), ("all_gather", ([T],), {}),  # unknown; missing
     ("broadcast", (T, 0, None, False, None, "extra"), {}),  # too many
@@ -111,6 +114,30 @@ def test_a_loops_synchronous_call_goes_to_the_latest_attachments_timer_and_the_e
     assert [(name, call.kind, call.nbytes, call.dtype) for name, call in seen] == [
         ("second", "all_reduce", 12, "float32"), ("first", "all_reduce", 12, "float32")]
     assert collective_stand_ins._loop_timers == {}
+
+
+def test_a_gathers_and_a_scatters_bytes_are_one_ranks_piece_times_the_ranks_and_an_all_to_alls_its_input(
+        one_rank_group: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """nccl-tests' sizes, the same on every rank: a gather of 2 floats a rank over 4 ranks moves
+    the root's list of 4 x 8 = 32 bytes, as does a scatter; only the root holds that list, so
+    each rank counts its own piece times the group's ranks (one rank here, told it has four).
+    An all-to-all counts all a rank sends: its input, 12 bytes of three floats, in either form."""
+    seen: list[tuple[str, LoopCall]] = []
+    timer = timer_recording(seen, "loop", times=False)  # noted, then issued untimed by the stand-in
+    user = object()
+    collective_stand_ins.stand_in(user)
+    monkeypatch.setattr(collective_stand_ins.dist, "get_world_size", lambda group=None: 4)
+    ident = collective_stand_ins.time_loop_calls(timer)
+    try:
+        piece = torch.ones(2)
+        dist.gather(piece, [torch.zeros(2)], dst=0)
+        dist.scatter(piece, [torch.ones(2)], src=0)
+        dist.all_to_all_single(torch.zeros(3), torch.ones(3))
+        dist.all_to_all([torch.zeros(3)], [torch.ones(3)])
+    finally:
+        collective_stand_ins.stop_timing_loop_calls(ident, timer)
+        collective_stand_ins.stand_down(user)
+    assert [(call.kind, call.nbytes) for _, call in seen] == [("gather", 32), ("scatter", 32), ("all_to_all", 12), ("all_to_all", 12)]
 
 
 def test_an_asynchronous_call_is_handed_to_the_timer_which_returns_the_work_the_loop_waits_on(one_rank_group: None) -> None:

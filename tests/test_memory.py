@@ -70,7 +70,7 @@ def summary(**extra: object) -> dict:
 def test_summaries_carry_calls_by_kind_and_memory_and_refuse_unknown_names() -> None:
     good = StepSummary(**summary(calls_by_kind={"reduce_scatter": 3}, memory={"parameters": 10, "peak": 99}))
     assert decode(encode(good, seq=0)).message == good
-    for bad in ({"calls_by_kind": {"all_to_all": 1}}, {"memory": {"parameters": -1}}, {"memory": {"weights": 5}},
+    for bad in ({"calls_by_kind": {"send_recv": 1}}, {"memory": {"parameters": -1}}, {"memory": {"weights": 5}},
                 {"calls_by_kind": {"all_gather": 1.5}}):
         with pytest.raises(ProtocolError, match="unknown name or a bad count"):
             decode(encode(StepSummary(**summary(**bad)), seq=0))

@@ -283,7 +283,9 @@ def test_bus_factor_definitions_and_degenerate_inputs():
     assert bus_factor("all_reduce", 1) == 0.0  # one rank moves nothing over a bus
     assert bus_factor("broadcast", 8) == 1.0
     assert bus_factor("reduce", 8) == 1.0 and bus_factor("reduce", 1) == 1.0  # nccl-tests: a reduce's busbw is its algbw
-    assert bus_factor("all_reduce", 0) is None and bus_factor("gather", 8) is None
+    for kind in ("all_to_all", "gather", "scatter"):  # nccl-tests: over all a rank sends, or the root's whole list
+        assert bus_factor(kind, 8) == approx(7 / 8) and bus_factor(kind, 1) == 0.0
+    assert bus_factor("all_reduce", 0) is None and bus_factor("send_recv", 8) is None
     assert algbw_gbps(0, 1.0) is None and algbw_gbps(100, 0.0) is None
 
 

@@ -313,6 +313,27 @@ def test_a_barrier_timed_as_a_wait_is_the_profilers_extra_kernel() -> None:
     assert " 2+1b/3 " in render_steps(result).splitlines()[4]  # step 6
 
 
+def test_a_gather_and_an_all_to_all_pair_with_the_point_to_point_kernels_nccl_runs_them_as() -> None:
+    """A loop's gather to rank 0 and all-to-all in step 6 (spans of their own kinds): torch's NCCL
+    group issues each as grouped sends and receives, one SendRecv kernel a call, so the counts
+    agree (10 + 2 against 12) and each span pairs with its kernel; before, a gather against a
+    send_recv kernel failed the count."""
+    def p2p(trace: Trace) -> None:
+        for a, b in ((8.5, 8.7), (8.8, 9.4)):
+            trace.kernel("ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)", us(6, a), us(6, b), us(6, 8.2),
+                         "cuLaunchKernelEx", "cuda_driver")
+
+    step6 = report(6)
+    with_loops = replace(step6, spans=[*step6.spans, Span("gather", sec(6, 8.5), sec(6, 8.7), True, 8_000_000, "l0"),
+                                       Span("all_to_all", sec(6, 8.8), sec(6, 9.4), True, 8_000_000, "l1")])
+    result = compare(standard_trace(p2p), replace_report(standard_reports(), with_loops))
+    assert failed(result) == set()
+    count = checks(result)["collectives per step"]
+    assert (count.ddpwatch, count.profiler) == (12, 12)
+    assert result.rows[2].ddpwatch_calls == result.rows[2].profiler_calls == {"all_reduce": 2, "send_recv": 2}
+    assert sorted(round(p.profiler_ms, 6) for p in result.pairs if p.kind == "send_recv") == [0.2, 0.6]
+
+
 def test_a_duration_30_percent_off_fails_only_the_duration() -> None:
     """Step 5's second all-reduce recorded as [6.7, 8] ms: 1.3 ms against the kernel's 1.0 ms,
     +30 %. Its end is unchanged, so is M = [4, 7] ∪ [6.7, 8] = [4, 8]: every other figure holds."""

@@ -495,7 +495,7 @@ def test_malformed_span_is_rejected_as_invalid(span: Any) -> None:
         {"all_reduce_starts": pack_floats([math.nan])},
         {"all_reduce_starts": pack_floats([-math.inf])},
         {"other_algbw_gbps": {"all_reduce": pack_floats([1.0])}},  # the all-reduces' are algbw_gbps
-        {"other_algbw_gbps": {"gather": pack_floats([1.0])}},  # no such kind
+        {"other_algbw_gbps": {"send_recv": pack_floats([1.0])}},  # no such kind
         {"other_algbw_gbps": {"all_gather": pack_floats([1.0])}},  # a bandwidth, no all-gather
         *({"other_algbw_gbps": {"all_gather": bad}, "calls_by_kind": {"all_reduce": 1, "all_gather": 1}}
           for bad in (pack_floats([math.nan]), pack_floats([-1.0]), b"\x00" * 7, [1.0])),

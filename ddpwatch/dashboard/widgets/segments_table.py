@@ -13,7 +13,8 @@ from ..snapshot import SegmentRow
 # "calls/rank/step": all-reduce calls per rank per step, what summary.json's all_reduce_calls and
 # summary.md's "all_reduce calls / rank / step" mean; that long a name would push the next columns
 # off a 160-column screen.
-# "other calls": reduce-scatters (RS), all-gathers (AG), broadcasts (BC), reduces (RD) per rank per step;
+# "other calls": reduce-scatters (RS), all-gathers (AG), broadcasts (BC), reduces (RD), all-to-alls (A2A),
+# gathers (GA), scatters (SC) per rank per step;
 # "held P/G/O MiB": parameters/gradients/optimizer state the fullest rank held (the sharded
 # strategies' staircase); "busbw GB/s": each collective kind's, as ``AR 3.12 AG 0.32 RS 0.16``.
 # "Data wait%": the part of Idle% spent waiting for the next batch (``data_wait``), after the seed

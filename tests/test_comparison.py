@@ -160,3 +160,14 @@ def test_the_ranks_data_wait_is_held_against_the_first_where_either_was_uneven()
     assert comparison_lines([("workers", fixed), ("old", BASE)])[-1].endswith("Overlap% 50.0 → 0.0")  # even, and not kept
     assert comparison_lines([("old", BASE), ("slow loader", slow_loader)])[-1].endswith(
         "; Data wait by rank: not kept → rank 1 84.7 %, rank 0 2.3 %, the most and the least")
+
+
+def test_the_loops_own_collectives_are_held_against_the_first_where_either_issued_any() -> None:
+    """A loop that gathered its predictions to rank 0 every step (2 calls, 4.6 ms a step) against
+    the same loop gathering them once at the end: the change line says what the gathers cost;
+    runs that issued none say nothing of them (an older summary's null reads as none)."""
+    gathering = run({**segment("ddp 25 MB", 59, 104.6, (100.0, 109.0), 612.0), "loop_collectives": 2.0, "loop_collective_ms": 4.6})
+    lines = comparison_lines([("every step", gathering), ("at the end", BASE)])
+    assert lines[-1].endswith("; the loop's own collectives 2 → 0 a step, 4.6 → 0.0 ms")
+    old = run({**segment("ddp 25 MB", 59, 100.0, (95.0, 105.0), 640.0), "loop_collectives": None, "loop_collective_ms": None})
+    assert "the loop's own collectives" not in "\n".join(comparison_lines([("a", BASE), ("b", old)]))

@@ -195,7 +195,8 @@ def segment_loop_collectives_text(seg: dict[str, Any]) -> str:
     ranks = {rank: figures for rank, figures in seg.get("per_rank", {}).items() if figures.get("loop_collectives")}
     longest = max(ranks.items(), key=lambda item: item[1]["loop_collective_ms"], default=None)
     most = f", {longest[1]['loop_collective_ms']:.1f} ms on rank {longest[0]}" if longest is not None and len(ranks) > 1 else ""
-    return (f"the loop's own collectives, timed where it issued them (gathers, a loss all-reduce, a broadcast): "
+    return (f"the loop's own collectives, timed where it issued them (the Trainer's all-gathers, a loss all-reduce, "
+            "a metric gathered to rank 0): "
             f"{seg['loop_collectives']:.3g} a step on a rank, {seg['loop_collective_ms']:.1f} ms a step (mean of ranks{most}), "
             "a wait in them for a slower rank included")
 

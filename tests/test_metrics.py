@@ -692,7 +692,7 @@ def test_clock_alignment_takes_the_median_anchor_offset_and_falls_back_to_step_s
 # --- what enters a figure ----------------------------------------------------------------------
 
 
-def test_excluded_and_unresolved_reports_are_not_counted():
+def test_excluded_and_unresolved_reports_are_not_counted() -> None:
     @dataclass(frozen=True)
     class Flagged:
         excluded: bool = False

@@ -85,8 +85,13 @@ _POINT_TO_POINT = {"all_to_all": "send_recv", "gather": "send_recv", "scatter": 
 
 
 def _paired_kind(kind: str) -> str:
-    """The kind a span or a kernel is paired and counted under (``_POINT_TO_POINT``)."""
+    """The kind a span is paired and counted under (``_POINT_TO_POINT``)."""
     return _POINT_TO_POINT.get(kind, kind)
+
+
+def _kernel_kind(kernel: Kernel) -> str:
+    """The kind a collective kernel is paired and counted under ("nccl" where its name said none)."""
+    return _paired_kind(kernel.collective or "nccl")
 
 
 # --- the clock offset ----------------------------------------------------------------------
@@ -121,7 +126,7 @@ def _by_kind_sorted(spans: Iterable[Span], kernels: Iterable[Kernel]) -> dict[st
     for span in spans:
         out.setdefault(_paired_kind(span.kind), ([], []))[0].append(span)
     for kernel in kernels:
-        out.setdefault(_paired_kind(kernel.collective or "nccl"), ([], []))[1].append(kernel)
+        out.setdefault(_kernel_kind(kernel), ([], []))[1].append(kernel)
     for s, k in out.values():
         s.sort(key=lambda x: x.end)
         k.sort(key=lambda x: x.end_us)
@@ -172,7 +177,7 @@ def _order_paired_differences(trace: ProfilerTrace, reports: Sequence[StepReport
     out: dict[int, list[float]] = {}
     for kind in {_paired_kind(s.kind) for _, s in spans}:
         tagged = sorted(((step, s) for step, s in spans if _paired_kind(s.kind) == kind), key=lambda x: x[1].end)
-        ks = sorted((k for k in kernels if _paired_kind(k.collective or "nccl") == kind), key=lambda k: k.end_us)
+        ks = sorted((k for k in kernels if _kernel_kind(k) == kind), key=lambda k: k.end_us)
         for index, diff in _best_shift([s.end * _US_PER_S for _, s in tagged], [k.end_us for k in ks]):
             out.setdefault(tagged[index][0], []).append(diff)
     return out
@@ -354,8 +359,8 @@ def _compare_step(trace: ProfilerTrace, report: StepReport, number: int, offset_
     row = StepRow(
         step=report.step, profiler_step=number, offset_us=offset_us, window_ms=ours.step_ms,
         ddpwatch_calls=dict(Counter(_paired_kind(s.kind) for s in spans)),
-        profiler_calls=dict(Counter(_paired_kind(k.collective or "nccl") for k in inside)),
-        outside_calls=dict(Counter(_paired_kind(k.collective or "nccl") for k in outside)),
+        profiler_calls=dict(Counter(_kernel_kind(k) for k in inside)),
+        outside_calls=dict(Counter(_kernel_kind(k) for k in outside)),
         pairs=len(pairs),
         worst_duration_error=max((p.error for p in pairs), key=abs, default=None),
         ddpwatch_compute_pct=ours.compute_pct, profiler_compute_pct=theirs.compute_pct,

@@ -42,7 +42,7 @@ class PendingSwitch:
 
 class Relay(Protocol):
     """What a driver of switches (``tune.SweepDriver``) needs of a relay: requests out,
-    acknowledgements in. ``SwitchRelay`` is the one; the tests' is a list."""
+    acknowledgements in. ``SwitchRelay`` is the one; a test's fake notes the requests in a list."""
 
     acks: list[Ack]
 

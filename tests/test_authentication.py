@@ -6,18 +6,17 @@ import json
 import stat
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import zmq
 
 from ddpwatch.auth import ensure_keys
-from ddpwatch.recorder import load_session
 from ddpwatch.receiver import TelemetryReceiver
 from ddpwatch.switch_client import request_switch
 from instrumented_ddp.protocol import Hello, encode, load_client_keys
-from launch import REPO_ROOT, Recorder, free_port, start_ranks
+from launch import REPO_ROOT, Recorder, free_port
+from step_gate import StepGate, start_gated_ranks
 
 
 def test_listening_beyond_loopback_without_keys_is_refused() -> None:
@@ -47,8 +46,9 @@ def test_rogue_sender_and_controller_are_rejected_while_the_real_run_goes_on(tmp
     _, client_file = ensure_keys(tmp_path / "keys")
     _, rogue_client_file = ensure_keys(tmp_path / "rogue-keys")  # a key pair the dashboard never made
     with Recorder(tmp_path / "session", "--keys", str(tmp_path / "keys"), "--idle-exit", "30", bind_host="0.0.0.0") as recorder:
-        training = start_ranks(["--strategy", "simple", "--steps", "20", "--batch-size", "8", "--log-every", "10",
-                                "--watch", recorder.address, "--watch-key", str(client_file)], tmp_path / "train.log")
+        gate = StepGate(tmp_path / "gate")  # the run waits for the test's steps: it cannot end before the switch lands
+        training = start_gated_ranks(gate, ["--strategy", "simple", "--steps", "20", "--batch-size", "8", "--log-every", "10",
+                                            "--watch", recorder.address, "--watch-key", str(client_file)], tmp_path / "train.log")
         context = zmq.Context()
         try:
             rogue = context.socket(zmq.DEALER)  # no keys at all
@@ -57,17 +57,16 @@ def test_rogue_sender_and_controller_are_rejected_while_the_real_run_goes_on(tmp
             rogue.send(encode(Hello(0, 2, "spoofed", "evil", 1, "cpu", "gloo", "simple", {}, 1)), zmq.NOBLOCK)
             with pytest.raises(TimeoutError):
                 request_switch(recorder.address, "ddp", None, None, timeout_s=4, keys=load_client_keys(str(rogue_client_file)))
-            # The real switch once the run steps on `simple` (a switch sent earlier waits for rank 0
-            # and lands on step 1, leaving no `simple` segment), read from the recorder's own file.
-            session_file, deadline = tmp_path / "session" / "session.ddpwatch", time.monotonic() + 120
-            while not (session_file.exists() and load_session(session_file).reports):
-                assert time.monotonic() < deadline and training.poll() is None, "the run never reported a step"
-                time.sleep(0.2)
+            # The real switch once the run has stepped on `simple` (a switch sent earlier waits for
+            # rank 0 and lands on step 1, leaving no `simple` segment).
+            gate.step_through(1, training)
             try:
-                ack = request_switch(recorder.address, "bucket", 1.0, None, timeout_s=60, keys=load_client_keys(str(client_file)))
+                ack = gate.switch(recorder.address, "bucket", 1.0, None, training, last_step=18, timeout_s=60,
+                                  keys=load_client_keys(str(client_file)))
             except TimeoutError:
                 training.stop()
                 pytest.fail(f"no acknowledgement; training said:\n{(tmp_path / 'train.log').read_text()[-3000:]}")
+            gate.allow(20)
             assert ack.applied
             assert training.wait(timeout=240) == 0, (tmp_path / "train.log").read_text()[-3000:]
         finally:

@@ -10,16 +10,18 @@ import torch
 
 from ddpwatch.switch_client import request_switch
 from launch import REPO_ROOT, Recorder, run_as_torchrun_would, start_ranks, wait_for_line
+from step_gate import StepGate, start_gated_ranks
 
 TRAIN = str(REPO_ROOT / "train.py")
 #: Every strategy once, into and out of the sharded ones, ending where it began; one micro-step
 #: throughout (ga too), so that every segment averages the same sums as the unswitched run.
 SWITCHES = (("ga", None), ("hook", None), ("async", None), ("bucket", 1.0), ("ddp", 1.0), ("zero1", 1.0),
             ("zero2", 1.0), ("fsdp", None), ("simple", None))
-#: The switches land 4 steps apart from step 13 (13, 17, ..., 45 in three runs of the test): the
-#: last is 11 steps from the end.
-STEPS = 56
-#: A line a step, so that the test can pace its switches by the run's steps.
+#: The run's steps wait at a gate (``step_gate``) until the last switch has landed, let through one
+#: at a time: the switches land two steps apart from step 4 (at 20 the last; 28 if each took three),
+#: however fast the box.
+STEPS = 32
+#: A line a step, as the unswitched run's, whose end the switched run's must equal.
 COMMON = ["--steps", str(STEPS), "--batch-size", "8", "--grad-accum", "1", "--log-every", "1", "--seed", "3"]
 
 
@@ -32,19 +34,20 @@ def test_switching_live_through_all_nine_ends_bitwise_where_the_unswitched_run_d
     process would differ by fp32 noise that Adam grows to ~1e-3 over the run; ``simple`` with
     accumulation averages each micro-step, other sums again). Accumulation across switches is
     proven in float64 in ``test_sharded_strategies``."""
+    gate = StepGate(tmp_path / "gate")
     with Recorder(tmp_path / "session", "--idle-exit", "30") as recorder:
-        training = start_ranks(["--strategy", "simple", *COMMON, "--watch", recorder.address,
-                                   "--save-final", str(tmp_path / "switched.pt")], tmp_path / "train.log")
+        training = start_gated_ranks(gate, ["--strategy", "simple", *COMMON, "--watch", recorder.address,
+                                            "--save-final", str(tmp_path / "switched.pt")], tmp_path / "train.log")
         try:
-            wait_for_line(tmp_path / "train.log", f"step 10/{STEPS} ", training)  # a simple segment first
+            gate.step_through(1, training)  # step 2 begun: the first switch lands at step 4 at the earliest
             acks = {}
             for strategy, bucket_mb in SWITCHES:
-                acks[strategy] = request_switch(recorder.address, strategy, bucket_mb, 1, timeout_s=120)
+                # Each switch is sent once the one before is acknowledged (applied at step s), so it
+                # lands at s + 2 at the earliest: every segment has its second step, where its memory
+                # is measured.
+                acks[strategy] = gate.switch(recorder.address, strategy, bucket_mb, 1, training, last_step=STEPS - 2)
                 assert acks[strategy].applied, acks[strategy]
-                # The segment's second step done (its memory is measured there) before the next switch:
-                # paced by steps, not by a sleep, so the run cannot end before the last switch lands
-                # (with 0.6 s sleeps, steps of 0.1 s used 70 steps up by the eighth switch).
-                wait_for_line(tmp_path / "train.log", f"step {acks[strategy].step + 1}/{STEPS} ", training)
+            gate.allow(STEPS)
             assert training.wait(300) == 0, (tmp_path / "train.log").read_text()[-3000:]
         finally:
             training.stop()

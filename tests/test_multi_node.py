@@ -7,20 +7,30 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from ddpwatch.recorder import load_session
-from ddpwatch.switch_client import request_switch
 from launch import QUICK_EVAL, REPO_ROOT, Recorder, free_port
+from step_gate import GATED_TRAIN, StepGate
+
+
+class EitherNode:
+    """The two nodes' torchruns as the gate sees a run: ended once either has."""
+
+    def __init__(self, nodes: list[subprocess.Popen[bytes]]) -> None:
+        self.nodes = nodes
+
+    def poll(self) -> int | None:
+        return next((code for code in (node.poll() for node in self.nodes) if code is not None), None)
 
 
 @pytest.mark.timeout(300)
 def test_two_nodes_appear_with_their_node_and_a_switch_reaches_both(tmp_path: Path) -> None:
     endpoint = f"127.0.0.1:{free_port()}"
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(REPO_ROOT / "tests"), os.environ.get("PYTHONPATH", "")]))
+    gate = StepGate(tmp_path / "gate")  # the run waits for the test's steps: it cannot end before the switch lands
     nodes: list[subprocess.Popen[bytes]] = []
     with Recorder(tmp_path / "session", "--idle-exit", "30") as recorder:
         try:
@@ -29,14 +39,13 @@ def test_two_nodes_appear_with_their_node_and_a_switch_reaches_both(tmp_path: Pa
                 nodes.append(subprocess.Popen(
                     [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node_rank={node_rank}", "--nproc_per_node=1",
                      "--rdzv_backend=c10d", f"--rdzv_endpoint={endpoint}", "--rdzv_id=ddpwatch-test",
-                     str(REPO_ROOT / "train.py"), *QUICK_EVAL, "--strategy", "simple", "--steps", "20", "--batch-size", "8",
+                     str(GATED_TRAIN), str(gate.path), *QUICK_EVAL, "--strategy", "simple", "--steps", "20", "--batch-size", "8",
                      "--log-every", "5", "--watch", recorder.address],
                     cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
-            deadline = time.monotonic() + 120
-            while "step 5/20 " not in "".join(p.read_text() for p in tmp_path.glob("node*.log")):
-                assert time.monotonic() < deadline and all(n.poll() is None for n in nodes)
-                time.sleep(0.2)
-            ack = request_switch(recorder.address, "bucket", 1.0, None, timeout_s=60)
+            either = EitherNode(nodes)
+            gate.step_through(2, either)
+            ack = gate.switch(recorder.address, "bucket", 1.0, None, either, last_step=18, timeout_s=60)
+            gate.allow(20)
             assert ack.applied
             for node in nodes:
                 assert node.wait(240) == 0, "".join(p.read_text()[-2000:] for p in tmp_path.glob("node*.log"))

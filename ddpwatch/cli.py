@@ -14,6 +14,8 @@ from instrumented_ddp.one_line_errors import OneLineErrorParser
 from instrumented_ddp.output_paths import directory_problem, file_in_the_way
 from instrumented_ddp.protocol import DEFAULT_ADDRESS, DEFAULT_MAX_MESSAGE_BYTES, STRATEGY_NAMES, bucket_mb_problem
 
+from .control import ACK_GRACE_S
+
 if TYPE_CHECKING:
     from .auth import ServerKeys
     from .dashboard.app import DashboardApp
@@ -69,7 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     switch.add_argument("--bucket-mb", type=float, help="the bucket cap, MB (bucket, ddp, zero1, zero2)")
     switch.add_argument("--grad-accum", type=int, help="micro-steps per optimizer step")
     switch.add_argument("--listen", default=argparse.SUPPRESS, help=f"the address the dashboard or recorder listens on (default {DEFAULT_ADDRESS})")
-    switch.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the acknowledgement")
+    switch.add_argument("--timeout", type=float, default=30.0,
+                        help="seconds the run has to apply it (default 30): past them rank 0 refuses it, never applies it "
+                             f"later; the answer is waited for {ACK_GRACE_S + 1:g} s more")
     switch.add_argument("--key", help="CURVE client keys (client.json) of a dashboard beyond loopback")
 
     tune = commands.add_parser("tune", help="sweep bucket caps on a running job with live switches: the advisor's "

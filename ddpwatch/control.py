@@ -12,22 +12,30 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from instrumented_ddp.protocol import Ack, Envelope, Goodbye, SwitchCommand, encode, run_of_sender
 
 RESEND_EVERY_S = 1.0
 #: As long as ``ddpwatch switch`` waits by default: one it stopped waiting for, having said it
-#: failed, was still resent for another 30 s, and applied by a run that came up meanwhile.
+#: failed, was still resent for another 30 s, and applied by a run that came up meanwhile. A command
+#: that says how long its asker waits (``SwitchCommand.expires_after_s``) is given up that long and
+#: ``ACK_GRACE_S`` after it was asked for instead.
 GIVE_UP_AFTER_S = 30.0
+#: How long after a command's expiry its acknowledgement may still come: rank 0 applies it up to the
+#: expiry, then re-wraps the model (seconds for a large one) before it acknowledges.
+ACK_GRACE_S = 5.0
 #: A rank 0 silent this long (heartbeats come every second) gives way to another run's: as
 #: ``session.LOST_AFTER_S`` judges a rank lost.
 RANK0_QUIET_AFTER_S = 2.5
 
 
-def new_command(strategy: str, bucket_mb: float | None = None, grad_accum: int | None = None) -> SwitchCommand:
-    return SwitchCommand(uuid.uuid4().hex[:12], strategy, bucket_mb, grad_accum)
+def new_command(strategy: str, bucket_mb: float | None = None, grad_accum: int | None = None,
+                expires_after_s: float | None = None) -> SwitchCommand:
+    """A command with an id of its own; ``expires_after_s``: how long its asker waits (None: the
+    run may apply it whenever it hears it)."""
+    return SwitchCommand(uuid.uuid4().hex[:12], strategy, bucket_mb, grad_accum, expires_after_s)
 
 
 @dataclass
@@ -101,7 +109,12 @@ class SwitchRelay:
         asked in its last moments) went to the next run with them, switching a run no one asked to."""
         now = self._clock() if now is None else now
         for command_id, pending in list(self.pending.items()):
-            if now - pending.first_sent > GIVE_UP_AFTER_S:
+            expires_after_s = pending.command.expires_after_s
+            if expires_after_s is not None and now - pending.first_sent > expires_after_s + ACK_GRACE_S:
+                self._give_up(command_id, pending, f"no rank 0 acknowledged the command within the {expires_after_s:g} s "
+                                                   "its asker waits (it will not be applied)")
+                continue
+            if expires_after_s is None and now - pending.first_sent > GIVE_UP_AFTER_S:
                 self._give_up(command_id, pending, f"no rank 0 acknowledged the command within {GIVE_UP_AFTER_S:g} s")
                 continue
             if pending.sent_to is not None and self.rank0 != pending.sent_to:
@@ -109,8 +122,17 @@ class SwitchRelay:
                                                    "silent): not sent on to the next")
                 continue
             if self.rank0 is not None and now - pending.last_sent >= RESEND_EVERY_S:
-                if self._send(self.rank0, encode(pending.command)):
+                if self._send(self.rank0, encode(self._as_sent(pending, now))):
                     pending.last_sent, pending.sends, pending.sent_to = now, pending.sends + 1, self.rank0
+
+    @staticmethod
+    def _as_sent(pending: PendingSwitch, now: float) -> SwitchCommand:
+        """The command as rank 0 is to read it now: what is left of its asker's wait, not all of it
+        (a resend heard first would have given rank 0 the whole wait again, from its own hearing)."""
+        command = pending.command
+        if command.expires_after_s is None:
+            return command
+        return replace(command, expires_after_s=max(0.0, command.expires_after_s - (now - pending.first_sent)))
 
     def _give_up(self, command_id: str, pending: PendingSwitch, why: str) -> None:
         del self.pending[command_id]

@@ -8,7 +8,7 @@ import zmq
 
 from instrumented_ddp.protocol import STRATEGY_NAMES, Ack, ClientKeys, ProtocolError, bucket_mb_problem, decode, encode
 
-from .control import new_command
+from .control import ACK_GRACE_S, new_command
 
 
 def validate_switch(strategy: str, bucket_mb: float | None, grad_accum: int | None) -> None:
@@ -22,9 +22,12 @@ def validate_switch(strategy: str, bucket_mb: float | None, grad_accum: int | No
 
 def request_switch(address: str, strategy: str, bucket_mb: float | None, grad_accum: int | None, timeout_s: float,
                    keys: ClientKeys | None = None) -> Ack:
-    """Send the command and wait for rank 0's acknowledgement (the relay resends it meanwhile)."""
+    """Send the command and wait for rank 0's acknowledgement (the relay resends it meanwhile).
+    The command says it expires after ``timeout_s``: rank 0 applies it within that or refuses it,
+    and the wait goes on ``ACK_GRACE_S`` longer for that answer (or the relay's, that it gave up),
+    so that a command this says failed never switches the run later."""
     validate_switch(strategy, bucket_mb, grad_accum)
-    command = new_command(strategy, bucket_mb, grad_accum)
+    command = new_command(strategy, bucket_mb, grad_accum, expires_after_s=timeout_s)
     context = zmq.Context()
     socket = context.socket(zmq.DEALER)
     socket.setsockopt(zmq.LINGER, 0)
@@ -33,7 +36,7 @@ def request_switch(address: str, strategy: str, bucket_mb: float | None, grad_ac
     try:
         socket.connect(address)
         socket.send(encode(command))  # queued until connected; the socket stays open until the reply
-        deadline = time.monotonic() + timeout_s
+        deadline = time.monotonic() + timeout_s + ACK_GRACE_S + 1.0  # the relay gives up 1 s before this
         while (left := deadline - time.monotonic()) > 0:
             if not socket.poll(int(left * 1000)):
                 break

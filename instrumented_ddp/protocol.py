@@ -322,6 +322,11 @@ class SwitchCommand:
     strategy: str
     bucket_mb: float | None = None
     grad_accum: int | None = None
+    #: How long from now its asker waits for the acknowledgement (``ddpwatch switch --timeout``; a
+    #: relay's resend says what is left of it), or None: for as long as the run goes on. Rank 0
+    #: refuses it once that has passed since it heard it, on every rank alike, rather than switch a
+    #: run whose asker was told it had failed (a slow step or a pause held it that long).
+    expires_after_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -556,6 +561,8 @@ def _build(cls: type[Message], body: dict[str, Any]) -> Message:
             raise ProtocolError("invalid", f"{cls.TYPE}.{name} has a bad value {value!r:.40}")
     if "settings" in values:
         _check_settings(cls.TYPE, values["settings"])
+    if cls is SwitchCommand and values.get("expires_after_s") is not None and not 0 <= values["expires_after_s"] <= MAX_TIME_S:
+        raise ProtocolError("invalid", f"switch.expires_after_s outside 0-{MAX_TIME_S:g} s")
     if cls is DeviceSample and not all(isinstance(k, str) and _is_number(v) for k, v in values["readings"].items()):
         raise ProtocolError("invalid", "device: a reading's name is not a string or its value not a finite number")
     if cls in (StepReport, StepSummary):
@@ -596,7 +603,7 @@ _FIELD_TYPES: dict[str, Any] = {
     "node_rank": int, "local_rank": int, "step": int, "samples": int, "tokens": int, "steps": int,
     "grad_accum": (int, type(None)), "session": str, "host": str, "device": str, "backend": str, "strategy": str,
     "command_id": str, "reason": str, "detail": str, "kind": str, "start": float, "end": float, "time": float,
-    "loss": (float, type(None)), "bucket_mb": (float, type(None)), "excluded": bool, "unresolved": bool, "update_skipped": bool, "compiling": bool, "applied": bool, "trains_again": bool,
+    "loss": (float, type(None)), "bucket_mb": (float, type(None)), "expires_after_s": (float, type(None)), "excluded": bool, "unresolved": bool, "update_skipped": bool, "compiling": bool, "applied": bool, "trains_again": bool,
     "device_note": str, "unresolved_reason": str, "untimed_collectives": int, "untimed_in_data": int, "nograd_forwards": int, "paused_s": float, "paused_for": str, "pausing": str, "switchable": bool, "compute_pct": float, "non_compute_pct": float, "idle_pct": float, "overlap_pct": float,
     "comm_overhead_pct": float, "anchor": (float, type(None)), "busbw_gbps": (float, type(None)),
     "all_reduce_tags": list, "all_reduce_seconds": bytes, "all_reduce_starts": bytes, "algbw_gbps": bytes, "full": bool, "sample_every": int,

@@ -86,6 +86,9 @@ class TelemetryPublisher:
         self._ending = threading.Lock()  # ``close`` giving up on the sender, or the sender ending: one closes the context
         self._closed = False  # ``close`` has returned
         self.commands: queue.Queue[SwitchCommand] = queue.Queue(maxsize=64)
+        #: By command id, the ``time.monotonic()`` after which rank 0 must not apply it: from when
+        #: this thread heard it, not when the loop reads it (up to a step later).
+        self.command_deadlines: dict[str, float] = {}
         self.rejected_commands = 0
         self.spans = SpanPolicy(hello.world_size)  # spans or a summary per step; used on the sender thread
         #: Told the device-sample interval each span request asks for (the rank's sampler), if set.
@@ -195,6 +198,9 @@ class TelemetryPublisher:
                 self.rejected_commands += 1
                 continue
             if isinstance(message, SwitchCommand):
+                if message.expires_after_s is not None:  # a resend says what is left of the wait: the earliest stands
+                    deadline = time.monotonic() + message.expires_after_s
+                    self.command_deadlines[message.command_id] = min(deadline, self.command_deadlines.get(message.command_id, deadline))
                 try:
                     self.commands.put_nowait(message)
                 except queue.Full:

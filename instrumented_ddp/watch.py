@@ -34,6 +34,10 @@ AGREEMENT_EVERY_S = 0.2
 #: a dashboard that connects then has its first switch land within this and one more agreement.
 AGREEMENT_UNWATCHED_EVERY_S = 1.0
 MAX_AGREEMENT_INTERVAL = 20  # boundaries: so that a switch to a much slower strategy is not long in landing
+#: Rank 0's refusal of a command whose asker stopped waiting before it could apply.
+EXPIRED = ("expired: its asker stopped waiting before the run reached the step where it would land (two step "
+           "boundaries after rank 0 hears it; later through a slow step or a pause): ask again, waiting longer "
+           "(ddpwatch switch --timeout)")
 
 
 def shared_session_id() -> str:
@@ -191,10 +195,12 @@ class Watch:
         interval = max(1, interval)
         if not has_command:
             return None, interval
-        box = [held]  # rank 0's command; None on the others until the broadcast fills it in
+        expired = self._refuse_if_expired(held) if held is not None else False  # rank 0 holds it; the others, None
+        box = [None if expired else held]  # None from rank 0: its asker stopped waiting, applied nowhere
         dist.broadcast_object_list(box, src=0, group=self._control)
         command = box[0]
-        assert command is not None, "rank 0 announced a command, so it broadcast one"
+        if command is None:
+            return None, interval
         self._applied.add(command.command_id)
         return command, interval
 
@@ -208,10 +214,25 @@ class Watch:
         while not self.publisher.commands.empty():
             command = self.publisher.commands.get_nowait()
             if command.command_id not in self._applied:
+                if self._refuse_if_expired(command):
+                    continue
                 return command
             if command.command_id in self._acks:
                 self.publisher.publish(self._acks[command.command_id])
         return None
+
+    def _refuse_if_expired(self, command: SwitchCommand) -> bool:
+        """Rank 0: whether its asker's wait (``SwitchCommand.expires_after_s``, from when rank 0
+        heard it) is over; if so it is refused, so that a resend gets the same answer. Checked where
+        it is announced and again where it would apply: two agreements apart, two steps when a step
+        is slower than ``AGREEMENT_EVERY_S``."""
+        assert self.publisher is not None
+        deadline = self.publisher.command_deadlines.get(command.command_id)
+        if deadline is None or time.monotonic() <= deadline:
+            return False
+        self._applied.add(command.command_id)
+        self.acknowledge(command, False, self.steps + 1, EXPIRED)
+        return True
 
     def refuse_commands(self, reason: str) -> None:
         """A run that cannot switch answers every command it heard with a refusal, so whoever

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ddpwatch.control import RANK0_QUIET_AFTER_S, SwitchRelay, new_command
-from instrumented_ddp.protocol import Envelope, Goodbye, Heartbeat, routing_id
+from ddpwatch.control import ACK_GRACE_S, GIVE_UP_AFTER_S, RANK0_QUIET_AFTER_S, SwitchRelay, new_command
+from instrumented_ddp.protocol import Ack, Envelope, Goodbye, Heartbeat, Message, decode, routing_id
 
 
 class FakeClock:
@@ -71,8 +71,6 @@ def test_a_command_for_a_run_that_ended_is_refused_to_its_asker_not_sent_on_to_t
     """Asked in run A's last moments (its final evaluation, no step left to switch at): once A's
     rank 0 said goodbye, B's took the commands, and the pending one went to B, switching a run no
     one had asked to switch."""
-    from instrumented_ddp.protocol import decode
-
     relay, sent, clock = relay_and_sent()
     answers: list[bytes] = []
     def send(peer: bytes, data: bytes) -> bool:
@@ -100,8 +98,6 @@ def test_a_command_for_a_run_that_ended_is_refused_to_its_asker_not_sent_on_to_t
 def test_a_command_no_rank_0_acknowledged_is_given_up_when_ddpwatch_switch_stops_waiting() -> None:
     """It was resent for a minute, twice as long as ``ddpwatch switch`` waits: a run that came up
     after the asker was told it failed still applied it."""
-    from ddpwatch.control import GIVE_UP_AFTER_S
-
     relay, sent, clock = relay_and_sent()
     relay.request(new_command("zero1"))
     clock.now += GIVE_UP_AFTER_S + 0.1
@@ -109,3 +105,47 @@ def test_a_command_no_rank_0_acknowledged_is_given_up_when_ddpwatch_switch_stops
     heard(relay, A0, Heartbeat(0, 1.0, 1))
     relay.tick()
     assert GIVE_UP_AFTER_S == 30.0 and not relay.pending and sent == []
+
+
+def relay_keeping_what_it_sends() -> tuple[SwitchRelay, list[tuple[bytes, Message]], FakeClock]:
+    """A relay whose sends are decoded and kept, to rank 0 and to the asker alike."""
+    relay, _, clock = relay_and_sent()
+    kept: list[tuple[bytes, Message]] = []
+
+    def send(peer: bytes, data: bytes) -> bool:
+        kept.append((peer, decode(data).message))
+        return True
+
+    relay._send = send
+    return relay, kept, clock
+
+
+def test_each_resend_of_a_command_with_a_wait_says_what_is_left_of_it() -> None:
+    """Rank 0 counts the wait from when it hears the command: a resend that said the whole 30 s
+    again, heard first (the first send lost, or rank 0 not yet known), would let it apply the
+    command up to 30 s after its asker gave up."""
+    relay, kept, clock = relay_keeping_what_it_sends()
+    heard(relay, A0, Heartbeat(0, 1.0, 3))
+    relay.request(new_command("zero1", expires_after_s=30.0), requester=b"asker")
+    clock.now += 1.0
+    relay.tick()
+    clock.now += 2.5
+    relay.tick()
+    assert [(peer, message.expires_after_s) for peer, message in kept] == [(A0, 30.0), (A0, 29.0), (A0, 26.5)]
+
+
+def test_a_command_with_a_wait_is_given_up_once_that_wait_and_the_acks_grace_are_over() -> None:
+    """Rank 0 applies it up to its expiry and acknowledges it once re-wrapped: the relay waits
+    ``ACK_GRACE_S`` more for that ack before it tells the asker it will not be applied; a command
+    waited for 120 s is not given up at 30 (``ddpwatch switch --timeout 120`` was, before)."""
+    relay, kept, clock = relay_keeping_what_it_sends()
+    relay.request(new_command("zero1", expires_after_s=120.0), requester=b"asker")  # no rank 0 heard yet
+    clock.now += 120.0 + ACK_GRACE_S - 0.1
+    relay.tick()
+    assert relay.pending and kept == []
+    clock.now += 0.2
+    relay.tick()
+    ((asker, answer),) = kept
+    assert asker == b"asker" and isinstance(answer, Ack) and not answer.applied
+    assert answer.detail == "no rank 0 acknowledged the command within the 120 s its asker waits (it will not be applied)"
+    assert not relay.pending and GIVE_UP_AFTER_S < 120.0

@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from ddpwatch.recorder import load_session
 from ddpwatch.switch_client import request_switch
+from instrumented_ddp.watch import EXPIRED
 from launch import REPO_ROOT, Recorder, run_as_torchrun_would, start_ranks, wait_for_line
 from step_gate import StepGate, start_gated_ranks
 
@@ -40,6 +42,10 @@ def test_switching_live_through_all_nine_ends_bitwise_where_the_unswitched_run_d
                                             "--save-final", str(tmp_path / "switched.pt")], tmp_path / "train.log")
         try:
             gate.step_through(1, training)  # step 2 begun: the first switch lands at step 4 at the earliest
+            # Asked while the run is held (a long step, a pause) by an asker that waits 1 s: it is
+            # told the switch will not be applied, and rank 0, hearing it late, refuses it.
+            expired = request_switch(recorder.address, "ddp", 1.0, 1, timeout_s=1.0)
+            assert not expired.applied and expired.detail.endswith("its asker waits (it will not be applied)"), expired
             acks = {}
             for strategy, bucket_mb in SWITCHES:
                 # Each switch is sent once the one before is acknowledged (applied at step s), so it
@@ -58,6 +64,9 @@ def test_switching_live_through_all_nine_ends_bitwise_where_the_unswitched_run_d
     segments = json.loads((tmp_path / "session" / "summary.json").read_text())["segments"]
     assert [s["strategy"] for s in segments] == ["simple", *(strategy for strategy, _ in SWITCHES)]
     assert [s["first_step"] for s in segments[1:]] == [acks[strategy].step for strategy, _ in SWITCHES]
+    refusals = [ack for ack in load_session(tmp_path / "session" / "session.ddpwatch").acks if ack.command_id == expired.command_id]
+    # each resend it heard answered alike; and "ddp" never ran early (the segments above)
+    assert refusals and {(ack.rank, ack.applied, ack.detail) for ack in refusals} == {(0, False, EXPIRED)}
     held = {s["strategy"]: s["memory"] for s in segments if s["memory"]}  # measured on each segment's 2nd step
     assert held["zero1"]["optimizer_state"] < 0.6 * held["ddp"]["optimizer_state"]
     assert held["zero2"]["gradients"] < 0.6 * held["ddp"]["gradients"]
@@ -82,8 +91,6 @@ def test_switches_racing_the_end_of_training_apply_on_every_rank_or_none(tmp_pat
     """Commands keep coming until the run is over: each lands on the same step on every rank, or
     on none (the run ended first: refused, *training has ended*, or acknowledged by nobody); the
     run still finishes cleanly."""
-    from ddpwatch.recorder import load_session
-
     with Recorder(tmp_path / "session", "--idle-exit", "30") as recorder:
         training = start_ranks(["--strategy", "simple", "--steps", "25", "--batch-size", "8", "--log-every", "10",
                                    "--watch", recorder.address], tmp_path / "train.log")
@@ -113,4 +120,4 @@ def test_switches_racing_the_end_of_training_apply_on_every_rank_or_none(tmp_pat
         assert len({(r.strategy, tuple(sorted(r.settings.items()))) for r in ranks.values()}) == 1, step
     assert applied and all(step in session.reports for step in applied)
     assert all(why == "training has ended: no step is left to switch at" or why.startswith("the run it was sent to is over")
-               for why in refused), refused
+               or why.startswith("no rank 0 acknowledged the command within the 3 s its asker waits") for why in refused), refused

@@ -70,6 +70,7 @@ MESSAGES: list[Any] = [
     DeviceSample(rank=0, time=12.5, kind="gpu", readings={"gpu_util_pct": 87.0, "mem_used_bytes": 2.0e9}),
     SwitchCommand(command_id="cmd-1", strategy="bucket", bucket_mb=12.5, grad_accum=4),
     SwitchCommand(command_id="cmd-2", strategy="ddp"),
+    SwitchCommand(command_id="cmd-3", strategy="zero1", expires_after_s=29.5),
     Ack(rank=1, command_id="cmd-1", applied=True, step=12, detail="from step 12"),
     Goodbye(rank=1, steps=50, reason="interrupted"),
     Evaluation(rank=1, step=40, metrics={"eval_loss": 0.41, "eval_accuracy": 0.875}),
@@ -364,6 +365,7 @@ def test_missing_required_field_is_rejected_as_invalid(message: Any) -> None:
         (DeviceSample(0, 1.0, "cpu", {}), "readings", [1.0]),
         (SwitchCommand("c", "ddp"), "bucket_mb", "25"),
         (SwitchCommand("c", "ddp"), "grad_accum", 2.5),
+        (SwitchCommand("c", "ddp"), "expires_after_s", "30"),
         (Ack(0, "c", True, 1), "applied", "yes"),
         (Goodbye(0, 3), "reason", 0),
     ],
@@ -371,6 +373,18 @@ def test_missing_required_field_is_rejected_as_invalid(message: Any) -> None:
 )
 def test_wrong_field_type_is_rejected_as_invalid(message: Any, field: str, value: Any) -> None:
     assert _category(_with_body(message, **{field: value})) == "invalid"
+
+
+@pytest.mark.parametrize("wait", [-1.0, float("nan"), float("inf"), 2e12])
+def test_a_switch_whose_askers_wait_is_negative_or_not_a_time_is_rejected_as_invalid(wait: float) -> None:
+    assert _category(_with_body(SwitchCommand("c", "ddp"), expires_after_s=wait)) == "invalid"
+
+
+def test_a_switch_from_a_ddpwatch_that_says_no_wait_is_one_the_run_may_apply_whenever() -> None:
+    """An older ddpwatch's command has no ``expires_after_s``; an older run ignores it."""
+    body = {"command_id": "c", "strategy": "ddp", "bucket_mb": None, "grad_accum": None}
+    data = msgpack.packb({"v": PROTOCOL_VERSION, "type": "switch", "rank": -1, "seq": 0, "dropped": 0, "body": body})
+    assert decode(data).message == SwitchCommand("c", "ddp", expires_after_s=None)
 
 
 @pytest.mark.parametrize("message", [STEP, HELLO, Heartbeat(0, 1.0, 1), Ack(0, "c", True, 1), Goodbye(0, 1)], ids=lambda m: m.TYPE)

@@ -26,6 +26,7 @@ class RecordingDist:
         self.calls: list[tuple[Any, ...]] = []
         self.groups_made: list[dict[str, Any]] = []
         self.sent: list[list[int]] = []
+        self.objects_sent: list[Any] = []  # rank 0's command broadcasts
 
     def get_rank(self) -> int:
         return self.rank
@@ -39,7 +40,10 @@ class RecordingDist:
 
     def broadcast_object_list(self, box: list[Any], src: int, group: Any = None, device: Any = None) -> None:
         self.calls.append(("broadcast_object_list", device, group))
-        box[0] = self.command
+        if self.rank == src:
+            self.objects_sent.append(box[0])
+        else:
+            box[0] = self.command
 
     def new_group(self, **kwargs: Any) -> str:
         self.groups_made.append(kwargs)
@@ -55,8 +59,8 @@ def stand_in(**members: Any) -> Any:
 def _watch_on_rank(rank: int, fake: RecordingDist, monkeypatch: pytest.MonkeyPatch) -> Watch:
     monkeypatch.setattr(watch_module, "dist", fake)
     watch = Watch(timeline=stand_in(completed_reports=list, has_pending=lambda: False))
-    watch.publisher = stand_in(commands=queue.Queue(), publish=lambda message: None, close=lambda *a, **k: None,
-                                      connected=True)  # a dashboard is connected: see the test of spacing without one
+    watch.publisher = stand_in(commands=queue.Queue(), command_deadlines={}, publish=lambda message: None,
+                               close=lambda *a, **k: None, connected=True)  # a dashboard is connected: see the test of spacing without one
     watch._control = control_group()
     return watch
 
@@ -105,6 +109,62 @@ def test_rank0_announces_the_command_it_heard_and_does_not_announce_it_twice(mon
     fake.flags.append(0)
     watch.agree_on_command()
     assert published == [Ack(0, "c1", True, 7), Ack(0, "c1", True, 7)]  # the same ack, the step it landed on
+
+
+def _rank0_hearing(command: SwitchCommand, seconds_left: float, monkeypatch: pytest.MonkeyPatch,
+                   flags: list[int | tuple[int, int]]) -> tuple[Watch, RecordingDist, list[Ack]]:
+    """Rank 0 with ``command`` in its queue, heard with ``seconds_left`` of its asker's wait."""
+    fake = RecordingDist(rank=0, flags_from_rank0=flags, command=command)
+    watch = _watch_on_rank(0, fake, monkeypatch)
+    published: list[Ack] = []
+    watch.publisher.publish = published.append  # type: ignore[method-assign]  # a stand-in's, not the publisher's
+    watch.publisher.hello = SimpleNamespace(rank=0)
+    watch.publisher.commands.put(command)
+    watch.publisher.command_deadlines[command.command_id] = time.monotonic() + seconds_left
+    return watch, fake, published
+
+
+def test_a_command_whose_askers_wait_is_over_when_rank0_reads_it_is_refused_and_never_announced(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``ddpwatch switch`` said it failed (no acknowledgement within its --timeout) while a long
+    step or a pause held rank 0: the run used to switch anyway, later."""
+    command = SwitchCommand("c1", "zero1", expires_after_s=30.0)
+    watch, fake, published = _rank0_hearing(command, -0.1, monkeypatch, flags=[0])
+    watch.steps = 6
+    assert watch.agree_on_command() is None
+    assert fake.sent == [[0, 1]]  # announced: no command
+    assert published == [Ack(0, "c1", False, 7, watch_module.EXPIRED)]
+    watch.publisher.commands.put(command)  # resent: answered the same, never announced
+    fake.flags.append(0)
+    watch.agree_on_command()
+    assert published == [Ack(0, "c1", False, 7, watch_module.EXPIRED)] * 2 and fake.sent[-1][0] == 0
+
+
+def test_a_command_announced_in_time_whose_wait_is_over_where_it_would_apply_is_applied_nowhere(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Announced at one agreement, applied at the next (two steps of 20 s later): rank 0 checks the
+    wait again there and sends the other ranks no command, so none applies it."""
+    command = SwitchCommand("c1", "zero1", expires_after_s=30.0)
+    watch, fake, published = _rank0_hearing(command, 0.2, monkeypatch, flags=[1, 0])
+    assert watch.agree_on_command() is None and fake.sent == [[1, 1]]
+    time.sleep(0.3)
+    watch.steps = 2
+    assert watch.agree_on_command() is None
+    assert fake.objects_sent == [None] and published == [Ack(0, "c1", False, 3, watch_module.EXPIRED)]
+
+
+def test_a_rank_told_no_command_where_one_was_announced_applies_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = RecordingDist(rank=1, flags_from_rank0=[1, 0], command=None)  # rank 0 found it expired
+    watch = _watch_on_rank(1, fake, monkeypatch)
+    assert [watch.agree_on_command(), watch.agree_on_command()] == [None, None]
+    assert ("broadcast_object_list", None, "gloo-control-group") in fake.calls
+
+
+def test_a_command_heard_within_its_askers_wait_is_applied(monkeypatch: pytest.MonkeyPatch) -> None:
+    command = SwitchCommand("c1", "zero1", expires_after_s=30.0)
+    watch, fake, published = _rank0_hearing(command, 30.0, monkeypatch, flags=[1, 0])
+    assert [watch.agree_on_command(), watch.agree_on_command()] == [None, command]
+    assert fake.objects_sent == [command] and published == []  # train.py acknowledges once it has switched
 
 
 def test_ranks_skip_the_boundaries_between_agreements_rank0_announced(monkeypatch: pytest.MonkeyPatch) -> None:

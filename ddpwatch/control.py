@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from instrumented_ddp.protocol import Ack, Envelope, Goodbye, SwitchCommand, encode, run_of_sender
+from instrumented_ddp.protocol import Ack, Envelope, Goodbye, ProtocolError, SwitchCommand, decode, encode, run_of_sender
 
 RESEND_EVERY_S = 1.0
 #: As long as ``ddpwatch switch`` waits by default: one it stopped waiting for, having said it
@@ -117,13 +117,31 @@ class SwitchRelay:
             if expires_after_s is None and now - pending.first_sent > GIVE_UP_AFTER_S:
                 self._give_up(command_id, pending, f"no rank 0 acknowledged the command within {GIVE_UP_AFTER_S:g} s")
                 continue
-            if pending.sent_to is not None and self.rank0 != pending.sent_to:
+            if pending.sent_to is not None and (self.rank0 != pending.sent_to or self._rank0_gone):
                 self._give_up(command_id, pending, "the run it was sent to is over (its rank 0 said goodbye or fell "
                                                    "silent): not sent on to the next")
+                continue
+            if self._rank0_gone:  # nothing will answer it until another run speaks: said now, not at the timeout
+                self._give_up(command_id, pending, "no run is training there now: the last one's rank 0 said goodbye")
                 continue
             if self.rank0 is not None and now - pending.last_sent >= RESEND_EVERY_S:
                 if self._send(self.rank0, encode(self._as_sent(pending, now))):
                     pending.last_sent, pending.sends, pending.sent_to = now, pending.sends + 1, self.rank0
+
+    def stop(self, arrived: Iterable[tuple[bytes, bytes]], why: str) -> None:
+        """The relay is stopping (the recorder or the dashboard closes): every pending command, and
+        every one that ``arrived`` but was not read yet, is refused to whoever asked, never sent on
+        to rank 0. A ``ddpwatch switch`` asking as the recorder stopped heard nothing, and waited
+        out its timeout."""
+        for peer, data in arrived:
+            try:
+                message = decode(data).message
+            except ProtocolError:
+                continue
+            if isinstance(message, SwitchCommand):
+                self._send(peer, encode(Ack(0, message.command_id, False, 0, why)))
+        for command_id, pending in list(self.pending.items()):
+            self._give_up(command_id, pending, why)
 
     @staticmethod
     def _as_sent(pending: PendingSwitch, now: float) -> SwitchCommand:

@@ -18,6 +18,9 @@ from .auth import ServerKeys, secure_server
 from .session import Session
 from .session_file import SessionWriter
 
+#: How long the last answers get to go out as the listener closes (see ``TelemetryReceiver.close``).
+CLOSE_LINGER_MS = 200
+
 
 class TelemetryReceiver:
     """A ROUTER socket bound at ``address``; every rank's DEALER (and ``ddpwatch switch``) connects
@@ -82,6 +85,11 @@ class TelemetryReceiver:
             return False
 
     def close(self) -> None:
+        """Answers sent last (a relay's refusals as it stops) get ``CLOSE_LINGER_MS`` to go out:
+        destroyed at once, a ``ddpwatch switch`` that asked as the recorder stopped heard nothing
+        and waited out its timeout. A message to a peer that is gone is dropped at once, so only
+        a live peer's answer is waited for."""
+        self._socket.close(linger=CLOSE_LINGER_MS)
         if self._authenticator is not None:
             self._authenticator.stop()
         self._context.destroy(linger=0)

@@ -31,11 +31,15 @@ def request_switch(address: str, strategy: str, bucket_mb: float | None, grad_ac
     context = zmq.Context()
     socket = context.socket(zmq.DEALER)
     socket.setsockopt(zmq.LINGER, 0)
+    socket.setsockopt(zmq.IMMEDIATE, 1)  # writable only once connected (and, with keys, authenticated)
     for name, value in keys.socket_options() if keys else []:
         setattr(socket, name, value)
     try:
         socket.connect(address)
-        socket.send(encode(command))  # queued until connected; the socket stays open until the reply
+        if not socket.poll(int(timeout_s * 1000), zmq.POLLOUT):  # never delivered: the plain timeout, no grace
+            raise TimeoutError(f"nothing answered at {address} within {timeout_s:g} s (is ddpwatch or ddpwatch record "
+                               "listening there, and, beyond loopback, is --key its client.json?)")
+        socket.send(encode(command))  # the socket stays open until the reply
         deadline = time.monotonic() + timeout_s + ACK_GRACE_S + 1.0  # the relay gives up 1 s before this
         while (left := deadline - time.monotonic()) > 0:
             if not socket.poll(int(left * 1000)):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ddpwatch.control import ACK_GRACE_S, GIVE_UP_AFTER_S, RANK0_QUIET_AFTER_S, SwitchRelay, new_command
-from instrumented_ddp.protocol import Ack, Envelope, Goodbye, Heartbeat, Message, decode, routing_id
+from instrumented_ddp.protocol import Ack, Envelope, Goodbye, Heartbeat, Message, decode, encode, routing_id
 
 
 class FakeClock:
@@ -149,3 +149,42 @@ def test_a_command_with_a_wait_is_given_up_once_that_wait_and_the_acks_grace_are
     assert asker == b"asker" and isinstance(answer, Ack) and not answer.applied
     assert answer.detail == "no rank 0 acknowledged the command within the 120 s its asker waits (it will not be applied)"
     assert not relay.pending and GIVE_UP_AFTER_S < 120.0
+
+
+def test_a_command_asked_once_rank_0_said_goodbye_is_refused_at_once_not_at_the_askers_timeout() -> None:
+    """Nothing answers it until another run speaks: ``ddpwatch switch`` after a run's end waited
+    its whole --timeout to hear so."""
+    relay, kept, _ = relay_keeping_what_it_sends()
+    heard(relay, A0, Heartbeat(0, 1.0, 3))
+    heard(relay, A0, Goodbye(0, 3))
+    relay.request(new_command("zero1", expires_after_s=30.0), requester=b"asker")
+    ((asker, answer),) = kept
+    assert asker == b"asker" and isinstance(answer, Ack) and not answer.applied and not relay.pending
+    assert answer.detail == "no run is training there now: the last one's rank 0 said goodbye"
+
+
+def test_a_command_sent_to_a_rank_0_that_then_said_goodbye_is_refused_at_the_next_tick() -> None:
+    relay, kept, _ = relay_keeping_what_it_sends()
+    heard(relay, A0, Heartbeat(0, 1.0, 3))
+    relay.request(new_command("zero1", expires_after_s=30.0), requester=b"asker")
+    heard(relay, A0, Goodbye(0, 3))
+    relay.tick()
+    (_, answer) = kept[-1]
+    assert [peer for peer, _ in kept] == [A0, b"asker"] and isinstance(answer, Ack) and not answer.applied
+    assert answer.detail.startswith("the run it was sent to is over") and not relay.pending
+
+
+def test_a_relay_that_stops_refuses_what_is_pending_and_what_arrived_unread_never_sending_it_on() -> None:
+    """The recorder stops once every rank said goodbye: a ``ddpwatch switch`` asking just then
+    heard nothing and waited out its timeout; sent on to a rank 0 still training (a recorder
+    stopped by Ctrl-C), a command refused to its asker could have been applied after all."""
+    relay, kept, _ = relay_keeping_what_it_sends()
+    heard(relay, A0, Heartbeat(0, 1.0, 3))
+    pending, unread = new_command("zero1", expires_after_s=30.0), new_command("ddp", expires_after_s=30.0)
+    relay.request(pending, requester=b"first")
+    relay.stop([(b"second", encode(unread)), (b"noise", b"\x00not msgpack")], "ddpwatch record stopped")
+    answers = {peer: message for peer, message in kept if peer != A0}
+    assert [peer for peer, _ in kept] == [A0, b"second", b"first"] and set(answers) == {b"first", b"second"}
+    assert {(a.command_id, a.applied, a.detail) for a in answers.values() if isinstance(a, Ack)} == {
+        (pending.command_id, False, "ddpwatch record stopped"), (unread.command_id, False, "ddpwatch record stopped")}
+    assert not relay.pending

@@ -20,6 +20,8 @@ from .session_file import SessionWriter
 
 #: How long the last answers get to go out as the listener closes (see ``TelemetryReceiver.close``).
 CLOSE_LINGER_MS = 200
+#: How long a listener that stops waits for what is on its way (``TelemetryReceiver.last_arrivals``).
+LAST_ARRIVALS_WAIT_MS = 50
 
 
 class TelemetryReceiver:
@@ -83,6 +85,17 @@ class TelemetryReceiver:
             return True
         except zmq.ZMQError:
             return False
+
+    def last_arrivals(self, wait_ms: int = LAST_ARRIVALS_WAIT_MS) -> list[tuple[bytes, bytes]]:
+        """Stop taking connections, then what arrived unread (waiting up to ``wait_ms`` for what
+        is on its way): what a relay that stops answers (``SwitchRelay.stop``). Still bound, the
+        socket took a ``ddpwatch switch``'s connection after the last read, and the asker waited
+        out its timeout."""
+        try:
+            self._socket.unbind(self._socket.getsockopt_string(zmq.LAST_ENDPOINT))
+        except zmq.ZMQError:
+            pass
+        return self.receive(wait_ms)
 
     def close(self) -> None:
         """Answers sent last (a relay's refusals as it stops) get ``CLOSE_LINGER_MS`` to go out:

@@ -140,7 +140,7 @@ def record(
             if reason is None and drive is not None:
                 reason = drive(session, relay)
     finally:
-        relay.stop(receiver.receive(timeout_ms=0), f"{command} stopped before rank 0 acknowledged it: nothing relays it now")
+        relay.stop(receiver.last_arrivals(), f"{command} stopped before rank 0 acknowledged it: nothing relays it now")
         writer.close()
         receiver.close()
         for signum, handler in previous.items():

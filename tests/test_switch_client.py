@@ -8,9 +8,11 @@ import threading
 import pytest
 import zmq
 
+from ddpwatch.control import new_command
+from ddpwatch.receiver import TelemetryReceiver
 from ddpwatch.switch_client import request_switch
 from instrumented_ddp.protocol import Ack, SwitchCommand, decode, encode
-from launch import free_port
+from launch import free_port, wait_for
 
 
 def test_the_command_says_its_askers_wait_and_the_relays_answer_comes_back() -> None:
@@ -46,3 +48,25 @@ def test_an_address_nobody_answers_at_fails_at_the_timeout_saying_so() -> None:
     ``ACK_GRACE_S`` + 1 s more is, for rank 0's answer)."""
     with pytest.raises(TimeoutError, match=r"^nothing answered at tcp://127\.0\.0\.1:\d+ within 0\.2 s \(is ddpwatch"):
         request_switch(f"tcp://127.0.0.1:{free_port()}", "ddp", None, None, timeout_s=0.2)
+
+
+def test_a_listener_that_stops_reads_what_arrived_and_takes_no_connection_after() -> None:
+    """What a stopping recorder answers (``SwitchRelay.stop``): the command already sent; a later
+    ``ddpwatch switch`` is not taken in to wait out its grace unanswered, it hears nothing at all."""
+    address = f"tcp://127.0.0.1:{free_port()}"
+    receiver = TelemetryReceiver(address)
+    context = zmq.Context()
+    try:
+        early = context.socket(zmq.DEALER)
+        early.setsockopt(zmq.LINGER, 0)
+        early.connect(address)
+        command = new_command("ddp", expires_after_s=30.0)
+        early.send(encode(command))
+        assert wait_for(lambda: receiver._socket.poll(0) != 0)
+        (_, data), = receiver.last_arrivals()
+        assert decode(data).message == command
+        with pytest.raises(TimeoutError, match="^nothing answered at"):
+            request_switch(address, "bucket", None, None, timeout_s=0.3)
+    finally:
+        context.destroy(linger=0)
+        receiver.close()

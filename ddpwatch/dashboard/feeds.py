@@ -128,7 +128,7 @@ class Listener:
             self._writer.flush_if_due()
 
     def close(self) -> None:
-        self.relay.stop(self.receiver.receive(timeout_ms=0), "the dashboard closed before rank 0 acknowledged it: nothing relays it now")
+        self.relay.stop(self.receiver.last_arrivals(), "the dashboard closed before rank 0 acknowledged it: nothing relays it now")
         if self._writer is not None:
             self._writer.close()
         self.receiver.close()

@@ -724,3 +724,27 @@ async def test_the_strategy_picker_refuses_a_cap_no_rank_could_take() -> None:
         assert app.screen is picker  # still open, nothing asked of the ranks
         assert "finite number > 0" in str(picker.query_one("#picker-error", Label).render())
         assert not app.pending_switches
+
+
+async def test_a_switch_rank_0_never_answers_is_said_unanswered_once_and_still_announced_if_it_lands() -> None:
+    """The relay stops resending a key press's command after ``GIVE_UP_AFTER_S`` and tells no one
+    (the dashboard asked it itself): *waiting for rank 0* was all the screen said."""
+    from ddpwatch.control import GIVE_UP_AFTER_S
+
+    feed = StaticFeed(session_messages(steps=4))
+    sent: list[SwitchCommand] = []
+    feed.request_switch = sent.append  # type: ignore[method-assign, assignment]
+    app = DashboardApp(feed, export_on_exit=False)
+    async with app.run_test(size=(160, 50)) as pilot:
+        await draw_every_message(app, pilot)
+        app.request_switch("zero2")
+        (command,) = sent
+        await pilot.pause(0.3)
+        assert not any("no answer from rank 0" in text for _, text in app.notices)
+        app._unanswered_since[command.command_id] -= GIVE_UP_AFTER_S + 1  # asked 31 s ago
+        await pilot.pause(0.3)
+        said = [text for _, text in app.notices if "no answer from rank 0" in text]
+        assert said == ["no answer from rank 0 to the switch to zero2 in 30 s: no longer resent (it lands if rank 0 "
+                        "heard it and a long step or a pause holds it)"]
+        app._acknowledged(Ack(0, command.command_id, True, 9))  # rank 0 had heard it: it lands
+        assert app.notices[-1][1] == "every rank switched to zero2 at step 9" and not app.pending_switches

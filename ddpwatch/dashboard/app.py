@@ -20,7 +20,7 @@ from textual.widgets import Footer, TabbedContent, TabPane
 from instrumented_ddp.output_paths import file_in_the_way
 from instrumented_ddp.protocol import NOT_SWITCHABLE, STRATEGY_NAMES, Ack, Envelope
 
-from ..control import new_command
+from ..control import GIVE_UP_AFTER_S, new_command
 from ..evaluations import series_label
 from ..exporters import write_exports
 from ..heatmap import HEATMAP_METRICS
@@ -135,7 +135,8 @@ class DashboardApp(App[None]):
         self.heatmap_metric = next(iter(HEATMAP_METRICS))
         self.open_nodes: set[int] = set()  # heatmap nodes shown a row per rank (a large job starts collapsed)
         self.snapshot: Snapshot | None = None
-        self.pending_switches: dict[str, str] = {}
+        self.pending_switches: dict[str, str] = {}  # command id: strategy, until rank 0 answers
+        self._unanswered_since: dict[str, float] = {}  # command id: when asked, until said unanswered
         self.run_is_switchable = True  # False for a run ddpwatch did not start (its hello says so)
         self.notices: deque[tuple[float, str]] = deque(maxlen=6)
         self.held_warnings: tuple[str, ...] = ()  # shown until the dashboard closes (``hold_warning``)
@@ -238,6 +239,7 @@ class DashboardApp(App[None]):
         self.selected_step = self.selected_rank = None
         self.open_nodes.clear()
         self.pending_switches.clear()
+        self._unanswered_since.clear()
         self._series_made.clear()
         self._devices_shown = (None, ())
         self.notify_user(f"run {finished.session_id} is over; now watching run {session_id}{where}")
@@ -293,6 +295,7 @@ class DashboardApp(App[None]):
         timed("segments")
         self.feed.want_spans(self.span_wish())
         now = time.monotonic()
+        self._say_unanswered_switches(now)
         notices = tuple(text for at, text in self.notices if now - at < NOTICE_S)
         self.warnings_panel.show(self.held_warnings + snapshot.warnings, snapshot.notes + notices)
         timed("requests, warnings")
@@ -340,8 +343,23 @@ class DashboardApp(App[None]):
         before the app runs too: it only rebinds a tuple that each frame reads."""
         self.held_warnings = (*self.held_warnings, text)
 
+    def _say_unanswered_switches(self, now: float) -> None:
+        """A switch rank 0 has not answered once the relay stopped resending it is said so, once:
+        the notice *waiting for rank 0* was all the screen said. It is still announced if it
+        lands (rank 0 heard it and a long step or a pause holds it)."""
+        for command_id, asked_at in list(self._unanswered_since.items()):
+            if now - asked_at > GIVE_UP_AFTER_S:
+                del self._unanswered_since[command_id]
+                strategy = self.pending_switches.get(command_id)
+                if strategy is not None:
+                    self.notify_user(f"no answer from rank 0 to the switch to {strategy} in {GIVE_UP_AFTER_S:g} s: no longer "
+                                     "resent (it lands if rank 0 heard it and a long step or a pause holds it)")
+
     def _acknowledged(self, ack: Ack) -> None:
-        strategy = self.pending_switches.pop(ack.command_id, None) if ack.rank == 0 else None
+        if ack.rank != 0:
+            return
+        strategy = self.pending_switches.pop(ack.command_id, None)
+        self._unanswered_since.pop(ack.command_id, None)
         if strategy is None:
             return
         if ack.applied:
@@ -419,6 +437,7 @@ class DashboardApp(App[None]):
             return
         command = new_command(strategy, bucket_mb, grad_accum)
         self.pending_switches[command.command_id] = strategy
+        self._unanswered_since[command.command_id] = time.monotonic()
         self.feed.request_switch(command)
         settings = ", ".join(f"{k}={v:g}" for k, v in (("bucket_mb", bucket_mb), ("grad_accum", grad_accum)) if v is not None)
         self.notify_user(f"asked every rank to switch to {strategy}{f' ({settings})' if settings else ''}; waiting for rank 0")

@@ -139,7 +139,7 @@ class SwitchRelay:
             except ProtocolError:
                 continue
             if isinstance(message, SwitchCommand):
-                self._send(peer, encode(Ack(0, message.command_id, False, 0, why)))
+                self._refuse(peer, message.command_id, why)
         for command_id, pending in list(self.pending.items()):
             self._give_up(command_id, pending, why)
 
@@ -155,4 +155,8 @@ class SwitchRelay:
     def _give_up(self, command_id: str, pending: PendingSwitch, why: str) -> None:
         del self.pending[command_id]
         if pending.requester is not None:
-            self._send(pending.requester, encode(Ack(0, command_id, False, 0, why)))
+            self._refuse(pending.requester, command_id, why)
+
+    def _refuse(self, requester: bytes, command_id: str, why: str) -> None:
+        """The relay's own answer to whoever asked: not applied, and why."""
+        self._send(requester, encode(Ack(0, command_id, False, 0, why)))

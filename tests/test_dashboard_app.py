@@ -741,7 +741,7 @@ async def test_a_switch_rank_0_never_answers_is_said_unanswered_once_and_still_a
         (command,) = sent
         await pilot.pause(0.3)
         assert not any("no answer from rank 0" in text for _, text in app.notices)
-        app._unanswered_since[command.command_id] -= GIVE_UP_AFTER_S + 1  # asked 31 s ago
+        app.pending_switches[command.command_id].at -= GIVE_UP_AFTER_S + 1  # asked 31 s ago
         await pilot.pause(0.3)
         said = [text for _, text in app.notices if "no answer from rank 0" in text]
         assert said == ["no answer from rank 0 to the switch to zero2 in 30 s: no longer resent (it lands if rank 0 "

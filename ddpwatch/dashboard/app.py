@@ -10,6 +10,7 @@ from __future__ import annotations
 import gc
 import time
 from collections import defaultdict, deque
+from dataclasses import dataclass
 from pathlib import Path
 
 from textual.app import App, ComposeResult
@@ -83,6 +84,15 @@ def stack_the_ranks(rows: int, middle_rows: int) -> bool:
     return middle_rows > 0 and rows + 3 + SIDE_ROWS_UNDER_STACKED_RANKS <= middle_rows
 
 
+@dataclass
+class AskedSwitch:
+    """A switch this dashboard asked for, until rank 0 answers it."""
+
+    strategy: str
+    at: float  # time.monotonic() when asked
+    said_unanswered: bool = False  # said once, when the relay stopped resending it
+
+
 def new_session() -> Session:
     """The dashboard's bounded session: recent steps' reports and details, device samples."""
     return Session(keep_steps=KEEP_STEPS, detail_rank_steps=DETAIL_RANK_STEPS, device_samples=DEVICE_SAMPLES)
@@ -135,8 +145,7 @@ class DashboardApp(App[None]):
         self.heatmap_metric = next(iter(HEATMAP_METRICS))
         self.open_nodes: set[int] = set()  # heatmap nodes shown a row per rank (a large job starts collapsed)
         self.snapshot: Snapshot | None = None
-        self.pending_switches: dict[str, str] = {}  # command id: strategy, until rank 0 answers
-        self._unanswered_since: dict[str, float] = {}  # command id: when asked, until said unanswered
+        self.pending_switches: dict[str, AskedSwitch] = {}  # by command id, until rank 0 answers
         self.run_is_switchable = True  # False for a run ddpwatch did not start (its hello says so)
         self.notices: deque[tuple[float, str]] = deque(maxlen=6)
         self.held_warnings: tuple[str, ...] = ()  # shown until the dashboard closes (``hold_warning``)
@@ -239,7 +248,6 @@ class DashboardApp(App[None]):
         self.selected_step = self.selected_rank = None
         self.open_nodes.clear()
         self.pending_switches.clear()
-        self._unanswered_since.clear()
         self._series_made.clear()
         self._devices_shown = (None, ())
         self.notify_user(f"run {finished.session_id} is over; now watching run {session_id}{where}")
@@ -347,25 +355,22 @@ class DashboardApp(App[None]):
         """A switch rank 0 has not answered once the relay stopped resending it is said so, once:
         the notice *waiting for rank 0* was all the screen said. It is still announced if it
         lands (rank 0 heard it and a long step or a pause holds it)."""
-        for command_id, asked_at in list(self._unanswered_since.items()):
-            if now - asked_at > GIVE_UP_AFTER_S:
-                del self._unanswered_since[command_id]
-                strategy = self.pending_switches.get(command_id)
-                if strategy is not None:
-                    self.notify_user(f"no answer from rank 0 to the switch to {strategy} in {GIVE_UP_AFTER_S:g} s: no longer "
-                                     "resent (it lands if rank 0 heard it and a long step or a pause holds it)")
+        for asked in self.pending_switches.values():
+            if not asked.said_unanswered and now - asked.at > GIVE_UP_AFTER_S:
+                asked.said_unanswered = True
+                self.notify_user(f"no answer from rank 0 to the switch to {asked.strategy} in {GIVE_UP_AFTER_S:g} s: no longer "
+                                 "resent (it lands if rank 0 heard it and a long step or a pause holds it)")
 
     def _acknowledged(self, ack: Ack) -> None:
         if ack.rank != 0:
             return
-        strategy = self.pending_switches.pop(ack.command_id, None)
-        self._unanswered_since.pop(ack.command_id, None)
-        if strategy is None:
+        asked = self.pending_switches.pop(ack.command_id, None)
+        if asked is None:
             return
         if ack.applied:
-            self.notify_user(f"every rank switched to {strategy} at step {ack.step}")
+            self.notify_user(f"every rank switched to {asked.strategy} at step {ack.step}")
         else:
-            self.notify_user(f"switch to {strategy} refused: {ack.detail}")
+            self.notify_user(f"switch to {asked.strategy} refused: {ack.detail}")
 
     # -- actions -----------------------------------------------------------------------------------
     def on_ranks_table_rank_selected(self, message: RanksTable.RankSelected) -> None:
@@ -436,8 +441,7 @@ class DashboardApp(App[None]):
             self.notify_user(off)
             return
         command = new_command(strategy, bucket_mb, grad_accum)
-        self.pending_switches[command.command_id] = strategy
-        self._unanswered_since[command.command_id] = time.monotonic()
+        self.pending_switches[command.command_id] = AskedSwitch(strategy, time.monotonic())
         self.feed.request_switch(command)
         settings = ", ".join(f"{k}={v:g}" for k, v in (("bucket_mb", bucket_mb), ("grad_accum", grad_accum)) if v is not None)
         self.notify_user(f"asked every rank to switch to {strategy}{f' ({settings})' if settings else ''}; waiting for rank 0")

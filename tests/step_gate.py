@@ -55,13 +55,6 @@ class StepGate:
         waiting = waiting_file(self.path)
         return int(waiting.read_text()) if waiting.exists() else 0
 
-    def wait_until_held_at(self, step: int, training: Running, timeout_s: float = 120) -> None:
-        """Until rank 0 waits at the gate for ``step``: every step before it done and reported."""
-        deadline = time.monotonic() + timeout_s
-        while self.waiting_at() < step:
-            assert training.poll() is None and time.monotonic() < deadline, f"the run never reached step {step}"
-            time.sleep(POLL_S)
-
     def step_through(self, step: int, training: Running) -> None:
         """Let the run through to ``step`` one step at a time (``RELEASE_PAUSE_S`` held before each),
         until rank 0 waits for the step after it."""

@@ -731,7 +731,7 @@ async def test_a_switch_rank_0_never_answers_is_said_unanswered_once_and_still_a
     (the dashboard asked it itself): *waiting for rank 0* was all the screen said."""
     from ddpwatch.control import GIVE_UP_AFTER_S
 
-    feed = StaticFeed(session_messages(steps=4))
+    feed = StaticFeed(session_messages(steps=4, goodbye=False))  # the run goes on
     sent: list[SwitchCommand] = []
     feed.request_switch = sent.append  # type: ignore[method-assign, assignment]
     app = DashboardApp(feed, export_on_exit=False)
@@ -748,3 +748,15 @@ async def test_a_switch_rank_0_never_answers_is_said_unanswered_once_and_still_a
                         "heard it and a long step or a pause holds it)"]
         app._acknowledged(Ack(0, command.command_id, True, 9))  # rank 0 had heard it: it lands
         assert app.notices[-1][1] == "every rank switched to zero2 at step 9" and not app.pending_switches
+
+
+async def test_a_switch_asked_once_rank_0_said_goodbye_is_not_sent_and_says_why() -> None:
+    feed = StaticFeed(session_messages(steps=4))  # every rank said goodbye
+    sent: list[SwitchCommand] = []
+    feed.request_switch = sent.append  # type: ignore[method-assign, assignment]
+    app = DashboardApp(feed, export_on_exit=False)
+    async with app.run_test(size=(160, 50)) as pilot:
+        await draw_every_message(app, pilot)
+        app.request_switch("ddp")
+        assert not sent and not app.pending_switches
+        assert app.notices[-1][1] == "switch to ddp not sent: the run is over (its rank 0 said goodbye)"

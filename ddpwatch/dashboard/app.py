@@ -440,6 +440,10 @@ class DashboardApp(App[None]):
         if (off := self.switching_off) is not None:
             self.notify_user(off)
             return
+        if (rank0 := self.session.ranks.get(0)) is not None and rank0.goodbye is not None:
+            # the relay would refuse it at once, to no one: the screen then said, 30 s on, that it might still land
+            self.notify_user(f"switch to {strategy} not sent: the run is over (its rank 0 said goodbye)")
+            return
         command = new_command(strategy, bucket_mb, grad_accum)
         self.pending_switches[command.command_id] = AskedSwitch(strategy, time.monotonic())
         self.feed.request_switch(command)

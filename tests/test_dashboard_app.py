@@ -658,14 +658,19 @@ async def test_a_large_job_makes_full_cycle_collections_rarer_and_the_app_restor
     assert gc.get_threshold() == before
 
 
+def app_keeping_switches(messages: list[bytes]) -> tuple[DashboardApp, list[SwitchCommand]]:
+    """A dashboard over fixed messages whose switch requests are kept in the list, not sent."""
+    feed = StaticFeed(messages)
+    sent: list[SwitchCommand] = []
+    feed.request_switch = sent.append  # type: ignore[method-assign, assignment]
+    return DashboardApp(feed, export_on_exit=False), sent
+
+
 async def test_a_run_ddpwatch_did_not_start_offers_no_switch_and_says_why() -> None:
     """An attached run's hello says it cannot switch: no switch keys in the footer, the header
     says why, and a switch asked for anyway (the picker was open) is not sent."""
     hellos = {rank: replace(hello(rank), switchable=False) for rank in (0, 1)}
-    feed = StaticFeed(session_messages(steps=4, hellos=hellos))
-    sent: list[SwitchCommand] = []
-    feed.request_switch = sent.append  # type: ignore[method-assign, assignment]
-    app = DashboardApp(feed, export_on_exit=False)
+    app, sent = app_keeping_switches(session_messages(steps=4, hellos=hellos))
     async with app.run_test(size=(160, 50)) as pilot:
         await draw_every_message(app, pilot)
         assert not app.snapshot.header.switchable
@@ -731,10 +736,7 @@ async def test_a_switch_rank_0_never_answers_is_said_unanswered_once_and_still_a
     (the dashboard asked it itself): *waiting for rank 0* was all the screen said."""
     from ddpwatch.control import GIVE_UP_AFTER_S
 
-    feed = StaticFeed(session_messages(steps=4, goodbye=False))  # the run goes on
-    sent: list[SwitchCommand] = []
-    feed.request_switch = sent.append  # type: ignore[method-assign, assignment]
-    app = DashboardApp(feed, export_on_exit=False)
+    app, sent = app_keeping_switches(session_messages(steps=4, goodbye=False))  # the run goes on
     async with app.run_test(size=(160, 50)) as pilot:
         await draw_every_message(app, pilot)
         app.request_switch("zero2")
@@ -751,10 +753,7 @@ async def test_a_switch_rank_0_never_answers_is_said_unanswered_once_and_still_a
 
 
 async def test_a_switch_asked_once_rank_0_said_goodbye_is_not_sent_and_says_why() -> None:
-    feed = StaticFeed(session_messages(steps=4))  # every rank said goodbye
-    sent: list[SwitchCommand] = []
-    feed.request_switch = sent.append  # type: ignore[method-assign, assignment]
-    app = DashboardApp(feed, export_on_exit=False)
+    app, sent = app_keeping_switches(session_messages(steps=4))  # every rank said goodbye
     async with app.run_test(size=(160, 50)) as pilot:
         await draw_every_message(app, pilot)
         app.request_switch("ddp")

@@ -21,6 +21,7 @@ from typing import Protocol
 from ddpwatch.switch_client import request_switch
 from gate_files import waiting_file, write_whole
 from instrumented_ddp.protocol import Ack, ClientKeys
+from instrumented_ddp.watch import AGREEMENT_EVERY_S
 from launch import QUICK_EVAL, REPO_ROOT, RankGroup
 
 class Running(Protocol):
@@ -30,8 +31,9 @@ class Running(Protocol):
 
 
 GATED_TRAIN = REPO_ROOT / "tests" / "workers" / "gated_train.py"
-#: How long rank 0 waits at the gate before the next step is let through while a switch is pending.
-RELEASE_PAUSE_S = 0.25
+#: How long rank 0 waits at the gate before the next step is let through: longer than the spacing
+#: rank 0 gives the agreements, so that they come at every step.
+RELEASE_PAUSE_S = AGREEMENT_EVERY_S + 0.05
 #: How often the test reads where rank 0 waits.
 POLL_S = 0.02
 

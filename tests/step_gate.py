@@ -24,6 +24,7 @@ from instrumented_ddp.protocol import Ack, ClientKeys
 from instrumented_ddp.watch import AGREEMENT_EVERY_S
 from launch import QUICK_EVAL, REPO_ROOT, RankGroup
 
+
 class Running(Protocol):
     """What the gate asks of the run it paces: whether it has ended (``RankGroup``, a ``Popen``)."""
 

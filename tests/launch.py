@@ -44,9 +44,15 @@ def rank_environment(rank: int, world_size: int, port: int) -> dict[str, str]:
         MASTER_PORT=str(port),
         OMP_NUM_THREADS="1",
         PYTHONFAULTHANDLER="1",
-        PYTHONPATH=os.pathsep.join([str(REPO_ROOT), str(REPO_ROOT / "tests"), env.get("PYTHONPATH", "")]),
+        PYTHONPATH=python_path(),
     )
     return env
+
+
+def python_path() -> str:
+    """``PYTHONPATH`` for a process the tests start: this tree and its tests' helpers (a worker's
+    ``from workers...``, ``gate_files``) ahead of what the suite was given."""
+    return os.pathsep.join([str(REPO_ROOT), str(REPO_ROOT / "tests"), os.environ.get("PYTHONPATH", "")])
 
 
 def one_process_environment() -> dict[str, str]:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from ddpwatch.recorder import load_session
-from launch import QUICK_EVAL, REPO_ROOT, Recorder, free_port
+from launch import QUICK_EVAL, REPO_ROOT, Recorder, free_port, python_path
 from step_gate import GATED_TRAIN, StepGate
 
 
@@ -29,7 +29,7 @@ class EitherNode:
 @pytest.mark.timeout(300)
 def test_two_nodes_appear_with_their_node_and_a_switch_reaches_both(tmp_path: Path) -> None:
     endpoint = f"127.0.0.1:{free_port()}"
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(REPO_ROOT / "tests"), os.environ.get("PYTHONPATH", "")]))
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=python_path())  # the gated worker imports gate_files
     gate = StepGate(tmp_path / "gate")  # the run waits for the test's steps: it cannot end before the switch lands
     nodes: list[subprocess.Popen[bytes]] = []
     with Recorder(tmp_path / "session", "--idle-exit", "30") as recorder:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import gc
 import sys
 from collections import Counter
 from pathlib import Path
@@ -105,6 +106,7 @@ def main() -> None:
             peaks[strategy] = step_peak(wrapped, optimizer, batch, context.device)
         instrumented_ddp.unwrap(wrapped)
         del wrapped, optimizer
+        gc.collect()  # FSDP2's copy waits in torch's reference cycles: the next strategy's peak is its own
     if context.is_main:
         parameters = sum(p.numel() for p in model.parameters())
         base = "ddp" if "ddp" in dict(rows) else rows[0][0]  # the shares' reference: ddp, or the first one run

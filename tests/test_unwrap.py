@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 import torch
 
@@ -25,3 +28,43 @@ def test_backward_after_unwrap_keeps_local_gradients(grads_after_unwrap: list[di
     differing = [name for name in rank0 if not torch.allclose(rank0[name], rank1[name])]
     # Every parameter still averaged would mean a hook survived; the two ranks saw different data.
     assert len(differing) >= len(rank0) - 1, f"{strategy}: gradients still averaged after unwrap"
+
+
+def one_step(wrapped: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    wrapped(torch.randn(4, 8)).sum().backward()
+    wrapped.finish_gradient_sync()
+    optimizer.step()
+
+
+@pytest.mark.parametrize("strategy", instrumented_ddp.STRATEGY_NAMES)
+def test_unwrap_and_del_free_the_strategy_and_its_optimizer_without_the_cyclic_collector(
+        one_rank_group: None, strategy: str) -> None:
+    # zero1 and zero2 once kept themselves and their optimizer alive in a cycle (the optimizer's
+    # step hook held the strategy): on a GPU the strategy wrapped next read them in its peak
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    torch.optim.AdamW(torch.nn.Linear(1, 1).parameters())  # a process's first optimizer leaves torch's lazy import in a cycle
+    gc.collect()
+    gc.disable()  # a collection in between would free a cycle, and the test could not fail
+    try:
+        wrapped = instrumented_ddp.wrap(model, strategy)
+        optimizer = wrapped.make_optimizer(torch.optim.AdamW, lr=1e-3)
+        one_step(wrapped, optimizer)
+        alive = [weakref.ref(wrapped), weakref.ref(optimizer)]
+        instrumented_ddp.unwrap(wrapped)
+        del wrapped, optimizer
+        assert [ref() is None for ref in alive] == [True, True], f"{strategy}: strategy, optimizer freed"
+    finally:
+        gc.enable()
+
+
+@pytest.mark.parametrize("strategy", ["zero1", "zero2"])
+def test_an_optimizer_stepped_after_unwrap_gathers_nothing(one_rank_group: None, strategy: str,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    wrapped = instrumented_ddp.wrap(torch.nn.Sequential(torch.nn.Linear(8, 1)), strategy)
+    optimizer = wrapped.make_optimizer(torch.optim.SGD, lr=0.1)
+    one_step(wrapped, optimizer)
+    issued: list[str] = []
+    monkeypatch.setattr(wrapped, "_collective", lambda kind, *args, **kwargs: issued.append(kind))
+    instrumented_ddp.unwrap(wrapped)
+    optimizer.step()
+    assert issued == []

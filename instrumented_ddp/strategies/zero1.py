@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.utils.hooks import RemovableHandle
 
 from ..collectives import all_gather
 from .base import FullOptimizerState
@@ -34,6 +37,18 @@ class ParameterShard:
         return whole[self.start : self.start + self.shard.numel()]
 
 
+def _after_step_of(strategy: weakref.ref[ShardedOptimizerState]) -> Callable[..., None]:
+    """The optimizer's step hook, holding its strategy weakly. The strategy holds the optimizer
+    (``_optimizer``), so a hook holding the strategy made a cycle that kept both, with every
+    parameter, gradient buffer and moment they hold, alive after ``del`` or ``unwrap`` until
+    Python's cyclic collector ran: on a GPU the strategy wrapped next read them in its memory peak
+    (``zero2`` 2,694 MiB after ``zero1``, against 1,356 held and risen in its own step)."""
+    def after_step(*_: Any) -> None:
+        if (alive := strategy()) is not None:
+            alive._after_step()
+    return after_step
+
+
 class ShardedOptimizerState(BucketedAsyncHook):
     """Gradients are averaged exactly as ``bucket`` does, but each rank's optimizer holds only
     its 1/N slice of every bucket, so AdamW's two moments take 1/N of the memory. After the
@@ -55,6 +70,7 @@ class ShardedOptimizerState(BucketedAsyncHook):
         super()._attach()
         self.rank = dist.get_rank(self.process_group)
         self.shards = [self._shard(bucket) for bucket in self.buckets]
+        self._step_hook: RemovableHandle | None = None
 
     def _shard(self, bucket: GradientBucket) -> ParameterShard:
         flat = torch.zeros_like(bucket.allocated_buffer)
@@ -72,6 +88,9 @@ class ShardedOptimizerState(BucketedAsyncHook):
 
     def _detach(self) -> None:
         super()._detach()
+        if self._step_hook is not None:  # a step after unwrap all-gathers nothing
+            self._step_hook.remove()
+            self._step_hook = None
         for bucket in self.buckets:
             for parameter in bucket.parameters:  # the bare model owns its storage again
                 parameter.data = parameter.data.clone()
@@ -82,7 +101,9 @@ class ShardedOptimizerState(BucketedAsyncHook):
 
     def make_optimizer(self, optimizer_class: type[torch.optim.Optimizer], **options: Any) -> torch.optim.Optimizer:
         optimizer = super().make_optimizer(optimizer_class, **options)
-        optimizer.register_step_post_hook(lambda *_: self._after_step())
+        if self._step_hook is not None:
+            self._step_hook.remove()  # the optimizer made before (a second make_optimizer) gathers no more
+        self._step_hook = optimizer.register_step_post_hook(_after_step_of(weakref.ref(self)))
         return optimizer
 
     def finish_gradient_sync(self) -> None:

@@ -10,18 +10,20 @@
 #                                       # held bit for bit against its unwatched run's; each Trainer evaluates
 #                                       # after step 10, a pause on CUDA events (its summary names step 11);
 #                                       # ddp-fp16, ddp-powersgd (asked by name): a DDP with its own compression
-#                                       # hook, whose all-reduces are timed as the hook issues them (never yet on NCCL;
-#                                       # ddp-fp16 also keeps an average of the weights in watch.computing: CUDA events);
+#                                       # hook, whose all-reduces are timed as the hook issues them (ddp-fp16 also
+#                                       # keeps an average of the weights in watch.computing: CUDA events);
 #                                       # ddp-zero (by name): torch's ZeroRedundancyOptimizer, its asynchronous
-#                                       # broadcasts timed as the loop's and its waits blocked time (never yet on NCCL)
+#                                       # broadcasts timed as the loop's and its waits blocked time (these three first
+#                                       # on NCCL 2026-11-29: about 200 s together)
 #   bash bench/gpu_session.sh memory    # bench/memory_staircase.py --step-peak on the GPU, 2 ranks sharing it, at
 #                                       # 25 and 1 MB: what each strategy holds and what sets its step's peak
 #   bash bench/gpu_session.sh overhead  # bench/overhead.py at the doctor's training shape for what the doctor does not
 #                                       # run: attach on a user's DDP and on FSDP2 (issue 12's goal, <= 1.02)
 #   bash bench/gpu_session.sh overhead memory   # modes run one after another in one call (not attach: it takes runs)
 #
-# A lent GPU's first call: `bash bench/gpu_wheels.sh` here, then `doctor` (about 340 s on an H200), then
-# `overhead memory` (not yet timed as one call: about 130 s of steps, then two memory runs), each with carry [".whl"].
+# A lent GPU's first call: `bash bench/gpu_wheels.sh` here, then `doctor` (290-340 s on an H200), then
+# `overhead`, `attach ddp-zero ddp-powersgd ddp-fp16` and `memory` fitted one call of 404 s (2026-11-29), each with
+# carry [".whl"]; name OUT elsewhere and tar it into the device's $OUT: it brings back 8 files at most.
 # The machine has torch but not every package ddpwatch needs: wheels carried in .whl/ (pyzmq, datasets,
 # dill, multiprocess for Python 3.12; bench/gpu_wheels.sh makes them here) are installed into /tmp/site first. Logs go to $OUT (the device
 # tool's folder that comes back), or /tmp/gpu-session elsewhere.

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -162,6 +164,38 @@ def test_a_live_switch_to_a_cap_or_micro_steps_of_zero_is_refused_not_applied_wi
     applied (a run at 5 MB said *switched to bucket (bucket_mb=5, grad_accum=1)* to a command of 0)."""
     _, acks = refused_switch("bucket", bucket_mb, grad_accum, run_bucket_mb=5.0)
     assert acks == [(False, 8, said)]
+
+
+def test_a_switch_away_from_fsdp_frees_its_sharded_copy_before_the_next_step(one_rank_group: None) -> None:
+    """FSDP2 keeps its sharded copy in torch's own reference cycles: without a collection the copy
+    (a model's parameters, gradients and their shards) stayed allocated beside the new strategy."""
+    from types import SimpleNamespace
+
+    import instrumented_ddp
+    from instrumented_ddp import train
+    from instrumented_ddp.timeline import NULL_TIMELINE
+
+    wrapped = instrumented_ddp.wrap(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 1)), "fsdp")
+    optimizer = wrapped.make_optimizer(torch.optim.AdamW, lr=1e-3)
+    wrapped(torch.randn(4, 8)).sum().backward()
+    wrapped.finish_gradient_sync()
+    optimizer.step()
+    sharded = weakref.ref(wrapped.sharded)
+    # stand-ins with only what switch_strategy reaches of each
+    watch: Any = SimpleNamespace(steps=3, timeline=NULL_TIMELINE, update_hello=lambda **_: None,
+                                 acknowledge=lambda *_args, **_kwargs: None)
+    args: Any = SimpleNamespace(grad_accum=1, bucket_mb=25.0, batch_size=8, lr=1e-3, strategy="fsdp")
+    command: Any = SimpleNamespace(strategy="bucket", grad_accum=None, bucket_mb=None)
+    gc.collect()
+    gc.disable()  # a collection in between would free the copy, and the test could not fail
+    try:
+        wrapped, optimizer, said = train.switch_strategy(wrapped, optimizer, command, args, SimpleNamespace(world_size=1), watch)
+        assert said.startswith("switched to bucket")
+        assert sharded() is not None  # what the collection is for: the cycles hold it so far
+        train.free_the_strategy_before(torch.device("cpu"))
+        assert sharded() is None
+    finally:
+        gc.enable()
 
 
 def test_unknown_model_fails_with_one_line_error(monkeypatch: pytest.MonkeyPatch) -> None:

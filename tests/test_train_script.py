@@ -186,10 +186,11 @@ def test_a_switch_away_from_fsdp_frees_its_sharded_copy_before_the_next_step(one
                                  acknowledge=lambda *_args, **_kwargs: None)
     args: Any = SimpleNamespace(grad_accum=1, bucket_mb=25.0, batch_size=8, lr=1e-3, strategy="fsdp")
     command: Any = SimpleNamespace(strategy="bucket", grad_accum=None, bucket_mb=None)
+    context: Any = SimpleNamespace(world_size=1)
     gc.collect()
     gc.disable()  # a collection in between would free the copy, and the test could not fail
     try:
-        wrapped, optimizer, said = train.switch_strategy(wrapped, optimizer, command, args, SimpleNamespace(world_size=1), watch)
+        wrapped, optimizer, said = train.switch_strategy(wrapped, optimizer, command, args, context, watch)
         assert said.startswith("switched to bucket")
         assert sharded() is not None  # what the collection is for: the cycles hold it so far
         train.free_the_strategy_before(torch.device("cpu"))

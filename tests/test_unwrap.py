@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import gc
 import weakref
+from typing import Any
 
 import pytest
 import torch
 
 import instrumented_ddp
+from instrumented_ddp.strategies.base import DataParallelStrategy
 from launch import REPO_ROOT, describe_failure, run_ranks
 
 WORKER = REPO_ROOT / "tests" / "workers" / "unwrap_probe.py"
@@ -30,7 +32,7 @@ def test_backward_after_unwrap_keeps_local_gradients(grads_after_unwrap: list[di
     assert len(differing) >= len(rank0) - 1, f"{strategy}: gradients still averaged after unwrap"
 
 
-def one_step(wrapped: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+def one_step(wrapped: DataParallelStrategy, optimizer: torch.optim.Optimizer) -> None:
     wrapped(torch.randn(4, 8)).sum().backward()
     wrapped.finish_gradient_sync()
     optimizer.step()
@@ -49,7 +51,7 @@ def test_unwrap_and_del_free_the_strategy_and_its_optimizer_without_the_cyclic_c
         wrapped = instrumented_ddp.wrap(model, strategy)
         optimizer = wrapped.make_optimizer(torch.optim.AdamW, lr=1e-3)
         one_step(wrapped, optimizer)
-        alive = [weakref.ref(wrapped), weakref.ref(optimizer)]
+        alive: list[weakref.ref[Any]] = [weakref.ref(wrapped), weakref.ref(optimizer)]
         instrumented_ddp.unwrap(wrapped)
         del wrapped, optimizer
         assert [ref() is None for ref in alive] == [True, True], f"{strategy}: strategy, optimizer freed"

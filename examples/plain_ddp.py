@@ -85,7 +85,7 @@ def main() -> None:
     parser.add_argument("--bucket-mb", type=float, default=25.0, help="DDP's bucket_cap_mb")
     parser.add_argument("--comm-hook", choices=sorted(COMM_HOOKS), default=None,
                         help="register this DDP communication hook before attach (bf16: NCCL only; PowerSGD: rank 1, "
-                             "compressing from step 10, on gloo with every gradient in one bucket)")
+                             "compressing from step 4, so that --profile's steps 4-8 are compressed ones; on gloo with every gradient in one bucket)")
     parser.add_argument("--zero", action="store_true",
                         help="shard the optimizer with PyTorch's ZeroRedundancyOptimizer (ZeRO-1 over the same SGD): "
                              "each step then broadcasts every rank's updated parameters")
@@ -130,7 +130,7 @@ def main() -> None:
     model = ToyModel(args.width, args.layers).to(device)
     ddp_model = DDP(model, device_ids=[device.index] if on_gpu else None, bucket_cap_mb=args.bucket_mb)
     if args.comm_hook == "powersgd":
-        ddp_model.register_comm_hook(powerSGD_hook.PowerSGDState(None, matrix_approximation_rank=1, start_powerSGD_iter=10),
+        ddp_model.register_comm_hook(powerSGD_hook.PowerSGDState(None, matrix_approximation_rank=1, start_powerSGD_iter=3),
                                      powerSGD_hook.powerSGD_hook)
     elif args.comm_hook:
         ddp_model.register_comm_hook(None, COMM_HOOKS[args.comm_hook])

@@ -73,7 +73,8 @@ def summary(session: Session) -> dict[str, Any]:
     ``unresolved``, the ``device_note`` its hello carried, the ``last_step`` it passed and its
     ``goodbye`` (None for a rank lost or still running; a reason beginning ``failed:`` where its
     training raised, said in summary.md as an error). ``evaluations``: what the run's evaluations
-    measured, a step each (``evaluations.Evaluations``). ``model_parameters`` and ``global_batch``
+    measured, a step each (``evaluations.Evaluations``). ``refused_switches``: each switch the run
+    refused, where it would have landed and why (an applied one begins a segment). ``model_parameters`` and ``global_batch``
     (samples of every rank a step; None where unknown), as the lowest rank's hello said: what
     ``ddpwatch compare`` holds two runs' figures against."""
     ranks = []
@@ -123,7 +124,10 @@ def summary(session: Session) -> dict[str, Any]:
                       "all_reduce_groups": [list(group) for group in groups] if groups is not None else None,
                       "all_reduce_groups_problem": session.all_reduce_groups_problem,
                       "desync": asdict(desync) if desync is not None else None,
-                      "segments": segments, "evaluations": session.evaluations.as_list(), "telemetry": telemetry})
+                      "segments": segments, "evaluations": session.evaluations.as_list(),
+                      "refused_switches": [{"step": ack.step, "strategy": ack.strategy, "detail": ack.detail}
+                                           for ack in session.refused_switches()],
+                      "telemetry": telemetry})
 
 
 def pauses(reports: list[StepReport], wall_s: float) -> dict[str, Any]:
@@ -301,10 +305,18 @@ def summary_markdown(summary: dict[str, Any]) -> str:
             lines.append(f"- segment {seg['index']}: {metrics.Straggler.from_dict(seg['straggler']).describe()}")
     lines += [f"- rank {r['rank']}: why its steps were sent unresolved (the last to say): {r['unresolved_reason']}"
               for r in summary.get("ranks", []) if r.get("unresolved_reason")]
+    lines += refused_switch_lines(summary.get("refused_switches", []))
     lines += stopped_ranks_lines(summary.get("ranks", []))
     lines += no_goodbye_lines(summary.get("ranks", []))
     lines += evaluations.markdown_lines(summary.get("evaluations", []))
     return "\n".join(lines) + "\n"
+
+
+def refused_switch_lines(refused: list[dict[str, Any]]) -> list[str]:
+    """A line per switch the run refused (``Session.refused_switches``), where it would have landed
+    and why: an applied switch starts a segment of the table, a refused one left no mark on it."""
+    return [f"- {'switch to ' + each['strategy'] if each.get('strategy') else 'a switch'} refused at step {each['step']}: "
+            f"{each['detail']}" for each in refused]
 
 
 def no_goodbye_lines(ranks: list[dict[str, Any]]) -> list[str]:

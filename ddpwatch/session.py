@@ -706,6 +706,17 @@ class Session:
         other = self.other_run(message, run)
         return other if other and self.over(now) else ""
 
+    def refused_switches(self) -> list[Ack]:
+        """Each switch the run refused, once, in the order heard: the lowest rank's answer (every
+        rank refuses a command that cannot apply, rank 0 alone one whose asker stopped waiting,
+        and it answers each resend of one alike). What the exports list: the segments show only
+        the switches that were applied."""
+        refused: dict[str, Ack] = {}
+        for ack in self.acks:
+            if not ack.applied and (ack.command_id not in refused or ack.rank < refused[ack.command_id].rank):
+                refused[ack.command_id] = ack
+        return list(refused.values())
+
     def stopped_ranks(self, now: float) -> dict[int, int]:
         """Ranks not lost whose steps stopped while the others' went on: the step each is at, for
         those ``STOPPED_STEPS`` or more behind the newest and unmoved for ``STOPPED_AFTER_S``. The

@@ -339,6 +339,9 @@ class Ack:
     applied: bool
     step: int
     detail: str = ""
+    #: The strategy the command asked for, so that a record says what was refused ("" from a
+    #: ddpwatch before it was sent: the summary then says only that a switch was refused).
+    strategy: str = ""
 
 
 @dataclass(frozen=True)

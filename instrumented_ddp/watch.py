@@ -245,7 +245,7 @@ class Watch:
 
     def acknowledge(self, command: SwitchCommand, applied: bool, step: int, detail: str = "") -> None:
         if self.publisher is not None:
-            ack = Ack(self.publisher.hello.rank, command.command_id, applied, step, detail)
+            ack = Ack(self.publisher.hello.rank, command.command_id, applied, step, detail, command.strategy)
             self._acks[command.command_id] = ack
             self.publisher.publish(ack)
 

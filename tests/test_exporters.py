@@ -28,7 +28,7 @@ import pytest
 
 from ddpwatch import exporters
 from ddpwatch.session import Session
-from instrumented_ddp.protocol import DeviceSample, Envelope, Evaluation, Goodbye, Hello, Span, StepReport, encode
+from instrumented_ddp.protocol import Ack, DeviceSample, Envelope, Evaluation, Goodbye, Hello, Span, StepReport, encode
 
 SETTINGS: dict[str, dict[str, Any]] = {"simple": {"grad_accum": 1}, "bucket": {"grad_accum": 1, "bucket_mb": 25.0}}
 HOSTS = {0: "host-a", 1: "host-b"}
@@ -347,6 +347,27 @@ def test_the_runs_evaluations_are_in_summary_json_and_a_table_of_summary_md() ->
     assert exporters.summary_markdown(data).endswith(
         "Evaluations, after the step each followed:\n\n| after step | eval_loss | eval_accuracy |\n|---|---|---|\n"
         "| 3 | 0.5 | 0.75 |\n| 5 | not finite | — |\n")
+
+
+def test_refused_switches_are_listed_once_each_with_the_strategy_asked_where_it_would_have_landed_and_why() -> None:
+    """An applied switch starts a segment; a refused one left no mark on the exports (it showed in
+    the session file's acknowledgements alone). Every rank refuses a command that cannot apply, and
+    rank 0 answers each resend alike: one line each. An Ack from before it carried the strategy
+    says only that a switch was refused."""
+    session = make_session()
+    assert exporters.summary(session)["refused_switches"] == []
+    unknown = "unknown strategy 'zero9'"
+    for rank, seq in ((1, 90), (0, 90), (0, 91)):
+        session.ingest(Envelope(Ack(rank, "c-1", False, 4, unknown, "zero9"), rank, seq, 0))
+    session.ingest(Envelope(Ack(0, "c-2", True, 5, "", "bucket"), 0, 92, 0))
+    session.ingest(Envelope(Ack(0, "c-3", False, 6, "expired: its asker stopped waiting"), 0, 93, 0))
+    data = exporters.summary(session)
+    assert data["refused_switches"] == [{"step": 4, "strategy": "zero9", "detail": unknown},
+                                        {"step": 6, "strategy": "", "detail": "expired: its asker stopped waiting"}]
+    lines = exporters.summary_markdown(data).splitlines()
+    assert [line for line in lines if "refused at step" in line] == [
+        "- switch to zero9 refused at step 4: unknown strategy 'zero9'",
+        "- a switch refused at step 6: expired: its asker stopped waiting"]
 
 
 def test_device_note_is_kept_per_rank() -> None:

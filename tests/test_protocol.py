@@ -72,6 +72,7 @@ MESSAGES: list[Any] = [
     SwitchCommand(command_id="cmd-2", strategy="ddp"),
     SwitchCommand(command_id="cmd-3", strategy="zero1", expires_after_s=29.5),
     Ack(rank=1, command_id="cmd-1", applied=True, step=12, detail="from step 12"),
+    Ack(rank=0, command_id="cmd-2", applied=False, step=7, detail="unknown strategy 'zero9'", strategy="zero9"),
     Goodbye(rank=1, steps=50, reason="interrupted"),
     Evaluation(rank=1, step=40, metrics={"eval_loss": 0.41, "eval_accuracy": 0.875}),
 ]
@@ -367,6 +368,7 @@ def test_missing_required_field_is_rejected_as_invalid(message: Any) -> None:
         (SwitchCommand("c", "ddp"), "grad_accum", 2.5),
         (SwitchCommand("c", "ddp"), "expires_after_s", "30"),
         (Ack(0, "c", True, 1), "applied", "yes"),
+        (Ack(0, "c", False, 1), "strategy", 3),
         (Goodbye(0, 3), "reason", 0),
     ],
     ids=lambda v: repr(v)[:20] if not hasattr(v, "TYPE") else v.TYPE,
@@ -385,6 +387,12 @@ def test_a_switch_from_a_ddpwatch_that_says_no_wait_is_one_the_run_may_apply_whe
     body = {"command_id": "c", "strategy": "ddp", "bucket_mb": None, "grad_accum": None}
     data = msgpack.packb({"v": PROTOCOL_VERSION, "type": "switch", "rank": -1, "seq": 0, "dropped": 0, "body": body})
     assert decode(data).message == SwitchCommand("c", "ddp", expires_after_s=None)
+
+
+def test_an_ack_from_a_ddpwatch_that_did_not_send_the_strategy_reads_as_naming_none() -> None:
+    body = {"rank": 0, "command_id": "c", "applied": False, "step": 4, "detail": "why"}
+    data = msgpack.packb({"v": PROTOCOL_VERSION, "type": "ack", "rank": 0, "seq": 0, "dropped": 0, "body": body})
+    assert decode(data).message == Ack(0, "c", False, 4, "why", strategy="")
 
 
 @pytest.mark.parametrize("message", [STEP, HELLO, Heartbeat(0, 1.0, 1), Ack(0, "c", True, 1), Goodbye(0, 1)], ids=lambda m: m.TYPE)

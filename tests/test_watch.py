@@ -108,7 +108,7 @@ def test_rank0_announces_the_command_it_heard_and_does_not_announce_it_twice(mon
     watch.publisher.commands.put(command)  # resent again, the ack lost on the way
     fake.flags.append(0)
     watch.agree_on_command()
-    assert published == [Ack(0, "c1", True, 7), Ack(0, "c1", True, 7)]  # the same ack, the step it landed on
+    assert published == [Ack(0, "c1", True, 7, "", "bucket")] * 2  # the same ack, the step it landed on, what it asked for
 
 
 def _rank0_hearing(command: SwitchCommand, seconds_left: float, monkeypatch: pytest.MonkeyPatch,
@@ -133,11 +133,11 @@ def test_a_command_whose_askers_wait_is_over_when_rank0_reads_it_is_refused_and_
     watch.steps = 6
     assert watch.agree_on_command() is None
     assert fake.sent == [[0, 1]]  # announced: no command
-    assert published == [Ack(0, "c1", False, 7, watch_module.EXPIRED)]
+    assert published == [Ack(0, "c1", False, 7, watch_module.EXPIRED, "zero1")]
     watch.publisher.commands.put(command)  # resent: answered the same, never announced
     fake.flags.append(0)
     watch.agree_on_command()
-    assert published == [Ack(0, "c1", False, 7, watch_module.EXPIRED)] * 2 and fake.sent[-1][0] == 0
+    assert published == [Ack(0, "c1", False, 7, watch_module.EXPIRED, "zero1")] * 2 and fake.sent[-1][0] == 0
 
 
 def test_a_command_announced_in_time_whose_wait_is_over_where_it_would_apply_is_applied_nowhere(
@@ -150,7 +150,7 @@ def test_a_command_announced_in_time_whose_wait_is_over_where_it_would_apply_is_
     time.sleep(0.3)
     watch.steps = 2
     assert watch.agree_on_command() is None
-    assert fake.objects_sent == [None] and published == [Ack(0, "c1", False, 3, watch_module.EXPIRED)]
+    assert fake.objects_sent == [None] and published == [Ack(0, "c1", False, 3, watch_module.EXPIRED, "zero1")]
 
 
 def test_a_rank_told_no_command_where_one_was_announced_applies_none(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -154,6 +154,9 @@ def _row(seg: dict[str, Any], digits: int | None) -> list[Any]:
         if value is None:
             return "n/a" if digits is not None else ""
         return f"{value:.{digits}f}" if digits is not None else round(float(value), 6)
+
+    def gbps(value: Any) -> Any:  # two significant digits under 0.01, as the dashboard and the other kinds say it
+        return metrics.gbps_text(value) if digits is not None and value is not None else num(value)
     steps = f"{seg['first_step']}-{seg['last_step']}"
     if seg.get("steps") == 0:
         return [seg.get("label") or seg.get("strategy", ""), steps, *(num(None) for _ in COLUMNS[2:])]
@@ -161,7 +164,8 @@ def _row(seg: dict[str, Any], digits: int | None) -> list[Any]:
     return [seg.get("label") or seg.get("strategy", ""), steps, *(num(seg.get(k)) for k in _FIGURE_KEYS),
             metrics.calls_text(calls) if digits is not None else round(calls, 6),
             num(seg.get("all_reduce_ms")), num(seg.get("step_ms_p50")), num(seg.get("step_ms_p95")),
-            num(seg.get("samples_per_s")), num(seg.get("busbw_gbps")),
+            num(seg.get("samples_per_s")),
+            gbps(seg.get("busbw_gbps")),
             metrics.busbw_text(None, seg.get("other_busbw_gbps") or {}) if digits is not None
             else json.dumps(seg.get("other_busbw_gbps") or {}, sort_keys=True),
             metrics.kinds_text(seg.get("calls_by_kind") or {}) if digits is not None

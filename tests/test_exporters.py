@@ -407,6 +407,17 @@ def test_markdown_table(data: dict) -> None:
     assert [c.strip() for c in rows[1].strip("|").split("|")][9] == "40.00" and "all_reduce_ms is that sum" in text
 
 
+def test_a_busbw_under_a_hundredth_of_a_gb_per_s_reads_to_two_significant_digits_not_as_zero(data: dict) -> None:
+    """PowerSGD's all-reduces of its small P and Q vectors (an H200, 2026-11-29) read "0.00" in
+    summary.md's busbw column, as if nothing had moved, where the dashboard and the other kinds'
+    column already said two significant digits."""
+    busbw_column = exporters.COLUMNS.index("busbw GB/s")
+    small = {**data, "segments": [{**data["segments"][1], "busbw_gbps": 0.0031}]}
+    row = next(line for line in exporters.summary_markdown(small).splitlines() if line.startswith("| bucket"))
+    assert [c.strip() for c in row.strip("|").split("|")][busbw_column] == "0.0031"
+    assert "0.0031" in exporters.summary_csv(small).splitlines()[1].split(",")  # raw in the CSV, as before
+
+
 def test_the_exports_say_within_which_groups_the_all_reduces_meet_where_not_the_world(data: dict) -> None:
     """Where the hellos name groups (HSDP's replicas, a DDP on a subgroup), busbw and waits were
     figured within them: summary.json lists them and summary.md says so; a run over the world, neither."""

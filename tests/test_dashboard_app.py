@@ -759,3 +759,27 @@ async def test_a_switch_asked_once_rank_0_said_goodbye_is_not_sent_and_says_why(
         app.request_switch("ddp")
         assert not sent and not app.pending_switches
         assert app.notices[-1][1] == "switch to ddp not sent: the run is over (its rank 0 said goodbye)"
+
+
+async def test_a_switch_asked_from_elsewhere_is_said_once_whether_applied_or_refused() -> None:
+    """``ddpwatch switch`` or ``tune`` asking through this dashboard's relay: a refusal showed
+    nowhere here (the dashboard said only its own switches' answers). Rank 0 answers each resend
+    again: one notice each. An ack from a rank that does not name the strategy is not said."""
+    app, sent = app_keeping_switches(session_messages(steps=4, goodbye=False))
+    async with app.run_test(size=(160, 50)) as pilot:
+        await draw_every_message(app, pilot)
+        before = len(app.notices)
+        for _ in range(2):
+            app._acknowledged(Ack(0, "elsewhere-1", False, 7, "unknown strategy 'zero9'", "zero9"))
+            app._acknowledged(Ack(1, "elsewhere-2", True, 9, "", "ddp"))  # rank 1's: rank 0 speaks for the run
+            app._acknowledged(Ack(0, "elsewhere-2", True, 9, "", "ddp"))
+            app._acknowledged(Ack(0, "older-rank", False, 9, "why"))
+        app.request_switch("bucket")
+        (command,) = sent
+        for _ in range(2):
+            app._acknowledged(Ack(0, command.command_id, True, 11, "", "bucket"))
+        assert [text for _, text in list(app.notices)[before:]] == [
+            "switch to zero9 (asked from elsewhere) refused: unknown strategy 'zero9'",
+            "every rank switched to ddp at step 9 (asked from elsewhere)",
+            "asked every rank to switch to bucket; waiting for rank 0",
+            "every rank switched to bucket at step 11"]

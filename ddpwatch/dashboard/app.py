@@ -146,6 +146,7 @@ class DashboardApp(App[None]):
         self.open_nodes: set[int] = set()  # heatmap nodes shown a row per rank (a large job starts collapsed)
         self.snapshot: Snapshot | None = None
         self.pending_switches: dict[str, AskedSwitch] = {}  # by command id, until rank 0 answers
+        self.answered_switches: set[str] = set()  # command ids whose answer was said: rank 0 answers each resend again
         self.run_is_switchable = True  # False for a run ddpwatch did not start (its hello says so)
         self.notices: deque[tuple[float, str]] = deque(maxlen=6)
         self.held_warnings: tuple[str, ...] = ()  # shown until the dashboard closes (``hold_warning``)
@@ -248,6 +249,7 @@ class DashboardApp(App[None]):
         self.selected_step = self.selected_rank = None
         self.open_nodes.clear()
         self.pending_switches.clear()
+        self.answered_switches.clear()
         self._series_made.clear()
         self._devices_shown = (None, ())
         self.notify_user(f"run {finished.session_id} is over; now watching run {session_id}{where}")
@@ -362,15 +364,22 @@ class DashboardApp(App[None]):
                                  "resent (it lands if rank 0 heard it and a long step or a pause holds it)")
 
     def _acknowledged(self, ack: Ack) -> None:
-        if ack.rank != 0:
+        """Rank 0's answer, said once: to this dashboard's own switch, and to one asked from
+        elsewhere (``ddpwatch switch``, ``tune``, another dashboard), which rank 0's ack names
+        (``Ack.strategy``; an older rank's names none, and is not said: an applied switch still
+        shows as a segment). Before, a switch asked elsewhere and refused showed nowhere here."""
+        if ack.rank != 0 or ack.command_id in self.answered_switches:
             return
         asked = self.pending_switches.pop(ack.command_id, None)
-        if asked is None:
+        strategy = asked.strategy if asked is not None else ack.strategy
+        if not strategy:
             return
+        self.answered_switches.add(ack.command_id)
+        elsewhere = "" if asked is not None else " (asked from elsewhere)"
         if ack.applied:
-            self.notify_user(f"every rank switched to {asked.strategy} at step {ack.step}")
+            self.notify_user(f"every rank switched to {strategy} at step {ack.step}{elsewhere}")
         else:
-            self.notify_user(f"switch to {asked.strategy} refused: {ack.detail}")
+            self.notify_user(f"switch to {strategy}{elsewhere} refused: {ack.detail}")
 
     # -- actions -----------------------------------------------------------------------------------
     def on_ranks_table_rank_selected(self, message: RanksTable.RankSelected) -> None:

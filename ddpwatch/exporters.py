@@ -204,7 +204,7 @@ def segment_loop_collectives_text(seg: dict[str, Any]) -> str:
     longest = max(ranks.items(), key=lambda item: item[1]["loop_collective_ms"], default=None)
     most = f", {longest[1]['loop_collective_ms']:.1f} ms on rank {longest[0]}" if longest is not None and len(ranks) > 1 else ""
     return (f"the loop's own collectives, timed where it issued them (the Trainer's all-gathers, a loss all-reduce, "
-            "a metric gathered to rank 0): "
+            "a metric gathered to rank 0, a mixture of experts' all-to-alls in its forward): "
             f"{seg['loop_collectives']:.3g} a step on a rank, {seg['loop_collective_ms']:.1f} ms a step (mean of ranks{most}), "
             "a wait in them for a slower rank included")
 

@@ -616,17 +616,19 @@ class Attachment:
 
     def _time_loop_collective(self, call: LoopCall, issue: Callable[[], Any]) -> Any:
         """A collective the loop issued on its thread (``collective_stand_ins``), timed as a
-        collective of its kind, ``l<k>``, where a step is open, outside a forward and outside a
-        pause of training (an evaluation's are the pause's); ``NOT_TIMED``, issuing nothing,
-        elsewhere (torch's own function issues it untimed, and it is counted). A synchronous
+        collective of its kind, ``l<k>``, where a step is open and outside a pause of training
+        (an evaluation's are the pause's); ``NOT_TIMED``, issuing nothing, elsewhere (torch's own
+        function issues it untimed, and it is counted). Inside the training forward too: a
+        mixture of experts' all-to-alls, a ``SyncBatchNorm``'s gathers, a blocking span inside the
+        forward's, which the figures take out of its compute (they were counted untimed, their
+        time read as the forward's compute). A synchronous
         one is issued asynchronously, a blocking span, and waited for here; an asynchronous one
         is a span like the ``async`` strategy's, its work handed back to the loop in a wrapper
         whose wait is the step's (``wait_begins``). A step whose update was skipped ends first,
         as at the next forward, so that what the loop issues after it is the next step's.
         ddpwatch's bookkeeping raising never loses the user's collective: issued untimed."""
         timeline = self.timeline
-        if (not self._handles or not timeline.in_step or self._forward_from is not None or self.watch.pausing
-                or not self._on_the_steps_clock(call)):
+        if not self._handles or not timeline.in_step or self.watch.pausing or not self._on_the_steps_clock(call):
             return NOT_TIMED
         if call.kind == BARRIER:
             return self._time_loop_barrier(issue, call.async_op, call.group)

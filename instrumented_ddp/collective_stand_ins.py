@@ -30,9 +30,11 @@ does (``work.wait()``: on the CPU until it completes, on NCCL the current stream
 it), so the user's code sees the same thing. An *asynchronous* one (``ZeroRedundancyOptimizer``'s
 broadcasts in its ``step()``, a loss all-reduced while the next batch loads) is issued as asked
 and timed as the strategies' are, its work handed back in a wrapper whose ``wait()`` is a
-``wait`` span: blocked, not compute (``collectives.WaitedByTheLoop``). Anything in a forward,
-in a pause of training, on another thread, inside ``_coalescing_manager``, or while
-``torch.compile`` traces passes through untimed, and is counted.
+``wait`` span: blocked, not compute (``collectives.WaitedByTheLoop``). One inside the training
+forward (a mixture of experts' all-to-alls, a ``SyncBatchNorm``'s gathers) is the loop's too, a
+blocking span inside the forward's. Anything inside a backward (autograd's: their backward
+all-to-alls, a ``SyncBatchNorm``'s all-reduce), in a pause of training, on another thread, inside
+``_coalescing_manager``, or while ``torch.compile`` traces passes through untimed, and is counted.
 
 The stand-ins are in place while anyone needs them (``stand_in``/``stand_down``) and pass every
 call they do not time to torch's own function, looked up once.
@@ -85,7 +87,7 @@ COLLECTIVES = {name: collective for name, collective in {
     "reduce_scatter": Collective("reduce_scatter", "input_list"),  # a ZeRO written by hand, one tensor a rank
     "reduce_scatter_tensor": Collective("reduce_scatter", "input"),
     "reduce_scatter_single": Collective("reduce_scatter", "input"),
-    "all_to_all": Collective("all_to_all", "input_tensor_list"),  # the loop's (a mixture of experts' inside a forward: untimed)
+    "all_to_all": Collective("all_to_all", "input_tensor_list"),  # the loop's, a mixture of experts' in its forward
     "all_to_all_single": Collective("all_to_all", "input"),
     "gather": Collective("gather", "tensor", per_rank=True),  # an evaluation's predictions to rank 0
     "scatter": Collective("scatter", "tensor", per_rank=True),

@@ -10,6 +10,7 @@ import importlib.util
 import os
 import sys
 import threading
+from dataclasses import replace
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
 from typing import Any
@@ -285,6 +286,68 @@ def test_the_loops_synchronous_collectives_in_its_data_time_are_timed_there_as_c
         (data,) = [s for s in report.spans if s.kind == "data"]
         assert all(data.start <= s.start <= s.end <= data.end for s in report.spans if s.tag.startswith("l"))
     assert [(r.untimed_collectives, r.untimed_in_data) for r in reports] == [(0, 0), (2, 0), (1, 1)]  # DDP's broadcasts; the thread's
+
+
+class ExpertExchange(torch.nn.Module):
+    """A mixture of experts' dispatch and combine around its experts, as most exchange tokens:
+    ``torch.distributed.nn``'s all-to-all, whose backward all-to-alls the gradients back."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.experts = torch.nn.Linear(16, 16)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        from torch.distributed.nn.functional import all_to_all_single
+
+        # the group named at each call: the function's default is the world at its module's first
+        # import, here an earlier test's group, destroyed since (whose counts are no longer read)
+        dispatched = all_to_all_single(torch.empty_like(tokens), tokens, group=dist.group.WORLD)
+        return all_to_all_single(torch.empty_like(tokens), self.experts(dispatched), group=dist.group.WORLD)
+
+
+def test_collectives_inside_the_training_forward_are_timed_there_blocking_and_the_backwards_are_counted(
+        one_rank_group: None, sent: list[Any]) -> None:
+    """A mixture of experts' all-to-alls in its forward (two a step: dispatch, combine) were counted
+    untimed, their time read as the forward's compute. They are the loop's blocking spans inside the
+    forward's, 256 bytes each (4 pooled sequences of 16 float32s), which the step's Compute% leaves
+    out. Their backward's two all-to-alls run inside autograd: still counted untimed, as a
+    SyncBatchNorm's backward all-reduce is. Training is the unwatched loop's, bit for bit."""
+    from attach_helpers import Output, TinyClassifier
+    from instrumented_ddp.step_figures import step_figures
+
+    class ClassifierWithExperts(TinyClassifier):
+        def __init__(self) -> None:
+            super().__init__()
+            self.exchange = ExpertExchange()
+
+        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor) -> Output:
+            logits = self.head(self.exchange(self.body(self.embed(input_ids)).mean(dim=1)))
+            return Output(loss=torch.nn.functional.cross_entropy(logits, labels), logits=logits)
+
+    def run(watched: bool) -> list[torch.Tensor]:
+        torch.manual_seed(0)
+        ddp = torch.nn.parallel.DistributedDataParallel(ClassifierWithExperts(), bucket_cap_mb=0.001)
+        optimizer = torch.optim.AdamW(ddp.parameters(), lr=1e-3)
+        with attached(ddp, optimizer) if watched else contextlib.nullcontext():
+            for step in range(1, 5):
+                optimizer.zero_grad()
+                ddp(**batch(step)).loss.backward()
+                optimizer.step()
+        return [p.detach().clone() for p in ddp.parameters()]
+
+    watched = run(watched=True)
+    assert all(torch.equal(a, b) for a, b in zip(watched, run(watched=False), strict=True))
+    reports = [m for m in sent if isinstance(m, StepReport)]
+    loops = [[(s.kind, s.tag, s.nbytes, s.blocking) for s in r.spans if s.tag.startswith("l")] for r in reports]
+    assert loops == [[("all_to_all", "l0", 256, True), ("all_to_all", "l1", 256, True)]] * 4
+    assert [r.untimed_collectives for r in reports] == [2, 2 + 2, 2, 2]  # the backward's; step 2: DDP's rebuilt buckets too
+    for report in reports:
+        (forward,) = [s for s in report.spans if s.kind == "forward"]
+        exchanges = [s for s in report.spans if s.tag.startswith("l")]
+        assert all(forward.start <= s.start <= s.end <= forward.end for s in exchanges)
+        share = 100.0 * sum(s.end - s.start for s in exchanges) / (report.end - report.start)
+        untimed = replace(report, spans=[s for s in report.spans if s not in exchanges])  # as it read before
+        assert step_figures(untimed).compute_pct - step_figures(report).compute_pct == pytest.approx(share, abs=1e-6)
 
 
 def _users_module(folder: Path, name: str) -> ModuleType:

@@ -819,5 +819,5 @@ def test_the_loops_own_timed_collectives_are_given_per_segment_with_the_rank_tha
     assert [segment["per_rank"][rank]["loop_collective_ms"] for rank in sorted(segment["per_rank"])] == pytest.approx([40.0, 1.0])
     assert segment["all_reduce_calls"] == pytest.approx(1.0)  # DDP's bucket alone
     assert ("- segment 0: the loop's own collectives, timed where it issued them (the Trainer's all-gathers, a loss "
-            "all-reduce, a metric gathered to rank 0): 1 a step on a rank, 20.5 ms a step (mean of ranks, 40.0 ms on rank 0), a wait in them for a "
+            "all-reduce, a metric gathered to rank 0, a mixture of experts' all-to-alls in its forward): 1 a step on a rank, 20.5 ms a step (mean of ranks, 40.0 ms on rank 0), a wait in them for a "
             "slower rank included") in exporters.summary_markdown(data)

@@ -14,7 +14,8 @@
 #                                       # keeps an average of the weights in watch.computing: CUDA events);
 #                                       # ddp-zero (by name): torch's ZeroRedundancyOptimizer, its asynchronous
 #                                       # broadcasts timed as the loop's and its waits blocked time (these three first
-#                                       # on NCCL 2026-11-29: about 200 s together)
+#                                       # on NCCL 2026-11-29: about 200 s together); ddp-experts (by name): a
+#                                       # mixture of experts' all-to-alls timed inside the forward (never yet on NCCL)
 #   bash bench/gpu_session.sh memory    # bench/memory_staircase.py --step-peak on the GPU, 2 ranks sharing it, at
 #                                       # 25 and 1 MB: what each strategy holds and what sets its step's peak
 #   bash bench/gpu_session.sh overhead  # bench/overhead.py at the doctor's training shape for what the doctor does not
@@ -28,7 +29,7 @@
 # dill, multiprocess for Python 3.12; bench/gpu_wheels.sh makes them here) are installed into /tmp/site first. Logs go to $OUT (the device
 # tool's folder that comes back), or /tmp/gpu-session elsewhere.
 set -u
-usage="usage: bash bench/gpu_session.sh doctor | attach [fsdp2] [hsdp] [ddp-compiled] [hf-ddp] [hf-fsdp] [ddp-fp16] [ddp-powersgd] [ddp-zero] | memory | overhead (several of doctor, memory, overhead: in turn)"
+usage="usage: bash bench/gpu_session.sh doctor | attach [fsdp2] [hsdp] [ddp-compiled] [hf-ddp] [hf-fsdp] [ddp-fp16] [ddp-powersgd] [ddp-zero] [ddp-experts] | memory | overhead (several of doctor, memory, overhead: in turn)"
 [ $# -gt 0 ] || { echo "$usage" >&2; exit 2; }
 if [ "$1" != attach ]; then
     for mode in "$@"; do
@@ -113,7 +114,7 @@ if [ "$1" != attach ]; then
     done
     exit 0
 fi
-# attach [fsdp2] [hsdp] [ddp-compiled] [hf-ddp] [hf-fsdp] [ddp-fp16] [ddp-powersgd] [ddp-zero]: the first three when none is named
+# attach [fsdp2] [hsdp] [ddp-compiled] [hf-ddp] [hf-fsdp] [ddp-fp16] [ddp-powersgd] [ddp-zero] [ddp-experts]: the first three when none is named
 runs=("${@:2}"); [ ${#runs[@]} -eq 0 ] && runs=(fsdp2 hsdp ddp-compiled)
 for run in "${runs[@]}"; do
     case $run in
@@ -127,6 +128,8 @@ for run in "${runs[@]}"; do
     ddp-powersgd) SAVES_FINAL=1 attached ddp-powersgd 2 examples/plain_ddp.py --steps 20 --width 2048 --layers 8 --batch-size 512 \
         --comm-hook powersgd ;;
     ddp-zero) SAVES_FINAL=1 attached ddp-zero 2 examples/plain_ddp.py --steps 20 --width 2048 --layers 8 --batch-size 512 --zero ;;
+    ddp-experts) SAVES_FINAL=1 attached ddp-experts 2 examples/plain_ddp.py --steps 20 --width 2048 --layers 8 --batch-size 512 \
+        --experts ;;
     *) echo "unknown run $run" >&2; exit 2 ;;
     esac
 done

@@ -9,6 +9,7 @@ PyTorch's DDP tutorial loop, watched by ddpwatch with one added line (``instrume
     torchrun --nproc_per_node=2 examples/plain_ddp.py --comm-hook fp16     # DDP's gradient compression hook
     torchrun --nproc_per_node=2 examples/plain_ddp.py --zero               # ZeRO-1: PyTorch's ZeroRedundancyOptimizer
     torchrun --nproc_per_node=2 examples/plain_ddp.py --ema 0.999          # an average of the weights, marked as compute
+    torchrun --nproc_per_node=2 examples/plain_ddp.py --experts            # a mixture of experts' all-to-alls in the forward
 
 The model is the tutorial's ToyModel made deeper (``--layers``) so that DDP has several buckets
 to show; the data is random, the same on every run. Everything but the ``attach`` and ``detach``
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import os
 from contextlib import nullcontext
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -41,11 +43,43 @@ COMM_HOOKS = {"fp16": default_hooks.fp16_compress_hook, "bf16": default_hooks.bf
               "powersgd": powerSGD_hook.powerSGD_hook}
 
 
-class ToyModel(nn.Module):
-    def __init__(self, width: int, layers: int) -> None:
+class AllToAll(torch.autograd.Function):
+    """An equal share of a rank's tokens to every rank, as a mixture of experts dispatches them
+    (and combines them back): ``dist.all_to_all_single`` forward and, for the gradients, backward,
+    as Megatron's and DeepSpeed's expert layers write it."""
+
+    @staticmethod
+    def forward(ctx: Any, tokens: torch.Tensor) -> torch.Tensor:
+        exchanged = torch.empty_like(tokens)
+        dist.all_to_all_single(exchanged, tokens.contiguous())
+        return exchanged
+
+    @staticmethod
+    def backward(ctx: Any, gradient: torch.Tensor) -> torch.Tensor:
+        exchanged = torch.empty_like(gradient)
+        dist.all_to_all_single(exchanged, gradient.contiguous())
+        return exchanged
+
+
+class ExpertExchange(nn.Module):
+    """A layer reached through a mixture of experts' communication, with uniform routing: its
+    tokens are dispatched to every rank, computed, and combined back, two all-to-alls in the
+    forward and two in the backward. The layer here is replicated and averaged by DDP like the
+    rest, where a real expert layer keeps each rank's own experts: the traffic is what it shows."""
+
+    def __init__(self, layer: nn.Module) -> None:
         super().__init__()
-        self.net = nn.Sequential(nn.Linear(10, width), nn.ReLU(),
-                                 *(m for _ in range(layers) for m in (nn.Linear(width, width), nn.ReLU())))
+        self.layer = layer
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return AllToAll.apply(self.layer(AllToAll.apply(tokens)))
+
+
+class ToyModel(nn.Module):
+    def __init__(self, width: int, layers: int, experts: bool = False) -> None:
+        super().__init__()
+        hidden = (ExpertExchange(nn.Linear(width, width)) if experts else nn.Linear(width, width) for _ in range(layers))
+        self.net = nn.Sequential(nn.Linear(10, width), nn.ReLU(), *(m for layer in hidden for m in (layer, nn.ReLU())))
         self.head = nn.Linear(width, 5)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -86,6 +120,9 @@ def main() -> None:
     parser.add_argument("--comm-hook", choices=sorted(COMM_HOOKS), default=None,
                         help="register this DDP communication hook before attach (bf16: NCCL only; PowerSGD: rank 1, "
                              "compressing from step 4, so that --profile's steps 4-8 are compressed ones; on gloo with every gradient in one bucket)")
+    parser.add_argument("--experts", action="store_true",
+                        help="reach each hidden layer through a mixture of experts' all-to-alls (dispatch, combine: uniform "
+                             "routing), which ddpwatch times inside the forward; --batch-size must divide by the ranks")
     parser.add_argument("--zero", action="store_true",
                         help="shard the optimizer with PyTorch's ZeroRedundancyOptimizer (ZeRO-1 over the same SGD): "
                              "each step then broadcasts every rank's updated parameters")
@@ -116,6 +153,10 @@ def main() -> None:
         parser.error(f"--compile {args.compile}: torch.compile has no such backend (inductor, aot_eager, ...: "
                      "torch._dynamo.list_backends(exclude_tags=()) lists them)")
 
+    ranks = int(os.environ.get("WORLD_SIZE", "1"))
+    if args.experts and args.batch_size % ranks:  # else each rank's all_to_all_single error at the first forward
+        parser.error(f"--experts sends every rank an equal share of each batch: --batch-size {args.batch_size} does not "
+                     f"divide by {ranks} ranks")
     on_gpu = torch.cuda.is_available()
     if problem := comm_hook_problem(args.comm_hook, on_gpu, args.bucket_mb, ToyModel(args.width, args.layers)):
         parser.error(problem)  # else each rank's traceback, or gloo's abort on mismatched collectives
@@ -127,7 +168,7 @@ def main() -> None:
         torch.cuda.set_device(device)
 
     torch.manual_seed(0)
-    model = ToyModel(args.width, args.layers).to(device)
+    model = ToyModel(args.width, args.layers, args.experts).to(device)
     ddp_model = DDP(model, device_ids=[device.index] if on_gpu else None, bucket_cap_mb=args.bucket_mb)
     if args.comm_hook == "powersgd":
         ddp_model.register_comm_hook(powerSGD_hook.PowerSGDState(None, matrix_approximation_rank=1, start_powerSGD_iter=3),

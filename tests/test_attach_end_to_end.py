@@ -367,3 +367,27 @@ def test_the_trainer_example_run_as_one_process_trains_unwatched_saying_why_and_
     assert "'train_loss'" in out  # the Trainer's own end-of-training log: it ran its three steps
     final = torch.load(tmp_path / "final.pt")
     assert final and all(isinstance(tensor, torch.Tensor) for tensor in final.values())
+
+
+def test_a_mixture_of_experts_all_to_alls_are_timed_inside_the_forward_on_every_rank(tmp_path: Path) -> None:
+    """``plain_ddp.py --experts``: each of its 2 hidden layers reached through a dispatch and a combine
+    all-to-all, 4 a step in the forward, each a blocking span of the loop's inside the forward's on
+    both ranks (counted untimed before, read as forward compute); the backward's 4 counted untimed
+    (and DDP's 2 rebuilt-bucket broadcasts in step 2). Watched, the final parameters are the unwatched run's."""
+    command = [str(REPO_ROOT / "examples" / "plain_ddp.py"), "--experts", "--steps", "6", "--layers", "2", "--width", "64"]
+    with Recorder(tmp_path / "session", "--idle-exit", "20") as recorder:
+        watched = run_as_torchrun_would([*command, "--watch", recorder.address, "--save-final", str(tmp_path / "watched.pt")])
+        assert watched.returncode == 0, watched.stderr[-3000:]
+        recorder.wait()
+    unwatched = run_as_torchrun_would([*command, "--no-watch", "--save-final", str(tmp_path / "unwatched.pt")])
+    assert unwatched.returncode == 0, unwatched.stderr[-3000:]
+    final = [torch.load(tmp_path / f"{run}.pt") for run in ("watched", "unwatched")]
+    assert final[0].keys() == final[1].keys() and all(torch.equal(final[0][k], final[1][k]) for k in final[0])
+    session = load_session(tmp_path / "session" / "session.ddpwatch")
+    for step in range(1, 7):
+        for rank, report in session.reports[step].items():
+            (forward,) = [s for s in report.spans if s.kind == "forward"]
+            exchanges = [s for s in report.spans if s.tag.startswith("l")]
+            assert [(s.kind, s.tag, s.blocking) for s in exchanges] == [("all_to_all", f"l{k}", True) for k in range(4)], (step, rank)
+            assert all(forward.start <= s.start <= s.end <= forward.end for s in exchanges), (step, rank)
+            assert report.untimed_collectives == 4 + 2 * (step == 2), (step, rank)

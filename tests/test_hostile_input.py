@@ -141,6 +141,18 @@ def test_an_example_refuses_a_wrong_flag_in_one_line_before_any_process_group(
     assert capsys.readouterr().err.strip().splitlines()[-1] == f"{example}: error: {message}"
 
 
+def test_experts_whose_batch_does_not_split_over_the_ranks_is_refused_in_one_line(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Each rank's all_to_all_single raised at the first forward instead."""
+    monkeypatch.setenv("WORLD_SIZE", "2")  # as torchrun --nproc_per_node=2 sets it
+    monkeypatch.setattr(sys, "argv", ["plain_ddp.py", "--experts", "--batch-size", "31"])
+    with pytest.raises(SystemExit) as exited:
+        runpy.run_path(str(REPO_ROOT / "examples" / "plain_ddp.py"), run_name="__main__")
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "plain_ddp.py: error: --experts sends every rank an equal share of each batch: --batch-size 31 does not divide by 2 ranks")
+
+
 @pytest.mark.parametrize(
     ("argv", "said"),
     [

@@ -34,17 +34,17 @@ from ddpwatch.session_file import read_session_file, session_file_in  # noqa: E4
 from ddpwatch.tune import TUNE_FILE_NAME  # noqa: E402
 
 
-def predicted_ms(session: Session, cap_mb: float, profile_steps: int, first_rank_only: bool) -> float | None:
+def predicted_ms(session: Session, cap_mb: float, profile_steps: int, first_rank_only: bool, slowed: bool = True) -> float | None:
     """``advice_for_session``'s prediction at ``cap_mb``, its profile read over ``profile_steps``
     counted steps, as shipped or from the first rank alone."""
     by_rank, offsets = recent_profile_steps(session, session.segments[-1], profile_steps)
     if first_rank_only:
         by_rank = [{min(reports): reports[min(reports)]} for reports in by_rank]
-    advice = advice_for_session(session, caps=[max(1, int(cap_mb * MIB))], profile=(by_rank, offsets))
+    advice = advice_for_session(session, caps=[max(1, int(cap_mb * MIB))], profile=(by_rank, offsets), slowed=slowed)
     return advice.predictions[0].step_s * 1e3 if isinstance(advice, Advice) else None
 
 
-def replay(directory: Path, steps_per_size: int, profile_steps: int, first_rank_only: bool) -> list[float]:
+def replay(directory: Path, steps_per_size: int, profile_steps: int, first_rank_only: bool, slowed: bool = True) -> list[float]:
     """Print one sweep's caps, predicted against measured; returns the |errors|."""
     caps = json.loads((directory / TUNE_FILE_NAME).read_text())["caps"]  # in the order run
     order = [float(c["cap_mb"]) for c in caps]
@@ -63,7 +63,7 @@ def replay(directory: Path, steps_per_size: int, profile_steps: int, first_rank_
             continue
         predicted_from.add(k)
         for cap in ([order[0]] if k == 0 else []) + ([order[k + 1]] if k + 1 < len(order) else []):
-            predicted[cap] = predicted_ms(session, cap, profile_steps, first_rank_only)
+            predicted[cap] = predicted_ms(session, cap, profile_steps, first_rank_only, slowed)
     errors = []
     print(f"{directory}:")
     for row in caps:
@@ -86,13 +86,15 @@ def main() -> None:
     parser.add_argument("--steps-per-size", type=int, default=10, help="tune's --steps-per-size in those sweeps")
     parser.add_argument("--profile-steps", type=int, default=PROFILE_STEPS, help="counted steps the profile is read over")
     parser.add_argument("--first-rank-only", action="store_true", help="read the profile from the first rank alone")
+    parser.add_argument("--unslowed", action="store_true",
+                        help="replay backward as measured, not slowed by the all-reduces beside it (as before compute_slowdown)")
     args = parser.parse_args()
     missing = [str(d) for d in args.sweeps if not (d / TUNE_FILE_NAME).is_file()]
     if missing:
         parser.error(f"no {TUNE_FILE_NAME} in {', '.join(missing)}: give directories written by ddpwatch tune")
     every, per_sweep = [], []
     for directory in args.sweeps:
-        errors = replay(directory, args.steps_per_size, args.profile_steps, args.first_rank_only)
+        errors = replay(directory, args.steps_per_size, args.profile_steps, args.first_rank_only, not args.unslowed)
         every += errors
         if errors:
             per_sweep.append(statistics.median(errors))

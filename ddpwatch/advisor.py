@@ -30,6 +30,7 @@ from typing import Any
 from instrumented_ddp.bucket_plan import DDP_DEFAULT_FIRST_BUCKET_BYTES, TensorSize
 from instrumented_ddp.protocol import READY_KIND, Hello, StepReport, is_barrier_wait
 
+from .compute_slowdown import SlowdownFit, fit_slowdown, quiet_time
 from .bucket_sim import MIB, BackwardProfile, Prediction, best, cap_grid, describe, simulate, sweep
 from .cost_model import CostModel, StepCollectives, TransferMemory, TransferSample, call_sizes, fit_cost_model, transfer_samples_of
 from .metrics import ClockAlignment, Groups, all_reduce_ranks, call_times, counted
@@ -52,10 +53,12 @@ def layout_tensors(parameter_layout: Sequence[tuple[str, int, str]]) -> tuple[Te
     return tuple(TensorSize(numel * ITEM_BYTES.get(dtype, 4), dtype) for _, numel, dtype in parameter_layout)
 
 
-def ready_times(report: StepReport, tensors: Sequence[TensorSize], bucket_layout: Sequence[Sequence[int]] = ()
-                ) -> tuple[list[float], float] | None:
+def ready_times(report: StepReport, tensors: Sequence[TensorSize], bucket_layout: Sequence[Sequence[int]] = (),
+                lost_share: float = 0.0) -> tuple[list[float], float] | None:
     """Each tensor's gradient-ready time from the start of the backward that communicated, and
-    that start on the rank's clock; None when the report has no marks or leaves a tensor out."""
+    that start on the rank's clock; None when the report has no marks or leaves a tensor out.
+    ``lost_share``: of backward's compute, the share lost while an all-reduce ran beside it
+    (``compute_slowdown``), taken out of each mark: the times backward would have had alone."""
     marks = sorted((s for s in report.spans if s.kind == READY_KIND), key=lambda s: s.start)
     backwards = [s for s in report.spans if s.kind == "backward" and marks and s.start <= marks[0].start]
     if not marks or not backwards:
@@ -65,7 +68,7 @@ def ready_times(report: StepReport, tensors: Sequence[TensorSize], bucket_layout
     unmarked = list(reversed(range(len(tensors))))  # DDP's order, where no layout says otherwise
     previous = 0.0
     for mark in marks:
-        at = mark.start - origin
+        at = quiet_time(mark.start - origin, report, origin, lost_share)
         number = int(mark.tag[1:]) if mark.tag[1:].isdigit() else -1
         if mark.tag.startswith("p") and 0 <= number < len(tensors):
             members = [number]
@@ -93,7 +96,8 @@ def ready_times(report: StepReport, tensors: Sequence[TensorSize], bucket_layout
 
 def backward_profile(steps: Sequence[Mapping[int, StepReport]], tensors: Sequence[TensorSize],
                      bucket_layout: Sequence[Sequence[int]] = (), reference: int | None = None,
-                     offsets: Mapping[int, float] | None = None, groups: Groups | None = None) -> BackwardProfile | None:
+                     offsets: Mapping[int, float] | None = None, groups: Groups | None = None,
+                     lost_share: float = 0.0) -> BackwardProfile | None:
     """The median over ``steps`` (each a step's reports by rank) of each tensor's ready time, of
     the end of backward's compute (the last gradient) and of the step's other time, all read on
     ``reference``'s clock (default: each step's lowest rank), each rank's time put on it by
@@ -104,7 +108,8 @@ def backward_profile(steps: Sequence[Mapping[int, StepReport]], tensors: Sequenc
     over each report's spans.) With ``groups`` (who meets whom) that rank is looked for in the
     reference's own group: a bucket's all-reduce waits for the ranks it joins, not for a slow
     rank of another group. A step the reference did not report, or whose reference report has
-    no marks, is left out."""
+    no marks, is left out. ``lost_share``: the ready times are those of backward alone
+    (``ready_times``), and the profile carries it for the simulator to slow them again."""
     offsets = offsets or {}
     per_step: list[list[float]] = []
     others: list[float] = []
@@ -113,17 +118,17 @@ def backward_profile(steps: Sequence[Mapping[int, StepReport]], tensors: Sequenc
         if own is None or own not in reports:
             continue
         report = reports[own]
-        found = ready_times(report, tensors, bucket_layout)
+        found = ready_times(report, tensors, bucket_layout, lost_share)
         if found is None:
             continue
         ready, origin = found
-        tail = [origin + max(ready)] + [s.end for s in report.spans if s.end > origin and (
+        tail = [max(span.start for span in report.spans if span.kind == READY_KIND)] + [s.end for s in report.spans if s.end > origin and (
             s.kind == "all_reduce" or (s.kind == "wait" and not is_barrier_wait(s)))]  # a barrier's wait: the loop's, fixed
         others.append(max(0.0, (report.end - report.start) - (max(tail) - origin)))
         group = next((members for members in groups or () if own in members), None)
         meeting = reports if group is None else {rank: reports[rank] for rank in group if rank in reports}
         last = _rank_whose_backward_ended_last(meeting, own, offsets)
-        theirs = ready_times(reports[last], tensors, bucket_layout) if last is not None else None
+        theirs = ready_times(reports[last], tensors, bucket_layout, lost_share) if last is not None else None
         if last is not None and theirs is not None:
             shift = theirs[1] + offsets.get(last, 0.0) - (origin + offsets.get(own, 0.0))
             ready = [max(mine, shift + t) for mine, t in zip(ready, theirs[0], strict=True)]
@@ -131,7 +136,7 @@ def backward_profile(steps: Sequence[Mapping[int, StepReport]], tensors: Sequenc
     if not per_step:
         return None
     ready_s = tuple(statistics.median(times) for times in zip(*per_step, strict=True))
-    return BackwardProfile(tuple(tensors), ready_s, max(ready_s), statistics.median(others))
+    return BackwardProfile(tuple(tensors), ready_s, max(ready_s), statistics.median(others), lost_share)
 
 
 def _rank_whose_backward_ended_last(reports: Mapping[int, StepReport], own: int, offsets: Mapping[int, float]) -> int | None:
@@ -181,6 +186,8 @@ class Advice:
     measured: tuple[MeasuredCap, ...]
     words: str  # what limits the step at the current cap
     remembered: int = 0  # of the model's samples, those of sizes only earlier steps issued
+    #: How the all-reduces slow backward, fitted over the caps run (None: not yet two caps apart).
+    slowdown: SlowdownFit | None = None
 
     @property
     def gain(self) -> float:
@@ -200,7 +207,7 @@ def advise(*, strategy: str, cap_mb: float, backend: str, world_size: int, profi
            bucket_layout: Sequence[Sequence[int]] = (), measured: Sequence[MeasuredCap] = (),
            caps: Sequence[int] | None = None, offsets: Mapping[int, float] | None = None,
            groups: Groups | None = None, memory: TransferMemory | None = None, switchable: bool = True,
-           first_bucket_mb: float | None = None) -> Advice | str:
+           first_bucket_mb: float | None = None, slowdown: SlowdownFit | None = None) -> Advice | str:
     """The sweep for the run as it is now, or a line saying what is missing. ``profile_steps``:
     recent steps' reports by rank, read on their lowest rank's clock (``offsets``: see
     ``backward_profile``). ``groups``: who meets whom in the all-reduces (None, the world): the
@@ -210,13 +217,16 @@ def advise(*, strategy: str, cap_mb: float, backend: str, world_size: int, profi
     ``switchable``: the run can be switched to another cap (else it is told to restart with one).
     ``first_bucket_mb``: the run's DDP caps its first bucket below the rest (``bucket_cap_mb`` not
     given: 1 MiB), simulated at the run's own cap; any other cap is one a run given it would take,
-    every bucket alike, but PyTorch's default, which is 25 MB after a first bucket of 1 MiB."""
+    every bucket alike, but PyTorch's default, which is 25 MB after a first bucket of 1 MiB.
+    ``slowdown``: how the run's all-reduces slow backward (``compute_slowdown``); without it,
+    backward is replayed as measured."""
     if strategy not in ADVISED_STRATEGIES:
         return f"the advisor predicts bucket and ddp runs; this segment is {strategy}: switch to bucket to see it"
     tensors = layout_tensors(parameter_layout)
     if not tensors:
         return "waiting for the ranks' hello (the model's parameter layout)"
-    profile = backward_profile(profile_steps, tensors, bucket_layout, offsets=offsets, groups=groups)
+    profile = backward_profile(profile_steps, tensors, bucket_layout, offsets=offsets, groups=groups,
+                               lost_share=slowdown.lost_share if slowdown is not None else 0.0)
     if profile is None:
         return "waiting for a step with gradient-ready marks (steps after the first of a segment)"
     samples = transfer_samples_of(fit_steps, world_size, groups)
@@ -242,7 +252,7 @@ def advise(*, strategy: str, cap_mb: float, backend: str, world_size: int, profi
     if current.step_s <= top.step_s * 1.01:
         words = f"the current cap is within 1 % of the predicted best; {words}"
     return Advice(strategy, options["workers"], current, default, top, tuple(predictions), model, tuple(measured), words,
-                  len(remembered))
+                  len(remembered), slowdown)
 
 
 def keep_shown_best(advice: Advice, shown_cap: int | None, within: float = KEEP_BEST_WITHIN) -> Advice:
@@ -288,11 +298,14 @@ def why_no_model(samples: Sequence[TransferSample], meeting: int, cap_mb: float 
 
 
 def advice_for_session(session: Session, caps: Sequence[int] | None = None,
-                       profile: tuple[list[dict[int, StepReport]], dict[int, float]] | None = None) -> Advice | str:
+                       profile: tuple[list[dict[int, StepReport]], dict[int, float]] | None = None,
+                       slowed: bool = True) -> Advice | str:
     """``advise`` on what a session holds: the current segment's strategy and cap, its recent
     counted reports by rank for the profile (``recent_profile_steps``, unless ``profile`` gives
     them read another way: ``bench/advisor_replay.py``), the recent steps every rank reported
-    for the cost model, and each bucket/ddp segment's median step as a measured cap."""
+    for the cost model, each bucket/ddp segment's median step as a measured cap, and how the
+    caps run so far slowed backward (``slowed=False``: backward as measured, as the advisor read
+    it before: ``bench/advisor_replay.py --unslowed``)."""
     if not session.segments:
         return "waiting for the run's first steps"
     segment = session.segments[-1]
@@ -316,7 +329,8 @@ def advice_for_session(session: Session, caps: Sequence[int] | None = None,
                   backend=hello.backend, world_size=session.world_size, profile_steps=profile_steps,
                   fit_steps=fit_steps, parameter_layout=hello.parameter_layout, bucket_layout=hello.bucket_layout,
                   measured=measured_caps(session), caps=caps, offsets=offsets, groups=session.all_reduce_groups(),
-                  memory=session.transfer_memory, switchable=hello.switchable)
+                  memory=session.transfer_memory, switchable=hello.switchable,
+                  slowdown=fit_slowdown(session.slowdown_memory.by_segment()) if slowed else None)
 
 
 def recent_profile_steps(session: Session, segment: Segment, count: int = PROFILE_STEPS

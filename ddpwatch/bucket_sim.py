@@ -7,6 +7,13 @@ and every earlier bucket has launched, and its all-reduce costs what the run's f
 ``CostModel`` says, on the backend's FIFO workers (NCCL: one stream; gloo: its worker threads).
 Too small a cap pays the latency per call many times; too large a cap leaves one large
 all-reduce exposed after backward. Pure: no torch, no UI.
+
+Communication also slows the compute it overlaps, where the two share a resource (two CPU ranks
+on two cores: gloo's threads take the cores backward runs on; a GPU: NCCL's kernels take SMs).
+The profile says by how much, as the share of backward's compute lost while an all-reduce runs
+(``BackwardProfile.lost_share``, measured from the run's own caps: ``compute_slowdown``):
+backward is replayed as compute done at a rate lowered while transfers run, so a small cap that
+hides its all-reduces inside backward also lengthens backward.
 """
 
 from __future__ import annotations
@@ -31,8 +38,11 @@ class BackwardProfile:
 
     tensors: tuple[TensorSize, ...]  # the trainable parameters, module order
     ready_s: tuple[float, ...]  # per tensor, when its gradient was ready, from backward's start
-    backward_s: float  # backward's compute, start to last gradient
+    backward_s: float  # backward's compute, start to last gradient, with nothing all-reduced beside it
     other_s: float = 0.0  # the rest of the step (data, forward, optimizer)
+    #: The share of backward's compute lost while an all-reduce runs beside it (0: communication
+    #: does not slow compute; ``ready_s`` and ``backward_s`` are then as measured).
+    lost_share: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -43,6 +53,7 @@ class Prediction:
     calls: int
     bucket_bytes: tuple[int, ...]  # in launch order
     extrapolated: bool  # a bucket size the cost model never saw
+    backward_s: float = 0.0  # backward's compute as replayed at this cap, slowed by the transfers beside it
 
     @property
     def cap_mb(self) -> float:
@@ -63,19 +74,57 @@ def simulate(profile: BackwardProfile, model: CostModel, cap_bytes: int, *, rule
     else:
         raise ValueError(f"rule must be 'bucket' or 'ddp', not {rule!r}")
     free_at = [0.0] * max(1, workers)
-    launched, comm_end = 0.0, 0.0
+    backward = SlowedBackward(profile.lost_share)
+    comm_end = 0.0
     sizes = []
     for bucket in plan:
         nbytes = sum(profile.tensors[i].nbytes for i in bucket)
         sizes.append(nbytes)
-        launched = max(launched, max(profile.ready_s[i] for i in bucket))  # in order, once all its gradients are
+        launched = backward.reach(max(profile.ready_s[i] for i in bucket))  # in order, once all its gradients are
         start = max(launched, heapq.heappop(free_at))
         end = start + model.seconds(nbytes)
         heapq.heappush(free_at, end)
+        backward.transfer(start, end)
         comm_end = max(comm_end, end)
-    exposed = max(0.0, comm_end - profile.backward_s)
-    return Prediction(cap_bytes, profile.other_s + profile.backward_s + exposed, exposed, len(plan), tuple(sizes),
-                      any(model.extrapolated(n) for n in sizes))
+    backward_end = backward.reach(profile.backward_s)
+    exposed = max(0.0, comm_end - backward_end)
+    return Prediction(cap_bytes, profile.other_s + backward_end + exposed, exposed, len(plan), tuple(sizes),
+                      any(model.extrapolated(n) for n in sizes), backward_end)
+
+
+class SlowedBackward:
+    """Backward's clock: compute done (in seconds of undisturbed backward) against wall time, at
+    ``1 - lost_share`` of full speed while any transfer runs beside it, so a transfer of 10 ms
+    wholly inside backward delays every gradient after it by ``lost_share`` · 10 ms. With nothing
+    lost, wall time is compute time. Calls must ask for compute in order (``reach``), as buckets
+    launch in order."""
+
+    def __init__(self, lost_share: float = 0.0) -> None:
+        self.lost_share = lost_share
+        self.wall_s = 0.0
+        self.done_s = 0.0
+        self._transfers: list[tuple[float, float]] = []  # start, end
+
+    def transfer(self, start_s: float, end_s: float) -> None:
+        if self.lost_share > 0 and end_s > start_s:
+            self._transfers.append((start_s, end_s))
+
+    def reach(self, compute_s: float) -> float:
+        """The wall time at which backward has done ``compute_s`` of its compute (or now, where
+        it has already)."""
+        while self.done_s < compute_s:
+            self._transfers = [t for t in self._transfers if t[1] > self.wall_s]  # those ended no longer slow it
+            running = any(start <= self.wall_s for start, _ in self._transfers)
+            speed = 1.0 - self.lost_share if running else 1.0
+            change = min((edge for start, end in self._transfers for edge in (start, end) if edge > self.wall_s),
+                         default=math.inf)
+            if self.wall_s + (compute_s - self.done_s) / speed <= change:
+                self.wall_s += (compute_s - self.done_s) / speed
+                self.done_s = compute_s
+            else:
+                self.done_s += (change - self.wall_s) * speed
+                self.wall_s = change
+        return self.wall_s
 
 
 def cap_grid(current_cap_bytes: int | None = None) -> list[int]:

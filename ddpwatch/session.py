@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 
 from ddpwatch import accumulation, metrics
 from ddpwatch.compact import NO_SPANS, PackedSpans, StepSet, TagSequences
+from ddpwatch.compute_slowdown import MEASURED_STRATEGIES, SlowdownMemory, backward_beside
 from ddpwatch.cost_model import StepCollectives, TransferMemory, call_sizes
 from ddpwatch.evaluations import Evaluations
 from instrumented_ddp.protocol import (
@@ -246,6 +247,7 @@ class Session:
         self.segments: list[Segment] = []
         self.acks: list[Ack] = []
         self.transfer_memory = TransferMemory()  # the advisor's transfers of sizes its recent steps lack
+        self.slowdown_memory = SlowdownMemory()  # each bucketed segment's backward beside its all-reduces
         self.rejected: Counter[str] = Counter()
         #: What the last message that passed every check and still raised as it was folded raised
         #: (``rejected["unfoldable"]`` counts them): said on the dashboard, so a fault is seen.
@@ -569,6 +571,18 @@ class Session:
                 segment.folded.regroup(self.world_size, self.all_reduce_groups())
             segment.folded.add_step(figures, self.counted_calls(step), self.step_waits(step)[0])
         self.transfer_memory.add_step(self.step_collectives(step), self.world_size, self.all_reduce_groups())
+        if segment is not None and segment.strategy in MEASURED_STRATEGIES:
+            self._remember_backward_beside(step, segment.index)
+
+    def _remember_backward_beside(self, step: int, segment: int) -> None:
+        """The step's first rank's backward and the bytes all-reduced beside it, for the advisor's
+        compute slowdown (``compute_slowdown``): one pass over that report's spans."""
+        reports = self.reports.get(step, {})
+        first = min(reports, default=None)
+        if first is None or not metrics.counted(reports[first]):
+            return
+        if (point := backward_beside(reports[first])) is not None:
+            self.slowdown_memory.add(segment, point)
 
     def step_figures(self, step: int) -> dict[int, metrics.StepFigures]:
         """Each rank's figures for a kept step, computed once as its report arrived (the fold, the

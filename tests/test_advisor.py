@@ -24,6 +24,7 @@ from ddpwatch.cost_model import StepCollectives, transfer_samples_of
 from ddpwatch.session import Session
 from instrumented_ddp.protocol import Envelope, Hello, Span, StepReport
 from instrumented_ddp.step_figures import summarize
+from test_compute_slowdown import two_bucket_step
 
 MIB = 1024 * 1024
 LAYOUT = [(f"layer{i}.weight", MIB // 4, "float32") for i in range(4)]  # four 1 MiB tensors
@@ -503,3 +504,52 @@ def test_an_attached_ddp_with_its_own_communication_hook_is_told_the_advisor_doe
                            received_at=0.0)
     assert advice_for_session(session) == ("this run's DDP communicates through a hook of its own, fp16_compress_hook, which "
                                            "the advisor does not model: it replays DDP's own all-reduce of each whole bucket")
+
+
+def test_the_caps_run_say_how_much_the_all_reduces_slow_backward_and_each_is_predicted_as_measured() -> None:
+    """Two segments of the same 90 ms forward. At 4 MB one bucket after backward: backward's 40 ms
+    alone, the step 170 ms. At 2 MB b0's 2 MiB all-reduce runs beside backward and backward ends
+    at 46 ms, the step 172 ms (``test_compute_slowdown.two_bucket_step``). Backward / forward:
+    0.444 with nothing beside it, 0.511 with b0's 16 ms all-reduce (0.178 forward) beside it:
+    6 ms more in 16, so 0.375 of the compute is lost while an all-reduce runs. Read from the
+    2 MB segment, b1's mark at 46 ms comes back to 40 alone and the sweep gives each cap the step it measured: 4 MB 110 + 40 + 20
+    = 170 ms, the best; 2 MB 172 (``test_bucket_sim``). Replayed as measured instead (as before),
+    4 MB read 110 + 46 + 20 = 176 ms, and 2 MB looked the better by 4 ms."""
+    session = Session()
+
+    def hello(rank: int, cap_mb: float, layout: list[list[int]]) -> Envelope:
+        return Envelope(Hello(rank, 2, "s", "h", 1, "cpu", "nccl", "bucket", {"bucket_mb": cap_mb, "grad_accum": 1}, 4 * MIB,
+                              parameter_layout=LAYOUT, bucket_layout=layout), rank, 0, 0)
+
+    def one_bucket(rank: int, step: int) -> StepReport:
+        spans = [Span("forward", 0.01, 0.1), Span("backward", 0.1, 0.16), Span("ready", 0.14, 0.14, False, 4 * MIB, "b0"),
+                 Span("all_reduce", 0.14, 0.16, False, 4 * MIB, "b0", "float32"), Span("wait", 0.14, 0.16, True),
+                 Span("optimizer", 0.16, 0.17)]
+        return StepReport(rank=rank, step=step, strategy="bucket", settings={"bucket_mb": 4.0}, start=0.0, end=0.17,
+                          spans=spans, samples=4, tokens=0)
+
+    for rank in (0, 1):
+        session.ingest(hello(rank, 4.0, [[3, 2, 1, 0]]), received_at=0.0)
+    for step in (1, 2, 3, 4):
+        for rank in (0, 1):
+            session.ingest(Envelope(one_bucket(rank, step), rank, step, 0), received_at=0.0)
+    for rank in (0, 1):
+        session.ingest(hello(rank, 2.0, [[3, 2], [1, 0]]), received_at=0.0)
+    for step in (5, 6, 7, 8):
+        for rank in (0, 1):
+            session.ingest(Envelope(replace(two_bucket_step(), rank=rank, step=step), rank, step, 0), received_at=0.0)
+    advice = advice_for_session(session, caps=[2 * MIB, 4 * MIB])
+    assert isinstance(advice, Advice), advice
+    assert advice.slowdown is not None and advice.slowdown.segments == 2
+    assert advice.slowdown.lost_share == pytest.approx(0.375)
+    two, four = advice.predictions
+    assert (two.step_s, four.step_s) == (pytest.approx(0.172), pytest.approx(0.170)) and advice.best is four
+    as_measured = advice_for_session(session, caps=[2 * MIB, 4 * MIB], slowed=False)
+    assert isinstance(as_measured, Advice) and as_measured.slowdown is None
+    assert [p.step_s for p in as_measured.predictions] == [pytest.approx(0.172), pytest.approx(0.176)]
+    assert as_measured.best.cap_bytes == 2 * MIB
+    from ddpwatch.dashboard.widgets.advisor_panel import render_advice
+    speed = f"{1 - advice.slowdown.lost_share:.0%}"  # 0.625 as the fit's float rounds it
+    assert (f"backward computes at {speed} of its speed while an all-reduce runs beside it, fitted over 2 segments"
+            in render_advice(advice, 200).plain)
+    assert "backward replayed as measured" in render_advice(as_measured, 200).plain

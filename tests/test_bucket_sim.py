@@ -141,6 +141,21 @@ def test_ddps_rule_and_its_first_bucket() -> None:
     assert (ours.calls, ours.exposed_s) == (4, pytest.approx(0.026))
 
 
+def test_compute_slowed_beside_the_transfers_moves_the_best_to_one_bucket() -> None:
+    """NCCL, one stream, backward computing at 0.625 of its speed while an all-reduce runs.
+    2 MiB: [p3,p2] ready at 20 runs 20-36, 10 ms of compute in those 16: 30 ms done at 36, the
+           last 10 at full speed, p0 ready at 46 (not 40); [p1,p0] runs 46-62: the step 62 ms,
+           16 exposed.
+    4 MiB: one call at 40, nothing beside backward: 60 ms as before. The valley's floor moves to
+           one bucket, where without the slowdown 2 MiB won by 4 ms."""
+    slowed = replace(PROFILE, lost_share=0.375)
+    two, four = sweep(slowed, MODEL, [2 * MIB, 4 * MIB])
+    assert (two.step_s, two.backward_s, two.exposed_s) == (pytest.approx(0.062), pytest.approx(0.046), pytest.approx(0.016))
+    assert (four.step_s, four.backward_s) == (pytest.approx(0.060), pytest.approx(0.040))
+    assert best([two, four]) is four
+    assert best(sweep(PROFILE, MODEL, [2 * MIB, 4 * MIB])).cap_bytes == 2 * MIB
+
+
 def test_the_grid_runs_from_1_kb_to_2_gb_with_the_current_cap_and_25_mb() -> None:
     grid = cap_grid(3 * MIB)
     assert grid[0] == 1024 and grid[-1] == 2 * 1024**3 and 25 * MIB in grid and 3 * MIB in grid

@@ -94,9 +94,19 @@ def render_advice(advice: Advice | str | None, width: int, switchable: bool = Tr
     text.append(f"cost model: {model.alpha_s * 1e3:.3g} ms + S / {model.busbw_gbps:.3g} GB/s bus bandwidth, fitted on "
                 f"{model.samples} calls of {size_text(model.min_bytes)}-{size_text(model.max_bytes)}"
                 + (f" ({advice.remembered} of sizes only earlier steps issued)" if advice.remembered else "")
-                + f", median error {model.relative_error:.0%}" + (" (through 0: latency not seen)" if model.through_origin else ""),
-                "dim")
+                + f", median error {model.relative_error:.0%}" + (" (through 0: latency not seen)" if model.through_origin else "")
+                + "\n" + slowdown_text(advice), "dim")
     return text
+
+
+def slowdown_text(advice: Advice) -> str:
+    """How the all-reduces beside backward slow it, as the sweep simulates it (``compute_slowdown``)."""
+    fit = advice.slowdown
+    if fit is None:
+        return ("backward replayed as measured: the caps run so far do not yet say how the all-reduces beside it "
+                "slow it (two caps that put different bytes beside backward do)")
+    return (f"backward computes at {1 - fit.lost_share:.0%} of its speed while an all-reduce runs beside it, "
+            f"fitted over {fit.segments} segments of the caps run")
 
 
 def wrapped_rows(line: str, width: int) -> int:

@@ -1,0 +1,163 @@
+"""How much the run's all-reduces slow backward's compute, measured from the caps it ran.
+
+On two CPU ranks sharing two cores, gloo's threads take the cores backward computes on; on a GPU,
+NCCL's kernels take SMs. So a cap whose all-reduces run inside backward lengthens backward, and
+an advisor that replays backward as measured at a large cap (nothing beside it) predicts the small
+caps too fast: left to tune itself on this box it pointed two to four doublings too small (README,
+"The bucket advisor").
+
+Each counted step of a ``bucket``/``ddp`` segment gives, on its first rank, a ``BackwardBeside``:
+the forward's duration, backward's (its start to the last gradient-ready mark) and the time an
+all-reduce ran beside it (the union of their spans inside it). Across the caps a run has trained
+at, backward grows with that time: while an all-reduce runs, compute goes at ``1 - lost_share``
+of its speed. The forward is the yardstick: it runs with nothing beside it (a bucketed strategy's
+all-reduces end before the optimizer), and it moves with the box's speed as backward does (steps
+here drift by 20 % from one quarter of an hour to the next), so the line is fitted to
+
+    backward / forward = quiet_ratio + lost_share · (communication beside backward / forward)
+
+over each segment's medians. Why time and not bytes: on this box one 6 MB all-reduce beside
+backward lengthened it by 18 % of a forward per MB, twelve of 0.7 MB by 40 % per MB; by the
+time they ran, both lost about half the compute (two ranks' compute and gloo threads on two
+cores). Pure: no torch, no UI.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import OrderedDict, deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from instrumented_ddp.protocol import READY_KIND, Span, StepReport
+
+#: The strategies whose all-reduces run beside backward's compute, a bucket at a time (the advisor's).
+MEASURED_STRATEGIES = ("bucket", "ddp")
+#: Newest steps kept of each segment, and segments kept (the oldest go first).
+REMEMBERED_PER_SEGMENT = 20
+REMEMBERED_SEGMENTS = 64
+#: Two segments whose communication beside backward differs by less than this share of the most
+#: any segment had cannot tell a slope from the steps' noise (0.05 and 0.1 MB both communicate
+#: through nearly all of backward).
+MIN_SPREAD = 0.5
+#: The most compute a slope may say is lost: some always goes on.
+MAX_LOST_SHARE = 0.95
+
+
+@dataclass(frozen=True)
+class BackwardBeside:
+    """One step's backward and what ran beside it, on the rank's clock."""
+
+    forward_s: float
+    backward_s: float  # backward's start to its last gradient-ready mark
+    communicating_s: float  # of that, the time an all-reduce ran
+
+
+def communicating_s(spans: Iterable[Span], start: float, end: float) -> float:
+    """How long, inside ``start``-``end``, at least one all-reduce ran (the union of their spans)."""
+    inside = sorted((max(start, s.start), min(end, s.end)) for s in spans
+                    if s.kind == "all_reduce" and s.end > start and s.start < end)
+    total, (open_at, close_at) = 0.0, (start, start)
+    for begin, finish in inside:
+        if begin > close_at:
+            total += close_at - open_at
+            open_at, close_at = begin, finish
+        else:
+            close_at = max(close_at, finish)
+    return total + close_at - open_at
+
+
+def communicating_backward(report: StepReport) -> tuple[float, float] | None:
+    """The start of the backward holding the gradient-ready marks and its last mark, or None
+    where the report has no marks."""
+    marks = [span.start for span in report.spans if span.kind == READY_KIND]
+    if not marks:
+        return None
+    first = min(marks)
+    backwards = [span.start for span in report.spans if span.kind == "backward" and span.start <= first]
+    return (max(backwards), max(marks)) if backwards else None
+
+
+def backward_beside(report: StepReport) -> BackwardBeside | None:
+    """The step's point: None without marks or without a forward before the backward."""
+    found = communicating_backward(report)
+    if found is None:
+        return None
+    start, end = found
+    forwards = [span for span in report.spans if span.kind == "forward" and span.end <= start]
+    if not forwards or end <= start:
+        return None
+    forward = max(forwards, key=lambda span: span.start)
+    if forward.duration <= 0:
+        return None
+    return BackwardBeside(forward.duration, end - start, communicating_s(report.spans, start, end))
+
+
+def quiet_time(at_s: float, report: StepReport, start: float, lost_share: float) -> float:
+    """``at_s`` seconds into the backward starting at ``start``, less the compute lost while the
+    report's all-reduces ran before then: when that gradient would have been ready with nothing
+    beside backward (the inverse of ``bucket_sim.SlowedBackward``)."""
+    if lost_share <= 0:
+        return at_s
+    return at_s - lost_share * communicating_s(report.spans, start, start + at_s)
+
+
+@dataclass(frozen=True)
+class SlowdownFit:
+    """``backward / forward = quiet_ratio + lost_share · communicating / forward``, over ``segments``."""
+
+    quiet_ratio: float
+    lost_share: float  # 0 to MAX_LOST_SHARE: communication does not speed compute
+    segments: int
+
+
+def segment_point(points: Sequence[BackwardBeside]) -> tuple[float, float, float]:
+    """A segment's medians: forward, backward / forward, communication beside backward / forward."""
+    forward = statistics.median(p.forward_s for p in points)
+    return (forward, statistics.median(p.backward_s for p in points) / forward,
+            statistics.median(p.communicating_s for p in points) / forward)
+
+
+def fit_slowdown(segments: Sequence[Sequence[BackwardBeside]]) -> SlowdownFit | None:
+    """The line through each segment's median backward / forward against its median
+    communication beside backward / forward, robustly: the median of the slopes between every two
+    segments whose communication differs by ``MIN_SPREAD`` of the most or more (Theil and Sen's
+    estimator: a segment the box ran slow through moves it less than it moves least squares), and
+    the median of the intercepts it leaves. None with no such pair (one cap run, or caps that
+    communicate through about as much of backward). A negative slope (noise: communication does
+    not speed compute) reads as none."""
+    medians = [segment_point(points) for points in segments if points]
+    if len(medians) < 2:
+        return None
+    widest = max(x for _, _, x in medians)
+    slopes = [(y2 - y1) / (x2 - x1) for k, (_, y1, x1) in enumerate(medians) for _, y2, x2 in medians[k + 1:]
+              if widest > 0 and abs(x2 - x1) >= MIN_SPREAD * widest]
+    if not slopes:
+        return None
+    slope = min(MAX_LOST_SHARE, max(0.0, statistics.median(slopes)))
+    return SlowdownFit(statistics.median(y - slope * x for _, y, x in medians), slope, len(medians))
+
+
+class SlowdownMemory:
+    """The newest ``REMEMBERED_PER_SEGMENT`` points of each segment, kept whatever became of its
+    steps' reports (the dashboard keeps 120 steps; the caps run before still say what a byte
+    costs). The session adds each counted step of a bucketed segment as it folds it."""
+
+    def __init__(self, per_segment: int = REMEMBERED_PER_SEGMENT, segments: int = REMEMBERED_SEGMENTS) -> None:
+        self.per_segment = per_segment
+        self.segments = segments
+        self._points: OrderedDict[int, deque[BackwardBeside]] = OrderedDict()
+
+    def add(self, segment: int, point: BackwardBeside) -> None:
+        kept = self._points.get(segment)
+        if kept is None:
+            kept = self._points[segment] = deque(maxlen=self.per_segment)
+        kept.append(point)
+        while len(self._points) > self.segments:
+            self._points.popitem(last=False)
+
+    def points(self, segment: int) -> list[BackwardBeside]:
+        return list(self._points.get(segment, ()))
+
+    def by_segment(self) -> list[list[BackwardBeside]]:
+        return [list(points) for points in self._points.values()]

@@ -42,6 +42,9 @@ class TunedCap:
     measured_interval_ms: tuple[float, float] | None = None
     #: Where ``predicted_ms`` is None, the advisor's reason then (the table says the first below it)
     no_prediction_because: str = ""
+    #: The share of backward's compute the prediction took as lost while an all-reduce runs beside
+    #: it (``compute_slowdown``); None: not yet fitted, backward replayed as measured.
+    predicted_lost_share: float | None = None
 
     @property
     def error(self) -> float | None:
@@ -93,8 +96,7 @@ class SweepDriver:
                 self.log(f"ddpwatch tune: the run trains {segment.strategy}; measuring the starting cap under {self.strategy}")
                 self._switch_to(self.start_mb, session, relay)
                 return None
-            predicted_ms, because = _prediction(session, self.start_mb)
-            start = TunedCap(self.start_mb, predicted_ms, no_prediction_because=because)
+            start = _predicted(session, self.start_mb)
             self._measure(session, segment, start)
             self.results.append(start)
         if not self._planned and not self._queue:  # a probe still queued is run before planning again
@@ -117,7 +119,9 @@ class SweepDriver:
             best = advice.best.cap_bytes / MIB
             self._queue = [mb for mb in (best / 2, best, best * 2) if not self._ran(mb)]
             self._planned = True
-            self.log(f"ddpwatch tune: predicted best {best:.3g} MB ({advice.words}); running it and its neighbours")
+            slowed = (f"; backward at {1 - advice.slowdown.lost_share:.0%} of its speed beside an all-reduce, "
+                      f"fitted over {advice.slowdown.segments} segments" if advice.slowdown is not None else "")
+            self.log(f"ddpwatch tune: predicted best {best:.3g} MB ({advice.words}{slowed}); running it and its neighbours")
         elif not self._probed:
             self._queue, self._probed = [self.start_mb / 4, self.start_mb * 4], True
             self.log(f"ddpwatch tune: no cost model yet ({advice}); probing {self.start_mb / 4:.3g} and {self.start_mb * 4:.3g} MB")
@@ -139,8 +143,7 @@ class SweepDriver:
         return switched + self._queue
 
     def _switch_to(self, cap_mb: float, session: Session, relay: Relay) -> None:
-        predicted_ms, because = _prediction(session, cap_mb)
-        tuned = TunedCap(cap_mb, predicted_ms, no_prediction_because=because)
+        tuned = _predicted(session, cap_mb)
         command = new_command(self.strategy, bucket_mb=cap_mb)
         relay.request(command)
         self._waiting_for = (command.command_id, tuned)
@@ -195,10 +198,13 @@ def _counted_steps(session: Session, segment: Segment) -> int:
     return session.segment_figures(segment, per_rank=False).steps
 
 
-def _prediction(session: Session, cap_mb: float) -> tuple[float | None, str]:
-    """The advisor's step time at ``cap_mb`` in ms, or None and the advisor's reason for none."""
+def _predicted(session: Session, cap_mb: float) -> TunedCap:
+    """``cap_mb`` with the advisor's step time for it now, or its reason for none."""
     advice = advice_for_session(session, caps=[max(1, int(cap_mb * MIB))])
-    return (advice.predictions[0].step_s * 1e3, "") if isinstance(advice, Advice) else (None, advice)
+    if not isinstance(advice, Advice):
+        return TunedCap(cap_mb, None, no_prediction_because=advice)
+    lost = advice.slowdown.lost_share if advice.slowdown is not None else None
+    return TunedCap(cap_mb, advice.predictions[0].step_s * 1e3, predicted_lost_share=lost)
 
 
 def told_apart(a: TunedCap, b: TunedCap) -> bool | None:

@@ -506,15 +506,10 @@ def test_an_attached_ddp_with_its_own_communication_hook_is_told_the_advisor_doe
                                            "the advisor does not model: it replays DDP's own all-reduce of each whole bucket")
 
 
-def test_the_caps_run_say_how_much_the_all_reduces_slow_backward_and_each_is_predicted_as_measured() -> None:
+def slowed_session() -> Session:
     """Two segments of the same 90 ms forward. At 4 MB one bucket after backward: backward's 40 ms
     alone, the step 170 ms. At 2 MB b0's 2 MiB all-reduce runs beside backward and backward ends
-    at 46 ms, the step 172 ms (``test_compute_slowdown.two_bucket_step``). Backward / forward:
-    0.444 with nothing beside it, 0.511 with b0's 16 ms all-reduce (0.178 forward) beside it:
-    6 ms more in 16, so 0.375 of the compute is lost while an all-reduce runs. Read from the
-    2 MB segment, b1's mark at 46 ms comes back to 40 alone and the sweep gives each cap the step it measured: 4 MB 110 + 40 + 20
-    = 170 ms, the best; 2 MB 172 (``test_bucket_sim``). Replayed as measured instead (as before),
-    4 MB read 110 + 46 + 20 = 176 ms, and 2 MB looked the better by 4 ms."""
+    at 46 ms, the step 172 ms (``test_compute_slowdown.two_bucket_step``)."""
     session = Session()
 
     def hello(rank: int, cap_mb: float, layout: list[list[int]]) -> Envelope:
@@ -538,6 +533,17 @@ def test_the_caps_run_say_how_much_the_all_reduces_slow_backward_and_each_is_pre
     for step in (5, 6, 7, 8):
         for rank in (0, 1):
             session.ingest(Envelope(replace(two_bucket_step(), rank=rank, step=step), rank, step, 0), received_at=0.0)
+    return session
+
+
+def test_the_caps_run_say_how_much_the_all_reduces_slow_backward_and_each_is_predicted_as_measured() -> None:
+    """``slowed_session``: backward / forward is 0.444 with nothing beside it, 0.511 with b0's
+    16 ms all-reduce (0.178 forward) beside it: 6 ms more in 16, so 0.375 of the compute is lost
+    while an all-reduce runs. Read from the 2 MB segment, b1's mark at 46 ms comes back to 40
+    alone and the sweep gives each cap the step it measured: 4 MB 110 + 40 + 20 = 170 ms, the
+    best; 2 MB 172 (``test_bucket_sim``). Replayed as measured instead (as before), 4 MB read
+    110 + 46 + 20 = 176 ms, and 2 MB looked the better by 4 ms."""
+    session = slowed_session()
     advice = advice_for_session(session, caps=[2 * MIB, 4 * MIB])
     assert isinstance(advice, Advice), advice
     assert advice.slowdown is not None and advice.slowdown.segments == 2

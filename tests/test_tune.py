@@ -11,11 +11,11 @@ import pytest
 
 from ddpwatch.receiver import ingest
 from ddpwatch.session import Session
-from ddpwatch.tune import SweepDriver, TunedCap, table, told_apart
+from ddpwatch.tune import SweepDriver, TunedCap, _predicted, table, told_apart
 from instrumented_ddp.protocol import Ack, SwitchCommand, encode
 from launch import REPO_ROOT
 from synthetic_session import hello
-from test_advisor import LAYOUT, MIB, bucket_step
+from test_advisor import LAYOUT, MIB, bucket_step, slowed_session
 
 
 class FakeRelay:
@@ -140,6 +140,17 @@ def test_a_cost_model_that_fits_only_after_the_second_probe_still_plans_the_pred
     assert [c.bucket_mb for c in relay.requested[:2]] == [0.25, 4.0]
     assert any(line.startswith("ddpwatch tune: predicted best") for line in lines)
     assert len(relay.requested) == 3 and relay.requested[2].bucket_mb not in (1.0, 0.25, 4.0)  # not back to a probe
+
+
+def test_each_prediction_keeps_the_share_of_compute_it_took_as_lost_beside_an_all_reduce() -> None:
+    """``test_advisor.slowed_session``: 0.375 lost, so 4 MB is predicted at the 170 ms it ran;
+    tune.json keeps the share with the prediction. With one segment there is nothing to fit."""
+    tuned = _predicted(slowed_session(), 4.0)
+    assert tuned.predicted_ms == pytest.approx(170.0) and tuned.predicted_lost_share == pytest.approx(0.375)
+    session = Session()
+    run = MadeUpRun(session, {0.25: 200.0})
+    run.steps(4, 0.25)
+    assert _predicted(session, 1.0).predicted_lost_share is None
 
 
 def test_a_run_that_cannot_switch_or_refuses_ends_the_sweep_with_nothing_switched() -> None:

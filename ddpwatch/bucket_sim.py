@@ -54,6 +54,7 @@ class Prediction:
     bucket_bytes: tuple[int, ...]  # in launch order
     extrapolated: bool  # a bucket size the cost model never saw
     backward_s: float = 0.0  # backward's compute as replayed at this cap, slowed by the transfers beside it
+    slowed_s: float = 0.0  # of that, what the transfers beside it added (``BackwardProfile.lost_share``)
 
     @property
     def cap_mb(self) -> float:
@@ -89,7 +90,7 @@ def simulate(profile: BackwardProfile, model: CostModel, cap_bytes: int, *, rule
     backward_end = backward.reach(profile.backward_s)
     exposed = max(0.0, comm_end - backward_end)
     return Prediction(cap_bytes, profile.other_s + backward_end + exposed, exposed, len(plan), tuple(sizes),
-                      any(model.extrapolated(n) for n in sizes), backward_end)
+                      any(model.extrapolated(n) for n in sizes), backward_end, max(0.0, backward_end - profile.backward_s))
 
 
 class SlowedBackward:
@@ -150,14 +151,18 @@ def best(predictions: Sequence[Prediction]) -> Prediction:
 
 def describe(prediction: Prediction, model: CostModel) -> str:
     """What limits the step at this cap, in words: the latency paid per call, or the last
-    all-reduce left exposed after backward."""
+    all-reduce left exposed after backward; and, where the all-reduces beside backward slow it
+    by 1 % of the step or more, by how much (what hiding them costs)."""
     if not prediction.calls:
         return "no gradients to reduce"
     latency = prediction.calls * model.alpha_s
     mean_mb = sum(prediction.bucket_bytes) / prediction.calls / MIB
+    slowed = (f"; the all-reduces beside backward slow it by {prediction.slowed_s * 1e3:.3g} ms"
+              if prediction.slowed_s >= 0.01 * prediction.step_s else "")
     if prediction.exposed_s <= 0:
-        return f"all communication hidden behind backward: {prediction.calls} calls of {mean_mb:.2g} MB"
+        return f"all communication hidden behind backward: {prediction.calls} calls of {mean_mb:.2g} MB{slowed}"
     last_mb = prediction.bucket_bytes[-1] / MIB
     if latency >= prediction.exposed_s:
-        return f"latency-bound: {prediction.calls} calls of {mean_mb:.2g} MB ({latency * 1e3:.3g} ms of per-call latency)"
-    return f"one exposed {last_mb:.2g} MB all-reduce after backward ({prediction.exposed_s * 1e3:.3g} ms exposed)"
+        return (f"latency-bound: {prediction.calls} calls of {mean_mb:.2g} MB ({latency * 1e3:.3g} ms of per-call latency)"
+                f"{slowed}")
+    return f"one exposed {last_mb:.2g} MB all-reduce after backward ({prediction.exposed_s * 1e3:.3g} ms exposed){slowed}"

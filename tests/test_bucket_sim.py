@@ -154,6 +154,9 @@ def test_compute_slowed_beside_the_transfers_moves_the_best_to_one_bucket() -> N
     assert (four.step_s, four.backward_s) == (pytest.approx(0.060), pytest.approx(0.040))
     assert best([two, four]) is four
     assert best(sweep(PROFILE, MODEL, [2 * MIB, 4 * MIB])).cap_bytes == 2 * MIB
+    assert two.slowed_s == pytest.approx(0.006) and four.slowed_s == 0
+    assert describe(two, MODEL).endswith("; the all-reduces beside backward slow it by 6 ms")  # what hiding b0 costs
+    assert "slow it" not in describe(four, MODEL)
 
 
 def test_the_grid_runs_from_1_kb_to_2_gb_with_the_current_cap_and_25_mb() -> None:

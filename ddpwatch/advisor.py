@@ -30,7 +30,7 @@ from typing import Any
 from instrumented_ddp.bucket_plan import DDP_DEFAULT_FIRST_BUCKET_BYTES, TensorSize
 from instrumented_ddp.protocol import READY_KIND, Hello, StepReport, is_barrier_wait
 
-from .compute_slowdown import SlowdownFit, fit_slowdown, quiet_time
+from .compute_slowdown import NO_COMMUNICATION, CommunicationClock, SlowdownFit, fit_slowdown, quiet_time
 from .bucket_sim import MIB, BackwardProfile, Prediction, best, cap_grid, describe, simulate, sweep
 from .cost_model import CostModel, StepCollectives, TransferMemory, TransferSample, call_sizes, fit_cost_model, transfer_samples_of
 from .metrics import ClockAlignment, Groups, all_reduce_ranks, call_times, counted
@@ -67,8 +67,9 @@ def ready_times(report: StepReport, tensors: Sequence[TensorSize], bucket_layout
     ready: list[float | None] = [None] * len(tensors)
     unmarked = list(reversed(range(len(tensors))))  # DDP's order, where no layout says otherwise
     previous = 0.0
+    clock = CommunicationClock(report.spans) if lost_share > 0 else NO_COMMUNICATION
     for mark in marks:
-        at = quiet_time(mark.start - origin, report, origin, lost_share)
+        at = quiet_time(mark.start - origin, clock, origin, lost_share)
         number = int(mark.tag[1:]) if mark.tag[1:].isdigit() else -1
         if mark.tag.startswith("p") and 0 <= number < len(tensors):
             members = [number]

@@ -24,6 +24,7 @@ cores). Pure: no torch, no UI.
 
 from __future__ import annotations
 
+import bisect
 import statistics
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Sequence
@@ -55,16 +56,38 @@ class BackwardBeside:
 
 def communicating_s(spans: Iterable[Span], start: float, end: float) -> float:
     """How long, inside ``start``-``end``, at least one all-reduce ran (the union of their spans)."""
-    inside = sorted((max(start, s.start), min(end, s.end)) for s in spans
-                    if s.kind == "all_reduce" and s.end > start and s.start < end)
-    total, (open_at, close_at) = 0.0, (start, start)
-    for begin, finish in inside:
-        if begin > close_at:
-            total += close_at - open_at
-            open_at, close_at = begin, finish
-        else:
-            close_at = max(close_at, finish)
-    return total + close_at - open_at
+    return CommunicationClock(spans).busy_between(start, end)
+
+
+class CommunicationClock:
+    """A report's all-reduce spans merged into the times at least one ran, with their running
+    total, so that how long they ran before any instant is a binary search: a run at a 1 KB cap
+    has hundreds of buckets, and each gradient-ready mark asks (``quiet_time``)."""
+
+    def __init__(self, spans: Iterable[Span]) -> None:
+        self.starts: list[float] = []
+        self.ends: list[float] = []
+        self.before: list[float] = []  # communication in the merged intervals before each one
+        for begin, finish in sorted((s.start, s.end) for s in spans if s.kind == "all_reduce" and s.end > s.start):
+            if self.ends and begin <= self.ends[-1]:
+                self.ends[-1] = max(self.ends[-1], finish)
+                continue
+            self.before.append(self.before[-1] + self.ends[-1] - self.starts[-1] if self.starts else 0.0)
+            self.starts.append(begin)
+            self.ends.append(finish)
+
+    def busy_until(self, at: float) -> float:
+        """How long at least one all-reduce ran before ``at``."""
+        index = bisect.bisect_right(self.starts, at) - 1
+        if index < 0:
+            return 0.0
+        return self.before[index] + min(at, self.ends[index]) - self.starts[index]
+
+    def busy_between(self, start: float, end: float) -> float:
+        return max(0.0, self.busy_until(end) - self.busy_until(start)) if end > start else 0.0
+
+
+NO_COMMUNICATION = CommunicationClock(())
 
 
 def communicating_backward(report: StepReport) -> tuple[float, float] | None:
@@ -93,13 +116,13 @@ def backward_beside(report: StepReport) -> BackwardBeside | None:
     return BackwardBeside(forward.duration, end - start, communicating_s(report.spans, start, end))
 
 
-def quiet_time(at_s: float, report: StepReport, start: float, lost_share: float) -> float:
+def quiet_time(at_s: float, clock: CommunicationClock, start: float, lost_share: float) -> float:
     """``at_s`` seconds into the backward starting at ``start``, less the compute lost while the
-    report's all-reduces ran before then: when that gradient would have been ready with nothing
-    beside backward (the inverse of ``bucket_sim.SlowedBackward``)."""
+    report's all-reduces (``clock``) ran before then: when that gradient would have been ready
+    with nothing beside backward (the inverse of ``bucket_sim.SlowedBackward``)."""
     if lost_share <= 0:
         return at_s
-    return at_s - lost_share * communicating_s(report.spans, start, start + at_s)
+    return at_s - lost_share * clock.busy_between(start, start + at_s)
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from ddpwatch.bucket_sim import SlowedBackward
 from ddpwatch.compute_slowdown import (
     MAX_LOST_SHARE,
     BackwardBeside,
+    CommunicationClock,
     SlowdownMemory,
     backward_beside,
     communicating_s,
@@ -61,11 +62,12 @@ def test_a_gradients_quiet_time_takes_out_the_compute_lost_while_the_all_reduces
     through b0's, had 8 ms of it, 3 lost: 25. The simulator's clock says the same the other way
     round: b0's transfer (20-36 ms) runs compute at 0.625, so 25 ms are done at wall 28 and 40
     at wall 46."""
-    report, origin = two_bucket_step(), 0.100
-    assert quiet_time(0.046, report, origin, 0.375) == pytest.approx(0.040)
-    assert quiet_time(0.028, report, origin, 0.375) == pytest.approx(0.025)
-    assert quiet_time(0.020, report, origin, 0.375) == pytest.approx(0.020)
-    assert quiet_time(0.046, report, origin, 0.0) == 0.046
+    clock, origin = CommunicationClock(two_bucket_step().spans), 0.100
+    assert quiet_time(0.046, clock, origin, 0.375) == pytest.approx(0.040)
+    assert quiet_time(0.028, clock, origin, 0.375) == pytest.approx(0.025)
+    assert quiet_time(0.020, clock, origin, 0.375) == pytest.approx(0.020)
+    assert quiet_time(0.046, clock, origin, 0.0) == 0.046
+    assert clock.busy_until(0.0) == 0 and clock.busy_until(0.2) == pytest.approx(0.032)  # both all-reduces
     clock = SlowedBackward(0.375)
     clock.reach(0.020)
     clock.transfer(0.020, 0.036)

@@ -68,10 +68,10 @@ def test_a_gradients_quiet_time_takes_out_the_compute_lost_while_the_all_reduces
     assert quiet_time(0.020, clock, origin, 0.375) == pytest.approx(0.020)
     assert quiet_time(0.046, clock, origin, 0.0) == 0.046
     assert clock.busy_until(0.0) == 0 and clock.busy_until(0.2) == pytest.approx(0.032)  # both all-reduces
-    clock = SlowedBackward(0.375)
-    clock.reach(0.020)
-    clock.transfer(0.020, 0.036)
-    assert clock.reach(0.025) == pytest.approx(0.028) and clock.reach(0.040) == pytest.approx(0.046)
+    backward = SlowedBackward(0.375)
+    backward.reach(0.020)
+    backward.transfer(0.020, 0.036)
+    assert backward.reach(0.025) == pytest.approx(0.028) and backward.reach(0.040) == pytest.approx(0.046)
 
 
 def test_compute_goes_at_the_slowed_rate_while_any_transfer_runs_and_at_full_speed_between() -> None:

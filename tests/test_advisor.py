@@ -348,6 +348,22 @@ def test_with_every_gradient_in_one_bucket_the_advisor_asks_for_a_cap_under_it()
         "DistributedDataParallel(..., bucket_cap_mb=1) (a Trainer: TrainingArguments(ddp_bucket_cap_mb=1))")
 
 
+def hello(rank: int, cap_mb: float, layout: list[list[int]], backend: str = "gloo") -> Envelope:
+    """A bucket rank's hello at ``cap_mb`` with the four 1 MiB tensors in ``layout``'s buckets."""
+    return Envelope(Hello(rank, 2, "s", "h", 1, "cpu", backend, "bucket", {"bucket_mb": cap_mb, "grad_accum": 1}, 4 * MIB,
+                          parameter_layout=LAYOUT, bucket_layout=layout), rank, 0, 0)
+
+
+def one_bucket(rank: int, step: int, cap_mb: float) -> StepReport:
+    """Every gradient in one 4 MiB bucket ready at 40 ms, its all-reduce 40-60 ms after backward;
+    the step 170 ms."""
+    spans = [Span("forward", 0.01, 0.1), Span("backward", 0.1, 0.16), Span("ready", 0.14, 0.14, False, 4 * MIB, "b0"),
+             Span("all_reduce", 0.14, 0.16, False, 4 * MIB, "b0", "float32"), Span("wait", 0.14, 0.16, True),
+             Span("optimizer", 0.16, 0.17)]
+    return StepReport(rank=rank, step=step, strategy="bucket", settings={"bucket_mb": cap_mb}, start=0.0, end=0.17,
+                      spans=spans, samples=4, tokens=0)
+
+
 def test_sizes_the_recent_steps_no_longer_issue_still_fit_the_cost_model() -> None:
     """Three steps at a 2 MB cap issue 1 and 3 MiB all-reduces (14 and 18 ms: 12 ms + 2 ms/MiB);
     then the run switches to 25 MB, where every gradient makes one 4 MiB bucket (20 ms), for more
@@ -357,17 +373,6 @@ def test_sizes_the_recent_steps_no_longer_issue_still_fit_the_cost_model() -> No
     110 ms besides backward + 40 ms of backward + the exposed 20 ms all-reduce = 170 ms. Before,
     once the switch was 40 steps old the Advisor tab said it needed two sizes (seen in the demo)."""
     session = Session()
-
-    def hello(rank: int, cap_mb: float, layout: list[list[int]]) -> Envelope:
-        return Envelope(Hello(rank, 2, "s", "h", 1, "cpu", "gloo", "bucket", {"bucket_mb": cap_mb, "grad_accum": 1}, 4 * MIB,
-                              parameter_layout=LAYOUT, bucket_layout=layout), rank, 0, 0)
-
-    def one_bucket(rank: int, step: int) -> StepReport:
-        spans = [Span("forward", 0.01, 0.1), Span("backward", 0.1, 0.16), Span("ready", 0.14, 0.14, False, 4 * MIB, "b0"),
-                 Span("all_reduce", 0.14, 0.16, False, 4 * MIB, "b0", "float32"), Span("wait", 0.14, 0.16, True),
-                 Span("optimizer", 0.16, 0.17)]
-        return StepReport(rank=rank, step=step, strategy="bucket", settings={"bucket_mb": 25.0}, start=0.0, end=0.17,
-                          spans=spans, samples=4, tokens=0)
 
     (two_sized,) = two_sized_steps()
     for rank in (0, 1):
@@ -379,7 +384,7 @@ def test_sizes_the_recent_steps_no_longer_issue_still_fit_the_cost_model() -> No
         session.ingest(hello(rank, 25.0, [[3, 2, 1, 0]]), received_at=0.0)
     for step in range(4, 4 + FIT_STEPS + 5):
         for rank in (0, 1):
-            session.ingest(Envelope(one_bucket(rank, step), rank, step, 0), received_at=0.0)
+            session.ingest(Envelope(one_bucket(rank, step, 25.0), rank, step, 0), received_at=0.0)
     advice = advice_for_session(session)
     assert isinstance(advice, Advice), advice
     assert advice.remembered == 6 and advice.model.samples == FIT_STEPS + 6
@@ -400,10 +405,6 @@ def test_right_after_a_switch_the_advisor_waits_for_the_new_segment_rather_than_
     segment's first report. Until that report comes, the last segment is still the 2 MB one, whose
     b0 and b1 marks read with the new layout would put the wrong parameters in each bucket."""
     session = Session()
-
-    def hello(rank: int, cap_mb: float, layout: list[list[int]]) -> Envelope:
-        return Envelope(Hello(rank, 2, "s", "h", 1, "cpu", "gloo", "bucket", {"bucket_mb": cap_mb, "grad_accum": 1}, 4 * MIB,
-                              parameter_layout=LAYOUT, bucket_layout=layout), rank, 0, 0)
 
     for rank in (0, 1):
         session.ingest(hello(rank, 2.0, [[3, 2], [1, 0]]), received_at=0.0)
@@ -512,24 +513,13 @@ def slowed_session() -> Session:
     at 46 ms, the step 172 ms (``test_compute_slowdown.two_bucket_step``)."""
     session = Session()
 
-    def hello(rank: int, cap_mb: float, layout: list[list[int]]) -> Envelope:
-        return Envelope(Hello(rank, 2, "s", "h", 1, "cpu", "nccl", "bucket", {"bucket_mb": cap_mb, "grad_accum": 1}, 4 * MIB,
-                              parameter_layout=LAYOUT, bucket_layout=layout), rank, 0, 0)
-
-    def one_bucket(rank: int, step: int) -> StepReport:
-        spans = [Span("forward", 0.01, 0.1), Span("backward", 0.1, 0.16), Span("ready", 0.14, 0.14, False, 4 * MIB, "b0"),
-                 Span("all_reduce", 0.14, 0.16, False, 4 * MIB, "b0", "float32"), Span("wait", 0.14, 0.16, True),
-                 Span("optimizer", 0.16, 0.17)]
-        return StepReport(rank=rank, step=step, strategy="bucket", settings={"bucket_mb": 4.0}, start=0.0, end=0.17,
-                          spans=spans, samples=4, tokens=0)
-
     for rank in (0, 1):
-        session.ingest(hello(rank, 4.0, [[3, 2, 1, 0]]), received_at=0.0)
+        session.ingest(hello(rank, 4.0, [[3, 2, 1, 0]], "nccl"), received_at=0.0)
     for step in (1, 2, 3, 4):
         for rank in (0, 1):
-            session.ingest(Envelope(one_bucket(rank, step), rank, step, 0), received_at=0.0)
+            session.ingest(Envelope(one_bucket(rank, step, 4.0), rank, step, 0), received_at=0.0)
     for rank in (0, 1):
-        session.ingest(hello(rank, 2.0, [[3, 2], [1, 0]]), received_at=0.0)
+        session.ingest(hello(rank, 2.0, [[3, 2], [1, 0]], "nccl"), received_at=0.0)
     for step in (5, 6, 7, 8):
         for rank in (0, 1):
             session.ingest(Envelope(replace(two_bucket_step(), rank=rank, step=step), rank, step, 0), received_at=0.0)

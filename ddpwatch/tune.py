@@ -109,13 +109,21 @@ class SweepDriver:
         return "sweep done"
 
     def _plan(self, session: Session) -> None:
-        """The sizes to run: given, or the predicted best and its neighbours once a model fits."""
+        """The sizes to run: given, or the predicted best and its neighbours once a model fits and
+        the caps run say how the all-reduces beside backward slow it. From one cap they cannot
+        (``compute_slowdown`` needs two), so a start whose cost model already fits is probed too:
+        from 4 MB and from 0.25 MB the plan, made at the start alone, named 0.707-2 MB where
+        4-8 MB measured fastest (README, "The bucket advisor")."""
         assert self.start_mb is not None
         if self.sizes is not None:
             self._queue, self._planned = [s for s in self.sizes if s != self.start_mb], True
             return
         advice = advice_for_session(session)
-        if isinstance(advice, Advice):
+        if isinstance(advice, Advice) and advice.slowdown is None and not self._probed:
+            self._queue, self._probed = [self.start_mb / 4, self.start_mb * 4], True
+            self.log(f"ddpwatch tune: the caps run do not yet say how the all-reduces beside backward slow it; "
+                     f"probing {self.start_mb / 4:.3g} and {self.start_mb * 4:.3g} MB")
+        elif isinstance(advice, Advice):
             best = advice.best.cap_bytes / MIB
             self._queue = [mb for mb in (best / 2, best, best * 2) if not self._ran(mb)]
             self._planned = True

@@ -153,6 +153,45 @@ def test_each_prediction_keeps_the_share_of_compute_it_took_as_lost_beside_an_al
     assert _predicted(session, 1.0).predicted_lost_share is None
 
 
+def test_a_start_whose_cost_model_fits_is_probed_before_the_plan_until_the_slowdown_can_be_read() -> None:
+    """From 4 MB (and 0.25 MB) the start's own buckets came in two sizes, the cost model fitted at
+    once, and tune planned from that one cap, where nothing says how the all-reduces beside
+    backward slow it: it named 0.707-2 MB where 4-8 MB measured fastest. Now it probes a quarter
+    and four times the start first; here the probes' steps are the start's again (no slowdown to
+    read even then), and it plans with what it has rather than probe again."""
+    session, relay = Session(), FakeRelay()
+    run = MadeUpRun(session, {1.0: 170.0, 0.25: 170.0, 4.0: 170.0})
+
+    def steps(cap: float) -> None:
+        for rank in (0, 1):  # each rank's hello, repeated, says the cap it trains at now
+            run.send(replace(hello(rank, strategy="bucket"), parameter_layout=LAYOUT, bucket_layout=[[3, 2], [1, 0]],
+                             settings={"grad_accum": 1, "bucket_mb": cap}))
+        for _ in range(4):
+            run.step += 1
+            shift = run.step * 0.5
+            for rank in (0, 1):
+                report = bucket_step(rank, run.step)
+                spans = [s._replace(nbytes=4 * MIB, end=s.start + 0.030) if s.tag == "b1" else s for s in report.spans]  # 2 and 4 MiB
+                run.send(replace(report, start=shift, end=shift + 0.17, settings={"bucket_mb": cap, "grad_accum": 1},
+                                 spans=[s._replace(start=s.start + shift, end=s.end + shift) for s in spans]))
+
+    lines: list[str] = []
+    driver = SweepDriver("bucket", steps_per_size=3, log=lines.append)
+    steps(1.0)
+    driver(session, relay)
+    assert [c.bucket_mb for c in relay.requested] == [0.25]  # the first probe, though a cost model fits
+    assert any("do not yet say how the all-reduces beside backward slow it; probing 0.25 and 4 MB" in line for line in lines)
+    for _ in range(2):
+        relay.acks.append(Ack(0, relay.requested[-1].command_id, True, run.step + 1))
+        cap = relay.requested[-1].bucket_mb
+        assert cap is not None
+        steps(cap)
+        driver(session, relay)
+        driver(session, relay)
+    assert [c.bucket_mb for c in relay.requested[:2]] == [0.25, 4.0]
+    assert any(line.startswith("ddpwatch tune: predicted best") for line in lines) and len(relay.requested) == 3
+
+
 def test_a_run_that_cannot_switch_or_refuses_ends_the_sweep_with_nothing_switched() -> None:
     session, relay = Session(), FakeRelay()
     MadeUpRun(session, {0.25: 200.0}, switchable=False)

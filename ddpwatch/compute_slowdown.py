@@ -39,7 +39,9 @@ REMEMBERED_PER_SEGMENT = 20
 REMEMBERED_SEGMENTS = 64
 #: Two segments whose communication beside backward differs by less than this share of the most
 #: any segment had cannot tell a slope from the steps' noise (0.05 and 0.1 MB both communicate
-#: through nearly all of backward).
+#: through nearly all of backward). A quarter let 0.05, 0.1 and 0.25 MB fit a share of 0.95 in one
+#: recorded sweep (run while tests loaded the box), and the 0.25 MB step, predicted from its own
+#: segment, read 15 % fast; at a half, none was fitted there.
 MIN_SPREAD = 0.5
 #: The most compute a slope may say is lost: some always goes on.
 MAX_LOST_SHARE = 0.95

@@ -548,4 +548,5 @@ def test_the_caps_run_say_how_much_the_all_reduces_slow_backward_and_each_is_pre
     speed = f"{1 - advice.slowdown.lost_share:.0%}"  # 0.625 as the fit's float rounds it
     assert (f"backward computes at {speed} of its speed while an all-reduce runs beside it, fitted over 2 segments"
             in render_advice(advice, 200).plain)
-    assert "backward replayed as measured" in render_advice(as_measured, 200).plain
+    assert "backward replayed as measured: how the all-reduces beside it slow it needs a second cap" in render_advice(as_measured, 200).plain
+    assert "needs two caps in one run, so small caps may read faster" in render_advice(as_measured, 200, switchable=False).plain

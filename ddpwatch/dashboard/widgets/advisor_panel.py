@@ -95,18 +95,23 @@ def render_advice(advice: Advice | str | None, width: int, switchable: bool = Tr
                 f"{model.samples} calls of {size_text(model.min_bytes)}-{size_text(model.max_bytes)}"
                 + (f" ({advice.remembered} of sizes only earlier steps issued)" if advice.remembered else "")
                 + f", median error {model.relative_error:.0%}" + (" (through 0: latency not seen)" if model.through_origin else "")
-                + "\n" + slowdown_text(advice), "dim")
+                + "\n" + slowdown_text(advice, switchable and not replay), "dim")
     return text
 
 
-def slowdown_text(advice: Advice) -> str:
-    """How the all-reduces beside backward slow it, as the sweep simulates it (``compute_slowdown``)."""
+def slowdown_text(advice: Advice, switchable: bool = True) -> str:
+    """How the all-reduces beside backward slow it, as the sweep simulates it (``compute_slowdown``);
+    until two caps of the run say, what would: another cap (``+``/``-``) where the run can switch,
+    and where it cannot (an attached DDP, a replay) that it stays unmodelled."""
     fit = advice.slowdown
-    if fit is None:
-        return ("backward replayed as measured: the caps run so far do not yet say how the all-reduces beside it "
-                "slow it (two caps that put different bytes beside backward do)")
-    return (f"backward computes at {1 - fit.lost_share:.0%} of its speed while an all-reduce runs beside it, "
-            f"fitted over {fit.segments} segments of the caps run")
+    if fit is not None:
+        return (f"backward computes at {1 - fit.lost_share:.0%} of its speed while an all-reduce runs beside it, "
+                f"fitted over {fit.segments} segments of the caps run")
+    if switchable:
+        return ("backward replayed as measured: how the all-reduces beside it slow it needs a second cap whose "
+                "all-reduces run through more or less of backward (+ / -)")
+    return ("backward replayed as measured: how the all-reduces beside it slow it needs two caps in one run, "
+            "so small caps may read faster than they run")
 
 
 def wrapped_rows(line: str, width: int) -> int:

@@ -52,6 +52,23 @@ class MadeUpRun:
                                  spans=[s._replace(start=s.start + shift, end=s.end + shift) for s in report.spans])
                 self.send(report)
 
+    def resized_steps(self, cap_mb: float, second_bucket_grows: bool, count: int = 4) -> None:
+        """``count`` steps at ``cap_mb``, each rank's hello first saying the cap it trains at now,
+        every step 170 ms; with ``second_bucket_grows`` b1's all-reduce moves 4 MiB in 30 ms, so
+        the cost model sees two sizes."""
+        for rank in (0, 1):
+            self.send(replace(hello(rank, strategy="bucket"), parameter_layout=LAYOUT, bucket_layout=[[3, 2], [1, 0]],
+                              settings={"grad_accum": 1, "bucket_mb": cap_mb}))
+        for _ in range(count):
+            self.step += 1
+            shift = self.step * 0.5
+            for rank in (0, 1):
+                report = bucket_step(rank, self.step)
+                spans = [s._replace(nbytes=4 * MIB, end=s.start + 0.030) if s.tag == "b1" and second_bucket_grows else s
+                         for s in report.spans]
+                self.send(replace(report, start=shift, end=shift + 0.17, settings={"bucket_mb": cap_mb, "grad_accum": 1},
+                                  spans=[s._replace(start=s.start + shift, end=s.end + shift) for s in spans]))
+
 
 def test_the_sweep_switches_to_each_size_in_turn_and_measures_it_after_its_acknowledgement() -> None:
     session, relay = Session(), FakeRelay()
@@ -112,29 +129,15 @@ def test_a_cost_model_that_fits_only_after_the_second_probe_still_plans_the_pred
     session, relay = Session(), FakeRelay()
     run = MadeUpRun(session, {1.0: 170.0, 0.25: 170.0, 4.0: 170.0})
 
-    def steps(cap: float) -> None:
-        for rank in (0, 1):  # each rank's hello, repeated, says the cap it trains at now
-            run.send(replace(hello(rank, strategy="bucket"), parameter_layout=LAYOUT, bucket_layout=[[3, 2], [1, 0]],
-                             settings={"grad_accum": 1, "bucket_mb": cap}))
-        for _ in range(4):
-            run.step += 1
-            shift = run.step * 0.5
-            for rank in (0, 1):
-                report = bucket_step(rank, run.step)
-                spans = [s._replace(nbytes=4 * MIB, end=s.start + 0.030) if (s.tag, cap) == ("b1", 4.0) else s
-                         for s in report.spans]  # the x4 probe's second bucket: 4 MiB in 30 ms, a second size
-                run.send(replace(report, start=shift, end=shift + 0.17, settings={"bucket_mb": cap, "grad_accum": 1},
-                                 spans=[s._replace(start=s.start + shift, end=s.end + shift) for s in spans]))
-
     lines: list[str] = []
     driver = SweepDriver("bucket", steps_per_size=3, log=lines.append)
-    steps(1.0)
+    run.resized_steps(1.0, second_bucket_grows=False)
     driver(session, relay)
     for _ in range(2):  # the two probes
         relay.acks.append(Ack(0, relay.requested[-1].command_id, True, run.step + 1))
         cap = relay.requested[-1].bucket_mb
         assert cap is not None  # the sweep names a cap in every switch
-        steps(cap)
+        run.resized_steps(cap, second_bucket_grows=cap == 4.0)  # the x4 probe's 4 MiB call: a second size
         driver(session, relay)
         driver(session, relay)
     assert [c.bucket_mb for c in relay.requested[:2]] == [0.25, 4.0]
@@ -162,22 +165,9 @@ def test_a_start_whose_cost_model_fits_is_probed_before_the_plan_until_the_slowd
     session, relay = Session(), FakeRelay()
     run = MadeUpRun(session, {1.0: 170.0, 0.25: 170.0, 4.0: 170.0})
 
-    def steps(cap: float) -> None:
-        for rank in (0, 1):  # each rank's hello, repeated, says the cap it trains at now
-            run.send(replace(hello(rank, strategy="bucket"), parameter_layout=LAYOUT, bucket_layout=[[3, 2], [1, 0]],
-                             settings={"grad_accum": 1, "bucket_mb": cap}))
-        for _ in range(4):
-            run.step += 1
-            shift = run.step * 0.5
-            for rank in (0, 1):
-                report = bucket_step(rank, run.step)
-                spans = [s._replace(nbytes=4 * MIB, end=s.start + 0.030) if s.tag == "b1" else s for s in report.spans]  # 2 and 4 MiB
-                run.send(replace(report, start=shift, end=shift + 0.17, settings={"bucket_mb": cap, "grad_accum": 1},
-                                 spans=[s._replace(start=s.start + shift, end=s.end + shift) for s in spans]))
-
     lines: list[str] = []
     driver = SweepDriver("bucket", steps_per_size=3, log=lines.append)
-    steps(1.0)
+    run.resized_steps(1.0, second_bucket_grows=True)  # 2 and 4 MiB at every cap: a model at the start
     driver(session, relay)
     assert [c.bucket_mb for c in relay.requested] == [0.25]  # the first probe, though a cost model fits
     assert any("do not yet say how the all-reduces beside backward slow it; probing 0.25 and 4 MB" in line for line in lines)
@@ -185,7 +175,7 @@ def test_a_start_whose_cost_model_fits_is_probed_before_the_plan_until_the_slowd
         relay.acks.append(Ack(0, relay.requested[-1].command_id, True, run.step + 1))
         cap = relay.requested[-1].bucket_mb
         assert cap is not None
-        steps(cap)
+        run.resized_steps(cap, second_bucket_grows=True)
         driver(session, relay)
         driver(session, relay)
     assert [c.bucket_mb for c in relay.requested[:2]] == [0.25, 4.0]

@@ -30,8 +30,8 @@ from typing import Any
 from instrumented_ddp.bucket_plan import DDP_DEFAULT_FIRST_BUCKET_BYTES, TensorSize
 from instrumented_ddp.protocol import READY_KIND, Hello, StepReport, is_barrier_wait
 
-from .compute_slowdown import NO_COMMUNICATION, CommunicationClock, SlowdownFit, fit_slowdown, quiet_time
 from .bucket_sim import MIB, BackwardProfile, Prediction, best, cap_grid, describe, simulate, sweep
+from .compute_slowdown import NO_COMMUNICATION, CommunicationClock, SlowdownFit, fit_slowdown, quiet_time
 from .cost_model import CostModel, StepCollectives, TransferMemory, TransferSample, call_sizes, fit_cost_model, transfer_samples_of
 from .metrics import ClockAlignment, Groups, all_reduce_ranks, call_times, counted
 from .session import Segment, Session

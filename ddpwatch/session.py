@@ -575,8 +575,9 @@ class Session:
             self._remember_backward_beside(step, segment.index)
 
     def _remember_backward_beside(self, step: int, segment: int) -> None:
-        """The step's first rank's backward and the bytes all-reduced beside it, for the advisor's
-        compute slowdown (``compute_slowdown``): one pass over that report's spans."""
+        """The step's first rank's forward, backward and how long an all-reduce ran beside that
+        backward, for the advisor's compute slowdown (``compute_slowdown``): a few passes over that
+        one report's spans, whatever the number of ranks."""
         reports = self.reports.get(step, {})
         first = min(reports, default=None)
         if first is None or not metrics.counted(reports[first]):

@@ -119,11 +119,7 @@ class SweepDriver:
             self._queue, self._planned = [s for s in self.sizes if s != self.start_mb], True
             return
         advice = advice_for_session(session)
-        if isinstance(advice, Advice) and advice.slowdown is None and not self._probed:
-            self._queue, self._probed = [self.start_mb / 4, self.start_mb * 4], True
-            self.log(f"ddpwatch tune: the caps run do not yet say how the all-reduces beside backward slow it; "
-                     f"probing {self.start_mb / 4:.3g} and {self.start_mb * 4:.3g} MB")
-        elif isinstance(advice, Advice):
+        if isinstance(advice, Advice) and (advice.slowdown is not None or self._probed):
             best = advice.best.cap_bytes / MIB
             self._queue = [mb for mb in (best / 2, best, best * 2) if not self._ran(mb)]
             self._planned = True
@@ -131,8 +127,10 @@ class SweepDriver:
                       f"fitted over {advice.slowdown.segments} segments" if advice.slowdown is not None else "")
             self.log(f"ddpwatch tune: predicted best {best:.3g} MB ({advice.words}{slowed}); running it and its neighbours")
         elif not self._probed:
+            why = ("the caps run do not yet say how the all-reduces beside backward slow it" if isinstance(advice, Advice)
+                   else f"no cost model yet ({advice})")
             self._queue, self._probed = [self.start_mb / 4, self.start_mb * 4], True
-            self.log(f"ddpwatch tune: no cost model yet ({advice}); probing {self.start_mb / 4:.3g} and {self.start_mb * 4:.3g} MB")
+            self.log(f"ddpwatch tune: {why}; probing {self.start_mb / 4:.3g} and {self.start_mb * 4:.3g} MB")
         else:
             self._planned = True
             self.log(f"ddpwatch tune: still no cost model ({advice}); the sweep ends with what it measured")

@@ -34,8 +34,11 @@ from instrumented_ddp.protocol import READY_KIND, Span, StepReport
 
 #: The strategies whose all-reduces run beside backward's compute, a bucket at a time (the advisor's).
 MEASURED_STRATEGIES = ("bucket", "ddp")
-#: Newest steps kept of each segment, and segments kept (the oldest go first).
-REMEMBERED_PER_SEGMENT = 20
+#: Newest steps kept of each segment, and segments kept (the oldest go first). A segment's medians
+#: over its newest 20 steps swung the share between 0 and 0.48 as a live run went on at one cap (the
+#: demo at 6.25 MB), and the Advisor tab's best flipped between 0.5, 2.83 and 8 MB nine times in 215
+#: steps; over 200, once. ``ddpwatch tune`` measures 10-14 steps a cap: all of them either way.
+REMEMBERED_PER_SEGMENT = 200
 REMEMBERED_SEGMENTS = 64
 #: Two segments whose communication beside backward differs by less than this share of the most
 #: any segment had cannot tell a slope from the steps' noise (0.05 and 0.1 MB both communicate

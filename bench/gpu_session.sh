@@ -15,7 +15,7 @@
 #                                       # ddp-zero (by name): torch's ZeroRedundancyOptimizer, its asynchronous
 #                                       # broadcasts timed as the loop's and its waits blocked time (these three first
 #                                       # on NCCL 2026-11-29: about 200 s together); ddp-experts (by name): a
-#                                       # mixture of experts' all-to-alls timed inside the forward (never yet on NCCL)
+#                                       # mixture of experts' all-to-alls timed inside the forward (8 of 8 on an H200, 2026-11-29)
 #   bash bench/gpu_session.sh memory    # bench/memory_staircase.py --step-peak on the GPU, 2 ranks sharing it, at
 #                                       # 25 and 1 MB: what each strategy holds and what sets its step's peak
 #   bash bench/gpu_session.sh overhead  # bench/overhead.py at the doctor's training shape for what the doctor does not
@@ -23,7 +23,8 @@
 #   bash bench/gpu_session.sh overhead memory   # modes run one after another in one call (not attach: it takes runs)
 #
 # A lent GPU's first call: `bash bench/gpu_wheels.sh` here, then `doctor` (290-340 s on an H200), then
-# `overhead`, `attach ddp-zero ddp-powersgd ddp-fp16` and `memory` fitted one call of 404 s (2026-11-29), each with
+# `overhead`, `attach ddp-zero ddp-powersgd ddp-fp16` and `memory` fitted one call of 404 s (2026-11-29), and
+# `attach ddp-experts ddp-powersgd`, `memory`, `attach hf-ddp hf-fsdp` one of 289 s (the next lease), each with
 # carry [".whl"]; name OUT elsewhere and tar it into the device's $OUT: it brings back 8 files at most.
 # The machine has torch but not every package ddpwatch needs: wheels carried in .whl/ (pyzmq, datasets,
 # dill, multiprocess for Python 3.12; bench/gpu_wheels.sh makes them here) are installed into /tmp/site first. Logs go to $OUT (the device

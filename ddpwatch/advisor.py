@@ -31,7 +31,7 @@ from instrumented_ddp.bucket_plan import DDP_DEFAULT_FIRST_BUCKET_BYTES, TensorS
 from instrumented_ddp.protocol import READY_KIND, Hello, StepReport, is_barrier_wait
 
 from .bucket_sim import MIB, BackwardProfile, Prediction, best, cap_grid, describe, simulate, sweep
-from .compute_slowdown import NO_COMMUNICATION, CommunicationClock, SlowdownFit, fit_slowdown, quiet_time
+from .compute_slowdown import NO_COMMUNICATION, CommunicationClock, SlowdownFit, communicating_backward, fit_slowdown, quiet_time
 from .cost_model import CostModel, StepCollectives, TransferMemory, TransferSample, call_sizes, fit_cost_model, transfer_samples_of
 from .metrics import ClockAlignment, Groups, all_reduce_ranks, call_times, counted
 from .session import Segment, Session
@@ -59,11 +59,11 @@ def ready_times(report: StepReport, tensors: Sequence[TensorSize], bucket_layout
     that start on the rank's clock; None when the report has no marks or leaves a tensor out.
     ``lost_share``: of backward's compute, the share lost while an all-reduce ran beside it
     (``compute_slowdown``), taken out of each mark: the times backward would have had alone."""
-    marks = sorted((s for s in report.spans if s.kind == READY_KIND), key=lambda s: s.start)
-    backwards = [s for s in report.spans if s.kind == "backward" and marks and s.start <= marks[0].start]
-    if not marks or not backwards:
+    found = communicating_backward(report)
+    if found is None:
         return None
-    origin = max(s.start for s in backwards)
+    origin = found[0]
+    marks = sorted((s for s in report.spans if s.kind == READY_KIND), key=lambda s: s.start)
     ready: list[float | None] = [None] * len(tensors)
     unmarked = list(reversed(range(len(tensors))))  # DDP's order, where no layout says otherwise
     previous = 0.0

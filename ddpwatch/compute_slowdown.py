@@ -168,8 +168,8 @@ def fit_slowdown(segments: Sequence[Sequence[BackwardBeside]]) -> SlowdownFit | 
 
 class SlowdownMemory:
     """The newest ``REMEMBERED_PER_SEGMENT`` points of each segment, kept whatever became of its
-    steps' reports (the dashboard keeps 120 steps; the caps run before still say what a byte
-    costs). The session adds each counted step of a bucketed segment as it folds it."""
+    steps' reports (the dashboard keeps 120 steps; the caps run before still say how communication
+    slowed backward). The session adds each counted step of a bucketed segment as it folds it."""
 
     def __init__(self, per_segment: int = REMEMBERED_PER_SEGMENT, segments: int = REMEMBERED_SEGMENTS) -> None:
         self.per_segment = per_segment

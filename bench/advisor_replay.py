@@ -26,12 +26,12 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from ddpwatch.advisor import PROFILE_STEPS, Advice, advice_for_session, recent_profile_steps  # noqa: E402 (the path is set only now)
-from ddpwatch.bucket_sim import MIB  # noqa: E402
-from ddpwatch.receiver import ingest  # noqa: E402
-from ddpwatch.session import Session  # noqa: E402
-from ddpwatch.session_file import read_session_file, session_file_in  # noqa: E402
-from ddpwatch.tune import TUNE_FILE_NAME  # noqa: E402
+from ddpwatch.advisor.advice import PROFILE_STEPS, Advice, advice_for_session, recent_profile_steps  # noqa: E402 (the path is set only now)
+from ddpwatch.advisor.bucket_sim import MIB  # noqa: E402
+from ddpwatch.ingest.receiver import ingest  # noqa: E402
+from ddpwatch.ingest.session import Session  # noqa: E402
+from ddpwatch.ingest.session_file import read_session_file, session_file_in  # noqa: E402
+from ddpwatch.advisor.tune import TUNE_FILE_NAME  # noqa: E402
 
 
 def predicted_ms(session: Session, cap_mb: float, profile_steps: int, first_rank_only: bool, slowed: bool = True) -> float | None:

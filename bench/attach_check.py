@@ -26,11 +26,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ddpwatch.doctor import COLLECTIVE_FLOOR_US, Section, _trace_file, profile_sections, render  # noqa: E402
-from ddpwatch.profile_check import RankComparison, compare_rank, render_steps, syncs_per_iteration  # noqa: E402
-from ddpwatch.profiler_trace import load_trace  # noqa: E402
-from ddpwatch.recorder import load_session  # noqa: E402
-from ddpwatch.session_file import session_file_in  # noqa: E402
+from ddpwatch.doctor.checkup import COLLECTIVE_FLOOR_US, Section, _trace_file, profile_sections, render  # noqa: E402
+from ddpwatch.doctor.profile_check import RankComparison, compare_rank, render_steps, syncs_per_iteration  # noqa: E402
+from ddpwatch.doctor.profiler_trace import load_trace  # noqa: E402
+from ddpwatch.record.recorder import load_session  # noqa: E402
+from ddpwatch.ingest.session_file import session_file_in  # noqa: E402
 
 
 def outside_lines(comparison: RankComparison) -> list[str]:

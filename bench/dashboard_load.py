@@ -48,8 +48,8 @@ from ddpwatch.dashboard.app import DashboardApp  # noqa: E402
 from ddpwatch.dashboard.feeds import LiveFeed  # noqa: E402
 from ddpwatch.dashboard.process_feed import ProcessFeed  # noqa: E402
 from ddpwatch.demo import free_loopback_address  # noqa: E402
-from instrumented_ddp.device_sampler import SAMPLE_EVERY_S  # noqa: E402
-from instrumented_ddp.protocol import (  # noqa: E402
+from instrumented_ddp.resources.device_sampler import SAMPLE_EVERY_S  # noqa: E402
+from instrumented_ddp.wire.protocol import (  # noqa: E402
     DeviceSample,
     Goodbye,
     Heartbeat,
@@ -62,9 +62,9 @@ from instrumented_ddp.protocol import (  # noqa: E402
     decode,
     encode,
 )
-from instrumented_ddp.span_policy import SpanPolicy  # noqa: E402
-from instrumented_ddp.step_figures import summarize  # noqa: E402
-from instrumented_ddp.telemetry import HEARTBEAT_EVERY_S, HELLO_EVERY_S, routing_id  # noqa: E402
+from instrumented_ddp.publish.span_policy import SpanPolicy  # noqa: E402
+from instrumented_ddp.wire.step_figures import summarize  # noqa: E402
+from instrumented_ddp.publish.publisher import HEARTBEAT_EVERY_S, HELLO_EVERY_S, routing_id  # noqa: E402
 
 PHASE_SPANS = 5  # data, forward, backward, wait, optimizer
 

@@ -25,8 +25,8 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from instrumented_ddp.median_interval import median_with_interval  # noqa: E402 (the repository is on the path only now)
-from instrumented_ddp.overhead_bench import marked_train_step, relaunch_on_ranks  # noqa: E402
+from instrumented_ddp.wire.median_interval import median_with_interval  # noqa: E402 (the repository is on the path only now)
+from instrumented_ddp.selfcheck.overhead_bench import marked_train_step, relaunch_on_ranks  # noqa: E402
 
 
 def measure(steps: int) -> None:
@@ -34,10 +34,10 @@ def measure(steps: int) -> None:
 
     import instrumented_ddp
     from instrumented_ddp.distributed import exit_process, init_distributed, shutdown_distributed
-    from instrumented_ddp.forwarding_group import ForwardingGroup
-    from instrumented_ddp.models import build_built_in_model
+    from instrumented_ddp.timing.forwarding_group import ForwardingGroup
+    from instrumented_ddp.training.models import build_built_in_model
     from instrumented_ddp.strategies.native import NativeDDP
-    from instrumented_ddp.timeline import StepTimeline
+    from instrumented_ddp.timing.timeline import StepTimeline
 
     context = init_distributed("cpu")
     torch.manual_seed(0)

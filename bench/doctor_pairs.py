@@ -21,11 +21,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ddpwatch.doctor import _trace_file  # noqa: E402
-from ddpwatch.profile_check import RankComparison, compare_rank  # noqa: E402
-from ddpwatch.profiler_trace import ProfilerTrace, load_trace  # noqa: E402
-from ddpwatch.recorder import load_session  # noqa: E402
-from instrumented_ddp.intervals import clip, merge, total_length  # noqa: E402
+from ddpwatch.doctor.checkup import _trace_file  # noqa: E402
+from ddpwatch.doctor.profile_check import RankComparison, compare_rank  # noqa: E402
+from ddpwatch.doctor.profiler_trace import ProfilerTrace, load_trace  # noqa: E402
+from ddpwatch.record.recorder import load_session  # noqa: E402
+from instrumented_ddp.wire.time_ranges import clip, merge, total_length  # noqa: E402
 
 QUANTILES = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0)
 

@@ -5,7 +5,7 @@ says how large a run one recorder can follow. ``--senders`` spawned processes si
 one DEALER socket each as real ranks: Hello, a StepReport per step, a Heartbeat every 10 steps, a
 DeviceSample every 2, Goodbye. They are encoded before the start and sent BLOCKING, so nothing
 is dropped and the pace is what the receiver keeps up with. The main process runs the loop of
-``ddpwatch/recorder.py`` (receive -> ingest -> SessionWriter, switch relay) until every rank said
+``ddpwatch/record/recorder.py`` (receive -> ingest -> SessionWriter, switch relay) until every rank said
 goodbye, timed from the first batch to the last.
 
 Reading it: messages/s and events/s are sustained while sharing the CPU with the senders (a lower
@@ -32,12 +32,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import zmq  # noqa: E402
-from ddpwatch.control import SwitchRelay  # noqa: E402
-from ddpwatch.receiver import TelemetryReceiver, ingest  # noqa: E402
-from ddpwatch.session import Session  # noqa: E402
-from ddpwatch.session_file import SESSION_FILE_NAME, SessionWriter  # noqa: E402
-from instrumented_ddp.protocol import DeviceSample, Goodbye, Heartbeat, Hello, Message, Span, StepReport, encode  # noqa: E402
-from instrumented_ddp.telemetry import routing_id  # noqa: E402
+from ddpwatch.control.relay import SwitchRelay  # noqa: E402
+from ddpwatch.ingest.receiver import TelemetryReceiver, ingest  # noqa: E402
+from ddpwatch.ingest.session import Session  # noqa: E402
+from ddpwatch.ingest.session_file import SESSION_FILE_NAME, SessionWriter  # noqa: E402
+from instrumented_ddp.wire.protocol import DeviceSample, Goodbye, Heartbeat, Hello, Message, Span, StepReport, encode  # noqa: E402
+from instrumented_ddp.publish.publisher import routing_id  # noqa: E402
 
 STEP_S = 0.1  # simulated step length on the rank's clock
 IDLE_ABORT_S = 15.0
@@ -146,7 +146,7 @@ def main() -> int:
         start.wait(timeout=120)
         rss_before = int(Path("/proc/self/statm").read_text().split()[1]) * resource.getpagesize() / 2**20
         last_message = time.monotonic()
-        while not session.finished:  # the recorder's loop (ddpwatch/recorder.py)
+        while not session.finished:  # the recorder's loop (ddpwatch/record/recorder.py)
             batch = receiver.receive(timeout_ms=200)
             if batch:
                 if not first:

@@ -4,7 +4,7 @@
     torchrun --nproc_per_node=2 bench/memory_staircase.py --hidden 768 --layers 12  # ~80 M parameters
 
 Each strategy wraps a fresh copy of the same model, trains two optimizer steps (AdamW), and
-``instrumented_ddp.memory.held_memory`` counts what rank 0 then holds between steps, from the
+``instrumented_ddp.resources.memory.held_memory`` counts what rank 0 then holds between steps, from the
 tensors it holds. ``peak`` is the allocator's peak on a GPU and the process's resident set on a
 CPU (process-wide, so on a CPU it only grows from one strategy to the next).
 
@@ -31,7 +31,7 @@ from transformers import LlamaConfig, LlamaForSequenceClassification
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import instrumented_ddp  # noqa: E402
 from instrumented_ddp.distributed import exit_process, init_distributed, shutdown_distributed  # noqa: E402
-from instrumented_ddp.memory import allocation_peak, held_memory  # noqa: E402
+from instrumented_ddp.resources.memory import allocation_peak, held_memory  # noqa: E402
 
 
 PHASES = ("forward", "backward", "gradient sync", "optimizer")

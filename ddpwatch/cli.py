@@ -10,15 +10,15 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from instrumented_ddp.one_line_errors import OneLineErrorParser
-from instrumented_ddp.output_paths import directory_problem, file_in_the_way
-from instrumented_ddp.protocol import DEFAULT_ADDRESS, DEFAULT_MAX_MESSAGE_BYTES, STRATEGY_NAMES, bucket_mb_problem
+from instrumented_ddp.wire.one_line_errors import OneLineErrorParser
+from instrumented_ddp.wire.output_paths import directory_problem, file_in_the_way
+from instrumented_ddp.wire.protocol import DEFAULT_ADDRESS, DEFAULT_MAX_MESSAGE_BYTES, STRATEGY_NAMES, bucket_mb_problem
 
-from .control import ACK_GRACE_S
+from ddpwatch.control.relay import ACK_GRACE_S
 
 if TYPE_CHECKING:
-    from .auth import ServerKeys
-    from .dashboard.app import DashboardApp
+    from ddpwatch.ingest.server_keys import ServerKeys
+    from ddpwatch.dashboard.app import DashboardApp
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -163,7 +163,7 @@ def writable_out_dir(path: Path, flag: str = "--out") -> Path:
 def session_file_to_read(given: Path) -> Path:
     """The session file ``given`` names (its directory or the file itself), refused in one line
     where there is none or it holds no ddpwatch message (``replay`` and ``summary``)."""
-    from .session_file import not_a_session_file, session_file_in
+    from ddpwatch.ingest.session_file import not_a_session_file, session_file_in
 
     path = session_file_in(given)
     if not path.is_file():
@@ -185,7 +185,7 @@ def server_keys(args: argparse.Namespace) -> ServerKeys | None:  # ServerKeys im
         return None
     if (in_the_way := file_in_the_way(args.keys)) is not None:  # else mkdir's bare "[Errno 17] File exists"
         raise ValueError(f"--keys {args.keys}: {in_the_way} (the key directory, made if missing)")
-    from .auth import ensure_keys
+    from ddpwatch.ingest.server_keys import ensure_keys
 
     keys, client_file = ensure_keys(args.keys)
     print(f"ddpwatch: CURVE on; give the training nodes {client_file} (train.py --watch-key {client_file})", file=sys.stderr)
@@ -193,9 +193,9 @@ def server_keys(args: argparse.Namespace) -> ServerKeys | None:  # ServerKeys im
 
 
 def run_dashboard(args: argparse.Namespace) -> int:
-    from .dashboard.app import DashboardApp
-    from .dashboard.process_feed import ProcessFeed
-    from .session_file import SESSION_FILE_NAME
+    from ddpwatch.dashboard.app import DashboardApp
+    from ddpwatch.dashboard.process_feed import ProcessFeed
+    from ddpwatch.ingest.session_file import SESSION_FILE_NAME
 
     positive(args, "max_message_bytes")
     out_dir = writable_out_dir(args.out or default_session_dir())
@@ -215,8 +215,8 @@ def exports_failed(app: DashboardApp, command: str = "ddpwatch") -> int:
 
 
 def run_replay(args: argparse.Namespace) -> int:
-    from .dashboard.app import DashboardApp
-    from .dashboard.feeds import ReplayFeed
+    from ddpwatch.dashboard.app import DashboardApp
+    from ddpwatch.dashboard.feeds import ReplayFeed
 
     if not (math.isfinite(args.speed) and args.speed >= 0):  # inf and nan too: the replay's clock runs at it
         raise ValueError("--speed must be 0 (as fast as possible) or a positive, finite number")
@@ -228,10 +228,10 @@ def run_replay(args: argparse.Namespace) -> int:
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    from .dashboard.app import DashboardApp
-    from .dashboard.process_feed import ProcessFeed
-    from .demo import free_loopback_address, report_if_training_fails, start_training, stop_training
-    from .session_file import SESSION_FILE_NAME
+    from ddpwatch.dashboard.app import DashboardApp
+    from ddpwatch.dashboard.process_feed import ProcessFeed
+    from ddpwatch.demo import free_loopback_address, report_if_training_fails, start_training, stop_training
+    from ddpwatch.ingest.session_file import SESSION_FILE_NAME
 
     if args.steps < 1 or args.nproc < 1:
         raise ValueError("--steps and --nproc must be at least 1")
@@ -263,7 +263,7 @@ def run_demo(args: argparse.Namespace) -> int:
 def run_record(args: argparse.Namespace) -> int:
     import time
 
-    from .recorder import StopRule, record
+    from ddpwatch.record.recorder import StopRule, record
 
     positive(args, "until_steps", "until_seconds", "sample", "wait", "idle_exit", "max_message_bytes", "runs")
     started = time.monotonic()
@@ -288,9 +288,9 @@ def positive(args: argparse.Namespace, *flags: str) -> None:
 def summaries_at(path: Path) -> list[dict]:
     """Every run's summary at ``path``, oldest first: its exports where written (an earlier run's
     in a folder named after it), else made from its session file."""
-    from .exporters import summary
-    from .recorder import load_runs
-    from .session_file import session_file_in
+    from ddpwatch.export.exporters import summary
+    from ddpwatch.record.recorder import load_runs
+    from ddpwatch.ingest.session_file import session_file_in
 
     if (path / "summary.json").is_file():
         return [json.loads(file.read_text()) for file in [*sorted(path.glob("*/summary.json")), path / "summary.json"]]
@@ -303,7 +303,7 @@ def run_summary(args: argparse.Namespace) -> int:
     """Every run's table, oldest first: a dashboard left open records a script run twice (or a
     Trainer's second ``train()``) in one session file, and writes each earlier run's exports in a
     folder named after it beside the last one's; only the last was printed."""
-    from .exporters import summary_markdown
+    from ddpwatch.export.exporters import summary_markdown
 
     print("\n\n".join(summary_markdown(data) for data in summaries_at(args.session)))
     return 0
@@ -313,7 +313,7 @@ def run_compare(args: argparse.Namespace) -> int:
     """Each run of each session given, named by its path (and its session id where a path holds
     several), in the order given; the first segment is the baseline. With ``--fail-if-slower``,
     exit 1 where a later segment is slower than allowed (``comparison.slower_than_allowed``)."""
-    from .comparison import comparison_lines, slower_than_allowed
+    from ddpwatch.export.comparison import comparison_lines, slower_than_allowed
 
     allowed = args.fail_if_slower
     if allowed is not None and not (math.isfinite(allowed) and allowed >= 0):
@@ -335,7 +335,7 @@ def run_compare(args: argparse.Namespace) -> int:
 
 
 def run_doctor(args: argparse.Namespace) -> int:
-    from .doctor import doctor
+    from ddpwatch.doctor.checkup import doctor
 
     strategies = [name.strip() for name in args.strategies.split(",") if name.strip()]
     if not strategies or any(name not in STRATEGY_NAMES for name in strategies):
@@ -365,8 +365,8 @@ def bucket_sizes(text: str) -> list[float]:
 
 
 def run_tune(args: argparse.Namespace) -> int:
-    from .recorder import StopRule, record
-    from .tune import SweepDriver, table, write_results
+    from ddpwatch.record.recorder import StopRule, record
+    from ddpwatch.advisor.tune import SweepDriver, table, write_results
 
     if args.steps_per_size < 2:
         print("ddpwatch tune: error: --steps-per-size must be at least 2", file=sys.stderr)
@@ -389,9 +389,9 @@ def run_tune(args: argparse.Namespace) -> int:
 
 
 def run_switch(args: argparse.Namespace) -> int:
-    from .switch_client import request_switch
+    from ddpwatch.control.switch_client import request_switch
 
-    from instrumented_ddp.protocol import load_client_keys
+    from instrumented_ddp.wire.protocol import load_client_keys
 
     if not (math.isfinite(args.timeout) and args.timeout > 0):  # inf broke the poll's int(), nan and 0 gave up at once
         raise ValueError("--timeout must be a positive, finite number of seconds")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 #: train.py as a module of the package (``torchrun -m``): an installed ddpwatch has it, where a
 #: clone's top-level ``train.py`` is not installed (the demo failed from a wheel: *train.py not found*).
-TRAIN_MODULE = "instrumented_ddp.train"
+TRAIN_MODULE = "instrumented_ddp.training.train"
 TRAIN_DEFAULT_BATCH = 16  # train.py's --batch-size default: the global batch (not imported: train.py imports torch)
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 

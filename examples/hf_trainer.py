@@ -23,11 +23,13 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 from transformers import EvalPrediction, Trainer, TrainerCallback, TrainingArguments
 
-from instrumented_ddp import data, data_cache, models
+from instrumented_ddp.training import data
+from instrumented_ddp.training import data_cache
+from instrumented_ddp.training import models
 from instrumented_ddp.distributed import exit_process
-from instrumented_ddp.integrations import DDPWatchCallback
-from instrumented_ddp.output_paths import outputs_problem
-from instrumented_ddp.protocol import DEFAULT_ADDRESS, bucket_mb_problem
+from instrumented_ddp.integrations.hf_trainer import DDPWatchCallback
+from instrumented_ddp.wire.output_paths import outputs_problem
+from instrumented_ddp.wire.protocol import DEFAULT_ADDRESS, bucket_mb_problem
 
 
 def accuracy(prediction: EvalPrediction) -> dict[str, float]:

@@ -9,7 +9,7 @@ A loop ddpwatch did not write is watched with one line after its own DDP wrap:
     watch = instrumented_ddp.attach(ddp_model, optimizer, address="tcp://127.0.0.1:5555")
 
 The strategies (and torch) load on first use, so ``ddpwatch`` can import
-``instrumented_ddp.protocol`` without importing torch.
+``instrumented_ddp.wire.protocol`` without importing torch.
 """
 
 from __future__ import annotations
@@ -17,19 +17,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from .protocol import DEFAULT_ADDRESS, STRATEGY_NAMES
+from instrumented_ddp.wire.protocol import DEFAULT_ADDRESS, STRATEGY_NAMES
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from .attachment import Attachment
-    from .strategies import DataParallelStrategy
+    from instrumented_ddp.attachment.facade import Attachment
+    from instrumented_ddp.strategies import DataParallelStrategy
 
 
 def wrap(model: nn.Module, strategy: str, **settings: Any) -> DataParallelStrategy:
     """Wrap ``model`` in the named strategy; a collective every rank must call together."""
-    from .strategies import strategy_class
+    from instrumented_ddp.strategies import strategy_class
 
     try:
         cls = strategy_class(strategy)
@@ -40,24 +40,24 @@ def wrap(model: nn.Module, strategy: str, **settings: Any) -> DataParallelStrate
 
 def unwrap(model: nn.Module) -> nn.Module:
     """The bare model, with every hook of its strategy removed (a bare model is returned as is)."""
-    from .strategies import DataParallelStrategy
+    from instrumented_ddp.strategies import DataParallelStrategy
 
     return model.unwrap() if isinstance(model, DataParallelStrategy) else model
 
 
 def attach(model: nn.Module, optimizer: torch.optim.Optimizer | Sequence[torch.optim.Optimizer], *,
            address: str = DEFAULT_ADDRESS, watch_key: str | None = None, total_steps: int = 0) -> Attachment:
-    """Watch a user's own ``DistributedDataParallel`` loop (see ``instrumented_ddp.attachment``).
+    """Watch a user's own ``DistributedDataParallel`` loop (see ``instrumented_ddp.attachment.facade``).
     The signature is ``attachment.attach``'s, spelled out (not ``**options``) so that a user's
     editor and type checker read it here, where the package loads torch only on first use."""
-    from .attachment import attach as attach_to
+    from instrumented_ddp.attachment.facade import attach as attach_to
 
     return attach_to(model, optimizer, address=address, watch_key=watch_key, total_steps=total_steps)
 
 
 def __getattr__(name: str) -> Any:
     if name == "DataParallelStrategy":
-        from .strategies import DataParallelStrategy
+        from instrumented_ddp.strategies import DataParallelStrategy
 
         return DataParallelStrategy
     raise AttributeError(f"module 'instrumented_ddp' has no attribute {name!r}")

@@ -20,7 +20,7 @@ def child_processes_keep_their_temp_files_here() -> Iterator[None]:
     """The processes the tests start get a temp folder of their own, removed at the end:
     torchrun makes a ``torchelastic_*`` folder of rank logs in the temp folder at every launch
     and never removes it (about 35 a suite run, 599 left in /tmp here before this). The built-in
-    data they keep (``instrumented_ddp.data_cache``) goes there too: built by the suite's first run,
+    data they keep (``instrumented_ddp.training.data_cache``) goes there too: built by the suite's first run,
     read by the rest, never read from a cache the user's own runs left."""
     folder = tempfile.mkdtemp(prefix="ddpwatch-tests-")
     try:
@@ -60,8 +60,8 @@ def ranks_are_forked_from_a_process_that_has_imported_torch(child_processes_keep
 
 @pytest.fixture
 def host_time(monkeypatch: pytest.MonkeyPatch) -> Any:
-    """The host's clock inside ``instrumented_ddp.timeline``, set by the test (``timeline_fakes.FakeHostTime``)."""
-    from instrumented_ddp import timeline
+    """The host's clock inside ``instrumented_ddp.timing.timeline``, set by the test (``timeline_fakes.FakeHostTime``)."""
+    from instrumented_ddp.timing import timeline
     from timeline_fakes import FakeHostTime
 
     fake = FakeHostTime()
@@ -82,7 +82,7 @@ def one_rank_group() -> Iterator[None]:
 @pytest.fixture
 def sent(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     """Every message an attachment (``instrumented_ddp.attach``) publishes, in order."""
-    from instrumented_ddp.attachment import Attachment
+    from instrumented_ddp.attachment.facade import Attachment
 
     messages: list[Any] = []
     original = Attachment.__init__

@@ -18,29 +18,29 @@ from textual.binding import Binding
 from textual.containers import Horizontal, VerticalScroll
 from textual.widgets import Footer, TabbedContent, TabPane
 
-from instrumented_ddp.output_paths import file_in_the_way
-from instrumented_ddp.protocol import NOT_SWITCHABLE, STRATEGY_NAMES, Ack, Envelope
+from instrumented_ddp.wire.output_paths import file_in_the_way
+from instrumented_ddp.wire.protocol import NOT_SWITCHABLE, STRATEGY_NAMES, Ack, Envelope
 
-from ..control import GIVE_UP_AFTER_S, new_command
-from ..evaluations import series_label
-from ..exporters import write_exports
-from ..heatmap import HEATMAP_METRICS
-from ..session import DEVICE_SAMPLES_PER_RANK, Session
-from ..span_requests import LARGE_JOB_DEVICE_EVERY_S, SAMPLE_EVERY_STEPS, SpanWish
-from .feeds import Arrival, Feed, ReplayFeed
-from .screens.help_screen import HelpScreen
-from .screens.strategy_picker import StrategyPicker, SwitchChoice
-from .snapshot import EVERY_RANK_IN_THE_TIMELINE_UP_TO, DeviceSeries, Snapshot, SnapshotBuilder
-from .widgets.advisor_panel import AdvisorPanel
-from .widgets.header_bar import HeaderBar
-from .widgets.rank_heatmap import RankHeatmap
-from .widgets.ranks_table import RanksTable
-from .widgets.segment_bars_view import SegmentBarsView
-from .widgets.segments_table import SegmentsTable
-from .widgets.sparkline_list import Series, SparklineList
-from .widgets.stragglers_panel import StragglersPanel
-from .widgets.timeline_view import TimelineView
-from .widgets.warnings_panel import WarningsPanel
+from ddpwatch.control.relay import GIVE_UP_AFTER_S, new_command
+from ddpwatch.ingest.evaluations import series_label
+from ddpwatch.export.exporters import write_exports
+from ddpwatch.dashboard.views.heatmap import HEATMAP_METRICS
+from ddpwatch.ingest.session import DEVICE_SAMPLES_PER_RANK, Session
+from ddpwatch.control.span_requests import LARGE_JOB_DEVICE_EVERY_S, SAMPLE_EVERY_STEPS, SpanWish
+from ddpwatch.dashboard.feeds import Arrival, Feed, ReplayFeed
+from ddpwatch.dashboard.screens.help_screen import HelpScreen
+from ddpwatch.dashboard.screens.strategy_picker import StrategyPicker, SwitchChoice
+from ddpwatch.dashboard.views.snapshot import EVERY_RANK_IN_THE_TIMELINE_UP_TO, DeviceSeries, Snapshot, SnapshotBuilder
+from ddpwatch.dashboard.widgets.advisor_panel import AdvisorPanel
+from ddpwatch.dashboard.widgets.header_bar import HeaderBar
+from ddpwatch.dashboard.widgets.rank_heatmap import RankHeatmap
+from ddpwatch.dashboard.widgets.ranks_table import RanksTable
+from ddpwatch.dashboard.widgets.segment_bars_view import SegmentBarsView
+from ddpwatch.dashboard.widgets.segments_table import SegmentsTable
+from ddpwatch.dashboard.widgets.sparkline_list import Series, SparklineList
+from ddpwatch.dashboard.widgets.stragglers_panel import StragglersPanel
+from ddpwatch.dashboard.widgets.timeline_view import TimelineView
+from ddpwatch.dashboard.widgets.warnings_panel import WarningsPanel
 
 FRAME_INTERVAL_S = 0.1
 INGEST_BUDGET_S = 0.06  # a frame folds in messages for at most this long (see ingest_arrived)

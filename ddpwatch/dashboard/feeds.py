@@ -13,14 +13,14 @@ from collections import deque
 from pathlib import Path
 from typing import NamedTuple
 
-from instrumented_ddp.protocol import DEFAULT_MAX_MESSAGE_BYTES, Envelope, ProtocolError, SwitchCommand, run_of_sender
+from instrumented_ddp.wire.protocol import DEFAULT_MAX_MESSAGE_BYTES, Envelope, ProtocolError, SwitchCommand, run_of_sender
 
-from ..auth import ServerKeys
-from ..control import SwitchRelay
-from ..receiver import TelemetryReceiver, log_and_decode
-from ..session import PreparedReport
-from ..session_file import SessionWriter, read_session_records
-from ..span_requests import SpanRequester, SpanWish
+from ddpwatch.ingest.server_keys import ServerKeys
+from ddpwatch.control.relay import SwitchRelay
+from ddpwatch.ingest.receiver import TelemetryReceiver, log_and_decode
+from ddpwatch.ingest.session import PreparedReport
+from ddpwatch.ingest.session_file import SessionWriter, read_session_records
+from ddpwatch.control.span_requests import SpanRequester, SpanWish
 
 Item = Envelope | ProtocolError
 

@@ -27,14 +27,14 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from instrumented_ddp.protocol import DEFAULT_MAX_MESSAGE_BYTES, Envelope, Hello, StepReport, StepSummary, SwitchCommand
-from instrumented_ddp.span_policy import HELD_STEPS
+from instrumented_ddp.wire.protocol import DEFAULT_MAX_MESSAGE_BYTES, Envelope, Hello, StepReport, StepSummary, SwitchCommand
+from instrumented_ddp.wire.protocol import HELD_STEPS
 
-from ..auth import ServerKeys
-from ..compact import PackedSpans, TagSequences
-from ..session import prepare_report
-from ..span_requests import SpanWish
-from .feeds import Arrival, Feed, Listener
+from ddpwatch.ingest.server_keys import ServerKeys
+from ddpwatch.figures.compact_steps import PackedSpans, TagSequences
+from ddpwatch.ingest.session import prepare_report
+from ddpwatch.control.span_requests import SpanWish
+from ddpwatch.dashboard.feeds import Arrival, Feed, Listener
 
 #: Arrivals the UI may have waiting before the feed stops reading from the child: a 1,024-rank
 #: job sends ~2,600 a second, and a sampled step 2,048 at once (summaries, then spans). Decoded

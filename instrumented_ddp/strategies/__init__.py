@@ -11,7 +11,7 @@ import importlib
 
 import torch
 
-from .base import DataParallelStrategy
+from instrumented_ddp.strategies.base import DataParallelStrategy
 
 #: Where each strategy lives, (module here, class), in ``protocol.STRATEGY_NAMES`` order.
 STRATEGY_CLASSES: dict[str, tuple[str, str]] = {

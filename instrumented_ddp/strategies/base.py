@@ -23,10 +23,10 @@ import torch.distributed as dist
 from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-from ..collectives import timed_collective
-from ..memory import reset_peak
-from ..protocol import bucket_mb_problem
-from ..timeline import NULL_TIMELINE, NullTimeline, StepTimeline
+from instrumented_ddp.timing.collectives import timed_collective
+from instrumented_ddp.resources.memory import reset_peak
+from instrumented_ddp.wire.protocol import bucket_mb_problem
+from instrumented_ddp.timing.timeline import NULL_TIMELINE, NullTimeline, StepTimeline
 
 
 #: One dict per trainable parameter: each optimizer state entry whole (AdamW: ``step``,

@@ -10,8 +10,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from ..bucket_plan import TensorSize, plan_bucket_strategy
-from .base import DataParallelStrategy
+from instrumented_ddp.wire.bucket_plan import TensorSize, plan_bucket_strategy
+from instrumented_ddp.strategies.base import DataParallelStrategy
 
 
 @dataclass

@@ -14,9 +14,9 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from ..fsdp_timing import FSDPTiming
-from ..timeline import NULL_TIMELINE
-from .base import DataParallelStrategy, FullOptimizerState
+from instrumented_ddp.timing.fsdp_timing import FSDPTiming
+from instrumented_ddp.timing.timeline import NULL_TIMELINE
+from instrumented_ddp.strategies.base import DataParallelStrategy, FullOptimizerState
 
 
 def sharding_units(module: nn.Module) -> list[nn.Module]:

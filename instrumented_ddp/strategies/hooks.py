@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.hooks import RemovableHandle
 
-from .base import DataParallelStrategy
+from instrumented_ddp.strategies.base import DataParallelStrategy
 
 
 class PerParameterHook(DataParallelStrategy):

@@ -9,10 +9,10 @@ from typing import Any, ClassVar
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from ..ddp_timing import DDPTiming
-from ..forwarding_group import ForwardingGroup
-from ..timeline import NULL_TIMELINE
-from .base import DataParallelStrategy
+from instrumented_ddp.timing.ddp_timing import DDPTiming
+from instrumented_ddp.timing.forwarding_group import ForwardingGroup
+from instrumented_ddp.timing.timeline import NULL_TIMELINE
+from instrumented_ddp.strategies.base import DataParallelStrategy
 
 
 class NativeDDP(DataParallelStrategy):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from .base import DataParallelStrategy
+from instrumented_ddp.strategies.base import DataParallelStrategy
 
 
 class SimpleAllReduce(DataParallelStrategy):

@@ -12,9 +12,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from ..collectives import all_gather
-from .base import FullOptimizerState
-from .bucket import BucketedAsyncHook, GradientBucket
+from instrumented_ddp.timing.collectives import all_gather
+from instrumented_ddp.strategies.base import FullOptimizerState
+from instrumented_ddp.strategies.bucket import BucketedAsyncHook, GradientBucket
 
 
 @dataclass

@@ -6,8 +6,8 @@ from typing import ClassVar
 
 import torch
 
-from .bucket import GradientBucket
-from .zero1 import ShardedOptimizerState
+from instrumented_ddp.strategies.bucket import GradientBucket
+from instrumented_ddp.strategies.zero1 import ShardedOptimizerState
 
 
 class ShardedGradients(ShardedOptimizerState):

@@ -10,7 +10,7 @@ from textual.content import Content
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
-from instrumented_ddp.protocol import STRATEGY_NAMES
+from instrumented_ddp.wire.protocol import STRATEGY_NAMES
 
 KEYS = [
     ("?", "this help"),

@@ -9,7 +9,7 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, OptionList
 
-from instrumented_ddp.protocol import STRATEGY_NAMES, bucket_mb_problem
+from instrumented_ddp.wire.protocol import STRATEGY_NAMES, bucket_mb_problem
 
 DESCRIPTIONS = {
     "simple": "all-reduce every gradient after backward",

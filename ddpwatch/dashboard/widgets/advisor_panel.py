@@ -8,9 +8,9 @@ from rich.text import Text
 from textual.widget import Widget
 from textual.widgets import Static
 
-from ...advisor import Advice, MeasuredCap
-from ...advisor_plot import BEST, CURRENT_COLUMN, DEFAULT_COLUMN, EXTRAPOLATED, MEASURED, PREDICTED, WHISKER, plot
-from ...bucket_sim import MIB
+from ddpwatch.advisor.advice import Advice, MeasuredCap
+from ddpwatch.dashboard.views.advisor_plot import BEST, CURRENT_COLUMN, DEFAULT_COLUMN, EXTRAPOLATED, MEASURED, PREDICTED, WHISKER, plot
+from ddpwatch.advisor.bucket_sim import MIB
 
 STYLES = {PREDICTED: "cyan", EXTRAPOLATED: "dim cyan", BEST: "bold green", MEASURED: "bold magenta",
           CURRENT_COLUMN: "yellow", DEFAULT_COLUMN: "dim", WHISKER: "magenta"}

@@ -6,9 +6,9 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal
 from textual.widgets import ProgressBar, Static
 
-from instrumented_ddp.protocol import NOT_SWITCHABLE
+from instrumented_ddp.wire.protocol import NOT_SWITCHABLE
 
-from ..snapshot import HeaderData
+from ddpwatch.dashboard.views.snapshot import HeaderData
 
 
 def format_eta(seconds: float | None) -> str:

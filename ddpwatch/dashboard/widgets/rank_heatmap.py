@@ -1,5 +1,5 @@
 """The heatmap tab: a row per rank (or per node, collapsed) and a cell per recent step, coloured
-from the lowest to the highest value shown (``ddpwatch/heatmap.py`` builds the grid)."""
+from the lowest to the highest value shown (``ddpwatch/dashboard/views/heatmap.py`` builds the grid)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from textual.message import Message
 from textual.strip import Strip
 from textual.widget import Widget
 
-from ...heatmap import HEATMAP_METRICS, Heatmap, HeatRow, level
+from ddpwatch.dashboard.views.heatmap import HEATMAP_METRICS, Heatmap, HeatRow, level
 
 LABEL_WIDTH = 12
 #: The metric and the steps shown, then its scale; then the rows. The scale had shared the metric's

@@ -25,7 +25,7 @@ from textual.reactive import reactive
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from ddpwatch.rank_rows import RankRow
+from ddpwatch.dashboard.views.rank_rows import RankRow
 
 COLUMNS = ("rank", "status", "step", "step ms", "Compute%", "Non_Compute%", "Overlap%", "waited ms",
            "utilization", "memory", "held P/G/O MiB", "dropped", "node", "host", "device")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from textual.widgets import DataTable
 
-from ...metrics import calls_text
-from ..snapshot import SegmentRow
+from ddpwatch.figures.metrics import calls_text
+from ddpwatch.dashboard.views.snapshot import SegmentRow
 
 # The segment as "bucket 1 MB" (``SegmentRow.short_label``), and the step's time and the throughput
 # right after the steps: what a switch bought is the first thing read, and at 160 columns the long

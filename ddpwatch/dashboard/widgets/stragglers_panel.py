@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from textual.widgets import Static
 
-from ...metrics import STRAGGLER_SHARE
-from ..snapshot import StragglerRow
+from ddpwatch.figures.metrics import STRAGGLER_SHARE
+from ddpwatch.dashboard.views.snapshot import StragglerRow
 
 
 class StragglersPanel(Static):

@@ -10,7 +10,7 @@ from textual.geometry import Size
 from textual.strip import Strip
 from textual.widget import Widget
 
-from ..timeline_lanes import RankLanes, TimelineData
+from ddpwatch.dashboard.views.timeline_lanes import RankLanes, TimelineData
 
 LABEL_WIDTH = 11
 STYLES = {
@@ -153,8 +153,8 @@ class TimelineView(Widget):
             style = STYLES["hidden" if index % 2 == 0 else "hidden_alt"]
             for column in self._column_range(bar.start, bar.end, columns):
                 cells[column] = ("▆", style)
-        for part, intervals in (("exposed", rank.exposed), ("exposed_waiting", rank.exposed_waiting)):
-            for start, end in intervals:
+        for part, ranges in (("exposed", rank.exposed), ("exposed_waiting", rank.exposed_waiting)):
+            for start, end in ranges:
                 for column in self._column_range(start, end, columns):
                     cells[column] = ("▆", STYLES[part])
         return cells

@@ -1,0 +1,1 @@
+"""The bucket-size advisor: backward replayed under other caps, and ``ddpwatch tune``."""

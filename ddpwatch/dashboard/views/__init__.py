@@ -1,0 +1,1 @@
+"""View models: what a widget draws, computed apart from the widget."""

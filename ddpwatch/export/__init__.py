@@ -1,0 +1,1 @@
+"""Files a recorded session leaves behind, and ``ddpwatch compare``."""

@@ -1,0 +1,1 @@
+"""``ddpwatch record``: a session received headless."""

@@ -1,0 +1,1 @@
+"""What a rank holds and what its device does: tensor memory and the device sampler."""

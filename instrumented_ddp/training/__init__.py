@@ -1,0 +1,1 @@
+"""The built-in workload: the training script, its models and its data."""

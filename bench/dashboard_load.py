@@ -32,7 +32,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from dataclasses import replace
+from msgspec.structs import replace
 from multiprocessing.queues import Queue
 from pathlib import Path
 
@@ -49,22 +49,13 @@ from ddpwatch.dashboard.feeds import LiveFeed  # noqa: E402
 from ddpwatch.dashboard.process_feed import ProcessFeed  # noqa: E402
 from ddpwatch.demo import free_loopback_address  # noqa: E402
 from instrumented_ddp.resources.device_sampler import SAMPLE_EVERY_S  # noqa: E402
-from instrumented_ddp.wire.protocol import (  # noqa: E402
-    DeviceSample,
-    Goodbye,
-    Heartbeat,
-    Hello,
-    Message,
-    ProtocolError,
-    SpanRequest,
-    StepReport,
-    StepSummary,
-    decode,
-    encode,
-)
+from instrumented_ddp.wire.codec import ProtocolError, decode, encode
+from instrumented_ddp.wire.messages import (
+    DeviceSample, Goodbye, Heartbeat, Hello, Message, SpanRequest, StepReport, StepSummary)
 from instrumented_ddp.publish.span_policy import SpanPolicy  # noqa: E402
 from instrumented_ddp.wire.step_figures import summarize  # noqa: E402
-from instrumented_ddp.publish.publisher import HEARTBEAT_EVERY_S, HELLO_EVERY_S, routing_id  # noqa: E402
+from instrumented_ddp.publish.publisher import HEARTBEAT_EVERY_S, HELLO_EVERY_S  # noqa: E402
+from instrumented_ddp.wire.endpoints import routing_id  # noqa: E402
 
 PHASE_SPANS = 5  # data, forward, backward, wait, optimizer
 

@@ -5,12 +5,12 @@
 #   bash bench/gpu_wheels.sh        # then: run(command="bash bench/gpu_session.sh doctor", carry=[".whl"])
 #
 # The lent image ('cuda', Python 3.12) has torch, transformers, accelerate, msgpack, psutil, numpy,
-# pyarrow, xxhash and nvidia-ml-py (/work/.library/device/KINDS.md), not pyzmq or datasets (nor dill
+# pyarrow, xxhash and nvidia-ml-py (/work/.library/device/KINDS.md), not pyzmq, msgspec or datasets (nor dill
 # and multiprocess, which datasets needs). Each is pinned to the version this venv runs, so the GPU
 # runs the code the suite passed with. .whl/ is ignored by git, so the call must name it in carry.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PACKAGES=(pyzmq datasets dill multiprocess)
+PACKAGES=(pyzmq msgspec datasets dill multiprocess)
 python=${PYTHON:-.venv/bin/python}
 pins=()
 for package in "${PACKAGES[@]}"; do

@@ -12,6 +12,12 @@ Reading it: messages/s and events/s are sustained while sharing the CPU with the
 bound); receiver CPU near 100% means the receiver set the pace. A run needs ranks x steps/s x
 (spans + 1) events/s. lost, rejected, sender drops must be 0 (else exit 1). Peak RSS holds every
 report in memory plus the imports ("before"; torch comes with them).
+
+``--baseline-tree DIR`` measures another checkout beside this one in the same invocation (a
+``git worktree`` of an earlier commit): ``--rounds`` runs of each, alternating, each in a process
+of its own running that tree's own ``bench/ingest.py`` with the same arguments; it prints each
+run, the medians and their ratio, in messages per second and in messages per second of the
+receiver's CPU (the steadier of the two on a machine busy with other work).
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ import multiprocessing as mp
 import resource
 import shutil
 import socket
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -36,8 +44,9 @@ from ddpwatch.control.relay import SwitchRelay  # noqa: E402
 from ddpwatch.ingest.receiver import TelemetryReceiver, ingest  # noqa: E402
 from ddpwatch.ingest.session import Session  # noqa: E402
 from ddpwatch.ingest.session_file import SESSION_FILE_NAME, SessionWriter  # noqa: E402
-from instrumented_ddp.wire.protocol import DeviceSample, Goodbye, Heartbeat, Hello, Message, Span, StepReport, encode  # noqa: E402
-from instrumented_ddp.publish.publisher import routing_id  # noqa: E402
+from instrumented_ddp.wire.codec import encode  # noqa: E402
+from instrumented_ddp.wire.messages import DeviceSample, Goodbye, Heartbeat, Hello, Message, Span, StepReport  # noqa: E402
+from instrumented_ddp.wire.endpoints import routing_id  # noqa: E402
 
 STEP_S = 0.1  # simulated step length on the rank's clock
 IDLE_ABORT_S = 15.0
@@ -126,7 +135,14 @@ def main() -> int:
     parser.add_argument("--spans-per-step", type=int, default=64)
     parser.add_argument("--senders", type=int, default=2)
     parser.add_argument("--out-dir", type=Path, default=None, help="keep the session file here")
+    parser.add_argument("--baseline-tree", type=Path, default=None,
+                        help="a checkout to measure beside this one (its bench/ingest.py), runs alternating")
+    parser.add_argument("--rounds", type=int, default=3, help="runs of each tree with --baseline-tree (default 3)")
     args = parser.parse_args()
+    if args.baseline_tree is not None:
+        same = ["--ranks", str(args.ranks), "--steps", str(args.steps), "--spans-per-step", str(args.spans_per_step),
+                "--senders", str(args.senders)]
+        return side_by_side(args.baseline_tree, same, args.rounds)
     address = f"tcp://127.0.0.1:{free_port()}"
     receiver = TelemetryReceiver(address)
     out_dir = args.out_dir or Path(tempfile.mkdtemp(prefix="ddpwatch-bench-"))
@@ -197,6 +213,41 @@ def main() -> int:
         print(f"FAILED: {aborted or 'messages lost, rejected or missing, or a sender failed'}", file=sys.stderr)
         return 1
     return 0
+
+
+def side_by_side(baseline: Path, same: list[str], rounds: int) -> int:
+    """``rounds`` runs of this tree's benchmark and of ``baseline``'s, alternating which goes
+    first, each a process of its own; the medians of each and this tree's over the baseline's."""
+    scripts = {"this tree": Path(__file__).resolve(), "baseline": (baseline / "bench" / "ingest.py").resolve()}
+    if not scripts["baseline"].is_file():
+        print(f"FAILED: {baseline} holds no bench/ingest.py", file=sys.stderr)
+        return 1
+    measured: dict[str, list[tuple[float, float]]] = {name: [] for name in scripts}
+    for round_ in range(rounds):
+        for name in sorted(scripts, reverse=round_ % 2 == 0):  # "this tree" first in even rounds
+            result = subprocess.run([sys.executable, str(scripts[name]), *same], capture_output=True, text=True)
+            if result.returncode != 0:
+                print(f"FAILED: {name} run {round_ + 1}:\n{result.stdout}{result.stderr}", file=sys.stderr)
+                return 1
+            rate, cpu_share = read_rates(result.stdout)
+            measured[name].append((rate, rate / cpu_share))
+            print(f"  run {round_ + 1}  {name:<9}  {rate:9,.0f} messages/s  {rate / cpu_share:9,.0f} per receiver CPU-second",
+                  flush=True)
+    medians = {name: (statistics.median(r for r, _ in runs), statistics.median(c for _, c in runs))
+               for name, runs in measured.items()}
+    (now, now_cpu), (before, before_cpu) = medians["this tree"], medians["baseline"]
+    print(f"""ddpwatch ingest benchmark, this tree beside {baseline} ({' '.join(same)}; median of {rounds})
+  messages/s                      this tree {now:,.0f}   baseline {before:,.0f}   ratio {now / before:.2f}x
+  per receiver CPU-second         this tree {now_cpu:,.0f}   baseline {before_cpu:,.0f}   ratio {now_cpu / before_cpu:.2f}x""")
+    return 0
+
+
+def read_rates(output: str) -> tuple[float, float]:
+    """(messages/s, receiver CPU as a share of one core) from one run's printout."""
+    lines = {line.strip().split("  ")[0]: line for line in output.splitlines() if line.startswith("  ")}
+    rate = float(lines["messages/s"].split()[-1].replace(",", ""))
+    cpu_share = float(lines["receiver CPU"].split()[2].rstrip("%")) / 100
+    return rate, max(cpu_share, 1e-9)
 
 
 if __name__ == "__main__":

@@ -7,23 +7,50 @@ import json
 import math
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from instrumented_ddp.wire.one_line_errors import OneLineErrorParser
 from instrumented_ddp.wire.output_paths import directory_problem, file_in_the_way
-from instrumented_ddp.wire.protocol import DEFAULT_ADDRESS, DEFAULT_MAX_MESSAGE_BYTES, STRATEGY_NAMES, bucket_mb_problem
+from instrumented_ddp.wire.codec import DEFAULT_MAX_MESSAGE_BYTES
+from instrumented_ddp.wire.messages import bucket_mb_problem
+from instrumented_ddp.wire.kinds import STRATEGY_NAMES
+from instrumented_ddp.wire.endpoints import DEFAULT_ADDRESS
 
 from ddpwatch.control.relay import ACK_GRACE_S
 
 if TYPE_CHECKING:
-    from ddpwatch.ingest.server_keys import ServerKeys
+    from instrumented_ddp.wire.curve_keys import ServerKeys
     from ddpwatch.dashboard.app import DashboardApp
+
+
+def with_example(command_line: str) -> dict[str, Any]:
+    """A parser's keywords that end its ``--help`` with ``command_line``, one example of the
+    command, printed as written."""
+    return {"epilog": f"example:\n  {command_line}", "formatter_class": argparse.RawDescriptionHelpFormatter}
+
+
+class PrintVersion(argparse.Action):
+    """``--version``: ``ddpwatch <version>`` from the installed package's metadata, exit 0. Read
+    only when asked, so that no other command pays for the lookup."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        from importlib.metadata import version
+
+        print(f"ddpwatch {version('ddpwatch')}")  # on stdout, as argparse's own version action
+        parser.exit(0)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineErrorParser(
-        prog="ddpwatch", description="Watch PyTorch data-parallel training, rank by rank. With no COMMAND: the live dashboard.")
+        prog="ddpwatch", description="Watch PyTorch data-parallel training, rank by rank. With no COMMAND: the live dashboard.",
+        **with_example("ddpwatch --out runs/live --listen tcp://127.0.0.1:5555"))
+    parser.add_argument("--version", action=PrintVersion, help="print ddpwatch's version and exit")
     parser.add_argument("--listen", default=DEFAULT_ADDRESS, help=f"address to listen on (default {DEFAULT_ADDRESS})")
     parser.add_argument("--out", type=Path, help="session directory (default ddpwatch-sessions/<time>)")
     parser.add_argument("--max-message-bytes", type=int, default=DEFAULT_MAX_MESSAGE_BYTES,
@@ -31,25 +58,28 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--keys", type=Path, help="CURVE key directory (made if missing); needed beyond loopback")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    replay = commands.add_parser("replay", help="play a recorded session through the dashboard")
+    replay = commands.add_parser("replay", help="play a recorded session through the dashboard",
+                                 **with_example("ddpwatch replay runs/live --speed 4"))
     replay.add_argument("session", type=Path, help="a session directory (or its session file)")
     replay.add_argument("--speed", type=float, default=1.0, help="times the recorded pace (0: as fast as possible)")
-    # Here too, where a user looks for it (before, only ``ddpwatch --out DIR replay SESSION`` took it);
-    # SUPPRESS keeps this parser's default from overwriting the one given before the command.
+    # Here too, where a user looks for it, as well as before the command (``ddpwatch --out DIR replay
+    # SESSION``); SUPPRESS keeps this parser's default from overwriting the one given there.
     replay.add_argument("--out", type=Path, default=argparse.SUPPRESS,
                         help="where `e` and quitting write the exports (default: none, the recording's own are kept)")
 
-    demo = commands.add_parser("demo", help="the dashboard plus a 2-process CPU training run it starts itself")
+    demo = commands.add_parser("demo", help="the dashboard plus a 2-process CPU training run it starts itself",
+                               **with_example("ddpwatch demo --nproc 4 --strategy bucket"))
     demo.add_argument("--steps", type=int, default=2000, help="training steps (default 2000)")
     demo.add_argument("--nproc", type=int, default=2, help="ranks, on this machine's CPU (default 2)")
     demo.add_argument("--strategy", default="simple", help=f"the strategy it starts with: {', '.join(STRATEGY_NAMES)} (default simple)")
     demo.add_argument("--out", type=Path, default=argparse.SUPPRESS, help="session directory (default ddpwatch-sessions/<time>)")
 
-    record = commands.add_parser("record", help="record a session headless and write its summary when it ends")
-    # SUPPRESS on the flags the top level has too: a subcommand's default overwrote the value given
-    # before the command (``ddpwatch --listen tcp://HOST:PORT record`` listened on the default).
+    record = commands.add_parser("record", help="record a session headless and write its summary when it ends",
+                                 **with_example("ddpwatch record --out runs/async --until-steps 200"))
+    # SUPPRESS on the flags the top level has too: a subcommand's default must not overwrite the
+    # value given before the command (``ddpwatch --listen tcp://HOST:PORT record``).
     record.add_argument("--listen", default=argparse.SUPPRESS, help=f"address to listen on (default {DEFAULT_ADDRESS})")
-    # Required (``needs_out``), but not by argparse: ``ddpwatch --out DIR record`` gave it, before the command.
+    # Required (``needs_out``), but not by argparse: ``ddpwatch --out DIR record`` gives it before the command.
     record.add_argument("--out", type=Path, default=argparse.SUPPRESS, help="directory for the session file and exports (required)")
     record.add_argument("--until-steps", type=int, help="stop once every rank reported this step")
     record.add_argument("--until-seconds", type=float, help="stop after this long")
@@ -66,7 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
     record.add_argument("--sample", type=int, metavar="N", help="ask the ranks for the spans of every N-th step only "
                         "(summaries of the rest: figures exact, timelines sampled); default: every span")
 
-    switch = commands.add_parser("switch", help="ask a running session to switch strategy (through the dashboard or recorder)")
+    switch = commands.add_parser("switch", help="ask a running session to switch strategy (through the dashboard or recorder)",
+                                 **with_example("ddpwatch switch bucket --bucket-mb 4"))
     switch.add_argument("strategy", help=", ".join(STRATEGY_NAMES))
     switch.add_argument("--bucket-mb", type=float, help="the bucket cap, MB (bucket, ddp, zero1, zero2)")
     switch.add_argument("--grad-accum", type=int, help="micro-steps per optimizer step")
@@ -77,7 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
     switch.add_argument("--key", help="CURVE client keys (client.json) of a dashboard beyond loopback")
 
     tune = commands.add_parser("tune", help="sweep bucket caps on a running job with live switches: the advisor's "
-                                            "predictions against the measured step times")
+                                            "predictions against the measured step times",
+                               **with_example("ddpwatch tune --out runs/tune --sizes 1,4,25"))
     tune.add_argument("--listen", default=argparse.SUPPRESS, help=f"address to listen on, as for record (default {DEFAULT_ADDRESS})")
     tune.add_argument("--out", type=Path, default=argparse.SUPPRESS, help="directory for the session file, exports and tune.json (required)")
     tune.add_argument("--sizes", type=bucket_sizes, help="caps in MB, comma-separated (default: the predicted best and its neighbours)")
@@ -86,18 +118,21 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--wait", type=float, default=120.0, help="seconds to wait for a run to connect")
     tune.add_argument("--idle-exit", type=float, default=30.0, help="stop when every rank is silent this long")
     tune.add_argument("--keys", type=Path, default=argparse.SUPPRESS, help="CURVE key directory (made if missing); needed beyond loopback")
-    doctor = commands.add_parser("doctor", help="check ddpwatch's GPU figures on this machine against torch.profiler, NVML, overhead")
+    doctor = commands.add_parser("doctor", help="check ddpwatch's GPU figures on this machine against torch.profiler, NVML, overhead",
+                                 **with_example("ddpwatch doctor --ranks 2 --keep doctor-runs"))
     doctor.add_argument("--strategies", default="bucket,ddp", help="strategies of the profiled runs (comma-separated)")
     doctor.add_argument("--overhead-steps", type=int, default=20, help="timed steps per mode in the overhead checks (0: none)")
     doctor.add_argument("--ranks", type=int, help="ranks of the profiled runs (default: one per GPU, at most 2); "
                         "more than the GPUs share them, to see collectives on a one-GPU machine")
     doctor.add_argument("--keep", type=Path, help="keep each run's session and profiler traces here")
 
-    summary = commands.add_parser("summary", help="print the comparison table of a recorded session")
+    summary = commands.add_parser("summary", help="print the comparison table of a recorded session",
+                                  **with_example("ddpwatch summary runs/async"))
     summary.add_argument("session", type=Path, help="a session directory (or its session file)")
 
     compare = commands.add_parser("compare", help="recorded runs side by side, each segment against the first "
-                                                  "(what a change bought, run twice)")
+                                                  "(what a change bought, run twice)",
+                                  **with_example("ddpwatch compare runs/25mb runs/small --fail-if-slower 5"))
     compare.add_argument("sessions", type=Path, nargs="+", metavar="SESSION",
                          help="session directories (or session files); two runs or more in all, the first the baseline")
     compare.add_argument("--fail-if-slower", type=float, metavar="PCT",
@@ -108,8 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 #: The options of the top level (``ddpwatch --listen ADDRESS COMMAND``), in the order they are named.
 TOP_LEVEL_OPTIONS = ("listen", "out", "max_message_bytes", "keys")
-#: Those each command reads; one it does not read, given, is refused: before, ``ddpwatch --listen
-#: ADDRESS demo`` listened elsewhere without a word.
+#: Those each command reads; one it does not read, given, is refused, not ignored: ``ddpwatch
+#: --listen ADDRESS demo`` would otherwise listen elsewhere without a word.
 READS = {"dashboard": set(TOP_LEVEL_OPTIONS), "record": set(TOP_LEVEL_OPTIONS), "tune": set(TOP_LEVEL_OPTIONS),
          "switch": {"listen"}, "replay": {"out"}, "demo": {"out"}, "doctor": set(), "summary": set(), "compare": set()}
 
@@ -129,9 +164,9 @@ NEEDS_OUT = {"record": "the session file and exports", "tune": "the session file
 
 
 def needs_out(args: argparse.Namespace) -> None:
-    """A ``ValueError`` where ``args.command`` needs ``--out`` and it was given nowhere. argparse's
-    ``required=True`` on the command's own ``--out`` refused ``ddpwatch --out DIR record`` with
-    *the following arguments are required: --out*, the option given but before the command."""
+    """A ``ValueError`` where ``args.command`` needs ``--out`` and it was given nowhere. Not
+    argparse's ``required=True`` on the command's own ``--out``: that refuses ``ddpwatch --out DIR
+    record``, the option given but before the command."""
     if args.command in NEEDS_OUT and args.out is None:
         raise ValueError(f"--out DIR is required: the directory for {NEEDS_OUT[args.command]}")
 
@@ -152,9 +187,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def writable_out_dir(path: Path, flag: str = "--out") -> Path:
-    """``--out``, made now. One that could not be made failed unseen: the dashboard's receiver
-    process ended at once (its session file could not be opened), no rank could connect, and
-    quitting said "session recorded in" a directory that never existed, exit 0."""
+    """``--out``, made now, or refused in one line: a directory that cannot be made would fail
+    unseen later (the dashboard's receiver process cannot open its session file and ends, and no
+    rank can connect)."""
     if problem := directory_problem(flag, str(path)):
         raise ValueError(problem)
     return path
@@ -185,7 +220,7 @@ def server_keys(args: argparse.Namespace) -> ServerKeys | None:  # ServerKeys im
         return None
     if (in_the_way := file_in_the_way(args.keys)) is not None:  # else mkdir's bare "[Errno 17] File exists"
         raise ValueError(f"--keys {args.keys}: {in_the_way} (the key directory, made if missing)")
-    from ddpwatch.ingest.server_keys import ensure_keys
+    from ddpwatch.ingest.curve_server import ensure_keys
 
     keys, client_file = ensure_keys(args.keys)
     print(f"ddpwatch: CURVE on; give the training nodes {client_file} (train.py --watch-key {client_file})", file=sys.stderr)
@@ -302,7 +337,7 @@ def summaries_at(path: Path) -> list[dict]:
 def run_summary(args: argparse.Namespace) -> int:
     """Every run's table, oldest first: a dashboard left open records a script run twice (or a
     Trainer's second ``train()``) in one session file, and writes each earlier run's exports in a
-    folder named after it beside the last one's; only the last was printed."""
+    folder named after it beside the last one's."""
     from ddpwatch.export.exporters import summary_markdown
 
     print("\n\n".join(summary_markdown(data) for data in summaries_at(args.session)))
@@ -380,7 +415,7 @@ def run_tune(args: argparse.Namespace) -> int:
         return 2
     write_results(args.out, driver.results, driver.start_mb)
     print("\n".join(table(driver.results, driver.start_mb)))
-    if unmeasured := driver.unmeasured():  # the table alone left them out without a word, exit 0
+    if unmeasured := driver.unmeasured():  # the table alone leaves them out without a word
         print(f"ddpwatch tune: not measured: {', '.join(f'{mb:.3g}' for mb in unmeasured)} MB: the run ended or went "
               f"silent first; give it more steps (each cap takes {args.steps_per_size} counted steps after its switch, "
               "--steps-per-size)", file=sys.stderr)
@@ -391,9 +426,9 @@ def run_tune(args: argparse.Namespace) -> int:
 def run_switch(args: argparse.Namespace) -> int:
     from ddpwatch.control.switch_client import request_switch
 
-    from instrumented_ddp.wire.protocol import load_client_keys
+    from instrumented_ddp.wire.curve_keys import load_client_keys
 
-    if not (math.isfinite(args.timeout) and args.timeout > 0):  # inf broke the poll's int(), nan and 0 gave up at once
+    if not (math.isfinite(args.timeout) and args.timeout > 0):  # inf breaks the poll's int(); nan and 0 give up at once
         raise ValueError("--timeout must be a positive, finite number of seconds")
     keys = load_client_keys(args.key) if args.key else None
     ack = request_switch(args.listen, args.strategy, args.bucket_mb, args.grad_accum, args.timeout, keys)

@@ -15,13 +15,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 #: train.py as a module of the package (``torchrun -m``): an installed ddpwatch has it, where a
-#: clone's top-level ``train.py`` is not installed (the demo failed from a wheel: *train.py not found*).
+#: clone's top-level ``train.py`` is not installed.
 TRAIN_MODULE = "instrumented_ddp.training.train"
 TRAIN_DEFAULT_BATCH = 16  # train.py's --batch-size default: the global batch (not imported: train.py imports torch)
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
-def _stop_when_the_demo_dies() -> None:
+def _set_parent_death_signal() -> None:
     """Runs in torchrun's process before it starts: however the demo ends (a closed terminal,
     kill -9), the kernel then sends torchrun SIGTERM and torchrun stops its ranks. Elsewhere than
     Linux only quitting the dashboard stops the run."""
@@ -58,14 +58,14 @@ def start_training(address: str, log_path: Path, nproc: int, steps: int, strateg
     env = dict(os.environ, OMP_NUM_THREADS="1")
     with open(log_path, "wb") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-                                   preexec_fn=_stop_when_the_demo_dies if sys.platform == "linux" else None)
+                                   preexec_fn=_set_parent_death_signal if sys.platform == "linux" else None)
     return TrainingRun(process, log_path)
 
 
 def batch_size_for(nproc: int) -> int:
     """The global batch nearest train.py's 16 that ``nproc`` ranks split evenly into ``ga``'s two
-    micro-steps too (so ``--strategy ga`` and a live switch to it run): ``ddpwatch demo --nproc 3``
-    ran train.py with 16 and failed at once ("does not divide by world size 3")."""
+    micro-steps too (so ``--strategy ga`` and a live switch to it run): train.py refuses a batch
+    that does not divide by the world size, as 16 does not by 3 ranks."""
     unit = 2 * nproc
     return max(unit, round(TRAIN_DEFAULT_BATCH / unit) * unit)
 
@@ -88,9 +88,9 @@ def last_error_line(log_path: Path, limit: int = 300) -> str | None:
 
 def report_if_training_fails(run: TrainingRun, report: Callable[[str], None]) -> threading.Thread:
     """Waits for torchrun in a thread and, if it ends with an error before the demo stops it,
-    hands ``report`` one line naming its exit code and log. Before, a run that failed at start
-    (a strategy this torch cannot run, a port taken) left the dashboard "waiting for a run…" with
-    nothing saying why. A run the demo stopped (``stop_training``) reports nothing."""
+    hands ``report`` one line naming its exit code and log, so that a run that fails at start
+    (a strategy this torch cannot run, a port taken) does not leave the dashboard "waiting for a
+    run…" with nothing saying why. A run the demo stopped (``stop_training``) reports nothing."""
     def wait() -> None:
         code = run.process.wait()
         if code != 0 and not run.stopping.is_set():

@@ -29,7 +29,8 @@ from instrumented_ddp.training import models
 from instrumented_ddp.distributed import exit_process
 from instrumented_ddp.integrations.hf_trainer import DDPWatchCallback
 from instrumented_ddp.wire.output_paths import outputs_problem
-from instrumented_ddp.wire.protocol import DEFAULT_ADDRESS, bucket_mb_problem
+from instrumented_ddp.wire.messages import bucket_mb_problem
+from instrumented_ddp.wire.endpoints import DEFAULT_ADDRESS
 
 
 def accuracy(prediction: EvalPrediction) -> dict[str, float]:

@@ -35,7 +35,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import instrumented_ddp
 from instrumented_ddp.distributed import exit_process
 from instrumented_ddp.wire.output_paths import outputs_problem
-from instrumented_ddp.wire.protocol import DEFAULT_ADDRESS, bucket_mb_problem
+from instrumented_ddp.wire.messages import bucket_mb_problem
+from instrumented_ddp.wire.endpoints import DEFAULT_ADDRESS
 
 
 #: DDP's communication hooks that ``--comm-hook`` registers (gradient compression), each watched as it is.

@@ -28,7 +28,7 @@ from torch.distributed.fsdp import fully_shard
 import instrumented_ddp
 from instrumented_ddp.distributed import exit_process
 from instrumented_ddp.wire.output_paths import outputs_problem
-from instrumented_ddp.wire.protocol import DEFAULT_ADDRESS
+from instrumented_ddp.wire.endpoints import DEFAULT_ADDRESS
 
 
 class ToyModel(nn.Module):

@@ -9,7 +9,7 @@ A loop ddpwatch did not write is watched with one line after its own DDP wrap:
     watch = instrumented_ddp.attach(ddp_model, optimizer, address="tcp://127.0.0.1:5555")
 
 The strategies (and torch) load on first use, so ``ddpwatch`` can import
-``instrumented_ddp.wire.protocol`` without importing torch.
+``instrumented_ddp.wire`` without importing torch.
 """
 
 from __future__ import annotations
@@ -17,13 +17,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from instrumented_ddp.wire.protocol import DEFAULT_ADDRESS, STRATEGY_NAMES
+from instrumented_ddp.wire.kinds import STRATEGY_NAMES
+from instrumented_ddp.wire.endpoints import DEFAULT_ADDRESS
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from instrumented_ddp.attachment.facade import Attachment
+    from instrumented_ddp.attachment.attachment import Attachment
     from instrumented_ddp.strategies import DataParallelStrategy
 
 
@@ -47,10 +48,10 @@ def unwrap(model: nn.Module) -> nn.Module:
 
 def attach(model: nn.Module, optimizer: torch.optim.Optimizer | Sequence[torch.optim.Optimizer], *,
            address: str = DEFAULT_ADDRESS, watch_key: str | None = None, total_steps: int = 0) -> Attachment:
-    """Watch a user's own ``DistributedDataParallel`` loop (see ``instrumented_ddp.attachment.facade``).
+    """Watch a user's own ``DistributedDataParallel`` loop (see ``instrumented_ddp.attachment.attachment``).
     The signature is ``attachment.attach``'s, spelled out (not ``**options``) so that a user's
     editor and type checker read it here, where the package loads torch only on first use."""
-    from instrumented_ddp.attachment.facade import attach as attach_to
+    from instrumented_ddp.attachment.attachment import attach as attach_to
 
     return attach_to(model, optimizer, address=address, watch_key=watch_key, total_steps=total_steps)
 

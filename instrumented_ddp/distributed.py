@@ -101,8 +101,8 @@ def exit_process(code: int) -> None:
     A gloo worker thread can still be destroying the last step's collective work objects after
     ``destroy_process_group`` (the barrier holds weak references to them); those destructors take
     the GIL, and a thread that takes it during ``Py_FinalizeEx`` is forced to exit inside a
-    ``noexcept`` destructor: ``terminate called without an active exception``, SIGABRT, a
-    failed run that had finished. Seen about 1 run in 7 with one core; 0 in 30 with this exit.
+    ``noexcept`` destructor: ``terminate called without an active exception``, SIGABRT, and a
+    run that finished reads as failed.
     """
     sys.stdout.flush()
     sys.stderr.flush()

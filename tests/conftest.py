@@ -60,12 +60,12 @@ def ranks_are_forked_from_a_process_that_has_imported_torch(child_processes_keep
 
 @pytest.fixture
 def host_time(monkeypatch: pytest.MonkeyPatch) -> Any:
-    """The host's clock inside ``instrumented_ddp.timing.timeline``, set by the test (``timeline_fakes.FakeHostTime``)."""
-    from instrumented_ddp.timing import timeline
+    """The host's clock inside ``instrumented_ddp.timing.clocks``, set by the test (``timeline_fakes.FakeHostTime``)."""
+    from instrumented_ddp.timing import clocks
     from timeline_fakes import FakeHostTime
 
     fake = FakeHostTime()
-    monkeypatch.setattr(timeline, "time", fake)
+    monkeypatch.setattr(clocks, "time", fake)
     return fake
 
 
@@ -82,7 +82,7 @@ def one_rank_group() -> Iterator[None]:
 @pytest.fixture
 def sent(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     """Every message an attachment (``instrumented_ddp.attach``) publishes, in order."""
-    from instrumented_ddp.attachment.facade import Attachment
+    from instrumented_ddp.attachment.attachment import Attachment
 
     messages: list[Any] = []
     original = Attachment.__init__

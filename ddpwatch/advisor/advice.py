@@ -15,9 +15,8 @@ communication after it are taken out, held fixed at every cap.
 No bucket's all-reduce can start before every rank has its gradients, so the backward replayed
 is not the first rank's alone: in each step the rank whose backward ended last is found, its
 ready times are put on the first rank's clock (``metrics.ClockAlignment``), and each tensor is
-ready at the later of the two. Read from the first rank alone, a later rank's backward was
-invisible, and the first rank's wait for it went missing from the step: at a cap's own data the
-prediction came out short (README, "Advisor").
+ready at the later of the two: read from the first rank alone, a later rank's backward would be
+invisible, and the first rank's wait for it would go missing from the step predicted.
 """
 
 from __future__ import annotations
@@ -28,21 +27,24 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from instrumented_ddp.wire.bucket_plan import DDP_DEFAULT_FIRST_BUCKET_BYTES, TensorSize
-from instrumented_ddp.wire.protocol import READY_KIND, Hello, StepReport, is_barrier_wait
+from instrumented_ddp.wire.messages import Hello, StepReport
+from instrumented_ddp.wire.kinds import READY_KIND, is_barrier_wait
+from instrumented_ddp.wire.step_figures import call_times, counted
 
 from ddpwatch.advisor.bucket_sim import MIB, BackwardProfile, Prediction, best, cap_grid, describe, simulate, sweep
 from ddpwatch.figures.compute_slowdown import NO_COMMUNICATION, CommunicationClock, SlowdownFit, communicating_backward, fit_slowdown, quiet_time
 from ddpwatch.figures.cost_model import CostModel, StepCollectives, TransferMemory, TransferSample, call_sizes, fit_cost_model, transfer_samples_of
-from ddpwatch.figures.metrics import ClockAlignment, Groups, all_reduce_ranks, call_times, counted
-from ddpwatch.ingest.session import Segment, Session
+from ddpwatch.figures.cross_rank import Groups, all_reduce_ranks
+from ddpwatch.figures.metrics import ClockAlignment
+from ddpwatch.ingest.session import Session
+from ddpwatch.ingest.segments import Segment
 
 #: Bytes per element of the dtypes a parameter layout names (torch's names, less "torch.").
 ITEM_BYTES = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1,
               "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1}
-#: Recent steps of the segment whose ready times (per tensor, the median) make the profile. On two
-#: CPU ranks steps spread by ±20 % from one to the next: 20 steps instead of 5 moved tune's
-#: predictions by 2.4 % (median) and up to 21 % (README, "Advisor"). ``ddpwatch tune`` predicts
-#: after 10 counted steps a cap, so it uses them all.
+#: Recent steps of the segment whose ready times (per tensor, the median) make the profile: enough
+#: that steps spread by ±20 % from one to the next (two CPU ranks) do not move the prediction.
+#: ``ddpwatch tune`` predicts after 10 counted steps a cap, so it uses them all.
 PROFILE_STEPS = 20
 FIT_STEPS = 40  # recent complete steps whose collectives fit the cost model
 ADVISED_STRATEGIES = ("bucket", "ddp")
@@ -104,9 +106,8 @@ def backward_profile(steps: Sequence[Mapping[int, StepReport]], tensors: Sequenc
     ``reference``'s clock (default: each step's lowest rank), each rank's time put on it by
     ``offsets`` (seconds to add; none: the ranks share a clock, as on one host). A tensor is
     ready when both the reference and the rank whose backward ended last have it: that rank's
-    last buckets are the ones left exposed. (Every rank's marks, read in full, cost 0.3 s a
-    refresh at 64 ranks with spans every step, this 0.12 s: finding the last rank is one pass
-    over each report's spans.) With ``groups`` (who meets whom) that rank is looked for in the
+    last buckets are the ones left exposed; finding that rank is one pass over each report's
+    spans, not a read of every rank's marks. With ``groups`` (who meets whom) that rank is looked for in the
     reference's own group: a bucket's all-reduce waits for the ranks it joins, not for a slow
     rank of another group. A step the reference did not report, or whose reference report has
     no marks, is left out. ``lost_share``: the ready times are those of backward alone
@@ -128,7 +129,7 @@ def backward_profile(steps: Sequence[Mapping[int, StepReport]], tensors: Sequenc
         others.append(max(0.0, (report.end - report.start) - (max(tail) - origin)))
         group = next((members for members in groups or () if own in members), None)
         meeting = reports if group is None else {rank: reports[rank] for rank in group if rank in reports}
-        last = _rank_whose_backward_ended_last(meeting, own, offsets)
+        last = _last_backward_rank(meeting, own, offsets)
         theirs = ready_times(reports[last], tensors, bucket_layout, lost_share) if last is not None else None
         if last is not None and theirs is not None:
             shift = theirs[1] + offsets.get(last, 0.0) - (origin + offsets.get(own, 0.0))
@@ -140,7 +141,7 @@ def backward_profile(steps: Sequence[Mapping[int, StepReport]], tensors: Sequenc
     return BackwardProfile(tuple(tensors), ready_s, max(ready_s), statistics.median(others), lost_share)
 
 
-def _rank_whose_backward_ended_last(reports: Mapping[int, StepReport], own: int, offsets: Mapping[int, float]) -> int | None:
+def _last_backward_rank(reports: Mapping[int, StepReport], own: int, offsets: Mapping[int, float]) -> int | None:
     """The rank other than ``own`` whose last gradient-ready mark is the latest on one clock."""
     latest: tuple[float, int] | None = None
     for rank, report in reports.items():
@@ -236,7 +237,7 @@ def advise(*, strategy: str, cap_mb: float, backend: str, world_size: int, profi
     samples += remembered
     model = fit_cost_model(samples, meeting)
     if model is None:
-        return why_no_model(samples, meeting, cap_mb, switchable)
+        return no_model_reason(samples, meeting, cap_mb, switchable)
     current_bytes = max(1, int(cap_mb * MIB))
     options: dict[str, Any] = {"rule": strategy, "workers": workers_of(backend)}
     predictions = sweep(profile, model, caps or cap_grid(current_bytes), **options)
@@ -259,8 +260,7 @@ def advise(*, strategy: str, cap_mb: float, backend: str, world_size: int, profi
 def keep_shown_best(advice: Advice, shown_cap: int | None, within: float = KEEP_BEST_WITHIN) -> Advice:
     """``advice`` with the best cap shown before kept while it is still predicted within
     ``within`` of the fastest. Why: the profile is a median over the last 20 steps, and two caps
-    a point apart trade places from one refresh to the next (the demo's sweep at 25 MB named
-    0.5 MB, then 1.41, then 0.5 again, 136 ms against 137); a best that flips tells the user
+    a point apart trade places from one refresh to the next; a best that flips tells the user
     nothing, and ``b`` applies what is shown."""
     if shown_cap is None or shown_cap == advice.best.cap_bytes:
         return advice
@@ -270,14 +270,12 @@ def keep_shown_best(advice: Advice, shown_cap: int | None, within: float = KEEP_
     return replace(advice, best=kept)
 
 
-def why_no_model(samples: Sequence[TransferSample], meeting: int, cap_mb: float | None = None, switchable: bool = True) -> str:
+def no_model_reason(samples: Sequence[TransferSample], meeting: int, cap_mb: float | None = None, switchable: bool = True) -> str:
     """Why no cost model could be fitted; ``meeting``: how many ranks each all-reduce spans;
     ``cap_mb``: the cap running now. Where the one size seen is under the cap, another cap above
-    that size can give the same buckets again: it says to go under it (seen in the demo: 25 MB,
-    then 12.5, both one 9.2 MB bucket of every gradient, and "run another cap" both times). A run
-    that cannot switch (``attach``: the user's own DDP) is told where to set the cap on its
-    restart: "(-)" named a key that does nothing there (seen on ``examples/plain_ddp.py``, its
-    8 MB of gradients in one bucket at DDP's 25 MB)."""
+    that size gives the same buckets again (25 MB and 12.5 MB both make one 9.2 MB bucket of
+    every gradient): it says to go under it. A run that cannot switch (``attach``: the user's own
+    DDP) is told where to set the cap on its restart, not a dashboard key that does nothing there."""
     if meeting < 2:
         return "one rank in each all-reduce: no transfer to model"
     sizes = sorted({s.nbytes for s in samples})
@@ -305,8 +303,8 @@ def advice_for_session(session: Session, caps: Sequence[int] | None = None,
     counted reports by rank for the profile (``recent_profile_steps``, unless ``profile`` gives
     them read another way: ``bench/advisor_replay.py``), the recent steps every rank reported
     for the cost model, each bucket/ddp segment's median step as a measured cap, and how the
-    caps run so far slowed backward (``slowed=False``: backward as measured, as the advisor read
-    it before: ``bench/advisor_replay.py --unslowed``)."""
+    caps run so far slowed backward (``slowed=False``: backward as measured, not slowed by the
+    all-reduces beside it: ``bench/advisor_replay.py --unslowed``)."""
     if not session.segments:
         return "waiting for the run's first steps"
     segment = session.segments[-1]
@@ -319,7 +317,7 @@ def advice_for_session(session: Session, caps: Sequence[int] | None = None,
     if hook := segment.settings.get("comm_hook"):
         return (f"this run's DDP communicates through a hook of its own, {hook}, which the advisor does not model: "
                 "it replays DDP's own all-reduce of each whole bucket")
-    if not describes(hello, segment):
+    if not hello_matches_segment(hello, segment):
         cap = hello.settings.get("bucket_mb")
         return f"waiting for the run's first steps as {hello.strategy}{f' at {float(cap):g} MB' if cap else ''}, where it switched"
     profile_steps, offsets = profile if profile is not None else recent_profile_steps(session, segment)
@@ -349,7 +347,7 @@ def recent_profile_steps(session: Session, segment: Segment, count: int = PROFIL
     return [{rank: report for rank, report in session.reports[step].items() if counted(report)} for step in profiled], clocks.offsets()
 
 
-def describes(hello: Hello, segment: Segment) -> bool:
+def hello_matches_segment(hello: Hello, segment: Segment) -> bool:
     """Whether the hello's bucket layout is the one the segment trained with: a switched rank
     sends its new hello before the new segment's first report, and the old segment's marks read
     with the new layout would put the wrong parameters in each bucket."""

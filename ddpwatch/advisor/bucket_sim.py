@@ -1,6 +1,6 @@
 """What another bucket cap would do to this run's step: backward replayed, buckets re-planned.
 
-The seed's simulation (``004``, "step time vs bucket size") with the run's own numbers: each
+The article's simulation (its fourth post, "step time vs bucket size") with the run's own numbers: each
 gradient becomes ready when the run measured it, buckets are planned with the exact rule of the
 strategy (``instrumented_ddp.wire.bucket_plan``), a bucket launches when its last gradient is ready
 and every earlier bucket has launched, and its all-reduce costs what the run's fitted
@@ -143,8 +143,8 @@ def sweep(profile: BackwardProfile, model: CostModel, caps: Sequence[int], **opt
 
 def best(predictions: Sequence[Prediction]) -> Prediction:
     """The fastest step; among caps within 0.1 % of it, the one of fewest calls, and of those the
-    smallest cap (the same buckets: above the model's bytes every cap is one bucket of it all,
-    and the largest, 2 GB, was offered, and ``tune`` ran 1, 2 and 4 GB as three caps)."""
+    smallest cap: above the model's bytes every cap is one bucket of it all, the same buckets,
+    and the smallest such cap is the one worth naming (and ``tune`` running)."""
     fastest = min(p.step_s for p in predictions)
     return min((p for p in predictions if p.step_s <= fastest * 1.001), key=lambda p: (p.calls, p.cap_bytes))
 

@@ -20,13 +20,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from instrumented_ddp.wire.protocol import NOT_SWITCHABLE
+from instrumented_ddp.wire.messages import NOT_SWITCHABLE
 
 from ddpwatch.advisor.advice import Advice, advice_for_session
 from ddpwatch.advisor.bucket_sim import MIB
 from ddpwatch.control.relay import Relay, new_command
 from ddpwatch.figures.order_statistics import intervals_apart
-from ddpwatch.ingest.session import Segment, Session
+from ddpwatch.ingest.session import Session
+from ddpwatch.ingest.segments import Segment
 
 TUNE_FILE_NAME = "tune.json"
 
@@ -86,7 +87,7 @@ class SweepDriver:
         if session.finished:
             return "the run ended before the sweep did"
         if self._waiting_for is not None:
-            return self._follow(session, relay)
+            return self._follow_switch(session, relay)
         segment = session.segments[-1] if session.segments else None
         if segment is None or _counted_steps(session, segment) < self.steps_per_size:
             return None
@@ -112,8 +113,8 @@ class SweepDriver:
         """The sizes to run: given, or the predicted best and its neighbours once a model fits and
         the caps run say how the all-reduces beside backward slow it. From one cap they cannot
         (``compute_slowdown`` needs two), so a start whose cost model already fits is probed too:
-        from 4 MB and from 0.25 MB the plan, made at the start alone, named 0.707-2 MB where
-        4-8 MB measured fastest (README, "The bucket advisor")."""
+        a plan made at the start alone replays backward as measured there, and names caps too
+        small."""
         assert self.start_mb is not None
         if self.sizes is not None:
             self._queue, self._planned = [s for s in self.sizes if s != self.start_mb], True
@@ -121,7 +122,7 @@ class SweepDriver:
         advice = advice_for_session(session)
         if isinstance(advice, Advice) and (advice.slowdown is not None or self._probed):
             best = advice.best.cap_bytes / MIB
-            self._queue = [mb for mb in (best / 2, best, best * 2) if not self._ran(mb)]
+            self._queue = [mb for mb in (best / 2, best, best * 2) if not self._measured_already(mb)]
             self._planned = True
             slowed = (f"; backward at {1 - advice.slowdown.lost_share:.0%} of its speed beside an all-reduce, "
                       f"fitted over {advice.slowdown.segments} segments" if advice.slowdown is not None else "")
@@ -135,7 +136,7 @@ class SweepDriver:
             self._planned = True
             self.log(f"ddpwatch tune: still no cost model ({advice}); the sweep ends with what it measured")
 
-    def _ran(self, cap_mb: float) -> bool:
+    def _measured_already(self, cap_mb: float) -> bool:
         return any(abs(r.cap_mb - cap_mb) <= 1e-9 * cap_mb for r in self.results)
 
     def unmeasured(self) -> list[float]:
@@ -144,7 +145,7 @@ class SweepDriver:
         to; a sweep whose plan was never made (the starting cap not measured) left out nothing
         it had named, but measured nothing either (the table says so: one row or none)."""
         if self.sizes is not None:
-            return [mb for mb in self.sizes if not self._ran(mb)]
+            return [mb for mb in self.sizes if not self._measured_already(mb)]
         switched = [self._waiting_for[1].cap_mb] if self._waiting_for is not None and self._waiting_for[1] is not None else []
         return switched + self._queue
 
@@ -157,7 +158,7 @@ class SweepDriver:
                      else f"no prediction: {tuned.no_prediction_because}")
         self.log(f"ddpwatch tune: switching to {self.strategy} at {cap_mb:.3g} MB ({predicted})")
 
-    def _follow(self, session: Session, relay: Relay) -> str | None:
+    def _follow_switch(self, session: Session, relay: Relay) -> str | None:
         """After a switch: its acknowledgement, then the steps that measure it."""
         assert self._waiting_for is not None
         command_id, tuned = self._waiting_for
@@ -216,7 +217,7 @@ def _predicted(session: Session, cap_mb: float) -> TunedCap:
 def told_apart(a: TunedCap, b: TunedCap) -> bool | None:
     """Whether two caps' measured medians differ by more than their steps' spread: their 90 %
     intervals do not overlap (a conservative test: overlapping intervals may still differ).
-    None where either has no interval (a tune.json written before they were kept)."""
+    None where either has no interval (a tune.json without them)."""
     if a.measured_interval_ms is None or b.measured_interval_ms is None:
         return None
     return intervals_apart(a.measured_interval_ms, b.measured_interval_ms)

@@ -12,14 +12,18 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+
+from msgspec.structs import replace
 from typing import Protocol
 
-from instrumented_ddp.wire.protocol import Ack, Envelope, Goodbye, ProtocolError, SwitchCommand, decode, encode, run_of_sender
+from instrumented_ddp.wire.codec import Envelope, ProtocolError, decode, encode
+from instrumented_ddp.wire.messages import Ack, Goodbye, SwitchCommand
+from instrumented_ddp.wire.endpoints import run_of_sender
 
 RESEND_EVERY_S = 1.0
-#: As long as ``ddpwatch switch`` waits by default: one it stopped waiting for, having said it
-#: failed, was still resent for another 30 s, and applied by a run that came up meanwhile. A command
+#: As long as ``ddpwatch switch`` waits by default, so that a command it stopped waiting for, having
+#: said it failed, is not resent on and applied by a run that comes up later. A command
 #: that says how long its asker waits (``SwitchCommand.expires_after_s``) is given up that long and
 #: ``ACK_GRACE_S`` after it was asked for instead.
 GIVE_UP_AFTER_S = 30.0
@@ -27,7 +31,7 @@ GIVE_UP_AFTER_S = 30.0
 #: expiry, then re-wraps the model (seconds for a large one) before it acknowledges.
 ACK_GRACE_S = 5.0
 #: A rank 0 silent this long (heartbeats come every second) gives way to another run's: as
-#: ``session.LOST_AFTER_S`` judges a rank lost.
+#: ``rank_liveness.LOST_AFTER_S`` judges a rank lost.
 RANK0_QUIET_AFTER_S = 2.5
 
 
@@ -90,8 +94,8 @@ class SwitchRelay:
         """Whether a rank 0 speaking from ``peer`` is where commands go from now: the first heard,
         the same one again, one whose run is not known (a sender without a rank's routing id), or
         another run's once the one followed is over for commands (its rank 0 said goodbye or has
-        been silent ``RANK0_QUIET_AFTER_S``). Before, the last rank 0 to speak took every command,
-        so with two runs at once a key pressed for the run on screen could switch the other."""
+        been silent ``RANK0_QUIET_AFTER_S``), so that with two runs at once a key pressed for the
+        run on screen never switches the other."""
         if self.rank0 is None or peer == self.rank0:
             return True
         if not run_of_sender(peer) or not run_of_sender(self.rank0):
@@ -106,7 +110,7 @@ class SwitchRelay:
         """Send what is due; give up on a command nobody acknowledged within ``GIVE_UP_AFTER_S``,
         and on one whose run is over: commands go to a rank 0 of another run once the one followed
         said goodbye or fell silent, and a command sent to the run before (answered by no step:
-        asked in its last moments) went to the next run with them, switching a run no one asked to."""
+        asked in its last moments) must not go on to the next run and switch a run no one asked to."""
         now = self._clock() if now is None else now
         for command_id, pending in list(self.pending.items()):
             expires_after_s = pending.command.expires_after_s
@@ -131,8 +135,8 @@ class SwitchRelay:
     def stop(self, arrived: Iterable[tuple[bytes, bytes]], why: str) -> None:
         """The relay is stopping (the recorder or the dashboard closes): every pending command, and
         every one that ``arrived`` but was not read yet, is refused to whoever asked, never sent on
-        to rank 0. A ``ddpwatch switch`` asking as the recorder stopped heard nothing, and waited
-        out its timeout."""
+        to rank 0: a ``ddpwatch switch`` asking as the recorder stops hears why at once, instead of
+        waiting out its timeout."""
         for peer, data in arrived:
             try:
                 message = decode(data).message

@@ -14,7 +14,8 @@ import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
-from instrumented_ddp.wire.protocol import Envelope, SpanRequest, SwitchCommand, encode
+from instrumented_ddp.wire.codec import Envelope, encode
+from instrumented_ddp.wire.messages import SpanRequest, SwitchCommand
 
 RESEND_EVERY_S = 2.0
 RETRY_AFTER_S = 0.2  # a request the socket would not take is tried again this soon

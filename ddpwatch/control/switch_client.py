@@ -6,7 +6,10 @@ import time
 
 import zmq
 
-from instrumented_ddp.wire.protocol import STRATEGY_NAMES, Ack, ClientKeys, ProtocolError, bucket_mb_problem, decode, encode
+from instrumented_ddp.wire.codec import ProtocolError, decode, encode
+from instrumented_ddp.wire.messages import Ack, bucket_mb_problem
+from instrumented_ddp.wire.kinds import STRATEGY_NAMES
+from instrumented_ddp.wire.curve_keys import ClientKeys
 
 from ddpwatch.control.relay import ACK_GRACE_S, new_command
 

@@ -19,18 +19,22 @@ from textual.containers import Horizontal, VerticalScroll
 from textual.widgets import Footer, TabbedContent, TabPane
 
 from instrumented_ddp.wire.output_paths import file_in_the_way
-from instrumented_ddp.wire.protocol import NOT_SWITCHABLE, STRATEGY_NAMES, Ack, Envelope
+from instrumented_ddp.wire.codec import Envelope
+from instrumented_ddp.wire.messages import NOT_SWITCHABLE, Ack
+from instrumented_ddp.wire.kinds import STRATEGY_NAMES
 
 from ddpwatch.control.relay import GIVE_UP_AFTER_S, new_command
 from ddpwatch.ingest.evaluations import series_label
 from ddpwatch.export.exporters import write_exports
 from ddpwatch.dashboard.views.heatmap import HEATMAP_METRICS
-from ddpwatch.ingest.session import DEVICE_SAMPLES_PER_RANK, Session
+from ddpwatch.ingest.session import Session
+from ddpwatch.ingest.rank_state import DEVICE_SAMPLES_PER_RANK
 from ddpwatch.control.span_requests import LARGE_JOB_DEVICE_EVERY_S, SAMPLE_EVERY_STEPS, SpanWish
 from ddpwatch.dashboard.feeds import Arrival, Feed, ReplayFeed
 from ddpwatch.dashboard.screens.help_screen import HelpScreen
 from ddpwatch.dashboard.screens.strategy_picker import StrategyPicker, SwitchChoice
-from ddpwatch.dashboard.views.snapshot import EVERY_RANK_IN_THE_TIMELINE_UP_TO, DeviceSeries, Snapshot, SnapshotBuilder
+from ddpwatch.dashboard.views.snapshot import SnapshotBuilder
+from ddpwatch.dashboard.views.snapshot_parts import SMALL_JOB_MAX_RANKS, DeviceSeries, Snapshot
 from ddpwatch.dashboard.widgets.advisor_panel import AdvisorPanel
 from ddpwatch.dashboard.widgets.header_bar import HeaderBar
 from ddpwatch.dashboard.widgets.rank_heatmap import RankHeatmap
@@ -54,17 +58,15 @@ SIDE_ROWS_UNDER_STACKED_RANKS = 12
 KEEP_STEPS = 120  # steps whose reports stay in memory (timeline, trends); older ones live on in the segment figures
 DEVICE_SAMPLES = 64 * DEVICE_SAMPLES_PER_RANK  # device samples kept over all ranks: 600 each up to 64 ranks, 37 at 1,024
 DETAIL_RANK_STEPS = 64 * KEEP_STEPS  # reports whose spans and all-reduce durations stay (see Session): all of 64 ranks'
-# Python's cycle collector scans every tracked object in a full pass: here ~500 ns each. With the
-# default threshold (10 younger passes) a full pass came more than once a second at 64 ranks and
-# took 40-240 ms, dropping frames. Objects made before the first frame (imports, widgets) are
-# frozen out of it; 100 younger passes make a full pass about every 6 s. Textual's strips form
-# reference cycles, so waiting much longer lets their garbage pile up (1.4 MiB/s at 1000).
-FULL_COLLECTION_AFTER = 100
-# Above 64 ranks the session keeps ~800k objects (1,024 ranks x 120 steps) and a full pass took
-# ~1 s, every 10 s: 10 % of a five-minute 1,024-rank run, a frozen second each time. At 1000 it
-# came every ~75 s and the RSS after five minutes was the same (584 vs 585 MiB): fewer frames
-# a second make fewer strips.
-LARGE_JOB_FULL_COLLECTION_AFTER = 1000
+#: Younger collections between two full passes of Python's cycle collector (its default: 10). A
+#: full pass scans every tracked object, and at the default it comes often enough to drop frames;
+#: objects made before the first frame (imports, widgets) are frozen out of it. Textual's strips
+#: form reference cycles, so a much longer wait lets their garbage pile up.
+FULL_COLLECTION_AFTER = 100  # a full pass about every 6 s at 64 ranks
+#: The same above ``SMALL_JOB_MAX_RANKS`` ranks: the session then holds hundreds of thousands of
+#: objects (ranks x kept steps), a full pass freezes the screen, and it must come seldom; a large
+#: job's fewer frames a second make fewer strips, so their garbage does not pile up meanwhile.
+LARGE_JOB_FULL_COLLECTION_AFTER = 1000  # a full pass about every 75 s at 1,024 ranks
 
 
 #: The actions that ask the run to switch (keys hidden for a run that cannot).
@@ -74,13 +76,13 @@ SWITCH_ACTIONS = frozenset({"pick_strategy", "switch_to", "bucket", "accum", "ap
 def stack_the_ranks(rows: int, middle_rows: int) -> bool:
     """Whether the ranks table goes above the side tabs, full width, rather than beside them.
 
-    Beside them it is as tall as they are: with two ranks on a 45-row terminal, two rows of
-    figures over twenty blank ones, while the device sparklines beside them were squeezed into
-    two fifths of the width. Stacked, it takes its rows (a header and two border lines besides)
-    and the tabs the rest, at full width; a job with more ranks than leave the tabs
-    ``SIDE_ROWS_UNDER_STACKED_RANKS`` keeps them side by side, the table scrolling as before, and
-    so does a large job's table of node rows (the caller's rule), so that opening a node does not
-    move the panels under the user's click."""
+    Beside them it is as tall as they are: with few ranks on a tall terminal, a few rows of
+    figures over many blank ones, and the device sparklines beside them in two fifths of the
+    width. Stacked, it takes its rows (a header and two border lines besides) and the tabs the
+    rest, at full width; a job with more ranks than leave the tabs
+    ``SIDE_ROWS_UNDER_STACKED_RANKS`` keeps them side by side, the table scrolling, and so does a
+    large job's table of node rows (the caller's rule), so that opening a node does not move the
+    panels under the user's click."""
     return middle_rows > 0 and rows + 3 + SIDE_ROWS_UNDER_STACKED_RANKS <= middle_rows
 
 
@@ -121,9 +123,9 @@ class DashboardApp(App[None]):
         Binding("left_square_bracket", "accum(-1)", "accum-1", show=False),
         Binding("e", "export", "export"),
         Binding("h", "heatmap_metric", "heatmap", show=False),
-        # The side tabs from the keyboard: ← and → step through steps, so a focused tab bar could
-        # not move, and a terminal without the mouse (tmux without mouse mode) never saw the
-        # heatmap, the stragglers or the advisor.
+        # The side tabs from the keyboard: ← and → step through steps, so a focused tab bar cannot
+        # move with them, and a terminal without the mouse (tmux without mouse mode) reaches the
+        # heatmap, the stragglers and the advisor only so.
         Binding("t", "side_tab(1)", "next tab", show=False),
         Binding("T", "side_tab(-1)", "previous tab", show=False),
         Binding("b", "apply_advice", "best bucket", show=False),
@@ -214,10 +216,9 @@ class DashboardApp(App[None]):
     # -- the frame ---------------------------------------------------------------------------------
     def ingest_arrived(self, budget_s: float | None = None) -> None:
         """Fold in what arrived; with ``budget_s``, only as much as that time allows, the rest
-        at the next frames. A 1,024-rank job's sampled full step (every rank's spans at once,
-        about a second of folding) then slows the frames for a while instead of freezing the
-        screen; each message is dated by its arrival, so a late fold does not make a rank look
-        alive longer."""
+        at the next frames. A large job's sampled full step (every rank's spans at once) then
+        slows the frames for a while instead of freezing the screen; each message is dated by its
+        arrival, so a late fold does not make a rank look alive longer."""
         self._arrivals.extend(self.feed.drain())
         deadline = None if budget_s is None else time.perf_counter() + budget_s
         while self._arrivals:  # at least one a frame, however small the budget
@@ -235,9 +236,8 @@ class DashboardApp(App[None]):
     def begin_next_run(self, session_id: str) -> None:
         """A new run said hello once the one on screen was over (every rank gone or said goodbye):
         it gets a session of its own, and the finished run's exports are written beside the
-        recording, in a folder named after it. Before, a script run again with the dashboard
-        still open was dropped whole as "80 malformed messages: step_repeated" under the old
-        run's figures."""
+        recording, in a folder named after it: a script run again with the dashboard still open
+        is watched as a run of its own, not refused as the old run's repeated steps."""
         finished = self.session
         where = ""
         if self.export_on_exit and self.out_dir is not None and finished.reports:
@@ -265,7 +265,7 @@ class DashboardApp(App[None]):
             clock = now
 
         self.ingest_arrived(INGEST_BUDGET_S)
-        if self._full_collection_after == FULL_COLLECTION_AFTER and len(self.session.ranks) > EVERY_RANK_IN_THE_TIMELINE_UP_TO:
+        if self._full_collection_after == FULL_COLLECTION_AFTER and len(self.session.ranks) > SMALL_JOB_MAX_RANKS:
             self._full_collection_after = LARGE_JOB_FULL_COLLECTION_AFTER
             gc.set_threshold(*self._gc_thresholds[:2], self._full_collection_after)
         timed("ingest")
@@ -313,9 +313,9 @@ class DashboardApp(App[None]):
         self.frame_seconds += time.perf_counter() - started
 
     def _device_series(self, devices: tuple[DeviceSeries, ...]) -> tuple[Series, ...]:
-        """The devices tab's series, made again only when the snapshot's are new: a large job's
-        are kept for half a second, and 1,024 series made and compared every frame cost more
-        than drawing them."""
+        """The devices tab's series, made again only when the snapshot's are new (a large job's
+        are kept for ``LARGE_JOB_ROWS_REFRESH_S``): a series per rank made and compared every
+        frame costs more than drawing them."""
         if self._devices_shown[0] is not devices:
             self._devices_shown = (devices, tuple(self._series_of(d) for d in devices))
         return self._devices_shown[1]
@@ -329,14 +329,15 @@ class DashboardApp(App[None]):
         return kept[1]
 
     def span_wish(self) -> SpanWish:
-        """Every span of a job small enough to draw every rank (as before summaries existed).
+        """Every span of a job small enough to draw every rank (``SMALL_JOB_MAX_RANKS``).
         Above that: every step of the ranks the timeline draws, their spans of the step on
         screen (held by the ranks: a rank just become the slowest still sends it), a whole step
         every ``SAMPLE_EVERY_STEPS``, every rank's spans of a step the user paused on, and a
         device sample a second. The first rank's every step too: the advisor reads backward on
         its clock, from its gradient-ready marks (``advisor.recent_profile_steps``), which would
-        otherwise come one step in 25, a profile of one step where it takes the median of 20."""
-        if self.session.world_size <= EVERY_RANK_IN_THE_TIMELINE_UP_TO:
+        otherwise come one step in ``SAMPLE_EVERY_STEPS``, a profile of one step where it takes
+        the median of 20."""
+        if self.session.world_size <= SMALL_JOB_MAX_RANKS:
             return SpanWish.everything()
         step = self.selected_step if self.selected_step is not None else self.session.latest_complete_step()
         drawn = {rank for rank, _ in self.builder.timeline_ranks(step, self.selected_rank)}
@@ -354,9 +355,9 @@ class DashboardApp(App[None]):
         self.held_warnings = (*self.held_warnings, text)
 
     def _say_unanswered_switches(self, now: float) -> None:
-        """A switch rank 0 has not answered once the relay stopped resending it is said so, once:
-        the notice *waiting for rank 0* was all the screen said. It is still announced if it
-        lands (rank 0 heard it and a long step or a pause holds it)."""
+        """A switch rank 0 has not answered once the relay stopped resending it is said so, once,
+        beyond the notice *waiting for rank 0*. It is still announced if it lands (rank 0 heard
+        it and a long step or a pause holds it)."""
         for asked in self.pending_switches.values():
             if not asked.said_unanswered and now - asked.at > GIVE_UP_AFTER_S:
                 asked.said_unanswered = True
@@ -367,7 +368,7 @@ class DashboardApp(App[None]):
         """Rank 0's answer, said once: to this dashboard's own switch, and to one asked from
         elsewhere (``ddpwatch switch``, ``tune``, another dashboard), which rank 0's ack names
         (``Ack.strategy``; an older rank's names none, and is not said: an applied switch still
-        shows as a segment). Before, a switch asked elsewhere and refused showed nowhere here."""
+        shows as a segment), so that a switch asked elsewhere and refused shows here too."""
         if ack.rank != 0 or ack.command_id in self.answered_switches:
             return
         asked = self.pending_switches.pop(ack.command_id, None)
@@ -441,8 +442,8 @@ class DashboardApp(App[None]):
         return None if self.run_is_switchable else NOT_SWITCHABLE
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        """Where switching is off, the switch keys are not offered (a replay offered them, and its
-        picker was filled in before it said no)."""
+        """Where switching is off, the switch keys are not offered, so no picker is filled in
+        only to be refused."""
         return self.switching_off is None or action not in SWITCH_ACTIONS
 
     def request_switch(self, strategy: str, bucket_mb: float | None = None, grad_accum: int | None = None) -> None:
@@ -450,7 +451,7 @@ class DashboardApp(App[None]):
             self.notify_user(off)
             return
         if (rank0 := self.session.ranks.get(0)) is not None and rank0.goodbye is not None:
-            # the relay would refuse it at once, to no one: the screen then said, 30 s on, that it might still land
+            # the relay would refuse it at once, to no one, and the screen would say, GIVE_UP_AFTER_S on, that it might still land
             self.notify_user(f"switch to {strategy} not sent: the run is over (its rank 0 said goodbye)")
             return
         command = new_command(strategy, bucket_mb, grad_accum)
@@ -478,8 +479,8 @@ class DashboardApp(App[None]):
 
     def action_apply_advice(self) -> None:
         """The advisor's predicted best cap, applied live (a switch to the segment's strategy): the
-        one the tab shows. Remade at the key press, a sweep whose best flips between two caps a
-        point apart switched the demo to 0.5 MB under "b: switch to bucket at 1.41 MB"."""
+        one the tab shows, not one remade at the key press, since a sweep's best can flip between
+        two caps predicted a point apart."""
         shown = self.snapshot.advice if self.snapshot is not None else None
         advice = shown if shown is not None else self.builder.advice(time.monotonic())
         if isinstance(advice, str):
@@ -508,8 +509,7 @@ class DashboardApp(App[None]):
     def export_to(self, session: Session, folder: Path, screenshot: bool = False) -> dict[str, Path] | None:
         """``session``'s exports in ``folder`` (and this screen, ``screenshot``), or None, the
         reason said and kept for the command to print at exit: a folder removed, replaced or
-        full costs the exports, never the dashboard (its OSError ended the app, the live view
-        of a run still training with it)."""
+        full costs the exports, never the dashboard, the live view of a run still training."""
         try:
             paths = write_exports(session, folder)
             if screenshot:

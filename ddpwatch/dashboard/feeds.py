@@ -13,12 +13,14 @@ from collections import deque
 from pathlib import Path
 from typing import NamedTuple
 
-from instrumented_ddp.wire.protocol import DEFAULT_MAX_MESSAGE_BYTES, Envelope, ProtocolError, SwitchCommand, run_of_sender
+from instrumented_ddp.wire.codec import DEFAULT_MAX_MESSAGE_BYTES, Envelope, ProtocolError
+from instrumented_ddp.wire.messages import SwitchCommand
+from instrumented_ddp.wire.endpoints import run_of_sender
 
-from ddpwatch.ingest.server_keys import ServerKeys
+from instrumented_ddp.wire.curve_keys import ServerKeys
 from ddpwatch.control.relay import SwitchRelay
 from ddpwatch.ingest.receiver import TelemetryReceiver, log_and_decode
-from ddpwatch.ingest.session import PreparedReport
+from ddpwatch.ingest.step_store import PreparedReport
 from ddpwatch.ingest.session_file import SessionWriter, read_session_records
 from ddpwatch.control.span_requests import SpanRequester, SpanWish
 
@@ -30,7 +32,7 @@ class Arrival(NamedTuple):
     clock across processes). A rank is lost after a silence measured from arrivals, not from when
     the UI got round to folding them in (a frame late, or a long garbage collection later).
     ``prepared``: a step report's figures, where the feed figured them (``ProcessFeed``). ``run``:
-    the run whose rank sent it (``protocol.run_of_sender``), where a listener or a recording knows."""
+    the run whose rank sent it (``endpoints.run_of_sender``), where a listener or a recording knows."""
 
     at: float
     item: Item
@@ -170,9 +172,8 @@ class ReplayFeed(Feed):
 
     Each message is stamped with the time it was recorded, and ``heard_clock`` runs on that
     clock, at ``speed``, from the last message played: a rank is lost in the replay where it
-    was silent in the recording, at any speed, and the end of the file stops the clock. Before,
-    stamps were the replay's own: every rank read "lost" seconds after a replay ended (its
-    ranks had only stopped being recorded), and at ``--speed 20`` a 10 s silence did not."""
+    was silent in the recording, at any speed, and the end of the file stops the clock, so a
+    replay's ranks do not read "lost" once it has ended (they only stopped being recorded)."""
 
     def __init__(self, path: Path, speed: float = 1.0) -> None:
         super().__init__()

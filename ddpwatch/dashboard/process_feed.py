@@ -1,13 +1,11 @@
 """The live feed in a process of its own: receiving, recording, decoding and figuring off the UI's core.
 
-At 1,024 ranks a dashboard receives ~3,000 messages a second. In one process, decoding them
-(a step summary ~80-100 us, a hello ~70 us, a full 300-collective report ~0.7 ms) and figuring each
-report before the session can fold it (a summary ~100 us, a full report ~1 ms) took the GIL for
-about 0.4 s of every second, beside the frames. Here a child process binds the socket, appends every
-message to the session file as it comes, decodes it, relays switch commands and span requests,
-and figures each step report with the session's own ``prepare_report``; the UI process gets
-batches of ``Arrival``s (pickled: a summary with its figures loads in ~45 us) and folds them,
-figures included, in a fraction of the time.
+Decoding a large job's messages at their rate, and figuring each report before the session can
+fold it, would take the UI's GIL for much of every second, beside the frames. Here a child
+process binds the socket, appends every message to the session file as it comes, decodes it,
+relays switch commands and span requests, and figures each step report with the session's own
+``prepare_report``; the UI process gets batches of ``Arrival``s (pickled: loading a prepared
+report is much cheaper than decoding and figuring it) and folds them, figures included.
 
 Nothing is dropped between the two: the child blocks on a full pipe, and the parent stops reading
 while ``MAX_BACKLOG`` arrivals wait to be folded, so a dashboard that cannot keep up holds its
@@ -22,27 +20,27 @@ import pickle
 import threading
 import time
 from collections import defaultdict, deque
-from dataclasses import replace
+from msgspec.structs import replace
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from instrumented_ddp.wire.protocol import DEFAULT_MAX_MESSAGE_BYTES, Envelope, Hello, StepReport, StepSummary, SwitchCommand
-from instrumented_ddp.wire.protocol import HELD_STEPS
+from instrumented_ddp.wire.codec import DEFAULT_MAX_MESSAGE_BYTES, Envelope
+from instrumented_ddp.wire.messages import Hello, StepReport, StepSummary, SwitchCommand
+from instrumented_ddp.wire.messages import HELD_STEPS
 
-from ddpwatch.ingest.server_keys import ServerKeys
+from instrumented_ddp.wire.curve_keys import ServerKeys
 from ddpwatch.figures.compact_steps import PackedSpans, TagSequences
-from ddpwatch.ingest.session import prepare_report
+from ddpwatch.ingest.step_store import prepare_report
 from ddpwatch.control.span_requests import SpanWish
 from ddpwatch.dashboard.feeds import Arrival, Feed, Listener
 
-#: Arrivals the UI may have waiting before the feed stops reading from the child: a 1,024-rank
-#: job sends ~2,600 a second, and a sampled step 2,048 at once (summaries, then spans). Decoded
-#: and figured they take ~25 KB each; what waits beyond them waits as bytes (~7 KB a summary).
-MAX_BACKLOG = 4096
+#: Arrivals the UI may have waiting before the feed stops reading from the child: decoded and
+#: figured, an arrival takes several times its bytes, and what waits beyond them waits as bytes.
+MAX_BACKLOG = 4096  # a 1,024-rank job's sampled step (2,048 arrivals: summaries, then spans) twice
 BATCH_MAX = 64  # arrivals per pickled batch: loading one holds the UI's GIL (64 full reports: ~9 ms)
 #: Messages taken from the socket at a time: what waits beyond them waits in ZeroMQ's queue as
-#: bytes, not decoded here (10,000 decoded full reports held at once took this process to 1.4 GiB).
+#: bytes, not decoded here, where thousands of decoded full reports held at once take gigabytes.
 RECEIVE_MAX = 256
 START_TIMEOUT_S = 30.0  # a spawned child imports the dashboard's modules before it binds
 STOP_TIMEOUT_S = 5.0
@@ -178,9 +176,9 @@ def serve(address: str, session_file: Path, max_message_bytes: int, keys: Server
 
 class SameHello(NamedTuple):
     """Handed over in place of a rank's hello equal to the one handed over before it: every rank
-    repeats its hello every 2 s, and at 1,024 ranks loading 512 hellos a second (parameter and
-    bucket layouts: ~2.6 KB and ~100 objects each, kept 2 s) was a large part of what the UI's
-    cycle collector scanned."""
+    repeats its hello every 2 s, and a hello holds its parameter and bucket layouts (about a
+    hundred objects), so a large job's repeated hellos, loaded in the UI, would fill much of
+    what its cycle collector scans."""
 
     rank: int
 
@@ -191,8 +189,8 @@ class KnownJob:
     report whose world turns out different), and each rank's recent summarized steps (the spans that
     follow one are kept, not figured). A summary's tags are handed over as one tuple shared by
     every rank that issued the same calls (``TagSequences``), which a pickled batch holds once,
-    and its packed floats only as the prepared figures and calls (10.4 -> 5.5 KB a summary); a
-    repeated hello as a ``SameHello``."""
+    and its packed floats not at all, the prepared figures and calls holding them; a repeated
+    hello as a ``SameHello``."""
 
     def __init__(self) -> None:
         self.declared_world = 0
@@ -210,7 +208,7 @@ class KnownJob:
             self.declared_world = max(self.declared_world, message.world_size)
             if self.hellos.get(message.rank) == message:
                 # Not a wire message: only this pipe carries it, and ``_with_hellos`` puts the hello back.
-                return arrival._replace(item=replace(item, message=SameHello(message.rank)))  # type: ignore[arg-type]
+                return arrival._replace(item=replace(item, message=SameHello(message.rank)))
             self.hellos[message.rank] = message
         if isinstance(message, StepSummary):
             self.summarized[message.rank].append(message.step)

@@ -52,7 +52,7 @@ OVERHEAD_MODULE = "instrumented_ddp.selfcheck.overhead_bench"
 OVERHEAD_GOAL = 1.02
 PROFILED_RUN_STEPS = 10  # train.py profiles steps 4-8
 #: The doctor's training step, per rank: the small model (~110M parameters) on 64 sequences of
-#: 512 tokens keeps an H100 busy (~0.8 s a step in fp32), so the host runs ahead of it.
+#: 512 tokens keeps a GPU busy, so the host runs ahead of it.
 BATCH_PER_RANK, SEQUENCE_LENGTH = 64, 512
 #: A GPU kept busy by matrix products reads well above this; an idle or wrong GPU reads 0.
 BUSY_UTILIZATION_PCT = 50.0
@@ -139,9 +139,9 @@ COLLECTIVE_CHECKS = ("collectives per step", "collective duration", "Overlap%")
 #: What ranks sharing a GPU cannot compare: the GPU time-slices their processes, so a rank's own
 #: kernels stop while another rank's run, inside phases ddpwatch's events see as one block.
 GPU_TIME_CHECKS = ("Compute%", "Overlap%")
-#: NCCL's start event is recorded on its stream before the kernel launches: on an H100 (NCCL
-#: 2.28) the kernel began 30-45 µs after it (median 35 µs, 2 ranks), the ends within ±12 µs.
-#: That lead is most of a 5 µs broadcast, so a duration also passes within this many µs.
+#: NCCL's start event is recorded on its stream before the kernel launches, so a span leads its
+#: kernel by tens of µs (30-45 on an H100), most of a 5 µs broadcast: a duration also passes
+#: within this many µs.
 COLLECTIVE_FLOOR_US = 50.0
 
 

@@ -7,7 +7,7 @@ This module takes one rank's trace (read by ``profiler_trace``), lines it up wit
 * **collectives per step** - the ``all_reduce``/``broadcast`` spans of each compared step against
   the NCCL kernels of that step, per kind: exact equality;
 * **collective duration** - each ddpwatch collective span paired with its kernel: within 20 %;
-* **Compute% and Overlap%** - ddpwatch's own step figures (``metrics.step_figures``) against the
+* **Compute% and Overlap%** - ddpwatch's own step figures (``step_figures.step_figures``) against the
   same function fed with kernels (C = union of non-NCCL kernels, M = union of NCCL kernels, both
   clipped to the step window K): within 5 points;
 * **device syncs per step** - ``cudaStreamSynchronize``/``cudaDeviceSynchronize``/
@@ -17,29 +17,9 @@ This module takes one rank's trace (read by ``profiler_trace``), lines it up wit
   iteration, 0 for a pass (a model that syncs on its own, as transformers does to check a
   padding mask, is not ddpwatch's to answer for, and is named in the detail).
 
-What is exact and what is estimated
------------------------------------
-* Which iteration a kernel belongs to is exact where the trace links it to its launch: a kernel
-  and the ``cuda_runtime``/``cuda_driver`` call that launched it share ``args["correlation"]``,
-  and the launch call's CPU time lies inside one ``ProfilerStep#N`` window. No clock is involved.
-  ``ProfilerStep#N`` is ddpwatch step ``N + profiler_step_base`` (1 for train.py, whose loop counts
-  steps from 1 and calls ``profiler.step()`` after each; torch's ``profile.start()`` opens #0).
-* The two clocks (ddpwatch: seconds of the rank's ``perf_counter``; the profiler: microseconds
-  since the trace's ``baseTimeNanoseconds``) are related by an offset **estimated** from the data:
-  in each step, the NCCL kernels of a kind are paired in order of end with ddpwatch's spans of
-  that kind (only where the counts agree), and the offset is the median of ``kernel end - span
-  end``. The median over all pairs is the global offset; each step also gets its own median,
-  because on a GPU ddpwatch converts event times per step against a reference event (its step
-  start is the host time at which that event was *recorded*, not executed), so the true offset
-  moves by the GPU's lag at each step start. Step windows, clipping and the "inside the step"
-  test use the step's own offset. A constant delay of ddpwatch's end stamps is absorbed by the
-  offset and cannot be seen here; durations and counts do not depend on the offset at all.
-* Kernels with no launch link fall back to the clock: they belong to the step whose shifted window
-  holds their midpoint. With no link anywhere, the offset comes from pairing all spans and kernels
-  of a kind in order over the compared steps, trying small shifts of one sequence against the
-  other and keeping the one whose end differences agree best ("order-paired"); with no NCCL kernel
-  at all, from the ProfilerStep starts ("coarse": biased early by the work between
-  ``profiler.step()`` and the step start).
+How the two records are lined up (which iteration a kernel belongs to, and the offset between
+the two clocks) is ``clock_pairing``'s; what this module adds to it:
+
 * An NCCL kernel launched in an iteration but run entirely outside ddpwatch's step window (e.g.
   train.py's per-step switch broadcast, issued before ``begin_step``) is not ddpwatch's to report;
   it is counted apart (``StepRow.outside_calls``) and named in the notes.
@@ -52,7 +32,7 @@ What is exact and what is estimated
 
 The names and categories the trace is read by are cited in ``profiler_trace``.
 
-Pure: standard library, ``metrics``, ``profiler_trace`` and ``instrumented_ddp.wire.protocol`` only.
+Pure: standard library, ``clock_pairing``, ``profiler_trace`` and ``instrumented_ddp.wire`` only.
 """
 
 from __future__ import annotations
@@ -63,147 +43,23 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ddpwatch.figures.metrics import step_figures
+from ddpwatch.doctor.clock_pairing import (US_PER_S, ClockOffset, by_kind_in_end_order, collective_spans, estimate_offset,
+                                           kernel_kind, launched_in, paired_kind)
 from ddpwatch.doctor.profiler_trace import Kernel, ProfilerTrace
-from instrumented_ddp.wire.protocol import COMM_KINDS, Span, StepReport, is_barrier_wait
+from instrumented_ddp.wire.messages import Span, StepReport
+from instrumented_ddp.wire.kinds import is_barrier_wait
+from instrumented_ddp.wire.step_figures import step_figures
 
 __all__ = [
-    "COMM_SPAN_KINDS", "Check", "ClockOffset", "PairedCollective", "RankComparison", "StepRow", "all_passed",
-    "compare_rank", "estimate_offset", "render_checks", "render_steps", "syncs_per_iteration",
+    "Check", "PairedCollective", "RankComparison", "StepRow", "all_passed", "compare_rank", "format_table",
+    "render_checks", "render_steps", "syncs_per_iteration", "value_text",
 ]
-
-#: ddpwatch span kinds that are collectives (what the protocol can carry).
-COMM_SPAN_KINDS = frozenset(COMM_KINDS)
-
-_US_PER_S = 1e6
-
-#: Collectives whose NCCL kernel is a point-to-point one: ProcessGroupNCCL issues a gather and a
-#: scatter as grouped ncclSend/ncclRecv calls, and an all-to-all so too where NCCL has no
-#: all-to-all of its own, one kernel a call, which the profiler names SendRecv
-#: (``profiler_trace``: ``send_recv``). Spans and kernels are held together under that one kind.
-_POINT_TO_POINT = {"all_to_all": "send_recv", "gather": "send_recv", "scatter": "send_recv"}
-
-
-def _paired_kind(kind: str) -> str:
-    """The kind a span is paired and counted under (``_POINT_TO_POINT``)."""
-    return _POINT_TO_POINT.get(kind, kind)
-
-
-def _kernel_kind(kernel: Kernel) -> str:
-    """The kind a collective kernel is paired and counted under ("nccl" where its name said none)."""
-    return _paired_kind(kernel.collective or "nccl")
-
-
-# --- the clock offset ----------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ClockOffset:
-    """profiler µs = ddpwatch seconds × 1e6 + offset. ``per_step_us`` where a step had pairs of its
-    own; ``method``: ``launch-paired``, ``order-paired`` or ``coarse`` (see the module notes)."""
-
-    offset_us: float
-    per_step_us: Mapping[int, float]
-    pairs: int
-    method: str
-
-    def for_step(self, step: int) -> float:
-        return self.per_step_us.get(step, self.offset_us)
-
-    @property
-    def spread_us(self) -> float:
-        """How far the per-step offsets stray from the global one: the GPU lag at step starts."""
-        return max((abs(v - self.offset_us) for v in self.per_step_us.values()), default=0.0)
-
-
-def _collective_spans(report: StepReport) -> list[Span]:
-    return [s for s in report.spans if s.kind in COMM_SPAN_KINDS]
-
-
-def _by_kind_sorted(spans: Iterable[Span], kernels: Iterable[Kernel]) -> dict[str, tuple[list[Span], list[Kernel]]]:
-    """Spans and kernels of each kind, each in order of end (the order a stream completes them)."""
-    out: dict[str, tuple[list[Span], list[Kernel]]] = {}
-    for span in spans:
-        out.setdefault(_paired_kind(span.kind), ([], []))[0].append(span)
-    for kernel in kernels:
-        out.setdefault(_kernel_kind(kernel), ([], []))[1].append(kernel)
-    for s, k in out.values():
-        s.sort(key=lambda x: x.end)
-        k.sort(key=lambda x: x.end_us)
-    return out
-
-
-def _launched_in(trace: ProfilerTrace, number: int) -> list[Kernel]:
-    """NCCL kernels whose launch call ran inside ProfilerStep#number: exact, clock-free."""
-    window = trace.steps.get(number)
-    if window is None:
-        return []
-    return [k for k in trace.collectives if k.launched_us is not None and window[0] <= k.launched_us < window[1]]
-
-
-def _equal_count_differences(report: StepReport, kernels: Sequence[Kernel]) -> list[float]:
-    """kernel end - span end (µs) for every kind whose counts agree: then order pairing is exact."""
-    out: list[float] = []
-    for spans, ks in _by_kind_sorted(_collective_spans(report), kernels).values():
-        if spans and len(spans) == len(ks):
-            out.extend(k.end_us - s.end * _US_PER_S for s, k in zip(spans, ks, strict=True))
-    return out
-
-
-def _best_shift(span_ends: Sequence[float], kernel_ends: Sequence[float], max_shift: int = 4) -> list[tuple[int, float]]:
-    """(span index, difference) pairs for the shift of one ordered sequence against the other whose
-    differences agree best (smallest median absolute deviation): an extra or missing kernel at
-    either end of the profiled range then costs a few pairs instead of misaligning all of them."""
-    best: tuple[tuple[float, int, int], list[tuple[int, float]]] | None = None
-    needed = min(3, len(span_ends), len(kernel_ends))
-    for shift in range(-max_shift, max_shift + 1):
-        pairs = [(i, kernel_ends[i + shift] - end) for i, end in enumerate(span_ends) if 0 <= i + shift < len(kernel_ends)]
-        if not pairs or len(pairs) < needed:
-            continue
-        diffs = [d for _, d in pairs]
-        centre = statistics.median(diffs)
-        key = (statistics.median(abs(d - centre) for d in diffs), -len(pairs), abs(shift))
-        if best is None or key < best[0]:
-            best = (key, pairs)
-    return best[1] if best else []
-
-
-def _order_paired_differences(trace: ProfilerTrace, reports: Sequence[StepReport], base: int) -> dict[int, list[float]]:
-    """Fallback when no kernel is linked to its launch: pair each kind over all compared steps."""
-    windows = [trace.steps[r.step - base] for r in reports if r.step - base in trace.steps]
-    first = min((w[0] for w in windows), default=-math.inf)
-    spans = [(r.step, s) for r in reports for s in _collective_spans(r)]
-    kernels = [k for k in trace.collectives if k.start_us >= first]  # launched no earlier than the first window
-    out: dict[int, list[float]] = {}
-    for kind in {_paired_kind(s.kind) for _, s in spans}:
-        tagged = sorted(((step, s) for step, s in spans if _paired_kind(s.kind) == kind), key=lambda x: x[1].end)
-        ks = sorted((k for k in kernels if _kernel_kind(k) == kind), key=lambda k: k.end_us)
-        for index, diff in _best_shift([s.end * _US_PER_S for _, s in tagged], [k.end_us for k in ks]):
-            out.setdefault(tagged[index][0], []).append(diff)
-    return out
-
-
-def estimate_offset(trace: ProfilerTrace, reports: Sequence[StepReport], profiler_step_base: int = 1) -> ClockOffset:
-    """The offset from ddpwatch's clock to the profiler's, from the data alone (see module notes)."""
-    by_step = {r.step: _equal_count_differences(r, _launched_in(trace, r.step - profiler_step_base)) for r in reports}
-    by_step = {step: diffs for step, diffs in by_step.items() if diffs}
-    method = "launch-paired"
-    if not by_step:
-        by_step, method = _order_paired_differences(trace, reports, profiler_step_base), "order-paired"
-    if by_step:
-        every = [d for diffs in by_step.values() for d in diffs]
-        return ClockOffset(statistics.median(every), {s: statistics.median(d) for s, d in sorted(by_step.items())}, len(every), method)
-    starts = [trace.steps[r.step - profiler_step_base][0] - r.start * _US_PER_S for r in reports if r.step - profiler_step_base in trace.steps]
-    if not starts:
-        raise ValueError("no profiled step has a ddpwatch report: the two clocks cannot be related")
-    return ClockOffset(statistics.median(starts), {}, 0, "coarse")
-
 
 # --- the comparison ------------------------------------------------------------------------
 
 
 #: A span end this many µs inside its kernel's still holds it (``PairedCollective.wait_at_one_end_us``):
-#: on an H100 and an H200 the ends of paired spans and kernels agreed within ±12 µs, most within 3.
+#: paired ends agree within ±12 µs, most within 3 (H100, H200).
 ONE_END_EDGE_US = 10.0
 
 
@@ -266,7 +122,7 @@ class StepRow:
     syncs: tuple[str, ...]  # names, in order, of the syncs in this iteration
     syncs_in_step_window: int  # of those, the ones whose CPU time falls in ddpwatch's shifted window (approximate)
     untimed_calls: int = 0  # collectives the rank counted and did not time (``StepReport.untimed_collectives``)
-    #: Barriers the rank timed as waits (``protocol.BARRIER_TAG``): a kernel each on NCCL (an
+    #: Barriers the rank timed as waits (``kinds.BARRIER_TAG``): a kernel each on NCCL (an
     #: all-reduce of one element), with no span of a collective's kind to pair it with.
     barrier_calls: int = 0
 
@@ -308,7 +164,7 @@ def _pair(spans: Sequence[Span], kernels: Sequence[Kernel], offset_us: float) ->
     leaves the other pairs right instead of shifting every later one."""
     if len(spans) == len(kernels):
         return list(zip(spans, kernels, strict=True))
-    distances = sorted((abs(k.end_us - (s.end * _US_PER_S + offset_us)), i, j)
+    distances = sorted((abs(k.end_us - (s.end * US_PER_S + offset_us)), i, j)
                        for i, s in enumerate(spans) for j, k in enumerate(kernels))
     used_s: set[int] = set()
     used_k: set[int] = set()
@@ -322,12 +178,12 @@ def _pair(spans: Sequence[Span], kernels: Sequence[Kernel], offset_us: float) ->
 
 
 def _kernel_report(report: StepReport, kernels: Iterable[Kernel], offset_us: float) -> StepReport:
-    """The kernels as a step record on ddpwatch's clock, so ``metrics.step_figures`` computes the
+    """The kernels as a step record on ddpwatch's clock, so ``step_figures.step_figures`` computes the
     profiler's Compute% and Overlap% by the very definitions it uses for ddpwatch's: compute kernels
     become compute spans, NCCL kernels communication spans (their kind does not enter C or M)."""
-    lo, hi = report.start * _US_PER_S + offset_us, report.end * _US_PER_S + offset_us
-    spans = [Span("all_reduce" if k.collective else "forward", (k.start_us - offset_us) / _US_PER_S,
-                  (k.end_us - offset_us) / _US_PER_S)
+    lo, hi = report.start * US_PER_S + offset_us, report.end * US_PER_S + offset_us
+    spans = [Span("all_reduce" if k.collective else "forward", (k.start_us - offset_us) / US_PER_S,
+                  (k.end_us - offset_us) / US_PER_S)
              for k in kernels if k.end_us > lo and k.start_us < hi]
     return StepReport(rank=report.rank, step=report.step, strategy=report.strategy, settings={}, start=report.start,
                       end=report.end, spans=spans, samples=0, tokens=0)
@@ -336,31 +192,31 @@ def _kernel_report(report: StepReport, kernels: Iterable[Kernel], offset_us: flo
 def _step_collectives(trace: ProfilerTrace, report: StepReport, number: int, offset_us: float) -> tuple[list[Kernel], list[Kernel]]:
     """(inside, outside) ddpwatch's shifted step window, of the NCCL kernels of this iteration:
     launched in its ProfilerStep window, or, with no launch link, centred in the shifted window."""
-    lo, hi = report.start * _US_PER_S + offset_us, report.end * _US_PER_S + offset_us
-    mine = _launched_in(trace, number) + [k for k in trace.collectives if k.launched_us is None and lo <= k.midpoint_us <= hi]
+    lo, hi = report.start * US_PER_S + offset_us, report.end * US_PER_S + offset_us
+    mine = launched_in(trace, number) + [k for k in trace.collectives if k.launched_us is None and lo <= k.midpoint_us <= hi]
     inside = [k for k in mine if lo <= k.midpoint_us <= hi]
     return inside, [k for k in mine if not lo <= k.midpoint_us <= hi]
 
 
 def _compare_step(trace: ProfilerTrace, report: StepReport, number: int, offset_us: float) -> tuple[StepRow, list[PairedCollective]]:
     inside, outside = _step_collectives(trace, report, number, offset_us)
-    spans = _collective_spans(report)
+    spans = collective_spans(report)
     pairs: list[PairedCollective] = []
-    for kind, (ss, ks) in sorted(_by_kind_sorted(spans, inside).items()):
+    for kind, (ss, ks) in sorted(by_kind_in_end_order(spans, inside).items()):
         for index, (span, kernel) in enumerate(_pair(ss, ks, offset_us), start=1):
             pairs.append(PairedCollective(report.step, kind, index, span.duration * 1e3, kernel.duration_us / 1e3,
-                                          kernel.end_us - (span.end * _US_PER_S + offset_us),
-                                          kernel.start_us - (span.start * _US_PER_S + offset_us)))
+                                          kernel.end_us - (span.end * US_PER_S + offset_us),
+                                          kernel.start_us - (span.start * US_PER_S + offset_us)))
     ours = step_figures(report)
     theirs = step_figures(_kernel_report(report, trace.kernels, offset_us))
     window = trace.steps[number]
     syncs = [s for s in trace.syncs if window[0] <= s.at_us < window[1]]
-    lo, hi = report.start * _US_PER_S + offset_us, report.end * _US_PER_S + offset_us
+    lo, hi = report.start * US_PER_S + offset_us, report.end * US_PER_S + offset_us
     row = StepRow(
         step=report.step, profiler_step=number, offset_us=offset_us, window_ms=ours.step_ms,
-        ddpwatch_calls=dict(Counter(_paired_kind(s.kind) for s in spans)),
-        profiler_calls=dict(Counter(_kernel_kind(k) for k in inside)),
-        outside_calls=dict(Counter(_kernel_kind(k) for k in outside)),
+        ddpwatch_calls=dict(Counter(paired_kind(s.kind) for s in spans)),
+        profiler_calls=dict(Counter(kernel_kind(k) for k in inside)),
+        outside_calls=dict(Counter(kernel_kind(k) for k in outside)),
         pairs=len(pairs),
         worst_duration_error=max((p.error for p in pairs), key=abs, default=None),
         ddpwatch_compute_pct=ours.compute_pct, profiler_compute_pct=theirs.compute_pct,

@@ -5,8 +5,8 @@ Kept apart from ``profile_check``, which holds these against ddpwatch's reports:
 holds and how its names are read is one question (answered from kineto's and NCCL's sources,
 below), how the two records are lined up and judged another.
 
-Sources checked for names and categories (pytorch/kineto at 114171d, torch 2.13 installed here)
-----------------------------------------------------------------------------------------------
+Sources checked for names and categories (pytorch/kineto at 114171d, torch 2.13)
+------------------------------------------------------------------------------
 * kineto ``libkineto/include/ActivityType.h``: categories ``kernel``, ``gpu_memcpy``,
   ``cuda_runtime``, ``cuda_driver``, ``cpu_op``, ``user_annotation``, ``gpu_user_annotation``.
   The TensorBoard plugin (kineto ``tb_plugin/torch_tb_profiler/profiler/trace.py``, removed in
@@ -28,7 +28,7 @@ Sources checked for names and categories (pytorch/kineto at 114171d, torch 2.13 
   NVIDIA/nccl#2196 (sjeaugey): a kernel's name need not name the operation it runs, so
   ``args["Collective name"]`` is preferred when present; a name that says nothing is kind ``nccl``.
 * torch 2.13 ``torch/profiler/profiler.py``: ``record_function("ProfilerStep#" + str(step_num))``;
-  a trace written here shows it as ``"cat": "user_annotation"`` (``cpu_op`` in older traces).
+  torch 2.13's traces show it as ``"cat": "user_annotation"`` (``cpu_op`` in older traces).
 * PyTorch ``_local_scalar_dense_cuda`` (``.item()``) copies into pinned memory through
   ``c10::cuda::memcpy_and_sync`` = ``cudaMemcpyAsync`` + ``cudaStreamSynchronize``.
 

@@ -2,8 +2,8 @@
 
 Why: a run ddpwatch did not start (``attach``, the Trainer callback) cannot switch live, so what a
 change buys (another bucket cap, accumulation, a sharded optimizer, another machine) is measured by
-running the script twice. Two summary tables read one after the other left the user to divide the
-figures, and to guess whether a 3 % difference in step time was the change or the steps' spread.
+running the script twice. Two summary tables read one after the other leave the user to divide the
+figures, and to guess whether a 3 % difference in step time is the change or the steps' spread.
 Here each segment's step time and throughput are given as a ratio of the first segment's, with a
 verdict from their medians' 90 % intervals (``order_statistics.intervals_apart``), and what else
 differs between the runs (ranks, devices, model, global batch) is said, since then the figures
@@ -40,7 +40,7 @@ class ComparedSegment:
     idle_pct: float
     overlap_pct: float
     all_reduce_calls: float
-    data_wait_pct: float | None = None  # None: a summary written before it was kept
+    data_wait_pct: float | None = None  # None: a summary without it
     #: The loop's own compute it marked (``watch.computing``), ms a step, and what it said it was.
     loop_compute_ms: float = 0.0
     loop_computed: tuple[str, ...] = ()
@@ -52,7 +52,7 @@ class ComparedSegment:
     #: long the others waited for it, ms a step), None where it named none.
     straggler: tuple[int, float] | None = None
     #: Each rank's own Data wait% over the segment (summary.json's ``per_rank``), by rank; empty
-    #: in a summary written before it was kept.
+    #: in a summary without it.
     data_wait_by_rank: tuple[tuple[int, float], ...] = ()
 
 

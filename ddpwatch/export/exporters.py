@@ -25,16 +25,21 @@ from typing import Any
 import numpy as np
 
 from ddpwatch.ingest import evaluations
-from ddpwatch.figures import metrics
-from ddpwatch.figures.accumulation import early_reductions_of, early_reductions_text
+from ddpwatch.figures.accumulation import early_reductions_of
+from ddpwatch.figures.cross_rank import DesyncRange, Straggler, shard_ranks
+from ddpwatch.figures.metrics import ClockAlignment
+from ddpwatch.wording.accumulation_text import early_reductions_text
 from ddpwatch.wording.data_wait import data_wait_text
+from ddpwatch.wording.figure_text import ONE_RANK_NOTE, busbw_text, calls_text, gbps_text, held_text, kinds_text
 from ddpwatch.wording.loop_compute import loop_compute_text
 from ddpwatch.wording.rank_lists import (detached_ranks_lines, failed_ranks_lines, heard_until_text, interrupted_ranks_lines, rank_runs,
                                  runs_text)
 from ddpwatch.export.segment_bars import bars_svg, lengths, segment_bar
-from ddpwatch.ingest.session import Session, goodbyes_saying, note_pause_kinds, ranks_left_behind
-from instrumented_ddp.wire.protocol import (COMM_KINDS, COMPUTE_KINDS, LOOP_COMPUTE_KIND, READY_KIND, Goodbye, StepReport, detachment_of,
-                                       failure_of, interruption_of, is_barrier_wait)
+from ddpwatch.ingest.session import Session
+from ddpwatch.ingest.notable_steps import note_pause_kinds
+from ddpwatch.ingest.rank_liveness import goodbyes_saying, ranks_left_behind
+from instrumented_ddp.wire.messages import Goodbye, StepReport, detachment_of, failure_of, interruption_of
+from instrumented_ddp.wire.kinds import COMM_KINDS, COMPUTE_KINDS, LOOP_COMPUTE_KIND, READY_KIND, is_barrier_wait
 
 __all__ = ["chrome_trace", "clock_offsets", "summary", "summary_csv", "summary_markdown", "summary_svg", "write_exports"]
 
@@ -107,9 +112,9 @@ def summary(session: Session) -> dict[str, Any]:
                          "nograd_forward_steps": sorted({r.step for r in reports if r.nograd_forwards}),
                          "nograd_forwards_most": max((r.nograd_forwards for r in reports), default=0),
                          "early_reductions": found.as_dict() if (found := early_reductions_of(reports)) else None,
-                         **pauses(reports, figures.wall_s),
+                         **segment_pauses(reports, figures.wall_s),
                          **figures.as_dict()})
-    desync = metrics.DesyncRange.combine(ranges)
+    desync = DesyncRange.combine(ranges)
     states = sorted(session.ranks.items())
     telemetry = {"rejected": dict(session.rejected),
                  "late_reports": {r: s.late for r, s in states},
@@ -131,7 +136,7 @@ def summary(session: Session) -> dict[str, Any]:
                       "telemetry": telemetry})
 
 
-def pauses(reports: list[StepReport], wall_s: float) -> dict[str, Any]:
+def segment_pauses(reports: list[StepReport], wall_s: float) -> dict[str, Any]:
     """A segment's pauses of training (``StepReport.paused_s``: a Trainer's evaluations and
     checkpoints): the steps they came before, what for, their seconds in all (each step's longest
     over the ranks, which pause together), and their share of the segment's time with them
@@ -147,7 +152,7 @@ def pauses(reports: list[StepReport], wall_s: float) -> dict[str, Any]:
             "paused_pct": 100.0 * paused_s / (wall_s + paused_s) if paused_s > 0 else 0.0}
 
 
-def _row(seg: dict[str, Any], digits: int | None) -> list[Any]:
+def _segment_cells(seg: dict[str, Any], digits: int | None) -> list[Any]:
     """One segment's cells, in COLUMNS order; rounded to ``digits`` when given (None: raw numbers).
     A segment with no counted step (every step it ran excluded: a one-step ``ddp`` segment, whose
     first iteration is) has no figures: its cells say so instead of showing zeros as measured."""
@@ -157,27 +162,27 @@ def _row(seg: dict[str, Any], digits: int | None) -> list[Any]:
         return f"{value:.{digits}f}" if digits is not None else round(float(value), 6)
 
     def gbps(value: Any) -> Any:  # two significant digits under 0.01, as the dashboard and the other kinds say it
-        return metrics.gbps_text(value) if digits is not None and value is not None else num(value)
+        return gbps_text(value) if digits is not None and value is not None else num(value)
     steps = f"{seg['first_step']}-{seg['last_step']}"
     if seg.get("steps") == 0:
         return [seg.get("label") or seg.get("strategy", ""), steps, *(num(None) for _ in COLUMNS[2:])]
     calls = float(seg.get("all_reduce_calls") or 0.0)  # per rank per step, as on the dashboard
     return [seg.get("label") or seg.get("strategy", ""), steps, *(num(seg.get(k)) for k in _FIGURE_KEYS),
-            metrics.calls_text(calls) if digits is not None else round(calls, 6),
+            calls_text(calls) if digits is not None else round(calls, 6),
             num(seg.get("all_reduce_ms")), num(seg.get("step_ms_p50")), num(seg.get("step_ms_p95")),
             num(seg.get("samples_per_s")),
             gbps(seg.get("busbw_gbps")),
-            metrics.busbw_text(None, seg.get("other_busbw_gbps") or {}) if digits is not None
+            busbw_text(None, seg.get("other_busbw_gbps") or {}) if digits is not None
             else json.dumps(seg.get("other_busbw_gbps") or {}, sort_keys=True),
-            metrics.kinds_text(seg.get("calls_by_kind") or {}) if digits is not None
+            kinds_text(seg.get("calls_by_kind") or {}) if digits is not None
             else json.dumps(seg.get("calls_by_kind") or {}, sort_keys=True),
-            metrics.held_text(seg.get("memory") or {}) if digits is not None
+            held_text(seg.get("memory") or {}) if digits is not None
             else json.dumps(seg.get("memory") or {}, sort_keys=True)]
 
 
 def failed_ranks(summary: dict[str, Any]) -> dict[int, tuple[int, str]]:
-    """``Session.failed_ranks`` read back from a summary's ranks (one written before they carried
-    their goodbye has none)."""
+    """``Session.failed_ranks`` read back from a summary's ranks (none where its ranks carry no
+    goodbye)."""
     return goodbyes_saying(failure_of, summary_goodbyes(summary))
 
 
@@ -211,14 +216,15 @@ def segment_loop_collectives_text(seg: dict[str, Any]) -> str:
 
 
 def summary_markdown(summary: dict[str, Any]) -> str:
-    """The seed blog's comparison table, one row per segment, so results read side by side with it;
-    a desync, an error of the whole run, comes first."""
+    """The article's comparison table (the blog posts on data-parallel training the design grew
+    from), one row per segment, so results read side by side with it; a desync, an error of the
+    whole run, comes first."""
     world = summary.get("world_size", 0)
     lines = [f"# ddpwatch session {summary.get('session') or '(unnamed)'} ({world} rank{'' if world == 1 else 's'})", ""]
     if world == 1:
-        lines += [f"*{metrics.ONE_RANK_NOTE[0].upper()}{metrics.ONE_RANK_NOTE[1:]}.*", ""]
+        lines += [f"*{ONE_RANK_NOTE[0].upper()}{ONE_RANK_NOTE[1:]}.*", ""]
     if summary.get("desync"):
-        lines += [f"**ERROR: {metrics.DesyncRange.from_dict(summary['desync']).describe()}**", ""]
+        lines += [f"**ERROR: {DesyncRange.from_dict(summary['desync']).describe()}**", ""]
     for line in failed_ranks_lines(failed_ranks(summary), summary.get("first_failed_rank")):
         lines += [f"**ERROR: {line}**", ""]
     for line in interrupted_ranks_lines(interrupted_ranks(summary)):  # stopped, not broken: the run did not finish
@@ -227,7 +233,7 @@ def summary_markdown(summary: dict[str, Any]) -> str:
         lines += [f"**{line[0].upper()}{line[1:]}**", ""]
     lines += ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for seg in summary.get("segments", []):
-        lines.append("| " + " | ".join(str(c) for c in _row(seg, 2)) + " |")
+        lines.append("| " + " | ".join(str(c) for c in _segment_cells(seg, 2)) + " |")
     if summary.get("segments"):
         lines += ["", "![Compute, Overlap, exposed communication and idle time of each segment's step](summary.svg)"]
     lines += ["", "Comm_overhead% is merged wall-clock communication time over the step window; the seed blog "
@@ -259,7 +265,7 @@ def summary_markdown(summary: dict[str, Any]) -> str:
                      "counts each over its group's size, and a rank's waiting is judged against its group only.")
         if any(seg.get("other_busbw_gbps") for seg in summary.get("segments", [])):
             lines.append("Other busbw (reduce-scatters, all-gathers) counts each over a shard group, one rank of each of "
-                         f"these groups where they are one size ({metrics.shard_ranks(groups, summary.get('world_size') or 0)} "
+                         f"these groups where they are one size ({shard_ranks(groups, summary.get('world_size') or 0)} "
                          "ranks: HSDP's 2-D mesh).")
     if summary.get("all_reduce_groups_problem"):
         lines.append(f"Not within groups: {summary['all_reduce_groups_problem']}.")
@@ -305,9 +311,9 @@ def summary_markdown(summary: dict[str, Any]) -> str:
         if early := seg.get("early_reductions"):
             lines.append(f"- segment {seg['index']}: {early_reductions_text(rank_runs(early['steps']), early, [seg['strategy']])}")
         if seg.get("desync"):
-            lines.append(f"- segment {seg['index']}: {metrics.DesyncRange.from_dict(seg['desync']).describe()}")
+            lines.append(f"- segment {seg['index']}: {DesyncRange.from_dict(seg['desync']).describe()}")
         if seg.get("straggler"):
-            lines.append(f"- segment {seg['index']}: {metrics.Straggler.from_dict(seg['straggler']).describe()}")
+            lines.append(f"- segment {seg['index']}: {Straggler.from_dict(seg['straggler']).describe()}")
     lines += [f"- rank {r['rank']}: why its steps were sent unresolved (the last to say): {r['unresolved_reason']}"
               for r in summary.get("ranks", []) if r.get("unresolved_reason")]
     lines += refused_switch_lines(summary.get("refused_switches", []))
@@ -325,9 +331,9 @@ def refused_switch_lines(refused: list[dict[str, Any]]) -> list[str]:
 
 
 def no_goodbye_lines(ranks: list[dict[str, Any]]) -> list[str]:
-    """One line for the ranks this record holds no goodbye of (a summary written before ranks
-    carried theirs has none to judge by): ``ddpwatch summary`` of a recording cut short (a demo
-    quit, a recorder stopped, a job killed) printed its table and said nothing of the cut."""
+    """One line for the ranks this record holds no goodbye of (a summary whose ranks carry no
+    ``goodbye`` key has none to judge by), so that ``ddpwatch summary`` of a recording cut short
+    (a demo quit, a recorder stopped, a job killed) says so beside its table."""
     unended = {r["rank"]: r.get("last_step", 0) for r in ranks if "goodbye" in r and r["goodbye"] is None}
     if not unended:
         return []
@@ -362,7 +368,7 @@ def summary_csv(summary: dict[str, Any]) -> str:
     writer.writerow(["index", "strategy", "settings", *COLUMNS])
     for seg in summary.get("segments", []):
         writer.writerow([seg["index"], seg["strategy"], json.dumps(seg.get("settings", {}), sort_keys=True),
-                         *_row(seg, None)])
+                         *_segment_cells(seg, None)])
     return out.getvalue()
 
 
@@ -380,7 +386,7 @@ def clock_offsets(session: Session) -> dict[int, float]:
     ranks = sorted({r for reps in session.reports.values() for r in reps} | set(session.ranks))
     if not ranks:
         return {}
-    clocks = metrics.ClockAlignment(reference=0 if 0 in ranks else ranks[0], keep=None)
+    clocks = ClockAlignment(reference=0 if 0 in ranks else ranks[0], keep=None)
     for step in sorted(session.reports):
         clocks.add_step(session.step_times(step))
     offsets = clocks.offsets()
@@ -477,8 +483,8 @@ def write_exports(session: Session, out_dir: Path,
                   on_error: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)) -> dict[str, Path]:
     """Write the export files into ``out_dir`` (created if needed); returns name -> path of those
     written. One that cannot be made is said in a line (``on_error``) and the others are written:
-    every text was made before any was written, so one that raised (a trace of a time JSON cannot
-    hold) lost them all, the recorder's end included."""
+    each is made and written on its own, so one that raises (a trace of a time JSON cannot hold)
+    costs neither the others nor the recorder's end."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     makers: dict[str, Callable[[], str]] = {"trace.json": lambda: json.dumps(chrome_trace(session), allow_nan=False,

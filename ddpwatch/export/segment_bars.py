@@ -1,13 +1,13 @@
-"""The seed blog's comparison as a picture: per segment, one bar of the step window.
+"""The article's comparison as a picture: per segment, one bar of the step window.
 
-A bar splits the window (GUIDE §3) into Compute, Non_Compute (exposed communication) and Idle,
+A bar splits the step window K into Compute, Non_Compute (exposed communication) and Idle,
 which add up to 100 %; Overlap is marked inside Compute as the part that communication ran
 beside (``hidden_comm_pct`` = Overlap% × Comm_overhead% / 100, i.e. |C ∩ M| / K), so the hatched
 part plus Non_Compute is all the communication there was, hidden and exposed. A bar's length is
 its segment's time per sample against the slowest segment's (``lengths``), so the bars compare
-speed as well as where the time went: of full-length bars, "bucket" and "simple" looked alike
-in length and only their colours said that one trained 50 % faster. Pure: the dashboard draws
-it in cells and the exporter as ``summary.svg``, from the same numbers.
+speed as well as where the time went: at one length for all, a segment that trains 50 % faster
+would draw a bar as long as the slower one's. Pure: the dashboard draws it in cells and the
+exporter as ``summary.svg``, from the same numbers.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def segment_bar(label: str, compute_pct: float, non_compute_pct: float, idle_pct
 
 def lengths(samples_per_s: Sequence[float]) -> list[float]:
     """Each segment's bar length: its time per sample (1 / samples/s) over the slowest segment's.
-    A segment with no throughput measured (0) is drawn at full length, as the only bar was."""
+    A segment with no throughput measured (0) is drawn at full length."""
     seconds = [1.0 / rate if rate > 0 else 0.0 for rate in samples_per_s]
     slowest = max(seconds, default=0.0)
     return [t / slowest if t > 0 and slowest > 0 else 1.0 for t in seconds]

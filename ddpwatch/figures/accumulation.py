@@ -4,13 +4,12 @@ Why: accumulating K micro-batches before one optimizer step, only the last micro
 need averaging across ranks; DDP's ``no_sync()`` around the others (what the Trainer and
 Accelerate's ``accumulate`` do, and ddpwatch's ``ga`` strategy) skips their all-reduces. A hand-
 written loop that leaves it out all-reduces every gradient K times a step. Nothing fails: the step
-is just slower (a 2-rank ``examples/plain_ddp.py --grad-accum 4`` with its ``no_sync`` taken out: 135.6
-ms a step against 57.0), and a count of all-reduces a step does not say so unless one knows DDP's
-bucket count. The seed blog's baseline (``simple``) reduces in every micro-step on purpose.
+is only slower, and a count of all-reduces a step does not say so unless one knows DDP's bucket
+count. The article's baseline (``simple``) reduces in every micro-step on purpose.
 
 Read from a step's spans alone (no torch, no UI): each ``forward`` begins a micro-step, and an
 all-reduce belongs to the micro-step in which it started. Pure, used by the session (the
-dashboard's note) and the exporters alike.
+dashboard's note) and the exporters alike; the note's words are ``wording.accumulation_text``'s.
 """
 
 from __future__ import annotations
@@ -26,20 +25,9 @@ from instrumented_ddp.wire.time_ranges import merge, total_length
 from instrumented_ddp.wire.step_figures import SpanLike
 
 from ddpwatch.figures.compact_steps import StepSet
-from ddpwatch.wording.rank_lists import runs_text
+from ddpwatch.wording.accumulation_text import early_reductions_text
 
 KEPT_STEPS = 64  # the steps the medians are taken over (the newest)
-
-#: What skips the early reductions, by the strategies of the steps found (``()``: any other).
-#: FSDP2 (``attach`` on a sharded model, and the ``fsdp`` strategy) reduce-scatters every micro-step
-#: too, which saves memory; what the note finds there is HSDP's all-reduce across replicas.
-SKIPPED_BY = {
-    (): "DDP's no_sync() around the others skips them",
-    ("simple",): ("DDP's no_sync() around the others skips them (simple reduces in every micro-step on purpose, "
-                  "the seed blog's baseline; ga is simple with no_sync)"),
-    ("fsdp",): ("HSDP's model.set_requires_all_reduce(False) before the others skips them, keeping the reduce-scatters "
-                "(set_requires_gradient_sync(False) skips both)"),
-}
 
 
 class StepReportLike(Protocol):
@@ -133,7 +121,7 @@ class EarlyReductions:
                 "early_all_reduce_pct": round(100.0 * early_ms / step_ms, 2) if step_ms > 0 else 0.0}
 
     def text(self) -> str:
-        """The dashboard's note (``early_reductions_text``)."""
+        """The dashboard's note (``wording.accumulation_text.early_reductions_text``)."""
         return early_reductions_text(self.steps.ranges(), self.figures(), self.strategies)
 
     def as_dict(self) -> dict[str, object]:
@@ -155,15 +143,3 @@ def early_reductions_of(reports: Iterable[StepReportLike]) -> EarlyReductions:
         if reads(report) and found.wants(report.step):
             found.note(report.step, micro_step_reduction(report.spans), report.strategy)
     return found
-
-
-def early_reductions_text(ranges: list[tuple[int, int]], figures: Mapping[str, float], strategies: Iterable[str] = ()) -> str:
-    """One line: where, how much, and what skips it; ``strategies``: of the steps it names (a
-    user's DDP reads as ``ddp``; train.py's ``simple`` does it by design, and says so)."""
-    strategies = set(strategies)
-    count = sum(b - a + 1 for a, b in ranges)
-    return (f"gradients were all-reduced in {figures['reducing_micro_steps']:g} of {figures['micro_steps']:g} "
-            f"micro-steps a step ({count} step{'s' if count != 1 else ''}: {runs_text(ranges)}): "
-            f"{figures['early_all_reduces']:g} all-reduces a step before the last micro-step, "
-            f"{figures['early_all_reduce_ms']:.1f} ms of wall time ({figures['early_all_reduce_pct']:.0f} % of the step). "
-            "Accumulating, only the last micro-step needs them: " + SKIPPED_BY.get(tuple(sorted(strategies)), SKIPPED_BY[()]))

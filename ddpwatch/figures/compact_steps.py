@@ -9,7 +9,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from sys import intern
 from typing import overload
 
-from instrumented_ddp.wire.protocol import Span
+from instrumented_ddp.wire.messages import Span
 
 MAX_TAG_SEQUENCES = 256  # distinct all-reduce tag sequences shared before starting over (see ``TagSequences``)
 
@@ -51,8 +51,8 @@ class StepSet:
 
     def forget_below(self, step: int) -> None:
         """Drop the steps before ``step``: a listener that no longer keeps them has no use for
-        them (sampled steps' spans, one run every 25th step, grew a 1,024-rank dashboard's
-        memory by ~0.6 GB a 100,000 steps)."""
+        them, and sampled steps' spans (one run every 25th step) would otherwise grow without
+        bound over a long run."""
         index = bisect.bisect_left(self._runs, [step, -1])
         del self._runs[:max(index - 1, 0)]
         if self._runs and self._runs[0][1] < step:
@@ -76,8 +76,8 @@ class PackedSpans(Sequence[Span]):
     """A kept report's spans as plain tuples, handed out as ``Span`` on reading.
 
     Python's cycle collector can stop tracking a plain tuple of numbers and strings, but never a
-    named tuple. At 64 ranks a dashboard keeps ~500k spans: tracked, every full collection scanned
-    them all (100-240 ms, two frames dropped each second); plain, they cost it nothing.
+    named tuple. A large job's dashboard keeps hundreds of thousands of spans: tracked, every full
+    collection would scan them all and drop frames; plain, they cost it nothing.
     """
 
     __slots__ = ("_rows",)
@@ -119,8 +119,8 @@ NO_SPANS = PackedSpans(())
 class TagSequences:
     """One tuple for every rank and step that issued the same calls: a 1,024-rank job's 300 tags
     would otherwise be held 1,024 times a step, pairing calls across ranks then compares a tuple
-    with itself, and the dashboard's receiver process pickles a batch's shared tuple once (a
-    summary's hand-over 27 -> 11 us). Bounded: a job issues few distinct sequences of calls."""
+    with itself, and the dashboard's receiver process pickles a batch's shared tuple once.
+    Bounded: a job issues few distinct sequences of calls."""
 
     __slots__ = ("_known",)
 

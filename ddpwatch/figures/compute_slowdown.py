@@ -3,23 +3,21 @@
 On two CPU ranks sharing two cores, gloo's threads take the cores backward computes on; on a GPU,
 NCCL's kernels take SMs. So a cap whose all-reduces run inside backward lengthens backward, and
 an advisor that replays backward as measured at a large cap (nothing beside it) predicts the small
-caps too fast: left to tune itself on this box it pointed two to four doublings too small (README,
-"The bucket advisor").
+caps too fast, and points at caps too small.
 
 Each counted step of a ``bucket``/``ddp`` segment gives, on its first rank, a ``BackwardBeside``:
 the forward's duration, backward's (its start to the last gradient-ready mark) and the time an
 all-reduce ran beside it (the union of their spans inside it). Across the caps a run has trained
 at, backward grows with that time: while an all-reduce runs, compute goes at ``1 - lost_share``
 of its speed. The forward is the yardstick: it runs with nothing beside it (a bucketed strategy's
-all-reduces end before the optimizer), and it moves with the box's speed as backward does (steps
-here drift by 20 % from one quarter of an hour to the next), so the line is fitted to
+all-reduces end before the optimizer), and it moves with the machine's speed as backward does,
+so the line is fitted to
 
     backward / forward = quiet_ratio + lost_share · (communication beside backward / forward)
 
-over each segment's medians. Why time and not bytes: on this box one 6 MB all-reduce beside
-backward lengthened it by 18 % of a forward per MB, twelve of 0.7 MB by 40 % per MB; by the
-time they ran, both lost about half the compute (two ranks' compute and gloo threads on two
-cores). Pure: no torch, no UI.
+over each segment's medians. Why time and not bytes: per MB, many small all-reduces beside
+backward slow it more than one large one, while per second they run, both take about the same
+share of its compute. Pure: no torch, no UI.
 """
 
 from __future__ import annotations
@@ -30,21 +28,19 @@ from collections import OrderedDict, deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from instrumented_ddp.wire.protocol import READY_KIND, Span, StepReport
+from instrumented_ddp.wire.messages import Span, StepReport
+from instrumented_ddp.wire.kinds import READY_KIND
 
 #: The strategies whose all-reduces run beside backward's compute, a bucket at a time (the advisor's).
 MEASURED_STRATEGIES = ("bucket", "ddp")
-#: Newest steps kept of each segment, and segments kept (the oldest go first). A segment's medians
-#: over its newest 20 steps swung the share between 0 and 0.48 as a live run went on at one cap (the
-#: demo at 6.25 MB), and the Advisor tab's best flipped between 0.5, 2.83 and 8 MB nine times in 215
-#: steps; over 200, once. ``ddpwatch tune`` measures 10-14 steps a cap: all of them either way.
+#: Newest steps kept of each segment, and segments kept (the oldest go first): a median over a few
+#: steps lets the share, and the Advisor tab's best cap, swing as a run goes on at one cap; over 200
+#: they hold. ``ddpwatch tune`` measures 10-14 steps a cap: all of them either way.
 REMEMBERED_PER_SEGMENT = 200
 REMEMBERED_SEGMENTS = 64
 #: Two segments whose communication beside backward differs by less than this share of the most
 #: any segment had cannot tell a slope from the steps' noise (0.05 and 0.1 MB both communicate
-#: through nearly all of backward). A quarter let 0.05, 0.1 and 0.25 MB fit a share of 0.95 in one
-#: recorded sweep (run while tests loaded the box), and the 0.25 MB step, predicted from its own
-#: segment, read 15 % fast; at a half, none was fitted there.
+#: through nearly all of backward): a smaller share lets such caps fit a slope to noise.
 MIN_SPREAD = 0.5
 #: The most compute a slope may say is lost: some always goes on.
 MAX_LOST_SHARE = 0.95

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from instrumented_ddp.wire.protocol import StepReport
+from instrumented_ddp.wire.messages import StepReport
 from instrumented_ddp.wire.step_figures import CallTimes, bus_factor
 
 from ddpwatch.figures.cross_rank import Groups, all_reduce_ranks, collective_key, transfers
@@ -70,10 +70,10 @@ class TransferMemory:
     how many ranks each call spanned, kept whatever became of the steps that carried them.
 
     Why: the cost model needs two sizes or more. After ``simple`` (every parameter's size) a
-    switch to ``bucket`` at a cap over the model issues one size; once the steps before the switch
-    had left the fit's recent window, the Advisor tab that had shown a sweep said it needed two
-    sizes. The link did not change with the strategy: the sizes it was seen moving still say what
-    it costs. The session adds each step's transfers as it folds it (``Session.transfer_memory``).
+    switch to ``bucket`` at a cap over the model issues one size, and once the steps before the
+    switch leave the fit's recent window, those steps alone cannot fit it. The link does not
+    change with the strategy: the sizes it moved still say what it costs. The session adds each
+    step's transfers as it folds it (``Session.transfer_memory``).
     """
 
     def __init__(self, per_size: int = REMEMBERED_PER_SIZE, sizes: int = REMEMBERED_SIZES) -> None:

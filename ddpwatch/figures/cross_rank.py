@@ -2,8 +2,9 @@
 
 A step's collectives are paired across ranks by tag (the k-th call with a tag), within the
 groups that meet; each call's shortest duration over the ranks is its transfer and the rest of
-each rank's is waiting. From those come each rank's waits, the straggler and a desync. Pure, and
-re-exported by :mod:`ddpwatch.figures.metrics`, where the dashboard, recorder and exporter read them.
+each rank's is waiting. From those come each rank's waits, the straggler and a desync. Pure; the
+dashboard, the recorder and the exporters read them from here, and their sentences are
+``wording.cross_rank_text``'s.
 """
 
 from __future__ import annotations
@@ -17,9 +18,11 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from instrumented_ddp.wire.time_ranges import TimeRange, total_length
-from instrumented_ddp.wire.protocol import BARRIER_TAG
+from instrumented_ddp.wire.kinds import BARRIER_TAG
 from instrumented_ddp.wire.step_figures import (CallTimes, SpanLike, StepFigures, StepRecordLike, _all_reduces, call_times,
                                            sharded_collectives)
+
+from ddpwatch.wording.cross_rank_text import desync_text, overlapping_groups_text, straggler_text
 
 STRAGGLER_STEPS = 10  # a straggler is judged over this many complete steps: one step is noise
 STRAGGLER_SHARE = 0.10  # ... and only when the others waited over this share of the step time for it
@@ -58,9 +61,7 @@ def groups_of_the_world(named: Iterable[Sequence[int]], world_size: int) -> tupl
     for group in groups:
         for rank in group:
             if rank in owner:
-                return None, (f"the ranks' hellos name all-reduce groups that overlap (rank {rank} in "
-                              f"{{{', '.join(map(str, owner[rank]))}}} and {{{', '.join(map(str, group))}}}): "
-                              "waits and busbw are figured over every rank")
+                return None, overlapping_groups_text(rank, owner[rank], group)
             owner[rank] = group
     rest = [rank for rank in range(world_size) if rank not in owner]
     return [list(group) for group in groups] + ([rest] if rest else []), None
@@ -97,8 +98,7 @@ def step_waits(calls_of_one_step: Mapping[int, CallTimes], figures: Mapping[int,
     """:func:`waits_both_ways` of a step's all-reduces within ``groups`` and its reduce-scatters
     and all-gathers (``StepFigures.sharded_calls``) within the shard groups, together, per rank:
     ``zero1``, ``zero2`` and FSDP issue few or no all-reduces, and their ranks wait for each
-    other in those (before, every rank of an ``fsdp`` run read 0 ms waited, and no straggler
-    could be named). Where both kinds waited at once on one rank (on a GPU, HSDP's all-reduce
+    other in those. Where both kinds waited at once on one rank (on a GPU, HSDP's all-reduce
     across replicas on FSDP2's own stream beside the next unit's reduce-scatter), that waiting
     counts once, as two all-reduces waiting at once do: each kind's starts are kept wherever a
     call of one overlapped a call of the other (``instrumented_ddp.wire.step_figures``)."""
@@ -108,7 +108,7 @@ def step_waits(calls_of_one_step: Mapping[int, CallTimes], figures: Mapping[int,
         for calls, among, _ in sharded_pairings(sharded, groups):
             more, more_met = _paired_waits(calls, among)
             passes, met = passes + more, met + more_met
-    return _settle(passes, met)
+    return _settled_waits(passes, met)
 
 
 #: How a barrier's wait is tagged among a step's sharded calls (``StepFigures.sharded_calls``).
@@ -122,19 +122,19 @@ def sharded_pairings(sharded: Mapping[int, CallTimes], groups: Groups | None) ->
     reduce-scatters and all-gathers meet within the shard groups (``shard_groups``); a loop's
     barrier on the world (``BARRIER_CALL``) is every rank's, so where the shard groups are not
     the world (HSDP's mesh, a DDP on subgroups) those barriers are a pairing of their own over
-    the world: within a shard group, the last to arrive of the group was taken for the barrier's
-    last, and a rank the others of the world sat waiting for was not named. A barrier on a
-    group of the loop's own (``protocol.barrier_tag``) stays with the rest."""
+    the world: paired within a shard group, the group's last to arrive would pass for the
+    barrier's last, and a rank the rest of the world waits for would go unnamed. A barrier on a
+    group of the loop's own (``kinds.barrier_tag``) stays with the rest."""
     shards = shard_groups(groups)
     if shards is None or not any(BARRIER_CALL in calls.tags for calls in sharded.values()):
         return [(sharded, shards, sharded_collectives)]
-    barriers = {rank: _only(calls, True) for rank, calls in sharded.items()}
-    rest = {rank: _only(calls, False) for rank, calls in sharded.items()}
+    barriers = {rank: _world_barriers_or_rest(calls, True) for rank, calls in sharded.items()}
+    rest = {rank: _world_barriers_or_rest(calls, False) for rank, calls in sharded.items()}
     return [({rank: c for rank, c in rest.items() if c.tags}, shards, _collectives_but_barriers),
             ({rank: c for rank, c in barriers.items() if c.tags}, None, _barrier_waits)]
 
 
-def _only(calls: CallTimes, barriers: bool) -> CallTimes:
+def _world_barriers_or_rest(calls: CallTimes, barriers: bool) -> CallTimes:
     """``calls``' world barriers (``barriers``), or all but them, in issue order, their starts kept."""
     kept = [index for index, tag in enumerate(calls.tags) if (tag == BARRIER_CALL) == barriers]
     return CallTimes(tuple(calls.tags[i] for i in kept), array("d", (calls.seconds[i] for i in kept)),
@@ -142,7 +142,7 @@ def _only(calls: CallTimes, barriers: bool) -> CallTimes:
 
 
 def _world_barrier(span: SpanLike) -> bool:
-    """The span ``_only`` reads as ``BARRIER_CALL``: a barrier's wait on the world, not a group's."""
+    """The span ``_world_barriers_or_rest`` reads as ``BARRIER_CALL``: a barrier's wait on the world, not a group's."""
     return span.kind == "wait" and span.tag == BARRIER_TAG
 
 
@@ -176,14 +176,13 @@ def waits_both_ways(calls_of_one_step: Mapping[int, CallTimes],
     In each all-reduce the rank with the shortest duration arrived last (ties: the lowest rank),
     and every other rank's waiting in that call is put down to it; so the second totals over
     ranks equal the first's. A rank's waiting is the wall time its calls' waiting covers
-    (:func:`_settle`): gloo runs two collectives at a time, and two calls waiting for the same
-    late rank at once were counted twice (a 2-rank ``async`` CPU run: 65 ms a step summed, 48
-    covered); where they do, each call's share of what is put down to the rank it waited for is
-    scaled alike, so the totals still agree. The usual step (every rank made the same calls) is
-    one array operation over ranks x calls: at 1,024 ranks x 300 calls, a few milliseconds.
+    (:func:`_settled_waits`): gloo runs two collectives at a time, and two calls waiting for the
+    same late rank at once count that waiting once; where they do, each call's share of what is
+    put down to the rank it waited for is scaled alike, so the totals still agree. The usual step
+    (every rank made the same calls) is one array operation over ranks x calls.
     With ``groups`` each group's calls are paired among its own ranks only: a rank waits only
     for those it all-reduces with."""
-    return _settle(*_paired_waits(calls_of_one_step, groups))
+    return _settled_waits(*_paired_waits(calls_of_one_step, groups))
 
 
 class _PairedWaits(NamedTuple):
@@ -222,7 +221,7 @@ def _paired_waits(calls_of_one_step: Mapping[int, CallTimes],
     return passes, met
 
 
-def _settle(passes: Sequence[_PairedWaits], met: Iterable[int]) -> tuple[dict[int, float], dict[int, float]]:
+def _settled_waits(passes: Sequence[_PairedWaits], met: Iterable[int]) -> tuple[dict[int, float], dict[int, float]]:
     """(each rank's waiting, what the others waited for each rank) over one or more pairings
     (the all-reduces' groups; the reduce-scatters' and all-gathers' too). A rank's waiting is
     the wall time its calls' waiting covers, C: calls that waited at once count their common
@@ -271,14 +270,14 @@ def transfers(calls_of_one_step: Mapping[int, CallTimes], groups: Groups | None 
     """Each call every rank made, keyed by its tag and occurrence (``collective_key``), with its
     transfer: its shortest duration over the ranks (:func:`_paired_calls`), the time the
     collective itself took once its last participant joined. [] with fewer than two ranks.
-    Read from the durations alone, which a ``StepSummary`` carries too: at 1,024 ranks and 300
-    calls, one array of C doubles and one ``min`` over it, no span read.
+    Read from the durations alone, which a ``StepSummary`` carries too: one array of C doubles
+    and one ``min`` over it, no span read.
 
     With ``groups`` each group's call is a collective of its own, its transfer the shortest
-    duration among the group's ranks (over the world, a slow group's transfers were lost behind
-    a fast group's), and the call's is the mean over the groups that made it: one sample a call,
-    however many groups (one per group and call, 512 groups of 2 ranks gave the cost model
-    153,600 samples a step and took 153 ms; the line fitted through the means is the same)."""
+    duration among the group's ranks (over the world, a slow group's transfers would be lost
+    behind a fast group's), and the call's is the mean over the groups that made it: one sample
+    a call, however many groups, so the cost model's samples do not grow with the groups (the
+    line fitted through the means is the same)."""
     minima: list[tuple[tuple[str, ...], list[int], np.ndarray]] = []
     for calls in (_by_group(calls_of_one_step, groups) if groups is not None else (calls_of_one_step,)):
         paired = _paired_calls(calls)
@@ -289,10 +288,10 @@ def transfers(calls_of_one_step: Mapping[int, CallTimes], groups: Groups | None 
         return []
     tags = minima[0][0]
     if all(theirs == tags and len(made) == len(tags) for theirs, made, _ in minima):  # every group made every call
-        return list(zip(_keys(tags), np.mean([shortest for *_, shortest in minima], axis=0).tolist(), strict=True))
+        return list(zip(_collective_keys(tags), np.mean([shortest for *_, shortest in minima], axis=0).tolist(), strict=True))
     sums: dict[tuple[str, int], list[float]] = {}  # key -> [sum over groups, groups]
     for theirs, made, shortest in minima:
-        keys = _keys(theirs)
+        keys = _collective_keys(theirs)
         for index, transfer_s in zip(made, shortest.tolist(), strict=True):
             total = sums.setdefault(keys[index], [0.0, 0])
             total[0] += transfer_s
@@ -300,7 +299,7 @@ def transfers(calls_of_one_step: Mapping[int, CallTimes], groups: Groups | None 
     return [(key, total / groups_made) for key, (total, groups_made) in sums.items()]
 
 
-def _keys(tags: Sequence[str]) -> list[tuple[str, int]]:
+def _collective_keys(tags: Sequence[str]) -> list[tuple[str, int]]:
     seen: Counter[str] = Counter()
     return [collective_key(tag, seen) for tag in tags]
 
@@ -401,8 +400,7 @@ class Straggler:
 
     def describe(self) -> str:
         """The one sentence the dashboard's warnings and summary.md both print."""
-        return (f"rank {self.rank} is a straggler: over steps {self.first_step}-{self.last_step} the others waited "
-                f"{self.waited_ms_per_step:.1f} ms a step for it ({self.share_pct:.0f}% of step time)")
+        return straggler_text(self.rank, self.first_step, self.last_step, self.waited_ms_per_step, self.share_pct)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Straggler:
@@ -417,10 +415,9 @@ def find_straggler(complete_steps: Iterable[StepWaits], groups: Groups | None = 
     least in total (:func:`straggler`); it is named only when every other rank of its group
     waited more than it did by over ``STRAGGLER_SHARE`` of those steps' wall time. Without that
     threshold, noise of a few microseconds would always name someone; without "more than it
-    did", ranks that wait for each other by turns did (a balanced 2-rank ``async`` CPU run, 49
-    and 65 ms a step waited: "rank 0 is a straggler ... 43 % of step time"), and without the
-    groups a rank was said to keep waiting ranks that never all-reduce with it. Of several
-    groups' stragglers, the one its group waited for longest.
+    did", ranks that wait for each other by turns (a balanced run on gloo) would name one of
+    them; without the groups, a rank would be said to keep waiting ranks that never all-reduce
+    with it. Of several groups' stragglers, the one its group waited for longest.
     """
     window = sorted(complete_steps, key=lambda s: s.step)[-STRAGGLER_STEPS:]
     totals: dict[int, float] = defaultdict(float)
@@ -467,10 +464,11 @@ def find_desync(calls_of_one_step: Mapping[int, CallTimes], step: int,
     """Ranks issuing different numbers of any collective in a step will hang or corrupt
     gradients: all-reduces (from ``calls_of_one_step``), then every other kind the ranks
     counted (``StepFigures.calls_by_kind``), by name. The all-reduces of a user's own DDP
-    communication hook (``h<k>``, ``attach``) are not counted: how many of them are seen can
+    communication hook (``h<k>``, ``attach``) are not counted: how many of them are timed can
     differ between ranks with no fault in the run (PowerSGD on gloo chains a bucket's second
-    and third from completion callbacks, seen only where a race put them on the backward's thread)."""
-    calls = {rank: sum(not issued_by_a_users_hook(tag) for tag in c.tags) for rank, c in sorted(calls_of_one_step.items())}
+    and third from completion callbacks, timed only where a race puts them on the backward's
+    thread)."""
+    calls = {rank: sum(not is_user_hook_tag(tag) for tag in c.tags) for rank, c in sorted(calls_of_one_step.items())}
     if len(set(calls.values())) > 1:
         return Desync(step=step, calls_per_rank=calls)
     for kind in sorted({k for counts in (kinds_of_one_step or {}).values() for k in counts} - {"all_reduce"}):
@@ -480,18 +478,10 @@ def find_desync(calls_of_one_step: Mapping[int, CallTimes], step: int,
     return None
 
 
-def issued_by_a_users_hook(tag: str) -> bool:
+def is_user_hook_tag(tag: str) -> bool:
     """``h<k>``: the k-th all-reduce a user's DDP communication hook issued in a backward, timed as
     issued (``instrumented_ddp.timing.hooked_collectives``)."""
     return tag[:1] == "h" and tag[1:].isdigit()
-
-
-def _counts(desync: Desync) -> str:
-    return ", ".join(f"rank {r}: {n}" for r, n in sorted(desync.calls_per_rank.items()))
-
-
-def _kind_name(desync: Desync) -> str:
-    return desync.kind.replace("_", "-")
 
 
 @dataclass(frozen=True)
@@ -527,12 +517,8 @@ class DesyncRange:
 
     def describe(self) -> str:
         """The one sentence the dashboard's warnings and summary.md both print."""
-        if self.first_step == self.last_step:
-            return (f"DESYNC at step {self.first_step}: the ranks issued different {_kind_name(self.first)} counts "
-                    f"({_counts(self.first)})")
-        return (f"DESYNC at steps {self.first_step}-{self.last_step} ({self.steps} steps): the ranks issued different "
-                f"{_kind_name(self.first)} counts (step {self.first_step}: {_counts(self.first)}; "
-                f"step {self.last_step}: {_counts(self.last)})")
+        return desync_text(self.first_step, self.last_step, self.steps, self.first.kind, self.first.calls_per_rank,
+                           self.last.calls_per_rank)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> DesyncRange:

@@ -1,12 +1,14 @@
-"""The product's figures, computed one way for the dashboard, the recorder and the exporter.
+"""The product's figures across ranks and steps, computed one way for the dashboard, the recorder
+and the exporter.
 
-Reading every definition from one pure module is what lets a number on the live
-screen be compared with the same number in an exported report.  One rank's step
-figures live in ``instrumented_ddp.wire.step_figures``, since the ranks compute them too, and
-one step's ranks held against each other (pairing, waits, the straggler, a desync) in
-:mod:`ddpwatch.figures.cross_rank`; both are re-exported here, and this module adds the rest across
-ranks and steps: clock alignment, segments.
-Spans and step records are duck-typed (see :class:`SpanLike`, :class:`StepRecordLike`).
+Reading every definition from one pure module is what lets a number on the live screen be
+compared with the same number in an exported report. One rank's step figures live in
+``instrumented_ddp.wire.step_figures``, since the ranks compute them too, and one step's ranks held
+against each other (pairing, waits, the straggler, a desync) in :mod:`ddpwatch.figures.cross_rank`;
+this module adds the rest across ranks and steps: clock alignment and segments. Each of those
+names is imported from its own module, not through this one, and the words about the figures are
+:mod:`ddpwatch.wording.figure_text`'s.
+Spans and step records are duck-typed (see ``SpanLike``, ``StepRecordLike``).
 
 Conventions, chosen so that no caller ever sees NaN or a ZeroDivisionError:
 
@@ -33,38 +35,14 @@ from __future__ import annotations
 import copy
 import math
 import statistics
-import random
-from array import array
 from collections import defaultdict, deque
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-import numpy as np
-
-from instrumented_ddp.wire.time_ranges import TimeRange, clip, intersect, merge, subtract, total_length, union
-from instrumented_ddp.wire.step_figures import (
-    BLOCKING_KINDS,
-    COMM_KINDS,
-    COMPUTE_KINDS,
-    CallTimes,
-    SpanLike,
-    StepFigures,
-    StepRecordLike,
-    StepTimes,
-    algbw_gbps,
-    bus_factor,
-    busbw_gbps,
-    call_times,
-    counted,
-    figures_and_calls,
-    sharded_collectives,
-    step_figures,
-    step_times,
-)
+from instrumented_ddp.wire.step_figures import CallTimes, StepFigures, StepRecordLike, StepTimes, bus_factor, figures_and_calls
 
 from ddpwatch.figures.cross_rank import (
-    STRAGGLER_SHARE,
     STRAGGLER_STEPS,
     Desync,
     DesyncRange,
@@ -72,90 +50,18 @@ from ddpwatch.figures.cross_rank import (
     StepWaits,
     Straggler,
     all_reduce_ranks,
-    calls_of,
-    collective_key,
-    cross_rank_waits,
     find_desync,
     find_straggler,
-    groups_of_the_world,
-    shard_groups,
     shard_ranks,
-    sharded_pairings,
     step_waits,
-    straggler,
-    transfers,
-    waited_for,
-    waiting_intervals,
-    waits_both_ways,
 )
+from ddpwatch.figures.float_reservoir import FloatReservoir
 from ddpwatch.figures.order_statistics import median_of, percentiles_and_median_interval
 
-__all__ = [
-    "BLOCKING_KINDS", "COMM_KINDS", "COMPUTE_KINDS", "CallTimes", "Groups", "STRAGGLER_SHARE", "STRAGGLER_STEPS", "ClockAlignment", "Desync",
-    "DesyncRange", "Figures", "TimeRange", "SegmentAccumulator", "SegmentFigures", "SpanLike", "StepFigures",
-    "StepRecordLike", "StepTimes", "StepWaits", "Straggler", "algbw_gbps", "all_reduce_ranks", "groups_of_the_world", "shard_groups", "shard_ranks", "step_waits", "bus_factor", "busbw_text", "busbw_gbps", "call_times", "calls_of", "calls_text",
-    "clip", "collective_key", "counted", "cross_rank_waits", "figures_and_calls", "find_desync", "find_straggler", "intersect", "merge", "segment_figures",
-    "sharded_collectives", "sharded_pairings", "step_figures", "step_times", "straggler", "subtract", "total_length", "transfers", "union", "waited_for", "waiting_intervals",
-    "waits_both_ways",
-]
+__all__ = ["ALIGNMENT_STEPS", "MARKED_NAMES", "ClockAlignment", "Figures", "SegmentAccumulator", "SegmentFigures",
+           "segment_figures"]
 
 ALIGNMENT_STEPS = 512  # clock-offset samples kept per rank: a median over them, in bounded memory
-
-
-#: A one-rank all-reduce is a local blip inside backward: Overlap% reads 100 and busbw 0 (nccl-tests'
-#: bus factor for one rank), true by their definitions and telling nothing. The dashboard's notes
-#: and summary.md say so.
-ONE_RANK_NOTE = ("one rank: its collectives move nothing, so Overlap%, busbw and waits say nothing about communication "
-                 "(torchrun --nproc_per_node=2 or more)")
-
-
-def calls_text(calls_per_rank_per_step: float) -> str:
-    """How a per-rank-per-step call count is written, on screen and in summary.md alike: a whole
-    number as one ("57"), a mean that is not whole with up to two decimals ("56.5")."""
-    text = f"{calls_per_rank_per_step:.2f}".rstrip("0").rstrip(".")
-    return text if text not in ("", "-0") else "0"
-
-
-#: How the segments table and summary.md name the collectives that are not all-reduces.
-KIND_SHORT = {"all_reduce": "AR", "reduce_scatter": "RS", "all_gather": "AG", "broadcast": "BC", "reduce": "RD",
-              "all_to_all": "A2A", "gather": "GA", "scatter": "SC"}
-
-
-def kinds_text(calls_by_kind: Mapping[str, float]) -> str:
-    """Calls per rank per step of every kind but all-reduce (which has its own column), as
-    ``RS 3 AG 5``; a dash when there are none."""
-    parts = [f"{KIND_SHORT.get(kind, kind)} {calls_text(n)}" for kind, n in sorted(calls_by_kind.items())
-             if kind != "all_reduce" and n > 0]
-    return " ".join(parts) or "—"
-
-
-def busbw_text(all_reduce_gbps: float | None, other_gbps: Mapping[str, float | None]) -> str:
-    """Each collective kind's busbw, GB/s, the all-reduces' first, as ``AR 3.12 AG 0.32 RS 0.16``
-    (``Figures.busbw_gbps``, ``SegmentFigures.other_busbw_gbps``); a dash without any."""
-    by_kind = {"all_reduce": all_reduce_gbps, **dict(sorted(other_gbps.items()))}
-    return " ".join(f"{KIND_SHORT.get(kind, kind)} {gbps_text(value)}" for kind, value in by_kind.items() if value is not None) or "—"
-
-
-def gbps_text(gbps: float) -> str:
-    """Two decimals, or two significant digits under 0.01 GB/s: DDP's broadcast of a few hundred
-    bytes of buffers each forward read "BC 0.00", as if nothing had moved."""
-    return f"{gbps:.2f}" if gbps >= 0.01 or gbps == 0 else f"{gbps:.2g}"
-
-
-def held_text(memory: Mapping[str, int]) -> str:
-    """Parameters/gradients/optimizer state held, MiB, as ``9.3/9.3/18.6``: the seed's staircase
-    (DDP, ZeRO-1, ZeRO-2, FSDP) read across a row; a dash before any measurement. Under 0.1 MiB
-    to the KiB (``0.016``), under that ``<0.001``: a small model's 16 KB read *0.0*, as if
-    nothing was held."""
-    if not memory:
-        return "—"
-    return "/".join(_mib_text(memory.get(kind, 0) / 2**20) for kind in ("parameters", "gradients", "optimizer_state"))
-
-
-def _mib_text(mib: float) -> str:
-    if mib >= 0.1 or mib == 0:
-        return f"{mib:.1f}"
-    return f"{mib:.3f}" if mib >= 0.001 else "<0.001"
 
 
 # --- putting ranks on one clock ---------------------------------------------------------
@@ -307,82 +213,11 @@ class SegmentFigures(Figures):
         return out
 
 
-RESERVOIR = 4096  # step times and bandwidths kept per segment for percentiles: memory stays bounded
 MARKED_NAMES = 8  # names of the loop's marked compute kept per segment: a sender cannot grow it
 
 
-class FloatReservoir:
-    """A uniform sample of at most ``size`` of the values added (Algorithm R: the k-th value added
-    is kept with probability size/k, in the place of one held), as C doubles, for an order-free
-    statistic (a median, a percentile) over all of them (each with the same chance, size/k). A deque of Python floats costs four
-    times the memory: at 1,024 ranks and 300 all-reduces a step, each segment's per-rank
-    bandwidths took 130 MiB. It kept the last ``size`` values before: at 1,024 ranks and 300
-    all-reduces a step, the segment's busbw was the median of the last ~14 ranks' calls of its
-    last step, filled in rank order (64 ranks, 40 at 1 GB/s and 24 at 3: 5.9 GB/s read against
-    the calls' 1.97). Seeded, so the same values give the same figures (a replay, its exports).
-    Holds every value, in order, until it is full. Grows as filled."""
-
-    def __init__(self, size: int = RESERVOIR) -> None:
-        self.size = size
-        self._values = np.empty(min(size, 64))
-        self._count = 0  # values ever added
-        self._random: random.Random | None = None  # made once full: most never fill
-        self._weight = 1.0  # Algorithm L's, once full
-        self._next_kept = 0  # the index, among every value added, of the next one kept once full
-
-    def __len__(self) -> int:
-        return min(self._count, self.size)
-
-    def append(self, value: float) -> None:
-        """One value, written in place where the buffer has room: each rank's step time, 2,048 a
-        step at 1,024 ranks."""
-        if self._count < len(self._values):
-            self._values[self._count] = value
-            self._count += 1
-        else:
-            self.extend((value,))
-
-    def extend(self, values: Iterable[float]) -> None:
-        """``values`` in order; an ``array('d')`` (a step's bandwidths) is read as the buffer it is.
-        Once full, Algorithm L: the distance to the next value kept is drawn at once, so values
-        passed over cost nothing (at 1,024 ranks of 300 calls a step, a draw for each value was
-        26 ms a step more than the ring's copy)."""
-        new = np.asarray(values, dtype=float) if isinstance(values, array) else np.fromiter(values, dtype=float)
-        if not len(new):
-            return
-        held = len(self)
-        if held + len(new) > len(self._values) and len(self._values) < self.size:  # grow
-            grown = np.empty(min(self.size, max(2 * len(self._values), held + len(new))))
-            grown[:held] = self._values[:held]
-            self._values = grown
-        room = min(len(new), self.size - held)
-        self._values[held:held + room] = new[:room]
-        self._count += room
-        if room == len(new):
-            return
-        if self._random is None:  # just full: the first value to keep after it
-            self._random, self._weight, self._next_kept = random.Random(0), 1.0, self.size - 1
-            self._draw_next_kept()
-        end = self._count + len(new) - room
-        while self._next_kept < end:
-            self._values[self._random.randrange(self.size)] = new[room + self._next_kept - self._count]
-            self._draw_next_kept()
-        self._count = end
-
-    def _draw_next_kept(self) -> None:
-        """Algorithm L's step (Li, 1994): the weight shrinks by a factor drawn as the largest of
-        ``size`` uniforms, and the values until the next one kept are geometric in it."""
-        assert self._random is not None
-        self._weight *= math.exp(math.log(1.0 - self._random.random()) / self.size)
-        skip = math.floor(math.log(1.0 - self._random.random()) / math.log1p(-self._weight)) if self._weight < 1.0 else 0
-        self._next_kept += skip + 1
-    def values(self) -> np.ndarray:
-        """The values held: every one added, in order, until it is full; then a uniform sample."""
-        return self._values[:len(self)].copy()
-
-
 @dataclass
-class _Running:
+class _RunningSums:
     """Running sums that make one ``Figures``: O(1) memory per step except two bounded windows."""
 
     steps: int = 0
@@ -425,7 +260,7 @@ class _Running:
                 self.talking += 1
                 self.overlap += f.overlap_pct
         self.calls_total += f.all_reduce_calls
-        totals = self.calls_by_kind  # a plain loop: Counter.update costs 3x, 2,048 times a step at 1,024 ranks
+        totals = self.calls_by_kind  # a plain loop, cheaper than Counter.update: it runs for every record of every step
         for kind, calls in f.calls_by_kind.items():
             totals[kind] = totals.get(kind, 0) + calls
         if f.memory:  # one report in ten carries it
@@ -489,7 +324,8 @@ class SegmentAccumulator:
     """Folds a segment's steps in one at a time, so a live dashboard can forget old steps.
 
     Means, totals and throughput are exact over every step folded in; step-time percentiles and
-    the median bandwidth are over the last ``RESERVOIR`` steps and collectives, clock offsets over
+    the median bandwidth are over a uniform sample of ``float_reservoir.RESERVOIR`` steps and
+    collectives (``FloatReservoir``), clock offsets over
     the last ``ALIGNMENT_STEPS`` steps of each rank, the straggler over the last
     ``STRAGGLER_STEPS`` complete steps.
     """
@@ -500,8 +336,8 @@ class SegmentAccumulator:
         self.world_size = world_size
         self.groups = groups
         self.all_reduce_ranks = all_reduce_ranks(groups, world_size)
-        self.overall = _Running()
-        self.per_rank: dict[int, _Running] = defaultdict(_Running)
+        self.overall = _RunningSums()
+        self.per_rank: dict[int, _RunningSums] = defaultdict(_RunningSums)
         self.clocks = ClockAlignment()
         self.recent_complete: list[StepWaits] = []  # the last STRAGGLER_STEPS steps every rank reported
         self.desyncs: list[Desync] = []

@@ -2,7 +2,7 @@
 
 Why: the Loss tab drew the training loss alone, and a Trainer's ``eval_loss`` (or a loop's own
 held-out loss) was in its log only; the question "is the run still learning?" sits beside "why
-is the step slow?". Ranks send what they measured (``protocol.Evaluation``: the Trainer callback
+is the step slow?". Ranks send what they measured (``messages.Evaluation``: the Trainer callback
 from ``on_evaluate``, a loop through ``record_evaluation``); a distributed evaluation gathers its
 metrics, so ranks agree, and where they do not (a loop that evaluated each rank's own shard) the
 lowest rank's stand for the step, as rank 0's log would.
@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from instrumented_ddp.wire.protocol import Evaluation
+from instrumented_ddp.wire.messages import Evaluation
 
 #: Evaluations kept, the newest: one every 10 steps of a million-step run is 100,000, and a
 #: sender could make any number.

@@ -12,9 +12,11 @@ from collections.abc import Callable, Iterable
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from instrumented_ddp.wire.protocol import DEFAULT_MAX_MESSAGE_BYTES, Envelope, ProtocolError, address_problem, decode, is_loopback
+from instrumented_ddp.wire.codec import DEFAULT_MAX_MESSAGE_BYTES, Envelope, ProtocolError, decode
+from instrumented_ddp.wire.endpoints import address_problem, is_loopback
 
-from ddpwatch.ingest.server_keys import ServerKeys, secure_server
+from instrumented_ddp.wire.curve_keys import ServerKeys
+from ddpwatch.ingest.curve_server import secure_server
 from ddpwatch.ingest.session import Session
 from ddpwatch.ingest.session_file import SessionWriter
 
@@ -129,7 +131,7 @@ def ingest(
     run: str = "",
 ) -> list[Envelope]:
     """Log every message as it came, then fold the valid ones into ``session`` (and return them).
-    ``run``: the run whose rank sent them, where the listener knows it (``protocol.run_of_sender``)."""
+    ``run``: the run whose rank sent them, where the listener knows it (``endpoints.run_of_sender``)."""
     accepted: list[Envelope] = []
     for data in raw_messages:
         envelope = log_and_decode(data, writer, max_message_bytes, run)

@@ -3,7 +3,7 @@
 Raw bytes rather than decoded records, so replay and later versions see what the dashboard saw,
 rejected messages included. Each record is ``<f8 arrival time><u4 length><bytes>``; a crash can
 only cut the last record short, and the reader stops cleanly there. A record whose sender was a
-rank of a run (``protocol.run_of_sender``) sets the length's top bit and carries that run's id
+rank of a run (``endpoints.run_of_sender``) sets the length's top bit and carries that run's id
 after the header, ``<u1 size><id>``, so a replay tells two runs that sent at once apart as the
 live dashboard did; a file written before has no such record, and reads as before.
 """
@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO, NamedTuple
 
-from instrumented_ddp.wire.protocol import ProtocolError, decode
+from instrumented_ddp.wire.codec import ProtocolError, decode
 
 SESSION_FILE_NAME = "session.ddpwatch"
 _HEADER = struct.Struct("<dI")

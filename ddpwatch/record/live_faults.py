@@ -1,11 +1,10 @@
 """What ``ddpwatch record`` says of a job's faults as they happen, not only once it stops.
 
-Why: a headless recorder (a cluster job, CI) said what went wrong only in its last lines, once
-every rank had said goodbye or it had been idle long enough. A rank that dies or freezes holds
-every other rank in its next collective, and they go on heartbeating: the recorder was never
-idle, so it said nothing until the process group's timeout (30 min on gloo) ended the job, and a
-user tailing its output saw a job that looked alive. Now it says, once each as it happens, a rank
-lost (silent past ``session.LOST_AFTER_S``) and the live ranks a lost one holds
+Why: a rank that dies or freezes holds every other rank in its next collective, and they go on
+heartbeating, so a headless recorder (a cluster job, CI) is never idle, and its last lines come
+only once the process group's timeout (30 min on gloo) ends the job: until then, a user tailing
+its output would see a job that looks alive. So it says, once each as it happens, a rank lost
+(silent past ``rank_liveness.LOST_AFTER_S``) and the live ranks a lost one holds
 (``Session.ranks_held_by_lost``), in the dashboard's words (``rank_lists``). A rank heard again
 and lost again is said again.
 """
@@ -22,7 +21,7 @@ from ddpwatch.ingest.session import Session
 LOOK_EVERY_S = 1.0
 
 
-class FaultsAsTheyHappen:
+class LiveFaultReporter:
     """Looks at a session every ``LOOK_EVERY_S`` and says each new fault once through ``say``."""
 
     def __init__(self, say: Callable[[str], None]) -> None:

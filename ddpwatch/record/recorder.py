@@ -11,13 +11,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
-from instrumented_ddp.wire.protocol import DEFAULT_MAX_MESSAGE_BYTES, ProtocolError, run_of_sender
+from instrumented_ddp.wire.codec import DEFAULT_MAX_MESSAGE_BYTES, ProtocolError
+from instrumented_ddp.wire.endpoints import run_of_sender
 
-from ddpwatch.figures import metrics
-from ddpwatch.ingest.server_keys import ServerKeys
+from ddpwatch.figures.cross_rank import DesyncRange
+from instrumented_ddp.wire.curve_keys import ServerKeys
 from ddpwatch.control.relay import SwitchRelay
 from ddpwatch.export.exporters import write_exports
-from ddpwatch.record.live_faults import FaultsAsTheyHappen
+from ddpwatch.record.live_faults import LiveFaultReporter
 from ddpwatch.wording.rank_lists import detached_ranks_lines, failed_ranks_lines, interrupted_ranks_lines
 from ddpwatch.ingest.receiver import TelemetryReceiver, log_and_decode
 from ddpwatch.ingest.session import Session
@@ -89,7 +90,7 @@ def record(
     def say_fault(line: str) -> None:
         log(f"{command}: WARNING: {line}")
 
-    faults = FaultsAsTheyHappen(say_fault)  # a lost rank, the live ranks it holds: said as they happen
+    faults = LiveFaultReporter(say_fault)  # a lost rank, the live ranks it holds: said as they happen
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         stop_requested.append(signal.Signals(signum).name)
@@ -125,7 +126,7 @@ def record(
                             f"its exports are in {folder} ({', '.join(p.name for p in paths.values())}); "
                             f"now recording run {next_run}")
                         session = Session()
-                        faults = FaultsAsTheyHappen(say_fault)
+                        faults = LiveFaultReporter(say_fault)
                     if session.ingest(envelope, run=run) is None:
                         relay.note(peer, envelope)
                         requester.note(peer, envelope)
@@ -151,7 +152,7 @@ def record(
     log(f"{command}: stopped ({reason}); {session.messages} messages, "
         f"{sum(session.rejected.values())} rejected, {late} late, {unresolved} unresolved step(s); "
         f"wrote {', '.join(p.name for p in paths.values())}")
-    desync = metrics.DesyncRange.combine(session.segment_figures(seg, per_rank=False).desync for seg in session.segments)
+    desync = DesyncRange.combine(session.segment_figures(seg, per_rank=False).desync for seg in session.segments)
     if desync is not None:  # the run's one error: said where a headless user looks, not only in the files
         log(f"{command}: ERROR: {desync.describe()}")
     for line in failed_ranks_lines(session.failed_ranks, session.first_failed_rank):  # a rank whose training raised, and what
@@ -167,8 +168,8 @@ def load_runs(path: Path, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) ->
     """Rebuild the session of each run in the file, in order, as it was folded, each message at the
     time it was recorded. A run whose hello came once the one before was over (a script run again
     with the dashboard left open, a Trainer's second ``train()``) begins a session of its own, as
-    on the dashboard, whose exports at exit are that run's: read as one session, its reports were
-    mixed into the first run's."""
+    on the dashboard, whose exports at exit are that run's: read as one session, its reports would
+    mix with the first run's."""
     session = Session()
     for received_at, data, run in read_session_records(path):
         envelope = log_and_decode(data, max_message_bytes=max_message_bytes)

@@ -2,10 +2,10 @@
 
 Why: after communication, the commonest reason a data-parallel step is slower than its compute is
 input: a DataLoader that cannot keep up with the devices (too few workers, no pinned memory, heavy
-transforms), or the loop's own work between steps. The timeline drew it as ``data`` bars and the
-table counted it in Idle%, among other idle time, and nothing said which. ``StepFigures.data_wait_pct``
-counts only the ``data`` time with no compute or communication beside it, so a loader that fetches
-while the device still computes is not blamed.
+transforms), or the loop's own work between steps. The timeline draws it as ``data`` bars and the
+table counts it in Idle%, among other idle time; this line says which part it is.
+``StepFigures.data_wait_pct`` counts only the ``data`` time with no compute or communication
+beside it, so a loader that fetches while the device still computes is not blamed.
 
 Pure: a segment's figures in, a line out; the dashboard's notes and summary.md say the same line.
 """
@@ -43,7 +43,8 @@ def uneven_text(by_rank: Mapping[int, float]) -> str:
     """Where the ranks' Data wait% are ``DATA_WAIT_NOTE_PCT`` points apart or more, the rank that
     waited most and the one that waited least: one rank's slow loader, or its loop's own work
     between steps, is a straggler the others then wait for in the next step's collectives, and
-    the segment's mean (one rank of 64 at 90 %: 1.4) hid whose it was. "" where they are even."""
+    the segment's mean hides whose it is (one rank of 64 at 90 %: a mean of 1.4). "" where they
+    are even."""
     if (apart := most_and_least(by_rank)) is None:
         return ""
     most, least = apart

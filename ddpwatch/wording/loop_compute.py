@@ -1,7 +1,7 @@
 """The compute a loop marked as its own (``watch.computing``: an average of the weights, a
-teacher's forward), in words: what it was and what it cost a step.
+teacher's forward), in words: what it is and what it costs a step.
 
-Why: unmarked, that work read as data loading (before a forward) or idle time (between a
+Why: unmarked, that work reads as data loading (before a forward) or idle time (between a
 forward and its backward); marked, it is compute, and the next question is what it costs beside
 the step. Pure: a segment's figures in, a line out; the dashboard's notes and summary.md say the
 same line.

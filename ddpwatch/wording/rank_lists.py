@@ -45,8 +45,7 @@ def failed_ranks_lines(failures: dict[int, tuple[int, str]], first: int | None =
     for a few, one line for many (a dead peer fails every other rank's next collective too).
     ``first``: the rank whose failure was heard first (``Session.first_failed_rank``), named
     first: one rank's out-of-memory error makes every other rank's next collective fail on a
-    dead peer, so the most common reason is the consequence and the first one the cause (at 4
-    ranks the line said only *most often: … Connection reset by peer*)."""
+    dead peer, so the most common reason is the consequence and the first one the cause."""
     first = first if first in failures and len(failures) > 1 else None
     if len(failures) <= FEW_RANKS:
         said_first = [f"rank {first} failed first, after step {failures[first][0]}: {failures[first][1]}"] if first is not None else []
@@ -65,7 +64,7 @@ def failed_ranks_lines(failures: dict[int, tuple[int, str]], first: int | None =
 
 
 def lost_ranks_lines(silent: dict[int, float]) -> list[str]:
-    """Ranks nothing has been heard from past ``session.LOST_AFTER_S``, ``{rank: seconds silent}``:
+    """Ranks nothing has been heard from past ``rank_liveness.LOST_AFTER_S``, ``{rank: seconds silent}``:
     a line each for a few, one line for many (a node gone takes eight at once)."""
     if len(silent) <= FEW_RANKS:
         return [f"rank {rank} lost: nothing heard from it for {s:.1f} s" for rank, s in sorted(silent.items())]
@@ -76,8 +75,8 @@ def lost_ranks_lines(silent: dict[int, float]) -> list[str]:
 def held_by_lost_lines(held: dict[int, int], lost: dict[int, float], heard: float) -> list[str]:
     """One line for the live ranks that lost ranks hold in a collective (``Session.ranks_held_by_lost``:
     ``{rank: step it is at}``, and ``{lost rank: when last heard}``), at ``heard``: still
-    heartbeating, so not lost, but passing no step; read as a slow step, the job looked alive for
-    as long as the process group's timeout."""
+    heartbeating, so not lost, but passing no step; read as a slow step, the job would look alive
+    until the process group's timeout."""
     if not held or not lost:
         return []
     who = f"rank {next(iter(held))} has" if len(held) == 1 else f"{len(held)} ranks ({ranks_text(held)}) have"

@@ -4,10 +4,9 @@ Why: ``attach`` times the collectives of the DDP or FSDP it is attached to, and 
 user's script issues its own as well, and they are real communication inside the step: the
 Hugging Face Trainer all-gathers each batch's label count, and at each logging step the loss and
 the step's floating-point operations, and under FSDP2 its gradient clipping all-reduces the norm
-of the sharded gradients (seen on an H200: 3 all-gathers and 1 all-reduce a step beside FSDP's 16
-and 9); DDP with ``find_unused_parameters=True`` all-reduces its map of used parameters. Their time falls in
-whichever phase or gap issued them: as compute inside a phase, as data loading before a forward
-(``StepCollectives``). Counting them tells the user they are there.
+of the sharded gradients; DDP with ``find_unused_parameters=True`` all-reduces its map of used
+parameters. Their time falls in whichever phase or gap issued them: as compute inside a phase, as
+data loading before a forward (``StepCallCounts``). Counting them tells the user they are there.
 
 Each backend keeps a count of the collectives issued on it, the one ``ProcessGroupNCCL`` calls
 ``seqCollective_`` and gloo ``seq_`` (``Backend._get_sequence_number_for_group``): a counter read,
@@ -82,8 +81,9 @@ class IssuedCollectives:
         return sum(count - before.get(backend, 0) for backend, count in counts.items())
 
 
-class StepCollectives:
-    """What one step issued beyond what ddpwatch timed, and how much of it in its data time.
+class StepCallCounts:
+    """The calls one step issued and timed: what it issued beyond what ddpwatch timed, and how
+    much of that in its data time.
 
     Why: a collective the loop issues between a backward and the next forward (a loss
     all-reduced for logging after the update, the Trainer's gather of each batch's label count

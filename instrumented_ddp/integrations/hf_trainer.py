@@ -4,8 +4,7 @@
     trainer.add_callback(DDPWatchCallback(trainer, address="tcp://127.0.0.1:5555"))
     trainer.train()
 
-What this relies on, checked against transformers 5.23 and 5.24 and accelerate 1.15 (``test_attach_end_to_end``
-pins it; the suite passes on transformers 4.57.6 and 4.45.2 with accelerate 1.1.1 too, README):
+What this relies on (``test_attach_end_to_end`` pins it):
 
 - ``Trainer`` wraps the model in ``DistributedDataParallel`` inside ``train()``, through
   ``accelerator.prepare``, and sets ``trainer.model_wrapped`` to it before ``on_train_begin``: that
@@ -25,14 +24,14 @@ pins it; the suite passes on transformers 4.57.6 and 4.45.2 with accelerate 1.1.
   ``on_evaluate`` is given the evaluation's ``metrics`` (what the Trainer logs): the callback sends
   what they say of the model (``quality_metrics``) for the dashboard's Loss tab.
 - Under ``auto_find_batch_size`` an out-of-memory error inside ``train()`` is caught by Accelerate,
-  which calls the training loop again at a smaller batch: ``on_train_end`` never came, and the
+  which calls the training loop again at a smaller batch: ``on_train_end`` never comes, and the
   second ``on_train_begin`` finds a new DDP over the same model (transformers 5.24): the callback
   ends the first run there, as failed (``begun_again_because``), and attaches anew.
 - Under FSDP2 (``fsdp_config={"fsdp_version": 2}``) Accelerate shards the model in place with
   ``fully_shard`` and ``model_wrapped`` is that model: attached as ``attach`` takes any FSDP2
   model. Accelerate shards on GPUs only (on CPU the same arguments train with DDP), so the suite
-  pins this path with a stand-in Trainer; a real one (transformers 5.17) ran it on one H200 shared
-  by 2 ranks (``examples/hf_trainer.py --fsdp``, README).
+  pins this path with a stand-in Trainer; ``examples/hf_trainer.py --fsdp`` runs a real one on a
+  GPU.
 """
 
 from __future__ import annotations
@@ -47,8 +46,9 @@ from torch.nn.parallel import DistributedDataParallel
 from transformers import TrainerCallback
 
 from instrumented_ddp.attachment.problems import compiled_module, is_fsdp2
-from instrumented_ddp.attachment.facade import AttachError, Attachment, attach
-from instrumented_ddp.wire.protocol import DEFAULT_ADDRESS, FAILED, MAX_EVALUATION_METRICS, MAX_METRIC_NAME
+from instrumented_ddp.attachment.attachment import AttachError, Attachment, attach
+from instrumented_ddp.wire.messages import FAILED, MAX_EVALUATION_METRICS, MAX_METRIC_NAME
+from instrumented_ddp.wire.endpoints import DEFAULT_ADDRESS
 
 
 class DDPWatchCallback(TrainerCallback):
@@ -91,8 +91,8 @@ class DDPWatchCallback(TrainerCallback):
 
     def computing(self, what: str) -> AbstractContextManager[None]:
         """``Attachment.computing`` for a Trainer subclass's own compute while the callback is
-        attached: a teacher's forward in its ``compute_loss`` (before the student's it read as
-        data loading, after it as idle time)::
+        attached: a teacher's forward in its ``compute_loss`` (unmarked, before the student's it
+        reads as data loading, after it as idle time)::
 
             watch = DDPWatchCallback(trainer)
             trainer.add_callback(watch)
@@ -152,8 +152,8 @@ def begun_again_because(args: Any, state: Any) -> str:
     """The goodbye of a run whose ``train()`` never reached ``on_train_end``, said when training
     begins again: under ``auto_find_batch_size`` Accelerate catches an out-of-memory error, shrinks
     the batch by a tenth and calls the training loop again, on a new DDP over the same model and the same
-    optimizer. Left attached, the old hooks went on counting that optimizer's steps with none of
-    the new DDP's forwards or all-reduces (Idle% 90), and the new run was refused its address."""
+    optimizer. Left attached, the old hooks would go on counting that optimizer's steps with none
+    of the new DDP's forwards or all-reduces, and the new run would be refused its address."""
     if getattr(args, "auto_find_batch_size", False):
         batch = getattr(state, "train_batch_size", None)
         return (f"{FAILED}out of memory: the Trainer began again at a batch of {batch} (auto_find_batch_size)"
@@ -164,7 +164,8 @@ def begun_again_because(args: Any, state: Any) -> str:
 def steps_to_take(state: Any) -> int:
     """The optimizer steps this ``train()`` will take, for the dashboard's progress and ETA (0:
     unknown): the Trainer's ``max_steps`` less the ``global_step`` a run resumed from a
-    checkpoint starts at (attached steps count from 1; the ETA counted the resumed ones again)."""
+    checkpoint starts at (attached steps count from 1: the ETA must not count the resumed ones
+    again)."""
     planned, done = getattr(state, "max_steps", 0), getattr(state, "global_step", 0)
     if not isinstance(planned, int) or planned <= 0:
         return 0

@@ -26,20 +26,10 @@ from collections.abc import Callable
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from instrumented_ddp.wire.protocol import (
-    ClientKeys,
-    Goodbye,
-    Heartbeat,
-    Hello,
-    Message,
-    ProtocolError,
-    SpanRequest,
-    StepReport,
-    SwitchCommand,
-    decode,
-    encode,
-    routing_id,
-)
+from instrumented_ddp.wire.codec import ProtocolError, decode, encode
+from instrumented_ddp.wire.messages import Goodbye, Heartbeat, Hello, Message, SpanRequest, StepReport, SwitchCommand
+from instrumented_ddp.wire.endpoints import routing_id
+from instrumented_ddp.wire.curve_keys import ClientKeys
 from instrumented_ddp.publish.span_policy import SpanPolicy
 
 HEARTBEAT_EVERY_S = 1.0
@@ -48,7 +38,7 @@ HELLO_EVERY_S = 2.0  # a dashboard started late learns who the ranks are within 
 #: listening dashboard's handshake, so that its goodbye is heard (``_connected_in_time``).
 CONNECT_GRACE_S = 0.5
 #: How long the hello and goodbye at the end may wait to go out (the connection's pipe is attached
-#: to the socket a moment after the handshake event; a send without waiting found it not yet there).
+#: to the socket a moment after the handshake event: a send that does not wait may miss it).
 LAST_SEND_WAIT_MS = 200
 
 
@@ -116,12 +106,10 @@ class TelemetryPublisher:
     def close(self, steps: int, reason: str = "finished", timeout_s: float = 1.0, trains_again: bool = False) -> None:
         """Say goodbye, give the sender up to ``timeout_s`` to drain, then drop what is left.
 
-        The goodbye is queued behind what is still to send: with a backlog the sender cannot
-        clear in time (2,000 step reports to summarize, ~3 ms each), it never went out, the rank
-        read *lost*, and the context was destroyed under the sender still sending, whose thread
-        died printing a traceback into the user's output. Now the sender drops what is left once
-        the drain's time is up (``_closing_by``, counted as dropped) and says goodbye within the
-        time given; the context is closed by whichever of the two ends last."""
+        The goodbye is queued behind what is still to send, so that it goes out within the time
+        given whatever the backlog, the sender drops what is left once the drain's time is up
+        (``_closing_by``, counted as dropped) and then says goodbye. The context is closed by
+        whichever of ``close`` and the sender ends last, never under a sender still sending."""
         goodbye_s = 2 * LAST_SEND_WAIT_MS / 1000  # at most a hello and the goodbye, each waiting that long
         self._closing_by = time.monotonic() + max(0.0, timeout_s - goodbye_s)  # the rest to send, then the goodbye
         waiting_until = time.monotonic() + timeout_s
@@ -158,7 +146,7 @@ class TelemetryPublisher:
         next_heartbeat = next_hello = time.monotonic()
         while True:
             now = time.monotonic()
-            if self._dashboard_connected_since_last_look():
+            if self._dashboard_newly_connected():
                 next_hello = now
             if now >= next_hello:
                 self._hello_owed = not self._send(self.hello)
@@ -215,7 +203,7 @@ class TelemetryPublisher:
         """The last message. A dashboard whose handshake is not yet looked at, or comes within the
         grace (``_connected_in_time``), or whose last hello did not go out, gets this rank's hello
         first: the next loop turn, which would repeat it, never comes."""
-        newly_connected = self._dashboard_connected_since_last_look() or (not self.connected and self._connected_in_time())
+        newly_connected = self._dashboard_newly_connected() or (not self.connected and self._connected_in_time())
         self._socket.setsockopt(zmq.SNDTIMEO, LAST_SEND_WAIT_MS)
         if newly_connected or (self._hello_owed and self.connected):
             self._send(self.hello, waits=True)
@@ -227,13 +215,13 @@ class TelemetryPublisher:
 
     def _connected_in_time(self) -> bool:
         """Whether a dashboard connects before ``CONNECT_GRACE_S`` from the publisher's start (and
-        before ``close`` stops waiting): a run that ended at once (a loop refused or raising at its
-        first step) said goodbye before the handshake of a dashboard already listening, and both
-        its hello and its goodbye went unsent, so the rank read *lost* instead of how it ended.
-        A run with no dashboard waits only what is left of the grace, never more."""
+        before ``close`` stops waiting): else a run that ends at once (a loop refused or raising
+        at its first step) says goodbye before the handshake of a dashboard already listening,
+        both its hello and its goodbye go unsent, and the rank reads *lost* instead of how it
+        ended. A run with no dashboard waits only what is left of the grace, never more."""
         deadline = min(self._started + CONNECT_GRACE_S, self._closing_by if self._closing_by is not None else float("inf"))
         try:
-            while not self._dashboard_connected_since_last_look():
+            while not self._dashboard_newly_connected():
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
@@ -242,12 +230,12 @@ class TelemetryPublisher:
             return False
         return True
 
-    def _dashboard_connected_since_last_look(self) -> bool:
+    def _dashboard_newly_connected(self) -> bool:
         """Whether a dashboard (re)connected since the sender last looked; ``connected`` follows
         the last connection event seen. A handshake read while ``connected`` already holds (a send
         went out on its pipe before its event was read: the only pipe, with ``IMMEDIATE``) is the
-        connection the sender already knew of, not a new one: its hello had gone out, and
-        sending it again put two hellos before a run's goodbye, one run in several hundred."""
+        connection the sender already knows of, not a new one: its hello has gone out, and
+        sending it again would put two hellos before a run's goodbye."""
         newly_connected = False
         while self._monitor.poll(0):
             event = recv_monitor_message(self._monitor)["event"]

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 
-from instrumented_ddp.wire.protocol import HELD_STEPS, SpanRequest, StepReport, StepSummary
+from instrumented_ddp.wire.messages import HELD_STEPS, SpanRequest, StepReport, StepSummary
 from instrumented_ddp.wire.step_figures import summarize
 
 class SpanPolicy:
@@ -37,8 +37,8 @@ class SpanPolicy:
         """What to send for a finished step, held either way for a later pin: the report alone
         where the listener wants every span (``full``); else its summary, followed by the report
         on a sampled step. A sampled step's figures then come from the rank, like every other
-        step's, and its spans are only kept by the listener: at 1,024 ranks a sampled step is
-        1,024 reports at once, whose figures (~1 ms each) the listener no longer computes."""
+        step's, and its spans are only kept by the listener, which would otherwise compute the
+        figures of every rank's report of that step at once."""
         request = self.request
         sent = [request.full]
         self._held.append((report, sent))

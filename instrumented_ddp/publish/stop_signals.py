@@ -4,9 +4,9 @@ Why: the usual end of a run nobody let finish is a signal. Ctrl-C at torchrun ma
 SIGINT to every rank (Python raises ``KeyboardInterrupt``); torchrun stops the ranks left with
 SIGTERM when one rank fails; a scheduler (SLURM, Kubernetes) preempts a job with SIGTERM. Python's
 default SIGTERM action kills the process on the spot, with no exception, no ``finally`` and no
-exit handler, so an attached script sent no goodbye and every rank read *lost*; a ``KeyboardInterrupt``
-read as the training's own failure (*ERROR: rank 1 failed first … KeyboardInterrupt*), naming a
-cause where the user had only pressed Ctrl-C.
+exit handler, so an attached script would send no goodbye and every rank would read *lost*; and a
+``KeyboardInterrupt`` would read as the training's own failure (*ERROR: rank 1 failed first …
+KeyboardInterrupt*), naming a cause where the user only pressed Ctrl-C.
 
 ``stop_on_sigterm`` turns SIGTERM into ``StoppedBySignal``, a ``SystemExit`` raised in the main
 thread, so the loop unwinds as it does on Ctrl-C and the exit handlers send the goodbye; the
@@ -19,21 +19,22 @@ and then raised wherever it lands (the exit handlers aside): an ``except`` block
 went on is not left to ignore it. A child forked from the process (a DataLoader worker, which
 torchrun's stop reaches through the process group) gets the default action back as it starts: it
 has no loop to unwind. Once stopped, the process puts a handler that does nothing in place of a
-Python SIGCHLD handler (the DataLoader's, which raised *worker … is killed by signal* in the middle
-of the goodbye as the same stop killed its workers).
+Python SIGCHLD handler (the DataLoader's, which would raise *worker … is killed by signal* in the
+middle of the goodbye as the same stop kills its workers).
 
 A handler of Python's runs only between two bytecodes of the main thread: a rank blocked in C++
-(a collective's ``wait()`` for a peer that hung, a CUDA sync, a store's wait) did not run it until
-the call returned, and outlived the stop it would have died of at once by as long, up to
-torchrun's SIGKILL 30 s later, so a failed job took 30 s longer to end. So the C side of the
+(a collective's ``wait()`` for a peer that hung, a CUDA sync, a store's wait) does not run it
+until the call returns, and would outlive the stop it would have died of at once by as long, up
+to torchrun's SIGKILL 30 s later. So the C side of the
 handler also writes the signal's number to a socket (``signal.set_wakeup_fd``, where no one else
 uses it), which a thread of ours reads as it comes: where the main thread has not taken the
 signal ``STUCK_AFTER_S`` later, that thread runs what was asked of it (``when_stuck``: the
 goodbye) and ends the process with the signal's exit code.
 
 A stop that comes while ddpwatch's own code runs in the main thread (``held``: a hook making a
-step's report and sending it) is noted and raised as that code returns: raised inside it, it cut
-a step in two, its report made but never sent, or sent while the goodbye counted a step fewer.
+step's report and sending it) is noted and raised as that code returns: raised inside it, it
+would cut a step in two, its report made but never sent, or sent while the goodbye counts a step
+fewer.
 Ctrl-C too (``hold_ctrl_c``): Python's own SIGINT handler raises ``KeyboardInterrupt`` at the
 next bytecode, wherever that is, and Ctrl-C is the commonest stop of all.
 
@@ -53,7 +54,7 @@ import time
 from collections.abc import Callable
 from types import FrameType, TracebackType
 
-from instrumented_ddp.wire.protocol import INTERRUPTED
+from instrumented_ddp.wire.messages import INTERRUPTED
 
 RAISE_AGAIN_AFTER_S = 2.0  # a stop noted while an exception was handled: time for its goodbye
 #: How long a SIGTERM may wait for the main thread to take it (it is blocked in C++ meanwhile)
@@ -289,9 +290,9 @@ def _default_in_child() -> None:
 
 
 def _children_end_too(_signum: int, _frame: FrameType | None) -> None:
-    """SIGCHLD once the process is stopped: nothing to do. A Python handler still (where the
-    default action went in, a SIGCHLD already pending printed *Signal 17 ignored due to race
-    condition*)."""
+    """SIGCHLD once the process is stopped: nothing to do. A Python handler still: with the
+    default action back, a SIGCHLD already pending prints *Signal 17 ignored due to race
+    condition*."""
 
 
 def _stop(signum: int, _frame: FrameType | None) -> None:

@@ -2,7 +2,7 @@
 
 ``Watch.start`` builds this rank's timeline, publisher and device sampler; ``--no-watch`` gets
 a ``Watch`` whose timeline does nothing, so instrumentation costs nothing when switched off.
-A dashboard that is absent, slow or killed never reaches training: see ``telemetry``.
+A dashboard that is absent, slow or killed never reaches training: see ``publisher``.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import socket
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import replace
+from msgspec.structs import replace
 from typing import Any
 
 import torch
@@ -21,10 +21,12 @@ from torch import nn
 
 from instrumented_ddp.resources.device_sampler import DeviceSampler, cuda_device_identity, make_reader
 from instrumented_ddp.distributed import DistributedContext
-from instrumented_ddp.wire.protocol import FAILED, Ack, ClientKeys, Evaluation, Hello, StepReport, SwitchCommand
+from instrumented_ddp.wire.messages import FAILED, Ack, Evaluation, Hello, StepReport, SwitchCommand
+from instrumented_ddp.wire.curve_keys import ClientKeys
 from instrumented_ddp.publish.stop_signals import held, interruption_reason
 from instrumented_ddp.publish.publisher import TelemetryPublisher
-from instrumented_ddp.timing.timeline import NULL_TIMELINE, CudaEventClock, HostClock, NullTimeline, StepTimeline
+from instrumented_ddp.timing.clocks import CudaEventClock, HostClock
+from instrumented_ddp.timing.timeline import NULL_TIMELINE, NullTimeline, StepTimeline
 
 
 #: Rank 0 spaces the ranks' agreements on a switch command about this far apart (see
@@ -33,7 +35,7 @@ AGREEMENT_EVERY_S = 0.2
 #: ... and this far apart while no dashboard is connected to rank 0, when no command can come:
 #: a dashboard that connects then has its first switch land within this and one more agreement.
 AGREEMENT_UNWATCHED_EVERY_S = 1.0
-MAX_AGREEMENT_INTERVAL = 20  # boundaries: so that a switch to a much slower strategy is not long in landing
+MAX_AGREEMENT_PERIOD = 20  # boundaries: so that a switch to a much slower strategy is not long in landing
 #: Rank 0's refusal of a command whose asker stopped waiting before it could apply.
 EXPIRED = ("expired: its asker stopped waiting before the run reached the step where it would land (two step "
            "boundaries after rank 0 hears it; later through a slow step or a pause): ask again, waiting longer "
@@ -65,7 +67,7 @@ def turn_on_nccl_timing(backend: str) -> bool:
     if world is None:  # no default group (yet): nothing to turn timing on in
         return False
     try:
-        # Bound in C++ but missing from torch's stub for ProcessGroup (checked with torch 2.13).
+        # Bound in C++ but missing from torch's stub for ProcessGroup.
         world._enable_collectives_timing()  # type: ignore[attr-defined]
     except (RuntimeError, AttributeError):  # a PyTorch without it: the callbacks time the ends
         return False
@@ -148,8 +150,8 @@ class Watch:
         every rank waits for it (long done by then) and, only if a command was announced,
         receives it with a blocking broadcast and applies it. Rank 0
         spaces agreements ``AGREEMENT_EVERY_S`` apart by its own step time (every step when
-        steps are slower than that), so the cost, 0.05 ms on one H100 host and 0.7-0.9 ms on two
-        loaded CPU cores, is paid a few times a second rather than every step, and a switch lands
+        steps are slower than that), so an agreement's cost is paid a few times a second rather
+        than every step, and a switch lands
         at most two agreements after the dashboard sent it. Everything is on CPU tensors in the
         gloo control group: nothing touches a GPU, so the host never waits for one.
         """
@@ -159,29 +161,27 @@ class Watch:
         self._boundaries += 1
         if boundary < self._next_agreement:
             return None
-        command, interval = self._receive_announced()
-        self._next_agreement = boundary + interval
-        announced, next_interval = None, 1
+        command, period = self._receive_announced()
+        self._next_agreement = boundary + period
+        announced, next_period = None, 1
         if dist.get_rank() == 0:
-            announced, next_interval = self._next_new_command(), self._interval_to_announce(boundary)
-        flag = torch.tensor([0 if announced is None else 1, next_interval], dtype=torch.int32)
+            announced, next_period = self._next_new_command(), self._period_to_announce(boundary)
+        flag = torch.tensor([0 if announced is None else 1, next_period], dtype=torch.int32)
         work = dist.broadcast(flag, src=0, group=self._control, async_op=True)
         self._announced = (work, flag, announced)
         return command
 
-    def _interval_to_announce(self, boundary: int) -> int:
-        """Rank 0: boundaries between the next two agreements, from the time per boundary since
-        its last agreement, so that they come about ``AGREEMENT_EVERY_S`` apart, or
-        ``AGREEMENT_UNWATCHED_EVERY_S`` while no dashboard is connected (on two loaded CPU cores
-        an agreement every 0.2 s cost about 0.7 % of a 95 ms ``ddp`` step, paired against one
-        every 20 steps)."""
+    def _period_to_announce(self, boundary: int) -> int:
+        """Rank 0: the period between the next two agreements, in boundaries, from the time per
+        boundary since its last agreement, so that they come about ``AGREEMENT_EVERY_S`` apart, or
+        ``AGREEMENT_UNWATCHED_EVERY_S`` while no dashboard is connected."""
         now = self._clock()
         last, self._last_agreement = self._last_agreement, (boundary, now)
         if last is None or boundary <= last[0]:
             return 1
         every_s = AGREEMENT_EVERY_S if self.publisher is not None and self.publisher.connected else AGREEMENT_UNWATCHED_EVERY_S
         per_boundary = (now - last[1]) / (boundary - last[0])
-        return max(1, min(MAX_AGREEMENT_INTERVAL, round(every_s / per_boundary) if per_boundary > 0 else MAX_AGREEMENT_INTERVAL))
+        return max(1, min(MAX_AGREEMENT_PERIOD, round(every_s / per_boundary) if per_boundary > 0 else MAX_AGREEMENT_PERIOD))
 
     def _receive_announced(self) -> tuple[SwitchCommand | None, int]:
         """The command announced at the previous agreement, now on every rank, or None; and how
@@ -191,25 +191,25 @@ class Watch:
         work, flag, held = self._announced
         self._announced = None
         work.wait()
-        has_command, interval = (int(v) for v in flag.tolist())
-        interval = max(1, interval)
+        has_command, period = (int(v) for v in flag.tolist())
+        period = max(1, period)
         if not has_command:
-            return None, interval
+            return None, period
         expired = self._refuse_if_expired(held) if held is not None else False  # rank 0 holds it; the others, None
         box = [None if expired else held]  # None from rank 0: its asker stopped waiting, applied nowhere
         dist.broadcast_object_list(box, src=0, group=self._control)
         command = box[0]
         if command is None:
-            return None, interval
+            return None, period
         self._applied.add(command.command_id)
-        return command, interval
+        return command, period
 
     def _next_new_command(self) -> SwitchCommand | None:
         """The next command not agreed on yet. The dashboard resends a command until it hears an
         ack: a resend of one agreed on gets the ack again, as it was (applied or refused, the step
         it landed on), or nothing while the ack is still to come (the resend met the command at
-        the boundary where it lands). An ack made up here could claim a step the switch had not
-        reached: ranks killed at that ack then looked switched a step early."""
+        the boundary where it lands). An ack made up here could claim a step the switch has not
+        reached, and ranks killed at that ack would look switched a step early."""
         assert self.publisher is not None
         while not self.publisher.commands.empty():
             command = self.publisher.commands.get_nowait()
@@ -255,7 +255,7 @@ class Watch:
         return self._publish_completed()
 
     def _publish_completed(self) -> list[StepReport]:
-        with held:  # a SIGTERM or Ctrl-C between taking a report and queuing it lost it
+        with held:  # a SIGTERM or Ctrl-C between taking a report and queuing it would lose it
             reports = self.timeline.completed_reports()
             if self.publisher is not None:
                 for report in reports:
@@ -267,7 +267,7 @@ class Watch:
 
     def record_evaluation(self, metrics: dict[str, float]) -> None:
         """Send what an evaluation after the steps done so far measured (checked by the caller:
-        ``protocol.metrics_problem``); queued like every message, never blocking."""
+        ``messages.metrics_problem``); queued like every message, never blocking."""
         if self.publisher is not None:
             self.publisher.publish(Evaluation(self.publisher.hello.rank, self.steps, metrics))
 

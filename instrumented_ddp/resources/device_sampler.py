@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from instrumented_ddp.wire.protocol import DeviceSample
+from instrumented_ddp.wire.messages import DeviceSample
 
 SAMPLE_EVERY_S = 0.2
 

@@ -27,8 +27,8 @@ dashboard: the watched copy's reports are then encoded and sent (every span: a r
 all of them), where with nobody listening the sender only counts them. The header line says how
 many messages went out, so a run that meant to be listened to and was not shows it.
 
-What watching costs is host time: a few microseconds per mark and per collective, about a
-millisecond per step for the agreement and the report. A step the host is the bottleneck of
+What watching costs is host time: a little per mark and per collective, and more per step for
+the agreement and the report. A step the host is the bottleneck of
 (the tiny model, every kernel a launch) pays it in full; a step the GPU is the bottleneck of
 (``--model small`` at a training batch) hides it while the host runs ahead. The doctor
 measures both.
@@ -56,7 +56,7 @@ from typing import Any, NoReturn
 
 from instrumented_ddp.wire.median_interval import median_with_interval
 from instrumented_ddp.wire.one_line_errors import OneLineErrorParser
-from instrumented_ddp.wire.protocol import STRATEGY_NAMES
+from instrumented_ddp.wire.kinds import STRATEGY_NAMES
 
 #: How the ranks run this bench: as the package's module (``torchrun -m``), installed or not.
 MODULE = "instrumented_ddp.selfcheck.overhead_bench"
@@ -273,8 +273,8 @@ def main(argv: list[str] | None = None) -> None:
 
 def arguments_problem(args: argparse.Namespace) -> str | None:
     """What is wrong with the bench's arguments, in one line, or None: refused before any rank
-    starts (a strategy it does not know failed on every rank, a traceback each; ``--steps 0``
-    timed a step anyway)."""
+    starts (a strategy it does not know would fail on every rank, a traceback each; ``--steps 0``
+    would time a step anyway)."""
     for flag in ("steps", "micro_batch", "seq_len", "ranks", "block"):
         if getattr(args, flag) < 1:
             return f"--{flag.replace('_', '-')} must be at least 1, not {getattr(args, flag)}"
@@ -292,8 +292,8 @@ def arguments_problem(args: argparse.Namespace) -> str | None:
 
 def relaunch_on_ranks(target: list[str], ranks: int, arguments: list[str] | None = None) -> NoReturn:
     """Run ``target`` (a script's path, or ``-m`` and a module) with ``arguments`` (default: this
-    process's) under torchrun on ``ranks`` processes, one thread each (two ranks already fill this
-    box's two cores), and exit with its status."""
+    process's) under torchrun on ``ranks`` processes, one thread each (the ranks share the
+    machine's cores), and exit with its status."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}",
                *target, *(sys.argv[1:] if arguments is None else arguments)]
     sys.exit(subprocess.run(command, env=dict(os.environ, OMP_NUM_THREADS="1")).returncode)

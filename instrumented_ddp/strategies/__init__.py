@@ -13,7 +13,7 @@ import torch
 
 from instrumented_ddp.strategies.base import DataParallelStrategy
 
-#: Where each strategy lives, (module here, class), in ``protocol.STRATEGY_NAMES`` order.
+#: Where each strategy lives, (module here, class), in ``kinds.STRATEGY_NAMES`` order.
 STRATEGY_CLASSES: dict[str, tuple[str, str]] = {
     "simple": ("simple", "SimpleAllReduce"),
     "ga": ("simple", "GradientAccumulation"),

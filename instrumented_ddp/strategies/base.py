@@ -25,7 +25,7 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from instrumented_ddp.timing.collectives import timed_collective
 from instrumented_ddp.resources.memory import reset_peak
-from instrumented_ddp.wire.protocol import bucket_mb_problem
+from instrumented_ddp.wire.messages import bucket_mb_problem
 from instrumented_ddp.timing.timeline import NULL_TIMELINE, NullTimeline, StepTimeline
 
 

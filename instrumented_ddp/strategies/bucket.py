@@ -60,8 +60,8 @@ def plan_buckets(parameters: list[nn.Parameter], cap_bytes: int) -> list[list[nn
     (``bucket_plan.plan_bucket_strategy``, the rule the advisor simulates too).
 
     The plan depends only on the model, so every rank builds the same buckets and launches them
-    in the same order whatever order its hooks fire in — the seed blog's version built buckets
-    in hook-firing order and could pair mismatched gradients across ranks.
+    in the same order whatever order its hooks fire in (buckets built in hook-firing order could
+    pair mismatched gradients across ranks).
     """
     sizes = [TensorSize(p.numel() * p.element_size(), f"{p.device}/{p.dtype}") for p in parameters]
     return [[parameters[index] for index in bucket] for bucket in plan_bucket_strategy(sizes, cap_bytes)]
@@ -82,8 +82,8 @@ class BucketedAsyncHook(DataParallelStrategy):
     @property
     def bucket_layout(self) -> list[list[int]]:
         """Parameter indices of each bucket, in launch order: among the trainable parameters, as
-        the hello's ``parameter_layout`` lists them (indexed among all, a frozen parameter shifted
-        every index after it, and the advisor read the wrong sizes or raised IndexError)."""
+        the hello's ``parameter_layout`` lists them (indexed among all, a frozen parameter would
+        shift every index after it, and the advisor would read the wrong sizes)."""
         index_of = {id(p): i for i, p in enumerate(self.trainable_parameters())}
         return [[index_of[id(p)] for p in bucket.parameters] for bucket in self.buckets]
 

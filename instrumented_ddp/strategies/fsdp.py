@@ -58,7 +58,7 @@ class FullyShardedFSDP2(DataParallelStrategy):
         object.__setattr__(self, "sharded", sharded)  # not a submodule: the state dict stays the bare model's
         for tensor in [*self.module.parameters(), *self.module.buffers()]:  # the copy holds them now
             tensor.data = torch.empty(0, dtype=tensor.dtype, device=tensor.device)
-            tensor.grad = None  # zeros at a step boundary; left, the strategy before's full gradients (or bucket views) stayed held
+            tensor.grad = None  # zeros at a step boundary; left, the strategy before's full gradients (or bucket views) would stay held
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         with self.timeline.phase("forward"):

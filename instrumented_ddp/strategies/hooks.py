@@ -14,8 +14,8 @@ from instrumented_ddp.strategies.base import DataParallelStrategy
 class PerParameterHook(DataParallelStrategy):
     """A synchronous all-reduce inside each parameter's post-accumulate-grad hook.
 
-    The hook blocks backward for the whole collective, so the seed blog saw no overlap: the
-    timing layer must subtract that blocked time from backward. Like the blog's version it assumes
+    The hook blocks backward for the whole collective, so nothing overlaps: the timing layer
+    must subtract that blocked time from backward. Like the blog's version it assumes
     every rank produces gradients for the same parameters in the same order (a static graph);
     a parameter that got no gradient on *every* rank is reduced as zeros in
     ``finish_gradient_sync``. A parameter used on some ranks only desynchronises the collectives:

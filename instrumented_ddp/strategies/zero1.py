@@ -39,10 +39,10 @@ class ParameterShard:
 
 def _after_step_of(strategy: weakref.ref[ShardedOptimizerState]) -> Callable[..., None]:
     """The optimizer's step hook, holding its strategy weakly. The strategy holds the optimizer
-    (``_optimizer``), so a hook holding the strategy made a cycle that kept both, with every
-    parameter, gradient buffer and moment they hold, alive after ``del`` or ``unwrap`` until
-    Python's cyclic collector ran: on a GPU the strategy wrapped next read them in its memory peak
-    (``zero2`` 2,694 MiB after ``zero1``, against 1,356 held and risen in its own step)."""
+    (``_optimizer``), so a hook holding the strategy would make a cycle that keeps both, with
+    every parameter, gradient buffer and moment they hold, alive after ``del`` or ``unwrap`` until
+    Python's cyclic collector runs, and the strategy wrapped next would count them in its memory
+    peak."""
     def after_step(*_: Any) -> None:
         if (alive := strategy()) is not None:
             alive._after_step()
@@ -162,7 +162,7 @@ class ShardedOptimizerState(BucketedAsyncHook):
             if stepped is None:
                 continue  # none of the bucket's parameters ever stepped: the slice starts fresh
             # A parameter never stepped (FSDP steps none that no rank gave a gradient) has zero
-            # moments in the slice, sharing its step count; before, it reset the whole bucket's state.
+            # moments in the slice and shares its step count; the other parameters' moments are kept.
             sliced: dict[str, torch.Tensor] = {}
             for key, first in stepped.items():
                 if first.dim() == 0:

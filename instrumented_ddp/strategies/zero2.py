@@ -16,9 +16,9 @@ class ShardedGradients(ShardedOptimizerState):
     slice, half the traffic of an all-reduce, and releases the bucket's full gradients once
     the slice has arrived, so between steps it holds 1/N of the gradients. During backward a
     bucket's full buffer exists from its first ready gradient until its reduce-scatter is seen
-    done: each later gradient's hook looks (``_settle_completed_buckets``), so backward holds the
-    full buffers of the buckets still in flight, where waiting for the end of backward held all
-    of them at once, the bytes ``zero1`` keeps for good. gloo's reduce-scatter never reads
+    done: each later gradient's hook looks (``_settle_completed_buckets``), so backward holds only
+    the full buffers of the buckets still in flight; waiting for the end of backward would hold
+    all of them at once, the bytes ``zero1`` keeps for good. gloo's reduce-scatter never reads
     completed (torch 2.13), so there every bucket still waits for the end of backward.
     A parameter that got no gradient is reduced as zeros, as in ``bucket``.
     """

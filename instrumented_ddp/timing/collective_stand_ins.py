@@ -9,17 +9,16 @@ ddpwatch's; its buffer broadcasts). A user's script issues more, in two places:
   says which watched DDP issued one);
 * **their loop**, between the model's phases: the Trainer's gather of the label count before
   each forward and of the loss and FLOPs for its log, a loop's all-reduce of its loss, a
-  broadcast of a random seed. Untimed, their time read as data loading (before a forward) or as
-  the optimizer's (before ``step()``), and a rank waiting in one for a slower rank's loader read
-  as a slow loader itself: both ranks of a run with one slow loader read the same Data wait, and
-  no straggler could be named. Timed, they are collectives like any other (spans of their kind,
+  broadcast of a random seed. Untimed, their time would read as data loading (before a forward)
+  or as the optimizer's (before ``step()``), and a rank waiting in one for a slower rank's loader
+  as a slow loader itself, so that no straggler could be named. Timed, they are collectives like any other (spans of their kind,
   tagged ``l<k>``, the k-th of the step, in M and in the waits that name a straggler).
 
 Every library PyTorch users train with looks these functions up on the module at each call
 (``dist.all_reduce(...)``; Accelerate's ``gather`` reads ``torch.distributed.all_gather_into_tensor``
 as it runs), which is what makes a stand-in see them; torch's own functions calling each other
 inside ``distributed_c10d`` are not seen, so nothing is timed twice (``all_gather_object``'s
-inner gathers, for one, are not: it is counted untimed, as before). A user's own script may
+inner gathers, for one, are not: it is counted untimed). A user's own script may
 have imported a function by name before attaching (``from torch.distributed import all_reduce``),
 holding torch's function where the module's look-up would find ours: the user's own modules
 (``__main__`` and those loaded from outside the interpreter's library folders) have such names
@@ -58,7 +57,7 @@ import torch.distributed as dist
 from instrumented_ddp.timing import hooked_collectives
 
 class Collective(NamedTuple):
-    """What a stood-in function issues: its span's kind (``protocol.COMM_KINDS``; ``BARRIER`` for a
+    """What a stood-in function issues: its span's kind (``step_figures.COMM_KINDS``; ``BARRIER`` for a
     barrier), and which of its arguments holds the bytes that count (nccl-tests': an all-gather's
     output, a reduce-scatter's and an all-to-all's input, the whole tensor otherwise; "" for a
     barrier, which carries nothing). ``per_rank``: that argument is one rank's piece (a gather's,
@@ -71,7 +70,7 @@ class Collective(NamedTuple):
 
 
 #: ``Collective.kind`` of a barrier: a collective with nothing to carry, timed as the wait it is
-#: (an asynchronous one's where the loop waits for its work: ``Attachment._time_loop_barrier``).
+#: (an asynchronous one's where the loop waits for its work: ``LoopWork._time_barrier``).
 BARRIER = "barrier"
 
 #: The functions stood in for, those this torch has (``*_single``: the names torch 2.13 prefers
@@ -155,7 +154,7 @@ def _parameters(name: str) -> _Parameters | None:
 
 def _arguments(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any] | None:
     """A call's arguments by name, defaults filled in, as torch's ``name`` reads them: what
-    ``inspect.Signature.bind`` gives, for a tenth of its 10-20 us (ZeroRedundancyOptimizer makes
+    ``inspect.Signature.bind`` gives, at a fraction of its cost (ZeroRedundancyOptimizer makes
     a call per parameter a step). None where torch's function would refuse them (it then says
     why) or where a later torch's takes others: the call passes through, never refused here."""
     parameters = _parameters(name)
@@ -294,9 +293,9 @@ def stand_in(user: object) -> None:
 
     Each also goes into Dynamo's table of traceable collectives beside torch's function: a loop
     compiled with ``torch.compile`` that calls ``dist.all_reduce`` then has the call rewritten
-    into its graph as before, not inlined (Dynamo checks ``self.fn in (dist.all_reduce, ...)`` by
-    the module's name, so through a stand-in it left a ``ReduceOp`` unconverted: ``fullgraph``
-    failed, and a graph break cost every other compiled loop). Names the user's own modules
+    into its graph as torch's own is, not inlined (Dynamo checks ``self.fn in (dist.all_reduce,
+    ...)`` by the module's name; a stand-in inlined leaves a ``ReduceOp`` unconverted: ``fullgraph``
+    fails, and every other compiled loop takes a graph break). Names the user's own modules
     imported before this hold ours too (``_rebind_users_names``)."""
     with _lock:
         _users.add(id(user))
@@ -361,8 +360,8 @@ def _users_modules() -> Iterator[ModuleType]:
 def _rebind_users_names() -> None:
     """Each name in the user's own modules that holds torch's own function for a collective stood
     in for (``from torch.distributed import all_reduce``, run before the stand-ins went in) is
-    bound to ours, noted for ``stand_down``: unseen, such a call was counted untimed, and a rank
-    waiting in it for a slower one read as its own data loading. Only where torch's function is
+    bound to ours, noted for ``stand_down``: unseen, such a call would be counted untimed, and a
+    rank waiting in it for a slower one would read as its own data loading. Only where torch's function is
     what ours calls (nobody put a function of theirs in ``torch.distributed`` first: theirs may
     call the one it imported, which would then be ours, calling theirs again). Found by identity:
     a user's object is never hashed or compared."""

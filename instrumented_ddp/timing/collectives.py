@@ -28,14 +28,14 @@ def timed_collective(
 ) -> dist.Work | None:
     """Issue an ``all_reduce`` or a ``broadcast`` of ``tensor`` in place, or a ``reduce_scatter``
     of ``tensor`` into the shard ``output`` or an ``all_gather`` of the shard ``tensor`` into
-    ``output``, and record it on ``timeline``. Its bytes are the whole tensor's (``protocol.COMM_KINDS``).
+    ``output``, and record it on ``timeline``. Its bytes are the whole tensor's (``step_figures.COMM_KINDS``).
     ``blocking`` (default: a synchronous call): whether the thread or stream that computes sits
     in it; FSDP's synchronous calls on its own GPU streams do not (``strategies.fsdp``).
 
     A synchronous collective ends at the mark made right after the call: on a GPU that mark
     is an event on the current stream, which the call made wait for NCCL's end event, so it
     completes when the collective does, with no work object or completion callback to pay
-    for (on one H100 host, 16 us a call against 58 us through ``async_op=True`` and ``.then``).
+    for.
     An asynchronous one is closed on its work: the clock times its end (``CudaEventClock``), or,
     on the CPU, the work handed back looks for ended collectives as soon as it has been waited
     (``HostClock``: the rank's own thread sees them complete; ``LooksWhenWaited``).
@@ -100,8 +100,8 @@ class ForwardingWork(dist.Work):
     """A ``Work`` that stands for torch's ``work``, whose ``wait()`` a subclass times. It is a
     ``dist.Work`` itself, since code waits only on what is one: FSDP2 waits for an asynchronous
     all-gather (``FSDPModule.unshard(async_op=True)``, a prefetch) only where
-    ``isinstance(work, dist.Work)`` (``foreach_all_gather_copy_out``), and read the gathered
-    parameters before gloo had written them where it was handed a plain wrapper. Every other
+    ``isinstance(work, dist.Work)`` (``foreach_all_gather_copy_out``): handed a plain wrapper,
+    it reads the gathered parameters before gloo has written them. Every other
     method and property of ``dist.Work`` is the work's (``forward_members``: the base's own would
     answer for an empty work that never completes), ``wait`` included where the subclass does not time
     it, as is any other attribute; ``boxed()`` boxes this one, so ``Work.unbox`` gives it back,
@@ -118,8 +118,8 @@ class ForwardingWork(dist.Work):
 def forward_members(stand_in: type, base: type, kept: frozenset[str] = frozenset()) -> tuple[list[str], list[str]]:
     """Make each public method and property of ``base`` (but those ``kept``) on ``stand_in`` the
     one of the object it stands for, its ``work``; returns the names of both. Read off ``base``,
-    so that a later torch's are handed on too: torch 2.14 gave ``dist.Work`` a ``timeout``
-    property, which the base class answers for an empty work by raising."""
+    so that a later torch's are handed on too (``dist.Work.timeout``, which the base class
+    answers for an empty work by raising)."""
     methods, properties = [], []
     for name, member in sorted(vars(base).items()):
         if name.startswith("__") or name in kept:
@@ -203,15 +203,15 @@ class LoopWaits(Protocol):
 
 class WaitedByTheLoop(ForwardingWork):
     """An asynchronous collective a user's loop issued (``collective_stand_ins``), as handed back
-    to it. The loop's ``wait()`` is blocked time, not compute (GUIDE §2: ZeRO's broadcasts
-    waited for inside ``optimizer.step()`` read as the optimizer's compute), so it is a ``wait``
+    to it. The loop's ``wait()`` is blocked time, not compute (else ZeRO's broadcasts waited
+    for inside ``optimizer.step()`` would read as the optimizer's compute), so it is a ``wait``
     span of the step it falls in, where ``waits`` says it is one's. Around it, on the CPU, the
     looks of ``LooksWhenWaited`` (the work's end is the wait's return, exactly, if it was still
     running); a work with no future (gloo's reduce-scatter, see ``EndsWhenWaited``) ends there.
     Made on the loop's thread; a wait on another (a script's logging thread) looks at nothing,
     since the CPU clock's looks are the loop thread's alone (``HostClock``). Everything else is
     the work's own. ``wait_tag``: what the wait span says it waited in, where that is not a
-    collective's work (``protocol.BARRIER_TAG``: an asynchronous barrier, whose wait is all of it)."""
+    collective's work (``kinds.BARRIER_TAG``: an asynchronous barrier, whose wait is all of it)."""
 
     def __init__(self, work: dist.Work, timeline: Any, waits: LoopWaits, ends_when_waited: Any = None,
                  wait_tag: str = "") -> None:

@@ -51,7 +51,7 @@ class DDPTiming:
     returns gloo's work for DDP to wait for itself. Otherwise a hook does it (``attach``: a
     user's DDP keeps the group it was built with; NCCL, which averages inside the all-reduce).
 
-    On the CPU no Python runs on gloo's threads (see ``timeline.HostClock`` for what that cost):
+    On the CPU no Python runs on gloo's threads (see ``clocks.HostClock`` for why):
     a hook's future is the usual ``.then`` on the work's future, whose callback needs the GIL on
     gloo's thread, so there the hook hands DDP a future of its own instead, and completes it
     from an end-of-backward callback queued before DDP's (``_complete_buckets``). DDP's reducer
@@ -73,9 +73,9 @@ class DDPTiming:
 
     def __init__(self, ddp: DistributedDataParallel, timeline: StepTimeline | NullTimeline) -> None:
         #: Held weakly: DDP's C++ reducer holds the hook (and a ``ForwardingGroup`` its watcher),
-        #: which hold this; a strong reference back made a cycle through C++ that Python's
-        #: collector cannot see, so a watched DDP, its bucket copies of every gradient and its
-        #: model were never freed, detached or not (one more per Trainer ``train()``, per trial).
+        #: which hold this; a strong reference back would make a cycle through C++ that Python's
+        #: collector cannot see, and a watched DDP, its bucket copies of every gradient and its
+        #: model would never be freed, detached or not.
         self._ddp = weakref.ref(ddp)
         self.timeline = timeline
         self.process_group: dist.ProcessGroup | None = getattr(ddp, "process_group", None)
@@ -94,7 +94,7 @@ class DDPTiming:
         #: ``backward_ended``: a ``_complete_buckets`` can run at a nested backward's end, mid-step.
         self._launched = 0
         self._poll_handles: list[Any] = []  # on the CPU, gradient hooks that look: ``install``
-        #: The user's own communication hook, by name, where DDP had one before this (None: ours).
+        #: The user's own communication hook, by name, where they registered one (None: ours).
         self.users_hook = users_comm_hook(ddp)
         self._hooked_calls = 0  # all-reduces the user's hook issued in this backward (``h<k>``)
         self._watched_thread: int | None = None  # the thread this backward's hook runs on, watched
@@ -114,10 +114,9 @@ class DDPTiming:
 
         On the CPU some parameters also get a gradient hook that only looks at the running
         buckets (``HostClock``): otherwise a bucket that completes in backward is seen at the
-        next bucket's launch only, milliseconds late (its all-reduce read 3.2 ms off the
-        profiler's for a typical 5.4 ms in an attached Trainer run). A Python hook on every
-        parameter cost 1-2 % of the tiny model's step on two cores, so the looks are spread by
-        gradient elements instead (``parameters_to_look_from``)."""
+        next bucket's launch only, late by a large part of its all-reduce. A Python hook on every
+        parameter costs step time, so the looks are spread by gradient elements instead
+        (``parameters_to_look_from``)."""
         if not isinstance(self.process_group, ForwardingGroup) and self.users_hook is None:
             ddp = self.ddp
             ddp.register_comm_hook(state=None, hook=self._all_reduce_hook())
@@ -143,8 +142,8 @@ class DDPTiming:
                                   for parameter in parameters_to_look_from(trainable, LOOKS_PER_BACKWARD)]
 
     def stop_timing(self) -> None:
-        """DDP cannot drop a communication hook: from now on it averages as before, untimed (a
-        ``ForwardingGroup`` just forwards)."""
+        """DDP cannot drop a communication hook: the hook stays and averages as DDP does, untimed
+        (a ``ForwardingGroup`` just forwards)."""
         if isinstance(self.process_group, ForwardingGroup):
             self.process_group.watcher = None
         if self.users_hook is not None:
@@ -176,7 +175,8 @@ class DDPTiming:
         ``static_graph``, whose first reduces every bucket at the end of backward and whose second
         reads the order. Asked as a step begins: a step that begins on them is DDP's first
         iteration, however many of its backwards reduce (a loop accumulating gradients without
-        ``no_sync`` reduces in each; asked as the step ended, that step 1 read as counted)."""
+        ``no_sync`` reduces in each, so asked as the step ends, its first step would read as
+        past them)."""
         return self.reduced_backwards < (2 if getattr(self.ddp, "static_graph", False) else 1)
 
     def backward_began(self) -> None:
@@ -259,9 +259,9 @@ class DDPTiming:
         averages inside the all-reduce (``ReduceOp.AVG``: NCCL's pre-multiplied sum by 1/n for
         floating types), so there the hook makes no extra pass. Gloo takes ``ReduceOp.AVG`` too,
         but runs it as a sum and then a division pass over the result on its worker thread
-        (``ProcessGroupGlooDetail.hpp``): the same second pass, no cheaper (measured 1.026 of
-        plain DDP's step against 1.014 for the multiply, two CPU ranks), and rounding as a divide
-        does; so on gloo the hook scales first, as DDP's own Python default hook does."""
+        (``ProcessGroupGlooDetail.hpp``): the same second pass, slower than the multiply, and
+        rounding as a divide does; so on gloo the hook scales first, as DDP's own Python default
+        hook does."""
         averaging = averaging_op(self.process_group)
         scale = 1.0 / self.world_size
 
@@ -280,25 +280,25 @@ class DDPTiming:
             op = averaging or dist.ReduceOp.SUM
             issued_at = self.last_bucket_at if averaging is not None else None  # after a scaling pass: stamped again
             if not isinstance(timeline, NullTimeline) and timeline.polls and self.process_group is not None:
-                return self._all_reduce_completed_at_backward_end(timeline, self.process_group, buffer, bucket.index(), op,
-                                                                  issued_at)
+                return self._all_reduce_to_backward_end(timeline, self.process_group, buffer, bucket.index(), op,
+                                                        issued_at)
             return timed_all_reduce_result(timeline, buffer, tag=f"b{bucket.index()}", group=self.process_group, op=op,
                                            at=issued_at)
 
         return timed_all_reduce
 
-    def _all_reduce_completed_at_backward_end(self, timeline: StepTimeline, group: dist.ProcessGroup,
-                                              buffer: torch.Tensor, index: int, op: dist.ReduceOp.RedOpType,
-                                              issued_at: Any) -> torch.futures.Future:
+    def _all_reduce_to_backward_end(self, timeline: StepTimeline, group: dist.ProcessGroup,
+                                    buffer: torch.Tensor, index: int, op: dist.ReduceOp.RedOpType,
+                                    issued_at: Any) -> torch.futures.Future:
         """The bucket's all-reduce, and a future of ``buffer`` that ``_complete_buckets`` completes
         at the end of this backward, before DDP reads it; ``.then`` on the work where DDP would
         wait for it before that callback ran (static graph's first iteration:
-        ``launched_by_a_gradient``) or where none can be queued (not inside a backward: never seen).
+        ``launched_by_a_gradient``) or where none can be queued (not inside a backward).
 
         Issued on DDP's process group itself, as DDP's reducer does, not through
         ``dist.all_reduce``: its Python checks (subgroups, tensor subclasses, complex numbers,
-        coalescing) are for a user's tensors, not a DDP bucket, and on the CPU they cost as
-        much as the rest of the hook."""
+        coalescing) are for a user's tensors, not a DDP bucket, and on the CPU they are a large
+        part of the hook's cost."""
         options = dist.AllreduceOptions()
         options.reduceOp = dist.ReduceOp(op)  # what assigning ``op`` converts it to implicitly
         work = self._issue_bucket(timeline, group, [buffer], buffer.numel() * buffer.element_size(), options, index,
@@ -468,9 +468,8 @@ def parameters_to_look_from(parameters: list[torch.nn.Parameter], looks: int) ->
     1/``looks`` of the model's gradient elements has been produced, walking the parameters
     last to first (roughly the order backward produces them in). Backward's time goes with
     elements, not with parameter count, so the looks come about evenly through it, and there
-    are at most ``looks`` of them whatever the model (the tiny model: 43 of its 57 parameters,
-    every weight matrix, none of its norms; with 32 looks, 24, its bucket ends read 1.5 ms off
-    the profiler's for 1.8 ms collectives in the attached Trainer run under the suite's load)."""
+    are at most ``looks`` of them whatever the model (in a transformer, its weight matrices, not
+    its norms)."""
     every = sum(parameter.numel() for parameter in parameters) / looks
     chosen: list[torch.nn.Parameter] = []
     since_last_look = 0

@@ -3,10 +3,9 @@
 Why it exists: to time a ``DistributedDataParallel`` that ddpwatch builds itself (the ``ddp``
 strategy) on the CPU without a communication hook. DDP's C++ reducer scales each gradient by
 1/world size while it copies it into its bucket, one pass; a hook is handed the bucket already
-filled, and gloo averages only by a division after the sum, so a hook scales it again: a second pass
-over every gradient, measured at 1.025 of plain DDP's step on the tiny model on two cores, where
-DDP on a forwarding group measured 1.006-1.013 with bit-identical parameters (inside a watched
-step less is left to gain: 0.988-0.993 of the hook path, ``bench/ddp_watch_paths.py``). The reducer issues
+filled, and gloo averages only by a division after the sum, so a hook scales it again: a second
+pass over every gradient, which DDP on a forwarding group does not make, with bit-identical
+parameters (``bench/ddp_watch_paths.py`` times both paths side by side). The reducer issues
 each bucket on whatever group DDP was given (``process_group->allreduce``), and PyTorch runs DDP
 on Python process groups in its own tests (``test/distributed/test_c10d_pypg.py``).
 

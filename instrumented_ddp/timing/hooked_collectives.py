@@ -5,7 +5,7 @@ Why: DDP takes one communication hook, for good (its C++ reducer refuses a secon
 already has one: ``fp16_compress_hook``, ``bf16_compress_hook``, PowerSGD, or Accelerate's
 ``DistributedDataParallelKwargs(comm_hook=...)``, which registers one of those as it prepares the
 model, before a Trainer callback could attach. Those are the runs whose users most want to see
-their communication, and ``attach`` refused them.
+their communication.
 
 Every hook PyTorch ships issues its collectives through ``torch.distributed.all_reduce``, looked
 up on the module at each call (``dist.all_reduce(...)``). While a model is attached, that name is
@@ -29,7 +29,7 @@ calls a hook as the last gradient of a bucket is accumulated, inside that parame
 ``AccumulateGrad`` node, so the call belongs to the watched DDP holding the parameter the engine
 is accumulating (``torch._C._current_autograd_node``); a call made elsewhere (DDP launching a
 bucket at the end of backward) is the only watcher's, or, where several watch, untimed and counted.
-A call from a DDP nobody attached passes untimed too: timed, it read as the attached model's.
+A call from a DDP nobody attached passes untimed too: timed, it would read as the attached model's.
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """The built-in reviews, tokenized, kept on disk between runs.
 
-Why: generating the 7,000 reviews, training their word vocabulary and tokenizing them took ~2.4 s
-on every rank of every run: a quarter of a two-rank run's start on a two-core machine, for a result
-that is a pure function of the seed, the token length and this package's code. So the first run on
-a machine saves it (``datasets``' arrow files and the tokenizer's JSON, ~2 MB) and every later run
-loads it in ~20 ms.
+Why: generating the 7,000 reviews, training their word vocabulary and tokenizing them costs
+seconds on every rank of every run, for a result that is a pure function of the seed, the token
+length and this package's code. So the first run on a machine saves it (``datasets``' arrow files
+and the tokenizer's JSON) and every later run loads it, far faster.
 
 The folder is ``$DDPWATCH_DATA_CACHE``, else ``$XDG_CACHE_HOME/ddpwatch``, else
 ``~/.cache/ddpwatch``; ``DDPWATCH_DATA_CACHE=off`` builds afresh every run. An entry is named by a

@@ -32,7 +32,9 @@ from instrumented_ddp.distributed import DistributedContext, exit_process, init_
 from instrumented_ddp.resources.memory import MemorySampler, reset_peak
 from instrumented_ddp.wire.one_line_errors import OneLineErrorParser
 from instrumented_ddp.wire.output_paths import outputs_problem
-from instrumented_ddp.wire.protocol import DEFAULT_ADDRESS, address_problem, bucket_mb_problem, is_loopback, load_client_keys
+from instrumented_ddp.wire.messages import bucket_mb_problem
+from instrumented_ddp.wire.endpoints import DEFAULT_ADDRESS, address_problem, is_loopback
+from instrumented_ddp.wire.curve_keys import load_client_keys
 from instrumented_ddp.training.replicas import gather_digests, ranks_that_differ
 from instrumented_ddp.publish.stop_signals import held, hold_ctrl_c, stop_on_sigterm
 from instrumented_ddp.strategies import strategy_class
@@ -42,7 +44,7 @@ if TYPE_CHECKING:
     from torch.utils.data import DataLoader, DistributedSampler
     from transformers import PreTrainedTokenizerBase
 
-    from instrumented_ddp.wire.protocol import SwitchCommand
+    from instrumented_ddp.wire.messages import SwitchCommand
     from instrumented_ddp.strategies.base import DataParallelStrategy
 
 
@@ -97,7 +99,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     # here, not as a traceback when the profiler writes at step 8 or the state_dict after the last step
     if problem := outputs_problem(args.profile, args.save_final):
         parser.error(problem)
-    try:  # init_distributed's own rule, here before any process group (it was a traceback from there)
+    try:  # init_distributed's own rule, checked here before any process group (there it is a traceback)
         resolve_device(args.device, 0)
     except ValueError as error:
         parser.error(str(error))
@@ -160,7 +162,7 @@ def load_model_and_data(args: argparse.Namespace, context: DistributedContext,
         model, tokenizer = bundle.model, bundle.tokenizer
         reviews = data.load_reviews(args.dataset, seed=args.seed)
         tokenized = data.tokenize_reviews(reviews, tokenizer, args.max_length)
-    if args.eval_examples is not None:  # the first N: yelp's test split is 50,000 reviews, minutes on a CPU
+    if args.eval_examples is not None:  # the first N: yelp's test split is 50,000 reviews, long to evaluate on a CPU
         tokenized["test"] = tokenized["test"].select(range(min(args.eval_examples, len(tokenized["test"]))))
     rank_batch = args.batch_size // context.world_size  # split into --grad-accum micro-batches per step
     train_loader, eval_loader, sampler = data.make_loaders(tokenized, rank_batch, context.rank, context.world_size, args.seed,
@@ -224,10 +226,10 @@ def switch_strategy(model: DataParallelStrategy, optimizer: torch.optim.Optimize
 
 def free_the_strategy_before(device: torch.device) -> None:
     """After a switch, once only the new strategy is held: free what the old one left in reference
-    cycles (FSDP2 keeps its sharded copy in torch's own) with one full collection (~0.2 s with the
-    106 M model loaded), then start the new strategy's allocator peak (the memory column's, on a
-    GPU) there. Its wrap started it while the old strategy and the gathered optimizer state were
-    still allocated beside it, so the peak read the switch, not the strategy's own steps."""
+    cycles (FSDP2 keeps its sharded copy in torch's own) with one full collection, then start the
+    new strategy's allocator peak (the memory column's, on a GPU) there. Its wrap starts one while
+    the old strategy and the gathered optimizer state are still allocated beside it, a peak that
+    would read the switch, not the strategy's own steps."""
     gc.collect()
     reset_peak(device)
 

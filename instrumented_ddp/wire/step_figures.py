@@ -22,9 +22,11 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
 from instrumented_ddp.wire.time_ranges import clip, intersect, subtract, total_length, union
-from instrumented_ddp.wire.protocol import COMM_KINDS as WIRE_COMM_KINDS
-from instrumented_ddp.wire.protocol import COMPUTE_KINDS as WIRE_COMPUTE_KINDS
-from instrumented_ddp.wire.protocol import LOOP_COMPUTE_KIND, MAX_PAUSED_FOR, StepReport, StepSummary, is_barrier_wait, pack_floats, unpack_floats
+from instrumented_ddp.wire.kinds import COMM_KINDS as WIRE_COMM_KINDS
+from instrumented_ddp.wire.kinds import COMPUTE_KINDS as WIRE_COMPUTE_KINDS
+from instrumented_ddp.wire.messages import MAX_PAUSED_FOR, StepReport, StepSummary
+from instrumented_ddp.wire.kinds import LOOP_COMPUTE_KIND, is_barrier_wait
+from instrumented_ddp.wire.packed_floats import pack_floats, unpack_floats
 
 COMPUTE_KINDS = frozenset(WIRE_COMPUTE_KINDS)  # the model's phases and the loop's marked compute
 COMM_KINDS = frozenset(WIRE_COMM_KINDS)  # the wire schema's collectives, as a set
@@ -124,7 +126,7 @@ SHARDED_KINDS = ("reduce_scatter", "all_gather")
 
 def sharded_collectives(record: StepRecordLike) -> list[SpanLike]:
     """A step's reduce-scatters and all-gathers in issue order (``_all_reduces``' twin), and the
-    waits of the barriers the loop issued (``protocol.is_barrier_wait``): every rank joins a
+    waits of the barriers the loop issued (``kinds.is_barrier_wait``): every rank joins a
     barrier as it joins these, so the last to arrive is the one the others sat there for, and
     the straggler rule pairs it across ranks with them (``StepFigures.sharded_calls``)."""
     # the kind first: a step of an FSDP model holds hundreds of spans, few of them waits

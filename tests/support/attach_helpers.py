@@ -13,7 +13,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 import instrumented_ddp
-from instrumented_ddp.attachment.facade import Attachment
+from instrumented_ddp.attachment.attachment import Attachment
 from launch import free_port
 
 

@@ -3,10 +3,11 @@ tensors, backward on a rank's clock with its ready marks and all-reduces, and a 
 
 from __future__ import annotations
 
-from dataclasses import replace
+from msgspec.structs import replace
 
 from ddpwatch.ingest.session import Session
-from instrumented_ddp.wire.protocol import Envelope, Hello, Span, StepReport
+from instrumented_ddp.wire.codec import Envelope
+from instrumented_ddp.wire.messages import Hello, Span, StepReport
 
 MIB = 1024 * 1024
 

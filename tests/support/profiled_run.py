@@ -32,7 +32,7 @@ from ddpwatch.doctor.profile_check import (
     compare_rank,
 )
 from ddpwatch.doctor.profiler_trace import parse_trace
-from instrumented_ddp.wire.protocol import Span, StepReport
+from instrumented_ddp.wire.messages import Span, StepReport
 
 OFFSET_US = 123_456_000.0
 STEPS = range(4, 9)

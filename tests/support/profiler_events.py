@@ -6,9 +6,9 @@ from __future__ import annotations
 import bisect
 import statistics
 from collections.abc import Sequence
-from dataclasses import replace
+from msgspec.structs import replace
 
-from instrumented_ddp.wire.protocol import Span, StepReport
+from instrumented_ddp.wire.messages import Span, StepReport
 from instrumented_ddp.wire.step_figures import step_figures
 
 
@@ -31,7 +31,7 @@ def profiler_intervals(recorded: Sequence[Span], profiled: Sequence[dict]) -> di
 def pick_up_us(recorded: Sequence[Span], profiled: Sequence[dict], offset_us: float) -> float:
     """How long after ddpwatch's start a gloo worker began running a collective, the median (0
     if it began sooner). A CPU span starts when the collective was issued with a worker free
-    (``StepTimeline._start_when_a_worker_was_free``); the profiler's event when the worker ran
+    (``step_reports.start_when_a_worker_is_free``); the profiler's event when the worker ran
     it, after its thread was woken and scheduled: 145-225 us on this box idle, more under the
     suite's load, where it counts in each span as communication (the README says so). Figured
     into the profiler's starts, so that Overlap% is held against what ddpwatch measures, not

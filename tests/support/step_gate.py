@@ -20,7 +20,8 @@ from typing import Protocol
 
 from ddpwatch.control.switch_client import request_switch
 from gate_files import waiting_file, write_whole
-from instrumented_ddp.wire.protocol import Ack, ClientKeys
+from instrumented_ddp.wire.messages import Ack
+from instrumented_ddp.wire.curve_keys import ClientKeys
 from instrumented_ddp.publish.watch import AGREEMENT_EVERY_S
 from launch import QUICK_EVAL, REPO_ROOT, RankGroup
 

@@ -4,12 +4,14 @@ of such messages, for dashboard and export tests."""
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
-from dataclasses import replace
+from msgspec.structs import replace
 
-from ddpwatch.dashboard.views.snapshot import Snapshot, SnapshotBuilder
+from ddpwatch.dashboard.views.snapshot import SnapshotBuilder
+from ddpwatch.dashboard.views.snapshot_parts import Snapshot
 from ddpwatch.ingest.receiver import ingest
 from ddpwatch.ingest.session import Session
-from instrumented_ddp.wire.protocol import DeviceSample, Goodbye, Hello, Message, Span, StepReport, StepSummary, encode
+from instrumented_ddp.wire.codec import encode
+from instrumented_ddp.wire.messages import DeviceSample, Goodbye, Hello, Message, Span, StepReport, StepSummary
 
 LAYOUT = [(f"layer{i}.weight", 1000, "float32") for i in range(4)]
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from instrumented_ddp.wire.protocol import Span, StepReport
+from instrumented_ddp.wire.messages import Span, StepReport
 from instrumented_ddp.timing.timeline import StepTimeline
 
 
 class FakeHostTime:
-    """Stands in for the ``time`` module inside ``instrumented_ddp.timing.timeline``: the test sets the clock."""
+    """Stands in for the ``time`` module inside ``instrumented_ddp.timing.clocks``: the test sets the clock."""
 
     def __init__(self, now: float = 0.0) -> None:
         self.now = now

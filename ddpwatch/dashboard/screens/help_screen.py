@@ -10,7 +10,7 @@ from textual.content import Content
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
-from instrumented_ddp.wire.protocol import STRATEGY_NAMES
+from instrumented_ddp.wire.kinds import STRATEGY_NAMES
 
 KEYS = [
     ("?", "this help"),
@@ -20,7 +20,7 @@ KEYS = [
     ("end", "back to the latest step"),
     ("shift ← / →", "ranks table: a column left / right (the rank stays in view)"),
     ("s", "pick a strategy and settings to switch to"),
-    # from the list the keys are bound from (``DashboardApp.BINDINGS``): it said "1 … 6" once there were nine
+    # from the list the keys are bound from (``DashboardApp.BINDINGS``), so it names every strategy
     (f"1 … {len(STRATEGY_NAMES)}", f"switch to {', '.join(STRATEGY_NAMES)}"),
     ("+ / -", "double / halve bucket_mb (switches)"),
     ("] / [", "grad_accum + 1 / - 1 (switches)"),
@@ -40,10 +40,10 @@ TEXT_WIDTH = 80 - 2 - 4
 
 def help_text(switching_off: str | None = None) -> Content:
     """The keys as styled text, not markup: a key such as ``] / [`` is not a tag to escape (an
-    escaped ``[`` at the end of a key still met the closing ``[/b]`` and drew ``[[/b]``). A long
-    description wraps under itself, not under the keys (the nine strategies' line put "fsdp" at
-    the box's left edge). ``switching_off``: why this run's switch keys are not offered (a
-    replay, a run ddpwatch did not start), said first: the list names them all the same."""
+    escaped ``[`` at the end of a key would still meet the closing ``[/b]``). A long
+    description wraps under itself, not under the keys. ``switching_off``: why this run's switch
+    keys are not offered (a replay, a run ddpwatch did not start), said first: the list names
+    them all the same."""
     parts: list[str | tuple[str, str]] = [("ddpwatch keys", "bold"), "\n\n"]
     if switching_off:
         parts += [(line + "\n", "italic") for line in textwrap.wrap(f"Not offered here ({switching_off}): s, 1 … "

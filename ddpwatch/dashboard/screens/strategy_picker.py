@@ -9,7 +9,8 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, OptionList
 
-from instrumented_ddp.wire.protocol import STRATEGY_NAMES, bucket_mb_problem
+from instrumented_ddp.wire.messages import bucket_mb_problem
+from instrumented_ddp.wire.kinds import STRATEGY_NAMES
 
 DESCRIPTIONS = {
     "simple": "all-reduce every gradient after backward",

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
-from ddpwatch.figures.metrics import StepFigures
+from instrumented_ddp.wire.step_figures import StepFigures
 
 #: metric -> what a cell holds, as the heatmap's title says it. Higher is worse for all three.
 HEATMAP_METRICS: dict[str, str] = {

@@ -11,10 +11,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from ddpwatch.figures import metrics
-from ddpwatch.ingest.session import strategy_label
-from instrumented_ddp.wire.protocol import COMM_KINDS, COMPUTE_KINDS, LOOP_COMPUTE_KIND, StepReport, is_barrier_wait
-from instrumented_ddp.wire.step_figures import BLOCKING_KINDS, issued_by_the_loop, marked_names
+from ddpwatch.figures.cross_rank import Groups, sharded_pairings, waiting_intervals
+from ddpwatch.figures.metrics import ClockAlignment
+from ddpwatch.ingest.segments import strategy_label
+from instrumented_ddp.wire.messages import StepReport
+from instrumented_ddp.wire.kinds import COMM_KINDS, COMPUTE_KINDS, LOOP_COMPUTE_KIND, is_barrier_wait
+from instrumented_ddp.wire.step_figures import (BLOCKING_KINDS, CallTimes, StepFigures, StepTimes, issued_by_the_loop, marked_names,
+                                                step_times)
+from instrumented_ddp.wire.time_ranges import intersect, merge, subtract, total_length
 
 
 class Bar(NamedTuple):
@@ -52,7 +56,7 @@ class TimelineData:
     notes: str = ""
 
 
-def pick_timeline_ranks(figures: dict[int, metrics.StepFigures], selected: int | None) -> tuple[tuple[int, str], ...]:
+def pick_timeline_ranks(figures: dict[int, StepFigures], selected: int | None) -> tuple[tuple[int, str], ...]:
     """The ranks a large job's timeline draws, with why: the slowest and the fastest by step
     time (ties: the lowest rank) and the selected one, in rank order."""
     roles: dict[int, list[str]] = {}
@@ -66,10 +70,10 @@ def pick_timeline_ranks(figures: dict[int, metrics.StepFigures], selected: int |
     return tuple((rank, "+".join(why)) for rank, why in sorted(roles.items()))
 
 
-def timeline_of(step: int, reports: dict[int, StepReport], calls: dict[int, metrics.CallTimes],
-                times: dict[int, metrics.StepTimes] | None = None,
-                roles: tuple[tuple[int, str], ...] | None = None, groups: metrics.Groups | None = None,
-                sharded_calls: dict[int, metrics.CallTimes] | None = None) -> TimelineData | None:
+def timeline_of(step: int, reports: dict[int, StepReport], calls: dict[int, CallTimes],
+                times: dict[int, StepTimes] | None = None,
+                roles: tuple[tuple[int, str], ...] | None = None, groups: Groups | None = None,
+                sharded_calls: dict[int, CallTimes] | None = None) -> TimelineData | None:
     """The ranks of one step on one axis, put on the lowest drawn rank's clock by
     ``metrics.ClockAlignment`` over this one step: aligned at the end of each rank's last
     all-reduce (every rank leaves it together), ranks without one at their step start.
@@ -84,14 +88,14 @@ def timeline_of(step: int, reports: dict[int, StepReport], calls: dict[int, metr
         reports = {rank: reports[rank] for rank, _ in roles if rank in reports}  # whose spans came
     if not reports:
         return None
-    waiting = metrics.waiting_intervals(calls, reports, groups)
+    waiting = waiting_intervals(calls, reports, groups)
     if sharded_calls:
-        for paired, among, collectives in metrics.sharded_pairings(sharded_calls, groups):
-            sharded = metrics.waiting_intervals(paired, reports, among, collectives=collectives)
+        for paired, among, collectives in sharded_pairings(sharded_calls, groups):
+            sharded = waiting_intervals(paired, reports, among, collectives=collectives)
             waiting = {rank: sorted(waiting.get(rank, []) + sharded.get(rank, [])) for rank in reports}
     known = times or {}
-    clocks = metrics.ClockAlignment(reference=min(reports))
-    clocks.add_step({rank: known[rank] if rank in known else metrics.step_times(report) for rank, report in reports.items()})
+    clocks = ClockAlignment(reference=min(reports))
+    clocks.add_step({rank: known[rank] if rank in known else step_times(report) for rank, report in reports.items()})
     offsets = clocks.offsets()
     shift = {rank: offsets.get(rank, 0.0) for rank in reports}
     origin = min(r.start + shift[rank] for rank, r in reports.items())
@@ -132,7 +136,7 @@ def loop_compute_text(reports: dict[int, StepReport]) -> str:
               if (spans := [s for s in report.spans if s.kind == LOOP_COMPUTE_KIND])}
     if not marked:
         return ""
-    seconds = {rank: metrics.total_length((s.start, s.end) for s in spans) for rank, spans in marked.items()}
+    seconds = {rank: total_length((s.start, s.end) for s in spans) for rank, spans in marked.items()}
     longest = max(seconds, key=lambda rank: (seconds[rank], -rank))
     names = marked_names(s for spans in marked.values() for s in spans)
     return f"the loop's own compute{f' ({names})' if names else ''}: {1000 * seconds[longest]:.1f} ms on rank {longest}"
@@ -160,7 +164,7 @@ def loop_collectives_text(reports: dict[int, StepReport]) -> str:
 
 
 def barrier_text(reports: dict[int, StepReport]) -> str:
-    """Where the drawn ranks sat in the loop's barriers (``protocol.is_barrier_wait``), the rank
+    """Where the drawn ranks sat in the loop's barriers (``kinds.is_barrier_wait``), the rank
     that sat longest, in how many and how long ("a barrier held rank 0 30.1 ms"), or "": drawn
     as a ``wait`` in the communication lane, it could not be told from a wait for the loop's own
     collective."""
@@ -206,10 +210,10 @@ def _lanes(rank: int, report: StepReport, offset: float, waiting: list[tuple[flo
             data.append(Bar(s.kind, start, end))
         if s.blocking and s.kind in BLOCKING_KINDS:  # as ``step_figures`` takes them
             blocked.append((start, end))
-    blocked = metrics.merge(blocked)
-    compute = [Bar(bar.kind, start, end) for bar in phases for start, end in metrics.subtract([(bar.start, bar.end)], blocked)] \
+    blocked = merge(blocked)
+    compute = [Bar(bar.kind, start, end) for bar in phases for start, end in subtract([(bar.start, bar.end)], blocked)] \
         if blocked else phases
-    busy = metrics.merge((b.start, b.end) for b in compute)
-    exposed = metrics.subtract(collectives, busy)
-    exposed_waiting = metrics.intersect(exposed, [(start + offset, end + offset) for start, end in waiting])
+    busy = merge((b.start, b.end) for b in compute)
+    exposed = subtract(collectives, busy)
+    exposed_waiting = intersect(exposed, [(start + offset, end + offset) for start, end in waiting])
     return RankLanes(rank, tuple(compute), tuple(comm), tuple(exposed), tuple(exposed_waiting), tuple(data))

@@ -14,10 +14,10 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping
 
-from instrumented_ddp.wire.protocol import PROTOCOL_VERSION
+from instrumented_ddp.wire.codec import PROTOCOL_VERSION
 
 from ddpwatch.figures.compact_steps import StepSet
-from ddpwatch.figures.metrics import ONE_RANK_NOTE
+from ddpwatch.wording.figure_text import ONE_RANK_NOTE
 from ddpwatch.wording.rank_lists import (FEW_RANKS, detached_ranks_lines, failed_ranks_lines, heard_until_text, held_by_lost_lines,
                                  interrupted_ranks_lines, lost_ranks_lines, ranks_text, runs_text, step_range_text)
 from ddpwatch.ingest.session import Session
@@ -70,12 +70,12 @@ def reporting_fault_lines(session: Session) -> list[str]:
 
 
 def rejected_lines(rejected: Mapping[str, int]) -> list[str]:
-    """The messages the receiver rejected, by category (``protocol.ProtocolError``). Two are not
+    """The messages the receiver rejected, by category (``codec.ProtocolError``). Two are not
     malformed but another ddpwatch's, and say so: a message of a type this one does not know
     (a newer ddpwatch's, say its ``evaluation`` messages) or a report holding a span of a kind
-    it does not know (its ``loop`` spans, say), and one in another wire version; they
-    read as *malformed*, as if the network or a sender were broken, where the fix is to run one
-    ddpwatch version on the ranks and here."""
+    it does not know (its ``loop`` spans, say), and one in another wire version; called
+    *malformed* they would read as if the network or a sender were broken, where the fix is to
+    run one ddpwatch version on the ranks and here."""
     lines = []
     if newer := rejected.get("unknown_type", 0):
         lines.append(f"{newer} message(s) of a type, or holding a span of a kind, this ddpwatch does not know, left out: "
@@ -93,7 +93,7 @@ def rejected_lines(rejected: Mapping[str, int]) -> list[str]:
 
 def cut_ranks_lines(session: Session, heard: float) -> list[str]:
     """Ranks a recording ends with, heard to its end and without a goodbye (``Session.status``'s
-    ``cut``): a replay at its end showed them live under a header that said "ended"."""
+    ``cut``): a replay at its end does not show them live under a header that says "ended"."""
     cut = {rank: state.last_step for rank, state in sorted(session.ranks.items())
            if session.status(rank, heard, recording_ended=True) == "cut"}
     if not cut:
@@ -181,7 +181,8 @@ def untimed_collectives_text(steps: StepSet, most: int, in_data: StepSet | None 
     all-reduce of its map of used parameters every step under ``find_unused_parameters=True``.
     ``in_data``: the steps in which some came in the data time, before a forward
     (``StepReport.untimed_in_data``), and the most of one rank in one step: those read as data
-    loading, and so does a wait in them for a slower rank; the line said "compute" of all of them."""
+    loading, and so does a wait in them for a slower rank, and the line says so apart from the
+    others, whose time reads as compute."""
     count = len(steps)
     where = "their time reads as compute"
     if in_data:
@@ -196,7 +197,7 @@ def untimed_collectives_text(steps: StepSet, most: int, in_data: StepSet | None 
 def pausing_lines(session: Session, heard: float) -> list[str]:
     """A line for each thing live ranks' loops are doing now instead of training (their
     heartbeats' ``pausing``: a Trainer's evaluation), and for how long: no step comes meanwhile,
-    which read as a hang through a long evaluation."""
+    which would otherwise read as a hang through a long evaluation."""
     by_what: dict[str, list[int]] = {}
     for rank, state in sorted(session.ranks.items()):
         if state.pausing and session.status(rank, heard) == "live":

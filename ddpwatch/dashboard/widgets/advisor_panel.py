@@ -37,7 +37,7 @@ def megabytes(nbytes: int) -> str:
 
 
 def size_text(nbytes: int) -> str:
-    """A call's size in the unit that reads: a bias's 768-byte all-reduce read "0.000732 MB"."""
+    """A call's size in the unit that reads: in MB a bias's 768-byte all-reduce reads "0.000732 MB"."""
     if nbytes < 1024:
         return f"{nbytes} B"
     return f"{nbytes / 1024:.3g} KB" if nbytes < MIB else megabytes(nbytes)
@@ -63,7 +63,7 @@ def render_advice(advice: Advice | str | None, width: int, switchable: bool = Tr
         return Text(f"bucket advisor: {advice}")
     model, now, top = advice.model, advice.current, advice.best
     change = f"{-advice.gain:+.1%}" if advice.gain >= 0.0005 else "as now"
-    action = (apply_in_your_script(top.cap_bytes) if not switchable else apply_in_the_next_run(advice.strategy, top.cap_bytes)
+    action = (script_change_text(top.cap_bytes) if not switchable else next_run_flags_text(advice.strategy, top.cap_bytes)
               if replay else f"b: switch to {advice.strategy} at {megabytes(top.cap_bytes)}")
     comparison = (f"now {megabytes(now.cap_bytes)}: {now.step_s * 1e3:.1f} ms predicted · ",
                   f"best {megabytes(top.cap_bytes)}: {top.step_s * 1e3:.1f} ms ({change})",
@@ -119,13 +119,13 @@ def wrapped_rows(line: str, width: int) -> int:
     return max(1, -(-len(line) // max(1, width)))
 
 
-def apply_in_the_next_run(strategy: str, cap_bytes: int) -> str:
+def next_run_flags_text(strategy: str, cap_bytes: int) -> str:
     """What a replayed train.py run, which cannot be switched, is started with to run at ``cap_bytes``."""
     mb = f"{cap_bytes / MIB:.3g}"
     return f"to run at {mb} MB, start train.py with --strategy {strategy} --bucket-mb {mb} (a replay cannot switch)"
 
 
-def apply_in_your_script(cap_bytes: int) -> str:
+def script_change_text(cap_bytes: int) -> str:
     """What a run ddpwatch did not start (``attach``) changes to run at ``cap_bytes``: DDP's
     ``bucket_cap_mb`` counts MiB, as these caps do."""
     mb = f"{cap_bytes / MIB:.3g}"

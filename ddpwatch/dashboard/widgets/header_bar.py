@@ -6,9 +6,9 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal
 from textual.widgets import ProgressBar, Static
 
-from instrumented_ddp.wire.protocol import NOT_SWITCHABLE
+from instrumented_ddp.wire.messages import NOT_SWITCHABLE
 
-from ddpwatch.dashboard.views.snapshot import HeaderData
+from ddpwatch.dashboard.views.snapshot_parts import HeaderData
 
 
 def format_eta(seconds: float | None) -> str:
@@ -21,8 +21,7 @@ def format_eta(seconds: float | None) -> str:
 class HeaderBar(Horizontal):
     """Two lines: the first says which run and where it comes from (fixed), the second what it is
     doing now (strategy, step, ETA, throughput, then the strategy's settings), so that each is cut
-    at its end on a narrow terminal and the live figures are never the part cut (they were, after
-    the session's name, at 80 columns, and after a hooked DDP's settings under 115). A run that
+    at its end on a narrow terminal and the live figures are never the part cut. A run that
     cannot switch gets a third line saying why, alone on it so that nothing before it pushes it
     out of view."""
 
@@ -34,18 +33,17 @@ class HeaderBar(Horizontal):
 
     def show(self, data: HeaderData, source: str, source_ended: bool = False) -> None:
         """``source_ended``: nothing more will come from the feed (a replay at its end). A run
-        recorded without its goodbyes (a demo quit, a job killed) read "live" there, with the ETA
-        the run had when the recording stopped, as if it still trained: it reads "ended", no ETA."""
-        # "live" on a run that had ended read as a run still going; the ranks table alone said "finished"
+        recorded without its goodbyes (a demo quit, a job killed) then reads "ended", with no ETA,
+        not "live" as if it still trained. A run over says so here, not only in the ranks table."""
         mode = ("paused" if not data.following else "failed" if data.failed else "interrupted" if data.interrupted
                 else "finished" if data.finished else "ended" if source_ended
                 else "live")  # failed: a rank's training raised; interrupted: a signal stopped one (the warnings say)
         eta = None if mode in ("ended", "failed", "interrupted") else data.eta_s  # a run that will not go on
-        # Last on the line: an attached DDP's hook made them long enough to push the step, ETA and
-        # samples/s out of the header under about 115 columns.
+        # Last on the line: an attached DDP's hook makes them long, and a narrow header cuts them,
+        # not the step, ETA and samples/s.
         settings = f" · {data.settings}" if data.settings else ""
-        # Its own line: at the end of the second line an attached run's notice was cut at 160
-        # columns, and on the first, after the session's name, at 120-151 and under 112.
+        # Its own line: at the end of either other line, after the session's name or the
+        # settings, a narrow terminal cuts it.
         cannot_switch = "" if data.switchable else f"\n[b]{NOT_SWITCHABLE}[/b]"
         text = (
             f"[b]ddpwatch[/b] {data.session} · {data.world_size} rank{'' if data.world_size == 1 else 's'} · "

@@ -14,9 +14,9 @@ from textual.widget import Widget
 from ddpwatch.dashboard.views.heatmap import HEATMAP_METRICS, Heatmap, HeatRow, level
 
 LABEL_WIDTH = 12
-#: The metric and the steps shown, then its scale; then the rows. The scale had shared the metric's
-#: line, 80 columns with its key, and the side tab is 64 wide at 160: the high end and "h" never
-#: showed. The steps had a line of their own, a third, which at 80 x 24 left one rank's row in view.
+#: The metric and the steps shown, then its scale; then the rows. The scale has a line of its own:
+#: beside the metric, 80 columns with its key, a narrow side tab would cut its high end and "h".
+#: The steps share the metric's line, so that a short terminal keeps rank rows in view.
 HEADER_ROWS = 2
 #: Low to high: cool to hot.
 RAMP = tuple(Style(color=c) for c in ("rgb(40,70,140)", "rgb(50,120,180)", "rgb(70,170,160)",

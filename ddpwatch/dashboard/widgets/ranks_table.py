@@ -8,9 +8,8 @@ part that is the same on every rank of a node. The rank column stays put when th
 sideways, so a row scrolled to its host still says whose it is.
 
 Drawn line by line (Textual's line API) rather than with a ``DataTable``: a DataTable renders
-every visible cell through Rich again whenever any one cell changes, and at 64 ranks some cell
-changes every frame, which alone cost the dashboard a third of its frame rate. Here a row is
-one ``Strip``, rebuilt only when its own text changes.
+every visible cell through Rich again whenever any one cell changes, and with many ranks some
+cell changes every frame. Here a row is one ``Strip``, rebuilt only when its own text changes.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""Beside the segments table: each segment's step window as one bar, the seed blog's comparison
-at a glance (``ddpwatch/export/segment_bars.py`` says what the parts are; summary.svg draws the same)."""
+"""Beside the segments table: each segment's step window as one bar, the comparison of the article
+the strategies follow at a glance (``ddpwatch/export/segment_bars.py`` says what the parts are;
+summary.svg draws the same)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from textual.geometry import Size
 from textual.widget import Widget
 
 from ddpwatch.export.segment_bars import NOT_MEASURED, SegmentBar, cells, lengths, segment_bar
-from ddpwatch.dashboard.views.snapshot import SegmentRow
+from ddpwatch.dashboard.views.snapshot_parts import SegmentRow
 
 #: (glyph, style) per part, in ``segment_bars.PARTS`` order.
 GLYPHS: tuple[tuple[str, str], ...] = (("█", "green"), ("▓", "bright_green"), ("█", "red"), ("░", "grey50"))

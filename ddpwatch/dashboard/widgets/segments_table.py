@@ -1,15 +1,15 @@
-"""The seed blog's comparison table, one row per segment, filling in live."""
+"""The comparison table of the article the strategies follow, one row per segment, filling in live."""
 
 from __future__ import annotations
 
 from textual.widgets import DataTable
 
-from ddpwatch.figures.metrics import calls_text
-from ddpwatch.dashboard.views.snapshot import SegmentRow
+from ddpwatch.wording.figure_text import calls_text
+from ddpwatch.dashboard.views.snapshot_parts import SegmentRow
 
 # The segment as "bucket 1 MB" (``SegmentRow.short_label``), and the step's time and the throughput
 # right after the steps: what a switch bought is the first thing read, and at 160 columns the long
-# label and the seed blog's five percentages had pushed both out of view.
+# label and the article's five percentages would push both out of view.
 # "calls/rank/step": all-reduce calls per rank per step, what summary.json's all_reduce_calls and
 # summary.md's "all_reduce calls / rank / step" mean; that long a name would push the next columns
 # off a 160-column screen.
@@ -17,8 +17,8 @@ from ddpwatch.dashboard.views.snapshot import SegmentRow
 # gathers (GA), scatters (SC) per rank per step;
 # "held P/G/O MiB": parameters/gradients/optimizer state the fullest rank held (the sharded
 # strategies' staircase); "busbw GB/s": each collective kind's, as ``AR 3.12 AG 0.32 RS 0.16``.
-# "Data wait%": the part of Idle% spent waiting for the next batch (``data_wait``), after the seed
-# blog's five so that they stay in view at 160 columns.
+# "Data wait%": the part of Idle% spent waiting for the next batch (``data_wait``), after the
+# article's five so that they stay in view at 160 columns.
 COLUMNS = ("segment", "steps", "step ms p50", "samples/s", "Compute%", "Non_Compute%", "Idle%", "Overlap%",
            "Comm_overhead%", "Data wait%", "calls/rank/step", "all_reduce_ms", "busbw GB/s", "other calls", "held P/G/O MiB")
 
@@ -26,8 +26,8 @@ COLUMNS = ("segment", "steps", "step ms p50", "samples/s", "Compute%", "Non_Comp
 class SegmentsTable(DataTable):
     """Each column exactly as wide as the longest value it shows now, set when the rows are
     built: a DataTable sizing its columns itself does it when its message queue runs dry
-    (``on_idle``), which a dashboard busy with 64 ranks under load could put off past a frame
-    (a label cut to the header's width in a snapshot taken by the suite under load)."""
+    (``on_idle``), which a dashboard busy with many ranks can put off past a frame, a label cut
+    to its header's width meanwhile."""
 
     def on_mount(self) -> None:
         self.cursor_type = "row"

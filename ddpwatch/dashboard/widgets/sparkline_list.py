@@ -1,8 +1,8 @@
 """Labelled sparklines: device utilization per rank, and loss and step time over steps.
 
-One widget drawn line by line (Textual's line API) however many series it holds: as a Label
-and a Sparkline widget per rank, 64 ranks made 128 widgets, each laid out, styled and cached
-every frame, which cost the dashboard about a third of its frame time.
+One widget drawn line by line (Textual's line API) however many series it holds: a Label and a
+Sparkline widget per series would be two widgets per rank, each laid out, styled and cached
+every frame.
 """
 
 from __future__ import annotations
@@ -52,8 +52,8 @@ def bar_levels(values: tuple[float, ...], width: int) -> list[float]:
 def bar_rows_for(height: int, series: int) -> int:
     """Rows of bars each series gets in a panel ``height`` rows tall, besides its caption and a
     blank line: one where the series fill the panel (64 ranks' devices scroll), up to
-    ``MAX_BAR_ROWS`` where there is room. Before, always one: the loss and step time were two
-    one-line strips at the top of a tall, empty tab."""
+    ``MAX_BAR_ROWS`` where there is room, so that two series (the loss and step time) fill a
+    tall tab."""
     if series <= 0:
         return 1
     return max(1, min(MAX_BAR_ROWS, height // series - 2))
@@ -62,13 +62,13 @@ def bar_rows_for(height: int, series: int) -> int:
 def column_glyphs(level: float, rows: int) -> list[str]:
     """One column of a bar ``rows`` tall, top row first, for a level in [0, 1]: in eighths of a
     row, at least one (the lowest value still shows), whole rows of █ under the partial one. One
-    row gives the glyph a one-line sparkline always drew."""
+    row gives a one-line sparkline's glyph."""
     return [column_glyph(level, rows, row) for row in range(rows)]
 
 
 def column_glyph(level: float, rows: int, row: int) -> str:
     """Row ``row`` (0: the top) of ``column_glyphs``: a line of the panel draws one row of every
-    column, and made whole for each, a six-row column was made six times over."""
+    column, so a column is not made whole for each of its rows."""
     eighths = min(int(level * rows * 8), rows * 8 - 1) + 1
     fill = min(max(eighths - (rows - 1 - row) * 8, 0), 8)
     return BARS[fill - 1] if fill else " "

@@ -67,8 +67,8 @@ class TimelineView(Widget):
 
     @property
     def title(self) -> str:
-        """Which step, under which strategy and settings: its box's border title, whole (in the
-        axis's label column it was cut to 11 characters, "step 69 · s")."""
+        """Which step, under which strategy and settings: its box's border title, whole (the axis's
+        label column would cut it to ``LABEL_WIDTH`` characters)."""
         if self.data is None:
             return ""
         notes = f" · {self.data.notes}" if self.data.notes else ""
@@ -176,9 +176,9 @@ class TimelineView(Widget):
 def legend_rows(width: int, marked: bool = False) -> tuple[int, list[list[tuple[str, str, str]]]]:
     """The legend's indent and its items packed into rows of ``width`` (each item its mark, a
     space, its text and two spaces): under the lanes, indented past the labels, where that takes
-    no more rows than from the left edge. One row was cut at the screen's edge: at 80 columns
-    the two exposed colours, the ones a reader most needs named, were never named. ``marked``:
-    the loop's own compute is drawn, and named after the update."""
+    no more rows than from the left edge. Packed into rows, not one row cut at the screen's edge,
+    so that at 80 columns too the two exposed colours, the ones a reader most needs named, are
+    named. ``marked``: the loop's own compute is drawn, and named after the update."""
     items = [*LEGEND[:3], LOOP_LEGEND, *LEGEND[3:]] if marked else LEGEND
 
     def packed(indent: int) -> list[list[tuple[str, str, str]]]:
@@ -199,7 +199,7 @@ def legend_rows(width: int, marked: bool = False) -> tuple[int, list[list[tuple[
 
 def axis_text(span_ms: float, columns: int) -> str:
     """Ticks at 0, ¼, ½ and ¾ of the step and its end, each label whole or left out: in a narrow
-    panel a label that would run into the next lost its tail to it ("|395m526ms|")."""
+    panel a label that would run into the next is left out, not cut by it ("|395m526ms|")."""
     ticks = [" "] * columns
     end = f"{span_ms:.0f}ms|"
     if len(end) > columns:  # not even the step's length fits: no label rather than a cut one

@@ -23,8 +23,7 @@ def fitted_rows(lines: Sequence[tuple[str, str]], width: int, rows: int, wrap: W
     them: each line whole, in order, while they fit; where some do not, the last row says how many
     are left out, and a line that would not fit whole before it is cut with ``…`` (so the first
     warning, a desync say, is never left out for being long). A row is (mark, text), the mark on
-    a line's first row only. Before, a panel of two rows showed the first warning wrapped on both
-    and nothing said two more were there."""
+    a line's first row only."""
     body = [[(mark if index == 0 else " ", row) for index, row in enumerate(wrap(text, width - 2))] for mark, text in lines]
     if sum(map(len, body)) <= rows:
         return [row for line in body for row in line]

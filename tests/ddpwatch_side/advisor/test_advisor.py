@@ -3,7 +3,7 @@ and its other time, transfer samples paired across ranks, and the advice or why 
 
 from __future__ import annotations
 
-from dataclasses import replace
+from msgspec.structs import replace
 from typing import Any
 
 import pytest
@@ -22,7 +22,8 @@ from ddpwatch.advisor.advice import (
 )
 from ddpwatch.figures.cost_model import StepCollectives, transfer_samples_of
 from ddpwatch.ingest.session import Session
-from instrumented_ddp.wire.protocol import Envelope, Hello, Span, StepReport
+from instrumented_ddp.wire.codec import Envelope
+from instrumented_ddp.wire.messages import Hello, Span, StepReport
 from instrumented_ddp.wire.step_figures import summarize
 from bucket_steps import LAYOUT, bucket_step, hello, one_bucket, slowed_session
 

@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from dataclasses import replace
+from msgspec.structs import replace
 
 import pytest
 
 from ddpwatch.ingest.receiver import ingest
 from ddpwatch.ingest.session import Session
 from ddpwatch.advisor.tune import SweepDriver, TunedCap, _predicted, table, told_apart
-from instrumented_ddp.wire.protocol import Ack, SwitchCommand, encode
+from instrumented_ddp.wire.codec import encode
+from instrumented_ddp.wire.messages import Ack, SwitchCommand
 from launch import REPO_ROOT
 from synthetic_session import hello
 from bucket_steps import LAYOUT, MIB, bucket_step, slowed_session

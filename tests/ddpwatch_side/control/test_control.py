@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from ddpwatch.control.relay import ACK_GRACE_S, GIVE_UP_AFTER_S, RANK0_QUIET_AFTER_S, SwitchRelay, new_command
-from instrumented_ddp.wire.protocol import Ack, Envelope, Goodbye, Heartbeat, Message, decode, encode, routing_id
+from instrumented_ddp.wire.codec import Envelope, decode, encode
+from instrumented_ddp.wire.messages import Ack, Goodbye, Heartbeat, Message
+from instrumented_ddp.wire.endpoints import routing_id
 
 
 class FakeClock:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
+from msgspec.structs import replace
 from typing import Any
 
 import pytest
@@ -19,7 +19,8 @@ from ddpwatch.control.span_requests import (
     SpanRequester,
     SpanWish,
 )
-from instrumented_ddp.wire.protocol import Envelope, Heartbeat, SpanRequest, StepReport, SwitchCommand, decode
+from instrumented_ddp.wire.codec import Envelope, decode
+from instrumented_ddp.wire.messages import Heartbeat, SpanRequest, StepReport, SwitchCommand
 
 
 class Outbox:

@@ -11,7 +11,8 @@ import zmq
 from ddpwatch.control.relay import new_command
 from ddpwatch.ingest.receiver import TelemetryReceiver
 from ddpwatch.control.switch_client import request_switch
-from instrumented_ddp.wire.protocol import Ack, SwitchCommand, decode, encode
+from instrumented_ddp.wire.codec import decode, encode
+from instrumented_ddp.wire.messages import Ack, SwitchCommand
 from launch import free_port, wait_for
 
 

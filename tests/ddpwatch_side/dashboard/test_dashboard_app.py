@@ -8,9 +8,9 @@ import gc
 import json
 import socket
 import time
-from dataclasses import replace
 
 import pytest
+from msgspec.structs import replace
 from textual.geometry import Region
 import zmq
 from textual.widgets import Static, TabbedContent
@@ -28,9 +28,9 @@ from ddpwatch.dashboard.widgets.timeline_view import TimelineView
 from ddpwatch.ingest.receiver import ingest
 from ddpwatch.ingest.session import Session
 from ddpwatch.ingest.session_file import SESSION_FILE_NAME, SessionWriter
-from instrumented_ddp.wire.protocol import (NOT_SWITCHABLE, Ack, Goodbye, SpanRequest, StepReport, SwitchCommand,
-                                      decode, encode)
-from instrumented_ddp.publish.publisher import routing_id
+from instrumented_ddp.wire.codec import decode, encode
+from instrumented_ddp.wire.messages import NOT_SWITCHABLE, Ack, Goodbye, SpanRequest, StepReport, SwitchCommand
+from instrumented_ddp.wire.endpoints import routing_id
 from synthetic_session import (desync_at_3_4_and_a_straggler, hello, session_messages, snapshot_of, step_report,
                                waiting_ranks)
 from dashboard_pilot import draw_every_message
@@ -384,7 +384,7 @@ def test_another_run_sending_while_this_one_goes_on_is_named_not_taken_for_malfo
 
 def test_another_runs_reports_are_left_out_where_the_sender_names_its_run_and_a_finished_run_gives_way_to_them() -> None:
     """Two scripts sending to one address at once, each message with the run its rank's routing id
-    names (``protocol.run_of_sender``): the second run's reports, for the same step numbers, were
+    names (``endpoints.run_of_sender``): the second run's reports, for the same step numbers, were
     mixed in or rejected as repeated steps; now none enters this run's figures, each is counted,
     and once this run is over a report of the other (before its next hello) begins its session."""
     first = [decode(data) for data in session_messages(steps=6)]
@@ -477,7 +477,7 @@ async def test_every_panel_shows_without_scrolling_on_a_default_terminal_with_wa
 
 
 def test_impossible_values_are_rejected_by_kind_and_the_valid_stream_is_kept() -> None:
-    from dataclasses import replace
+    from msgspec.structs import replace
 
     from ddpwatch.ingest.receiver import ingest
     from ddpwatch.ingest.session import Session

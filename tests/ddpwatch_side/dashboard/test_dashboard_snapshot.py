@@ -8,16 +8,17 @@ them are in ``test_dashboard_app.py``."""
 from __future__ import annotations
 
 import json
-from dataclasses import replace
+from msgspec.structs import replace
 
 import pytest
 
 from ddpwatch.export import exporters
-from ddpwatch.figures.metrics import ONE_RANK_NOTE
+from ddpwatch.wording.figure_text import ONE_RANK_NOTE
 from ddpwatch.dashboard.views.snapshot import SnapshotBuilder
 from ddpwatch.ingest.receiver import ingest
 from ddpwatch.ingest.session import Session
-from instrumented_ddp.wire.protocol import (Goodbye, Heartbeat, Span, StepReport, decode, encode)
+from instrumented_ddp.wire.codec import decode, encode
+from instrumented_ddp.wire.messages import Goodbye, Heartbeat, Span, StepReport
 from synthetic_session import hello, session_messages, step_report, waiting_ranks
 from synthetic_session import snapshot_of
 

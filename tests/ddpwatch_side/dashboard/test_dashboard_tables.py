@@ -2,7 +2,9 @@
 a large job's row per node) and the segments table with its bars."""
 from __future__ import annotations
 
-from dataclasses import replace
+import dataclasses
+
+from msgspec.structs import replace
 
 
 from ddpwatch.dashboard.app import DashboardApp
@@ -13,7 +15,7 @@ from ddpwatch.dashboard.widgets.segment_bars_view import SegmentBarsView
 from ddpwatch.dashboard.widgets.segments_table import SegmentsTable
 from ddpwatch.ingest.receiver import ingest
 from ddpwatch.ingest.session import Session
-from instrumented_ddp.wire.protocol import (StepReport)
+from instrumented_ddp.wire.messages import StepReport
 from synthetic_session import (hello, session_messages, snapshot_of, waiting_ranks)
 from dashboard_pilot import draw_every_message
 
@@ -73,7 +75,7 @@ async def test_a_narrow_ranks_table_shows_each_ranks_figures_and_keeps_the_rank_
 async def test_the_segments_table_widens_a_column_when_a_running_segment_grows() -> None:
     from textual.app import App
 
-    from ddpwatch.dashboard.views.snapshot import SegmentRow
+    from ddpwatch.dashboard.views.snapshot_parts import SegmentRow
 
     def row(steps: str) -> SegmentRow:
         return SegmentRow("async", "async", steps, 10, 80.0, 15.0, 5.0, 70.0, 50.0, 57.0, 300.0, 280.0, 50.0)
@@ -153,7 +155,7 @@ async def test_a_segment_bar_is_as_long_as_its_time_per_sample_and_its_overlap_s
 
     _, snapshot = snapshot_of(session_messages(steps=4))
     slow, fast = snapshot.segments
-    rows = (replace(slow, samples_per_s=50.0), replace(fast, samples_per_s=100.0))
+    rows = (dataclasses.replace(slow, samples_per_s=50.0), dataclasses.replace(fast, samples_per_s=100.0))
 
     class Bars(App[None]):
         def compose(self):  # noqa: ANN202
@@ -174,7 +176,7 @@ async def test_a_segment_bar_is_as_long_as_its_time_per_sample_and_its_overlap_s
 def test_the_segments_table_gives_each_collective_kinds_busbw() -> None:
     """Each "bucket" step also all-gathers 4 MB in 2 ms: 2 GB/s of algbw, times (2-1)/2 over two
     ranks, AG 1.00, after the all-reduces' own. Before, the dashboard showed no bandwidth at all."""
-    from instrumented_ddp.wire.protocol import Span
+    from instrumented_ddp.wire.messages import Span
 
     def gathering(report: StepReport) -> StepReport:
         if report.strategy != "bucket":

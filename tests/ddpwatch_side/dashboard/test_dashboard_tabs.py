@@ -2,7 +2,7 @@
 heatmap, the stragglers, the devices' series and the bucket advisor."""
 from __future__ import annotations
 
-from dataclasses import replace
+from msgspec.structs import replace
 
 import pytest
 from textual.content import Content
@@ -15,8 +15,8 @@ from ddpwatch.dashboard.widgets.rank_heatmap import HEADER_ROWS, RankHeatmap
 from ddpwatch.dashboard.widgets.timeline_view import TimelineView
 from ddpwatch.ingest.receiver import ingest
 from ddpwatch.ingest.session import Session
-from instrumented_ddp.wire.protocol import (Evaluation, StepReport, SwitchCommand,
-                                      encode)
+from instrumented_ddp.wire.codec import encode
+from instrumented_ddp.wire.messages import Evaluation, StepReport, SwitchCommand
 from synthetic_session import (hello, session_messages, waiting_ranks)
 from dashboard_pilot import draw_every_message
 
@@ -150,8 +150,8 @@ def test_the_heatmap_kept_column_by_column_equals_one_made_from_scratch(metric: 
 def test_a_device_series_taken_in_sample_by_sample_is_its_last_points() -> None:
     """A series is extended by the samples new since it was last made (at most once a second),
     and begun again when the rank's readings change kind (CPU, then a GPU)."""
-    from ddpwatch.dashboard.views.snapshot import TREND_POINTS
-    from instrumented_ddp.wire.protocol import DeviceSample
+    from ddpwatch.dashboard.views.snapshot_parts import TREND_POINTS
+    from instrumented_ddp.wire.messages import DeviceSample
 
     session = Session(None)
     builder = SnapshotBuilder(session)

@@ -7,7 +7,7 @@ from array import array
 import pytest
 
 from ddpwatch.dashboard.views.heatmap import build_heatmap, cell_value, level
-from ddpwatch.figures.metrics import StepFigures, StepTimes
+from instrumented_ddp.wire.step_figures import StepFigures, StepTimes
 
 
 def fig(rank: int, step: int, exposed: float, step_ms: float) -> StepFigures:

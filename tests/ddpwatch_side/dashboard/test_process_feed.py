@@ -4,7 +4,7 @@ figured exactly as the session would figure it in one process."""
 from __future__ import annotations
 
 import time
-from dataclasses import replace
+from msgspec.structs import replace
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,10 +17,11 @@ from ddpwatch.demo import free_loopback_address
 from ddpwatch.ingest.receiver import ingest
 from ddpwatch.ingest.session import Session
 from ddpwatch.ingest.session_file import read_session_file
-from instrumented_ddp.wire.protocol import Envelope, Hello, ProtocolError, SpanRequest, StepReport, decode, encode
+from instrumented_ddp.wire.codec import Envelope, ProtocolError, decode, encode
+from instrumented_ddp.wire.messages import Hello, SpanRequest, StepReport
 from instrumented_ddp.publish.span_policy import SpanPolicy
 from instrumented_ddp.wire.step_figures import summarize
-from instrumented_ddp.publish.publisher import routing_id
+from instrumented_ddp.wire.endpoints import routing_id
 from synthetic_session import hello, session_messages, step_report
 
 

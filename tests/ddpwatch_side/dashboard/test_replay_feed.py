@@ -9,7 +9,8 @@ from ddpwatch.dashboard.feeds import ReplayFeed
 from ddpwatch.dashboard.views.snapshot import SnapshotBuilder
 from ddpwatch.ingest.session import Session
 from ddpwatch.ingest.session_file import SESSION_FILE_NAME, SessionWriter
-from instrumented_ddp.wire.protocol import Envelope, Heartbeat, Message, encode
+from instrumented_ddp.wire.codec import Envelope, encode
+from instrumented_ddp.wire.messages import Heartbeat, Message
 from synthetic_session import hello, session_messages
 
 T0 = 1_800_000_000.0  # the recorder stamps each message with time.time()

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
+from msgspec.structs import replace
 
 from ddpwatch.dashboard.views.timeline_lanes import (barrier_text, data_collectives_text, loop_collectives_text, loop_compute_text, nograd_text,
                                                paused_text, pick_timeline_ranks, timeline_of)
-from ddpwatch.figures.metrics import calls_of
-from instrumented_ddp.wire.protocol import Span, StepReport
+from ddpwatch.figures.cross_rank import calls_of
+from instrumented_ddp.wire.messages import Span, StepReport
 
 
 def report(rank: int, spans: list[Span], end: float = 0.100) -> StepReport:
@@ -92,7 +92,7 @@ def test_a_phase_is_drawn_only_where_its_thread_was_not_blocked_in_a_collective(
 
 
 def test_a_large_job_draws_the_slowest_fastest_and_selected_ranks_judged_against_all() -> None:
-    from ddpwatch.figures.metrics import step_figures
+    from instrumented_ddp.wire.step_figures import step_figures
 
     # 20 ranks, rank r's step lasting 100 + r ms except rank 7 (150 ms, the slowest); rank 12
     # enters the all-reduce at 70 ms, the last, so its 10 ms are the transfer everyone shares.

@@ -3,12 +3,12 @@ and the loop's marked compute (``Attachment.computing``) in the compute lane and
 
 from __future__ import annotations
 
-from dataclasses import replace
+from msgspec.structs import replace
 
 from ddpwatch.dashboard.views.timeline_lanes import timeline_of
 from ddpwatch.dashboard.widgets.timeline_view import STYLES, TimelineView, axis_text, legend_rows
-from ddpwatch.figures.metrics import calls_of
-from instrumented_ddp.wire.protocol import Span, StepReport
+from ddpwatch.figures.cross_rank import calls_of
+from instrumented_ddp.wire.messages import Span, StepReport
 
 
 def test_the_loops_marked_compute_is_drawn_over_the_update_and_named_in_the_legend_only_where_drawn() -> None:

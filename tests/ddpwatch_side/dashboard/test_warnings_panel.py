@@ -2,12 +2,12 @@
 warning and how many more."""
 from __future__ import annotations
 
-from dataclasses import replace
+from msgspec.structs import replace
 
 
 from ddpwatch.dashboard.app import DashboardApp
 from ddpwatch.dashboard.feeds import StaticFeed
-from instrumented_ddp.wire.protocol import (StepReport)
+from instrumented_ddp.wire.messages import StepReport
 from synthetic_session import (desync_at_3_4_and_a_straggler, session_messages)
 from dashboard_pilot import draw_every_message
 

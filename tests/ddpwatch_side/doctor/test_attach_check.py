@@ -2,18 +2,18 @@
 rank by rank, as the doctor holds train.py's; each missed duration named with where its kernel
 began and ended against the span."""
 
-import dataclasses
 import importlib.util
 import json
 import time
 from pathlib import Path
 
+import msgspec
 import pytest
 from launch import REPO_ROOT
 from profiled_run import standard_reports, standard_spans, standard_trace
 
 from ddpwatch.ingest.session_file import SessionWriter
-from instrumented_ddp.wire.protocol import encode
+from instrumented_ddp.wire.codec import encode
 
 
 def load_bench():  # noqa: ANN201
@@ -34,8 +34,8 @@ def record_run(root: Path, ranks: int, early_start_ms: float = 0.0) -> list[str]
             if rank == 1 and report.step == 5 and early_start_ms:
                 first, *rest = [s for s in standard_spans(5) if s.kind == "all_reduce"]
                 spans = [s for s in standard_spans(5) if s.kind != "all_reduce"]
-                report = dataclasses.replace(report, spans=[*spans, first._replace(start=first.start - early_start_ms / 1e3), *rest])
-            writer.append(encode(dataclasses.replace(report, rank=rank)), time.time())
+                report = msgspec.structs.replace(report, spans=[*spans, first._replace(start=first.start - early_start_ms / 1e3), *rest])
+            writer.append(encode(msgspec.structs.replace(report, rank=rank)), time.time())
         for folder in ("profile", "unwatched"):
             (root / folder).mkdir(exist_ok=True)
             (root / folder / f"rank{rank}.1.pt.trace.json").write_text(json.dumps(standard_trace()))

@@ -12,7 +12,8 @@ import pytest
 
 from ddpwatch.doctor import checkup as doctor_module
 from ddpwatch.doctor.checkup import Section, nvml_checks, overhead_checks, profile_sections, render, sync_checks
-from ddpwatch.doctor.profile_check import Check, ClockOffset, RankComparison
+from ddpwatch.doctor.clock_pairing import ClockOffset
+from ddpwatch.doctor.profile_check import Check, RankComparison
 from launch import REPO_ROOT
 
 GIB = 2**30

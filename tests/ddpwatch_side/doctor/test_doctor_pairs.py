@@ -1,18 +1,18 @@
 """bench/doctor_pairs.py reads a kept doctor run: the spread of span-vs-kernel differences, and
 for two ranks on one GPU how much of a step window each rank's kernels covered."""
 
-import dataclasses
 import importlib.util
 import json
 import time
 from pathlib import Path
 
+import msgspec
 import pytest
 from launch import REPO_ROOT
 from profiled_run import standard_reports, standard_trace
 
 from ddpwatch.ingest.session_file import SessionWriter
-from instrumented_ddp.wire.protocol import encode
+from instrumented_ddp.wire.codec import encode
 
 
 def load_bench():  # noqa: ANN201
@@ -29,7 +29,7 @@ def keep_run(root: Path, ranks: int) -> Path:
     writer = SessionWriter(run / "session" / "session.ddpwatch")
     for rank in range(ranks):
         for report in standard_reports():
-            writer.append(encode(dataclasses.replace(report, rank=rank)), time.time())
+            writer.append(encode(msgspec.structs.replace(report, rank=rank)), time.time())
         (run / "profile" / f"rank{rank}.1.pt.trace.json").write_text(json.dumps(standard_trace()))
     writer.close()
     return run

@@ -3,23 +3,23 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
+from msgspec.structs import replace
 import subprocess
 import sys
 
 import pytest
 
+from ddpwatch.doctor.clock_pairing import estimate_offset
 from ddpwatch.doctor.profile_check import (
     PairedCollective,
     all_passed,
     compare_rank,
-    estimate_offset,
     render_checks,
     render_steps,
     syncs_per_iteration,
 )
 from ddpwatch.doctor.profiler_trace import parse_trace
-from instrumented_ddp.wire.protocol import Span, StepReport
+from instrumented_ddp.wire.messages import Span, StepReport
 from profiled_run import ALL_REDUCE, CHECKS, OFFSET_US, STEPS, Trace, checks, compare, failed, replace_report, report, sec, standard_reports, standard_spans, standard_trace, us
 
 

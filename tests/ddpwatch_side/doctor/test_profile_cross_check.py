@@ -31,7 +31,7 @@ def profiled_run(tmp_path: Path, strategy: str, *options: str) -> tuple[Session,
 def test_recorded_all_reduces_match_the_profilers_gloo_events(tmp_path: Path, strategy: str) -> None:
     """For ``async`` the recorded start is when a gloo worker was free (not the issue time), so
     the durations measure transfers, as the profiler's events on gloo's threads do. The CPU clock
-    finds an end by looking from the training thread (``timeline.HostClock``), here at every
+    finds an end by looking from the training thread (``clocks.HostClock``), here at every
     parameter's gradient hook, so an end is off by at most one parameter's backward, often more
     than a short collective lasts: what is held, and why, is in
     ``assert_all_reduces_hold_against_the_profiler``. (``simple``, whose synchronous calls the span brackets, was checked here too until the suite

@@ -20,7 +20,7 @@ import json
 import threading
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import replace
+from msgspec.structs import replace
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,8 @@ import pytest
 
 from ddpwatch.export import exporters
 from ddpwatch.ingest.session import Session
-from instrumented_ddp.wire.protocol import Ack, DeviceSample, Envelope, Evaluation, Goodbye, Hello, Span, StepReport, encode
+from instrumented_ddp.wire.codec import Envelope, encode
+from instrumented_ddp.wire.messages import Ack, DeviceSample, Evaluation, Goodbye, Hello, Span, StepReport
 
 SETTINGS: dict[str, dict[str, Any]] = {"simple": {"grad_accum": 1}, "bucket": {"grad_accum": 1, "bucket_mb": 25.0}}
 HOSTS = {0: "host-a", 1: "host-b"}

@@ -3,7 +3,7 @@
 import pytest
 
 from ddpwatch.figures.accumulation import EarlyReductions, MicroStepReduction, micro_step_reduction
-from instrumented_ddp.wire.protocol import Span
+from instrumented_ddp.wire.messages import Span
 
 MS = 1e-3
 

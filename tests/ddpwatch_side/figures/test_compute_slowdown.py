@@ -4,7 +4,7 @@ over the caps run."""
 
 from __future__ import annotations
 
-from dataclasses import replace
+from msgspec.structs import replace
 
 import pytest
 
@@ -19,7 +19,7 @@ from ddpwatch.figures.compute_slowdown import (
     fit_slowdown,
     quiet_time,
 )
-from instrumented_ddp.wire.protocol import Span
+from instrumented_ddp.wire.messages import Span
 from bucket_steps import MIB, two_bucket_step
 
 

@@ -9,7 +9,7 @@ field, not within a tolerance.
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from msgspec.structs import replace
 
 import pytest
 from hypothesis import given, settings
@@ -18,7 +18,8 @@ from synthetic_session import session_messages, step_report
 
 from ddpwatch.ingest.receiver import ingest
 from ddpwatch.ingest.session import Session
-from instrumented_ddp.wire.protocol import Span, StepReport, StepSummary, decode, encode
+from instrumented_ddp.wire.codec import decode, encode
+from instrumented_ddp.wire.messages import Span, StepReport, StepSummary
 from instrumented_ddp.wire.step_figures import call_times, step_figures, summarize, summary_calls, summary_figures
 
 WORLD = 64

@@ -8,44 +8,45 @@ from the comment next to it.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import pytest
+from msgspec.structs import replace
 
 from instrumented_ddp.wire.time_ranges import clip, intersect, merge, subtract, total_length, union
-from ddpwatch.figures.metrics import (
+from instrumented_ddp.wire.step_figures import (
+    algbw_gbps,
+    bus_factor,
+    busbw_gbps,
+    call_times,
+    counted,
+    sharded_collectives,
+    step_figures,
+    step_times,
+)
+from ddpwatch.figures.cross_rank import (
     STRAGGLER_STEPS,
-    ClockAlignment,
     Desync,
     DesyncRange,
     StepWaits,
     Straggler,
-    algbw_gbps,
     all_reduce_ranks,
-    bus_factor,
-    busbw_gbps,
-    busbw_text,
-    calls_text,
-    counted,
-    call_times,
     calls_of,
     cross_rank_waits,
     find_desync,
     find_straggler,
     groups_of_the_world,
-    segment_figures,
     shard_groups,
     shard_ranks,
-    sharded_collectives,
-    step_figures,
     step_waits,
-    step_times,
     straggler,
     transfers,
     waited_for,
     waiting_intervals,
     waits_both_ways,
 )
+from ddpwatch.figures.metrics import ClockAlignment, segment_figures
+from ddpwatch.wording.figure_text import busbw_text, calls_text
 
 approx = pytest.approx
 
@@ -840,7 +841,7 @@ def test_ranks_sitting_in_a_barrier_for_a_late_one_name_it_as_a_reduce_scatter_w
     named. Before, the barrier's wait was paired with nothing: 0 ms waited, nobody named. The
     ranks' summaries carry the barrier among the sharded calls (``wait:barrier``), so the
     figures from them are the same."""
-    from instrumented_ddp.wire.protocol import StepReport
+    from instrumented_ddp.wire.messages import StepReport
     from instrumented_ddp.wire.step_figures import summarize, summary_calls, summary_figures
 
     records = []
@@ -870,7 +871,7 @@ def test_on_hsdps_mesh_a_barrier_is_paired_over_the_world_and_its_reduce_scatter
     the barrier itself is rank 3's 4 ms, and each of the three others waited 30 ms for rank 3
     (90 put down to it). Paired within the shard groups, as the reduce-scatters are, ranks 0 and
     1 met only each other, both 34 ms, and read 0 waited: only rank 2 waited, 30."""
-    from ddpwatch.figures.metrics import sharded_pairings
+    from ddpwatch.figures.cross_rank import sharded_pairings
 
     records = [record(0, 100, span("backward", 0, 40), span("reduce_scatter", 40, 44, True, 8, "u0"),
                       span("wait", 90 if rank == 3 else 60, 94, blocking=True, tag="barrier"), rank=rank) for rank in range(4)]
@@ -906,7 +907,7 @@ def test_barriers_of_two_groups_meet_only_their_own_groups_ranks():
     With their groups' names in the tags no call is common to the world, and nobody is blamed
     (ddpwatch does not know a group's ranks from its name: paired only where every rank of a
     pairing made the call)."""
-    from instrumented_ddp.wire.protocol import barrier_tag, is_barrier_wait
+    from instrumented_ddp.wire.kinds import barrier_tag, is_barrier_wait
 
     assert barrier_tag() == "barrier" and barrier_tag("1") == "barrier@1"
     assert is_barrier_wait(span("wait", 0, 1, True, tag="barrier@1")) and not is_barrier_wait(span("wait", 0, 1, True, tag="b0"))
@@ -926,7 +927,7 @@ def test_an_all_reduce_and_a_reduce_scatter_waiting_at_once_count_that_waiting_o
     enters them at 30 and 40, so each call's transfer is 10 ms and rank 0 waited 30 ms in each:
     0-30 and 10-40, which cover 0-40, 40 ms, not 60. Each kind's 30 is scaled by 40/60 (20 + 20),
     so the 40 ms put down to rank 1 still equals what rank 0 waited. Before, 60 and 60."""
-    from instrumented_ddp.wire.protocol import StepReport
+    from instrumented_ddp.wire.messages import StepReport
     from instrumented_ddp.wire.step_figures import summarize, summary_calls, summary_figures
 
     r0 = record(0, 100, span("all_reduce", 0, 40, tag="b0", nbytes=8), span("reduce_scatter", 10, 50, tag="u0", nbytes=8), rank=0)
@@ -992,7 +993,7 @@ def test_both_ways_is_the_waits_and_the_waited_for_from_one_pass():
 
 
 def test_a_float_reservoir_holds_every_value_in_order_until_full_then_a_uniform_sample_of_all() -> None:
-    from ddpwatch.figures.metrics import FloatReservoir
+    from ddpwatch.figures.float_reservoir import FloatReservoir
 
     ring = FloatReservoir(size=5)
     assert len(ring) == 0 and list(ring.values()) == []
@@ -1014,7 +1015,7 @@ def test_a_full_float_reservoirs_median_is_every_values_not_the_last_ones() -> N
     holds 62.5 % ones, give or take 0.8 % (one standard deviation): its median is 1."""
     from array import array
 
-    from ddpwatch.figures.metrics import FloatReservoir
+    from ddpwatch.figures.float_reservoir import FloatReservoir
     from ddpwatch.figures.order_statistics import median_of
 
     ring = FloatReservoir(size=4096)
@@ -1032,7 +1033,7 @@ def test_a_float_reservoir_takes_values_one_by_one_and_as_c_doubles_as_it_takes_
     same values through growing and sampling."""
     from array import array
 
-    from ddpwatch.figures.metrics import FloatReservoir
+    from ddpwatch.figures.float_reservoir import FloatReservoir
 
     one_by_one, as_arrays, as_lists = FloatReservoir(size=100), FloatReservoir(size=100), FloatReservoir(size=100)
     for start in range(0, 250, 7):

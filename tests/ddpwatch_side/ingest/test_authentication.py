@@ -11,10 +11,12 @@ from pathlib import Path
 import pytest
 import zmq
 
-from ddpwatch.ingest.server_keys import ensure_keys
+from ddpwatch.ingest.curve_server import ensure_keys
 from ddpwatch.ingest.receiver import TelemetryReceiver
 from ddpwatch.control.switch_client import request_switch
-from instrumented_ddp.wire.protocol import Hello, encode, load_client_keys
+from instrumented_ddp.wire.codec import encode
+from instrumented_ddp.wire.messages import Hello
+from instrumented_ddp.wire.curve_keys import load_client_keys
 from launch import REPO_ROOT, Recorder, free_port
 from step_gate import StepGate, start_gated_ranks
 

@@ -6,7 +6,7 @@ import math
 
 from ddpwatch.ingest import evaluations
 from ddpwatch.ingest.evaluations import Evaluations, markdown_lines, metric_names, series_label
-from instrumented_ddp.wire.protocol import Evaluation
+from instrumented_ddp.wire.messages import Evaluation
 
 
 def test_each_step_keeps_the_lowest_ranks_evaluation_whatever_order_they_come_in() -> None:

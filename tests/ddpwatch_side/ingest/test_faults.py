@@ -12,9 +12,10 @@ import pytest
 
 from ddpwatch.dashboard.feeds import LiveFeed
 from ddpwatch.export.exporters import write_exports
-from ddpwatch.ingest.session import LOST_AFTER_S, Session
+from ddpwatch.ingest.session import Session
+from ddpwatch.ingest.rank_liveness import LOST_AFTER_S
 from ddpwatch.ingest.session_file import read_session_file
-from instrumented_ddp.wire.protocol import Envelope, decode
+from instrumented_ddp.wire.codec import Envelope, decode
 from launch import QUICK_EVAL, REPO_ROOT, free_port, start_ranks, wait_for_line
 
 

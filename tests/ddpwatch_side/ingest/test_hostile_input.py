@@ -19,9 +19,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ddpwatch.dashboard.feeds import LiveFeed
-from ddpwatch.figures.metrics import step_figures
+from instrumented_ddp.wire.step_figures import step_figures
 from ddpwatch.ingest.session import Session
-from instrumented_ddp.wire.protocol import Envelope, Span, StepReport
+from instrumented_ddp.wire.codec import Envelope
+from instrumented_ddp.wire.messages import Span, StepReport
 from launch import REPO_ROOT, free_port
 from synthetic_session import session_messages
 
@@ -289,7 +290,7 @@ def test_a_switch_command_before_any_rank_is_no_rank_having_spoken() -> None:
     speaking, and ``--idle-exit`` ended the recording before the run came (the README: it counts
     only once a rank has spoken)."""
     from ddpwatch.record.recorder import StopRule
-    from instrumented_ddp.wire.protocol import SwitchCommand
+    from instrumented_ddp.wire.messages import SwitchCommand
 
     session = Session()
     session.ingest(Envelope(SwitchCommand(command_id="c-1", strategy="zero1"), -1, 0, 0))
@@ -333,7 +334,7 @@ def test_step_figures_stay_in_range_and_add_up_for_any_timeline(window: tuple[fl
 @given(calls=st.lists(st.lists(st.tuples(st.sampled_from(["", "p0", "p1", "b0", "state"]), st.floats(0, 10)), max_size=8),
                       min_size=2, max_size=4))
 def test_waits_are_never_negative_for_any_tags_and_durations(calls: list) -> None:
-    from ddpwatch.figures.metrics import calls_of, cross_rank_waits
+    from ddpwatch.figures.cross_rank import calls_of, cross_rank_waits
 
     records = {rank: StepReport(rank, 1, "simple", {}, 0.0, 100.0,
                                 [Span("all_reduce", float(i), float(i) + d, False, 0, tag) for i, (tag, d) in enumerate(spans)], 1, 1)

@@ -3,15 +3,22 @@ how it tells late, repeated, backwards and unresolved step reports apart."""
 
 from __future__ import annotations
 
+import dataclasses
 import gc
-from dataclasses import replace
+
+from msgspec.structs import replace
 
 import pytest
 
 from ddpwatch.ingest.receiver import ingest
 from ddpwatch.figures.compact_steps import PackedSpans
-from ddpwatch.ingest.session import PAUSE_KINDS_KEPT, SEGMENT_GAP_STEPS, Session, note_pause_kinds, ranks_left_behind, short_strategy_label, strategy_label
-from instrumented_ddp.wire.protocol import Envelope, Heartbeat, Span, SpanRequest
+from ddpwatch.ingest.session import Session
+from ddpwatch.ingest.notable_steps import PAUSE_KINDS_KEPT, note_pause_kinds
+from ddpwatch.ingest.rank_liveness import ranks_left_behind
+from ddpwatch.ingest.segment_folding import SEGMENT_GAP_STEPS
+from ddpwatch.ingest.segments import short_strategy_label, strategy_label
+from instrumented_ddp.wire.codec import Envelope
+from instrumented_ddp.wire.messages import Heartbeat, Span, SpanRequest
 from instrumented_ddp.wire.step_figures import call_times
 from synthetic_session import hello, session_messages, step_report, waiting_ranks
 
@@ -38,13 +45,13 @@ def test_kept_spans_are_not_tracked_by_the_cycle_collector() -> None:
 
 
 def test_figures_of_a_packed_report_equal_those_of_the_report_as_sent() -> None:
-    from ddpwatch.figures import metrics
+    from instrumented_ddp.wire import step_figures
 
     session = Session()
     ingest(session, session_messages(steps=4))
     for step, ranks in session.reports.items():
         for rank, report in ranks.items():
-            assert session.step_figures(step)[rank] == metrics.step_figures(report, session.world_size)
+            assert session.step_figures(step)[rank] == step_figures.step_figures(report, session.world_size)
 
 
 # --- late, repeated and unresolved reports ------------------------------------------------------
@@ -234,7 +241,7 @@ def test_ranks_that_issued_the_same_calls_share_one_tuple_of_tags() -> None:
 
 
 def test_a_session_with_a_detail_window_forgets_old_steps_spans_and_durations_but_not_their_figures_or_waits() -> None:
-    from ddpwatch.ingest.session import MIN_DETAIL_STEPS
+    from ddpwatch.ingest.step_store import MIN_DETAIL_STEPS
 
     full, windowed = Session(keep_steps=100), Session(keep_steps=100, detail_rank_steps=1)
     messages = session_messages(steps=MIN_DETAIL_STEPS + 6, world_size=3, goodbye=False)
@@ -246,7 +253,7 @@ def test_a_session_with_a_detail_window_forgets_old_steps_spans_and_durations_bu
         assert windowed.step_waits(step) == full.step_waits(step)
         for rank, figures in full.step_figures(step).items():
             kept = windowed.step_figures(step)[rank]
-            assert replace(kept, algbw_gbps=figures.algbw_gbps) == figures
+            assert dataclasses.replace(kept, algbw_gbps=figures.algbw_gbps) == figures
             assert len(kept.algbw_gbps) == (0 if step in old else len(figures.algbw_gbps))
     assert all(not windowed.has_spans(step, rank) and not windowed.step_calls(step) for step in old for rank in range(3))
     assert all(windowed.has_spans(step, 0) and windowed.step_calls(step) == full.step_calls(step) for step in recent)
@@ -254,7 +261,7 @@ def test_a_session_with_a_detail_window_forgets_old_steps_spans_and_durations_bu
 
 
 def test_spans_pinned_after_their_details_were_forgotten_come_back_with_their_durations() -> None:
-    from ddpwatch.ingest.session import MIN_DETAIL_STEPS
+    from ddpwatch.ingest.step_store import MIN_DETAIL_STEPS
     from instrumented_ddp.wire.step_figures import summarize
 
     session = Session(keep_steps=100, detail_rank_steps=1)
@@ -278,7 +285,8 @@ def test_spans_pinned_after_their_details_were_forgotten_come_back_with_their_du
 def test_a_session_with_a_device_sample_budget_shares_it_over_the_ranks() -> None:
     """A dashboard keeps 600 samples a rank up to 64 ranks; at 1,024 that was ~300 MiB and 1.8M
     objects for the cycle collector. The budget is split over the world, eight a rank at least."""
-    from instrumented_ddp.wire.protocol import DeviceSample, encode
+    from instrumented_ddp.wire.codec import encode
+    from instrumented_ddp.wire.messages import DeviceSample
 
     def samples(session: Session, world: int, count: int) -> list[int]:
         messages = [encode(hello(rank, world_size=world), seq=0) for rank in range(world)]

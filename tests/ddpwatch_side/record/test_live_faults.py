@@ -3,9 +3,10 @@ lost and the live ranks it holds, each once, looked at once a second."""
 
 from __future__ import annotations
 
-from ddpwatch.record.live_faults import FaultsAsTheyHappen
+from ddpwatch.record.live_faults import LiveFaultReporter
 from ddpwatch.ingest.session import Session
-from instrumented_ddp.wire.protocol import Heartbeat, decode, encode
+from instrumented_ddp.wire.codec import decode, encode
+from instrumented_ddp.wire.messages import Heartbeat
 from synthetic_session import session_messages
 
 HELD = ("rank 0 has passed no step since rank 1 went silent {} s ago (at step 10): waiting for it in a collective, until "
@@ -21,7 +22,7 @@ def test_a_frozen_rank_is_said_lost_then_the_rank_it_holds_each_once() -> None:
     Lost at 7.5 s (said at the look at 8.0), held from 8.0 s (3 s unmoved): looks at 6.0, 7.0
     say nothing, 8.0 says both, 9.0 and 10.0 nothing new."""
     said: list[str] = []
-    faults = FaultsAsTheyHappen(said.append)
+    faults = LiveFaultReporter(said.append)
     session = Session(120)
     for message in session_messages(goodbye=False):
         session.ingest(decode(message), received_at=5.0)
@@ -37,7 +38,7 @@ def test_a_rank_heard_again_and_lost_again_is_said_again_and_a_rank_stepping_on_
     again after step 11 (heard last at 9.0 s): lost again at 11.5 s, said at the look at 12.0,
     and rank 0 held again from 12.0 s (its step 11 came at 9.0 s)."""
     said: list[str] = []
-    faults = FaultsAsTheyHappen(said.append)
+    faults = LiveFaultReporter(said.append)
     session = Session(120)
     for message in session_messages(goodbye=False):
         session.ingest(decode(message), received_at=5.0)
@@ -57,7 +58,7 @@ def test_a_rank_heard_again_and_lost_again_is_said_again_and_a_rank_stepping_on_
 
 def test_many_lost_ranks_are_said_in_one_line_and_a_run_that_ends_says_nothing() -> None:
     said: list[str] = []
-    faults = FaultsAsTheyHappen(said.append)
+    faults = LiveFaultReporter(said.append)
     session = Session(120)
     for message in session_messages(world_size=8, goodbye=False):
         session.ingest(decode(message), received_at=5.0)
@@ -67,5 +68,5 @@ def test_many_lost_ranks_are_said_in_one_line_and_a_run_that_ends_says_nothing()
     quiet: list[str] = []
     for message in session_messages(goodbye=True):
         ended.ingest(decode(message), received_at=5.0)
-    FaultsAsTheyHappen(quiet.append).look(ended, 60.0)
+    LiveFaultReporter(quiet.append).look(ended, 60.0)
     assert quiet == []  # every rank said goodbye: finished, not lost

@@ -21,7 +21,7 @@ import torch
 import instrumented_ddp
 from ddpwatch.record.recorder import load_session
 from ddpwatch.ingest.session import Session
-from instrumented_ddp.wire.protocol import COMM_KINDS
+from instrumented_ddp.wire.kinds import COMM_KINDS
 from launch import QUICK_EVAL, REPO_ROOT, Recorder, describe_failure, run_ranks
 
 TRAIN = REPO_ROOT / "train.py"

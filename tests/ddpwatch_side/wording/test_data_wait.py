@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
+from msgspec.structs import replace
 
 from synthetic_session import session_messages
 
@@ -11,7 +11,7 @@ from ddpwatch.dashboard.views.snapshot import SnapshotBuilder
 from ddpwatch.wording.data_wait import DATA_WAIT_NOTE_PCT, data_wait_text, uneven_text
 from ddpwatch.ingest.receiver import ingest
 from ddpwatch.ingest.session import Session
-from instrumented_ddp.wire.protocol import Span, StepReport
+from instrumented_ddp.wire.messages import Span, StepReport
 
 
 def test_a_segment_whose_steps_waited_on_their_data_is_said_with_the_ms_it_cost() -> None:

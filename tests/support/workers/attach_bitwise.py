@@ -30,7 +30,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 import instrumented_ddp
 from instrumented_ddp.distributed import exit_process, init_distributed, shutdown_distributed
-from instrumented_ddp.wire.protocol import StepReport
+from instrumented_ddp.wire.messages import StepReport
 
 
 def main() -> None:

@@ -29,8 +29,10 @@ import instrumented_ddp
 from ddpwatch.export import exporters
 from ddpwatch.ingest.session import Session
 from instrumented_ddp.attachment import attached_model
-from instrumented_ddp.attachment.facade import NOT_SWITCHABLE, AttachError
-from instrumented_ddp.wire.protocol import Ack, Envelope, Evaluation, Goodbye, Hello, StepReport, SwitchCommand
+from instrumented_ddp.attachment.attachment import AttachError
+from instrumented_ddp.wire.messages import NOT_SWITCHABLE
+from instrumented_ddp.wire.codec import Envelope
+from instrumented_ddp.wire.messages import Ack, Evaluation, Goodbye, Hello, StepReport, SwitchCommand
 from launch import free_port
 from attach_helpers import (TinyClassifier, attach_for_test, attached, batch, make_ddp, sharded_classifier, train,
                             untouched)

@@ -18,7 +18,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from instrumented_ddp.timing import collective_stand_ins
 from instrumented_ddp.timing import hooked_collectives
-from instrumented_ddp.wire.protocol import Hello, StepReport
+from instrumented_ddp.wire.messages import Hello, StepReport
 from launch import free_port
 from attach_helpers import attached, make_ddp, train, untouched
 

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from attach_helpers import attach_for_test, attached, make_ddp, train
-from instrumented_ddp.wire.protocol import LOOP_COMPUTE_KIND, Goodbye, StepReport
+from instrumented_ddp.wire.messages import Goodbye, StepReport
+from instrumented_ddp.wire.kinds import LOOP_COMPUTE_KIND
 
 
 def test_ddpwatch_raising_in_the_optimizers_hook_stops_watching_and_the_loop_trains_on_unchanged(

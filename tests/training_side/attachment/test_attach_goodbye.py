@@ -18,7 +18,7 @@ import pytest
 
 from ddpwatch.record.recorder import load_session
 from instrumented_ddp.publish import stop_signals
-from instrumented_ddp.wire.protocol import Goodbye
+from instrumented_ddp.wire.messages import Goodbye
 from launch import REPO_ROOT, Recorder
 from attach_helpers import attach_for_test, attached, make_ddp, train
 
@@ -179,7 +179,7 @@ import signal
 signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's, as under a terminal (a background job inherits it ignored)
 """ + END_WITHOUT_DETACH).replace("for _ in range(3):", """
 import os, signal
-from instrumented_ddp.wire.protocol import StepReport
+from instrumented_ddp.wire.messages import StepReport
 publish = watch.publisher.publish
 def publish_then_stop(message):
     if isinstance(message, StepReport) and message.step == 2:  # a stop as ddpwatch has taken the report

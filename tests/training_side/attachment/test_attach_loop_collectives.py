@@ -10,7 +10,7 @@ import importlib.util
 import os
 import sys
 import threading
-from dataclasses import replace
+from msgspec.structs import replace
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
 from typing import Any
@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from instrumented_ddp.timing import collective_stand_ins
-from instrumented_ddp.wire.protocol import StepReport
+from instrumented_ddp.wire.messages import StepReport
 from attach_helpers import attached, batch, make_ddp, sharded_classifier
 
 

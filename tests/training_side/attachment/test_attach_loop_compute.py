@@ -6,17 +6,17 @@ How the rank cuts a data span around it: ``test_timeline.py``."""
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 import time
 from typing import Any
 
+import msgspec
 import pytest
 import torch
 
-from instrumented_ddp.attachment.facade import AttachError, Attachment
+from instrumented_ddp.attachment.attachment import AttachError, Attachment
 from instrumented_ddp.wire.time_ranges import intersect, total_length
-from instrumented_ddp.wire.protocol import Span, StepReport
+from instrumented_ddp.wire.messages import Span, StepReport
 from instrumented_ddp.wire.step_figures import step_figures
 from attach_helpers import attached, batch, make_ddp, sharded_classifier
 
@@ -119,14 +119,14 @@ def test_a_teachers_forward_between_the_students_forward_and_backward_is_compute
     assert forward[1] <= teacher.start and teacher.end <= backward[0]
     share = 100 * teacher.duration / (report.end - report.start)
     figures = step_figures(report, world_size=1)
-    unmarked = step_figures(dataclasses.replace(report, spans=[s for s in report.spans if s.kind != "loop"]), world_size=1)
+    unmarked = step_figures(msgspec.structs.replace(report, spans=[s for s in report.spans if s.kind != "loop"]), world_size=1)
     assert figures.compute_pct == pytest.approx(unmarked.compute_pct + share)
     assert figures.idle_pct == pytest.approx(unmarked.idle_pct - share)
 
 
 def test_marked_work_after_a_skipped_update_is_the_next_steps(one_rank_group: None, sent: list[Any]) -> None:
     """A loss scaler skips ``step()``: the step ended at its backward, found at the next forward
-    (``_update_skipped``); the average marked after the skipped update, before ``zero_grad``, was
+    (``StepBoundaries.update_skipped``); the average marked after the skipped update, before ``zero_grad``, was
     done after that end, and begins the next step, as the loop's collectives there do."""
     ddp, optimizer = make_ddp()
     with attached(ddp, optimizer) as watch:

@@ -15,8 +15,8 @@ from torch.nn.parallel import DistributedDataParallel
 from torch import nn
 
 import instrumented_ddp
-from instrumented_ddp.attachment import facade as attachment
-from instrumented_ddp.attachment.facade import AttachError
+from instrumented_ddp.attachment import attachment
+from instrumented_ddp.attachment.attachment import AttachError
 from launch import free_port
 from attach_helpers import attach_for_test, attached, make_ddp, train, untouched
 

@@ -16,7 +16,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim.optimizer import _global_optimizer_post_hooks
 
-from instrumented_ddp.wire.protocol import Goodbye, StepReport
+from instrumented_ddp.wire.messages import Goodbye, StepReport
 from attach_helpers import TinyClassifier, attach_for_test, attached, batch, make_ddp, train, two_optimizers
 
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from instrumented_ddp.attachment.issued_collectives import IssuedCollectives, StepCollectives, backends_of
+from instrumented_ddp.attachment.issued_collectives import IssuedCollectives, StepCallCounts, backends_of
 
 
 class FakeBackend:
@@ -81,7 +81,7 @@ def test_a_steps_collectives_in_its_data_gaps_are_those_issued_there_less_those_
     timed: 5 untimed, 3 of them in the data time."""
     backend = FakeBackend()
     timed = [0]
-    step = StepCollectives(IssuedCollectives(lambda: [FakeGroup(cpu=backend)]), lambda: timed[0])
+    step = StepCallCounts(IssuedCollectives(lambda: [FakeGroup(cpu=backend)]), lambda: timed[0])
     step.restart(in_gap=True)  # a pause ended: the step's first gap begins
     backend.issued += 3
     timed[0] += 1
@@ -103,12 +103,12 @@ def test_a_steps_collectives_in_its_data_gaps_are_those_issued_there_less_those_
 
 def test_a_step_without_a_gap_counts_nothing_in_data_and_an_uncountable_one_says_none() -> None:
     backend = FakeBackend()
-    step = StepCollectives(IssuedCollectives(lambda: [FakeGroup(cpu=backend)]), lambda: 0)
+    step = StepCallCounts(IssuedCollectives(lambda: [FakeGroup(cpu=backend)]), lambda: 0)
     step.restart(in_gap=False)  # the first step's first forward
     backend.issued += 4
     step.gap_ends()  # not after a gap: nothing in data
     assert step.step_ends() == (4, 0)
-    unreadable = StepCollectives(IssuedCollectives(lambda: [FakeGroup(cpu=object())]), lambda: 0)  # type: ignore[arg-type]
+    unreadable = StepCallCounts(IssuedCollectives(lambda: [FakeGroup(cpu=object())]), lambda: 0)  # type: ignore[arg-type]
     unreadable.restart(in_gap=False)
     assert unreadable.step_ends() == (None, 0)
 
@@ -119,7 +119,7 @@ def test_a_step_found_ended_at_its_backward_leaves_the_open_gaps_collectives_to_
     are the next step's, in its data time; 4 timed in the backward stay the step's."""
     backend = FakeBackend()
     timed = [0]
-    step = StepCollectives(IssuedCollectives(lambda: [FakeGroup(cpu=backend)]), lambda: timed[0])
+    step = StepCallCounts(IssuedCollectives(lambda: [FakeGroup(cpu=backend)]), lambda: timed[0])
     step.restart(in_gap=False)
     backend.issued += 4
     timed[0] += 4

@@ -14,8 +14,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from instrumented_ddp.attachment.facade import AttachError
-from instrumented_ddp.wire.protocol import Goodbye, StepReport
+from instrumented_ddp.attachment.attachment import AttachError
+from instrumented_ddp.wire.messages import Goodbye, StepReport
 from launch import free_port
 from attach_helpers import make_ddp, train, untouched
 

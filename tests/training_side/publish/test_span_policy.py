@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from instrumented_ddp.wire.protocol import Span, SpanRequest, StepReport, StepSummary
-from instrumented_ddp.publish.span_policy import HELD_STEPS, SpanPolicy
+from instrumented_ddp.wire.messages import Span, SpanRequest, StepReport, StepSummary
+from instrumented_ddp.publish.span_policy import SpanPolicy
+from instrumented_ddp.wire.messages import HELD_STEPS
 from instrumented_ddp.wire.step_figures import summarize
 
 

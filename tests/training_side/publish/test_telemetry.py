@@ -18,7 +18,8 @@ from ddpwatch.ingest.receiver import TelemetryReceiver, ingest
 from ddpwatch.ingest.session import Session
 from ddpwatch.ingest.session_file import SESSION_FILE_NAME, SessionRecord, SessionWriter, read_session_file, read_session_records
 from instrumented_ddp.publish import publisher as telemetry
-from instrumented_ddp.wire.protocol import Envelope, Goodbye, Heartbeat, Hello, Span, SpanRequest, StepReport, StepSummary, decode, encode
+from instrumented_ddp.wire.codec import Envelope, decode, encode
+from instrumented_ddp.wire.messages import Goodbye, Heartbeat, Hello, Span, SpanRequest, StepReport, StepSummary
 from instrumented_ddp.wire.step_figures import summarize
 from instrumented_ddp.publish.publisher import TelemetryPublisher
 from launch import wait_for
@@ -160,12 +161,12 @@ def test_a_hello_that_went_out_before_its_handshake_was_read_is_not_sent_again(m
     (seen once in a suite run: the run that ends at once sent two hellos before its goodbye). Held
     back here until the hello has gone out, that event is the connection the hello went out on:
     the goodbye follows the one hello."""
-    real_look = TelemetryPublisher._dashboard_connected_since_last_look
+    real_look = TelemetryPublisher._dashboard_newly_connected
 
     def look_once_the_hello_went_out(self: TelemetryPublisher) -> bool:
         return real_look(self) if self.sent else False
 
-    monkeypatch.setattr(TelemetryPublisher, "_dashboard_connected_since_last_look", look_once_the_hello_went_out)
+    monkeypatch.setattr(TelemetryPublisher, "_dashboard_newly_connected", look_once_the_hello_went_out)
     # Unseen, the handshake does not hurry the hello: it goes out at the first repeat its pipe is
     # there for, and the run closes well before the next one.
     monkeypatch.setattr(telemetry, "HELLO_EVERY_S", 0.5)

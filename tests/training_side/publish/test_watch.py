@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from instrumented_ddp.publish import watch as watch_module
-from instrumented_ddp.wire.protocol import Ack, Span, StepReport, SwitchCommand
+from instrumented_ddp.wire.messages import Ack, Span, StepReport, SwitchCommand
 from instrumented_ddp.publish.watch import Watch, control_group, turn_on_nccl_timing
 
 
@@ -182,14 +182,14 @@ def test_ranks_skip_the_boundaries_between_agreements_rank0_announced(monkeypatc
 
 def test_rank0_spaces_agreements_by_its_own_step_time(monkeypatch: pytest.MonkeyPatch) -> None:
     """Steps of 50 ms: after the first agreement (nothing measured yet: 1) rank 0 announces
-    0.2 s / 50 ms = 4 boundaries; steps of 1 ms are capped at MAX_AGREEMENT_INTERVAL."""
+    0.2 s / 50 ms = 4 boundaries; steps of 1 ms are capped at MAX_AGREEMENT_PERIOD."""
     clock = iter([10.0, 10.05, 10.1, 10.101])
     fake = RecordingDist(rank=0, flags_from_rank0=[(0, 1), (0, 1), (0, 1), (0, 1)])
     watch = _watch_on_rank(0, fake, monkeypatch)
     watch._clock = lambda: next(clock)
     for _ in range(4):
         watch.agree_on_command()
-    assert [interval for _, interval in fake.sent] == [1, 4, 4, watch_module.MAX_AGREEMENT_INTERVAL]
+    assert [interval for _, interval in fake.sent] == [1, 4, 4, watch_module.MAX_AGREEMENT_PERIOD]
     assert 0.2 / 0.05 == 4 and watch_module.AGREEMENT_EVERY_S == 0.2
 
 

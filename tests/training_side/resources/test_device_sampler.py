@@ -23,7 +23,8 @@ from instrumented_ddp.resources.device_sampler import (
     cuda_device_identity,
     make_reader,
 )
-from instrumented_ddp.wire.protocol import DeviceSample, decode, encode
+from instrumented_ddp.wire.codec import decode, encode
+from instrumented_ddp.wire.messages import DeviceSample
 from launch import wait_for
 
 GPU_KEYS = {"gpu_util_pct", "mem_util_pct", "mem_used_bytes", "mem_total_bytes"}

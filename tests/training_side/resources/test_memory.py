@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ddpwatch.figures.metrics import held_text, kinds_text
+from ddpwatch.wording.figure_text import held_text, kinds_text
 from instrumented_ddp.resources.memory import AllocationPeak, MemorySampler, allocation_peak, storage_bytes
-from instrumented_ddp.wire.protocol import ProtocolError, StepSummary, decode, encode
+from instrumented_ddp.wire.codec import ProtocolError, decode, encode
+from instrumented_ddp.wire.messages import StepSummary
 
 
 def test_views_of_one_buffer_count_it_once_and_empty_or_missing_tensors_nothing() -> None:

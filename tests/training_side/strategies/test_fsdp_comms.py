@@ -35,7 +35,8 @@ def test_hsdps_all_reduce_across_replicas_and_ddps_bucket_ask_for_timing_in_thei
     import torch.distributed as dist
 
     from instrumented_ddp.timing.collectives import timed_all_reduce_result
-    from instrumented_ddp.timing.timeline import HostClock, StepTimeline
+    from instrumented_ddp.timing.clocks import HostClock
+    from instrumented_ddp.timing.timeline import StepTimeline
 
     class AskedClock(HostClock):
         def __init__(self) -> None:

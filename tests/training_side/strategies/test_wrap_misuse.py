@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import instrumented_ddp
-from instrumented_ddp.wire.protocol import bucket_mb_problem
+from instrumented_ddp.wire.messages import bucket_mb_problem
 
 
 def test_an_unknown_strategy_is_named_with_the_ones_there_are(one_rank_group: None) -> None:

@@ -10,8 +10,10 @@ import time
 import pytest
 import torch
 
-from instrumented_ddp.wire.protocol import Span
-from instrumented_ddp.timing.timeline import HostClock, StepTimeline, data_outside_loop_compute
+from instrumented_ddp.wire.messages import Span
+from instrumented_ddp.timing.clocks import HostClock
+from instrumented_ddp.timing.step_reports import data_outside_loop_compute
+from instrumented_ddp.timing.timeline import StepTimeline
 from timeline_fakes import FakeHostTime, FakeWork, inside, kinds_of, only_report
 
 

@@ -10,8 +10,9 @@ from typing import Any, cast
 import pytest
 import torch.distributed as dist
 
-from instrumented_ddp.wire.protocol import StepReport
-from instrumented_ddp.timing.timeline import CudaEventClock, HostClock, StepTimeline
+from instrumented_ddp.wire.messages import StepReport
+from instrumented_ddp.timing.clocks import CudaEventClock, HostClock
+from instrumented_ddp.timing.timeline import StepTimeline
 from nccl_fakes import FakeCudaTensor, FakeGpu, FakeNcclWork, FakeProcessGroupNccl, FakeStream
 from timeline_fakes import FakeHostTime, FakeWork, kinds_of, only_report
 

@@ -15,7 +15,8 @@ from torch import nn
 
 import instrumented_ddp
 from instrumented_ddp.timing.forwarding_group import ForwardingGroup
-from instrumented_ddp.wire.protocol import COMM_KINDS, StepReport
+from instrumented_ddp.wire.messages import StepReport
+from instrumented_ddp.wire.kinds import COMM_KINDS
 from instrumented_ddp.strategies.native import NativeDDP
 from instrumented_ddp.timing.timeline import StepTimeline
 from timeline_fakes import inside, kinds_of

@@ -7,7 +7,8 @@ ever leaves ``decode`` whatever bytes arrive.
 from __future__ import annotations
 
 import math
-from dataclasses import MISSING, fields, replace
+from msgspec import NODEFAULT as MISSING
+from msgspec.structs import fields, replace
 from typing import Any
 
 import msgpack
@@ -15,30 +16,13 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from instrumented_ddp.wire.protocol import (
-    MAX_WORLD_SIZE,
-    MESSAGE_TYPES,
-    PROTOCOL_VERSION,
-    SPAN_KINDS,
-    Ack,
-    DeviceSample,
-    Envelope,
-    Evaluation,
-    Goodbye,
-    Heartbeat,
-    Hello,
-    ProtocolError,
-    Span,
-    SpanRequest,
-    StepReport,
-    StepSummary,
-    SwitchCommand,
-    decode,
-    encode,
-    pack_floats,
-    routing_id,
-    run_of_sender,
-)
+from instrumented_ddp.wire.codec import PROTOCOL_VERSION, Envelope, ProtocolError, decode, encode
+from instrumented_ddp.wire.messages import (
+    MAX_WORLD_SIZE, MESSAGE_TYPES, Ack, DeviceSample, Evaluation, Goodbye, Heartbeat, Hello, Span, SpanRequest,
+    StepReport, StepSummary, SwitchCommand)
+from instrumented_ddp.wire.kinds import SPAN_KINDS
+from instrumented_ddp.wire.packed_floats import pack_floats
+from instrumented_ddp.wire.endpoints import routing_id, run_of_sender
 from instrumented_ddp.wire.step_figures import summarize, summary_calls, summary_figures
 
 HELLO = Hello(

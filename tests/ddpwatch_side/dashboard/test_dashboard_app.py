@@ -33,7 +33,7 @@ from instrumented_ddp.wire.messages import NOT_SWITCHABLE, Ack, Goodbye, SpanReq
 from instrumented_ddp.wire.endpoints import routing_id
 from synthetic_session import (desync_at_3_4_and_a_straggler, hello, session_messages, snapshot_of, step_report,
                                waiting_ranks)
-from dashboard_pilot import draw_every_message
+from dashboard_pilot import draw_every_message, draw_the_whole_replay
 
 
 def free_address() -> str:
@@ -295,13 +295,7 @@ async def test_a_replay_at_its_end_says_ended_and_gives_no_eta_where_the_run_nev
     writer.close()
     app = DashboardApp(ReplayFeed(path, speed=0), export_on_exit=False)
     async with app.run_test(size=(300, 40)) as pilot:
-        deadline = time.monotonic() + 30
-        while not app.feed.ended:
-            assert time.monotonic() < deadline, "the replay did not end"
-            await pilot.pause(0.02)
-        app.ingest_arrived()
-        app.refresh_frame()
-        await pilot.pause()
+        await draw_the_whole_replay(app, pilot, within_s=30)
         text = app.query_one("#header-text")
         lines = [strip.text.rstrip() for strip in text.render_lines(Region(0, 0, text.size.width, text.size.height))]
         assert lines[0].endswith(f"2 ranks · ended · replayed {path} to its end")

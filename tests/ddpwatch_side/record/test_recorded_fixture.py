@@ -12,7 +12,6 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from ddpwatch.dashboard.app import DashboardApp
 from ddpwatch.dashboard.feeds import ReplayFeed
 from ddpwatch.ingest.session_file import SESSION_FILE_NAME, read_session_records
 from instrumented_ddp.wire.codec import decode, encode
+from dashboard_pilot import draw_the_whole_replay
 from launch import REPO_ROOT
 
 FIXTURE = REPO_ROOT / "tests" / "support" / "fixtures" / "recorded-session"
@@ -66,13 +66,7 @@ def test_compare_reads_the_recorded_session_file_as_the_run_its_recorder_summari
 async def test_a_replay_of_the_recorded_session_shows_every_step_of_both_ranks_to_their_goodbye() -> None:
     app = DashboardApp(ReplayFeed(FIXTURE / SESSION_FILE_NAME, speed=0), export_on_exit=False)
     async with app.run_test(size=(200, 50)) as pilot:
-        deadline = time.monotonic() + 60
-        while not app.feed.ended:
-            assert time.monotonic() < deadline, "the replay did not end"
-            await pilot.pause(0.02)
-        app.ingest_arrived()
-        app.refresh_frame()
-        await pilot.pause()
+        await draw_the_whole_replay(app, pilot, within_s=60)
         session = app.session
         assert sorted(session.reports) == list(range(1, 9)) and all(len(by_rank) == 2 for by_rank in session.reports.values())
         assert [row.status for row in app.snapshot.ranks] == ["finished", "finished"]

@@ -27,7 +27,7 @@ from instrumented_ddp.training import data
 from instrumented_ddp.training import data_cache
 from instrumented_ddp.training import models
 from instrumented_ddp.distributed import exit_process
-from instrumented_ddp.integrations.hf_trainer import DDPWatchCallback
+from instrumented_ddp.integrations import DDPWatchCallback
 from instrumented_ddp.wire.output_paths import outputs_problem
 from instrumented_ddp.wire.messages import bucket_mb_problem
 from instrumented_ddp.wire.endpoints import DEFAULT_ADDRESS

@@ -17,19 +17,16 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.autograd import Variable
 from torch.nn.parallel import DistributedDataParallel
 
-from instrumented_ddp.timing import collective_stand_ins
 from instrumented_ddp.timing import hooked_collectives
-from instrumented_ddp.timing.collectives import queue_of, timed_all_reduce_result
+from instrumented_ddp.timing.bucket_completion import BucketCompletion, launched_by_a_gradient
+from instrumented_ddp.timing.bucket_layout import BucketLayout
+from instrumented_ddp.timing.buffer_broadcast import timed_buffer_broadcast
+from instrumented_ddp.timing.collectives import timed_all_reduce_result
 from instrumented_ddp.timing.forwarding_group import ForwardingGroup
 from instrumented_ddp.timing.timeline import NULL_TIMELINE, NullTimeline, StepTimeline
-
-
-#: Steps in which DDP's rebuilt buckets are looked for (its logging data has them a few
-#: iterations in); past these the advisor takes them by bytes in reverse module order.
-BUCKET_LAYOUT_STEPS = 20
+from instrumented_ddp.timing.users_hook_timing import UsersHookTiming
 
 #: On the CPU, about this many gradient hooks look at the running buckets in each backward
 #: (``parameters_to_look_from``).
@@ -54,7 +51,7 @@ class DDPTiming:
     On the CPU no Python runs on gloo's threads (see ``clocks.HostClock`` for why):
     a hook's future is the usual ``.then`` on the work's future, whose callback needs the GIL on
     gloo's thread, so there the hook hands DDP a future of its own instead, and completes it
-    from an end-of-backward callback queued before DDP's (``_complete_buckets``). DDP's reducer
+    from an end-of-backward callback queued before DDP's (``BucketCompletion``). DDP's reducer
     waits for its buckets' futures only there, at the end of backward
     (``Reducer::finalize_backward``, queued once the last bucket is launched), so waiting for
     the works one callback earlier changes nothing it sees, and a failed collective still
@@ -63,12 +60,9 @@ class DDPTiming:
     same call, so there the hook hands DDP the ``.then`` future (that iteration is excluded).
 
     A DDP that already has a communication hook of the user's (``users_hook``: fp16 or PowerSGD
-    compression) keeps it, since DDP takes one: what that hook issues through
-    ``torch.distributed.all_reduce`` in a backward is timed as it is issued, ``h<k>`` the k-th in
-    that backward, with the bytes and dtype it sends (``hooked_collectives``). Its buckets are not
-    marked ready: which call belongs to which bucket is the hook's business (PowerSGD makes up to
-    three per bucket), so the advisor, which replays DDP's own all-reduce of each bucket, has
-    nothing to replay.
+    compression) keeps it, since DDP takes one: what that hook issues is timed as it is issued
+    (``UsersHookTiming``). Its buckets are not marked ready, so the advisor, which replays DDP's
+    own all-reduce of each bucket, has nothing to replay.
     """
 
     def __init__(self, ddp: DistributedDataParallel, timeline: StepTimeline | NullTimeline) -> None:
@@ -85,22 +79,16 @@ class DDPTiming:
         #: after the first backward that reduced): DDP's default then divides in place.
         self.gradients_are_views = False
         self.reduced_backwards = 0  # backwards that reduced gradients (not under ``no_sync``)
-        self._bucket_layout: list[list[int]] = []
-        #: On the CPU, this backward's launched buckets, completed by ``_complete_buckets``.
-        self._awaiting: list[tuple[Any, torch.Tensor, torch.futures.Future | None]] = []
-        self._completion_task: int | None = None  # the autograd graph task whose end runs ``_complete_buckets``
-        self._backward_task: int | None = None  # the step's own backward's graph task, where ``backward_began`` says
+        self._bucket_layout = BucketLayout(lambda: self.ddp)
+        #: On the CPU, this backward's launched buckets, completed at its end.
+        self._completion = BucketCompletion(lambda: self.timeline)
         #: Buckets launched in this backward (the ``ForwardingGroup``'s ``b<i>``), counted until
-        #: ``backward_ended``: a ``_complete_buckets`` can run at a nested backward's end, mid-step.
+        #: ``backward_ended``: a completion can run at a nested backward's end, mid-step.
         self._launched = 0
         self._poll_handles: list[Any] = []  # on the CPU, gradient hooks that look: ``install``
         #: The user's own communication hook, by name, where they registered one (None: ours).
         self.users_hook = users_comm_hook(ddp)
-        self._hooked_calls = 0  # all-reduces the user's hook issued in this backward (``h<k>``)
-        self._watched_thread: int | None = None  # the thread this backward's hook runs on, watched
-        self._syncs_gradients = False  # whether DDP reduces in this backward (not under ``no_sync``)
-        #: Which hook calls are this DDP's where one backward runs through several (``hooked_collectives.owner``).
-        self._parameter_ids = frozenset(id(p) for p in ddp.parameters()) if self.users_hook is not None else frozenset()
+        self._hooked = UsersHookTiming(self, ddp, self._completion) if self.users_hook is not None else None
 
     @property
     def ddp(self) -> DistributedDataParallel:
@@ -130,11 +118,11 @@ class DDPTiming:
         self.timeline = timeline
         if isinstance(self.process_group, ForwardingGroup):
             self.process_group.watcher = self._launch_watched_bucket
-        if self.users_hook is not None:
-            collective_stand_ins.stand_in(self)
+        if self._hooked is not None:
+            self._hooked.resume()
         # Deliberately put over DDP's bound method, on this instance only (``stop_timing`` pops it).
-        self.ddp._distributed_broadcast_coalesced = self._timed_buffer_broadcast(  # type: ignore[method-assign]
-            self.ddp._distributed_broadcast_coalesced)
+        self.ddp._distributed_broadcast_coalesced = timed_buffer_broadcast(  # type: ignore[method-assign]
+            self.ddp._distributed_broadcast_coalesced, lambda: self.timeline)
         if self.timeline.polls:
             poll = self.timeline.poll
             trainable = [parameter for parameter in self.ddp.module.parameters() if parameter.requires_grad]
@@ -146,10 +134,8 @@ class DDPTiming:
         (a ``ForwardingGroup`` just forwards)."""
         if isinstance(self.process_group, ForwardingGroup):
             self.process_group.watcher = None
-        if self.users_hook is not None:
-            hooked_collectives.unwatch_thread(self._watched_thread, self._time_hooked_all_reduce)
-            self._watched_thread = None
-            collective_stand_ins.stand_down(self)
+        if self._hooked is not None:
+            self._hooked.stop()
         for handle in self._poll_handles:
             handle.remove()
         self._poll_handles = []
@@ -161,11 +147,8 @@ class DDPTiming:
         """DDP's buckets once it has rebuilt them in gradient-ready order (its logging data says so
         a few iterations in): the parameter indices of each, bucket ``b<i>`` the i-th; [] before.
         Kept once found, and looked for in the first ``BUCKET_LAYOUT_STEPS`` reducing backwards
-        only, so a DDP that never logs them is not asked every step."""
-        if not self._bucket_layout and self.reduced_backwards <= BUCKET_LAYOUT_STEPS:
-            text = self.ddp._get_ddp_logging_data().get("rebuilt_per_bucket_param_indices")
-            self._bucket_layout = [[int(i) for i in bucket.split()] for bucket in str(text).split(",")] if text else []
-        return self._bucket_layout
+        only (``BucketLayout``)."""
+        return self._bucket_layout.find(self.reduced_backwards)
 
     @property
     def on_first_buckets(self) -> bool:
@@ -182,26 +165,21 @@ class DDPTiming:
     def backward_began(self) -> None:
         """Called from inside the step's backward as it begins (``attach``: the first gradient
         reaching the forward's output), so that buckets launched in a backward nested in it
-        (reentrant checkpointing) are told apart: see ``_wait_at_backward_end``. With a hook of
-        the user's, its all-reduces on this thread are timed from now (``hooked_collectives``)."""
-        self._backward_task = torch._C._current_graph_task_id()
+        (reentrant checkpointing) are told apart: see ``BucketCompletion.wait_at_backward_end``.
+        With a hook of the user's, its all-reduces on this thread are timed from now (``UsersHookTiming``)."""
+        self._completion.backward_began()
         self.last_bucket_at = None  # a backward that raised never ended: its last bucket is not this one's
-        if self.users_hook is not None:
-            self._hooked_calls = 0
-            self._syncs_gradients = bool(getattr(self.ddp, "require_backward_grad_sync", True))
-            # a backward that raised never ended
-            hooked_collectives.unwatch_thread(self._watched_thread, self._time_hooked_all_reduce)
-            self._watched_thread = hooked_collectives.watch_thread(self._time_hooked_all_reduce, self._parameter_ids)
+        if self._hooked is not None:
+            self._hooked.backward_began(bool(getattr(self.ddp, "require_backward_grad_sync", True)))
 
     def backward_ended(self) -> bool:
         """Called when backward has ended (DDP's in-backward wait ends about now). Records the
         wait after the last bucket; True when this backward reduced gradients (not ``no_sync``)."""
-        self._backward_task, self._launched = None, 0
+        self._completion.backward_ended()
+        self._launched = 0
         reduced = self.last_bucket_at is not None
-        if self.users_hook is not None:  # reduced unless under no_sync, whether its collectives were seen or not
-            hooked_collectives.unwatch_thread(self._watched_thread, self._time_hooked_all_reduce)
-            self._watched_thread = None
-            reduced, self._syncs_gradients = reduced or self._syncs_gradients, False
+        if self._hooked is not None:  # reduced unless under no_sync, whether its collectives were seen or not
+            reduced = self._hooked.backward_ended() or reduced
         if self.last_bucket_at is not None:
             timeline = self.timeline
             assert not isinstance(timeline, NullTimeline), "a bucket's launch is stamped only while timing"
@@ -211,38 +189,6 @@ class DDPTiming:
             self.gradients_are_views = bool(getattr(self.ddp, "gradient_as_bucket_view", False))
             self.reduced_backwards += 1
         return reduced
-
-    def _time_hooked_all_reduce(self, all_reduce: Callable[..., Any], tensor: torch.Tensor, op: Any,
-                                group: Any) -> Any:
-        """One asynchronous all-reduce the user's hook issued in this backward, issued with
-        torch's ``all_reduce`` and timed: ``h<k>``, the k-th of the backward, of the bytes and dtype
-        it sends (half a bucket's under fp16 compression). On the CPU its end is waited for at the
-        end of backward, looking around the wait, as for ddpwatch's own hook (DDP waits for the
-        hook's future there anyway)."""
-        timeline, span = self.timeline, None
-        if isinstance(timeline, NullTimeline):  # NULL_TIMELINE, the only one
-            return all_reduce(tensor, op=op, group=group, async_op=True)
-        try:
-            issued_at = timeline.stamp()
-            span = timeline.open_collective("all_reduce", tensor.numel() * tensor.element_size(), f"h{self._hooked_calls}",
-                                            str(tensor.dtype).removeprefix("torch."), False, at=issued_at,
-                                            queue=queue_of(group, self.process_group))
-            self._hooked_calls += 1
-            timeline.time_collectives_in(group)
-        except Exception as error:  # never the user's all-reduce lost to ddpwatch's bookkeeping: issued untimed
-            if span is not None:
-                span.fail(error)  # its step goes out unresolved, saying why
-            return all_reduce(tensor, op=op, group=group, async_op=True)
-        self.last_bucket_at = issued_at
-        try:
-            work = all_reduce(tensor, op=op, group=group, async_op=True)
-        except Exception as error:
-            span.fail(error)
-            raise
-        timeline.close_collective(span, work)
-        if timeline.polls and launched_by_a_gradient():
-            self._wait_at_backward_end(work, tensor, None)
-        return work
 
     def _all_reduce_hook(self) -> Callable[..., torch.futures.Future]:
         """DDP checks a hook's annotations against real types, which postponed (string)
@@ -290,7 +236,7 @@ class DDPTiming:
     def _all_reduce_to_backward_end(self, timeline: StepTimeline, group: dist.ProcessGroup,
                                     buffer: torch.Tensor, index: int, op: dist.ReduceOp.RedOpType,
                                     issued_at: Any) -> torch.futures.Future:
-        """The bucket's all-reduce, and a future of ``buffer`` that ``_complete_buckets`` completes
+        """The bucket's all-reduce, and a future of ``buffer`` that ``BucketCompletion`` completes
         at the end of this backward, before DDP reads it; ``.then`` on the work where DDP would
         wait for it before that callback ran (static graph's first iteration:
         ``launched_by_a_gradient``) or where none can be queued (not inside a backward).
@@ -304,7 +250,7 @@ class DDPTiming:
         work = self._issue_bucket(timeline, group, [buffer], buffer.numel() * buffer.element_size(), options, index,
                                   issued_at)
         future: torch.futures.Future = torch.futures.Future()
-        if launched_by_a_gradient() and self._wait_at_backward_end(work, buffer, future):
+        if launched_by_a_gradient() and self._completion.wait_at_backward_end(work, buffer, future):
             return future
         return work.get_future().then(lambda done: done.value()[0])
 
@@ -313,7 +259,7 @@ class DDPTiming:
         """The ``ForwardingGroup``'s all-reduce: DDP's reducer launching a bucket (one flat
         tensor, already scaled by 1/world size as DDP copied the gradients in), in bucket order,
         as soon as its last gradient is ready. ``b<i>`` is the i-th launched in this backward.
-        DDP waits for the work itself at the end of backward; ``_complete_buckets`` waits for it
+        DDP waits for the work itself at the end of backward; ``BucketCompletion`` waits for it
         one callback earlier, looking around the wait, and leaves a failure to DDP's own wait."""
         timeline = self.timeline
         assert not isinstance(timeline, NullTimeline), "the watcher is set only while timing (``resume`` to ``stop_timing``)"
@@ -323,7 +269,7 @@ class DDPTiming:
         self.last_bucket_at = timeline.stamp()
         timeline.mark_ready(f"b{index}", nbytes, at=self.last_bucket_at)
         work = self._issue_bucket(timeline, group, tensors, nbytes, options, index, self.last_bucket_at)
-        self._wait_at_backward_end(work, tensors[0], None)
+        self._completion.wait_at_backward_end(work, tensors[0], None)
         return work
 
     @staticmethod
@@ -337,87 +283,6 @@ class DDPTiming:
         work = group.allreduce(tensors, options)
         timeline.close_collective(span, work)
         return work
-
-    def _wait_at_backward_end(self, work: dist.Work, buffer: torch.Tensor, future: torch.futures.Future | None) -> bool:
-        """Have ``_complete_buckets`` wait for ``work`` at the end of this backward, before DDP's
-        own end of backward, and complete ``future`` (if any) with ``buffer``; False where no
-        end-of-backward callback can be queued (not inside a backward), or where the bucket is
-        launched in a backward nested in this one.
-
-        Reentrant activation checkpointing runs each checkpointed segment's backward as a
-        backward of its own (an autograd graph task), nested in the step's. DDP queues its end of
-        backward in whichever one launches its last bucket, and a callback queued in a nested one
-        runs at *its* end: so a bucket launched there is left to its work's own future (the
-        caller's ``.then``: waiting at the nested end would hold the step's backward until the
-        all-reduce is done), and the buckets already waiting for the outer end are completed by
-        their works (``_settle_on_their_own``), since DDP may wait for them before that end."""
-        task = torch._C._current_graph_task_id()
-        home = self._backward_task if self._backward_task is not None else self._completion_task
-        if home is not None and task != home:
-            self._settle_on_their_own()
-            return False
-        if self._completion_task is None:
-            try:
-                Variable._execution_engine.queue_callback(self._complete_buckets)
-            except RuntimeError:
-                return False
-            self._completion_task = task
-        self._awaiting.append((work, buffer, future))
-        return True
-
-    def _settle_on_their_own(self) -> None:
-        """Complete the futures of the buckets waiting for ``_complete_buckets`` when their works
-        complete (a callback on gloo's thread), and leave that callback nothing to wait for."""
-        awaiting, self._awaiting = self._awaiting, []
-        for work, buffer, future in awaiting:
-            if future is not None:
-                work.get_future().add_done_callback(
-                    lambda done, future=future, buffer=buffer: settle(future, buffer, done))
-
-    def _complete_buckets(self) -> None:
-        """Wait, on this rank's thread, for each bucket launched in this backward and complete
-        its future; before the first wait and after each the clock looks at the running
-        collectives, so a bucket still running ends as its wait returns (``HostClock``). A
-        collective that failed fails its future, and DDP's end of backward raises it, as with
-        DDP's own hook; a watched bucket has no future of ours, and DDP's wait for its work
-        raises the failure again."""
-        awaiting, self._awaiting = self._awaiting, []
-        self._completion_task = None
-        timeline = self.timeline
-        timeline.poll()  # before the first wait; the look after each wait is the one before the next
-        for work, buffer, future in awaiting:
-            try:
-                work.wait()
-            except Exception as error:
-                if future is not None:
-                    future.set_exception(error)
-                continue
-            timeline.poll(waited=work)
-            if future is not None:
-                future.set_result(buffer)
-
-    def _timed_buffer_broadcast(self, untimed: Callable[..., None]) -> Callable[..., None]:
-        """DDP's per-forward buffer sync goes through this one method of the instance
-        (``_sync_buffers`` -> ``_default_broadcast_coalesced`` -> here). It returns once the
-        broadcast is done (on NCCL, once the current stream waits for it), so it is timed like
-        any synchronous collective. Under ``torch.compile`` Dynamo would trace it with DDP's
-        forward (and break the graph at each stamp): it runs eagerly, as the broadcast does."""
-
-        @torch.compiler.disable
-        def timed_broadcast(tensors: list[torch.Tensor], buffer_size: int, authoritative_rank: int = 0) -> None:
-            timeline = self.timeline
-            if isinstance(timeline, NullTimeline):  # not timing
-                untimed(tensors, buffer_size, authoritative_rank)
-                return
-            nbytes = sum(t.numel() * t.element_size() for t in tensors)
-            dtypes = {str(t.dtype).removeprefix("torch.") for t in tensors}
-            span = timeline.open_collective("broadcast", nbytes, "buffers", ",".join(sorted(dtypes)), True)
-            try:
-                untimed(tensors, buffer_size, authoritative_rank)
-            finally:
-                timeline.close_collective(span, None)
-
-        return timed_broadcast
 
 
 def refuse_a_second_hook(*_args: Any, **_kwargs: Any) -> None:
@@ -436,25 +301,6 @@ def users_comm_hook(ddp: DistributedDataParallel) -> str | None:
     if kept is not None:
         return kept.users_hook
     return hooked_collectives.hook_name(ddp._comm_hooks[0][0]) if ddp._comm_hooks else None
-
-
-def settle(future: torch.futures.Future, buffer: torch.Tensor, done: torch.futures.Future) -> None:
-    """Complete ``future`` with ``buffer`` as the all-reduce ``done`` completed, or with its error."""
-    try:
-        done.wait()
-    except Exception as error:
-        future.set_exception(error)
-        return
-    future.set_result(buffer)
-
-
-def launched_by_a_gradient() -> bool:
-    """Whether DDP launches this bucket from a gradient's hook, while the autograd engine runs
-    a node of the graph. Static graph's first iteration (``static_graph=True``) launches every
-    bucket from an end-of-backward callback instead (``Reducer::delay_all_reduce``) and waits
-    for them in the same call (``finalize_backward``), before any callback queued then could
-    run: there a bucket's future must complete without one."""
-    return torch._C._current_autograd_node() is not None
 
 
 def averaging_op(process_group: dist.ProcessGroup | None) -> dist.ReduceOp.RedOpType | None:

@@ -16,7 +16,9 @@ import zmq
 from textual.widgets import Static, TabbedContent
 
 from ddpwatch.export import exporters
-from ddpwatch.dashboard.app import FULL_COLLECTION_AFTER, LARGE_JOB_FULL_COLLECTION_AFTER, DashboardApp, stack_the_ranks
+from ddpwatch.dashboard.app import DashboardApp
+from ddpwatch.dashboard.collector_tuning import FULL_COLLECTION_AFTER, LARGE_JOB_FULL_COLLECTION_AFTER
+from ddpwatch.dashboard.frame_cycle import stack_the_ranks
 from ddpwatch.dashboard.feeds import ReplayFeed, StaticFeed
 from ddpwatch.dashboard.process_feed import ProcessFeed
 from ddpwatch.dashboard.screens.help_screen import HelpScreen, help_text

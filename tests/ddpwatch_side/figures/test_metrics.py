@@ -8,10 +8,9 @@ from the comment next to it.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pytest
-from msgspec.structs import replace
 
 from instrumented_ddp.wire.time_ranges import clip, intersect, merge, subtract, total_length, union
 from instrumented_ddp.wire.step_figures import (

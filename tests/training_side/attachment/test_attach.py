@@ -107,7 +107,7 @@ def test_the_trainers_evaluation_and_checkpoint_between_steps_are_a_pause_not_th
     ending in ``on_save``. The next step begins where the checkpoint ended; the pause runs from
     the step before's end, for both, and its gather is not the step's. Its data loading is the
     loader's alone again (it read the evaluation's seconds)."""
-    from instrumented_ddp.integrations.hf_trainer import DDPWatchCallback
+    from instrumented_ddp.integrations import DDPWatchCallback
 
     eval_s, save_s, loader_s = 0.15, 0.05, 0.01
     ddp, optimizer = make_ddp()
@@ -146,7 +146,7 @@ def test_while_the_loop_pauses_its_heartbeats_say_what_for_and_training_again_cl
     """``paused`` says it for the block; the Trainer callback from ``on_step_end``, where the
     Trainer's flow callback has set ``should_evaluate`` (and ``should_save``), to ``on_evaluate``
     (then ``save`` until ``on_save``); a training forward clears what a pause begun said."""
-    from instrumented_ddp.integrations.hf_trainer import DDPWatchCallback
+    from instrumented_ddp.integrations import DDPWatchCallback
 
     ddp, optimizer = make_ddp()
     callback = DDPWatchCallback(SimpleNamespace(model_wrapped=ddp, optimizer=optimizer), address=f"tcp://127.0.0.1:{free_port()}")
@@ -514,7 +514,7 @@ def test_an_fsdp2_model_is_attached_as_fsdp_and_each_misuse_of_it_is_one_line(on
         optimizer.step()
     assert [(m.step, m.strategy) for m in sent if isinstance(m, StepReport)] == [(1, "fsdp")]
 
-    from instrumented_ddp.integrations.hf_trainer import DDPWatchCallback
+    from instrumented_ddp.integrations import DDPWatchCallback
 
     class ShardingTrainer:  # what Accelerate's FSDP2 leaves the Trainer (it shards on GPUs only: not run here)
         model_wrapped, optimizer = sharded_classifier()
@@ -585,7 +585,7 @@ def test_a_compiled_ddp_is_attached_and_compiles_what_it_does_unattached(one_ran
     and the only graph breaks attach adds are the calls into them."""
     from torch._dynamo.utils import counters
 
-    from instrumented_ddp.integrations.hf_trainer import DDPWatchCallback
+    from instrumented_ddp.integrations import DDPWatchCallback
 
     def compiled(attach: bool) -> tuple[tuple[int, int, int], set[str]]:
         """Graphs and captured calls of the first 2 steps, from a clean cache, then the frames

@@ -244,7 +244,7 @@ def test_the_hook_is_named_as_the_user_wrote_it(hook: Any, name: str) -> None:
 def test_the_trainer_callback_watches_a_ddp_accelerate_gave_a_compression_hook(one_rank_group: None, sent: list[Any]) -> None:
     """Accelerate registers ``DistributedDataParallelKwargs(comm_hook=...)``'s hook in ``prepare``,
     before ``on_train_begin``: ``attach`` refused it, and the run went unwatched."""
-    from instrumented_ddp.integrations.hf_trainer import DDPWatchCallback
+    from instrumented_ddp.integrations import DDPWatchCallback
 
     ddp, optimizer = make_ddp()
     ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)

@@ -1,4 +1,4 @@
-"""``instrumented_ddp.integrations.hf_trainer.DDPWatchCallback`` in one process: where the Trainer built no
+"""``instrumented_ddp.integrations.DDPWatchCallback`` in one process: where the Trainer built no
 DDP it says why in one line and training goes on, a refused attach the same, a ``train()`` begun
 again after a failure ends the failed run, and a resumed run plans the steps it has left. The
 Trainer through torchrun is in ``test_attach_end_to_end.py``."""
@@ -21,7 +21,7 @@ from attach_helpers import make_ddp, train, untouched
 
 
 def test_the_trainer_callback_without_its_trainer_says_how_to_give_it() -> None:
-    from instrumented_ddp.integrations.hf_trainer import DDPWatchCallback
+    from instrumented_ddp.integrations import DDPWatchCallback
 
     with pytest.raises(AttachError, match=r"trainer.add_callback\(DDPWatchCallback\(trainer, address=...\)\)"):
         DDPWatchCallback().on_train_begin(None, None, None)
@@ -40,7 +40,7 @@ ONE_PROCESS = ("ddpwatch: one process, so the Trainer built no DistributedDataPa
 
 def test_the_trainer_callback_in_one_process_trains_on_and_says_so(capsys: pytest.CaptureFixture[str]) -> None:
     """``python script.py`` with no torchrun: the Trainer does not wrap, there is no group."""
-    from instrumented_ddp.integrations.hf_trainer import DDPWatchCallback
+    from instrumented_ddp.integrations import DDPWatchCallback
 
     callback = DDPWatchCallback(UnwrappedTrainer())
     callback.on_train_begin(None, None, None)
@@ -54,7 +54,7 @@ def test_the_trainer_callback_under_a_one_process_torchrun_trains_on_and_says_so
     """``torchrun --nproc_per_node=1``: a process group exists, but Accelerate wraps a model in DDP
     only for two processes or more (seen on an H100: the callback's ``attach`` raised, and the
     Trainer stopped before its first step)."""
-    from instrumented_ddp.integrations.hf_trainer import DDPWatchCallback
+    from instrumented_ddp.integrations import DDPWatchCallback
 
     callback = DDPWatchCallback(UnwrappedTrainer())
     callback.on_train_begin(None, None, None)
@@ -66,7 +66,7 @@ def test_the_trainer_callback_on_another_wrapper_trains_on_and_names_it(capsys: 
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """Two or more processes and neither DDP nor FSDP2: the Trainer chose FSDP1 or DeepSpeed."""
     from instrumented_ddp.integrations import hf_trainer as integrations
-    from instrumented_ddp.integrations.hf_trainer import DDPWatchCallback
+    from instrumented_ddp.integrations import DDPWatchCallback
 
     monkeypatch.setattr(integrations.dist, "is_initialized", lambda: True)
     monkeypatch.setattr(integrations.dist, "get_world_size", lambda: 4)
@@ -82,7 +82,7 @@ def test_the_trainer_callback_on_a_ddp_attach_refuses_trains_on_and_says_why(
         one_rank_group: None, capsys: pytest.CaptureFixture[str]) -> None:
     """A DDP given a built-in C++ hook before ``on_train_begin`` (Accelerate's Python ones are
     watched: ``test_attach_comm_hook.py``): the refusal raised there and stopped the Trainer."""
-    from instrumented_ddp.integrations.hf_trainer import DDPWatchCallback
+    from instrumented_ddp.integrations import DDPWatchCallback
 
     ddp, optimizer = make_ddp()
     ddp._register_builtin_comm_hook(dist.BuiltinCommHookType.FP16_COMPRESS)
@@ -105,7 +105,7 @@ def test_the_trainer_callback_begun_again_after_an_out_of_memory_error_ends_the_
     same optimizer (seen with transformers 5.24). Before, the first attachment stayed: its
     optimizer hooks counted the new run's steps with no forward, backward or all-reduce in them
     (Idle% 90), and the new DDP was refused its address, so trained unwatched."""
-    from instrumented_ddp.integrations.hf_trainer import DDPWatchCallback
+    from instrumented_ddp.integrations import DDPWatchCallback
 
     first, optimizer = make_ddp()
     trainer = SimpleNamespace(model_wrapped=first, optimizer=optimizer)
@@ -155,7 +155,7 @@ def test_the_trainer_callback_marks_a_subclasss_own_compute_while_attached_and_o
     """A distilling Trainer's ``compute_loss`` runs its teacher inside ``callback.computing``: a
     ``loop`` span of the step while attached; before ``on_train_begin`` and after
     ``on_train_end`` the block runs, and nothing is sent."""
-    from instrumented_ddp.integrations.hf_trainer import DDPWatchCallback
+    from instrumented_ddp.integrations import DDPWatchCallback
 
     ddp, optimizer = make_ddp()
     callback = DDPWatchCallback(SimpleNamespace(model_wrapped=ddp, optimizer=optimizer),

@@ -5,7 +5,8 @@ wrapper like the model, runs ``backward`` and then ``finish_gradient_sync()`` af
 uses ``no_sync()`` for the micro-steps of an accumulation that should not communicate, and gets
 its optimizer from ``make_optimizer`` (the sharded strategies own theirs). What a
 strategy changes is only *when* and *how* gradients are averaged; everything else lives here so the
-subclasses read as the seed blog's diff between one approach and the next.
+subclasses read as the diff between one approach and the next, in the order of the article on
+multi-GPU training techniques in PyTorch that the ladder follows (simple first, then each optimisation).
 
 Communication goes through ``_all_reduce`` and parameters/buffers through ``_broadcast_state``:
 they are the single places where a collective is issued and completed, which is where the timing
@@ -38,8 +39,8 @@ class DataParallelStrategy(nn.Module):
     """Base of the nine strategies: broadcast at wrap time, ``no_sync``, ``make_optimizer``, ``unwrap``."""
 
     name: ClassVar[str]
-    #: True when the strategy averages after every micro-step even while accumulating (the seed
-    #: blog's baseline); False when the loop may skip communication with ``no_sync``.
+    #: True when the strategy averages after every micro-step even while accumulating (the
+    #: ladder's baseline); False when the loop may skip communication with ``no_sync``.
     syncs_every_micro_step: ClassVar[bool] = False
     #: True for the strategies whose behaviour depends on ``bucket_mb``.
     uses_bucket_mb: ClassVar[bool] = False

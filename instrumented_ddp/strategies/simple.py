@@ -8,7 +8,7 @@ from instrumented_ddp.strategies.base import DataParallelStrategy
 
 
 class SimpleAllReduce(DataParallelStrategy):
-    """The seed blog's baseline: after each backward, all-reduce every gradient, then average.
+    """The ladder's baseline: after each backward, all-reduce every gradient, then average.
 
     It communicates after every micro-step, even while accumulating: averaging the running sum
     again is still exact, because the part already averaged is equal on every rank.

@@ -88,8 +88,8 @@ class PackedSpans(Sequence[Span]):
             self._rows = spans._rows
             return
         # Kinds, tags and dtypes repeat in every report of every rank: one string object each.
-        self._rows = tuple((intern(kind), start, end, blocking, nbytes, intern(tag), intern(dtype))
-                           for kind, start, end, blocking, nbytes, tag, dtype in spans)
+        self._rows = tuple([(intern(kind), start, end, blocking, nbytes, intern(tag), intern(dtype))
+                            for kind, start, end, blocking, nbytes, tag, dtype in spans])
 
     def __len__(self) -> int:
         return len(self._rows)

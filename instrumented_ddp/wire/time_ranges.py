@@ -28,13 +28,12 @@ TimeRange = tuple[float, float]
 __all__ = ["TimeRange", "clip", "intersect", "merge", "subtract", "total_length", "union"]
 
 
-def _usable(start: float, end: float) -> bool:
-    return math.isfinite(start) and math.isfinite(end) and end > start
+_INF = math.inf  # a range is usable where ``-_INF < start < end < _INF``: finite, positive in length
 
 
 def merge(ranges: Iterable[TimeRange]) -> list[TimeRange]:
     """Canonicalise, so that lengths of overlapping or nested spans are never double counted."""
-    ordered = sorted((float(s), float(e)) for s, e in ranges if _usable(s, e))
+    ordered = sorted([(float(s), float(e)) for s, e in ranges if -_INF < s < e < _INF])
     out: list[TimeRange] = []
     for start, end in ordered:
         if out and start <= out[-1][1]:  # overlapping, nested or touching
@@ -100,4 +99,4 @@ def clip(ranges: Iterable[TimeRange], lo: float, hi: float) -> list[TimeRange]:
     """
     if math.isnan(lo) or math.isnan(hi) or hi <= lo:
         return []
-    return merge((max(s, lo), min(e, hi)) for s, e in ranges if _usable(s, e))
+    return merge([(max(s, lo), min(e, hi)) for s, e in ranges if -_INF < s < e < _INF])

@@ -12,7 +12,7 @@ from pathlib import Path
 import zmq
 from zmq.auth.thread import ThreadAuthenticator
 
-from instrumented_ddp.wire.curve_keys import CLIENT_FILE, SERVER_FILE, ClientKeys, ServerKeys, load_server_keys, write_key_files
+from instrumented_ddp.wire.curve_keys import CLIENT_FILE, SERVER_FILE, ServerKeys, load_server_keys, write_key_files
 
 
 def ensure_keys(directory: Path) -> tuple[ServerKeys, Path]:
@@ -44,7 +44,3 @@ def secure_server(context: zmq.Context, socket: zmq.Socket, keys: ServerKeys) ->
     socket.curve_server = True
     return authenticator
 
-
-def secure_client(socket: zmq.Socket, keys: ClientKeys) -> None:
-    for name, value in keys.socket_options():
-        setattr(socket, name, value)

@@ -19,7 +19,7 @@ import numpy as np
 
 from instrumented_ddp.wire.time_ranges import TimeRange, total_length
 from instrumented_ddp.wire.kinds import BARRIER_TAG
-from instrumented_ddp.wire.step_figures import (CallTimes, SpanLike, StepFigures, StepRecordLike, _all_reduces, call_times,
+from instrumented_ddp.wire.step_figures import (CallTimes, SpanLike, StepFigures, StepRecordLike, all_reduces, call_times,
                                            sharded_collectives)
 
 from ddpwatch.wording.cross_rank_text import desync_text, overlapping_groups_text, straggler_text
@@ -306,7 +306,7 @@ def _collective_keys(tags: Sequence[str]) -> list[tuple[str, int]]:
 
 def waiting_intervals(calls_of_one_step: Mapping[int, CallTimes], records: Mapping[int, StepRecordLike],
                       groups: Groups | None = None,
-                      collectives: Callable[[StepRecordLike], Sequence[SpanLike]] = _all_reduces) -> dict[int, list[TimeRange]]:
+                      collectives: Callable[[StepRecordLike], Sequence[SpanLike]] = all_reduces) -> dict[int, list[TimeRange]]:
     """Per rank of ``records`` (those whose spans are at hand), the part of each all-reduce spent
     waiting for the others to arrive, on the rank's own clock, in issue order: from the call's
     start until its transfer (see :func:`_paired_calls`), which ends the call on every rank.

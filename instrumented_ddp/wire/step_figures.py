@@ -16,12 +16,12 @@ from __future__ import annotations
 import math
 import statistics
 from array import array
-from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
-from instrumented_ddp.wire.time_ranges import clip, intersect, subtract, total_length, union
+from instrumented_ddp.wire.time_ranges import (canonical_clip, canonical_intersect, canonical_length, canonical_subtract,
+                                               clip, merge)
 from instrumented_ddp.wire.kinds import COMM_KINDS as WIRE_COMM_KINDS
 from instrumented_ddp.wire.kinds import COMPUTE_KINDS as WIRE_COMPUTE_KINDS
 from instrumented_ddp.wire.messages import MAX_PAUSED_FOR, StepReport, StepSummary
@@ -34,6 +34,7 @@ COMM_KINDS = frozenset(WIRE_COMM_KINDS)  # the wire schema's collectives, as a s
 # network; if it happened inside e.g. a backward hook, it is not compute.
 BLOCKING_KINDS = COMM_KINDS | {"wait"}
 _BYTES_PER_GB = 1e9  # nccl-tests reports decimal GB/s
+_INF = math.inf
 
 
 class SpanLike(Protocol):
@@ -78,9 +79,26 @@ def _pct(part: float, whole: float) -> float:
     return 100.0 * part / whole if whole > 0 else 0.0
 
 
-def _all_reduces(record: StepRecordLike) -> list[SpanLike]:
+def _start(span: SpanLike) -> float:
+    return span.start
+
+
+def all_reduces(record: StepRecordLike) -> list[SpanLike]:
     """In issue order: the fallback that lines calls up across ranks when they carry no tag."""
-    return sorted((s for s in record.spans if s.kind == "all_reduce"), key=lambda s: s.start)
+    return sorted([s for s in record.spans if s.kind == "all_reduce"], key=_start)
+
+
+def _by_kind(spans: Iterable[SpanLike]) -> dict[str, list[SpanLike]]:
+    """The spans of each kind, in their order, the kinds in the order first seen: one pass over
+    a step's spans, which every figure then reads by kind."""
+    groups: dict[str, list[SpanLike]] = {}
+    for span in spans:
+        group = groups.get(span.kind)
+        if group is None:
+            groups[span.kind] = [span]
+        else:
+            group.append(span)
+    return groups
 
 
 def float_array(values: Iterable[float]) -> array[float]:
@@ -105,7 +123,7 @@ class CallTimes(NamedTuple):
 def call_times(record: StepRecordLike) -> CallTimes:
     """The step's all-reduces as ``figures_and_calls`` gives them (their starts kept where one
     overlapped a reduce-scatter or an all-gather too)."""
-    return _calls_of_both_kinds(_all_reduces(record), sharded_collectives(record), record.start)[0]
+    return _calls_of_both_kinds(all_reduces(record), sharded_collectives(record), record.start)[0]
 
 
 def _call_times(collectives: Sequence[SpanLike], step_start: float, kind_in_tag: bool = False,
@@ -113,25 +131,35 @@ def _call_times(collectives: Sequence[SpanLike], step_start: float, kind_in_tag:
     """``kind_in_tag``: each tag names its kind too (``all_gather:u0``), so that calls of several
     kinds pair across ranks only with their own kind (``StepFigures.sharded_calls``).
     ``keep_starts``: even where none of these overlap (one of them overlapped a call of another kind)."""
-    tags = (f"{s.kind}:{getattr(s, 'tag', '') or ''}" if kind_in_tag else getattr(s, "tag", "") or "" for s in collectives)
-    calls = CallTimes(tuple(tags), float_array(_length(s.start, s.end) for s in collectives),
-                      float_array(s.start - step_start for s in collectives))
+    tags = tuple([f"{s.kind}:{getattr(s, 'tag', '') or ''}" for s in collectives] if kind_in_tag
+                 else [getattr(s, "tag", "") or "" for s in collectives])
+    # _length of each, inline: a positive finite duration as it is, anything else (NaN fails both) 0
+    seconds = [d if 0.0 < d < _INF else 0.0 for d in [s.end - s.start for s in collectives]]
+    calls = CallTimes(tags, array("d", seconds), array("d", [s.start - step_start for s in collectives]))
     return calls if keep_starts or _overlapping(calls) else calls._replace(starts=None)
 
 
 #: The collectives the sharded strategies issue in place of all-reduces; like an all-reduce,
 #: every rank of the group joins each one, so the first to arrive waits for the last.
 SHARDED_KINDS = ("reduce_scatter", "all_gather")
+_SHARDED_KIND_SET = frozenset(SHARDED_KINDS)
 
 
 def sharded_collectives(record: StepRecordLike) -> list[SpanLike]:
-    """A step's reduce-scatters and all-gathers in issue order (``_all_reduces``' twin), and the
+    """A step's reduce-scatters and all-gathers in issue order (``all_reduces``' twin), and the
     waits of the barriers the loop issued (``kinds.is_barrier_wait``): every rank joins a
     barrier as it joins these, so the last to arrive is the one the others sat there for, and
     the straggler rule pairs it across ranks with them (``StepFigures.sharded_calls``)."""
+    spans = list(record.spans)
+    return _sharded_collectives(spans, _by_kind(spans))
+
+
+def _sharded_collectives(spans: Sequence[SpanLike], kinds: dict[str, list[SpanLike]]) -> list[SpanLike]:
+    """``sharded_collectives`` of a step's spans and their ``_by_kind``."""
+    if _SHARDED_KIND_SET.isdisjoint(kinds):  # most steps: only the waits could be barriers'
+        return sorted([s for s in kinds.get("wait", ()) if is_barrier_wait(s)], key=_start)
     # the kind first: a step of an FSDP model holds hundreds of spans, few of them waits
-    return sorted((s for s in record.spans if s.kind in SHARDED_KINDS or (s.kind == "wait" and is_barrier_wait(s))),
-                  key=lambda s: s.start)
+    return sorted([s for s in spans if s.kind in _SHARDED_KIND_SET or (s.kind == "wait" and is_barrier_wait(s))], key=_start)
 
 
 #: A step's sharded calls where it made none (most steps): one object shared, not one per report
@@ -341,24 +369,30 @@ def figures_and_calls(record: StepRecordLike, world_size: int | None = None) -> 
     lo, hi = record.start, record.end
     window = _length(lo, hi)
     spans = list(record.spans)
-    compute = [(s.start, s.end) for s in spans if s.kind in COMPUTE_KINDS]
-    blocked = [(s.start, s.end) for s in spans if s.blocking and s.kind in BLOCKING_KINDS]
-    comm = [(s.start, s.end) for s in spans if s.kind in COMM_KINDS]
-    c = clip(subtract(compute, blocked), lo, hi)  # "blocked is not busy"
-    m = clip(comm, lo, hi)
-    c_len, m_len = total_length(c), total_length(m)
-    busy_ranges = union(c, m)
-    busy = total_length(busy_ranges)
-    data = clip([(s.start, s.end) for s in spans if s.kind == "data"], lo, hi)
+    kinds = _by_kind(spans)
+    present = kinds.keys()
+    comm_kinds = [kind for kind in kinds if kind in COMM_KINDS]  # in the order first seen
+    # each list canonical once (time_ranges' merge), the rest on canonical ranges
+    blocked = merge([(s.start, s.end) for kind in BLOCKING_KINDS & present for s in kinds[kind] if s.blocking])
+    compute = merge([(s.start, s.end) for kind in COMPUTE_KINDS & present for s in kinds[kind]])
+    c = canonical_clip(canonical_subtract(compute, blocked), lo, hi)  # "blocked is not busy"
+    m = canonical_clip(merge([(s.start, s.end) for kind in comm_kinds for s in kinds[kind]]), lo, hi)
+    c_len, m_len = canonical_length(c), canonical_length(m)
+    busy_ranges = merge(c + m)
+    busy = canonical_length(busy_ranges)
+    data = clip([(s.start, s.end) for s in kinds.get("data", ())], lo, hi)
 
-    marked = [s for s in spans if s.kind == LOOP_COMPUTE_KIND]
-    ars = _all_reduces(record)
-    loop = [s for s in spans if s.kind in COMM_KINDS and issued_by_the_loop(getattr(s, "tag", "") or "")]
-    # every other collective, in issue order, in one pass: most steps have none
-    others = sorted((s for s in spans if s.kind in _OTHER_KINDS), key=lambda s: s.start)
-    calls, sharded_calls = _calls_of_both_kinds(ars, sharded_collectives(record), lo)
-    alg = float_array(a for a in (algbw_gbps(s.nbytes, seconds) for s, seconds in zip(ars, calls.seconds, strict=True)
-                                  if not issued_by_the_loop(getattr(s, "tag", "") or "")) if a is not None)
+    marked = kinds.get(LOOP_COMPUTE_KIND, [])
+    ars = sorted(kinds.get("all_reduce", ()), key=_start)
+    loop = [s for s in spans if s.tag[:1] == "l" and s.kind in COMM_KINDS and issued_by_the_loop(s.tag)]
+    # every other collective, in issue order: most steps have none
+    others = sorted([s for s in spans if s.kind in _OTHER_KINDS], key=_start) if not _OTHER_KINDS.isdisjoint(present) else []
+    calls, sharded_calls = _calls_of_both_kinds(ars, _sharded_collectives(spans, kinds), lo)
+    in_loop = {id(s) for s in loop}
+    # algbw_gbps of each, inline (the seconds are _length's already: finite, positive where measured)
+    alg = array("d", [g for g in [s.nbytes / seconds / _BYTES_PER_GB for s, seconds in zip(ars, calls.seconds, strict=True)
+                                  if s.nbytes > 0 and seconds > 0.0 and id(s) not in in_loop]
+                      if g < _INF])
     factor = bus_factor("all_reduce", world_size) if world_size is not None else None
     figures = StepFigures(
         rank=record.rank,
@@ -367,7 +401,7 @@ def figures_and_calls(record: StepRecordLike, world_size: int | None = None) -> 
         compute_pct=_pct(c_len, window),
         non_compute_pct=_pct(busy - c_len, window),
         idle_pct=_pct(max(window - busy, 0.0), window),
-        overlap_pct=_pct(total_length(intersect(c, m)), m_len),
+        overlap_pct=_pct(canonical_length(canonical_intersect(c, m)), m_len),
         comm_overhead_pct=_pct(m_len, window),
         all_reduce_calls=len(calls.seconds),
         all_reduce_ms=1000.0 * sum(calls.seconds),
@@ -375,16 +409,17 @@ def figures_and_calls(record: StepRecordLike, world_size: int | None = None) -> 
         busbw_gbps=float(statistics.median(alg)) * factor if alg and factor is not None else None,
         samples=max(int(record.samples), 0),
         tokens=max(int(record.tokens), 0),
-        times=StepTimes(record.start, record.end, max((s.end for s in ars if math.isfinite(s.end)), default=None),
+        times=StepTimes(record.start, record.end, max([s.end for s in ars if -_INF < s.end < _INF], default=None),
                         getattr(record, "paused_s", 0.0)),
-        calls_by_kind=dict(Counter(s.kind for s in spans if s.kind in COMM_KINDS)),
+        calls_by_kind={kind: len(kinds[kind]) for kind in comm_kinds},
         memory=dict(getattr(record, "memory", None) or {}),
         other_algbw_gbps=_other_algbw(others),
         sharded_calls=sharded_calls,
-        data_wait_pct=_pct(total_length(subtract(data, union(busy_ranges, clip(blocked, lo, hi)))), window) if data else 0.0,
+        data_wait_pct=_pct(canonical_length(canonical_subtract(data, merge(busy_ranges + canonical_clip(blocked, lo, hi)))),
+                           window) if data else 0.0,
         loop_collectives=len(loop),
         loop_collective_ms=1000.0 * sum(_length(s.start, s.end) for s in loop),
-        loop_compute_ms=1000.0 * total_length(clip([(s.start, s.end) for s in marked], lo, hi)) if marked else 0.0,
+        loop_compute_ms=1000.0 * canonical_length(clip([(s.start, s.end) for s in marked], lo, hi)) if marked else 0.0,
         loop_computed=marked_names(marked) if marked else "",
     )
     return figures, calls

@@ -15,6 +15,10 @@ difference of time ranges, so the rules for awkward input live here, once:
 Every function accepts any iterable of pairs in any order, possibly
 overlapping or nested, and returns a *canonical* list: sorted, disjoint,
 non-touching, positive-length ranges.  Inputs are never mutated.
+
+The ``canonical_*`` twins take canonical input (any function's output here) and skip the
+merge the public functions begin with: a step's figures chain a dozen of these operations,
+and re-canonicalising what is canonical already would be most of their cost.
 """
 
 from __future__ import annotations
@@ -25,7 +29,8 @@ from itertools import chain
 
 TimeRange = tuple[float, float]
 
-__all__ = ["TimeRange", "clip", "intersect", "merge", "subtract", "total_length", "union"]
+__all__ = ["TimeRange", "canonical_clip", "canonical_intersect", "canonical_length", "canonical_subtract", "clip",
+           "intersect", "merge", "subtract", "total_length", "union"]
 
 
 _INF = math.inf  # a range is usable where ``-_INF < start < end < _INF``: finite, positive in length
@@ -46,7 +51,12 @@ def merge(ranges: Iterable[TimeRange]) -> list[TimeRange]:
 
 def total_length(ranges: Iterable[TimeRange]) -> float:
     """Wall-clock covered: merges first, so concurrent spans count once (0.0 for nothing)."""
-    return sum(end - start for start, end in merge(ranges))
+    return canonical_length(merge(ranges))
+
+
+def canonical_length(ranges: list[TimeRange]) -> float:
+    """``total_length`` of canonical ranges."""
+    return sum([end - start for start, end in ranges])
 
 
 def union(*groups: Iterable[TimeRange]) -> list[TimeRange]:
@@ -55,7 +65,11 @@ def union(*groups: Iterable[TimeRange]) -> list[TimeRange]:
 
 def intersect(a: Iterable[TimeRange], b: Iterable[TimeRange]) -> list[TimeRange]:
     """Time covered by both; a two-pointer sweep keeps it linear in the number of spans."""
-    left, right = merge(a), merge(b)
+    return canonical_intersect(merge(a), merge(b))
+
+
+def canonical_intersect(left: list[TimeRange], right: list[TimeRange]) -> list[TimeRange]:
+    """``intersect`` of canonical ranges."""
     out: list[TimeRange] = []
     i = j = 0
     while i < len(left) and j < len(right):
@@ -72,7 +86,11 @@ def intersect(a: Iterable[TimeRange], b: Iterable[TimeRange]) -> list[TimeRange]
 
 def subtract(a: Iterable[TimeRange], b: Iterable[TimeRange]) -> list[TimeRange]:
     """Time in ``a`` not covered by ``b``; a piece of ``a`` may be split into several."""
-    keep, cut = merge(a), merge(b)
+    return canonical_subtract(merge(a), merge(b))
+
+
+def canonical_subtract(keep: list[TimeRange], cut: list[TimeRange]) -> list[TimeRange]:
+    """``subtract`` of canonical ranges."""
     out: list[TimeRange] = []
     j = 0
     for start, end in keep:
@@ -100,3 +118,11 @@ def clip(ranges: Iterable[TimeRange], lo: float, hi: float) -> list[TimeRange]:
     if math.isnan(lo) or math.isnan(hi) or hi <= lo:
         return []
     return merge([(max(s, lo), min(e, hi)) for s, e in ranges if -_INF < s < e < _INF])
+
+
+def canonical_clip(ranges: list[TimeRange], lo: float, hi: float) -> list[TimeRange]:
+    """``clip`` of canonical ranges: trimming only shortens the first and last range kept, so
+    what remains is canonical without a merge."""
+    if not lo < hi:  # empty, reversed or NaN
+        return []
+    return [(s if s > lo else lo, e if e < hi else hi) for s, e in ranges if s < hi and e > lo]

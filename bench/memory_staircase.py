@@ -1,4 +1,4 @@
-"""The seed's memory staircase, measured: bytes each rank holds under all nine strategies.
+"""The memory staircase of the sharded strategies, measured: bytes each rank holds under all nine strategies.
 
     torchrun --nproc_per_node=2 bench/memory_staircase.py                          # the tiny model
     torchrun --nproc_per_node=2 bench/memory_staircase.py --hidden 768 --layers 12  # ~80 M parameters

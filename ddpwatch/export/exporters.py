@@ -236,8 +236,8 @@ def summary_markdown(summary: dict[str, Any]) -> str:
         lines.append("| " + " | ".join(str(c) for c in _segment_cells(seg, 2)) + " |")
     if summary.get("segments"):
         lines += ["", "![Compute, Overlap, exposed communication and idle time of each segment's step](summary.svg)"]
-    lines += ["", "Comm_overhead% is merged wall-clock communication time over the step window; the seed blog "
-              "summed raw kernel durations instead, so concurrent collectives counted twice there. all_reduce_ms "
+    lines += ["", "Comm_overhead% is merged wall-clock communication time over the step window: concurrent collectives "
+              "count once, where a sum of raw kernel durations would count them twice. all_reduce_ms "
               "is that sum, each call's duration with its waiting: where calls run at once (gloo runs two) it can "
               "exceed the step.",
               f"{CALLS_COLUMN} is the all-reduces each rank issued in one step (a mean over ranks and steps; "

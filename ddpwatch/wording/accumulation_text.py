@@ -15,7 +15,7 @@ from ddpwatch.wording.rank_lists import runs_text
 SKIPPED_BY = {
     (): "DDP's no_sync() around the others skips them",
     ("simple",): ("DDP's no_sync() around the others skips them (simple reduces in every micro-step on purpose, "
-                  "the seed blog's baseline; ga is simple with no_sync)"),
+                  "the first rung of the strategy ladder; ga is simple with no_sync)"),
     ("fsdp",): ("HSDP's model.set_requires_all_reduce(False) before the others skips them, keeping the reduce-scatters "
                 "(set_requires_gradient_sync(False) skips both)"),
 }

@@ -9,7 +9,7 @@ Train a small transformer with one of nine data-parallel strategies, watched by 
         --rdzv_endpoint=HOST:29500 train.py --strategy ddp
     torchrun --nproc_per_node=2 -m instrumented_ddp.training.train     # the same script, from an installed ddpwatch
 
-The default model is SmolLM2's architecture shrunk to ~3 M parameters and the default data a
+The default model is SmolLM2's architecture shrunk to ~2.4 M parameters and the default data a
 generated Yelp-style review set, so a fresh machine trains at once; --model and --dataset take
 real Hugging Face names. Every run ends by checking that all ranks hold identical parameters.
 """
@@ -48,7 +48,8 @@ if TYPE_CHECKING:
     from instrumented_ddp.strategies.base import DataParallelStrategy
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
+    """train.py's options (the docs' command-line reference is written from this parser)."""
     parser = OneLineErrorParser(description=__doc__.split("\n\n")[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--strategy", default="async", choices=instrumented_ddp.STRATEGY_NAMES, help="default async")
     parser.add_argument("--steps", type=int, default=200, help="optimizer steps")
@@ -69,6 +70,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--watch-key", default=None, metavar="FILE", help="CURVE client keys (client.json) of a dashboard beyond loopback")
     parser.add_argument("--no-watch", action="store_true", help="no timing, no telemetry")
     parser.add_argument("--profile", default=None, metavar="DIR", help="torch.profiler traces of steps 4-8 (TensorBoard/HTA format)")
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.grad_accum is None:
         args.grad_accum = 2 if args.strategy == "ga" else 1

@@ -444,7 +444,7 @@ async def test_the_timeline_is_titled_with_its_step_and_its_whole_strategy_and_s
 @pytest.mark.parametrize("rows", [24, 35, 36])
 async def test_every_panel_shows_without_scrolling_on_a_default_terminal_with_warnings(rows: int) -> None:
     """At 80 x 24 (most terminals' default) the panels were 5 rows taller than the screen: it
-    scrolled, and the warnings and the seed blog's table sat below the fold. Under 36 rows the
+    scrolled, and the warnings and the segments table sat below the fold. Under 36 rows the
     segment bars step aside and the rest shrink; the table scrolls to its newest segment."""
     def desync_and_straggler(report: StepReport) -> StepReport:
         report = desync_at_3_4_and_a_straggler(report)

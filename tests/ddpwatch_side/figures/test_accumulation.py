@@ -59,7 +59,7 @@ def test_the_note_gives_the_steps_and_the_medians() -> None:
                             "before the last micro-step, 65.0 ms of wall time (48 % of the step). Accumulating, only the last "
                             "micro-step needs them: DDP's no_sync() around the others skips them")
     notes.strategies = {"simple"}  # train.py's baseline, on purpose
-    assert notes.text().endswith("skips them (simple reduces in every micro-step on purpose, the seed blog's baseline; "
+    assert notes.text().endswith("skips them (simple reduces in every micro-step on purpose, the first rung of the strategy ladder; "
                                  "ga is simple with no_sync)")
     notes.strategies = {"fsdp"}  # HSDP's all-reduces across replicas
     assert notes.text().endswith("HSDP's model.set_requires_all_reduce(False) before the others skips them, keeping the "

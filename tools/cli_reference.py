@@ -74,7 +74,8 @@ def _section(title: str, parser: argparse.ArgumentParser, level: str) -> list[st
     lines = [f"{level} `{title}`", ""]
     if parser.description:
         lines += [parser.description.strip(), ""]
-    lines += ["```text", parser.format_usage().strip().removeprefix("usage: "), "```", ""]
+    usage = parser.format_usage().rstrip().removeprefix("usage: ").splitlines()
+    lines += ["```text", usage[0], *(line.removeprefix(" " * len("usage: ")) for line in usage[1:]), "```", ""]
     lines += _options_table(parser)
     if parser.epilog and parser.epilog.startswith("example:"):
         example = parser.epilog.removeprefix("example:").strip()

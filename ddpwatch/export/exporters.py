@@ -30,6 +30,7 @@ from ddpwatch.figures.cross_rank import DesyncRange, Straggler, shard_ranks
 from ddpwatch.figures.metrics import ClockAlignment
 from ddpwatch.wording.accumulation_text import early_reductions_text
 from ddpwatch.wording.data_wait import data_wait_text
+from ddpwatch.wording.stall_text import stall_line
 from ddpwatch.wording.figure_text import ONE_RANK_NOTE, busbw_text, calls_text, gbps_text, held_text, kinds_text
 from ddpwatch.wording.loop_compute import loop_compute_text
 from ddpwatch.wording.rank_lists import (detached_ranks_lines, failed_ranks_lines, heard_until_text, interrupted_ranks_lines, rank_runs,
@@ -133,6 +134,7 @@ def summary(session: Session) -> dict[str, Any]:
                       "segments": segments, "evaluations": session.evaluations.as_list(),
                       "refused_switches": [{"step": ack.step, "strategy": ack.strategy, "detail": ack.detail}
                                            for ack in session.refused_switches()],
+                      "stalls": session.stall_watch.as_list(),
                       "telemetry": telemetry})
 
 
@@ -317,6 +319,8 @@ def summary_markdown(summary: dict[str, Any]) -> str:
     lines += [f"- rank {r['rank']}: why its steps were sent unresolved (the last to say): {r['unresolved_reason']}"
               for r in summary.get("ranks", []) if r.get("unresolved_reason")]
     lines += refused_switch_lines(summary.get("refused_switches", []))
+    lines += [f"- stall: {stall_line(stall, stall['stalled_s'])}" + (" (it never ended)" if stall["duration_s"] is None else "")
+              for stall in summary.get("stalls", [])]
     lines += stopped_ranks_lines(summary.get("ranks", []))
     lines += no_goodbye_lines(summary.get("ranks", []))
     lines += evaluations.markdown_lines(summary.get("evaluations", []))
@@ -465,7 +469,7 @@ def chrome_trace(session: Session) -> dict[str, Any]:
 # --- writing ---------------------------------------------------------------------------------
 
 
-def _write_atomic(path: Path, text: str) -> None:
+def write_atomic(path: Path, text: str) -> None:
     """Temp file in the same directory + fsync + rename: a crash leaves the old file or the new, never half."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -497,6 +501,8 @@ def write_exports(session: Session, out_dir: Path,
         makers = {"summary.json": lambda: json.dumps(data, indent=2, allow_nan=False) + "\n",
                   "summary.md": lambda: summary_markdown(data), "summary.svg": lambda: summary_svg(data),
                   "summary.csv": lambda: summary_csv(data), **makers}
+        if data["stalls"]:  # as ``record.live_stalls`` keeps it while the run lasts
+            makers["stalls.json"] = lambda: json.dumps({"stalls": data["stalls"]}, indent=2, allow_nan=False) + "\n"
     paths = {}
     for name, make in makers.items():
         try:
@@ -504,6 +510,6 @@ def write_exports(session: Session, out_dir: Path,
         except Exception as error:
             on_error(f"{name} could not be made: {type(error).__name__}: {error}")
             continue
-        _write_atomic(out_dir / name, text)
+        write_atomic(out_dir / name, text)
         paths[name] = out_dir / name
     return paths

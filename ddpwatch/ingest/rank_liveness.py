@@ -81,6 +81,7 @@ class RankLiveness:
     @staticmethod
     def note_heartbeat(rank: RankState, heartbeat: Heartbeat, now: float) -> None:
         rank.last_step = max(rank.last_step, heartbeat.step)
+        rank.phase, rank.probe = heartbeat.phase, heartbeat.probe
         pausing = heartbeat.pausing[:MAX_PAUSED_FOR]
         if pausing != rank.pausing:
             rank.pausing, rank.pausing_since = pausing, now

@@ -14,6 +14,7 @@ from typing import TypeGuard
 
 from ddpwatch.figures.compact_steps import StepSet
 from instrumented_ddp.wire.messages import DeviceSample, Goodbye, Hello, StepReport, StepSummary
+from instrumented_ddp.wire.stall_probe import StallProbe
 
 STEP_REORDER_SLACK = 2  # a report this many steps behind the rank's newest is neither late nor backwards
 DEVICE_SAMPLES_PER_RANK = 600  # kept per rank (the dashboard's series, trace.json's device counters) ...
@@ -45,6 +46,8 @@ class RankState:
     memory_step: int = -1
     pausing: str = ""  # what its loop pauses training for now, as its newest heartbeat said (``Heartbeat.pausing``)
     pausing_since: float = 0.0  # when a heartbeat first said it, on the session's clock
+    phase: str = ""  # what its main thread is in, as its newest heartbeat said (``Heartbeat.phase``)
+    probe: StallProbe | None = None  # its newest heartbeat's account of a stall; None once it steps again
 
     def is_detail(self, message: StepReport | StepSummary) -> TypeGuard[StepReport]:
         """Whether ``message`` is the spans of a step this rank sent as a summary (the dashboard

@@ -7,7 +7,8 @@ ask ``metrics`` for figures, so the live screen and the exported summary cannot 
 it is, then answers every question through them: ``RunIdentity`` (which run it holds),
 ``RankLiveness`` (the world and how each rank is doing), ``AllReduceGroups`` (who meets whom),
 ``StepStore`` (the kept reports and their figures), ``SegmentFolding`` (segments and their
-running figures), ``NotableSteps`` (the steps a note names).
+running figures), ``NotableSteps`` (the steps a note names), ``StallWatch`` (when no step comes,
+and what holds the run).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from ddpwatch.ingest.rank_state import RankState
 from ddpwatch.ingest.run_identity import RunIdentity
 from ddpwatch.ingest.segment_folding import SegmentFolding
 from ddpwatch.ingest.segments import Segment
+from ddpwatch.ingest.stall_watch import StallWatch
 from ddpwatch.ingest.step_store import PreparedReport, StepStore
 from instrumented_ddp.wire.codec import Envelope
 from instrumented_ddp.wire.messages import (
@@ -63,6 +65,7 @@ class Session:
         self.folding = SegmentFolding(self.store, self.liveness, self.reduce_groups)
         self.notable = NotableSteps()
         self.checks = MessageChecks(self.liveness)
+        self.stall_watch = StallWatch(self.liveness, self.folding.segments)
         self.acks: list[Ack] = []
         #: What the run's evaluations measured, by the step each followed.
         self.evaluations = Evaluations()
@@ -140,6 +143,8 @@ class Session:
             self.liveness.note_goodbye(rank, message)
         if rank.last_step != passed:
             rank.last_step_at = now
+            self.stall_watch.step_finished(now)
+        self.stall_watch.look(now)
 
     def reject(self, category: str) -> None:
         self.rejected[category] += 1

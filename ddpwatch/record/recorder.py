@@ -19,6 +19,7 @@ from instrumented_ddp.wire.curve_keys import ServerKeys
 from ddpwatch.control.relay import SwitchRelay
 from ddpwatch.export.exporters import write_exports
 from ddpwatch.record.live_faults import LiveFaultReporter
+from ddpwatch.record.live_stalls import LiveStallReporter
 from ddpwatch.wording.rank_lists import detached_ranks_lines, failed_ranks_lines, interrupted_ranks_lines
 from ddpwatch.ingest.receiver import TelemetryReceiver, log_and_decode
 from ddpwatch.ingest.session import Session
@@ -91,6 +92,7 @@ def record(
         log(f"{command}: WARNING: {line}")
 
     faults = LiveFaultReporter(say_fault)  # a lost rank, the live ranks it holds: said as they happen
+    stalls = LiveStallReporter(lambda line: log(f"{command}: {line}"), out_dir)  # a stall, and what holds it
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         stop_requested.append(signal.Signals(signum).name)
@@ -127,6 +129,7 @@ def record(
                             f"now recording run {next_run}")
                         session = Session()
                         faults = LiveFaultReporter(say_fault)
+                        stalls = LiveStallReporter(lambda line: log(f"{command}: {line}"), out_dir)
                     if session.ingest(envelope, run=run) is None:
                         relay.note(peer, envelope)
                         requester.note(peer, envelope)
@@ -136,6 +139,7 @@ def record(
             requester.tick()
             writer.flush_if_due()
             faults.look(session, time.monotonic())
+            stalls.look(session, time.monotonic())
             reason = stop_requested[0] if stop_requested else rule.reached(session, started, last_message,
                                                                            runs_left > 1 or session.trains_again)
             if reason is None and drive is not None:

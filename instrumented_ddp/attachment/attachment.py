@@ -177,6 +177,8 @@ class Attachment:
         self._boundaries = StepBoundaries(timeline, self.timing, calls, StepReporter(self.watch, self, self.timing),
                                           self.strategy, self._step_settings, len(self.optimizers), trainable)
         self._loop_work = LoopWork(self._boundaries, self.watch, device, strategy_group(model, sharded), self._attached)
+        if self.watch.probing is not None:  # the loop's phases are in its step boundaries, not in timeline phases
+            self.watch.probing.phase_of = lambda: self._boundaries.phase
         self._hooks = PhaseHooks(model, self.optimizers, self._boundaries, self.watch, trainable, self.detach)
         self._hooks.install()
         setattr(model, "_ddpwatch_attached", True)

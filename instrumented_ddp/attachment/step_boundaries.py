@@ -88,6 +88,24 @@ class StepBoundaries:
 
     # -- what the boundaries say ---------------------------------------------------------------
     @property
+    def phase(self) -> str:
+        """What the loop's thread is in (``Heartbeat.phase``), read by the sender thread: plain
+        attribute reads, no lock (a read racing a change reads the phase before or after it)."""
+        if not self.timeline.in_step:
+            return "between"
+        if self.inside_update:
+            return "optimizer"
+        if self._forward_from is not None:
+            return "forward"
+        if self._backward_from is not None:
+            return "backward"
+        if self._data_from is not None:
+            return "data"
+        if self._after_backward is not None:
+            return "between"  # after a backward: the optimizer's step or the next micro-step comes
+        return "after_forward" if self.micro_steps.any_forward else "data"
+
+    @property
     def forward_open(self) -> bool:
         """Whether a training forward began and has not returned (or raised unseen)."""
         return self._forward_from is not None

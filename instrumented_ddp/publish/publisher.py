@@ -30,6 +30,7 @@ from instrumented_ddp.wire.codec import ProtocolError, decode, encode
 from instrumented_ddp.wire.messages import Goodbye, Heartbeat, Hello, Message, SpanRequest, StepReport, SwitchCommand
 from instrumented_ddp.wire.endpoints import routing_id
 from instrumented_ddp.wire.curve_keys import ClientKeys
+from instrumented_ddp.wire.stall_probe import StallProbe
 from instrumented_ddp.publish.span_policy import SpanPolicy
 
 HEARTBEAT_EVERY_S = 1.0
@@ -54,6 +55,7 @@ class TelemetryPublisher:
         current_step: Callable[[], int] = lambda: 0,
         current_pause: Callable[[], str] = lambda: "",
         keys: ClientKeys | None = None,
+        current_state: Callable[[], tuple[str, StallProbe | None]] = lambda: ("", None),
     ) -> None:
         self.address = address
         self.hello = hello
@@ -68,6 +70,7 @@ class TelemetryPublisher:
         self._queue: queue.Queue[Message | None] = queue.Queue(maxsize=queue_size)
         self._current_step = current_step
         self._current_pause = current_pause  # what the loop pauses training for now: each heartbeat says it
+        self._current_state = current_state  # the phase and, once stalled, the probe (``StallProbing.state``)
         self._context = zmq.Context()
         self._started = time.monotonic()
         self._hello_owed = True  # the last hello did not go out: sent before the goodbye (``_say_goodbye``)
@@ -142,6 +145,15 @@ class TelemetryPublisher:
                 if self._closed:
                     self._context.destroy(linger=0)
 
+    def _heartbeat(self) -> Heartbeat:
+        """A heartbeat with the phase and the stall probe; without them where reading them raised
+        (a probe is telemetry: its fault must never stop the heartbeat that says the rank lives)."""
+        try:
+            phase, probe = self._current_state()
+        except Exception:
+            phase, probe = "", None
+        return Heartbeat(self.hello.rank, time.time(), self._current_step(), self._current_pause(), phase, probe)
+
     def _send_until_goodbye(self) -> None:
         next_heartbeat = next_hello = time.monotonic()
         while True:
@@ -155,7 +167,7 @@ class TelemetryPublisher:
                 retry_soon = self._hello_owed and now - self._connected_at < 1.0
                 next_hello = now + (0.05 if retry_soon else HELLO_EVERY_S)
             if now >= next_heartbeat:
-                self._send(Heartbeat(self.hello.rank, time.time(), self._current_step(), self._current_pause()))
+                self._send(self._heartbeat())
                 next_heartbeat = now + HEARTBEAT_EVERY_S
             self._receive_commands()
             try:

@@ -25,6 +25,7 @@ from instrumented_ddp.wire.messages import FAILED, Ack, Evaluation, Hello, StepR
 from instrumented_ddp.wire.curve_keys import ClientKeys
 from instrumented_ddp.publish.stop_signals import held, interruption_reason
 from instrumented_ddp.publish.publisher import TelemetryPublisher
+from instrumented_ddp.publish.stall_probing import StallProbing
 from instrumented_ddp.timing.clocks import CudaEventClock, HostClock
 from instrumented_ddp.timing.timeline import NULL_TIMELINE, NullTimeline, StepTimeline
 
@@ -94,6 +95,7 @@ class Watch:
         self.timeline = timeline
         self.publisher = publisher
         self.sampler = sampler
+        self.probing: StallProbing | None = None  # what each heartbeat says of the rank's progress (``start``)
         self.steps = 0
         self.pausing = ""  # what the loop pauses training for now, if it does (``Heartbeat.pausing``)
         self._applied: set[str] = set()  # command ids agreed on: a resend is never announced again ...
@@ -127,8 +129,10 @@ class Watch:
         )
         watch = cls(timeline)
         watch._control = control_group() if switchable else None
+        watch.probing = StallProbing(timeline, lambda: watch.steps)
         watch.publisher = TelemetryPublisher(address, hello, current_step=lambda: watch.steps,
-                                             current_pause=lambda: watch.pausing, keys=keys)
+                                             current_pause=lambda: watch.pausing, keys=keys,
+                                             current_state=watch.probing.state)
         watch.sampler = DeviceSampler(context.rank, reader, watch.publisher.publish).start()
         watch.publisher.on_device_rate = watch.sampler.sample_every
         return watch

@@ -34,6 +34,10 @@ class Clock(Protocol):
     def host_time(self, stamp: Stamp) -> float: ...
     def capture(self, value: Any) -> Any: ...
     def on_completion(self, work: Any, span: PendingSpan) -> None: ...
+    def running_works(self) -> dict[int, Any]:
+        """The works of spans whose ends this clock still looks for, by ``id`` of their span:
+        read from another thread (the stall probe), which asks each ``is_completed()`` itself."""
+        ...
     def result_on_completion(self, work: Any, span: PendingSpan) -> Any: ...
     def time_collectives_in(self, group: Any) -> None: ...
 
@@ -165,6 +169,9 @@ class HostClock:
     def on_completion(self, work: Any, span: PendingSpan) -> None:
         self._running.append((work, span))
 
+    def running_works(self) -> dict[int, Any]:
+        return {id(span): work for work, span in self._running}  # ``_running`` is rebound whole, never edited
+
     def result_on_completion(self, work: Any, span: PendingSpan) -> Any:
         """A future of the work's tensor, as a DDP communication hook returns; the span ends
         when a poll sees the work completed. (``ddp_timing`` completes DDP's futures itself on
@@ -279,6 +286,10 @@ class CudaEventClock:
         host.copy_(value.detach(), non_blocking=True)
         return host
 
+    def running_works(self) -> dict[int, Any]:
+        """None: a span here knows its own end (``timed_work``, or an end event to ``query()``)."""
+        return {}
+
     def on_completion(self, work: Any, span: PendingSpan) -> None:
         if self.nccl_timing:
             span.complete_after(work)
@@ -312,7 +323,7 @@ class CudaEventClock:
 
 
 class PendingSpan:
-    __slots__ = ("kind", "start", "end", "blocking", "nbytes", "tag", "dtype", "queue", "timed_work", "failure")
+    __slots__ = ("kind", "start", "end", "blocking", "nbytes", "tag", "dtype", "queue", "timed_work", "failure", "seq")
 
     def __init__(self, kind: str, start: Stamp, blocking: bool, nbytes: int = 0, tag: str = "", dtype: str = "",
                  queue: str = "") -> None:
@@ -321,6 +332,7 @@ class PendingSpan:
         self.queue = queue  # the process group's queue it waits in: "" the strategy's own
         self.timed_work: Any = None  # a NCCL work whose own duration ends the span: it has no end mark
         self.failure: str | None = None
+        self.seq = 0  # a collective's number on its queue (``StepTimeline.open_collective``)
 
     def complete(self, end: Stamp) -> None:
         self.end = end

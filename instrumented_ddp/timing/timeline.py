@@ -41,6 +41,12 @@ class StepTimeline:
         self._carried: list[PendingSpan] = []  # spans the step before gave the next one (``end_step``'s ``carried``)
         self._pending: deque[PendingStep] = deque()
         self._lock = threading.Lock()
+        #: What the main thread is in (``phase``'s kind, "" outside every phase): read by the
+        #: sender thread for the heartbeat, so a plain attribute, stored twice a phase.
+        self.current_phase = ""
+        #: Collectives opened on each queue since the rank started: each span's ``seq`` is its
+        #: number on its queue, the same on every rank of the group (``stall_probe.InFlight.seq``).
+        self.issued: dict[str, int] = {}
 
     # -- marking ---------------------------------------------------------------------------------
     def begin_step(self, step: int, strategy: str, settings: dict[str, Any], at: Stamp = None) -> None:
@@ -54,9 +60,11 @@ class StepTimeline:
     @contextmanager
     def phase(self, kind: str, blocking: bool = False) -> Iterator[None]:
         span = PendingSpan(kind, self.clock.stamp(), blocking)
+        outer, self.current_phase = self.current_phase, kind
         try:
             yield
         finally:
+            self.current_phase = outer
             span.complete(self.clock.stamp())
             self._spans().append(span)
 
@@ -87,6 +95,7 @@ class StepTimeline:
         as ``mark_ready`` takes one: on the CPU one look fewer, on a GPU one event fewer), on the
         process group whose queue is ``queue`` ("": the one the strategy's collectives share)."""
         span = PendingSpan(kind, self.clock.stamp() if at is None else at, blocking, nbytes, tag, dtype, queue)
+        span.seq = self.issued[queue] = self.issued.get(queue, 0) + 1
         self._spans().append(span)
         return span
 
@@ -216,6 +225,24 @@ class StepTimeline:
 
     def _spans(self) -> list[PendingSpan]:
         return self._current.spans if self._current is not None else self._outside_step
+
+    def unreported_collectives(self) -> list[tuple[int, PendingSpan]]:
+        """(step, span) of each collective not yet reported: the current step's, those issued
+        outside a step (step 0), and the finished steps' still pending. For the sender thread's
+        stall probe: the main thread only appends to these lists meanwhile, so copies suffice."""
+        current = self._current
+        found = [(0, span) for span in list(self._outside_step)]
+        if current is not None:
+            found += [(current.step, span) for span in list(current.spans)]
+        with self._lock:
+            found += [(step.step, span) for step in self._pending for span in list(step.spans)]
+        return [(step, span) for step, span in found if span.kind in COMM_KINDS]
+
+    @property
+    def current_step(self) -> int:
+        """The step begun and not ended (0 between steps)."""
+        current = self._current
+        return current.step if current is not None else 0
 
     # -- reading ---------------------------------------------------------------------------------
     def has_pending(self) -> bool:

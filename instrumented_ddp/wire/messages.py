@@ -24,6 +24,7 @@ from msgspec import Meta
 
 from instrumented_ddp.wire.kinds import COMM_KINDS, MEMORY_KINDS, SPAN_KINDS
 from instrumented_ddp.wire.packed_floats import all_finite, all_non_negative_and_finite
+from instrumented_ddp.wire.stall_probe import StallProbe
 
 #: Characters of what a loop paused training for (``StepReport.paused_for``, ``Heartbeat.pausing``)
 #: a rank sends and a listener keeps: a few words ("evaluate, save").
@@ -386,13 +387,17 @@ class SpanRequest(WireMessage, frozen=True):
 class Heartbeat(WireMessage, frozen=True):
     """A rank is alive, at ``step``. ``pausing``: what its loop is doing instead of training
     while it does it (an evaluation: ``Attachment.paused``), so that a dashboard can say why no
-    step comes; "" while it trains."""
+    step comes; "" while it trains. ``phase``: what its main thread is in (``stall_probe.PHASES``;
+    "" from an older rank). ``probe``: only from a rank that has finished no step for a while,
+    its collectives in flight and its stack (``stall_probe``)."""
 
     TYPE: ClassVar[str] = "heartbeat"
     rank: Rank
     time: Time
     step: int
     pausing: str = ""
+    phase: Annotated[str, Meta(max_length=16)] = ""
+    probe: StallProbe | None = None
 
 
 class DeviceSample(WireMessage, frozen=True):

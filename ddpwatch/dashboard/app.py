@@ -32,6 +32,7 @@ from ddpwatch.dashboard.span_wish import span_wish
 from ddpwatch.dashboard.switch_requests import AskedSwitch, SwitchRequests
 from ddpwatch.dashboard.screens.help_screen import HelpScreen
 from ddpwatch.dashboard.screens.strategy_picker import StrategyPicker, SwitchChoice
+from ddpwatch.dashboard.screens.stall_screen import StallScreen
 from ddpwatch.dashboard.views.snapshot import SnapshotBuilder
 from ddpwatch.dashboard.views.snapshot_parts import Snapshot
 from ddpwatch.dashboard.widgets.advisor_panel import AdvisorPanel
@@ -41,6 +42,7 @@ from ddpwatch.dashboard.widgets.ranks_table import RanksTable
 from ddpwatch.dashboard.widgets.segment_bars_view import SegmentBarsView
 from ddpwatch.dashboard.widgets.segments_table import SegmentsTable
 from ddpwatch.dashboard.widgets.sparkline_list import SparklineList
+from ddpwatch.dashboard.widgets.stall_banner import StallBanner
 from ddpwatch.dashboard.widgets.stragglers_panel import StragglersPanel
 from ddpwatch.dashboard.widgets.timeline_view import TimelineView
 from ddpwatch.dashboard.widgets.warnings_panel import WarningsPanel
@@ -89,6 +91,7 @@ class DashboardApp(App[None]):
         Binding("right_square_bracket", "accum(1)", "accum+1", show=False),
         Binding("left_square_bracket", "accum(-1)", "accum-1", show=False),
         Binding("e", "export", "export"),
+        Binding("w", "stall_view", "stall", show=False),
         Binding("h", "heatmap_metric", "heatmap", show=False),
         # The side tabs from the keyboard: ← and → step through steps, so a focused tab bar cannot
         # move with them, and a terminal without the mouse (tmux without mouse mode) reaches the
@@ -124,6 +127,7 @@ class DashboardApp(App[None]):
     def compose(self) -> ComposeResult:
         # Kept as attributes: the frame timer draws into them even while a modal screen is on top.
         self.header_bar, self.timeline_view = HeaderBar(id="header"), TimelineView(id="timeline")
+        self.stall_banner = StallBanner(id="stall-banner")
         self.ranks_table, self.segments_table = RanksTable(id="ranks"), SegmentsTable(id="segments")
         self.device_panel, self.trends_panel = SparklineList(id="devices"), SparklineList(id="trends")
         self.segment_bars = SegmentBarsView(id="segment-bars")
@@ -135,6 +139,7 @@ class DashboardApp(App[None]):
         self.timeline_box = VerticalScroll(id="timeline-box")
         self.middle = Horizontal(id="middle")  # the ranks and the side tabs: side by side, or stacked
         yield self.header_bar
+        yield self.stall_banner
         with self.timeline_box:
             yield self.timeline_view
         with self.middle:
@@ -257,6 +262,10 @@ class DashboardApp(App[None]):
 
     def action_help(self) -> None:
         self.push_screen(HelpScreen(self.switching_off))
+
+    def action_stall_view(self) -> None:
+        snapshot = self.snapshot
+        self.push_screen(StallScreen(snapshot.stall if snapshot else None, snapshot.stall_text if snapshot else ""))
 
     def action_toggle_pause(self) -> None:
         if self.selected_step is None:

@@ -69,6 +69,7 @@ class FrameCycle:
                                                     recording_ended=app.feed.ended)
         timed("build")
         app.header_bar.show(snapshot.header, app.feed.description, app.feed.ended)
+        app.stall_banner.show(snapshot.stall_text)
         if snapshot.header.switchable != app.run_is_switchable:
             app.run_is_switchable = snapshot.header.switchable
             app.refresh_bindings()  # the switch keys are offered, or not (check_action)

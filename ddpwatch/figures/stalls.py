@@ -73,6 +73,7 @@ class Stall:
     verdict: Verdict
     stacks: dict[int, list[str]] = field(default_factory=dict)
     phases: dict[int, str] = field(default_factory=dict)
+    issued: dict[int, dict[str, int]] = field(default_factory=dict)  # each probed rank's collectives issued, by group
     ended_at: float | None = None
     looked_at: float = 0.0  # the watch's latest look while the stall lasted
 
@@ -103,6 +104,8 @@ class Stall:
             "in_flight": {str(rank): {"kind": c.kind, "tag": c.tag, "bytes": c.nbytes, "group": c.group or "default",
                                       "seq": c.seq, "waited_s": round(c.waited_s, 3)}
                           for rank, c in sorted(self.verdict.sides.items())},
+            "issued": {str(rank): {group or "default": n for group, n in sorted(counts.items())}
+                       for rank, counts in sorted(self.issued.items())},
             "stacks": {str(rank): lines for rank, lines in sorted(self.stacks.items())},
         }
 

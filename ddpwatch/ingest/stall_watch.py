@@ -28,7 +28,7 @@ class StallWatch:
         self._segments = segments
         self.stalls: list[Stall] = []
         self.changes = 0  # bumped at every stall named, changed or ended
-        self._next_look = 0.0
+        self._looked_at = float("-inf")
 
     @property
     def current(self) -> Stall | None:
@@ -45,9 +45,9 @@ class StallWatch:
     def look(self, now: float, force: bool = False) -> None:
         """Name, update or end the current stall from what the ranks last said (at most every
         ``LOOK_EVERY_S`` unless ``force``); ranks that said goodbye take no part."""
-        if not force and now < self._next_look:
-            return
-        self._next_look = now + LOOK_EVERY_S
+        if not force and self._looked_at <= now < self._looked_at + LOOK_EVERY_S:
+            return  # (a clock read before the last look's, another caller's, looks again)
+        self._looked_at = now
         training = {r: state for r, state in self._liveness.ranks.items() if state.hello is not None and state.goodbye is None}
         stepped = [state.last_step_at for state in training.values() if state.last_step > 0]
         current = self.current
@@ -66,15 +66,16 @@ class StallWatch:
         verdict = classify(views)
         stacks = {r: list(state.probe.stack) for r, state in training.items() if state.probe is not None and state.probe.stack}
         phases = {r: state.phase for r, state in training.items() if state.phase}
+        issued = {r: dict(state.probe.issued) for r, state in training.items() if state.probe is not None}
         step = max((state.probe.in_step for state in training.values() if state.probe is not None), default=0) \
             or max(state.last_step for state in training.values()) + 1
         if current is not None:
             current.looked_at = now
         if current is None:
-            self.stalls.append(Stall(step, since, now, verdict, stacks, phases))
+            self.stalls.append(Stall(step, since, now, verdict, stacks, phases, issued))
             self.changes += 1
-        elif (verdict, stacks, phases) != (current.verdict, current.stacks, current.phases):
-            current.verdict, current.stacks, current.phases, current.step = verdict, stacks, phases, step
+        elif (verdict, stacks, phases, issued) != (current.verdict, current.stacks, current.phases, current.issued):
+            current.verdict, current.stacks, current.phases, current.issued, current.step = verdict, stacks, phases, issued, step
             self.changes += 1
 
     def step_finished(self, now: float) -> None:

@@ -25,6 +25,7 @@ KEYS = [
     ("+ / -", "double / halve bucket_mb (switches)"),
     ("] / [", "grad_accum + 1 / - 1 (switches)"),
     ("e", "export summary.json/.md/.csv/.svg, trace.json and an SVG screenshot"),
+    ("w", "the stall view: each rank's phase, collective in flight, its numbers and stack"),
     ("t / T", "side panel: next / previous tab (devices, loss, heatmap, stragglers, advisor)"),
     ("h", "heatmap tab: exposed comm % / step time / waited ms"),
     ("b", "advisor tab: switch to the predicted best bucket cap"),

@@ -27,6 +27,7 @@ from ddpwatch.dashboard.views.timeline_lanes import TimelineData, pick_timeline_
 from ddpwatch.dashboard.views.warning_lines import lost_rank_lines, note_lines, reporting_fault_lines
 from ddpwatch.figures.cross_rank import STRAGGLER_STEPS, Desync, DesyncRange, StepWaits, Straggler, find_desync, find_straggler
 from ddpwatch.wording.figure_text import busbw_text, held_text, kinds_text
+from ddpwatch.wording.stall_text import stall_line
 from ddpwatch.ingest.evaluations import MetricSeries
 from ddpwatch.ingest.session import Session
 from ddpwatch.ingest.segments import Segment
@@ -124,8 +125,13 @@ class SnapshotBuilder:
         trend = self.digests(sorted(session.reports)[-TREND_POINTS:])
         warnings, notes = self._warnings_and_notes(step, now, heard, recording_ended)
         segments = tuple(self._segment_row(segment, now) for segment in session.segments)
+        if not recording_ended:  # a run heard to its end is over: its last stall is what the recording holds
+            session.stall_watch.look(heard)
+        stall = session.stall_watch.current
+        stalled_s = stall.duration_s(heard) if stall is not None else None
+        header = self._header.header(step, selected_step is None or selected_step == latest, trend, now)
         return Snapshot(
-            header=self._header.header(step, selected_step is None or selected_step == latest, trend, now),
+            header=replace(header, stalled_s=stalled_s) if stalled_s is not None else header,
             timeline=self._timeline,
             ranks=self._rank_parts.rows(step, figures, waits, open_nodes, now, heard, recording_ended),
             devices=self._rank_parts.device_series(now) if side_tab in (None, "devices") else (),
@@ -138,6 +144,8 @@ class SnapshotBuilder:
             stragglers=self._top_stragglers(step) if side_tab in (None, "stragglers") else (),
             advice=self.advice(now) if side_tab in (None, "advisor") else None,
             evaluations=self._evaluation_series() if side_tab in (None, "trends") else (),
+            stall=stall.as_dict() if stall is not None else None,
+            stall_text=stall_line(stall.as_dict(), stalled_s) if stall is not None and stalled_s is not None else "",
         )
 
     def _evaluation_series(self) -> tuple[MetricSeries, ...]:

@@ -7,6 +7,7 @@ them from the session, and each widget draws only its part.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from ddpwatch.advisor.advice import Advice
 from ddpwatch.dashboard.views.heatmap import Heatmap
@@ -49,6 +50,7 @@ class HeaderData:
     finished: bool = False  # every rank said goodbye: the run is over, whatever step is shown
     failed: bool = False  # a rank's goodbye said its training raised (``Session.failed_ranks``)
     interrupted: bool = False  # ... or that a signal stopped it (``Session.interrupted_ranks``)
+    stalled_s: float | None = None  # how long no rank has finished a step, while the run is stalled
 
 
 @dataclass(frozen=True)
@@ -132,3 +134,7 @@ class Snapshot:
     #: What the run's evaluations measured: (metric, the steps each followed, values) per metric
     #: (``evaluations.Evaluations.series``), drawn under the loss.
     evaluations: tuple[MetricSeries, ...] = ()
+    #: The current stall as ``stalls.json`` holds it (``figures.stalls.Stall.as_dict``), and in
+    #: words (``wording.stall_text``); None and "" while the run is not stalled.
+    stall: dict[str, Any] | None = None
+    stall_text: str = ""

@@ -37,6 +37,7 @@ class HeaderBar(Horizontal):
         not "live" as if it still trained. A run over says so here, not only in the ranks table."""
         mode = ("paused" if not data.following else "failed" if data.failed else "interrupted" if data.interrupted
                 else "finished" if data.finished else "ended" if source_ended
+                else "stalled" if data.stalled_s is not None
                 else "live")  # failed: a rank's training raised; interrupted: a signal stopped one (the warnings say)
         eta = None if mode in ("ended", "failed", "interrupted") else data.eta_s  # a run that will not go on
         # Last on the line: an attached DDP's hook makes them long, and a narrow header cuts them,
@@ -45,11 +46,13 @@ class HeaderBar(Horizontal):
         # Its own line: at the end of either other line, after the session's name or the
         # settings, a narrow terminal cuts it.
         cannot_switch = "" if data.switchable else f"\n[b]{NOT_SWITCHABLE}[/b]"
+        # A stalled run has no rate and no ETA to give: how long no step has come, instead.
+        progress = (f"[b red]stalled {data.stalled_s:.0f} s[/b red]" if data.stalled_s is not None and data.following
+                    else f"{format_eta(eta)} · {'—' if data.samples_per_s is None else f'{data.samples_per_s:.1f}'} samples/s")
         text = (
             f"[b]ddpwatch[/b] {data.session} · {data.world_size} rank{'' if data.world_size == 1 else 's'} · "
             f"[i]{mode}[/i] · [dim]{source}[/dim]\n"
-            f"[b]{data.strategy}[/b] · step {data.step}/{data.total_steps or '?'} · {format_eta(eta)} · "
-            f"{'—' if data.samples_per_s is None else f'{data.samples_per_s:.1f}'} samples/s{settings}{cannot_switch}"
+            f"[b]{data.strategy}[/b] · step {data.step}/{data.total_steps or '?'} · {progress}{settings}{cannot_switch}"
         )
         self.set_class(not data.switchable, "-not-switchable")
         if text != getattr(self, "_shown", None):  # fixed size (see dashboard.tcss): no layout pass

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import numbers
 import os
+import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, SupportsFloat, cast
@@ -178,7 +179,8 @@ class Attachment:
                                           self.strategy, self._step_settings, len(self.optimizers), trainable)
         self._loop_work = LoopWork(self._boundaries, self.watch, device, strategy_group(model, sharded), self._attached)
         if self.watch.probing is not None:  # the loop's phases are in its step boundaries, not in timeline phases
-            self.watch.probing.phase_of = lambda: self._boundaries.phase
+            boundaries = weakref.ref(self._boundaries)  # weakly: what outlives a detach must not hold the model
+            self.watch.probing.phase_of = lambda: held.phase if (held := boundaries()) is not None else ""
         self._hooks = PhaseHooks(model, self.optimizers, self._boundaries, self.watch, trainable, self.detach)
         self._hooks.install()
         setattr(model, "_ddpwatch_attached", True)

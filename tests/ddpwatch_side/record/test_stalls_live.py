@@ -7,10 +7,14 @@ when it ends; a marked pause of the same length must name nothing."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
-from launch import REPO_ROOT, Recorder, run_ranks
+from launch import REPO_ROOT, Recorder, RankGroup, run_ranks
 
 HANG_PROBE = REPO_ROOT / "tests" / "support" / "workers" / "hang_probe.py"
 SLEEP_S = 8.0
@@ -48,3 +52,33 @@ def test_a_marked_pause_as_long_names_no_stall(tmp_path: Path) -> None:
     summary, err = recorded(tmp_path, 2, "--pause-s", str(SLEEP_S))
     assert summary["stalls"] == [] and "STALL" not in err
     assert not (tmp_path / "out" / "stalls.json").exists()
+
+
+def stall_kind_in(path: Path, kind: str, group: RankGroup, within_s: float) -> dict[str, Any]:
+    """The stall of ``stalls.json`` once it reads ``kind``, the recorder's file polled as a user would."""
+    deadline = time.monotonic() + within_s
+    while True:
+        stalls = json.loads(path.read_text())["stalls"] if path.exists() else []
+        if stalls and stalls[-1]["kind"] == kind:
+            return stalls[-1]
+        assert time.monotonic() < deadline, stalls
+        assert all(rank.poll() is None for rank in group.ranks[1:]) or kind == "lost", "a rank ended"
+        time.sleep(0.1)
+
+
+@pytest.mark.timeout(240)
+def test_a_rank_killed_while_the_others_wait_turns_the_stall_lost(tmp_path: Path) -> None:
+    """Rank 1 sleeps (behind, named in stalls.json); then it is killed by SIGKILL: the same stall
+    reads lost, rank 1 silent, rank 0 waiting in b0, while the job is still there to be looked at."""
+    with Recorder(tmp_path / "out", "--idle-exit", "30") as recorder:
+        group = RankGroup([str(HANG_PROBE), "--address", recorder.address, "--steps", "16", "--sleep-rank", "1",
+                           "--sleep-step", "12", "--sleep-s", "60"], 2)
+        try:
+            behind = stall_kind_in(tmp_path / "out" / "stalls.json", "behind", group, within_s=90)
+            assert behind["culprits"] == [1]
+            os.killpg(group.ranks[1].pid, signal.SIGKILL)
+            lost = stall_kind_in(tmp_path / "out" / "stalls.json", "lost", group, within_s=20)
+        finally:
+            group.stop()
+    assert (lost["culprits"], lost["step"], lost["duration_s"]) == ([1], 12, None)
+    assert lost["waiting"] in ([0], [])  # rank 0 waits in b0, unless gloo already failed it on the reset

@@ -17,6 +17,7 @@ from ddpwatch.ingest.rank_liveness import LOST_AFTER_S
 from ddpwatch.ingest.session_file import read_session_file
 from instrumented_ddp.wire.codec import Envelope, decode
 from launch import QUICK_EVAL, REPO_ROOT, free_port, start_ranks, wait_for_line
+from step_gate import StepGate, start_gated_ranks
 
 
 class WatchedRun:
@@ -190,12 +191,19 @@ def test_the_dashboard_started_late_then_killed_and_restarted_never_pauses_train
     first_file, second_file = tmp_path / "first" / "session.ddpwatch", tmp_path / "second" / "session.ddpwatch"
     # 70 steps: the second dashboard had its 5 steps by step ~44 of 100 (the first drew from 10 to 28,
     # with 100 KB of the run to wait for, now 50 KB): the run went on 50 steps more for nothing.
-    training = start_ranks(["--strategy", "async", "--steps", "70", "--batch-size", "8", "--log-every", "10",
-                            "--watch", address], tmp_path / "train.log")
+    # The run waits at step 13 until the first dashboard has heard it: a dashboard slow to start on a
+    # loaded machine must not find a run that ended unwatched, and the 58 steps left fill its 50 KB.
+    gate = StepGate(tmp_path / "gate", allowed=12)
+    training = start_gated_ranks(gate, ["--strategy", "async", "--steps", "70", "--batch-size", "8", "--log-every", "10",
+                                        "--watch", address], tmp_path / "train.log")
     try:
         wait_for_line(tmp_path / "train.log", "step 10/70 ", training)  # unwatched so far
         with DashboardProcess("--listen", address, "--out", str(tmp_path / "first")) as first:
             deadline = time.monotonic() + 120
+            while not (first_file.exists() and first_file.stat().st_size > 0):  # it heard the ranks (their hellos)
+                assert time.monotonic() < deadline and training.poll() is None and first.proc.poll() is None
+                time.sleep(0.1)
+            gate.allow(70)
             while not (first_file.exists() and first_file.stat().st_size > 50_000):
                 assert time.monotonic() < deadline and training.poll() is None and first.proc.poll() is None
                 time.sleep(0.1)

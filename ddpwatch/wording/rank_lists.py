@@ -7,7 +7,7 @@ ranks collapse to a range, and past ``limit`` pieces the rest is counted, not li
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 
 FEW_RANKS = 3  # up to this many, a warning is said once per rank
 
@@ -31,6 +31,11 @@ def rank_runs(ranks: Iterable[int]) -> list[tuple[int, int]]:
 def ranks_text(ranks: Iterable[int], limit: int = 8) -> str:
     """``limit`` runs at most, then how many ranks are left unnamed."""
     return runs_text(rank_runs(ranks), limit)
+
+
+def rank_list(ranks: Collection[int]) -> str:
+    """``rank 1``, or ``ranks 0-2, 5`` (``ranks_text``)."""
+    return f"rank {next(iter(ranks))}" if len(ranks) == 1 else f"ranks {ranks_text(ranks)}"
 
 
 def runs_text(runs: list[tuple[int, int]], limit: int = 8) -> str:
@@ -80,7 +85,7 @@ def held_by_lost_lines(held: dict[int, int], lost: dict[int, float], heard: floa
     if not held or not lost:
         return []
     who = f"rank {next(iter(held))} has" if len(held) == 1 else f"{len(held)} ranks ({ranks_text(held)}) have"
-    them = f"rank {next(iter(lost))}" if len(lost) == 1 else f"ranks {ranks_text(lost)}"
+    them = rank_list(lost)
     steps = sorted(set(held.values()))
     return [f"{who} passed no step since {them} went silent {heard - min(lost.values()):.0f} s ago (at "
             f"{step_range_text(steps[0], steps[-1])}): waiting for {'it' if len(lost) == 1 else 'them'} in a collective, "
@@ -96,7 +101,7 @@ def interrupted_ranks_lines(interruptions: dict[int, tuple[int, str]]) -> list[s
         ranks = {rank: steps for rank, (steps, why) in interruptions.items() if why == signal}
         low, high = min(ranks.values()), max(ranks.values())
         after = step_range_text(low, high)
-        who = f"rank {next(iter(ranks))}" if len(ranks) == 1 else f"ranks {ranks_text(ranks)}"
+        who = rank_list(ranks)
         lines.append(f"{who} interrupted after {after}: {signal}")
     return lines
 
@@ -109,7 +114,7 @@ def detached_ranks_lines(detachments: dict[int, tuple[int, str]]) -> list[str]:
     for why in sorted(set(why for _, why in detachments.values())):
         ranks = {rank: steps for rank, (steps, said) in detachments.items() if said == why}
         after = step_range_text(min(ranks.values()), max(ranks.values()))
-        who = f"rank {next(iter(ranks))}" if len(ranks) == 1 else f"ranks {ranks_text(ranks)}"
+        who = rank_list(ranks)
         lines.append(f"{who} no longer watched after {after}, training on unwatched: {why}")
     return lines
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ddpwatch.wording.rank_lists import ranks_text
+from ddpwatch.wording.rank_lists import rank_list
 
 #: Frames in these are the libraries', not the user's: the place named is the innermost frame outside them.
 LIBRARY_PARTS = ("torch/", "instrumented_ddp/", "ddpwatch/", "threading.py", "contextlib.py")
@@ -24,11 +24,6 @@ def place_in(stack: Sequence[str]) -> str:
         if not any(part in line.split(":", 1)[0] for part in LIBRARY_PARTS):
             return line
     return stack[-1] if stack else ""
-
-
-def rank_list(ranks: Sequence[int]) -> str:
-    """``rank 1``, ``ranks 0-2, 5``."""
-    return f"rank{'s' if len(ranks) > 1 else ''} {ranks_text(ranks)}"
 
 
 def call_text(call: Mapping[str, Any]) -> str:

@@ -1,4 +1,4 @@
-"""The ranks × steps heatmap's grid, worked by hand."""
+"""The ranks × steps heatmap's grid, hand-worked."""
 
 from __future__ import annotations
 

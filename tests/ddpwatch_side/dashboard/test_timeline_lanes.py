@@ -1,4 +1,4 @@
-"""The dashboard's timeline lanes of one step (``timeline_lanes.timeline_of``), worked by hand."""
+"""The dashboard's timeline lanes of one step (``timeline_lanes.timeline_of``), hand-worked."""
 
 from __future__ import annotations
 

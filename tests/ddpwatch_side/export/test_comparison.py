@@ -1,4 +1,4 @@
-"""``ddpwatch compare``: recorded runs side by side, each segment against the first, worked by hand."""
+"""``ddpwatch compare``: recorded runs side by side, each segment against the first, hand-worked."""
 
 from __future__ import annotations
 

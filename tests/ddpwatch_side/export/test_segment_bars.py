@@ -1,4 +1,4 @@
-"""The per-segment bar: its parts, their cells and the SVG, worked by hand."""
+"""The per-segment bar: its parts, their cells and the SVG, hand-worked."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""ddpwatch.figures.accumulation: an accumulating step's all-reduces before its last micro-step, worked by hand."""
+"""ddpwatch.figures.accumulation: an accumulating step's all-reduces before its last micro-step, hand-worked."""
 
 import pytest
 

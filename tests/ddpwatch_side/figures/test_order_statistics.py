@@ -1,5 +1,5 @@
 """The median's distribution-free interval (``instrumented_ddp.wire.median_interval``, and
-``ddpwatch.figures.order_statistics``'s partial sort), worked by hand."""
+``ddpwatch.figures.order_statistics``'s partial sort), hand-worked."""
 
 from __future__ import annotations
 

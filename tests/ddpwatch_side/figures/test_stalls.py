@@ -1,4 +1,4 @@
-"""The stall verdict, worked by hand from the ranks' probes (``ddpwatch.figures.stalls``)."""
+"""The stall verdict, hand-worked from the ranks' probes (``ddpwatch.figures.stalls``)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""What the run's evaluations measured, kept and drawn (``ddpwatch.ingest.evaluations``), worked by hand."""
+"""What the run's evaluations measured, kept and drawn (``ddpwatch.ingest.evaluations``), hand-worked."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""How the ranks' messages say whether each still trains (``ddpwatch.ingest.rank_liveness``), worked by hand."""
+"""How the ranks' messages say whether each still trains (``ddpwatch.ingest.rank_liveness``), hand-worked."""
 
 from __future__ import annotations
 

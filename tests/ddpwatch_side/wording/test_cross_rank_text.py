@@ -1,4 +1,4 @@
-"""The straggler's and the desync's sentences (``ddpwatch/wording/cross_rank_text.py``), worked by hand."""
+"""The straggler's and the desync's sentences (``ddpwatch/wording/cross_rank_text.py``), hand-worked."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Steps that wait on their data, said in words (``ddpwatch.wording.data_wait``), worked by hand."""
+"""Steps that wait on their data, said in words (``ddpwatch.wording.data_wait``), hand-worked."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""How the figures are written (``ddpwatch/wording/figure_text.py``), worked by hand."""
+"""How the figures are written (``ddpwatch/wording/figure_text.py``), hand-worked."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The line for a segment's compute the loop marked itself (``ddpwatch/wording/loop_compute.py``), worked by hand."""
+"""The line for a segment's compute the loop marked itself (``ddpwatch/wording/loop_compute.py``), hand-worked."""
 
 from __future__ import annotations
 

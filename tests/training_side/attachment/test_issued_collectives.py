@@ -74,7 +74,7 @@ def test_a_backend_that_cannot_say_turns_the_count_off_for_good() -> None:
 
 
 def test_a_steps_collectives_in_its_data_gaps_are_those_issued_there_less_those_timed_there() -> None:
-    """A step of two micro-steps, worked by hand. Gap before the first forward: 3 issued, of
+    """A step of two micro-steps, hand-worked. Gap before the first forward: 3 issued, of
     which 1 timed there (an FSDP all-gather its pre-forward hook issued before ours ran): 2 the
     loop's. Forward and backward: 5 issued, 4 timed. Gap between the micro-steps: 1. Before the
     update, after the last backward (the gap cancelled): 1, the optimizer's. In all 10 issued, 5

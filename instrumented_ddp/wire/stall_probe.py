@@ -43,8 +43,8 @@ class InFlight(NamedTuple):
     ``StepReport`` spans' queues say). ``seq``: its number among the collectives ddpwatch timed on
     that group since the rank started, 1 for the first: the same collective has the same number
     on every rank of the group, so a rank whose ``StallProbe.issued`` is below it has not reached it.
-    ``completed``: its end event says it finished (on CUDA, read with ``query()``) though the main
-    thread has not yet come back to resolve it."""
+    One whose work or end event says it finished is not in flight, though the main thread has not
+    yet come back to resolve it (``timing.in_flight``)."""
 
     kind: Name
     tag: Name = ""
@@ -53,7 +53,6 @@ class InFlight(NamedTuple):
     seq: Count = 0
     step: Count = 0
     waited_s: Seconds = 0.0  # since it was issued
-    completed: bool = False
 
 
 class StallProbe(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):

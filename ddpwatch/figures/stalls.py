@@ -8,11 +8,14 @@ holds the others up:
 
 * **lost**: a rank fell silent (``RankLiveness``); the others wait for it.
 * **behind**: ranks wait in a collective that others have not issued (their count on its group
-  is below its number): those are the culprits, and their stacks say where they are.
+  is below its number) and that are in no collective themselves: those are the culprits, and
+  their stacks say where they are. One behind that waits in a collective of its own (on a
+  subgroup, for a third rank) is not a culprit: the idle rank it waits for is.
 * **in_collective**: every rank is in the same collective (same group, number, kind and size):
   the collective itself is slow, or the link is.
-* **desync**: nobody is behind, yet the ranks' oldest collectives differ in kind, size or
-  number: they issued different collectives, and no collective can complete.
+* **desync**: nobody idle is behind, yet the ranks' oldest collectives differ in group, number,
+  kind or size: they issued different collectives, and none can complete. The culprits are
+  the minority (both sides of an even split).
 
 A rank with nothing in flight and no collective it has not reached is simply where its stack
 says; where no rank is in a collective at all, every rank is a culprit ("behind" with no one
@@ -65,15 +68,15 @@ class Verdict(NamedTuple):
 @dataclass
 class Stall:
     """One stall: ``since`` is when the last step before it was finished, ``named_at`` when the
-    watch named it, ``ended_at`` when a step was finished again (None while it lasts)."""
+    watch named it, ``ended_at`` when a step was finished again (None while it lasts).
+    ``probes`` and ``phases``: what each rank last said while it lasted."""
 
     step: int  # the step the run is stalled in
     since: float
     named_at: float
     verdict: Verdict
-    stacks: dict[int, list[str]] = field(default_factory=dict)
+    probes: dict[int, StallProbe] = field(default_factory=dict)
     phases: dict[int, str] = field(default_factory=dict)
-    issued: dict[int, dict[str, int]] = field(default_factory=dict)  # each probed rank's collectives issued, by group
     ended_at: float | None = None
     looked_at: float = 0.0  # the watch's latest look while the stall lasted
 
@@ -84,12 +87,17 @@ class Stall:
     def named_after_s(self) -> float:
         return self.named_at - self.since
 
+    @property
+    def stacks(self) -> dict[int, list[str]]:
+        return {rank: list(probe.stack) for rank, probe in sorted(self.probes.items()) if probe.stack}
+
     def duration_s(self, now: float) -> float:
         return (self.ended_at if self.ended_at is not None else now) - self.since
 
     def as_dict(self) -> dict[str, Any]:
         """The stall as ``stalls.json`` and ``summary.json`` hold it."""
         call = self.verdict.collective
+        probes = sorted(self.probes.items())
         return {
             "step": self.step,
             "kind": self.verdict.kind,
@@ -104,9 +112,9 @@ class Stall:
             "in_flight": {str(rank): {"kind": c.kind, "tag": c.tag, "bytes": c.nbytes, "group": c.group or "default",
                                       "seq": c.seq, "waited_s": round(c.waited_s, 3)}
                           for rank, c in sorted(self.verdict.sides.items())},
-            "issued": {str(rank): {group or "default": n for group, n in sorted(counts.items())}
-                       for rank, counts in sorted(self.issued.items())},
-            "stacks": {str(rank): lines for rank, lines in sorted(self.stacks.items())},
+            "issued": {str(rank): {group or "default": n for group, n in sorted(probe.issued.items())} for rank, probe in probes},
+            "places": {str(rank): probe.place for rank, probe in probes if probe.place},
+            "stacks": {str(rank): lines for rank, lines in self.stacks.items()},
         }
 
 
@@ -134,8 +142,10 @@ def classify(ranks: Mapping[int, RankView]) -> Verdict:
         return Verdict("behind", tuple(sorted(alive)), (), None, oldest)
     waiting, collective = held
     behind = tuple(sorted(rank for rank, view in alive.items() if rank not in waiting and _not_reached(view, collective)))
-    if behind:
-        return Verdict("behind", behind, waiting, collective, oldest)
+    idle = tuple(rank for rank in behind if rank not in oldest)
+    if idle:  # those behind that are in a collective of their own wait too: for the idle ones
+        return Verdict("behind", idle, waiting, collective, oldest)
+    # Every rank behind is itself in another collective: each side waits for the other's.
     signatures = Counter(_signature(call) for call in oldest.values())
     if len(signatures) == 1 and len(oldest) == len(alive):
         return Verdict("in_collective", (), tuple(sorted(oldest)), collective, oldest)

@@ -4,7 +4,8 @@ A run is stalled once no rank has finished a step for ``stalls.stall_after_s`` (
 segment's p95 step, at least 3 s), on the session's clock, so that a replay names the same stalls
 at the same moments as the live run did. The verdict (``stalls.classify``) is taken again at
 every look while the stall lasts: the ranks' probes arrive a heartbeat apart, and a verdict
-may sharpen as they do (``changes`` counts each change, for whoever writes it out). A stall
+may sharpen as they do, and its waits grow (``changes`` counts each look that named, updated
+or ended a stall, for whoever writes it out). A stall
 ends when a step is finished again; a marked pause or a compile is no stall at all.
 """
 
@@ -64,18 +65,17 @@ class StallWatch:
         if now - since < stall_after_s(self.p95_step_s()) or excused(views):
             return
         verdict = classify(views)
-        stacks = {r: list(state.probe.stack) for r, state in training.items() if state.probe is not None and state.probe.stack}
+        probes = {r: state.probe for r, state in training.items() if state.probe is not None}
         phases = {r: state.phase for r, state in training.items() if state.phase}
-        issued = {r: dict(state.probe.issued) for r, state in training.items() if state.probe is not None}
         step = max((state.probe.in_step for state in training.values() if state.probe is not None), default=0) \
             or max(state.last_step for state in training.values()) + 1
         if current is not None:
             current.looked_at = now
         if current is None:
-            self.stalls.append(Stall(step, since, now, verdict, stacks, phases, issued))
+            self.stalls.append(Stall(step, since, now, verdict, probes, phases))
             self.changes += 1
-        elif (verdict, stacks, phases, issued) != (current.verdict, current.stacks, current.phases, current.issued):
-            current.verdict, current.stacks, current.phases, current.issued, current.step = verdict, stacks, phases, issued, step
+        else:  # its waits and stalled time grow at every look, whether or not the verdict sharpened
+            current.verdict, current.probes, current.phases, current.step = verdict, probes, phases, step
             self.changes += 1
 
     def step_finished(self, now: float) -> None:
@@ -91,3 +91,4 @@ class StallWatch:
 
     def as_list(self) -> list[dict[str, Any]]:
         return [stall.as_dict() for stall in self.stalls]
+

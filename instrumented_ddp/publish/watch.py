@@ -129,7 +129,7 @@ class Watch:
         )
         watch = cls(timeline)
         watch._control = control_group() if switchable else None
-        watch.probing = StallProbing(timeline, lambda: watch.steps)
+        watch.probing = StallProbing(timeline, lambda: watch.steps, lambda: watch.pausing)
         watch.publisher = TelemetryPublisher(address, hello, current_step=lambda: watch.steps,
                                              current_pause=lambda: watch.pausing, keys=keys,
                                              current_state=watch.probing.state)

@@ -45,7 +45,6 @@ import functools
 import inspect
 import os
 import sys
-import sysconfig
 import threading
 from collections.abc import Callable, Iterator
 from types import ModuleType
@@ -54,7 +53,7 @@ from typing import Any, NamedTuple
 import torch
 import torch.distributed as dist
 
-from instrumented_ddp.timing import hooked_collectives
+from instrumented_ddp.timing import hooked_collectives, users_code
 
 class Collective(NamedTuple):
     """What a stood-in function issues: its span's kind (``step_figures.COMM_KINDS``; ``BARRIER`` for a
@@ -334,23 +333,13 @@ def stand_down(user: object) -> None:
         _torch_functions.clear()
 
 
-def _library_folders() -> tuple[str, ...]:
-    """Where the interpreter's standard library and installed packages live, and torch itself
-    (wherever it is installed from): a module from there is not the user's. Each as written and
-    with its links resolved, so that a module's path is compared as it is (no look-up of its own)."""
-    paths = sysconfig.get_paths()
-    folders = {paths[key] for key in ("stdlib", "platstdlib", "purelib", "platlib") if key in paths}
-    folders.add(os.path.dirname(os.path.dirname(torch.__file__ or "")))  # torch's own folder's parent: site-packages
-    return tuple({os.path.join(way(folder), "") for folder in folders if folder for way in (os.path.abspath, os.path.realpath)})
-
-
 def _users_modules() -> Iterator[ModuleType]:
     """The modules of the user's own code: ``__main__`` (their script, however started) and those
     loaded from outside the interpreter's library folders (a project's modules beside the script,
     one installed editable), ddpwatch's own left out: they issue their collectives untimed on purpose."""
-    libraries = _library_folders()
+    libraries = users_code.library_folders()
     for name, module in list(sys.modules.items()):
-        if not isinstance(module, ModuleType) or name.split(".")[0] in ("instrumented_ddp", "ddpwatch", "torch"):
+        if not isinstance(module, ModuleType) or name.split(".")[0] in users_code.NOT_USERS:
             continue
         path = getattr(module, "__file__", None)
         if name == "__main__" or (isinstance(path, str) and not os.path.abspath(path).startswith(libraries)):

@@ -66,3 +66,6 @@ class StallProbe(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):
     #: The main thread's stack, outermost first, a frame a line: ``file:line function: source``.
     stack: Annotated[list[Line], Meta(max_length=MAX_STACK_LINES)] = msgspec.field(default_factory=list)
     compiling: bool = False  # torch.compile is compiling: a long step, not a stall
+    #: The innermost frame of ``stack`` in the user's own code (not torch's, a library's nor
+    #: ddpwatch's), as ``stack`` writes it: the line a user wrote that the rank is held at; "" for none.
+    place: Line = ""

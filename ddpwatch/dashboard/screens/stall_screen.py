@@ -11,7 +11,7 @@ from textual.content import Content
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
-from ddpwatch.wording.stall_text import call_text, place_in
+from ddpwatch.wording.stall_text import call_text, place_of
 
 STACK_LINES = 12  # the innermost frames shown of each rank's stack
 
@@ -40,7 +40,7 @@ def stall_view_text(stall: Mapping[str, Any] | None, line: str) -> Content:
             parts.append("  issued: " + ", ".join(f"{n} on {group}" for group, n in issued.items()) + "\n")
         stack = stall.get("stacks", {}).get(key, [])
         if stack:
-            here = place_in(stack)
+            here = place_of(stall, rank)
             for frame in stack[-STACK_LINES:]:
                 parts.append((f"    {frame}\n", "bold") if frame == here else f"    {frame}\n")
     parts += ["\n", ("escape to close", "dim")]

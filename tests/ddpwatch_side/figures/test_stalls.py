@@ -60,6 +60,26 @@ def test_ranks_a_collective_apart_are_a_desync_when_neither_is_behind() -> None:
     assert verdict.kind == "desync" and verdict.collective == B0
 
 
+def test_a_rank_behind_that_waits_in_a_collective_of_its_own_is_a_desync() -> None:
+    """Rank 1 issued an extra all-reduce on a group of its own ("side", its 1st there) before its
+    backward, and has issued 40 on the default group; rank 0 waits 12 s in b0, the 41st. Rank 1
+    is behind on b0, but it waits too, in a collective rank 0 never issues: each waits for the other."""
+    extra = InFlight("all_reduce", "l0", 4, "side", seq=1, step=20, waited_s=11.5)
+    verdict = classify({0: RankView("backward", probe(B0)), 1: RankView("after_forward", probe(extra, issued=40, side=1))})
+    assert (verdict.kind, verdict.culprits, verdict.waiting) == ("desync", (0, 1), (0, 1))  # two ranks: no majority
+    assert verdict.sides == {0: B0, 1: extra}
+
+
+def test_a_rank_behind_that_waits_for_a_third_is_no_culprit_the_third_is() -> None:
+    """Rank 0 waits in b0 (41st); rank 1 has issued 40 and waits 10 s in its 3rd all-reduce on
+    the pair group "pp" it shares with rank 2, which has issued 2 there and sleeps: rank 2 holds
+    rank 1, which holds rank 0."""
+    pair = InFlight("all_reduce", "l0", 4096, "pp", seq=3, step=20, waited_s=10.0)
+    verdict = classify({0: RankView("backward", probe(B0)), 1: RankView("forward", probe(pair, issued=40, pp=3)),
+                        2: RankView("forward", probe(issued=40, pp=2, stack=SLEEPING))})
+    assert (verdict.kind, verdict.culprits, verdict.waiting, verdict.collective) == ("behind", (2,), (0,), B0)
+
+
 def test_a_silent_rank_is_lost_and_the_others_wait_for_it() -> None:
     verdict = classify({0: RankView("backward", probe(B0)), 1: RankView("forward", None, lost=True)})
     assert (verdict.kind, verdict.culprits, verdict.waiting, verdict.collective) == ("lost", (1,), (0,), B0)

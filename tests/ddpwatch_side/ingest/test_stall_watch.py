@@ -110,12 +110,14 @@ def test_the_threshold_follows_the_segments_p95_step() -> None:
 
 
 def test_the_stall_is_said_in_one_line_naming_the_rank_its_collective_and_its_place() -> None:
-    from ddpwatch.wording.stall_text import place_in, stall_line
+    from ddpwatch.wording.stall_text import place_of, stall_line
 
     feed = twenty_steps()
     stalled_at_step_21(feed, until=12.0)
     [stall] = feed.session.stall_watch.stalls
     assert stall_line(stall.as_dict(), stall.duration_s(14.0)) == ("rank 1 has not reached all_reduce b0 (#21 on the default group) of step 21, "
                                        "which rank 0 has waited in for 12 s; rank 1 is at hang_probe.py:31 main: time.sleep(40)")
-    assert place_in(["hang_probe.py:40 main: loss.backward()", "torch/autograd.py:200 backward: _engine_run"]) == \
-        "hang_probe.py:40 main: loss.backward()"
+    stack = ["hang_probe.py:40 main: loss.backward()", "autograd/graph.py:200 backward: _engine_run"]
+    assert place_of({"stacks": {"1": stack}, "places": {"1": stack[0]}}, 1) == stack[0]  # the rank's own word
+    assert place_of({"stacks": {"1": stack}}, 1) == stack[1]  # else the innermost frame
+    assert place_of({}, 1) == ""

@@ -19,7 +19,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from instrumented_ddp.timing import collective_stand_ins
+from instrumented_ddp.timing import collective_stand_ins, users_code
 from instrumented_ddp.wire.messages import StepReport
 from attach_helpers import attached, batch, make_ddp, sharded_classifier
 
@@ -395,7 +395,7 @@ def test_a_librarys_module_and_a_name_someone_else_stood_in_for_first_are_left_a
     in ``torch.distributed`` first, it may call the one it imported: that, made ours, would call
     theirs again, without end."""
     library = _users_module(tmp_path, "installed_library_module")
-    monkeypatch.setattr(collective_stand_ins, "_library_folders", lambda: (str(tmp_path) + os.sep,))
+    monkeypatch.setattr(users_code, "library_folders", lambda: (str(tmp_path) + os.sep,))
     try:
         user = object()
         collective_stand_ins.stand_in(user)

@@ -75,6 +75,7 @@ def test_a_rank_idle_past_the_threshold_says_what_is_in_flight_and_where_its_mai
     assert [(call.tag, call.seq, call.step) for call in probe.in_flight] == [("b1", 2, 21)]  # b0 completed
     assert probe.in_flight[0] == InFlight("all_reduce", "b1", 8192, "", 2, 21, probe.in_flight[0].waited_s)
     assert any("sleeping_before_backward: release.wait(10)" in line for line in probe.stack), probe.stack
+    assert probe.place.endswith("sleeping_before_backward: release.wait(10)"), probe  # not threading.py's wait inside it
     assert not probe.compiling
 
 
@@ -108,3 +109,25 @@ def test_the_wait_before_probing_grows_with_a_slow_rank_steps() -> None:
         steps[0] += 1
         probing.state()
     assert abs(probing.probe_after_s() - 2.4) < 0.05
+
+
+def test_a_marked_pause_is_neither_idle_time_nor_a_step() -> None:
+    """Steps of 0.1 s, then a 10 s evaluation in ``watch.paused``: no probe while it lasts, none
+    just after, and the wait before probing still follows the 0.1 s steps."""
+    steps, pausing = [1], [""]
+    probing = StallProbing(StepTimeline(0, HostClock()), lambda: steps[0], lambda: pausing[0])
+    probing.state()
+    for _ in range(3):
+        probing._progress_at -= 1.0
+        steps[0] += 10
+        probing.state()
+    pausing[0] = "evaluate"
+    probing._progress_at -= 10.0
+    assert probing.state()[1] is None  # 10 s without a step, paused: no probe
+    pausing[0] = ""
+    probing._progress_at -= 1.0
+    assert probing.state()[1] is None  # the heartbeat after the pause starts the clock again
+    steps[0] += 10
+    probing._progress_at -= 1.0
+    probing.state()
+    assert probing.probe_after_s() == PROBE_AFTER_S  # twice 0.1 s is below the floor: the pause took no part

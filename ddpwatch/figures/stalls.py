@@ -115,6 +115,8 @@ class Stall:
             "issued": {str(rank): {group or "default": n for group, n in sorted(probe.issued.items())} for rank, probe in probes},
             "places": {str(rank): probe.place for rank, probe in probes if probe.place},
             "stacks": {str(rank): lines for rank, lines in self.stacks.items()},
+            "native_stacks": {str(rank): list(probe.native_stack) for rank, probe in probes if probe.native_stack},
+            "native_errors": {str(rank): probe.native_error for rank, probe in probes if probe.native_error},
         }
 
 

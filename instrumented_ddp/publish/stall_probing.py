@@ -5,7 +5,8 @@ few attribute reads. Once none has finished for ``PROBE_AFTER_S`` (or twice the 
 median step, whichever is longer), each heartbeat also carries the collectives in flight
 (``timing.in_flight``), the timeline's count of those issued on each group, and the main
 thread's Python stack from ``sys._current_frames()``: no signal is sent, the main thread is not
-interrupted, and no device is synchronised.
+interrupted, and no device is synchronised. Where the user asked, it carries the native stack
+too, once py-spy has answered (``native_stack``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import traceback
 from collections import deque
 from collections.abc import Callable
 
+from instrumented_ddp.publish.native_stack import NativeStack
 from instrumented_ddp.timing.in_flight import collectives_in_flight
 from instrumented_ddp.timing.timeline import StepTimeline
 from instrumented_ddp.timing.users_code import is_users_file
@@ -32,11 +34,12 @@ class StallProbing:
     """The rank's side of stall detection; ``state`` is what the next heartbeat says."""
 
     def __init__(self, timeline: StepTimeline, steps_done: Callable[[], int],
-                 pausing: Callable[[], str] = lambda: "") -> None:
+                 pausing: Callable[[], str] = lambda: "", native: NativeStack | None = None) -> None:
         self.timeline = timeline
         self.steps_done = steps_done
         self.pausing = pausing  # what the loop pauses training for now ("" while it trains: ``Watch.pausing``)
         self._paused = False  # the last heartbeat found training paused
+        self.native = native  # the main thread's native stack, once a stall, where the user asked
         #: What the main thread is in; ``attach`` reads it from its step boundaries instead.
         self.phase_of: Callable[[], str] = lambda: timeline.current_phase
         self.main_thread = threading.get_ident()  # made on the training thread (``Watch.start``)
@@ -57,15 +60,22 @@ class StallProbing:
             if self._steps >= 1 and steps > self._steps:  # (from 0, the interval holds the start-up)
                 self._recent.append((now - self._progress_at) / (steps - self._steps))
             self._steps, self._progress_at = steps, now
+            if self.native is not None:
+                self.native.reset()
         idle = now - self._progress_at
         if idle < self.probe_after_s():
             return phase, None
+        native, native_error = [], ""
+        if self.native is not None:
+            self.native.request()
+            native, native_error = self.native.lines, self.native.error
         stack, place = main_stack(self.main_thread)
         issued = dict(list(self.timeline.issued.items())[:MAX_GROUPS])
         return phase, StallProbe(idle_s=idle, in_step=self.timeline.current_step,
                                  in_flight=collectives_in_flight(self.timeline, now),
                                  issued={group[:MAX_NAME]: count for group, count in issued.items()},
-                                 stack=stack, compiling=any(part in line for line in stack for part in COMPILING_IN), place=place)
+                                 stack=stack, compiling=any(part in line for line in stack for part in COMPILING_IN), place=place,
+                                 native_stack=native, native_error=native_error)
 
     def probe_after_s(self) -> float:
         return max(PROBE_AFTER_S, 2.0 * statistics.median(self._recent)) if self._recent else PROBE_AFTER_S

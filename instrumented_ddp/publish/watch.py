@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -25,6 +26,8 @@ from instrumented_ddp.wire.messages import FAILED, Ack, Evaluation, Hello, StepR
 from instrumented_ddp.wire.curve_keys import ClientKeys
 from instrumented_ddp.publish.stop_signals import held, interruption_reason
 from instrumented_ddp.publish.publisher import TelemetryPublisher
+from instrumented_ddp.publish import native_stack
+from instrumented_ddp.publish.native_stack import NativeStack
 from instrumented_ddp.publish.stall_probing import StallProbing
 from instrumented_ddp.timing.clocks import CudaEventClock, HostClock
 from instrumented_ddp.timing.timeline import NULL_TIMELINE, NullTimeline, StepTimeline
@@ -129,7 +132,8 @@ class Watch:
         )
         watch = cls(timeline)
         watch._control = control_group() if switchable else None
-        watch.probing = StallProbing(timeline, lambda: watch.steps, lambda: watch.pausing)
+        native = NativeStack(threading.get_native_id()) if native_stack.asked_for() else None
+        watch.probing = StallProbing(timeline, lambda: watch.steps, lambda: watch.pausing, native)
         watch.publisher = TelemetryPublisher(address, hello, current_step=lambda: watch.steps,
                                              current_pause=lambda: watch.pausing, keys=keys,
                                              current_state=watch.probing.state)

@@ -69,3 +69,7 @@ class StallProbe(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):
     #: The innermost frame of ``stack`` in the user's own code (not torch's, a library's nor
     #: ddpwatch's), as ``stack`` writes it: the line a user wrote that the rank is held at; "" for none.
     place: Line = ""
+    #: The main thread's native stack from py-spy, outermost first (``file:line function``), where
+    #: the user asked for it (``DDPWATCH_NATIVE_STACKS``) and it has answered.
+    native_stack: Annotated[list[Line], Meta(max_length=MAX_STACK_LINES)] = msgspec.field(default_factory=list)
+    native_error: Line = ""  # why there is no native stack, where one was asked for

@@ -43,6 +43,12 @@ def stall_view_text(stall: Mapping[str, Any] | None, line: str) -> Content:
             here = place_of(stall, rank)
             for frame in stack[-STACK_LINES:]:
                 parts.append((f"    {frame}\n", "bold") if frame == here else f"    {frame}\n")
+        native = stall.get("native_stacks", {}).get(key, [])
+        if native:
+            parts.append("  native:\n")
+            parts += [f"    {frame}\n" for frame in native[-STACK_LINES:]]
+        elif stall.get("native_errors", {}).get(key):
+            parts.append(f"  native: {stall['native_errors'][key]}\n")
     parts += ["\n", ("escape to close", "dim")]
     return Content.assemble(*parts)
 

@@ -74,3 +74,12 @@ async def test_a_run_that_steps_shows_no_banner_and_w_says_there_is_no_stall() -
         await pilot.pause()
         assert not app.stall_banner.display
         assert "No stall" in str(stall_view_text(None, ""))
+
+
+def test_the_view_shows_a_ranks_native_stack_or_why_there_is_none() -> None:
+    stall = {"kind": "behind", "culprits": [1], "waiting": [0], "stacks": {"1": SLEEPING},
+             "native_stacks": {"1": ["hang_probe.py:31 main", "libpython3.11.so.1.0:0 time_sleep", "libc.so.6:0 clock_nanosleep"]},
+             "native_errors": {"0": "py-spy could not read this process: Permission Denied"}}
+    text = str(stall_view_text(stall, "rank 1 holds rank 0"))
+    assert "  native:\n    hang_probe.py:31 main\n    libpython3.11.so.1.0:0 time_sleep\n    libc.so.6:0 clock_nanosleep" in text
+    assert "native: py-spy could not read this process: Permission Denied" in text

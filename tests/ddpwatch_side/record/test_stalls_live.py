@@ -43,7 +43,10 @@ def recorded_with_output(tmp_path: Path, nproc: int, *args: str) -> tuple[dict, 
 
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize(("nproc", "sleeper"), [(2, 1), (3, 2)])
-def test_a_rank_sleeping_before_its_backward_is_named_behind_with_its_stack(tmp_path: Path, nproc: int, sleeper: int) -> None:
+def test_a_rank_sleeping_before_its_backward_is_named_behind_with_its_stack(tmp_path: Path, nproc: int, sleeper: int,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """With ``DDPWATCH_NATIVE_STACKS=1``: the sleeper's native stack, from py-spy, too."""
+    monkeypatch.setenv("DDPWATCH_NATIVE_STACKS", "1")
     summary, err = recorded(tmp_path, nproc, "--sleep-rank", str(sleeper), "--sleep-step", "12", "--sleep-s", str(SLEEP_S))
     [stall] = summary["stalls"]
     assert (stall["kind"], stall["culprits"], stall["step"]) == ("behind", [sleeper], 12), stall
@@ -55,6 +58,11 @@ def test_a_rank_sleeping_before_its_backward_is_named_behind_with_its_stack(tmp_
     assert f"STALL: rank {sleeper} has not reached all_reduce b0" in err and "hang_probe.py" in err
     assert "the stall at step 12 ended" in err
     assert json.loads((tmp_path / "out" / "stalls.json").read_text())["stalls"] == summary["stalls"]
+    refused = stall["native_errors"].get(str(sleeper), "")
+    if refused.startswith("py-spy could not read this process"):
+        pytest.skip(f"this system refuses ptrace: {refused}")
+    native = stall["native_stacks"][str(sleeper)]
+    assert any("hang_probe.py" in line for line in native) and any("sleep" in line for line in native[-3:]), native
 
 
 @pytest.mark.timeout(240)

@@ -31,6 +31,7 @@ from instrumented_ddp.wire.messages import Hello, StepReport
 from instrumented_ddp.wire.kinds import READY_KIND, is_barrier_wait
 from instrumented_ddp.wire.step_figures import call_times, counted
 
+from ddpwatch.advisor.dtypes import ITEM_BYTES
 from ddpwatch.advisor.bucket_sim import MIB, BackwardProfile, Prediction, best, cap_grid, describe, simulate, sweep
 from ddpwatch.figures.compute_slowdown import NO_COMMUNICATION, CommunicationClock, SlowdownFit, communicating_backward, fit_slowdown, quiet_time
 from ddpwatch.figures.cost_model import CostModel, StepCollectives, TransferMemory, TransferSample, call_sizes, fit_cost_model, transfer_samples_of
@@ -39,9 +40,6 @@ from ddpwatch.figures.metrics import ClockAlignment
 from ddpwatch.ingest.session import Session
 from ddpwatch.ingest.segments import Segment
 
-#: Bytes per element of the dtypes a parameter layout names (torch's names, less "torch.").
-ITEM_BYTES = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1,
-              "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1}
 #: Recent steps of the segment whose ready times (per tensor, the median) make the profile: enough
 #: that steps spread by ±20 % from one to the next (two CPU ranks) do not move the prediction.
 #: ``ddpwatch tune`` predicts after 10 counted steps a cap, so it uses them all.

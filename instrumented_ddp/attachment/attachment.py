@@ -76,7 +76,7 @@ from instrumented_ddp.attachment.step_boundaries import StepBoundaries
 from instrumented_ddp.attachment.step_reporter import StepReporter
 from instrumented_ddp.distributed import DistributedContext
 from instrumented_ddp.publish import stop_signals
-from instrumented_ddp.publish.watch import Watch, goodbye_reason, parameter_layout
+from instrumented_ddp.publish.watch import Watch, goodbye_reason, parameter_layout, parameter_rows
 from instrumented_ddp.timing.collective_stand_ins import LoopCall
 from instrumented_ddp.timing.ddp_timing import DDPTiming, users_comm_hook
 from instrumented_ddp.timing.timeline import StepTimeline
@@ -165,7 +165,7 @@ class Attachment:
         self.watch = Watch.start(address, context, {
             "strategy": self.strategy, "settings": self._step_settings(),
             "model_parameters": sum(p.numel() for p in module.parameters()),
-            "parameter_layout": parameter_layout(module), "all_reduce_group": meets, "total_steps": total_steps,
+            "parameter_layout": parameter_layout(module), "parameter_rows": parameter_rows(module), "all_reduce_group": meets, "total_steps": total_steps,
         }, keys=keys, switchable=False)
         timeline = self.watch.timeline
         assert isinstance(timeline, StepTimeline)  # ``Watch.start`` times every run it starts: narrowed for the type checker

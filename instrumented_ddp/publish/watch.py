@@ -90,6 +90,11 @@ def parameter_layout(model: nn.Module) -> list[tuple[str, int, str]]:
     return [(name, p.numel(), str(p.dtype).removeprefix("torch.")) for name, p in model.named_parameters() if p.requires_grad]
 
 
+def parameter_rows(model: nn.Module) -> list[int]:
+    """Each trainable parameter's dim 0, in ``parameter_layout``'s order (``Hello.parameter_rows``)."""
+    return [int(p.shape[0]) if p.dim() else 0 for p in model.parameters() if p.requires_grad]
+
+
 class Watch:
     """This rank's timeline plus the machinery that streams it."""
 

@@ -38,7 +38,7 @@ from instrumented_ddp.wire.curve_keys import load_client_keys
 from instrumented_ddp.training.replicas import gather_digests, ranks_that_differ
 from instrumented_ddp.publish.stop_signals import held, hold_ctrl_c, stop_on_sigterm
 from instrumented_ddp.strategies import strategy_class
-from instrumented_ddp.publish.watch import Watch, parameter_layout
+from instrumented_ddp.publish.watch import Watch, parameter_layout, parameter_rows
 
 if TYPE_CHECKING:
     from torch.utils.data import DataLoader, DistributedSampler
@@ -279,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     watch = Watch.disabled() if args.no_watch else Watch.start(args.watch, context, {
         "strategy": args.strategy, "settings": {"grad_accum": args.grad_accum, "bucket_mb": args.bucket_mb},
-        "model_parameters": sum(p.numel() for p in model.parameters()), "parameter_layout": parameter_layout(model),
+        "model_parameters": sum(p.numel() for p in model.parameters()), "parameter_layout": parameter_layout(model), "parameter_rows": parameter_rows(model),
         "total_steps": args.steps, "global_batch": args.batch_size,
     }, keys=args.watch_keys)
     timeline = watch.timeline

@@ -139,6 +139,10 @@ class Hello(WireMessage, frozen=True):
     #: replicas of its shard, a DDP built on a subgroup. Empty: the world. The dashboard pairs
     #: waits within it and counts busbw over its size (``Session.all_reduce_groups``).
     all_reduce_group: list[Rank] = msgspec.field(default_factory=list)
+    #: Each trainable parameter's dim 0, in ``parameter_layout``'s order (0 for a 0-d tensor):
+    #: fsdp shards rows, padding each parameter's to a multiple of the world, so the memory it
+    #: holds is exact only from them. Empty from an older sender, or where the lengths differ.
+    parameter_rows: list[Count] = msgspec.field(default_factory=list)
 
     def refusal(self) -> Refusal | None:
         """Its settings readable, its rank inside its world, and its all-reduce group distinct

@@ -115,6 +115,12 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--sizes", type=bucket_sizes, help="caps in MB, comma-separated (default: the predicted best and its neighbours)")
     tune.add_argument("--steps-per-size", type=int, default=10, help="counted steps measured at each cap (at least 2)")
     tune.add_argument("--strategy", default="bucket", choices=["bucket", "ddp"], help="what to switch to at each cap")
+    tune.add_argument("--strategies", type=strategy_list, help="sweep these strategies instead of caps, comma-separated "
+                      "(e.g. ddp,zero1,zero2,fsdp): each predicted, switched to and measured")
+    tune.add_argument("--grad-accum", type=accumulation_list, default=[1], help="with --strategies: micro-steps to try "
+                      "each at, comma-separated (default 1)")
+    tune.add_argument("--memory-budget", type=positive_gib, help="with --strategies: GiB a rank may hold at its peak "
+                      "(default: the device's memory)")
     tune.add_argument("--wait", type=float, default=120.0, help="seconds to wait for a run to connect")
     tune.add_argument("--idle-exit", type=float, default=30.0, help="stop when every rank is silent this long")
     tune.add_argument("--keys", type=Path, default=argparse.SUPPRESS, help="CURVE key directory (made if missing); needed beyond loopback")
@@ -399,6 +405,38 @@ def bucket_sizes(text: str) -> list[float]:
     return sizes
 
 
+def strategy_list(text: str) -> list[str]:
+    """``--strategies``: known strategy names, comma-separated."""
+    from ddpwatch.advisor.strategy_sim import STRATEGIES
+
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    unknown = [name for name in names if name not in STRATEGIES]
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(f"unknown strategy {', '.join(unknown) or repr(text)}: one of {', '.join(STRATEGIES)}")
+    return names
+
+
+def accumulation_list(text: str) -> list[int]:
+    """``--grad-accum``: micro-step counts of 1 or more, comma-separated."""
+    try:
+        counts = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of whole numbers") from None
+    if not counts or any(k < 1 for k in counts):
+        raise argparse.ArgumentTypeError("every micro-step count must be 1 or more")
+    return counts
+
+
+def positive_gib(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of GiB") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError("the memory budget must be a positive number of GiB")
+    return value
+
+
 def run_tune(args: argparse.Namespace) -> int:
     from ddpwatch.record.recorder import StopRule, record
     from ddpwatch.advisor.tune import SweepDriver, table, write_results
@@ -407,6 +445,11 @@ def run_tune(args: argparse.Namespace) -> int:
         print("ddpwatch tune: error: --steps-per-size must be at least 2", file=sys.stderr)
         return 2
     positive(args, "wait", "idle_exit")
+    if args.strategies:
+        return run_strategy_tune(args)
+    if args.memory_budget is not None or args.grad_accum != [1]:
+        print("ddpwatch tune: error: --grad-accum and --memory-budget go with --strategies", file=sys.stderr)
+        return 2
     driver = SweepDriver(args.strategy, args.steps_per_size, args.sizes, connect_timeout_s=args.wait)
     record(args.listen, writable_out_dir(args.out), StopRule(idle_exit_s=args.idle_exit), args.max_message_bytes,
            keys=server_keys(args), drive=driver, command="ddpwatch tune")
@@ -421,6 +464,31 @@ def run_tune(args: argparse.Namespace) -> int:
               "--steps-per-size)", file=sys.stderr)
         return 1
     return 0 if len(driver.results) > 1 else 1
+
+
+def run_strategy_tune(args: argparse.Namespace) -> int:
+    """``tune --strategies``: the strategy sweep (``strategy_tune``)."""
+    from ddpwatch.record.recorder import StopRule, record
+    from ddpwatch.advisor.strategy_tune import StrategySweep, strategy_table, write_strategy_results
+
+    if args.sizes:
+        print("ddpwatch tune: error: --sizes sweeps caps; --strategies sweeps strategies: give one", file=sys.stderr)
+        return 2
+    budget = args.memory_budget * 1024 if args.memory_budget is not None else None
+    driver = StrategySweep(args.strategies, args.grad_accum, args.steps_per_size, budget, connect_timeout_s=args.wait)
+    record(args.listen, writable_out_dir(args.out), StopRule(idle_exit_s=args.idle_exit), args.max_message_bytes,
+           keys=server_keys(args), drive=driver, command="ddpwatch tune")
+    if driver.failure:
+        print(f"ddpwatch tune: error: {driver.failure}", file=sys.stderr)
+        return 2
+    write_strategy_results(args.out, driver.results)
+    print("\n".join(strategy_table(driver.results)))
+    asked = len(args.strategies) * len(args.grad_accum)
+    if len(driver.results) < asked:
+        print(f"ddpwatch tune: measured {len(driver.results)} of {asked} choices: the run ended or went silent first; "
+              f"give it more steps (each takes {args.steps_per_size} counted steps after its switch)", file=sys.stderr)
+        return 1
+    return 0
 
 
 def run_switch(args: argparse.Namespace) -> int:

@@ -23,8 +23,8 @@ optimizer, the data) and each strategy's calls placed where its class issues the
 
 Under K micro-steps each strategy communicates in the last alone (``simple`` in every one, and
 ``fsdp`` gathers in every one). The global batch is held fixed, so a micro-step of B/K samples
-computes for 1/K of the run's per-sample compute: K changes only how often, and what, is
-communicated. Compute beside a transfer runs slower by the run's measured ``lost_share``.
+computes for 1/K of the run's per-sample compute, plus the fixed cost every micro-step pays
+whatever its samples (``micro_fixed_s``, measured where the run ran two Ks). Compute beside a transfer runs slower by the run's measured ``lost_share``.
 Whatever the parts leave out of the measured step (the gaps between phases, the division of
 gradients) is ``other_s``, held fixed for every strategy.
 """
@@ -63,6 +63,9 @@ class StepParts:
     lost_share: float = 0.0  # compute lost beside a transfer (``compute_slowdown``)
     units: tuple[tuple[int, ...], ...] = ()  # fsdp's units, tensors by index, the root last (``fsdp_units``)
     rows: tuple[int, ...] = ()  # each tensor's dim 0 (fsdp shards rows); () or 0: numel, a 1-D tensor
+    #: Of one micro-step's forward and backward, the seconds that do not shrink with its samples
+    #: (the Python and the launches of each call): measured where the run ran two Ks, else 0.
+    micro_fixed_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -107,9 +110,8 @@ def simulate_strategy(parts: StepParts, costs: Mapping[str, KindCost], strategy:
 
     clock = ReplayClock(cost, parts.workers, parts.lost_share)
     counts: dict[str, int] = {}
-    scale = parts.measured_k / grad_accum  # a micro-step's share of the run's micro-step compute
-    forward_s, backward_s = parts.forward_s * scale, parts.backward_s * scale
-    ready = [t * scale for t in parts.ready_s]
+    forward_s, backward_s = micro_step_compute(parts, grad_accum)
+    ready = [t * backward_s / parts.backward_s if parts.backward_s > 0 else 0.0 for t in parts.ready_s]
 
     def issue(kind: str, nbytes: int) -> float:
         counts[kind] = counts.get(kind, 0) + 1
@@ -151,6 +153,20 @@ def simulate_strategy(parts: StepParts, costs: Mapping[str, KindCost], strategy:
         clock.wait(max(ends, default=0.0))
     clock.compute(parts.other_s)
     return StrategyPrediction(strategy, grad_accum, clock.now, clock.exposed_s, counts, dict(clock.comm_s), tuple(notes))
+
+
+def micro_step_compute(parts: StepParts, grad_accum: int) -> tuple[float, float]:
+    """One micro-step's forward and backward at ``grad_accum`` micro-steps: its fixed part as
+    measured (``micro_fixed_s``, shared between the two in their proportion), the rest that of
+    its samples, ``measured_k / grad_accum`` of the run's micro-step."""
+    both = parts.forward_s + parts.backward_s
+    if both <= 0:
+        return 0.0, 0.0
+    fixed = min(max(parts.micro_fixed_s, 0.0), both)
+    scale = parts.measured_k / grad_accum
+    fixed_forward, fixed_backward = fixed * parts.forward_s / both, fixed * parts.backward_s / both
+    return (fixed_forward + (parts.forward_s - fixed_forward) * scale,
+            fixed_backward + (parts.backward_s - fixed_backward) * scale)
 
 
 def _bucketed_backward(parts: StepParts, clock: ReplayClock, issue: Callable[[str, int], float], strategy: str,

@@ -28,11 +28,16 @@ KINDS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast")
 
 @dataclass(frozen=True)
 class KindCost:
-    """One kind's model; ``derived``: made from the all-reduce fit, not from calls of its own."""
+    """One kind's model; ``derived_from``: "" where fitted on calls of its own, else the fit it
+    was made from ("all_reduce", or "every kind" for the joint fit)."""
 
     kind: str
     model: CostModel
-    derived: bool
+    derived_from: str = ""
+
+    @property
+    def derived(self) -> bool:
+        return bool(self.derived_from)
 
     def seconds(self, nbytes: int) -> float:
         return self.model.seconds(nbytes)
@@ -40,8 +45,9 @@ class KindCost:
     @property
     def source(self) -> str:
         """Where the model comes from, in words, for the table that shows it."""
-        if self.derived:
-            return f"derived from the all-reduce fit (bus factor {self.model.factor:.3g})"
+        if self.derived_from:
+            fit = "the all-reduce fit" if self.derived_from == "all_reduce" else f"the fit over {self.derived_from}"
+            return f"derived from {fit} (bus factor {self.model.factor:.3g})"
         return f"fitted on {self.model.samples} calls, median error {self.model.relative_error:.1%}"
 
 
@@ -76,22 +82,33 @@ def derived_model(base: CostModel, kind: str) -> CostModel | None:
 
 
 def kind_costs(steps: Sequence[Mapping[int, StepReport]], world_size: int,
-               all_reduce: CostModel | None = None) -> dict[str, KindCost]:
-    """Each kind's model: fitted where the run issued it at two sizes or more (``all_reduce``: the
-    run's all-reduce fit where the caller has one, from ``advice``, its remembered sizes
-    included), else derived from the all-reduce fit, or, in a run that issued none (``fsdp``),
-    from the first kind fitted; {} where nothing could be fitted."""
+               all_reduce_samples: Sequence[TransferSample] | None = None) -> dict[str, KindCost]:
+    """Each kind's model: fitted where the run's calls of it tell latency from bandwidth (two
+    sizes or more, time growing with size); else derived from the all-reduce fit, or, where that
+    cannot be made either, from the fit over every kind's calls at once, each put in all-reduce
+    bytes by the ratio of the bus factors (one link, whatever the kind: a bucketed run's calls
+    of each kind may all be about one size, but its kinds' sizes differ). ``all_reduce_samples``:
+    the all-reduce transfers to fit (the bucket advisor's, its remembered sizes included); None:
+    those of ``steps``. {} where nothing could be fitted."""
+    samples = {kind: kind_samples(steps, kind) for kind in KINDS}
+    if all_reduce_samples is not None:
+        samples["all_reduce"] = list(all_reduce_samples)
     fitted: dict[str, CostModel] = {}
     for kind in KINDS:
-        model = all_reduce if kind == "all_reduce" and all_reduce is not None else \
-            fit_cost_model(kind_samples(steps, kind), world_size, kind)
-        if model is not None:
+        if (model := fit_cost_model(samples[kind], world_size, kind)) is not None:
             fitted[kind] = model
-    base = fitted.get("all_reduce") or next(iter(fitted.values()), None)
+    base, source = fitted.get("all_reduce"), "all_reduce"
+    if base is None:
+        reference = bus_factor("all_reduce", world_size) or 1.0
+        joint = [TransferSample(round(s.nbytes * (bus_factor(kind, world_size) or 0.0) / reference), s.seconds)
+                 for kind in KINDS for s in samples[kind]]
+        base, source = fit_cost_model(joint, world_size), "every kind"
+    if base is None:
+        base, source = next(((model, kind) for kind, model in fitted.items()), (None, ""))
     costs: dict[str, KindCost] = {}
     for kind in KINDS:
         if kind in fitted:
-            costs[kind] = KindCost(kind, fitted[kind], derived=False)
+            costs[kind] = KindCost(kind, fitted[kind])
         elif base is not None and (made := derived_model(base, kind)) is not None:
-            costs[kind] = KindCost(kind, made, derived=True)
+            costs[kind] = KindCost(kind, made, source)
     return costs

@@ -25,7 +25,7 @@ from ddpwatch.figures.kind_costs import KindCost
 
 MIB = 1024 * 1024
 LINK = CostModel(2, 0.001, 4.0, 1.0, samples=10, min_bytes=1, max_bytes=10**9, rms_error_s=0.0, relative_error=0.0)
-COSTS = {kind: KindCost(kind, LINK if kind == "all_reduce" else replace(LINK, factor=0.5), False)
+COSTS = {kind: KindCost(kind, LINK if kind == "all_reduce" else replace(LINK, factor=0.5))
          for kind in ("all_reduce", "reduce_scatter", "all_gather")}
 PARTS = StepParts(tensors=(TensorSize(4_000_000, "float32"), TensorSize(4_000_000, "float32")), ready_s=(0.020, 0.008),
                   backward_s=0.020, forward_s=0.010, optimizer_s=0.006, data_s=0.002, world_size=2, workers=1,
@@ -43,6 +43,14 @@ def test_simple_reduces_each_parameter_after_every_micro_steps_backward() -> Non
     assert ms("simple", 2) == 46.0
     # ga reduces after the last alone: 2 + 2 x 15 + 4 + 6
     assert ms("ga", 2) == 42.0
+
+
+def test_a_micro_steps_fixed_cost_is_paid_k_times() -> None:
+    """6 ms of a micro-step's 30 ms of compute do not shrink with its samples: 2 ms of forward's 10
+    and 4 of backward's 20. At K = 2 a micro-step computes 2 + 8 / 2 = 6 ms forward and
+    4 + 16 / 2 = 12 ms backward: ga is 2 + 2 x 18 + 4 + 6 = 48 ms, not 42."""
+    assert ms("ga", 2, parts=replace(PARTS, micro_fixed_s=0.006)) == 48.0
+    assert ms("ga", 1, parts=replace(PARTS, micro_fixed_s=0.006)) == ms("ga", 1)  # at the run's own K, as measured
 
 
 def test_hook_waits_inside_backward_and_async_hides_what_comes_before_the_last_gradient() -> None:

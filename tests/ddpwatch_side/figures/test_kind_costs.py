@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from instrumented_ddp.wire.messages import Span, StepReport
 
-from ddpwatch.figures.cost_model import CostModel
+from ddpwatch.figures.cost_model import TransferSample
 from ddpwatch.figures.kind_costs import kind_costs, kind_samples
 
 MB = 1_000_000
@@ -39,23 +39,39 @@ def test_a_kind_the_run_issued_is_fitted_from_its_own_calls() -> None:
     gather = costs["all_gather"]
     assert not gather.derived and gather.model.factor == 0.5 and gather.model.samples == 4
     assert abs(gather.model.alpha_s - 0.001) < 1e-9 and abs(gather.model.busbw_gbps - 1.0) < 1e-6
-    # No all-reduce in the run: it and the others are derived from the all-gather's line, each
+    # No all-reduce in the run: it and the others are derived from the fit over every kind (here the all-gathers), each
     # with its own factor: an all-reduce of 3 MB costs 0.001 + 3e6 * 1.0 / 1e9 = 4 ms.
     assert costs["all_reduce"].derived and abs(costs["all_reduce"].seconds(3 * MB) - 0.004) < 1e-9
     assert costs["broadcast"].derived and costs["broadcast"].model.factor == 1.0
-    assert costs["reduce_scatter"].source == "derived from the all-reduce fit (bus factor 0.5)"
+    assert costs["reduce_scatter"].source == "derived from the fit over every kind (bus factor 0.5)"
 
 
 def test_without_calls_of_a_kind_it_is_derived_from_the_all_reduce_fit() -> None:
-    """α = 2 ms, busbw = 4 GB/s: a reduce-scatter of 8 MB is 0.002 + 8e6 * 0.5 / 4e9 = 3 ms, half
-    the 4 ms of the all-reduce's transfer part."""
-    all_reduce = CostModel(2, 0.002, 4.0, 1.0, samples=30, min_bytes=MB, max_bytes=25 * MB, rms_error_s=1e-4, relative_error=0.04)
-    costs = kind_costs([], world_size=2, all_reduce=all_reduce)
-    assert costs["all_reduce"].model is all_reduce and not costs["all_reduce"].derived
+    """All-reduces on a link of α = 2 ms and busbw = 4 GB/s: 1 MB takes 2.25 ms, 8 MB 4 ms. A
+    reduce-scatter of 8 MB is then 0.002 + 8e6 * 0.5 / 4e9 = 3 ms."""
+    line = [TransferSample(MB, 0.00225), TransferSample(8 * MB, 0.004)]
+    costs = kind_costs([], world_size=2, all_reduce_samples=line)
+    assert not costs["all_reduce"].derived and abs(costs["all_reduce"].model.alpha_s - 0.002) < 1e-12
     assert abs(costs["reduce_scatter"].seconds(8 * MB) - 0.003) < 1e-12 and costs["reduce_scatter"].derived
     assert abs(costs["all_gather"].seconds(8 * MB) - 0.003) < 1e-12
     assert abs(costs["broadcast"].seconds(8 * MB) - 0.004) < 1e-12
-    assert costs["all_reduce"].source == "fitted on 30 calls, median error 4.0%"
+    assert costs["all_reduce"].source == "fitted on 2 calls, median error 0.0%"
+    assert costs["all_gather"].source == "derived from the all-reduce fit (bus factor 0.5)"
+
+
+def test_kinds_each_of_one_size_are_fitted_together_on_bus_bytes() -> None:
+    """A bucketed run whose all-gathers are all 1 MB and reduce-scatters all 3 MB: neither kind
+    alone tells latency from bandwidth. In all-reduce bytes (x 0.5 / 1) they are 0.5 MB at 1.5 ms
+    and 1.5 MB at 2.5 ms, on α = 1 ms and 1 GB/s: every kind is derived from that line."""
+    def step() -> dict[int, StepReport]:
+        return {rank: report(rank, [Span("all_gather", 0.1, 0.1015, False, MB, "g0"),
+                                    Span("reduce_scatter", 0.2, 0.2025, False, 3 * MB, "b0")]) for rank in (0, 1)}
+
+    costs = kind_costs([step(), step()], world_size=2)
+    assert {cost.derived_from for cost in costs.values()} == {"every kind"}
+    assert abs(costs["all_reduce"].model.alpha_s - 0.001) < 1e-9 and abs(costs["all_reduce"].model.busbw_gbps - 1.0) < 1e-6
+    assert abs(costs["all_gather"].seconds(MB) - 0.0015) < 1e-9
+    assert costs["reduce_scatter"].source == "derived from the fit over every kind (bus factor 0.5)"
 
 
 def test_nothing_fitted_gives_no_model() -> None:

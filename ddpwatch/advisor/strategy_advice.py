@@ -40,6 +40,7 @@ from ddpwatch.ingest.session import Session
 
 MARKED = ("async", "bucket", "ddp", "zero1", "zero2")  # whose ready marks are backward's own
 SPLIT_NOTE = "backward split by parameter bytes"
+EARLIER_NOTE = "the link's model from an earlier segment (this one's calls could not fit one)"
 FIXED_NOTE = "micro-steps as their share of the batch (no strategy run at two Ks yet)"
 
 
@@ -68,10 +69,12 @@ class StrategyAdvice:
 
 
 def strategy_advice(session: Session, strategies: Sequence[str] = STRATEGIES, grad_accums: Sequence[int] = (1,),
-                    budget_mib: float | None = None) -> StrategyAdvice | str:
+                    budget_mib: float | None = None, earlier_costs: dict[str, KindCost] | None = None) -> StrategyAdvice | str:
     """The table for ``strategies`` x ``grad_accums`` from the session's current segment, or a
     line saying what is missing. ``budget_mib``: the memory a rank may hold at its peak (None:
-    the device's, where the ranks' samples say it)."""
+    the device's, where the ranks' samples say it). ``earlier_costs``: the models an earlier
+    advice fitted, used where the segment's calls cannot be (a run whose strategies all issue
+    calls of about one size, on a noisy link), and said so in each row's notes."""
     if not session.segments:
         return "waiting for the run's first steps"
     segment = session.segments[-1]
@@ -81,9 +84,12 @@ def strategy_advice(session: Session, strategies: Sequence[str] = STRATEGIES, gr
     parts = step_parts(session, segment, hello)
     if isinstance(parts, str):
         return parts
-    costs = session_costs(session, segment, hello)
+    costs, earlier = session_costs(session, segment, hello), False
+    if not costs and earlier_costs:
+        costs, earlier = earlier_costs, True
     if not costs:
-        return "no cost model yet: the run's collectives have not come in two sizes or more"
+        return ("no cost model yet: the run's collectives have not come in sizes far enough apart "
+                "to tell latency from bandwidth")
     run_k = int(segment.settings.get("grad_accum") or 1)
     cap = max(1, int(float(segment.settings.get("bucket_mb") or 25.0) * MIB))
     figures = session.segment_figures(segment, per_rank=False)
@@ -109,6 +115,8 @@ def strategy_advice(session: Session, strategies: Sequence[str] = STRATEGIES, gr
             notes = predicted.notes + ((SPLIT_NOTE,) if segment.strategy not in MARKED else ())
             if k != run_k and parts.micro_fixed_s <= 0:
                 notes += (FIXED_NOTE,)
+            if earlier:
+                notes += (EARLIER_NOTE,)
             rows.append(StrategyRow(strategy, k, predicted.step_s * 1e3, held / MIB, peak / MIB if peak else None, *measured, notes))
     budget = budget_mib if budget_mib is not None else device_memory_mib(session)
     return StrategyAdvice(segment.strategy, run_k, tuple(rows), costs, budget, fastest_words(rows, segment.strategy, run_k, budget),

@@ -26,6 +26,7 @@ from ddpwatch.advisor.bucket_sim import MIB
 from ddpwatch.advisor.tune import TUNE_FILE_NAME
 from ddpwatch.advisor.strategy_advice import StrategyAdvice, StrategyRow, strategy_advice
 from ddpwatch.control.relay import Relay, new_command
+from ddpwatch.figures.kind_costs import KindCost
 from ddpwatch.ingest.session import Session
 from ddpwatch.ingest.segments import Segment
 
@@ -72,6 +73,7 @@ class StrategySweep:
     _planned: bool = False
     _waiting_for: tuple[str, TunedStrategy | None] | None = None
     _final: bool = False
+    _costs: dict[str, KindCost] = field(default_factory=dict)  # the latest fitted: for a segment whose calls cannot be
 
     def __call__(self, session: Session, relay: Relay) -> str | None:
         now = time.monotonic()
@@ -121,7 +123,9 @@ class StrategySweep:
         return None
 
     def _predicted(self, session: Session, strategy: str, k: int) -> TunedStrategy:
-        advice = strategy_advice(session, [strategy], [k], self.budget_mib)
+        advice = strategy_advice(session, [strategy], [k], self.budget_mib, self._costs)
+        if isinstance(advice, StrategyAdvice):
+            self._costs = advice.costs
         if not isinstance(advice, StrategyAdvice) or not advice.rows:
             why = advice if isinstance(advice, str) else "; ".join(advice.refused) or "no row"
             return TunedStrategy(strategy, k, no_prediction_because=why)

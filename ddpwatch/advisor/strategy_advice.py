@@ -107,8 +107,7 @@ def strategy_advice(session: Session, strategies: Sequence[str] = STRATEGIES, gr
                                f"{hello.global_batch} over {session.world_size} ranks")
                 continue
             predicted = simulate_strategy(parts, costs, strategy, k, cap)
-            held = max(held_memory(strategy, hello.parameter_layout, session.world_size, cap, rank, hello.parameter_rows).total
-                       for rank in range(session.world_size))
+            held = held_memory(strategy, hello.parameter_layout, session.world_size, cap, 0, hello.parameter_rows).total  # rank 0 holds the most
             peak = (predicted_peak(strategy, hello.parameter_layout, session.world_size, segment.strategy, measured_peak, k, run_k,
                                    cap, cap, hello.parameter_rows, device_peak) if measured_peak else None)
             measured = _measured(session, strategy, k)

@@ -36,6 +36,7 @@ from ddpwatch.dashboard.screens.stall_screen import StallScreen
 from ddpwatch.dashboard.views.snapshot import SnapshotBuilder
 from ddpwatch.dashboard.views.snapshot_parts import Snapshot
 from ddpwatch.dashboard.widgets.advisor_panel import AdvisorPanel
+from ddpwatch.dashboard.widgets.strategy_table import StrategyTable, fastest_fitting
 from ddpwatch.dashboard.widgets.header_bar import HeaderBar
 from ddpwatch.dashboard.widgets.rank_heatmap import RankHeatmap
 from ddpwatch.dashboard.widgets.ranks_table import RanksTable
@@ -99,6 +100,7 @@ class DashboardApp(App[None]):
         Binding("t", "side_tab(1)", "next tab", show=False),
         Binding("T", "side_tab(-1)", "previous tab", show=False),
         Binding("b", "apply_advice", "best bucket", show=False),
+        Binding("B", "apply_strategy", "best strategy", show=False),
         Binding("greater_than_sign", "speed(2.0)", "faster", show=False),
         Binding("less_than_sign", "speed(0.5)", "slower", show=False),
     ]
@@ -134,6 +136,7 @@ class DashboardApp(App[None]):
         self.heatmap_view = RankHeatmap(id="heatmap")
         self.stragglers_panel = StragglersPanel(id="stragglers", markup=False)
         self.advisor_panel = AdvisorPanel(id="advisor", markup=False)
+        self.strategy_table = StrategyTable(id="strategy-table", markup=False)
         self.side_tabs = TabbedContent(id="side")
         self.warnings_panel = WarningsPanel(id="warnings")
         self.timeline_box = VerticalScroll(id="timeline-box")
@@ -155,6 +158,7 @@ class DashboardApp(App[None]):
                     yield self.stragglers_panel
                 with TabPane("Advisor", id="advisor-tab"), VerticalScroll(id="advisor-scroll"):
                     yield self.advisor_panel
+                    yield self.strategy_table
         with Horizontal(id="bottom"):
             yield self.segments_table
             yield self.segment_bars
@@ -334,6 +338,19 @@ class DashboardApp(App[None]):
             self.notify_user(f"bucket advisor: {advice}")
             return
         self.request_switch(advice.strategy, bucket_mb=advice.best.cap_bytes / 2**20)
+
+    def action_apply_strategy(self) -> None:
+        """The strategy table's fastest choice that fits the memory budget, as the tab shows it."""
+        shown = self.snapshot.strategies if self.snapshot is not None else None
+        table = shown if shown is not None else self.builder.strategies(time.monotonic())
+        if isinstance(table, str):
+            self.notify_user(f"strategy table: {table}")
+            return
+        best = fastest_fitting(table)
+        if best is None:
+            self.notify_user(f"strategy table: {table.words}")
+            return
+        self.request_switch(best.strategy, grad_accum=best.grad_accum)
 
     def action_accum(self, delta: int) -> None:
         strategy, _, grad_accum = self.current_settings()

@@ -93,6 +93,7 @@ class FrameCycle:
             app.stragglers_panel.show(snapshot.stragglers)
         elif side_tab == "advisor":
             app.advisor_panel.show(snapshot.advice, app.run_is_switchable, replay=not app.feed.can_switch)
+            app.strategy_table.show(snapshot.strategies, app.run_is_switchable and app.feed.can_switch)
         timed(side_tab)
         app.segments_table.show(snapshot.segments)
         app.segment_bars.show(snapshot.segments)

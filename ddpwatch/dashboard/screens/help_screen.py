@@ -29,6 +29,7 @@ KEYS = [
     ("t / T", "side panel: next / previous tab (devices, loss, heatmap, stragglers, advisor)"),
     ("h", "heatmap tab: exposed comm % / step time / waited ms"),
     ("b", "advisor tab: switch to the predicted best bucket cap"),
+    ("B", "advisor tab: switch to the fastest strategy that fits the memory budget"),
     ("> / <", "replay: twice / half the speed"),
     ("mouse", "click a rank row to highlight it in the timeline; click tabs; scroll any panel"),
 ]

@@ -15,10 +15,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ddpwatch.advisor.advice import Advice, advice_for_session, keep_shown_best
+from ddpwatch.advisor.strategy_advice import StrategyAdvice, strategy_advice
 from ddpwatch.dashboard.views.header_builder import HeaderBuilder
 from ddpwatch.dashboard.views.heatmap import Heatmap, RowLayout, assemble_heatmap, heat_column, row_layout
 from ddpwatch.dashboard.views.rank_parts import RankPartsBuilder
-from ddpwatch.dashboard.views.snapshot_parts import (ADVICE_REFRESH_S, HEATMAP_RANK_ROWS_MAX, HEATMAP_REFRESH_S, HEATMAP_STEPS,
+from ddpwatch.dashboard.views.snapshot_parts import (ADVICE_REFRESH_S, STRATEGIES_REFRESH_S, HEATMAP_RANK_ROWS_MAX, HEATMAP_REFRESH_S, HEATMAP_STEPS,
                                                      LARGE_JOB_ROWS_REFRESH_S, SEGMENT_REFRESH_S, SMALL_JOB_MAX_RANKS,
                                                      TOP_STRAGGLERS, TREND_POINTS, SegmentRow, Snapshot, StragglerRow,
                                                      segment_notes)
@@ -53,6 +54,7 @@ class SnapshotBuilder:
     _desync: Desync | None = None
     _straggler_made: tuple[Any, Straggler | None] = (None, None)  # (steps it was found over, straggler)
     _advice_made: tuple[float, Any, Advice | str | None] = (-1.0, None, None)  # (made at, (steps, segments), advice)
+    _strategies_made: tuple[float, Any, StrategyAdvice | str | None] = (-1.0, None, None)  # the same, for the strategy table
     _timeline_roles: tuple[Any, tuple[tuple[int, str], ...]] = (None, ())  # ((step, figures, selected), timeline ranks)
     _warnings_made: tuple[float, int | None, tuple[tuple[str, ...], tuple[str, ...]]] = (-math.inf, None, ((), ()))  # (made at, step, (warnings, notes))
     _evaluations_made: tuple[int, tuple[MetricSeries, ...]] = (0, ())  # (changes, series)
@@ -143,6 +145,7 @@ class SnapshotBuilder:
             heatmap=self._heatmap(heatmap_metric, open_nodes, now) if side_tab in (None, "heatmap") else None,
             stragglers=self._top_stragglers(step) if side_tab in (None, "stragglers") else (),
             advice=self.advice(now) if side_tab in (None, "advisor") else None,
+            strategies=self.strategies(now) if side_tab in (None, "advisor") else None,
             evaluations=self._evaluation_series() if side_tab in (None, "trends") else (),
             stall=stall.as_dict() if stall is not None else None,
             stall_text=stall_line(stall.as_dict(), stalled_s) if stall is not None and stalled_s is not None else "",
@@ -176,6 +179,22 @@ class SnapshotBuilder:
                 advice = keep_shown_best(advice, shown)
             self._advice_made = (now, wanted, advice)
         return advice
+
+    def strategies(self, now: float) -> StrategyAdvice | str:
+        """The strategy table at the run's K, remade at most every ``STRATEGIES_REFRESH_S`` and only
+        when a step or segment came since."""
+        made_at, made_from, table = self._strategies_made
+        wanted = (self.session.latest_complete_step(), len(self.session.segments))
+        if table is None or (wanted != made_from and now - made_at >= STRATEGIES_REFRESH_S):
+            segment = self.session.segments[-1] if self.session.segments else None
+            k = int(segment.settings.get("grad_accum") or 1) if segment is not None else 1
+            earlier = table.costs if isinstance(table, StrategyAdvice) else None
+            try:
+                table = strategy_advice(self.session, grad_accums=(k,), earlier_costs=earlier)
+            except (ValueError, ZeroDivisionError) as error:  # a figure the model cannot take: said, never a crash
+                table = f"no strategy table: {error}"
+            self._strategies_made = (now, wanted, table)
+        return table
 
     # -- parts -------------------------------------------------------------------------------------
     def _heatmap(self, metric: str, open_nodes: Collection[int], now: float) -> Heatmap | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ddpwatch.advisor.strategy_advice import StrategyAdvice
 from ddpwatch.advisor.advice import Advice
 from ddpwatch.dashboard.views.heatmap import Heatmap
 from ddpwatch.dashboard.views.rank_rows import RankRow
@@ -20,6 +21,7 @@ from ddpwatch.wording.loop_compute import loop_compute_text
 SEGMENT_REFRESH_S = 1.0  # the running segment's figures, and the header's rate, are remade at most this often
 HEATMAP_REFRESH_S = 1.0
 ADVICE_REFRESH_S = 1.0  # the advisor's sweep is remade at most this often
+STRATEGIES_REFRESH_S = 5.0  # ... and the strategy table (nine replays and the memory of each)
 TREND_POINTS = 120  # the points a trend or a device series holds
 DEVICE_REFRESH_S = 1.0  # a rank's device series is remade at most this often
 #: Above ``SMALL_JOB_MAX_RANKS`` ranks the per-rank parts (ranks table, device series, warnings)
@@ -131,6 +133,7 @@ class Snapshot:
     heatmap: Heatmap | None = None  # ranks (or nodes) x recent steps
     stragglers: tuple[StragglerRow, ...] = ()  # the ranks the others waited for longest, recently
     advice: Advice | str | None = None  # the bucket advisor's sweep, or what it still needs
+    strategies: StrategyAdvice | str | None = None  # the strategy table, or what it still needs
     #: What the run's evaluations measured: (metric, the steps each followed, values) per metric
     #: (``evaluations.Evaluations.series``), drawn under the loss.
     evaluations: tuple[MetricSeries, ...] = ()

@@ -56,6 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-message-bytes", type=int, default=DEFAULT_MAX_MESSAGE_BYTES,
                         help=f"larger messages are rejected and counted (default {DEFAULT_MAX_MESSAGE_BYTES:,})")
     parser.add_argument("--keys", type=Path, help="CURVE key directory (made if missing); needed beyond loopback")
+    parser.add_argument("--memory-budget", type=positive_gib, metavar="GIB", help="GiB a rank may hold at its peak, for the "
+                        "Advisor tab's strategy table and tune --strategies (default: the device's memory)")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     replay = commands.add_parser("replay", help="play a recorded session through the dashboard",
@@ -119,8 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
                       "(e.g. ddp,zero1,zero2,fsdp): each predicted, switched to and measured")
     tune.add_argument("--grad-accum", type=accumulation_list, default=[1], help="with --strategies: micro-steps to try "
                       "each at, comma-separated (default 1)")
-    tune.add_argument("--memory-budget", type=positive_gib, help="with --strategies: GiB a rank may hold at its peak "
-                      "(default: the device's memory)")
+    tune.add_argument("--memory-budget", type=positive_gib, metavar="GIB", default=argparse.SUPPRESS,
+                      help="with --strategies: GiB a rank may hold at its peak (default: the device's memory)")
     tune.add_argument("--wait", type=float, default=120.0, help="seconds to wait for a run to connect")
     tune.add_argument("--idle-exit", type=float, default=30.0, help="stop when every rank is silent this long")
     tune.add_argument("--keys", type=Path, default=argparse.SUPPRESS, help="CURVE key directory (made if missing); needed beyond loopback")
@@ -148,11 +150,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 #: The options of the top level (``ddpwatch --listen ADDRESS COMMAND``), in the order they are named.
-TOP_LEVEL_OPTIONS = ("listen", "out", "max_message_bytes", "keys")
+TOP_LEVEL_OPTIONS = ("listen", "out", "max_message_bytes", "keys", "memory_budget")
 #: Those each command reads; one it does not read, given, is refused, not ignored: ``ddpwatch
 #: --listen ADDRESS demo`` would otherwise listen elsewhere without a word.
-READS = {"dashboard": set(TOP_LEVEL_OPTIONS), "record": set(TOP_LEVEL_OPTIONS), "tune": set(TOP_LEVEL_OPTIONS),
-         "switch": {"listen"}, "replay": {"out"}, "demo": {"out"}, "doctor": set(), "summary": set(), "compare": set()}
+READS = {"dashboard": set(TOP_LEVEL_OPTIONS), "record": set(TOP_LEVEL_OPTIONS) - {"memory_budget"}, "tune": set(TOP_LEVEL_OPTIONS),
+         "switch": {"listen"}, "replay": {"out", "memory_budget"}, "demo": {"out"}, "doctor": set(), "summary": set(), "compare": set()}
 
 
 def refuse_unread_options(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
@@ -241,7 +243,7 @@ def run_dashboard(args: argparse.Namespace) -> int:
     positive(args, "max_message_bytes")
     out_dir = writable_out_dir(args.out or default_session_dir())
     feed = ProcessFeed(args.listen, out_dir / SESSION_FILE_NAME, args.max_message_bytes, server_keys(args))
-    app = DashboardApp(feed, out_dir)
+    app = DashboardApp(feed, out_dir, memory_budget_mib=args.memory_budget * 1024 if args.memory_budget else None)
     app.run()
     print(f"session recorded in {out_dir}")
     return exports_failed(app)
@@ -263,7 +265,8 @@ def run_replay(args: argparse.Namespace) -> int:
         raise ValueError("--speed must be 0 (as fast as possible) or a positive, finite number")
     path = session_file_to_read(args.session)
     out_dir = writable_out_dir(args.out) if args.out is not None else None
-    app = DashboardApp(ReplayFeed(path, args.speed), out_dir, export_on_exit=out_dir is not None)
+    app = DashboardApp(ReplayFeed(path, args.speed), out_dir, export_on_exit=out_dir is not None,
+                       memory_budget_mib=args.memory_budget * 1024 if args.memory_budget else None)
     app.run()
     return exports_failed(app, "ddpwatch replay")
 
@@ -447,8 +450,8 @@ def run_tune(args: argparse.Namespace) -> int:
     positive(args, "wait", "idle_exit")
     if args.strategies:
         return run_strategy_tune(args)
-    if args.memory_budget is not None or args.grad_accum != [1]:
-        print("ddpwatch tune: error: --grad-accum and --memory-budget go with --strategies", file=sys.stderr)
+    if args.grad_accum != [1]:
+        print("ddpwatch tune: error: --grad-accum goes with --strategies", file=sys.stderr)
         return 2
     driver = SweepDriver(args.strategy, args.steps_per_size, args.sizes, connect_timeout_s=args.wait)
     record(args.listen, writable_out_dir(args.out), StopRule(idle_exit_s=args.idle_exit), args.max_message_bytes,

@@ -106,12 +106,13 @@ class DashboardApp(App[None]):
     ]
 
     def __init__(self, feed: Feed, out_dir: Path | None = None, frame_interval_s: float = FRAME_INTERVAL_S,
-                 export_on_exit: bool = True) -> None:
+                 export_on_exit: bool = True, memory_budget_mib: float | None = None) -> None:
         super().__init__()
         self.feed = feed
         self.frame_interval_s = frame_interval_s
+        self.memory_budget_mib = memory_budget_mib  # the strategy table's budget (None: the device's memory)
         self.session = new_session()
-        self.builder = SnapshotBuilder(self.session)
+        self.builder = SnapshotBuilder(self.session, memory_budget_mib=memory_budget_mib)
         self.selected_step: int | None = None  # None: follow the latest step
         self.selected_rank: int | None = None
         self.heatmap_metric = next(iter(HEATMAP_METRICS))
@@ -191,7 +192,7 @@ class DashboardApp(App[None]):
         finished = self.session
         where = self.exports.of_finished_run(finished)
         self.session = new_session()
-        self.builder = SnapshotBuilder(self.session)
+        self.builder = SnapshotBuilder(self.session, memory_budget_mib=self.memory_budget_mib)
         self.selected_step = self.selected_rank = None
         self.open_nodes.clear()
         self.switches.clear()

@@ -44,6 +44,7 @@ class SnapshotBuilder:
     """
 
     session: Session
+    memory_budget_mib: float | None = None  # the strategy table's budget a rank (None: the device's memory)
     _segment_rows: dict[int, tuple[float, tuple[Any, ...], SegmentRow]] = field(default_factory=dict)
     _digests: dict[int, StepDigest] = field(default_factory=dict)
     _shown_step: tuple[Any, ...] = ()  # (step, reports, ranks drawn) the timeline and desync below were made from
@@ -190,7 +191,7 @@ class SnapshotBuilder:
             k = int(segment.settings.get("grad_accum") or 1) if segment is not None else 1
             earlier = table.costs if isinstance(table, StrategyAdvice) else None
             try:
-                table = strategy_advice(self.session, grad_accums=(k,), earlier_costs=earlier)
+                table = strategy_advice(self.session, grad_accums=(k,), budget_mib=self.memory_budget_mib, earlier_costs=earlier)
             except (ValueError, ZeroDivisionError) as error:  # a figure the model cannot take: said, never a crash
                 table = f"no strategy table: {error}"
             self._strategies_made = (now, wanted, table)

@@ -57,7 +57,7 @@ def test_a_k_that_does_not_divide_the_batch_is_one_line_and_nothing_is_switched(
     (["--strategies", "ddp", "--grad-accum", "0"], "every micro-step count must be 1 or more"),
     (["--strategies", "ddp", "--memory-budget", "0"], "the memory budget must be a positive number of GiB"),
     (["--strategies", "ddp", "--sizes", "1,4"], "--sizes sweeps caps; --strategies sweeps strategies: give one"),
-    (["--grad-accum", "2"], "--grad-accum and --memory-budget go with --strategies"),
+    (["--grad-accum", "2"], "--grad-accum goes with --strategies"),
 ])
 def test_wrong_input_is_one_line_and_exit_2(tmp_path: Path, args: list[str], said: str) -> None:
     done = subprocess.run([sys.executable, "-m", "ddpwatch.cli", "tune", "--out", str(tmp_path / "out"),

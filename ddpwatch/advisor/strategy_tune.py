@@ -23,7 +23,7 @@ from typing import Any
 from instrumented_ddp.wire.messages import NOT_SWITCHABLE
 
 from ddpwatch.advisor.bucket_sim import MIB
-from ddpwatch.advisor.tune import TUNE_FILE_NAME
+from ddpwatch.advisor.tune import TUNE_FILE_NAME, switch_state
 from ddpwatch.advisor.strategy_advice import StrategyAdvice, StrategyRow, strategy_advice
 from ddpwatch.control.relay import Relay, new_command
 from ddpwatch.figures.kind_costs import KindCost
@@ -145,19 +145,16 @@ class StrategySweep:
         """After a switch: its acknowledgement, then the steps that measure it."""
         assert self._waiting_for is not None
         command_id, tuned = self._waiting_for
-        ack = next((a for a in relay.acks if a.command_id == command_id and a.rank == 0), None)
-        if ack is None:
-            return None
-        if not ack.applied:
-            self.failure = f"rank 0 refused the switch: {ack.detail}"
+        state = switch_state(session, relay, command_id, self.steps_per_choice)
+        if state.refused:
+            self.failure = state.refused
             return self.failure
-        if tuned is None:  # the final switch, to the fastest: done
+        if state.ack is not None and tuned is None:  # the final switch, to the fastest: done
             self._waiting_for = None
             return "sweep done"
-        segment = next((s for s in reversed(session.segments) if s.first_step >= ack.step), None)
-        if segment is None or session.segment_figures(segment, per_rank=False).steps < self.steps_per_choice:
+        if state.segment is None or tuned is None:
             return None
-        self.results.append(self._measured(session, segment, tuned))
+        self.results.append(self._measured(session, state.segment, tuned))
         self._waiting_for = None
         self.log(f"ddpwatch tune: {tuned.strategy} at K={tuned.grad_accum} measured {tuned.measured_ms:.1f} ms "
                  f"over {tuned.steps} steps")

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from instrumented_ddp.wire.messages import NOT_SWITCHABLE
+from instrumented_ddp.wire.messages import NOT_SWITCHABLE, Ack
 
 from ddpwatch.advisor.advice import Advice, advice_for_session
 from ddpwatch.advisor.bucket_sim import MIB
@@ -162,18 +162,16 @@ class SweepDriver:
         """After a switch: its acknowledgement, then the steps that measure it."""
         assert self._waiting_for is not None
         command_id, tuned = self._waiting_for
-        ack = next((a for a in relay.acks if a.command_id == command_id and a.rank == 0), None)
-        if ack is None:
-            return None
-        if not ack.applied:
-            self.failure = f"rank 0 refused the switch: {ack.detail}"
+        state = switch_state(session, relay, command_id, self.steps_per_size)
+        if state.refused:
+            self.failure = state.refused
             return self.failure
-        if tuned is None:  # the final switch to the best: done
+        if state.ack is not None and tuned is None:  # the final switch to the best: done
             self._waiting_for = None
             return "sweep done"
-        segment = next((s for s in reversed(session.segments) if s.first_step >= ack.step), None)
-        if segment is None or _counted_steps(session, segment) < self.steps_per_size:
+        if state.segment is None or tuned is None:
             return None
+        segment = state.segment
         self._measure(session, segment, tuned)
         self.results.append(tuned)
         self.log(f"ddpwatch tune: {tuned.cap_mb:.3g} MB measured {tuned.measured_ms:.1f} ms over {tuned.steps} steps")
@@ -199,6 +197,29 @@ class SweepDriver:
         self._waiting_for = (command.command_id, None)
         self.log(f"ddpwatch tune: leaving the run at the measured best, {best.cap_mb:.3g} MB")
         return None
+
+
+@dataclass(frozen=True)
+class SwitchState:
+    """Where a switch a sweep asked for stands: rank 0's acknowledgement once it came (``refused``:
+    why not applied, "" otherwise), and the segment it began once that has the counted steps
+    that measure it."""
+
+    ack: Ack | None
+    segment: Segment | None
+    refused: str = ""
+
+
+def switch_state(session: Session, relay: Relay, command_id: str, steps: int) -> SwitchState:
+    ack = next((a for a in relay.acks if a.command_id == command_id and a.rank == 0), None)
+    if ack is None:
+        return SwitchState(None, None)
+    if not ack.applied:
+        return SwitchState(ack, None, f"rank 0 refused the switch: {ack.detail}")
+    segment = next((s for s in reversed(session.segments) if s.first_step >= ack.step), None)
+    if segment is None or _counted_steps(session, segment) < steps:
+        segment = None
+    return SwitchState(ack, segment)
 
 
 def _counted_steps(session: Session, segment: Segment) -> int:

@@ -14,19 +14,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+from tune_sweep import REPO_ROOT, free_port  # the cap sweep's twin: bench/ is this script's folder on sys.path
 
 
 def main() -> int:

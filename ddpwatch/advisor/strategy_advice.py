@@ -81,10 +81,11 @@ def strategy_advice(session: Session, strategies: Sequence[str] = STRATEGIES, gr
     hello = next((state.hello for _, state in sorted(session.ranks.items()) if state.hello), None)
     if hello is None or not hello.parameter_layout:
         return "waiting for the ranks' hello (the model's parameter layout)"
-    parts = step_parts(session, segment, hello)
+    recent = recent_profile_steps(session, segment)  # read once: the parts and the link's models share them
+    parts = step_parts(session, segment, hello, recent)
     if isinstance(parts, str):
         return parts
-    costs, earlier = session_costs(session, segment, hello), False
+    costs, earlier = session_costs(session, recent[0]), False
     if not costs and earlier_costs:
         costs, earlier = earlier_costs, True
     if not costs:
@@ -122,9 +123,11 @@ def strategy_advice(session: Session, strategies: Sequence[str] = STRATEGIES, gr
                           tuple(refused))
 
 
-def step_parts(session: Session, segment: Segment, hello: Hello) -> StepParts | str:
-    """The parts of the segment's recent steps (see the module docstring)."""
-    steps, offsets = recent_profile_steps(session, segment)
+def step_parts(session: Session, segment: Segment, hello: Hello,
+               recent: tuple[list[dict[int, StepReport]], dict[int, float]]) -> StepParts | str:
+    """The parts of the segment's recent steps (``advice.recent_profile_steps``: each step's
+    reports by rank, and the offsets that put them on one clock; see the module docstring)."""
+    steps, offsets = recent
     reference = [reports[min(reports)] for reports in steps if reports and min(reports) in reports]
     reference = [report for report in reference if report.spans]
     if not reference:
@@ -208,7 +211,7 @@ def split_by_bytes(nbytes: Sequence[int], backward_s: float) -> list[float]:
     return ready
 
 
-def session_costs(session: Session, segment: Segment, hello: Hello) -> dict[str, KindCost]:
+def session_costs(session: Session, steps: Sequence[dict[int, StepReport]]) -> dict[str, KindCost]:
     """Each kind's model: the all-reduce fit as the bucket advisor makes it (the run's remembered
     sizes included), the other kinds from the segment's recent steps or derived from it."""
     fit_steps = [session.step_collectives(step) for step in sorted(session.reports)[-FIT_STEPS:]]
@@ -216,7 +219,6 @@ def session_costs(session: Session, segment: Segment, hello: Hello) -> dict[str,
     samples = transfer_samples_of(fit_steps, session.world_size, groups)
     meeting = all_reduce_ranks(groups, session.world_size)
     samples += session.transfer_memory.samples(meeting, besides={s.nbytes for s in samples})
-    steps, _ = recent_profile_steps(session, segment)
     return kind_costs(steps, meeting, samples)
 
 

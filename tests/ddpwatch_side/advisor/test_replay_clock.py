@@ -1,4 +1,4 @@
-"""The replayed step's clock (``ddpwatch.advisor.replay_clock``), worked by hand with a cost of
+"""The replayed step's clock (``ddpwatch.advisor.replay_clock``), hand-worked with a cost of
 1 ms per MB (and nothing per call)."""
 
 from __future__ import annotations

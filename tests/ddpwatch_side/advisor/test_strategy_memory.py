@@ -1,4 +1,4 @@
-"""What each strategy holds per rank (``ddpwatch.advisor.strategy_memory``), worked by hand on
+"""What each strategy holds per rank (``ddpwatch.advisor.strategy_memory``), hand-worked on
 two ranks for a model of two float32 parameters: ``layers.0.w`` of 1000 x 1000 and ``head.w`` of
 101 x 9901 (1,000,001 elements, so a flat bucket of both, 2,000,001 elements, pads to 2,000,002)."""
 

@@ -1,5 +1,5 @@
-"""Each strategy's step replayed from one run's parts (``ddpwatch.advisor.strategy_sim``), worked
-by hand. Two ranks, one collective at a time (NCCL's one stream), nothing lost beside transfers.
+"""Each strategy's step replayed from one run's parts (``ddpwatch.advisor.strategy_sim``),
+hand-worked. Two ranks, one collective at a time (NCCL's one stream), nothing lost beside transfers.
 
 The model: two float32 tensors of 1,000,000 elements, 4 MB each (decimal MB): t0 is layer 0's
 (``layers.0.w``), t1 the head's (``head.w``), whose gradient is ready first. A micro-step's

@@ -1,6 +1,6 @@
 """A cost model for each collective kind (``ddpwatch.figures.kind_costs``): fitted from the run's
-own calls of that kind, or derived from the all-reduce fit with the kind's bus factor. Worked
-by hand on two ranks, where f = 2(n-1)/n = 1 for an all-reduce and (n-1)/n = 0.5 for a
+own calls of that kind, or derived from the all-reduce fit with the kind's bus factor.
+Hand-worked on two ranks, where f = 2(n-1)/n = 1 for an all-reduce and (n-1)/n = 0.5 for a
 reduce-scatter or an all-gather."""
 
 from __future__ import annotations

@@ -56,6 +56,10 @@ class StrategyRow:
     measured_peak_mib: float | None = None
     notes: tuple[str, ...] = ()
 
+    def fits(self, budget_mib: float | None) -> bool:
+        """Whether its predicted peak (or, without one, what it holds) is within ``budget_mib`` (None: any)."""
+        return budget_mib is None or (self.predicted_peak_mib or self.predicted_held_mib) <= budget_mib
+
 
 @dataclass(frozen=True)
 class StrategyAdvice:
@@ -246,7 +250,7 @@ def fastest_words(rows: Sequence[StrategyRow], run: str, run_k: int, budget_mib:
     against the run's own: "zero2 holds 7.5 GiB less per rank for +4.0 ms a step"."""
     if not rows:
         return "no strategy predicted"
-    fitting = [r for r in rows if budget_mib is None or (r.predicted_peak_mib or r.predicted_held_mib) <= budget_mib]
+    fitting = [r for r in rows if r.fits(budget_mib)]
     if not fitting and budget_mib is not None:
         return f"no strategy fits {budget_mib / 1024:.3g} GiB a rank"
     best = min(fitting or rows, key=lambda r: r.predicted_ms)

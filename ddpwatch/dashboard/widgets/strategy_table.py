@@ -48,7 +48,7 @@ def render_strategies(table: StrategyAdvice | str | None, switchable: bool = Tru
     text.append(f"{'':2}{'strategy':<8} {'K':>2} {'step ms':>8} {'held MiB':>9} {'peak MiB':>9}   measured ({budget})\n", style="dim")
     for row in sorted(table.rows, key=lambda r: r.predicted_ms):
         own = (row.strategy, row.grad_accum) == (table.run_strategy, table.run_grad_accum)
-        fits = table.budget_mib is None or (row.predicted_peak_mib or row.predicted_held_mib) <= table.budget_mib
+        fits = row.fits(table.budget_mib)
         peak = f"{row.predicted_peak_mib:.0f}" if row.predicted_peak_mib is not None else "—"
         line = f"{'▶ ' if own else '  '}{row.strategy:<8} {row.grad_accum:>2} {row.predicted_ms:8.1f} {row.predicted_held_mib:9.1f} {peak:>9}"
         measured = _measured_text(row)
@@ -63,7 +63,7 @@ def render_strategies(table: StrategyAdvice | str | None, switchable: bool = Tru
 
 
 def fastest_fitting(table: StrategyAdvice) -> StrategyRow | None:
-    fits = [r for r in table.rows if table.budget_mib is None or (r.predicted_peak_mib or r.predicted_held_mib) <= table.budget_mib]
+    fits = [r for r in table.rows if r.fits(table.budget_mib)]
     return min(fits, key=lambda r: r.predicted_ms) if fits else None
 
 

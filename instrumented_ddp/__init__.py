@@ -18,13 +18,13 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from instrumented_ddp.wire.kinds import STRATEGY_NAMES
-from instrumented_ddp.wire.endpoints import DEFAULT_ADDRESS
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
 
     from instrumented_ddp.attachment.attachment import Attachment
+    from instrumented_ddp.attachment.disabled_watch import DisabledWatch
     from instrumented_ddp.strategies import DataParallelStrategy
 
 
@@ -47,10 +47,12 @@ def unwrap(model: nn.Module) -> nn.Module:
 
 
 def attach(model: nn.Module, optimizer: torch.optim.Optimizer | Sequence[torch.optim.Optimizer], *,
-           address: str = DEFAULT_ADDRESS, watch_key: str | None = None, total_steps: int = 0) -> Attachment:
+           address: str | None = None, watch_key: str | None = None, total_steps: int = 0) -> Attachment | DisabledWatch:
     """Watch a user's own ``DistributedDataParallel`` loop (see ``instrumented_ddp.attachment.attachment``).
     The signature is ``attachment.attach``'s, spelled out (not ``**options``) so that a user's
-    editor and type checker read it here, where the package loads torch only on first use."""
+    editor and type checker read it here, where the package loads torch only on first use.
+    ``address`` and ``watch_key`` left None are read from ``DDPWATCH_ADDRESS`` and ``DDPWATCH_KEY``;
+    ``DDPWATCH_DISABLE=1`` returns a watch that does nothing."""
     from instrumented_ddp.attachment.attachment import attach as attach_to
 
     return attach_to(model, optimizer, address=address, watch_key=watch_key, total_steps=total_steps)

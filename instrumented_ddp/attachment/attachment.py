@@ -57,6 +57,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from instrumented_ddp.attachment.disabled_watch import DisabledWatch
 from instrumented_ddp.attachment.attached_model import (
     all_reduce_group,
     backend_of,
@@ -76,12 +77,13 @@ from instrumented_ddp.attachment.step_boundaries import StepBoundaries
 from instrumented_ddp.attachment.step_reporter import StepReporter
 from instrumented_ddp.distributed import DistributedContext
 from instrumented_ddp.publish import stop_signals
+from instrumented_ddp.publish.watch_environment import WatchEnvironmentError, watch_address, watch_key_file, watching_disabled
 from instrumented_ddp.publish.watch import Watch, goodbye_reason, parameter_layout, parameter_rows
 from instrumented_ddp.timing.collective_stand_ins import LoopCall
 from instrumented_ddp.timing.ddp_timing import DDPTiming, users_comm_hook
 from instrumented_ddp.timing.timeline import StepTimeline
 from instrumented_ddp.wire.messages import MAX_PAUSED_FOR, NOT_SWITCHABLE, metrics_problem
-from instrumented_ddp.wire.endpoints import DEFAULT_ADDRESS, address_problem, is_loopback
+from instrumented_ddp.wire.endpoints import address_problem, is_loopback
 from instrumented_ddp.wire.curve_keys import load_client_keys
 
 if TYPE_CHECKING:
@@ -95,7 +97,7 @@ class AttachError(RuntimeError):
 
 
 def attach(model: nn.Module, optimizer: torch.optim.Optimizer | Sequence[torch.optim.Optimizer], *,
-           address: str = DEFAULT_ADDRESS, watch_key: str | None = None, total_steps: int = 0) -> Attachment:
+           address: str | None = None, watch_key: str | None = None, total_steps: int = 0) -> Attachment | DisabledWatch:
     """Watch ``model``, a ``DistributedDataParallel`` the caller built (or a model sharded with
     FSDP2's ``fully_shard``, its root included), and the ``optimizer`` that steps it (or a list of
     each that does, where the loop steps several: the update ends when every one has). Every rank
@@ -104,7 +106,15 @@ def attach(model: nn.Module, optimizer: torch.optim.Optimizer | Sequence[torch.o
     beyond loopback. ``total_steps``: the optimizer steps the loop will take, where it knows them
     (the dashboard's progress bar and ETA; 0: unknown). Raises ``AttachError`` (one line) on a
     misuse, having changed nothing. A ``torch.compile`` of the model is seen through to the module
-    it compiled."""
+    it compiled. ``address`` None: ``DDPWATCH_ADDRESS``, else the default; ``watch_key`` None:
+    ``DDPWATCH_KEY``; under ``DDPWATCH_DISABLE=1`` a ``DisabledWatch``, nothing installed
+    (``publish.watch_environment``)."""
+    try:
+        if watching_disabled():
+            return DisabledWatch()
+    except WatchEnvironmentError as error:
+        raise AttachError(f"instrumented_ddp.attach: {error}") from None
+    address, watch_key = watch_address(address), watch_key_file(watch_key)
     model = compiled_module(model)
     problem = attach_problem(model, optimizer)
     if problem is None and (isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps < 0):

@@ -47,8 +47,8 @@ from transformers import TrainerCallback
 
 from instrumented_ddp.attachment.problems import compiled_module, is_fsdp2
 from instrumented_ddp.attachment.attachment import AttachError, Attachment, attach
+from instrumented_ddp.attachment.disabled_watch import DisabledWatch
 from instrumented_ddp.wire.messages import FAILED, MAX_EVALUATION_METRICS, MAX_METRIC_NAME
-from instrumented_ddp.wire.endpoints import DEFAULT_ADDRESS
 
 
 class DDPWatchCallback(TrainerCallback):
@@ -62,11 +62,13 @@ class DDPWatchCallback(TrainerCallback):
     through Accelerate's ``DistributedDataParallelKwargs``). Raising there would stop a training
     run for its telemetry. A second ``train()`` attaches again to the DDP the first one built."""
 
-    def __init__(self, trainer: Any = None, *, address: str = DEFAULT_ADDRESS, watch_key: str | None = None) -> None:
+    def __init__(self, trainer: Any = None, *, address: str | None = None, watch_key: str | None = None) -> None:
+        """``address`` and ``watch_key`` as ``attach`` takes them: None reads ``DDPWATCH_ADDRESS``
+        and ``DDPWATCH_KEY``; under ``DDPWATCH_DISABLE=1`` the Trainer trains unwatched."""
         self.trainer = trainer
         self.address = address
         self.watch_key = watch_key
-        self.attachment: Attachment | None = None
+        self.attachment: Attachment | DisabledWatch | None = None
 
     def set_trainer(self, trainer: Any) -> None:
         """For a callback made before its Trainer (as transformers' own ``JITCheckpointCallback``)."""

@@ -33,6 +33,7 @@ from instrumented_ddp.resources.memory import MemorySampler, reset_peak
 from instrumented_ddp.wire.one_line_errors import OneLineErrorParser
 from instrumented_ddp.wire.output_paths import outputs_problem
 from instrumented_ddp.wire.messages import bucket_mb_problem
+from instrumented_ddp.publish.watch_environment import WatchEnvironmentError, watch_address, watch_key_file, watching_disabled
 from instrumented_ddp.wire.endpoints import DEFAULT_ADDRESS, address_problem, is_loopback
 from instrumented_ddp.wire.curve_keys import load_client_keys
 from instrumented_ddp.training.replicas import gather_digests, ranks_that_differ
@@ -66,9 +67,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="held-out examples evaluated after training (default: the whole test split; 0: no eval)")
     parser.add_argument("--log-every", type=int, default=10, help="rank 0 prints loss and samples/s every N steps")
     parser.add_argument("--save-final", default=None, help="rank 0 writes the final state_dict here")
-    parser.add_argument("--watch", default=DEFAULT_ADDRESS, metavar="ADDRESS", help="where ddpwatch listens")
-    parser.add_argument("--watch-key", default=None, metavar="FILE", help="CURVE client keys (client.json) of a dashboard beyond loopback")
-    parser.add_argument("--no-watch", action="store_true", help="no timing, no telemetry")
+    parser.add_argument("--watch", default=None, metavar="ADDRESS",
+                        help=f"where ddpwatch listens (default: $DDPWATCH_ADDRESS, else {DEFAULT_ADDRESS})")
+    parser.add_argument("--watch-key", default=None, metavar="FILE",
+                        help="CURVE client keys (client.json) of a dashboard beyond loopback (default: $DDPWATCH_KEY)")
+    parser.add_argument("--no-watch", action="store_true", help="no timing, no telemetry (also: DDPWATCH_DISABLE=1)")
     parser.add_argument("--profile", default=None, metavar="DIR", help="torch.profiler traces of steps 4-8 (TensorBoard/HTA format)")
     return parser
 
@@ -88,6 +91,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"--lr must be a finite number, 0 or more, not {args.lr:g}")
     if problem := bucket_mb_problem(args.bucket_mb, "--bucket-mb"):
         parser.error(problem)
+    args.watch, args.watch_key = watch_address(args.watch), watch_key_file(args.watch_key)
+    try:
+        args.no_watch = args.no_watch or watching_disabled()
+    except WatchEnvironmentError as error:
+        parser.error(str(error))
     args.watch_keys = None
     if not args.no_watch and (problem := address_problem(args.watch)):
         parser.error(f"--watch: {problem}")

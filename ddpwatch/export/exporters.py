@@ -1,5 +1,5 @@
 """Files a recorded session leaves behind: summary.json/.md/.csv, summary.svg (the segments as
-bars) and a Chrome trace.
+bars), a Chrome trace, and steps.parquet and collectives.parquet (``parquet_tables``).
 
 Every number comes from ``Session.segment_figures`` (that is, from ``metrics``), so an export
 can never disagree with what the dashboard showed. ``summary()`` returns exactly what
@@ -35,6 +35,7 @@ from ddpwatch.wording.figure_text import ONE_RANK_NOTE, busbw_text, calls_text, 
 from ddpwatch.wording.loop_compute import loop_compute_text
 from ddpwatch.wording.rank_lists import (detached_ranks_lines, failed_ranks_lines, heard_until_text, interrupted_ranks_lines, rank_runs,
                                  runs_text)
+from ddpwatch.export.parquet_tables import write_parquet_tables
 from ddpwatch.export.segment_bars import bars_svg, lengths, segment_bar
 from ddpwatch.ingest.session import Session
 from ddpwatch.ingest.notable_steps import note_pause_kinds
@@ -512,4 +513,10 @@ def write_exports(session: Session, out_dir: Path,
             continue
         write_atomic(out_dir / name, text)
         paths[name] = out_dir / name
+    try:
+        paths.update(write_parquet_tables(session, out_dir, clock_offsets(session)))
+    except ImportError as missing:  # the parquet extra: the other exports are written all the same
+        on_error(str(missing))
+    except Exception as error:
+        on_error(f"steps.parquet and collectives.parquet could not be made: {type(error).__name__}: {error}")
     return paths

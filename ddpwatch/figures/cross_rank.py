@@ -185,6 +185,20 @@ def waits_both_ways(calls_of_one_step: Mapping[int, CallTimes],
     return _settled_waits(*_paired_waits(calls_of_one_step, groups))
 
 
+def call_waits(calls_of_one_step: Mapping[int, CallTimes], groups: Groups | None = None) -> dict[int, dict[int, float]]:
+    """Per rank, the ms it waited in each of its calls that every rank of its group made: the
+    call's index among the rank's calls (``CallTimes`` order) to its duration less the call's
+    shortest over those ranks, the waiting :func:`waits_both_ways` adds up before counting calls
+    that waited at once once. A call some rank of the group did not make is absent."""
+    out: dict[int, dict[int, float]] = {}
+    for paired in _paired_waits(calls_of_one_step, groups)[0]:
+        for row, rank in enumerate(paired.ranks):
+            mine = out.setdefault(rank, {})
+            for column, position in enumerate(paired.positions[row]):
+                mine[position] = float(paired.in_call[row, column])
+    return out
+
+
 class _PairedWaits(NamedTuple):
     """One group's calls of one kind, paired across its ranks (:func:`_paired_calls`)."""
 

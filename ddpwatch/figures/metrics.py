@@ -168,6 +168,9 @@ class Figures:
     all_reduce_ms: float  # mean
     step_ms_p50: float  # over each step's wall time (max window over ranks), linear interp.
     step_ms_p95: float
+    #: The mean of the same step times, over every step (exact: a running sum, where the
+    #: percentiles are over a bounded sample): what a query over ``steps.parquet`` reproduces.
+    step_ms_mean: float
     #: A distribution-free 90 % interval for the median step time (``order_statistics``):
     #: whether two segments' medians differ by more than their steps' spread. (0, 0) without steps.
     step_ms_p50_interval: tuple[float, float]
@@ -237,6 +240,7 @@ class _RunningSums:
     samples: int = 0
     tokens: int = 0
     walls_ms: FloatReservoir = field(default_factory=FloatReservoir)
+    walls_total_ms: float = 0.0
     algbw: FloatReservoir = field(default_factory=FloatReservoir)
     calls_by_kind: dict[str, int] = field(default_factory=dict)
     memory: dict[str, int] = field(default_factory=dict)
@@ -282,6 +286,7 @@ class _RunningSums:
     def add_step_wall(self, wall_ms: float) -> None:
         self.steps += 1
         self.walls_ms.append(wall_ms)
+        self.walls_total_ms += wall_ms
 
     def figures(self, all_reduce_ranks: int, wall_s: float) -> Figures:
         """``wall_s``: the time these steps took, from the accumulator's clock alignment;
@@ -305,6 +310,7 @@ class _RunningSums:
             all_reduce_ms=mean(self.all_reduce_ms, self.records),
             step_ms_p50=p50,
             step_ms_p95=p95,
+            step_ms_mean=mean(self.walls_total_ms, self.steps),
             step_ms_p50_interval=interval,
             wall_s=wall_s,
             samples_per_s=self.samples / wall_s if wall_s > 0 else 0.0,

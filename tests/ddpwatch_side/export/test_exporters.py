@@ -548,7 +548,8 @@ def test_clock_offsets_fall_back_to_step_starts() -> None:
 def test_write_exports(session: Session, tmp_path: Path) -> None:
     out = tmp_path / "run"
     paths = exporters.write_exports(session, out)
-    assert sorted(paths) == ["summary.csv", "summary.json", "summary.md", "summary.svg", "trace.json"]
+    assert sorted(paths) == ["collectives.parquet", "steps.parquet", "summary.csv", "summary.json", "summary.md",
+                             "summary.svg", "trace.json"]
     assert sorted(p.name for p in out.iterdir()) == sorted(paths)  # no temp files left behind
     assert json.loads(paths["summary.json"].read_text()) == exporters.summary(session)
     assert "traceEvents" in json.loads(paths["trace.json"].read_text())
@@ -556,7 +557,7 @@ def test_write_exports(session: Session, tmp_path: Path) -> None:
     assert "](summary.svg)" in paths["summary.md"].read_text()
     assert paths["summary.svg"].read_text() == exporters.summary_svg(exporters.summary(session))
     exporters.write_exports(session, out)  # overwriting works and still leaves no temp files
-    assert len(list(out.iterdir())) == 5
+    assert len(list(out.iterdir())) == 7
 
 
 def test_an_export_that_cannot_be_made_is_said_and_the_others_are_written(
@@ -568,7 +569,7 @@ def test_an_export_that_cannot_be_made_is_said_and_the_others_are_written(
     monkeypatch.setattr(exporters, "chrome_trace", chrome_trace)
     said: list[str] = []
     paths = exporters.write_exports(session, tmp_path, on_error=said.append)
-    assert sorted(paths) == ["summary.csv", "summary.json", "summary.md", "summary.svg"]
+    assert sorted(paths) == ["collectives.parquet", "steps.parquet", "summary.csv", "summary.json", "summary.md", "summary.svg"]
     assert said == ["trace.json could not be made: ValueError: Out of range float values are not JSON compliant"]
 
 
@@ -683,7 +684,7 @@ def test_the_recorder_told_to_record_two_runs_writes_each_and_goes_on_past_the_f
     thread.join()
     assert last.session_id == "second-session" and sorted(last.reports) == [1, 2, 3, 4] and not last.rejected
     assert lines[1] == (f"ddpwatch record: run fixed-session is over; its exports are in {tmp_path / 'two' / 'fixed-session'} "
-                        "(summary.json, summary.md, summary.svg, summary.csv, trace.json); now recording run second-session")
+                        "(summary.json, summary.md, summary.svg, summary.csv, trace.json, steps.parquet, collectives.parquet); now recording run second-session")
     assert "every rank said goodbye" in lines[-1]
     first = json.loads((tmp_path / "two" / "fixed-session" / "summary.json").read_text())
     assert (first["session"], first["segments"][-1]["last_step"]) == ("fixed-session", 10)

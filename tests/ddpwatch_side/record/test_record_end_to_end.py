@@ -219,3 +219,25 @@ def test_exports_are_valid_and_summary_prints_the_table(recordings: Record) -> N
                              capture_output=True, text=True, cwd=REPO_ROOT, check=True).stdout
     assert "| Compute% | Non_Compute% | Idle% | Data wait% | Overlap% | Comm_overhead% |" in printed
     assert "| async" in printed
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "zero2"])
+def test_duckdb_over_the_parquet_tables_gives_back_the_summarys_per_rank_figures(recordings: Record, strategy: str) -> None:
+    """A per-rank GROUP BY over steps.parquet's counted rows is summary.json's per-rank steps and
+    mean step time; collectives.parquet holds each counted step's collectives of each kind, as
+    many as ``calls_by_kind`` counts, every one of them paired (its wait known)."""
+    import duckdb
+
+    _, summary, _, directory, _ = recordings(*STRATEGY_RUNS[strategy])
+    steps, collectives = directory / "steps.parquet", directory / "collectives.parquet"
+    got = duckdb.sql(f"SELECT rank, count(*), avg(step_ms) FROM '{steps}' WHERE counted GROUP BY rank ORDER BY rank").fetchall()
+    per_rank = summary["segments"][0]["per_rank"]
+    assert [(rank, n) for rank, n, _ in got] == [(int(rank), f["steps"]) for rank, f in sorted(per_rank.items())]
+    assert [mean for *_, mean in got] == pytest.approx([f["step_ms_mean"] for _, f in sorted(per_rank.items())], rel=1e-9)
+    assert len(got) == 2 and all(n >= 3 for _, n, _ in got)
+    counts = dict(duckdb.sql(f"SELECT kind, count(*) / count(DISTINCT (c.rank, c.step)) FROM '{collectives}' c "
+                             f"JOIN '{steps}' s USING (rank, step) WHERE s.counted GROUP BY kind").fetchall())
+    assert counts == pytest.approx(summary["segments"][0]["calls_by_kind"])
+    assert duckdb.sql(f"SELECT count(*) FROM '{collectives}' c JOIN '{steps}' s USING (rank, step) "
+                      "WHERE s.counted AND c.wait_ms IS NULL AND c.kind IN ('all_reduce', 'reduce_scatter', 'all_gather')"
+                      ).fetchall() == [(0,)]

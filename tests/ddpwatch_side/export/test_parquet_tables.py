@@ -1,6 +1,6 @@
 """steps.parquet and collectives.parquet (``export.parquet_tables``) on the fixed two-rank session
 (``synthetic_session``): DuckDB's per-rank GROUP BY gives back summary.json's per-rank steps and
-mean step time, each collective is a row with its wait worked out by hand, and a missing pyarrow
+mean step time, each collective is a row with its wait (hand-worked figures), and a missing pyarrow
 is one line while the other exports are written. A recorded train.py run is queried the same way
 in ``record/test_record_end_to_end.py``."""
 

@@ -67,7 +67,9 @@ def untouched(ddp: DistributedDataParallel, optimizer: torch.optim.Optimizer, co
 
 
 def attach_for_test(model: nn.Module, optimizer: Any) -> Attachment:
-    return instrumented_ddp.attach(model, optimizer, address=f"tcp://127.0.0.1:{free_port()}")  # nobody listens
+    watch = instrumented_ddp.attach(model, optimizer, address=f"tcp://127.0.0.1:{free_port()}")  # nobody listens
+    assert isinstance(watch, Attachment), "DDPWATCH_DISABLE is set where the tests run"
+    return watch
 
 
 @contextmanager

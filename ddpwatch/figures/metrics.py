@@ -179,6 +179,9 @@ class Figures:
     tokens_per_s: float
     busbw_gbps: float | None  # median over every measurable all_reduce
     waited_for_others_ms: float  # mean
+    #: Mean per rank per step of what the other ranks waited for this one (``waits_both_ways``'
+    #: second half: each wait put down to the last to arrive); over ranks it totals the waits.
+    others_waited_ms: float
     calls_by_kind: dict[str, float]  # per rank per step, every collective kind
     #: The most any rank held at a measured step end (``StepReport.memory``), per memory kind.
     memory: dict[str, int]
@@ -237,6 +240,7 @@ class _RunningSums:
     calls_total: int = 0
     all_reduce_ms: float = 0.0
     waited_ms: float = 0.0
+    waited_on_ms: float = 0.0
     samples: int = 0
     tokens: int = 0
     walls_ms: FloatReservoir = field(default_factory=FloatReservoir)
@@ -249,7 +253,7 @@ class _RunningSums:
     marked_ms: float = 0.0
     marked: dict[str, None] = field(default_factory=dict)  # names the loop's marked compute went by
 
-    def add_record(self, f: StepFigures, waited_ms: float) -> None:
+    def add_record(self, f: StepFigures, waited_ms: float, waited_on_ms: float = 0.0) -> None:
         """Zero-length windows are left out of the percentage means: they carry no time."""
         self.records += 1
         if f.step_ms > 0:
@@ -279,6 +283,7 @@ class _RunningSums:
                 if name and len(self.marked) < MARKED_NAMES:
                     self.marked[name] = None
         self.waited_ms += waited_ms
+        self.waited_on_ms += waited_on_ms
         self.samples += f.samples
         self.tokens += f.tokens
         self.algbw.extend(f.algbw_gbps)
@@ -317,6 +322,7 @@ class _RunningSums:
             tokens_per_s=self.tokens / wall_s if wall_s > 0 else 0.0,
             busbw_gbps=median_of(self.algbw.values()) * factor if len(self.algbw) and factor is not None else None,
             waited_for_others_ms=mean(self.waited_ms, self.records),
+            others_waited_ms=mean(self.waited_on_ms, self.records),
             calls_by_kind={kind: mean(float(n), self.records) for kind, n in sorted(self.calls_by_kind.items())},
             memory=dict(self.memory),
             loop_collectives=mean(float(self.loop_calls), self.records),
@@ -351,15 +357,16 @@ class SegmentAccumulator:
         self.other_algbw: dict[str, FloatReservoir] = {}  # by kind, over every rank: see SegmentFigures.other_busbw_gbps
 
     def add_step(self, figures: Mapping[int, StepFigures], calls: Mapping[int, CallTimes],
-                 waits: Mapping[int, float] | None = None) -> None:
+                 waits: tuple[Mapping[int, float], Mapping[int, float]] | None = None) -> None:
         """One step: each rank's ``step_figures`` and all-reduces (``call_times``), computed
         centrally from spans or sent by the rank in a ``StepSummary``: the same either way.
-        ``waits``: the step's ``step_waits(calls, figures, groups)[0]`` (its all-reduces' and its
-        reduce-scatters' and all-gathers' waits) where the caller made them already (a session
-        does, once a step: at 1,024 ranks a pass over 300 calls each)."""
+        ``waits``: the step's ``step_waits(calls, figures, groups)`` (each rank's waiting in its
+        all-reduces, reduce-scatters and all-gathers, and what the others waited for it) where
+        the caller made them already (a session does, once a step: at 1,024 ranks a pass over
+        300 calls each)."""
         if not figures:
             return
-        waits = step_waits(calls, figures, self.groups)[0] if waits is None else waits
+        waited, waited_on = step_waits(calls, figures, self.groups) if waits is None else waits
         step = next(iter(figures.values())).step
         desync = find_desync(calls, step, {rank: f.calls_by_kind for rank, f in figures.items()})
         if desync is not None:
@@ -374,15 +381,15 @@ class SegmentAccumulator:
                 if sample is None:
                     sample = self.other_algbw[kind] = FloatReservoir()
                 sample.extend(alg)
-            self.overall.add_record(f, waits.get(rank, 0.0))
-            self.per_rank[rank].add_record(f, waits.get(rank, 0.0))
+            self.overall.add_record(f, waited.get(rank, 0.0), waited_on.get(rank, 0.0))
+            self.per_rank[rank].add_record(f, waited.get(rank, 0.0), waited_on.get(rank, 0.0))
             self.per_rank[rank].add_step_wall(f.step_ms)
             walls.append(f.step_ms)
             times[rank] = f.times
         self.overall.add_step_wall(max(walls))
         self.clocks.add_step(times)
         if len(figures) >= self.world_size > 1:
-            self.recent_complete.append(StepWaits(step, waits, max(walls)))
+            self.recent_complete.append(StepWaits(step, waited, max(walls)))
             if len(self.recent_complete) > STRAGGLER_STEPS:
                 self.recent_complete.sort(key=lambda s: s.step)
                 del self.recent_complete[:-STRAGGLER_STEPS]

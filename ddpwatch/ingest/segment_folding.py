@@ -98,7 +98,7 @@ class SegmentFolding:
                 segment.folded = SegmentAccumulator(world, groups)
             else:
                 segment.folded.regroup(world, groups)
-            segment.folded.add_step(figures, store.counted_calls(step), store.step_waits(step)[0])
+            segment.folded.add_step(figures, store.counted_calls(step), store.step_waits(step))
         self.transfer_memory.add_step(store.step_collectives(step), world, groups)
         if segment is not None and segment.strategy in MEASURED_STRATEGIES:
             self._remember_backward_beside(step, segment.index)

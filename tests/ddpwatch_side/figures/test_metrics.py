@@ -350,6 +350,9 @@ def test_hsdp_ranks_wait_only_for_the_replicas_they_all_reduce_with() -> None:
     assert waiting[0] == [approx((0.0, ms(2.0)))] and waiting[1] == waiting[2] == waiting[3] == []
     segment = segment_figures(list(records.values()), world_size=4, groups=groups)
     assert segment.waited_for_others_ms == approx(2.0 / 4)  # one rank's 2 ms, over 4 ranks' steps
+    assert segment.others_waited_ms == approx(2.0 / 4)  # ... all of it put down to rank 2: the totals agree
+    assert {rank: f.others_waited_ms for rank, f in segment.per_rank.items()} == approx({0: 0.0, 1: 0.0, 2: 2.0, 3: 0.0})
+    assert {rank: f.waited_for_others_ms for rank, f in segment.per_rank.items()} == approx({0: 2.0, 1: 0.0, 2: 0.0, 3: 0.0})
     # each group's all-reduce is a transfer of its own: 3 ms for {0, 2}, 9 for {1, 3}, 6 on average;
     # over the world the shortest was 3 ms, and the slow pair's 9 ms was lost
     assert transfers(calls, groups) == [(("u0", 0), approx(ms(6.0)))]

@@ -23,6 +23,7 @@ from ddpwatch.control.relay import ACK_GRACE_S
 if TYPE_CHECKING:
     from instrumented_ddp.wire.curve_keys import ServerKeys
     from ddpwatch.dashboard.app import DashboardApp
+    from ddpwatch.export.live_outputs import LiveOutputs
 
 
 def with_example(command_line: str) -> dict[str, Any]:
@@ -58,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--keys", type=Path, help="CURVE key directory (made if missing); needed beyond loopback")
     parser.add_argument("--memory-budget", type=positive_gib, metavar="GIB", help="GiB a rank may hold at its peak, for the "
                         "Advisor tab's strategy table and tune --strategies (default: the device's memory)")
+    add_listener_outputs(parser)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     replay = commands.add_parser("replay", help="play a recorded session through the dashboard",
@@ -97,6 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     record.add_argument("--keys", type=Path, default=argparse.SUPPRESS, help="CURVE key directory (made if missing); needed beyond loopback")
     record.add_argument("--sample", type=int, metavar="N", help="ask the ranks for the spans of every N-th step only "
                         "(summaries of the rest: figures exact, timelines sampled); default: every span")
+    add_listener_outputs(record, argparse.SUPPRESS)
 
     switch = commands.add_parser("switch", help="ask a running session to switch strategy (through the dashboard or recorder)",
                                  **with_example("ddpwatch switch bucket --bucket-mb 4"))
@@ -126,6 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--wait", type=float, default=120.0, help="seconds to wait for a run to connect")
     tune.add_argument("--idle-exit", type=float, default=30.0, help="stop when every rank is silent this long")
     tune.add_argument("--keys", type=Path, default=argparse.SUPPRESS, help="CURVE key directory (made if missing); needed beyond loopback")
+    add_listener_outputs(tune, argparse.SUPPRESS)
     doctor = commands.add_parser("doctor", help="check ddpwatch's GPU figures on this machine against torch.profiler, NVML, overhead",
                                  **with_example("ddpwatch doctor --ranks 2 --keep doctor-runs"))
     doctor.add_argument("--strategies", default="bucket,ddp", help="strategies of the profiled runs (comma-separated)")
@@ -149,11 +153,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def add_listener_outputs(parser: argparse.ArgumentParser, default: Any = None) -> None:
+    """The flags of what a listener feeds as it receives (``export.live_outputs``), on the top
+    level and again on ``record`` and ``tune`` (there ``default`` is SUPPRESS: see ``--listen``)."""
+    parser.add_argument("--prometheus", metavar="HOST:PORT", default=default,
+                        help="serve the per-rank figures at http://HOST:PORT/metrics for Prometheus to scrape")
+    parser.add_argument("--prometheus-linger", type=float, metavar="S", default=0.0 if default is None else default,
+                        help="with record or tune: keep /metrics up this long after the recording ends, serving its "
+                        "final figures (default 0)")
+
+
 #: The options of the top level (``ddpwatch --listen ADDRESS COMMAND``), in the order they are named.
-TOP_LEVEL_OPTIONS = ("listen", "out", "max_message_bytes", "keys", "memory_budget")
+TOP_LEVEL_OPTIONS = ("listen", "out", "max_message_bytes", "keys", "memory_budget", "prometheus", "prometheus_linger")
 #: Those each command reads; one it does not read, given, is refused, not ignored: ``ddpwatch
 #: --listen ADDRESS demo`` would otherwise listen elsewhere without a word.
-READS = {"dashboard": set(TOP_LEVEL_OPTIONS), "record": set(TOP_LEVEL_OPTIONS) - {"memory_budget"}, "tune": set(TOP_LEVEL_OPTIONS),
+READS = {"dashboard": set(TOP_LEVEL_OPTIONS) - {"prometheus_linger"}, "record": set(TOP_LEVEL_OPTIONS) - {"memory_budget"},
+         "tune": set(TOP_LEVEL_OPTIONS),
          "switch": {"listen"}, "replay": {"out", "memory_budget"}, "demo": {"out"}, "doctor": set(), "summary": set(), "compare": set()}
 
 
@@ -235,6 +250,35 @@ def server_keys(args: argparse.Namespace) -> ServerKeys | None:  # ServerKeys im
     return keys
 
 
+def listener_outputs(args: argparse.Namespace, command: str) -> LiveOutputs:
+    """What ``args`` asks the listener to feed, each started now: a port taken or a missing
+    extra is one line, exit 2, before anything listens."""
+    from ddpwatch.export.live_outputs import ListenerOutput, LiveOutputs
+
+    if not args.prometheus_linger >= 0:
+        raise ValueError("--prometheus-linger must be 0 or more seconds")
+    outputs: list[ListenerOutput] = []
+    if args.prometheus is not None:
+        from ddpwatch.export.prometheus_endpoint import PrometheusEndpoint
+
+        endpoint = PrometheusEndpoint(args.prometheus)
+        outputs.append(endpoint)
+        print(f"{command}: Prometheus metrics at {endpoint.url}", file=sys.stderr, flush=True)
+    return LiveOutputs(outputs)
+
+
+def linger_then_close(outputs: LiveOutputs, args: argparse.Namespace) -> None:
+    """``--prometheus-linger``: /metrics stays up serving the final figures, then every output closes."""
+    import time
+
+    if args.prometheus is not None and args.prometheus_linger > 0 and outputs:
+        try:
+            time.sleep(args.prometheus_linger)
+        except KeyboardInterrupt:  # Ctrl-C ends the lingering, not with a traceback
+            pass
+    outputs.close()
+
+
 def run_dashboard(args: argparse.Namespace) -> int:
     from ddpwatch.dashboard.app import DashboardApp
     from ddpwatch.dashboard.process_feed import ProcessFeed
@@ -242,9 +286,14 @@ def run_dashboard(args: argparse.Namespace) -> int:
 
     positive(args, "max_message_bytes")
     out_dir = writable_out_dir(args.out or default_session_dir())
+    outputs = listener_outputs(args, "ddpwatch")
     feed = ProcessFeed(args.listen, out_dir / SESSION_FILE_NAME, args.max_message_bytes, server_keys(args))
-    app = DashboardApp(feed, out_dir, memory_budget_mib=args.memory_budget * 1024 if args.memory_budget else None)
-    app.run()
+    app = DashboardApp(feed, out_dir, memory_budget_mib=args.memory_budget * 1024 if args.memory_budget else None,
+                       outputs=outputs)
+    try:
+        app.run()
+    finally:
+        outputs.close()
     print(f"session recorded in {out_dir}")
     return exports_failed(app)
 
@@ -311,8 +360,14 @@ def run_record(args: argparse.Namespace) -> int:
 
     positive(args, "until_steps", "until_seconds", "sample", "wait", "idle_exit", "max_message_bytes", "runs")
     started = time.monotonic()
-    session = record(args.listen, writable_out_dir(args.out), StopRule(args.until_steps, args.until_seconds, args.idle_exit, args.wait),
-                     args.max_message_bytes, keys=server_keys(args), sample_every=args.sample, runs=args.runs)
+    out_dir = writable_out_dir(args.out)
+    outputs = listener_outputs(args, "ddpwatch record")
+    try:
+        session = record(args.listen, out_dir, StopRule(args.until_steps, args.until_seconds, args.idle_exit, args.wait),
+                         args.max_message_bytes, keys=server_keys(args), sample_every=args.sample, runs=args.runs,
+                         outputs=outputs)
+    finally:
+        linger_then_close(outputs, args)
     if args.wait is not None and not session.messages and time.monotonic() - started >= args.wait:  # not a Ctrl-C before it
         print(f"ddpwatch record: error: no rank connected within {args.wait:g} s" if not session.rejected else
               f"ddpwatch record: error: every message was rejected ({sum(session.rejected.values())}: "
@@ -454,8 +509,13 @@ def run_tune(args: argparse.Namespace) -> int:
         print("ddpwatch tune: error: --grad-accum goes with --strategies", file=sys.stderr)
         return 2
     driver = SweepDriver(args.strategy, args.steps_per_size, args.sizes, connect_timeout_s=args.wait)
-    record(args.listen, writable_out_dir(args.out), StopRule(idle_exit_s=args.idle_exit), args.max_message_bytes,
-           keys=server_keys(args), drive=driver, command="ddpwatch tune")
+    out_dir = writable_out_dir(args.out)
+    outputs = listener_outputs(args, "ddpwatch tune")
+    try:
+        record(args.listen, out_dir, StopRule(idle_exit_s=args.idle_exit), args.max_message_bytes,
+               keys=server_keys(args), drive=driver, command="ddpwatch tune", outputs=outputs)
+    finally:
+        linger_then_close(outputs, args)
     if driver.failure:
         print(f"ddpwatch tune: error: {driver.failure}", file=sys.stderr)
         return 2
@@ -479,8 +539,13 @@ def run_strategy_tune(args: argparse.Namespace) -> int:
         return 2
     budget = args.memory_budget * 1024 if args.memory_budget is not None else None
     driver = StrategySweep(args.strategies, args.grad_accum, args.steps_per_size, budget, connect_timeout_s=args.wait)
-    record(args.listen, writable_out_dir(args.out), StopRule(idle_exit_s=args.idle_exit), args.max_message_bytes,
-           keys=server_keys(args), drive=driver, command="ddpwatch tune")
+    out_dir = writable_out_dir(args.out)
+    outputs = listener_outputs(args, "ddpwatch tune")
+    try:
+        record(args.listen, out_dir, StopRule(idle_exit_s=args.idle_exit), args.max_message_bytes,
+               keys=server_keys(args), drive=driver, command="ddpwatch tune", outputs=outputs)
+    finally:
+        linger_then_close(outputs, args)
     if driver.failure:
         print(f"ddpwatch tune: error: {driver.failure}", file=sys.stderr)
         return 2

@@ -163,9 +163,10 @@ class StrategySweep:
     def _measured(self, session: Session, segment: Segment, tuned: TunedStrategy) -> TunedStrategy:
         figures = session.segment_figures(segment, include_pending=False, per_rank=False)
         tuned.measured_ms, tuned.steps = figures.step_ms_p50, figures.steps
-        held = sum(figures.memory.get(kind, 0) for kind in ("parameters", "gradients", "optimizer_state"))
+        memory = figures.memory or measured_in(session, segment)
+        held = sum(memory.get(kind, 0) for kind in ("parameters", "gradients", "optimizer_state"))
         tuned.measured_held_mib = held / MIB if held else None
-        tuned.measured_peak_mib = figures.memory["peak"] / MIB if figures.memory.get("peak") else None
+        tuned.measured_peak_mib = memory["peak"] / MIB if memory.get("peak") else None
         return tuned
 
     def _finish(self, relay: Relay) -> str | None:
@@ -227,3 +228,16 @@ def write_strategy_results(out_dir: Path, results: Sequence[TunedStrategy]) -> N
     if summary_md.exists():
         text = "\n".join(strategy_table(results))
         summary_md.write_text(summary_md.read_text() + "\n## ddpwatch tune --strategies\n\n```\n" + text + "\n```\n")
+
+
+def measured_in(session: Session, segment: Segment) -> dict[str, int]:
+    """The most any rank held, per memory kind, as its newest report within ``segment``'s steps
+    measured it: a rank measures memory on the second step of each strategy and every few after
+    (``instrumented_ddp.resources.memory``), and that step may be one the figures leave out (a
+    step still waiting for a rank, or one excluded from the statistics)."""
+    most: dict[str, int] = {}
+    for state in session.ranks.values():
+        if state.memory and segment.first_step <= state.memory_step <= segment.last_step:
+            for kind, nbytes in state.memory.items():
+                most[kind] = max(nbytes, most.get(kind, 0))
+    return most

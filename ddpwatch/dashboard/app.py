@@ -20,6 +20,7 @@ from instrumented_ddp.wire.messages import NOT_SWITCHABLE, Ack
 from instrumented_ddp.wire.kinds import STRATEGY_NAMES
 
 from ddpwatch.dashboard.views.heatmap import HEATMAP_METRICS
+from ddpwatch.export.live_outputs import LiveOutputs
 from ddpwatch.ingest.session import Session
 from ddpwatch.ingest.rank_state import DEVICE_SAMPLES_PER_RANK
 from ddpwatch.control.span_requests import SpanWish
@@ -106,9 +107,11 @@ class DashboardApp(App[None]):
     ]
 
     def __init__(self, feed: Feed, out_dir: Path | None = None, frame_interval_s: float = FRAME_INTERVAL_S,
-                 export_on_exit: bool = True, memory_budget_mib: float | None = None) -> None:
+                 export_on_exit: bool = True, memory_budget_mib: float | None = None,
+                 outputs: LiveOutputs | None = None) -> None:
         super().__init__()
         self.feed = feed
+        self.outputs = outputs if outputs is not None else LiveOutputs([])  # fed each frame; the caller closes them
         self.frame_interval_s = frame_interval_s
         self.memory_budget_mib = memory_budget_mib  # the strategy table's budget (None: the device's memory)
         self.session = new_session()
@@ -176,6 +179,7 @@ class DashboardApp(App[None]):
         self.feed.stop()
         self.ingest_arrived()  # what came since the last frame is in the session file: the exports match it
         self.exports.at_exit(self.session)
+        self.outputs.finish(self.session, self.feed.heard_clock())
 
     # -- the frame ---------------------------------------------------------------------------------
     def ingest_arrived(self, budget_s: float | None = None) -> None:
@@ -191,6 +195,7 @@ class DashboardApp(App[None]):
         is watched as a run of its own, not refused as the old run's repeated steps."""
         finished = self.session
         where = self.exports.of_finished_run(finished)
+        self.outputs.finish(finished, self.feed.heard_clock())
         self.session = new_session()
         self.builder = SnapshotBuilder(self.session, memory_budget_mib=self.memory_budget_mib)
         self.selected_step = self.selected_rank = None

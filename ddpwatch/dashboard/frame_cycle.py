@@ -62,6 +62,9 @@ class FrameCycle:
         app.ingest_arrived(INGEST_BUDGET_S)
         app.collector.note_ranks(len(app.session.ranks))
         timed("ingest")
+        if app.outputs:
+            app.outputs.look(app.session, app.feed.heard_clock())  # --prometheus and the like, on the session's clock
+            timed("outputs")
         side_tab = app.side_tabs.active.removesuffix("-tab")
         app.snapshot = snapshot = app.builder.build(app.selected_step, heatmap_metric=app.heatmap_metric,
                                                     open_nodes=app.open_nodes, selected_rank=app.selected_rank,

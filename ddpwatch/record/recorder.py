@@ -18,6 +18,7 @@ from ddpwatch.figures.cross_rank import DesyncRange
 from instrumented_ddp.wire.curve_keys import ServerKeys
 from ddpwatch.control.relay import SwitchRelay
 from ddpwatch.export.exporters import write_exports
+from ddpwatch.export.live_outputs import LiveOutputs
 from ddpwatch.record.live_faults import LiveFaultReporter
 from ddpwatch.record.live_stalls import LiveStallReporter
 from ddpwatch.wording.rank_lists import detached_ranks_lines, failed_ranks_lines, interrupted_ranks_lines
@@ -67,6 +68,7 @@ def record(
     drive: Callable[[Session, SwitchRelay], str | None] | None = None,
     command: str = "ddpwatch record",
     runs: int = 1,
+    outputs: LiveOutputs | None = None,
 ) -> Session:
     """Every rank's every span by default, so a recording loses nothing; ``sample_every``: the
     spans of every N-th step only, summaries (exact figures) of the rest. ``drive``: called
@@ -79,7 +81,9 @@ def record(
     exports go in a folder named after it, beside the last run's. A run whose every goodbye says
     its process trains again (``Session.trains_again``: a Trainer begun again after running out
     of memory) is followed the same way, and not counted: the recording is of the training that
-    came of it. Returns the last run's."""
+    came of it. ``outputs``: fed the session at every turn of the loop and each run's once it is
+    over, after its exports (``--prometheus``, ``--tensorboard``, ``--wandb``); the caller
+    closes them. Returns the last run's."""
     session = Session()
     runs_left = runs  # this one included
     receiver = TelemetryReceiver(listen, max_message_bytes, keys)
@@ -122,6 +126,8 @@ def record(
                             runs_left -= 1
                         folder = out_dir / (session.session_id or "run")
                         paths = write_exports(session, folder)
+                        if outputs:
+                            outputs.finish(session, time.monotonic())
                         why = Counter(state.goodbye.reason for state in session.ranks.values()  # every rank's: trains_again
                                       if state.goodbye is not None).most_common(1)[0][0] if again else ""
                         log(f"{command}: run {session.session_id} is over{f', and trains again ({why})' if again else ''}; "
@@ -140,6 +146,8 @@ def record(
             writer.flush_if_due()
             faults.look(session, time.monotonic())
             stalls.look(session, time.monotonic())
+            if outputs:
+                outputs.look(session, time.monotonic())
             reason = stop_requested[0] if stop_requested else rule.reached(session, started, last_message,
                                                                            runs_left > 1 or session.trains_again)
             if reason is None and drive is not None:
@@ -151,6 +159,8 @@ def record(
         for signum, handler in previous.items():
             signal.signal(signum, handler)
     paths = write_exports(session, out_dir)
+    if outputs:
+        outputs.finish(session, time.monotonic())
     late = sum(state.late for state in session.ranks.values())
     unresolved = sum(state.unresolved for state in session.ranks.values())
     log(f"{command}: stopped ({reason}); {session.messages} messages, "

@@ -206,10 +206,12 @@ class Recorder:
             cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
         )
         assert self.proc.stderr is not None  # stderr=PIPE
-        line = self.proc.stderr.readline()  # "listening on ..." once bound (after a CURVE notice, if any)
-        if "CURVE on" in line:
+        self.notices: list[str] = []  # the lines before "listening on ...": a CURVE notice, the --prometheus URL
+        line = self.proc.stderr.readline()  # "listening on ..." once bound
+        while line and "listening" not in line and len(self.notices) < 3:
+            self.notices.append(line)
             line = self.proc.stderr.readline()
-        assert "listening" in line, line + self.proc.stderr.read()
+        assert "listening" in line, "".join(self.notices) + line + self.proc.stderr.read()
 
     def wait(self, timeout_s: float = 60.0) -> str:
         try:

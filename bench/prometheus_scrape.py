@@ -69,7 +69,6 @@ def main() -> int:
     endpoint = PrometheusEndpoint("127.0.0.1:0")
     try:
         endpoint.publish(session, now)
-        every_s = endpoint.every_s
         times, size = [], 0
         for _ in range(args.scrapes):
             begun = time.perf_counter()
@@ -82,6 +81,7 @@ def main() -> int:
           f"{samples - per_rank} of the run)")
     print(f"scrape: {size / 1e6:.2f} MB ({size / args.ranks / 1e3:.1f} kB per rank), "
           f"median {statistics.median(times) * 1e3:.0f} ms over {args.scrapes} (min {min(times) * 1e3:.0f} ms)")
+    every_s = max(PUBLISH_EVERY_S, statistics.median(made) / LISTENER_SHARE)  # PrometheusEndpoint.publish's rule
     print(f"listener: metric_families median {statistics.median(made) * 1e3:.0f} ms, made every {every_s:.1f} s "
           f"(PUBLISH_EVERY_S {PUBLISH_EVERY_S:g} s, or longer to keep to {LISTENER_SHARE:.0%} of the listener's time: "
           f"{statistics.median(made) / every_s * 100:.1f} %)")

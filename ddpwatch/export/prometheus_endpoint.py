@@ -4,8 +4,8 @@ The listener (the dashboard's frame, ``record``'s loop) makes the families from 
 (``prometheus_metrics``) once every ``PUBLISH_EVERY_S``, or less often where making them takes
 more than ``LISTENER_SHARE`` of its time (a job of a thousand ranks), and swaps them in whole;
 the HTTP thread prometheus_client starts only reads the newest list, so a scrape never touches
-the session while the listener folds into it, and costs the listener nothing. The ranks never
-see it.
+the session while the listener folds into it (it writes the text in the listener's process, on
+that thread). The ranks never see it.
 """
 
 from __future__ import annotations

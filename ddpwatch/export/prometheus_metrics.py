@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.samples import Sample
 
 from ddpwatch.figures.metrics import Figures, SegmentFigures
 from ddpwatch.ingest.session import Session
@@ -75,11 +76,11 @@ def metric_families(session: Session, now: float, final: bool = False) -> list[M
     strategy = segment.strategy if segment is not None else ""
     figures = session.segment_figures(segment, include_pending=final, per_rank=True) if segment is not None else None
     per_rank = figures.per_rank if figures is not None else {}
-    labels: dict[int, list[str]] = {}
+    labels: dict[int, dict[str, str]] = {}  # one dict a rank, shared by its samples (a sample never changes it)
     for rank, state in sorted(session.ranks.items()):
         hello = state.hello
-        labels[rank] = [session.session_id, str(rank), str(hello.node_rank) if hello else "",
-                        hello.host if hello else "", strategy]
+        labels[rank] = dict(zip(RANK_LABELS, (session.session_id, str(rank), str(hello.node_rank) if hello else "",
+                                              hello.host if hello else "", strategy), strict=True))
     families: list[Metric] = [_step_seconds(per_rank, labels)]
     families += _figure_gauges(per_rank, labels)
     families += _rank_readings(session, labels, now)
@@ -87,18 +88,24 @@ def metric_families(session: Session, now: float, final: bool = False) -> list[M
     return families
 
 
-def _gauge(name: str, help_text: str, extra: tuple[str, ...] = ()) -> GaugeMetricFamily:
-    return GaugeMetricFamily(name, help_text, labels=[*RANK_LABELS, *extra])
+def _gauge(name: str, help_text: str) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, help_text, labels=RANK_LABELS)
 
 
-def _step_seconds(per_rank: dict[int, Figures], labels: dict[int, list[str]]) -> Metric:
+def _add(family: Metric, labels: dict[str, str], value: float, suffix: str = "") -> None:
+    """One sample, its labels the dict given (not copied: prometheus_client's ``add_metric``
+    makes a dict a sample, a third of the time the families take at 1,024 ranks)."""
+    family.samples.append(Sample(family.name + suffix, labels, value))
+
+
+def _step_seconds(per_rank: dict[int, Figures], labels: dict[int, dict[str, str]]) -> Metric:
     """A summary: the rank's step time quantiles over the segment's steps, their sum and count
     (``_sum / _count`` is the mean, ``summary.json``'s ``step_ms_mean``)."""
     family = Metric("ddpwatch_step_seconds", "the rank's step time (its window) over the segment's steps", "summary")
     for rank, f in per_rank.items():
         if rank not in labels:
             continue
-        named = dict(zip(RANK_LABELS, labels[rank], strict=True))
+        named = labels[rank]
         for quantile, value in zip(STEP_QUANTILES, (f.step_ms_p50, f.step_ms_p95), strict=True):
             family.add_sample("ddpwatch_step_seconds", {**named, "quantile": f"{quantile:g}"}, value / 1000.0)
         family.add_sample("ddpwatch_step_seconds_count", named, float(f.steps))
@@ -106,47 +113,45 @@ def _step_seconds(per_rank: dict[int, Figures], labels: dict[int, list[str]]) ->
     return family
 
 
-def _figure_gauges(per_rank: dict[int, Figures], labels: dict[int, list[str]]) -> Iterable[Metric]:
+def _figure_gauges(per_rank: dict[int, Figures], labels: dict[int, dict[str, str]]) -> Iterable[Metric]:
     for gauge in FIGURE_GAUGES:
         family = _gauge(gauge.name, gauge.help)
         for rank, f in per_rank.items():
             if rank in labels:
-                family.add_metric(labels[rank], float(getattr(f, gauge.field)) * gauge.scale)
+                _add(family, labels[rank], float(getattr(f, gauge.field)) * gauge.scale)
         yield family
     busbw = _gauge("ddpwatch_busbw_bytes_per_second", "the rank's all-reduce bus bandwidth, median over the "
-                   "segment's measurable calls (other kinds: ddpwatch_job_busbw_bytes_per_second)", ("kind",))
+                   "segment's measurable calls (other kinds: ddpwatch_job_busbw_bytes_per_second)")
     for rank, f in per_rank.items():
         if rank in labels and f.busbw_gbps is not None:
-            busbw.add_metric([*labels[rank], "all_reduce"], f.busbw_gbps * 1e9)
+            _add(busbw, {**labels[rank], "kind": "all_reduce"}, f.busbw_gbps * 1e9)
     yield busbw
 
 
-def _rank_readings(session: Session, labels: dict[int, list[str]], now: float) -> Iterable[Metric]:
+def _rank_readings(session: Session, labels: dict[int, dict[str, str]], now: float) -> Iterable[Metric]:
     memory = _gauge("ddpwatch_memory_bytes", "bytes the rank held at its newest measured step end, by kind "
-                    "(parameters, gradients, optimizer_state, peak)", ("kind",))
+                    "(parameters, gradients, optimizer_state, peak)")
     devices = {name: _gauge(metric, help_text) for name, (metric, help_text, _) in DEVICE_READINGS.items()}
     dropped = CounterMetricFamily("ddpwatch_messages_dropped", "telemetry messages lost: discarded by the rank's "
-                                  "own full queue (sender) or missing from its sequence (in_transit)",
-                                  labels=[*RANK_LABELS, "where"])
+                                  "own full queue (sender) or missing from its sequence (in_transit)", labels=RANK_LABELS)
     last_step = _gauge("ddpwatch_last_step", "the newest step the rank is known to have passed")
     silent = _gauge("ddpwatch_silence_seconds", "time since the listener last heard from the rank")
-    status = _gauge("ddpwatch_rank_status", "1 for the status the rank is in (live, lost, or how its run ended)",
-                    ("status",))
+    status = _gauge("ddpwatch_rank_status", "1 for the status the rank is in (live, lost, or how its run ended)")
     for rank, state in sorted(session.ranks.items()):
         named = labels[rank]
         for kind, nbytes in sorted(state.memory.items()):
-            memory.add_metric([*named, kind], float(nbytes))
+            _add(memory, {**named, "kind": kind}, float(nbytes))
         if state.devices:
             for name, value in state.devices[-1].readings.items():
                 if name in DEVICE_READINGS:
-                    devices[name].add_metric(named, value * DEVICE_READINGS[name][2])
-        dropped.add_metric([*named, "sender"], float(state.sender_dropped))
-        dropped.add_metric([*named, "in_transit"], float(state.lost_messages))
-        last_step.add_metric(named, float(state.last_step))
-        silent.add_metric(named, max(now - state.last_seen, 0.0))
+                    _add(devices[name], named, value * DEVICE_READINGS[name][2])
+        _add(dropped, {**named, "where": "sender"}, float(state.sender_dropped), "_total")
+        _add(dropped, {**named, "where": "in_transit"}, float(state.lost_messages), "_total")
+        _add(last_step, named, float(state.last_step))
+        _add(silent, named, max(now - state.last_seen, 0.0))
         now_in = session.status(rank, now)
         for name in RANK_STATUSES:
-            status.add_metric([*named, name], 1.0 if name == now_in else 0.0)
+            _add(status, {**named, "status": name}, 1.0 if name == now_in else 0.0)
     yield from (memory, *devices.values(), dropped, last_step, silent, status)
 
 

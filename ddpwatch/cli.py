@@ -161,10 +161,19 @@ def add_listener_outputs(parser: argparse.ArgumentParser, default: Any = None) -
     parser.add_argument("--prometheus-linger", type=float, metavar="S", default=0.0 if default is None else default,
                         help="with record or tune: keep /metrics up this long after the recording ends, serving its "
                         "final figures (default 0)")
+    parser.add_argument("--tensorboard", type=Path, metavar="DIR", default=default,
+                        help="write each step's and segment's figures as TensorBoard scalars, a run folder per session")
+    parser.add_argument("--wandb", action="store_true", default=False if default is None else default,
+                        help="log each step's and segment's figures to a W&B run (WANDB_MODE=offline: no network)")
+    parser.add_argument("--wandb-project", metavar="NAME", default=default,
+                        help="the W&B project (default WANDB_PROJECT, else ddpwatch)")
+    parser.add_argument("--wandb-run", metavar="NAME", default=default, help="the W&B run's name (default WANDB_NAME, "
+                        "else the session's id)")
 
 
 #: The options of the top level (``ddpwatch --listen ADDRESS COMMAND``), in the order they are named.
-TOP_LEVEL_OPTIONS = ("listen", "out", "max_message_bytes", "keys", "memory_budget", "prometheus", "prometheus_linger")
+TOP_LEVEL_OPTIONS = ("listen", "out", "max_message_bytes", "keys", "memory_budget", "prometheus", "prometheus_linger",
+                     "tensorboard", "wandb", "wandb_project", "wandb_run")
 #: Those each command reads; one it does not read, given, is refused, not ignored: ``ddpwatch
 #: --listen ADDRESS demo`` would otherwise listen elsewhere without a word.
 READS = {"dashboard": set(TOP_LEVEL_OPTIONS) - {"prometheus_linger"}, "record": set(TOP_LEVEL_OPTIONS) - {"memory_budget"},
@@ -250,20 +259,40 @@ def server_keys(args: argparse.Namespace) -> ServerKeys | None:  # ServerKeys im
     return keys
 
 
-def listener_outputs(args: argparse.Namespace, command: str) -> LiveOutputs:
-    """What ``args`` asks the listener to feed, each started now: a port taken or a missing
-    extra is one line, exit 2, before anything listens."""
+def listener_outputs(args: argparse.Namespace, command: str, out_dir: Path) -> LiveOutputs:
+    """What ``args`` asks the listener to feed, each started now: a port taken, a missing extra
+    or a W&B that cannot start is one line, exit 2, before anything listens (what was started
+    is closed again)."""
     from ddpwatch.export.live_outputs import ListenerOutput, LiveOutputs
 
     if not args.prometheus_linger >= 0:
         raise ValueError("--prometheus-linger must be 0 or more seconds")
+    if (args.wandb_project or args.wandb_run) and not args.wandb:
+        raise ValueError("--wandb-project and --wandb-run name the run --wandb logs to: give --wandb too")
+    if args.tensorboard is not None and (problem := directory_problem("--tensorboard", str(args.tensorboard))):
+        raise ValueError(problem)
     outputs: list[ListenerOutput] = []
-    if args.prometheus is not None:
-        from ddpwatch.export.prometheus_endpoint import PrometheusEndpoint
+    try:
+        if args.prometheus is not None:
+            from ddpwatch.export.prometheus_endpoint import PrometheusEndpoint
 
-        endpoint = PrometheusEndpoint(args.prometheus)
-        outputs.append(endpoint)
-        print(f"{command}: Prometheus metrics at {endpoint.url}", file=sys.stderr, flush=True)
+            endpoint = PrometheusEndpoint(args.prometheus)
+            outputs.append(endpoint)
+            print(f"{command}: Prometheus metrics at {endpoint.url}", file=sys.stderr, flush=True)
+        if args.tensorboard is not None:
+            from ddpwatch.export.tensorboard_scalars import TensorBoardScalars
+
+            outputs.append(TensorBoardScalars(args.tensorboard))
+        if args.wandb:
+            from ddpwatch.export.wandb_scalars import WandbScalars
+
+            outputs.append(WandbScalars(args.wandb_project, args.wandb_run, out_dir))
+    except ImportError as missing:  # the extra's line: "--tensorboard needs the tensorboard extra: pip install ..."
+        LiveOutputs(outputs).close()
+        raise ValueError(str(missing)) from None
+    except OSError:
+        LiveOutputs(outputs).close()
+        raise
     return LiveOutputs(outputs)
 
 
@@ -286,7 +315,7 @@ def run_dashboard(args: argparse.Namespace) -> int:
 
     positive(args, "max_message_bytes")
     out_dir = writable_out_dir(args.out or default_session_dir())
-    outputs = listener_outputs(args, "ddpwatch")
+    outputs = listener_outputs(args, "ddpwatch", out_dir)
     feed = ProcessFeed(args.listen, out_dir / SESSION_FILE_NAME, args.max_message_bytes, server_keys(args))
     app = DashboardApp(feed, out_dir, memory_budget_mib=args.memory_budget * 1024 if args.memory_budget else None,
                        outputs=outputs)
@@ -361,7 +390,7 @@ def run_record(args: argparse.Namespace) -> int:
     positive(args, "until_steps", "until_seconds", "sample", "wait", "idle_exit", "max_message_bytes", "runs")
     started = time.monotonic()
     out_dir = writable_out_dir(args.out)
-    outputs = listener_outputs(args, "ddpwatch record")
+    outputs = listener_outputs(args, "ddpwatch record", out_dir)
     try:
         session = record(args.listen, out_dir, StopRule(args.until_steps, args.until_seconds, args.idle_exit, args.wait),
                          args.max_message_bytes, keys=server_keys(args), sample_every=args.sample, runs=args.runs,
@@ -510,7 +539,7 @@ def run_tune(args: argparse.Namespace) -> int:
         return 2
     driver = SweepDriver(args.strategy, args.steps_per_size, args.sizes, connect_timeout_s=args.wait)
     out_dir = writable_out_dir(args.out)
-    outputs = listener_outputs(args, "ddpwatch tune")
+    outputs = listener_outputs(args, "ddpwatch tune", out_dir)
     try:
         record(args.listen, out_dir, StopRule(idle_exit_s=args.idle_exit), args.max_message_bytes,
                keys=server_keys(args), drive=driver, command="ddpwatch tune", outputs=outputs)
@@ -540,7 +569,7 @@ def run_strategy_tune(args: argparse.Namespace) -> int:
     budget = args.memory_budget * 1024 if args.memory_budget is not None else None
     driver = StrategySweep(args.strategies, args.grad_accum, args.steps_per_size, budget, connect_timeout_s=args.wait)
     out_dir = writable_out_dir(args.out)
-    outputs = listener_outputs(args, "ddpwatch tune")
+    outputs = listener_outputs(args, "ddpwatch tune", out_dir)
     try:
         record(args.listen, out_dir, StopRule(idle_exit_s=args.idle_exit), args.max_message_bytes,
                keys=server_keys(args), drive=driver, command="ddpwatch tune", outputs=outputs)

@@ -197,13 +197,14 @@ def wait_for_line(log: Path, text: str, process: RankGroup, timeout_s: float = 1
 class Recorder:
     """``ddpwatch record`` in a subprocess on a free port, stopped and reaped on exit."""
 
-    def __init__(self, out_dir: Path, *extra: str, bind_host: str = "127.0.0.1") -> None:
+    def __init__(self, out_dir: Path, *extra: str, bind_host: str = "127.0.0.1", env: dict[str, str] | None = None) -> None:
         port = free_port()
         self.address = f"tcp://127.0.0.1:{port}"  # where senders connect: always loopback here
         self.out_dir = out_dir
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "ddpwatch.cli", "record", "--listen", f"tcp://{bind_host}:{port}", "--out", str(out_dir), *extra],
             cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+            env={**os.environ, **env} if env else None,
         )
         assert self.proc.stderr is not None  # stderr=PIPE
         self.notices: list[str] = []  # the lines before "listening on ...": a CURVE notice, the --prometheus URL

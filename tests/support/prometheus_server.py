@@ -61,16 +61,18 @@ class PrometheusServer:
             time.sleep(0.2)
         raise AssertionError(f"prometheus not ready in {timeout_s:g} s: {self.log.read_text()[-2000:]}")
 
-    def query(self, promql: str) -> list[dict[str, Any]]:
-        """An instant query's result vector (``/api/v1/query``); an error response fails the test."""
-        url = f"http://{self.address}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
+    def query(self, promql: str, at: float | None = None) -> list[dict[str, Any]]:
+        """An instant query's result vector (``/api/v1/query``), at ``at`` (Unix seconds; None:
+        now); an error response fails the test."""
+        asked = {"query": promql} if at is None else {"query": promql, "time": f"{at:.3f}"}
+        url = f"http://{self.address}/api/v1/query?" + urllib.parse.urlencode(asked)
         with urllib.request.urlopen(url, timeout=10) as response:
             answer = json.loads(response.read())
         assert answer["status"] == "success", (promql, answer)
         return answer["data"]["result"]
 
-    def by_rank(self, promql: str) -> dict[int, float]:
-        return {int(item["metric"]["rank"]): float(item["value"][1]) for item in self.query(promql)}
+    def by_rank(self, promql: str, at: float | None = None) -> dict[int, float]:
+        return {int(item["metric"]["rank"]): float(item["value"][1]) for item in self.query(promql, at)}
 
     def wait_for(self, promql: str, holds: Any, timeout_s: float = 30.0) -> dict[int, float]:
         """``by_rank(promql)`` once ``holds`` of it is true, polled for up to ``timeout_s``."""

@@ -1,11 +1,13 @@
-"""The flags of what a listener feeds (``--prometheus``, ``--prometheus-linger``): a wrong one,
-or a port already taken, is one line and exit 2 before anything listens; a command that does
-not read one refuses it."""
+"""The flags of what a listener feeds (``--prometheus``, ``--tensorboard``, ``--wandb``): a wrong
+one, a port already taken or a missing extra is one line and exit 2 before anything listens; a
+command that does not read one refuses it."""
 
 from __future__ import annotations
 
+import builtins
 import socket
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -43,3 +45,25 @@ def test_a_command_that_serves_no_metrics_refuses_the_flag(capsys: pytest.Captur
     line = one_error_line(["--prometheus", "127.0.0.1:9400", "summary", "nowhere"], capsys)
     assert line == ("ddpwatch summary: error: --prometheus does nothing for summary: it is not one of its options "
                     "(`ddpwatch summary --help` lists them)")
+
+
+@pytest.mark.parametrize(("flags", "module", "extra"), [(["--tensorboard", "board"], "tensorboard", "tensorboard"),
+                                                        (["--wandb"], "wandb", "wandb")])
+def test_a_missing_extra_is_one_line_naming_it_and_exit_2(flags: list[str], module: str, extra: str, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    real_import = builtins.__import__
+
+    def without(name: str, *args: Any, **kwargs: Any) -> Any:
+        if name == module or name.startswith(module + "."):
+            raise ImportError(f"No module named {module!r}")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", without)
+    line = one_error_line(["record", "--out", str(tmp_path / "out"), *flags], capsys)
+    assert line == f"ddpwatch record: error: {flags[0]} needs the {extra} extra: pip install 'ddpwatch[{extra}]'"
+
+
+def test_naming_a_wandb_run_without_wandb_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    line = one_error_line(["record", "--out", str(tmp_path), "--wandb-run", "mine"], capsys)
+    assert line == "ddpwatch record: error: --wandb-project and --wandb-run name the run --wandb logs to: give --wandb too"

@@ -14,7 +14,10 @@ timeline and a publisher streaming to an address where no dashboard listens (the
 one with timing off (``--no-watch``), and their steps alternate, so drift in machine load hits
 both alike. A watched step does all a watched train.py step does: the command agreement, the
 timeline, publishing the reports that resolved. Printed per strategy: the median step times, the
-median of the paired ratios (goal: at most 1.02) and a 90 % interval for it. ``attach`` is a
+median of the paired ratios (goal: at most 1.02) and a 90 % interval for it; then the training
+thread's CPU time per step (``time.thread_time``) watched and plain, and the median of the paired
+differences, what watching adds to the thread, with its interval: steadier than the wall-time
+ratio on a machine whose other processes take the cores at random. ``attach`` is a
 user's own loop on torch's DDP, attached against not attached (see ``attached_and_plain_ddp``);
 ``attach-zero`` the same loop stepping torch's ZeRO-1, whose broadcasts are then the loop's own
 collectives, timed with their waits (``attached_and_plain_ddp``);
@@ -83,19 +86,23 @@ def measure(args: argparse.Namespace) -> None:
         "strategy": "bench", "settings": {}, "model_parameters": 0}), "plain": Watch.disabled()}
     watched = watches["watched"]
 
-    def timed_rounds(step_of: dict[str, Callable[[int], None]]) -> dict[str, list[float]]:
-        """Blocks of steps, the modes alternating; a step's time is its block's over its length."""
+    def timed_rounds(step_of: dict[str, Callable[[int], None]]) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+        """Blocks of steps, the modes alternating; a step's time is its block's over its length.
+        Returns the wall times and the training thread's CPU times (``time.thread_time``), each
+        by mode: the thread's CPU time leaves out what other processes take of the cores."""
         times: dict[str, list[float]] = {"watched": [], "plain": []}
+        cpu: dict[str, list[float]] = {"watched": [], "plain": []}
         for round_ in range(2 * (args.steps // block + 2)):  # the first round of each mode is warm-up
             mode = "watched" if round_ % 2 == 0 else "plain"
-            started = time.perf_counter()
+            started, cpu_started = time.perf_counter(), time.thread_time()
             for step in range(round_ * block, (round_ + 1) * block):
                 step_of[mode](step)
             if on_gpu:
                 torch.cuda.synchronize()
             if round_ >= 2:
                 times[mode].append((time.perf_counter() - started) / block)
-        return times
+                cpu[mode].append((time.thread_time() - cpu_started) / block)
+        return times, cpu
 
     rows = []
     for strategy in args.strategies.split(","):
@@ -113,7 +120,7 @@ def measure(args: argparse.Namespace) -> None:
                 mesh = init_device_mesh(context.device.type, (replicas, context.world_size // replicas),
                                         mesh_dim_names=("replicate", "shard"))
                 steps, attachment = attached_and_plain_fsdp(model, batch, args.port, mesh)
-            times = timed_rounds(steps)
+            times, cpu = timed_rounds(steps)
             attachment.detach()  # one attachment an address: the next attach strategy's is refused while it lives
         else:
             models = {mode: instrumented_ddp.wrap(copy.deepcopy(model), strategy, bucket_mb=1.0, timeline=watches[mode].timeline)
@@ -130,20 +137,25 @@ def measure(args: argparse.Namespace) -> None:
                                   memory=memory.sample(wrapped) if watch.publisher is not None else None)
                 watch.step_done()
 
-            times = timed_rounds({mode: functools.partial(watched_train_step, mode) for mode in watches})
+            times, cpu = timed_rounds({mode: functools.partial(watched_train_step, mode) for mode in watches})
             for wrapped in models.values():
                 instrumented_ddp.unwrap(wrapped)
         watched_ms, plain_ms = (1000 * statistics.median(times[m]) for m in ("watched", "plain"))
         ratio, low, high = median_with_interval([w / p for w, p in zip(times["watched"], times["plain"], strict=True)])
-        rows.append((strategy, watched_ms, plain_ms, ratio, low, high))
+        added_cpu = median_with_interval([1000 * (w - p) for w, p in zip(cpu["watched"], cpu["plain"], strict=True)])
+        rows.append((strategy, watched_ms, plain_ms, ratio, low, high, 1000 * statistics.median(cpu["watched"]),
+                     1000 * statistics.median(cpu["plain"]), *added_cpu))
     watched.close()
     if context.is_main:
-        print(f"{'strategy':11} {'watched ms':>11} {'plain ms':>9} {'ratio':>6} {'90% interval':>13}   ({args.steps} steps each, "
+        print(f"{'strategy':11} {'watched ms':>11} {'plain ms':>9} {'ratio':>6} {'90% interval':>13} "
+              f"{'cpu ms w':>9} {'cpu ms p':>9} {'added cpu ms':>12} {'90% interval':>16}   ({args.steps} steps each, "
               f"alternating, {context.world_size} ranks on {context.device.type}, {args.model} model, "
               f"micro-batch {args.micro_batch}x{args.seq_len}, blocks of {block}, telemetry dropped {watched.dropped}, "
-              f"sent {watched.publisher.sent if watched.publisher is not None else 0})")
-        for strategy, watched_ms, plain_ms, ratio, low, high in rows:
-            print(f"{strategy:11} {watched_ms:11.1f} {plain_ms:9.1f} {ratio:6.3f} {low:6.3f}-{high:6.3f}")
+              f"sent {watched.publisher.sent if watched.publisher is not None else 0}; cpu: the training thread's, "
+              "time.thread_time)")
+        for strategy, watched_ms, plain_ms, ratio, low, high, cpu_w, cpu_p, added, added_low, added_high in rows:
+            print(f"{strategy:11} {watched_ms:11.1f} {plain_ms:9.1f} {ratio:6.3f} {low:6.3f}-{high:6.3f} "
+                  f"{cpu_w:9.2f} {cpu_p:9.2f} {added:+12.3f} {added_low:+7.3f} to {added_high:+.3f}")
     shutdown_distributed()
     exit_process(0)
 

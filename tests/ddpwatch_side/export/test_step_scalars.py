@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 
 import pytest
+import wandb
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import wandb_offline
@@ -79,9 +80,12 @@ def test_a_wandb_offline_run_file_holds_each_step_the_segments_figures_and_the_r
         monkeypatch.delenv(name, raising=False)
     session = recorded()
     writer = WandbScalars(project="ddpwatch-tests", run_name=None, directory=tmp_path)
-    writer.look(session, now=0.0)
-    writer.finish(session, now=1.0)
-    writer.close()
+    try:
+        writer.look(session, now=0.0)
+        writer.finish(session, now=1.0)
+    finally:
+        writer.close()
+        wandb.teardown()  # wandb's service process ends with the test, not with the suite
     (run_file,) = tmp_path.glob("wandb/offline-run-*/run-*.wandb")
     assert wandb_offline.run_names(run_file) == ("ddpwatch-tests", "fixed-session")
     assert wandb_offline.run_config(run_file)["world_size"] == 2

@@ -525,7 +525,6 @@ def positive_gib(text: str) -> float:
 
 
 def run_tune(args: argparse.Namespace) -> int:
-    from ddpwatch.record.recorder import StopRule, record
     from ddpwatch.advisor.tune import SweepDriver, table, write_results
 
     if args.steps_per_size < 2:
@@ -538,13 +537,7 @@ def run_tune(args: argparse.Namespace) -> int:
         print("ddpwatch tune: error: --grad-accum goes with --strategies", file=sys.stderr)
         return 2
     driver = SweepDriver(args.strategy, args.steps_per_size, args.sizes, connect_timeout_s=args.wait)
-    out_dir = writable_out_dir(args.out)
-    outputs = listener_outputs(args, "ddpwatch tune", out_dir)
-    try:
-        record(args.listen, out_dir, StopRule(idle_exit_s=args.idle_exit), args.max_message_bytes,
-               keys=server_keys(args), drive=driver, command="ddpwatch tune", outputs=outputs)
-    finally:
-        linger_then_close(outputs, args)
+    record_the_sweep(args, driver)
     if driver.failure:
         print(f"ddpwatch tune: error: {driver.failure}", file=sys.stderr)
         return 2
@@ -558,16 +551,10 @@ def run_tune(args: argparse.Namespace) -> int:
     return 0 if len(driver.results) > 1 else 1
 
 
-def run_strategy_tune(args: argparse.Namespace) -> int:
-    """``tune --strategies``: the strategy sweep (``strategy_tune``)."""
+def record_the_sweep(args: argparse.Namespace, driver: Any) -> None:
+    """``tune``'s recording, ``driver`` switching the run through it, with what the listener feeds."""
     from ddpwatch.record.recorder import StopRule, record
-    from ddpwatch.advisor.strategy_tune import StrategySweep, strategy_table, write_strategy_results
 
-    if args.sizes:
-        print("ddpwatch tune: error: --sizes sweeps caps; --strategies sweeps strategies: give one", file=sys.stderr)
-        return 2
-    budget = args.memory_budget * 1024 if args.memory_budget is not None else None
-    driver = StrategySweep(args.strategies, args.grad_accum, args.steps_per_size, budget, connect_timeout_s=args.wait)
     out_dir = writable_out_dir(args.out)
     outputs = listener_outputs(args, "ddpwatch tune", out_dir)
     try:
@@ -575,6 +562,18 @@ def run_strategy_tune(args: argparse.Namespace) -> int:
                keys=server_keys(args), drive=driver, command="ddpwatch tune", outputs=outputs)
     finally:
         linger_then_close(outputs, args)
+
+
+def run_strategy_tune(args: argparse.Namespace) -> int:
+    """``tune --strategies``: the strategy sweep (``strategy_tune``)."""
+    from ddpwatch.advisor.strategy_tune import StrategySweep, strategy_table, write_strategy_results
+
+    if args.sizes:
+        print("ddpwatch tune: error: --sizes sweeps caps; --strategies sweeps strategies: give one", file=sys.stderr)
+        return 2
+    budget = args.memory_budget * 1024 if args.memory_budget is not None else None
+    driver = StrategySweep(args.strategies, args.grad_accum, args.steps_per_size, budget, connect_timeout_s=args.wait)
+    record_the_sweep(args, driver)
     if driver.failure:
         print(f"ddpwatch tune: error: {driver.failure}", file=sys.stderr)
         return 2

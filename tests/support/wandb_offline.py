@@ -65,23 +65,22 @@ def history(path: Path) -> list[tuple[int, dict[str, Any]]]:
     return rows
 
 
-def summary(path: Path) -> dict[str, Any]:
-    """The run's summary as its last updates left it."""
+def updated(path: Path, kind: str) -> dict[str, Any]:
+    """The run's ``summary`` or ``config`` as its last updates left it."""
     out: dict[str, Any] = {}
     for record in records(path):
-        if record.WhichOneof("record_type") == "summary":
-            for item in record.summary.update:
+        if record.WhichOneof("record_type") == kind:
+            for item in getattr(record, kind).update:
                 out[_key(item)] = json.loads(item.value_json)
     return out
+
+
+def summary(path: Path) -> dict[str, Any]:
+    return updated(path, "summary")
 
 
 def run_config(path: Path) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for record in records(path):
-        if record.WhichOneof("record_type") == "config":
-            for item in record.config.update:
-                out[_key(item)] = json.loads(item.value_json)
-    return out
+    return updated(path, "config")
 
 
 def run_names(path: Path) -> tuple[str, str]:

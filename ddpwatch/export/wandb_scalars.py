@@ -83,7 +83,8 @@ class WandbScalars:
             return
         for step, row in self._rows.new_rows(session, final):
             self.run.log(row, step=step)
-            self._segment_values.update({tag: value for tag, value in row.items() if tag.startswith("segment/")})
+            if segment := {tag: value for tag, value in row.items() if tag.startswith("segment/")}:
+                self._segment_values = segment  # the newest segment's alone: a figure it lacks is not an older one's
 
     def _name_the_run(self, session: Session) -> None:
         hello = next((state.hello for _, state in sorted(session.ranks.items()) if state.hello is not None), None)

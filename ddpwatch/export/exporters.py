@@ -28,6 +28,7 @@ from ddpwatch.ingest import evaluations
 from ddpwatch.figures.accumulation import early_reductions_of
 from ddpwatch.figures.cross_rank import DesyncRange, Straggler, shard_ranks
 from ddpwatch.figures.metrics import ClockAlignment
+from ddpwatch.figures.watch_overhead import watch_overhead_from
 from ddpwatch.wording.accumulation_text import early_reductions_text
 from ddpwatch.wording.data_wait import data_wait_text
 from ddpwatch.wording.stall_text import stall_line
@@ -115,7 +116,8 @@ def summary(session: Session) -> dict[str, Any]:
                          "nograd_forwards_most": max((r.nograd_forwards for r in reports), default=0),
                          "early_reductions": found.as_dict() if (found := early_reductions_of(reports)) else None,
                          **segment_pauses(reports, figures.wall_s),
-                         **figures.as_dict()})
+                         **figures.as_dict(),
+                         "watch_overhead": overhead.as_json() if (overhead := session.watch_overhead(seg)) else None})
     desync = DesyncRange.combine(ranges)
     states = sorted(session.ranks.items())
     telemetry = {"rejected": dict(session.rejected),
@@ -313,6 +315,9 @@ def summary_markdown(summary: dict[str, Any]) -> str:
             lines.append(f"- {waited}")
         if early := seg.get("early_reductions"):
             lines.append(f"- segment {seg['index']}: {early_reductions_text(rank_runs(early['steps']), early, [seg['strategy']])}")
+        if cost := seg.get("watch_overhead"):
+            lines.append(f"- segment {seg['index']}: {watch_overhead_from(cost).sentence()}, its steps timed against "
+                         "the watched steps around them")
         if seg.get("desync"):
             lines.append(f"- segment {seg['index']}: {DesyncRange.from_dict(seg['desync']).describe()}")
         if seg.get("straggler"):

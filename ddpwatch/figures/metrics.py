@@ -394,6 +394,14 @@ class SegmentAccumulator:
                 self.recent_complete.sort(key=lambda s: s.step)
                 del self.recent_complete[:-STRAGGLER_STEPS]
 
+    def add_unwatched(self, rank: int, samples: int, tokens: int) -> None:
+        """An unwatched step of ``rank`` (``watch_overhead``), in no figure: the samples and tokens
+        it trained on are the segment's all the same, as its time is in the segment's wall, so
+        samples/s is not read short by the steps left unwatched."""
+        for running in (self.overall, self.per_rank[rank]):
+            running.samples += samples
+            running.tokens += tokens
+
     def regroup(self, world_size: int, groups: Groups | None) -> None:
         """The world and groups as the hellos now name them. A dashboard started mid-run can fold
         a segment's first steps before every hello (resent every 2 s) is in: busbw and the

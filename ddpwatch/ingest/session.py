@@ -19,6 +19,7 @@ from collections import Counter
 from ddpwatch.figures.cost_model import StepCollectives
 from ddpwatch.figures.cross_rank import DesyncRange, Groups
 from ddpwatch.figures.metrics import SegmentFigures
+from ddpwatch.figures.watch_overhead import WatchOverhead, WatchOverheadPairing, segment_key
 from ddpwatch.ingest.all_reduce_groups import AllReduceGroups
 from ddpwatch.ingest.evaluations import Evaluations
 from ddpwatch.ingest.message_checks import MessageChecks
@@ -33,11 +34,12 @@ from ddpwatch.ingest.step_store import PreparedReport, StepStore
 from instrumented_ddp.wire.codec import Envelope
 from instrumented_ddp.wire.messages import (
     Ack, DeviceSample, Evaluation, Goodbye, Heartbeat, Hello, Message, StepReport, StepSummary, SwitchCommand)
-from instrumented_ddp.wire.step_figures import CallTimes, StepFigures, StepTimes
+from instrumented_ddp.wire.step_figures import CallTimes, StepFigures, StepTimes, counted
 
 #: What callers import from here, wherever it lives in the collaborators' modules.
 __all__ = ["Session"]
 
+UNWATCHED_SAMPLES_KEPT = 64  # unwatched steps whose samples ``unwatched_samples`` keeps: the newest few blocks
 FORGET_DETAILED_EVERY = 64  # steps: how often the ranks' record of sampled steps' spans drops those not kept
 
 
@@ -67,6 +69,11 @@ class Session:
         self.checks = MessageChecks(self.liveness)
         self.stall_watch = StallWatch(self.liveness, self.folding.segments)
         self.acks: list[Ack] = []
+        #: The unwatched steps' walls against the watched ones around them (``watch_overhead``).
+        self.overhead_pairing = WatchOverheadPairing()
+        #: Samples of every rank of each recent counted unwatched step, for a rate over recent
+        #: steps that holds them (the header's): their steps' time is in its wall.
+        self.unwatched_samples: dict[int, int] = {}
         #: What the run's evaluations measured, by the step each followed.
         self.evaluations = Evaluations()
         self.rejected: Counter[str] = Counter()
@@ -151,13 +158,28 @@ class Session:
 
     def _receive_report(self, rank: RankState, report: StepReport | StepSummary, prepared: PreparedReport | None = None) -> None:
         """Count what a report says about its rank and its step, then keep and fold it if its step
-        is still open; the spans of a summarized step go into its kept report."""
+        is still open; the spans of a summarized step go into its kept report. An unwatched
+        step's window goes to the overhead pairing alone: it is in no other figure, and its
+        step lies in its segment."""
+        if isinstance(report, StepReport) and report.unwatched:
+            rank.note_report(report, self.folding.is_folded(report.step))
+            self.folding.add_unwatched(report)
+            if counted(report):
+                self.overhead_pairing.add_unwatched(report.rank, report.step, report.end - report.start,
+                                                    segment_key(report.strategy, report.settings))
+                self.unwatched_samples[report.step] = self.unwatched_samples.get(report.step, 0) + report.samples
+                if len(self.unwatched_samples) > UNWATCHED_SAMPLES_KEPT:
+                    del self.unwatched_samples[min(self.unwatched_samples)]
+            return
         if rank.is_detail(report):
             self._receive_detail(rank, report, prepared)
             return
         folded = self.folding.is_folded(report.step)
         rank.note_report(report, folded)
         self.notable.note(report)
+        if counted(report):
+            self.overhead_pairing.add_watched(report.rank, report.step, report.end - report.start,
+                                              segment_key(report.strategy, report.settings))
         if not folded:
             self._keep_report(report, prepared)
 
@@ -299,6 +321,15 @@ class Session:
     def segment_figures(self, segment: Segment, include_pending: bool = True,
                         per_rank: bool = True) -> SegmentFigures:
         return self.folding.segment_figures(segment, include_pending, per_rank)
+
+    def watch_overhead(self, segment: Segment) -> WatchOverhead | None:
+        """What watching cost the segment's steps, from its unwatched ones (``watch_overhead``);
+        None where it has none."""
+        return self.overhead_pairing.overhead(segment.first_step, segment.last_step)
+
+    def measures_watch_overhead(self) -> bool:
+        """Whether the ranks leave steps unwatched to measure it (their hellos say)."""
+        return any(rank.hello is not None and rank.hello.unwatched_every > 0 for rank in self.ranks.values())
 
     def segment_data_wait_by_rank(self, segment: Segment) -> dict[int, float]:
         return self.folding.segment_data_wait_by_rank(segment)

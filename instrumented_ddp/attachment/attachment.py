@@ -77,7 +77,8 @@ from instrumented_ddp.attachment.step_boundaries import StepBoundaries
 from instrumented_ddp.attachment.step_reporter import StepReporter
 from instrumented_ddp.distributed import DistributedContext
 from instrumented_ddp.publish import stop_signals
-from instrumented_ddp.publish.watch_environment import WatchEnvironmentError, watch_address, watch_key_file, watching_disabled
+from instrumented_ddp.publish.watch_environment import (
+    WatchEnvironmentError, unwatched_blocks, watch_address, watch_key_file, watching_disabled)
 from instrumented_ddp.publish.watch import Watch, goodbye_reason, parameter_layout, parameter_rows
 from instrumented_ddp.timing.collective_stand_ins import LoopCall
 from instrumented_ddp.timing.ddp_timing import DDPTiming, users_comm_hook
@@ -108,10 +109,12 @@ def attach(model: nn.Module, optimizer: torch.optim.Optimizer | Sequence[torch.o
     misuse, having changed nothing. A ``torch.compile`` of the model is seen through to the module
     it compiled. ``address`` None: ``DDPWATCH_ADDRESS``, else the default; ``watch_key`` None:
     ``DDPWATCH_KEY``; under ``DDPWATCH_DISABLE=1`` a ``DisabledWatch``, nothing installed
-    (``publish.watch_environment``)."""
+    (``publish.watch_environment``); ``DDPWATCH_UNWATCHED``: the steps left unwatched, by which
+    the run measures what watching costs it."""
     try:
         if watching_disabled():
             return DisabledWatch()
+        unwatched_blocks()
     except WatchEnvironmentError as error:
         raise AttachError(f"instrumented_ddp.attach: {error}") from None
     address, watch_key = watch_address(address), watch_key_file(watch_key)

@@ -38,7 +38,10 @@ class SpanPolicy:
         where the listener wants every span (``full``); else its summary, followed by the report
         on a sampled step. A sampled step's figures then come from the rank, like every other
         step's, and its spans are only kept by the listener, which would otherwise compute the
-        figures of every rank's report of that step at once."""
+        figures of every rank's report of that step at once. An unwatched step's report, its
+        window alone, goes out as it is and is not held: it has no spans to pin."""
+        if report.unwatched:
+            return [report]
         request = self.request
         sent = [request.full]
         self._held.append((report, sent))

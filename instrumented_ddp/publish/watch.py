@@ -31,6 +31,8 @@ from instrumented_ddp.publish.native_stack import NativeStack
 from instrumented_ddp.publish.stall_probing import StallProbing
 from instrumented_ddp.timing.clocks import CudaEventClock, HostClock
 from instrumented_ddp.timing.timeline import NULL_TIMELINE, NullTimeline, StepTimeline
+from instrumented_ddp.timing.unwatched_blocks import UnwatchedBlocks
+from instrumented_ddp.publish.watch_environment import unwatched_blocks
 
 
 #: Rank 0 spaces the ranks' agreements on a switch command about this far apart (see
@@ -122,18 +124,22 @@ class Watch:
 
     @classmethod
     def start(cls, address: str, context: DistributedContext, hello_fields: dict[str, Any],
-              keys: ClientKeys | None = None, switchable: bool = True) -> Watch:
+              keys: ClientKeys | None = None, switchable: bool = True, unwatched: UnwatchedBlocks | None = None) -> Watch:
         """A collective: every rank calls it. ``switchable=False`` (a loop ddpwatch did not start)
-        makes no control group and tells the dashboard, which then offers no switch."""
+        makes no control group and tells the dashboard, which then offers no switch.
+        ``unwatched``: the steps the timeline leaves unwatched (None: ``DDPWATCH_UNWATCHED``'s,
+        read by the caller first where a bad value must be one line: ``unwatched_blocks``)."""
         on_gpu = context.device.type == "cuda"
         clock = CudaEventClock(torch, nccl_timing=turn_on_nccl_timing(context.backend)) if on_gpu else HostClock()
-        timeline = StepTimeline(context.rank, clock)
+        blocks = unwatched if unwatched is not None else unwatched_blocks()
+        timeline = StepTimeline(context.rank, clock, unwatched=blocks)
         reader, device_note = make_reader(context.device.type, cuda_device_identity(torch, context.device.index) if on_gpu else None)
         hello = Hello(
             rank=context.rank, world_size=context.world_size, session=shared_session_id(), host=socket.gethostname(),
             pid=os.getpid(), device=str(context.device), backend=context.backend,
             node_rank=int(os.environ.get("GROUP_RANK", "0")), local_rank=context.local_rank, device_note=device_note,
-            switchable=switchable, **hello_fields,
+            switchable=switchable, unwatched_every=blocks.every, unwatched_steps=blocks.length if blocks.on else 0,
+            **hello_fields,
         )
         watch = cls(timeline)
         watch._control = control_group() if switchable else None

@@ -39,6 +39,7 @@ class PendingStep:
         self.untimed_collectives = 0
         self.untimed_in_data = 0
         self.nograd_forwards = 0
+        self.unwatched = False  # timed as its window alone (``StepTimeline``'s unwatched steps)
         #: ``spans`` as ``timed_collectives`` last counted it: the list, its length, its collectives.
         self.collectives_counted: tuple[list[Any] | None, int, int] = (None, 0, 0)
         self.memory: dict[str, int] = {}
@@ -121,6 +122,7 @@ def step_report(step: PendingStep, rank: int, clock: Clock, overdue: bool,
         excluded=step.excluded, unresolved=unresolved, memory=step.memory, update_skipped=step.update_skipped,
         compiling=step.compiling, unresolved_reason=reason, untimed_collectives=step.untimed_collectives,
         untimed_in_data=step.untimed_in_data, nograd_forwards=step.nograd_forwards, paused_s=paused_s, paused_for=", ".join(step.paused_for)[:MAX_PAUSED_FOR],
+        unwatched=step.unwatched,
     )
 
 

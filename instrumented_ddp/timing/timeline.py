@@ -12,12 +12,14 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from types import TracebackType
 from typing import Any
 
 from instrumented_ddp.timing.clocks import Clock, HostClock, PendingSpan, Stamp, first_tensor
 from instrumented_ddp.timing.compile_counter import dynamo_graphs_compiled
 from instrumented_ddp.timing.step_reports import PendingStep, step_report, unreadable_report
+from instrumented_ddp.timing.unwatched_blocks import NEVER_UNWATCHED, UnwatchedBlocks
 from instrumented_ddp.wire.messages import StepReport
 from instrumented_ddp.wire.kinds import COMM_KINDS, MODEL_COMPUTE_KINDS, READY_KIND, is_barrier_wait
 
@@ -26,13 +28,28 @@ from instrumented_ddp.wire.kinds import COMM_KINDS, MODEL_COMPUTE_KINDS, READY_K
 #: bounded), so this is far beyond any step that is merely late.
 UNRESOLVED_AFTER_STEPS = 32
 
+#: The start of a span made in an unwatched step (``UnwatchedBlocks``): a span handed back to
+#: its caller, as every span is, and never kept, stamped or timed.
+UNWATCHED = object()
+
 
 class StepTimeline:
-    """Collects spans into one ``StepReport`` per optimizer step."""
+    """Collects spans into one ``StepReport`` per optimizer step.
+
+    A step that ``unwatched`` holds records its window alone: every marking call returns at
+    once (a span it must hand back is made and dropped), so the step costs what it would
+    unwatched, and its report, with no spans, says ``unwatched`` (see ``unwatched_blocks``). A
+    step that begins with spans made before it (a wrap-time broadcast, a skipped update's
+    collectives) is watched whatever the schedule says: those spans are the step's to report."""
 
     def __init__(self, rank: int, clock: Clock | None = None,
-                 unresolved_after_steps: int = UNRESOLVED_AFTER_STEPS) -> None:
+                 unresolved_after_steps: int = UNRESOLVED_AFTER_STEPS,
+                 unwatched: UnwatchedBlocks = NEVER_UNWATCHED) -> None:
         self.rank = rank
+        self.unwatched_blocks = unwatched
+        #: Whether the current step is timed in full (True between steps, where a span made is
+        #: the next step's).
+        self.watching = True
         self.clock: Clock = clock or HostClock()
         self.unresolved_after_steps = unresolved_after_steps
         self.unresolved_steps = 0  # sent marked unresolved so far
@@ -56,9 +73,18 @@ class StepTimeline:
         carried, self._carried = self._carried, []
         self._current = PendingStep(step, strategy, dict(settings), self.clock.stamp() if at is None else at, early + carried)
         self._current.carries_outside_spans = bool(early)
+        self._current.unwatched = not self._current.spans and self.unwatched_blocks.holds(step)
+        self.watching = not self._current.unwatched
+
+    def phase(self, kind: str, blocking: bool = False) -> AbstractContextManager[None]:
+        """The block is the step's ``kind`` phase; in an unwatched step, only ``current_phase``
+        says so (the heartbeat's, for a rank that hangs in it)."""
+        if not self.watching:
+            return _PhaseNamed(self, kind)
+        return self._timed_phase(kind, blocking)
 
     @contextmanager
-    def phase(self, kind: str, blocking: bool = False) -> Iterator[None]:
+    def _timed_phase(self, kind: str, blocking: bool) -> Iterator[None]:
         span = PendingSpan(kind, self.clock.stamp(), blocking)
         outer, self.current_phase = self.current_phase, kind
         try:
@@ -80,10 +106,13 @@ class StepTimeline:
     def poll(self, waited: Any = None) -> None:
         """Look, now, for collectives that have completed; ``waited`` ended now (``HostClock.poll``;
         nothing on a GPU)."""
-        self.clock.poll(waited)
+        if self.watching:
+            self.clock.poll(waited)
 
     def add_span(self, kind: str, start: Stamp, end: Stamp, blocking: bool, tag: str = "") -> PendingSpan:
         """A span whose ends were stamped elsewhere (e.g. in a gradient hook)."""
+        if not self.watching:
+            return PendingSpan(kind, UNWATCHED, blocking, tag=tag)
         span = PendingSpan(kind, start, blocking, tag=tag)
         span.complete(end)
         self._spans().append(span)
@@ -93,15 +122,23 @@ class StepTimeline:
                         queue: str = "") -> PendingSpan:
         """A collective issued now, or at ``at`` (a stamp made for something else at that moment,
         as ``mark_ready`` takes one: on the CPU one look fewer, on a GPU one event fewer), on the
-        process group whose queue is ``queue`` ("": the one the strategy's collectives share)."""
+        process group whose queue is ``queue`` ("": the one the strategy's collectives share).
+        Counted on its queue in an unwatched step too: a ``seq`` is the same on every rank."""
+        seq = self.issued[queue] = self.issued.get(queue, 0) + 1
+        if not self.watching:
+            span = PendingSpan(kind, UNWATCHED, blocking, nbytes, tag, dtype, queue)
+            span.seq = seq
+            return span
         span = PendingSpan(kind, self.clock.stamp() if at is None else at, blocking, nbytes, tag, dtype, queue)
-        span.seq = self.issued[queue] = self.issued.get(queue, 0) + 1
+        span.seq = seq
         self._spans().append(span)
         return span
 
     def mark_ready(self, tag: str, nbytes: int, at: Stamp = None) -> None:
         """Gradients ``tag`` (``p<i>``, ``b<i>``) were all ready at ``at`` (a stamp made for
         something else at that moment, so a GPU records no extra event), or now."""
+        if not self.watching:
+            return
         span = PendingSpan(READY_KIND, self.clock.stamp() if at is None else at, False, nbytes, tag)
         span.complete(span.start)
         self._spans().append(span)
@@ -114,13 +151,14 @@ class StepTimeline:
         evaluation's gathers); a second such pause runs on from the first. A pause after it
         (between micro-steps) stays in the step's window, and the step is excluded (``paused_for``
         named, ``paused_s`` 0): it holds time that is not training. Between steps (no step begun)
-        there is nothing to keep apart. Returns whether the step's start moved to ``end``."""
+        there is nothing to keep apart. An unwatched step knows no spans to tell the two apart
+        by: it is excluded either way. Returns whether the step's start moved to ``end``."""
         step = self._current
         if step is None:
             return False
         if what not in step.paused_for:
             step.paused_for.append(what)
-        if step.paused_inside or any(span.kind in MODEL_COMPUTE_KINDS for span in step.spans):
+        if step.paused_inside or step.unwatched or any(span.kind in MODEL_COMPUTE_KINDS for span in step.spans):
             step.paused_inside = True
             return False
         if step.paused_from is None:  # else a second pause runs on from the first: one, however many parts
@@ -138,6 +176,8 @@ class StepTimeline:
 
     def close_collective(self, span: PendingSpan, work: Any | None) -> None:
         """Synchronous (``work`` is None): ends now. Asynchronous: ends when the work completes."""
+        if span.start is UNWATCHED:
+            return
         if work is None:
             span.complete(self.clock.stamp())
             return
@@ -149,6 +189,8 @@ class StepTimeline:
     def close_collective_with_result(self, span: PendingSpan, work: Any) -> Any:
         """Asynchronous, for a DDP communication hook: the future of the work's tensor that the
         hook returns, which also ends the span (``Clock.result_on_completion``)."""
+        if span.start is UNWATCHED:
+            return work.get_future().then(first_tensor)
         try:
             return self.clock.result_on_completion(work, span)
         except Exception as error:  # e.g. a future that refuses callbacks: the span cannot end
@@ -179,7 +221,8 @@ class StepTimeline:
         step = self._current
         if step is None:
             return
-        if carried:
+        self.watching = True
+        if carried and not step.unwatched:  # an unwatched step's spans were never kept
             given = {id(span) for span in carried}
             step.spans = [span for span in step.spans if id(span) not in given]
             self._carried = list(carried)
@@ -193,7 +236,7 @@ class StepTimeline:
         step.compiling = dynamo_graphs_compiled() != step.graphs_compiled_at_start
         step.excluded = excluded or step.carries_outside_spans or step.compiling or step.paused_inside
         step.update_skipped = update_skipped
-        if issued_collectives is not None:
+        if issued_collectives is not None and not step.unwatched:
             step.untimed_collectives = max(0, issued_collectives - self.timed_collectives())
             step.untimed_in_data = min(untimed_in_data, step.untimed_collectives)
         step.nograd_forwards = nograd_forwards
@@ -276,6 +319,21 @@ class StepTimeline:
                 self._pending.popleft()
                 self.unresolved_steps += report.unresolved
         return ready
+
+
+class _PhaseNamed:
+    """An unwatched step's phase: named in ``current_phase`` while it runs, never timed."""
+
+    __slots__ = ("_timeline", "_kind", "_outer")
+
+    def __init__(self, timeline: StepTimeline, kind: str) -> None:
+        self._timeline, self._kind, self._outer = timeline, kind, ""
+
+    def __enter__(self) -> None:
+        self._outer, self._timeline.current_phase = self._timeline.current_phase, self._kind
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None) -> None:
+        self._timeline.current_phase = self._outer
 
 
 class NullTimeline:

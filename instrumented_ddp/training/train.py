@@ -33,7 +33,8 @@ from instrumented_ddp.resources.memory import MemorySampler, reset_peak
 from instrumented_ddp.wire.one_line_errors import OneLineErrorParser
 from instrumented_ddp.wire.output_paths import outputs_problem
 from instrumented_ddp.wire.messages import bucket_mb_problem
-from instrumented_ddp.publish.watch_environment import WatchEnvironmentError, watch_address, watch_key_file, watching_disabled
+from instrumented_ddp.publish.watch_environment import (
+    WatchEnvironmentError, unwatched_blocks, watch_address, watch_key_file, watching_disabled)
 from instrumented_ddp.wire.endpoints import DEFAULT_ADDRESS, address_problem, is_loopback
 from instrumented_ddp.wire.curve_keys import load_client_keys
 from instrumented_ddp.training.replicas import gather_digests, ranks_that_differ
@@ -72,6 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--watch-key", default=None, metavar="FILE",
                         help="CURVE client keys (client.json) of a dashboard beyond loopback (default: $DDPWATCH_KEY)")
     parser.add_argument("--no-watch", action="store_true", help="no timing, no telemetry (also: DDPWATCH_DISABLE=1)")
+    parser.add_argument("--unwatched", default=None, metavar="EVERY[:LENGTH]",
+                        help="every EVERY steps, LENGTH steps (default 4) run unwatched, so the run measures what "
+                             "watching costs it (default 100:4, also: DDPWATCH_UNWATCHED; 0: off)")
     parser.add_argument("--profile", default=None, metavar="DIR", help="torch.profiler traces of steps 4-8 (TensorBoard/HTA format)")
     return parser
 
@@ -94,6 +98,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.watch, args.watch_key = watch_address(args.watch), watch_key_file(args.watch_key)
     try:
         args.no_watch = args.no_watch or watching_disabled()
+        args.unwatched_blocks = unwatched_blocks(args.unwatched)
     except WatchEnvironmentError as error:
         parser.error(str(error))
     args.watch_keys = None
@@ -289,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
         "strategy": args.strategy, "settings": {"grad_accum": args.grad_accum, "bucket_mb": args.bucket_mb},
         "model_parameters": sum(p.numel() for p in model.parameters()), "parameter_layout": parameter_layout(model), "parameter_rows": parameter_rows(model),
         "total_steps": args.steps, "global_batch": args.batch_size,
-    }, keys=args.watch_keys)
+    }, keys=args.watch_keys, unwatched=args.unwatched_blocks)
     timeline = watch.timeline
     parameters = sum(p.numel() for p in model.parameters())  # before a sharded strategy holds them
     model = instrumented_ddp.wrap(model, args.strategy, bucket_mb=args.bucket_mb, timeline=timeline)

@@ -143,6 +143,11 @@ class Hello(WireMessage, frozen=True):
     #: fsdp shards rows, padding each parameter's to a multiple of the world, so the memory it
     #: holds is exact only from them. Empty from an older sender, or where the lengths differ.
     parameter_rows: list[Count] = msgspec.field(default_factory=list)
+    #: The rank leaves ``unwatched_steps`` steps unwatched every ``unwatched_every``
+    #: (``instrumented_ddp.timing.unwatched_blocks``), by which the run measures what watching
+    #: costs it; 0: it never does (turned off, or an older sender).
+    unwatched_every: Count = 0
+    unwatched_steps: Count = 0
 
     def refusal(self) -> Refusal | None:
         """Its settings readable, its rank inside its world, and its all-reduce group distinct
@@ -182,7 +187,10 @@ class StepReport(WireMessage, frozen=True):
     that samples/s divide by. A pause inside a step (between its micro-steps) is in its window,
     and the step is ``excluded``. ``nograd_forwards``: forwards of an attached model run without
     gradients before the step's training began and outside a marked pause (an evaluation the
-    loop did not mark): they read as the step's data loading, and the dashboard says so."""
+    loop did not mark): they read as the step's data loading, and the dashboard says so.
+    ``unwatched``: the rank timed the step's window alone, to measure what watching costs
+    (``instrumented_ddp.timing.unwatched_blocks``): it has no spans, is in no figure, and its wall
+    time is held against the watched steps around it (``ddpwatch.figures.watch_overhead``)."""
 
     TYPE: ClassVar[str] = "step"
     FIELD_REFUSALS: ClassVar[Mapping[str, str]] = {"settings": SETTINGS_REFUSED, "memory": COUNTS_REFUSED}
@@ -206,6 +214,7 @@ class StepReport(WireMessage, frozen=True):
     paused_s: Seconds = 0.0
     paused_for: str = ""
     nograd_forwards: Count = 0
+    unwatched: bool = False
     #: Bytes the rank held at the step's end (``instrumented_ddp.resources.memory``: ``parameters``,
     #: ``gradients``, ``optimizer_state``, ``peak``), measured every few steps; empty otherwise.
     memory: dict[MemoryKind, Count] = msgspec.field(default_factory=dict)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from ddpwatch.dashboard.views.snapshot_parts import RATE_STEPS, SEGMENT_REFRESH_S, HeaderData
 from ddpwatch.dashboard.views.step_digest import StepDigest
 from ddpwatch.figures import metrics
+from ddpwatch.figures.watch_overhead import WatchOverhead
 from ddpwatch.ingest.session import Session
 
 
@@ -18,6 +19,7 @@ class HeaderBuilder:
     session: Session
     _rate: tuple[float, tuple[StepDigest, ...], tuple[float | None, float | None]] = (0.0, (), (None, None))  # (made at, from, result)
     _rate_clocks: tuple[int, metrics.ClockAlignment, set[int]] | None = None  # (window, its alignment, steps in it)
+    _overhead: tuple[tuple[int, int, int, int], WatchOverhead | None] = ((-1, -1, -1, -1), None)  # (asked of, answer)
 
     def header(self, step: int | None, following: bool, trend: list[StepDigest], now: float) -> HeaderData:
         session = self.session
@@ -31,7 +33,19 @@ class HeaderBuilder:
         eta = (total - done) * step_s if step_s and total else None
         return HeaderData(session.session_id or "waiting for a run…", session.world_size, strategy, settings,
                           step or 0, total, eta, rate, following, hello.switchable if hello else True, session.finished,
-                          bool(session.failed_ranks), bool(session.interrupted_ranks))
+                          bool(session.failed_ranks), bool(session.interrupted_ranks),
+                          watch_overhead=self._watch_overhead())
+
+    def _watch_overhead(self) -> WatchOverhead | None:
+        """The current segment's ``Session.watch_overhead``, remade only when a report changed it."""
+        session = self.session
+        if not session.segments:
+            return None
+        current = session.segments[-1]
+        asked = (current.index, current.first_step, current.last_step, session.overhead_pairing.version)
+        if asked != self._overhead[0]:
+            self._overhead = (asked, session.watch_overhead(current))
+        return self._overhead[1]
 
     def _recent_rate(self, trend: list[StepDigest], now: float, window: int = RATE_STEPS) -> tuple[float | None, float | None]:
         """Global samples/s and seconds per step over the last ``window`` complete steps (None and
@@ -64,6 +78,8 @@ class HeaderBuilder:
             wall = max(ends) - min(starts) if starts and ends else 0.0
             paused = min((sum(s.times[r].paused for s in complete[1:] if r in s.times) for r in offsets), default=0.0)
             if wall - paused > 0:
-                result = (sum(s.samples for s in complete) / (wall - paused), wall / len(complete))
+                unwatched = sum(samples for step, samples in self.session.unwatched_samples.items()
+                                if complete[0].step < step < complete[-1].step)  # their time is in the wall too
+                result = ((sum(s.samples for s in complete) + unwatched) / (wall - paused), wall / len(complete))
         self._rate = (now, complete, result)
         return result

@@ -14,6 +14,7 @@ from ddpwatch.advisor.advice import Advice
 from ddpwatch.dashboard.views.heatmap import Heatmap
 from ddpwatch.dashboard.views.rank_rows import RankRow
 from ddpwatch.dashboard.views.timeline_lanes import TimelineData
+from ddpwatch.figures.watch_overhead import WatchOverhead
 from ddpwatch.ingest.evaluations import MetricSeries
 from ddpwatch.wording.data_wait import data_wait_text
 from ddpwatch.wording.loop_compute import loop_compute_text
@@ -53,6 +54,9 @@ class HeaderData:
     failed: bool = False  # a rank's goodbye said its training raised (``Session.failed_ranks``)
     interrupted: bool = False  # ... or that a signal stopped it (``Session.interrupted_ranks``)
     stalled_s: float | None = None  # how long no rank has finished a step, while the run is stalled
+    #: What watching costs the current segment, from its unwatched steps (``watch_overhead``);
+    #: None before its first block, or where the ranks leave no step unwatched.
+    watch_overhead: WatchOverhead | None = None
 
 
 @dataclass(frozen=True)

@@ -49,9 +49,11 @@ class HeaderBar(Horizontal):
         # A stalled run has no rate and no ETA to give: how long no step has come, instead.
         progress = (f"[b red]stalled {data.stalled_s:.0f} s[/b red]" if data.stalled_s is not None and data.following
                     else f"{format_eta(eta)} · {'—' if data.samples_per_s is None else f'{data.samples_per_s:.1f}'} samples/s")
+        # Last on the first line: a narrow terminal cuts it before the run's name and mode.
+        cost = f" · {data.watch_overhead.short()}" if data.watch_overhead is not None else ""
         text = (
             f"[b]ddpwatch[/b] {data.session} · {data.world_size} rank{'' if data.world_size == 1 else 's'} · "
-            f"[i]{mode}[/i] · [dim]{source}[/dim]\n"
+            f"[i]{mode}[/i] · [dim]{source}[/dim]{cost}\n"
             f"[b]{data.strategy}[/b] · step {data.step}/{data.total_steps or '?'} · {progress}{settings}{cannot_switch}"
         )
         self.set_class(not data.switchable, "-not-switchable")

@@ -1,0 +1,85 @@
+"""A run that leaves steps unwatched: those steps are in no figure but samples/s, and what watching
+costs (their walls against the watched ones around them) reaches summary.json, summary.md and the
+dashboard's header. The watched steps here cost 5 % more than the unwatched ones."""
+
+from __future__ import annotations
+
+import pytest
+from msgspec.structs import replace
+from textual.geometry import Region
+
+from ddpwatch.dashboard.app import DashboardApp
+from ddpwatch.dashboard.feeds import StaticFeed
+from ddpwatch.export import exporters
+from ddpwatch.ingest.receiver import ingest
+from ddpwatch.ingest.session import Session
+from instrumented_ddp.wire.codec import encode
+from instrumented_ddp.wire.messages import Goodbye, Message, StepReport
+from dashboard_pilot import draw_every_message
+from synthetic_session import hello, step_report
+
+UNWATCHED = (5, 6, 15, 16)  # --unwatched 10:2
+COST = 1.05  # a watched step's wall over an unwatched one's
+
+
+def unwatched_report(rank: int, step: int) -> StepReport:
+    """The step's window alone, 5 % shorter than a watched step's (0.170 s)."""
+    watched = step_report(rank, step, "bucket")
+    return replace(watched, spans=[], end=watched.start + (watched.end - watched.start) / COST, unwatched=True)
+
+
+def messages(steps: int = 20, measured: bool = True) -> list[bytes]:
+    out: list[bytes] = []
+    seq = {0: 0, 1: 0}
+
+    def add(rank: int, message: Message) -> None:
+        out.append(encode(message, seq[rank], 0))
+        seq[rank] += 1
+
+    for rank in (0, 1):
+        add(rank, replace(hello(rank, strategy="bucket"), unwatched_every=10 if measured else 0,
+                          unwatched_steps=2 if measured else 0, total_steps=steps))
+    for step in range(1, steps + 1):
+        for rank in (0, 1):
+            add(rank, unwatched_report(rank, step) if measured and step in UNWATCHED else step_report(rank, step, "bucket"))
+    for rank in (0, 1):
+        add(rank, Goodbye(rank, steps))
+    return out
+
+
+def test_unwatched_steps_are_in_no_figure_and_their_cost_reads_five_percent() -> None:
+    session, plain = Session(), Session()
+    ingest(session, messages())
+    ingest(plain, messages(measured=False))
+    assert session.measures_watch_overhead() and not plain.measures_watch_overhead()
+    [segment] = exporters.summary(session)["segments"]
+    [all_watched] = exporters.summary(plain)["segments"]
+    assert (segment["first_step"], segment["last_step"]) == (1, 20)  # one segment, its unwatched steps inside it
+    assert segment["steps"] == 20 - len(UNWATCHED) and all_watched["steps"] == 20
+    assert segment["step_ms_mean"] == pytest.approx(all_watched["step_ms_mean"])  # the watched steps alone
+    # every step's samples over the same wall: the unwatched steps trained too
+    assert segment["samples_per_s"] == pytest.approx(all_watched["samples_per_s"])
+    cost = segment["watch_overhead"]
+    assert cost["pct"] == pytest.approx(5.0, abs=0.01) and cost["unwatched_steps"] == 4
+    assert cost["interval_pct"][0] <= cost["pct"] <= cost["interval_pct"][1]
+    assert all_watched["watch_overhead"] is None
+    markdown = exporters.summary_markdown(exporters.summary(session))
+    assert "- segment 0: ddpwatch costs this run 5.0 % (90 % interval 5.0 to 5.0 %), from 4 unwatched steps" in markdown
+
+
+async def test_the_dashboard_header_says_what_watching_costs_the_run() -> None:
+    app = DashboardApp(StaticFeed(messages()), export_on_exit=False)
+    async with app.run_test(size=(200, 50)) as pilot:
+        await draw_every_message(app, pilot)
+        cost = app.snapshot.header.watch_overhead
+        assert cost is not None and cost.pct == pytest.approx(5.0, abs=0.01)
+        text = app.header_bar.query_one("#header-text")
+        first = text.render_lines(Region(0, 0, text.size.width, 1))[0].text
+        assert first.rstrip().endswith("ddpwatch costs 5.0 % (5.0 to 5.0, 4 unwatched steps)"), first
+        # the samples/s beside it counts the unwatched steps' samples: as the all-watched run's
+        rate = app.snapshot.header.samples_per_s
+    plain = DashboardApp(StaticFeed(messages(measured=False)), export_on_exit=False)
+    async with plain.run_test(size=(200, 50)) as pilot:
+        await draw_every_message(plain, pilot)
+        assert plain.snapshot.header.watch_overhead is None
+        assert rate == pytest.approx(plain.snapshot.header.samples_per_s)

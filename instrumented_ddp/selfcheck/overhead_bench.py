@@ -57,6 +57,7 @@ import time
 from collections.abc import Callable
 from typing import Any, NoReturn
 
+from instrumented_ddp.timing.unwatched_blocks import UNWATCHED_ENV
 from instrumented_ddp.wire.median_interval import median_with_interval
 from instrumented_ddp.wire.one_line_errors import OneLineErrorParser
 from instrumented_ddp.wire.kinds import STRATEGY_NAMES
@@ -74,6 +75,9 @@ def measure(args: argparse.Namespace) -> None:
     from instrumented_ddp.resources.memory import MemorySampler
     from instrumented_ddp.publish.watch import Watch
 
+    # Every watched step watched: the bench measures watching whole, against no watching at all
+    # (the run's own self-measurement, ``timing.unwatched_blocks``, is what it would check).
+    os.environ[UNWATCHED_ENV] = "0"
     context = init_distributed(args.device)
     on_gpu = context.device.type == "cuda"
     block = args.block if on_gpu else 1

@@ -44,7 +44,7 @@ def test_a_block_still_waiting_for_the_steps_after_it_is_counted_with_the_steps_
     assert cost == WatchOverhead(pytest.approx(25.0), (pytest.approx(25.0), pytest.approx(25.0)), 1)  # type: ignore[arg-type]
     version = pairing.version
     feed(pairing, 0, [(6, 0.120, True)])  # now median(0.098, 0.100, 0.100, 0.102, 0.120) = 0.100: the same
-    assert pairing.version != version and pairing.overhead(1, 6).pct == pytest.approx(25.0)  # type: ignore[union-attr]
+    assert pairing.version != version and pairing.overhead(1, 6).pct == pytest.approx(25.0)
 
 
 def test_only_the_block_s_own_strategy_is_its_reference_and_a_block_with_none_gives_nothing() -> None:
@@ -53,9 +53,9 @@ def test_only_the_block_s_own_strategy_is_its_reference_and_a_block_with_none_gi
     feed(pairing, 0, [(5, 0.050, False)])
     assert pairing.overhead(1, 100) is None
     feed(pairing, 0, [(6, 0.100, True), (7, 0.100, True)])
-    assert pairing.overhead(1, 100).pct == pytest.approx(100.0)  # type: ignore[union-attr]  # 0.100 / 0.050 - 1
+    assert pairing.overhead(1, 100).pct == pytest.approx(100.0)  # 0.100 / 0.050 - 1
     feed(pairing, 0, [(8, 0.200, True)], key=OTHER)  # a switch closes the block: its reference stays 0.100
-    assert pairing.overhead(1, 100).pct == pytest.approx(100.0)  # type: ignore[union-attr]
+    assert pairing.overhead(1, 100).pct == pytest.approx(100.0)
 
 
 def test_the_steps_after_a_block_are_the_next_block_s_steps_before() -> None:
@@ -64,9 +64,9 @@ def test_the_steps_after_a_block_are_the_next_block_s_steps_before() -> None:
     feed(pairing, 0, [(10, 0.100, False)])
     # block 1: median(0.098, 0.100, 0.100, 0.102, 0.120 x4) = (0.102 + 0.120) / 2 = 0.111 -> 11 %;
     # block 2 (open): median(0.120 x4) -> 20 %
-    assert pairing.overhead(5, 5).pct == pytest.approx(11.0)  # type: ignore[union-attr]
-    assert pairing.overhead(10, 10).pct == pytest.approx(20.0)  # type: ignore[union-attr]
-    assert pairing.overhead(1, 10).unwatched_steps == 2  # type: ignore[union-attr]
+    assert pairing.overhead(5, 5).pct == pytest.approx(11.0)
+    assert pairing.overhead(10, 10).pct == pytest.approx(20.0)
+    assert pairing.overhead(1, 10).unwatched_steps == 2
     assert pairing.overhead(11, 20) is None  # a segment's range: none of its steps was unwatched
 
 

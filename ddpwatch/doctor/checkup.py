@@ -26,6 +26,11 @@ It runs the package's modules (``-m instrumented_ddp.training.train``, as ``ddpw
 3. ``bench/overhead.py --device cuda`` (``instrumented_ddp.selfcheck.overhead_bench``): watched against unwatched step time, alternating, on
    the same training shape (at most 1.02: the check), and on the tiny model whose every
    kernel is a launch, where the host's per-step cost shows in full (reported, not checked).
+4. The run's own measurement of what watching costs it (``summary.json``'s ``watch_overhead``): a
+   recorded ``train.py --model tiny`` run that leaves 4 steps in 20 unwatched, beside the bench's
+   tiny-model ratio for the same strategy. It reads what the timeline costs; the bench also
+   counts what an unwatched step still runs (the hooks installed for the run), so it reads the
+   same or less.
 
 It prints one table and exits 1 on any miss. The checks are pure functions of what the runs
 produced, tested on the CPU with made-up probe answers, traces and bench output.
@@ -39,7 +44,8 @@ import re
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,6 +63,8 @@ BATCH_PER_RANK, SEQUENCE_LENGTH = 64, 512
 #: A GPU kept busy by matrix products reads well above this; an idle or wrong GPU reads 0.
 BUSY_UTILIZATION_PCT = 50.0
 PLAUSIBLE_POWER_W = (1.0, 2000.0)
+#: The self-measured run: 240 steps, 4 in 20 unwatched, give the figure from 48 unwatched steps.
+SELF_MEASURED_STEPS, SELF_MEASURED_EVERY, SELF_MEASURED_LENGTH = 240, 20, 4
 
 
 @dataclass(frozen=True)
@@ -232,23 +240,14 @@ def profiled_run(workdir: Path, world_size: int, gpus: int, strategy: str, nccl_
                  unwatched: dict[int, dict[int, tuple[str, ...]]] | None = None) -> list[RankComparison]:
     """``train.py`` on NCCL, recorded and profiled at once; each rank's report against its trace
     (and its syncs against the unwatched run's, where there is one)."""
-    from ddpwatch.demo import free_loopback_address
     from ddpwatch.doctor.profile_check import compare_rank
     from ddpwatch.doctor.profiler_trace import load_trace
     from ddpwatch.record.recorder import load_session
 
     out, profile = workdir / "session", workdir / "profile"
-    address = free_loopback_address()
-    recorder = subprocess.Popen([sys.executable, "-m", "ddpwatch.cli", "record", "--listen", address, "--out", str(out),
-                                 "--idle-exit", "30"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
+    with recording(out) as address:
         _train(world_size, gpus, strategy, profile, ["--watch", address],
                dict(os.environ, TORCH_NCCL_ENABLE_TIMING="1" if nccl_timing else "0"))
-        recorder.wait(120)
-    finally:
-        if recorder.poll() is None:
-            recorder.kill()
-            recorder.wait()
     session = load_session(out / "session.ddpwatch")
     comparisons = []
     for rank in range(world_size):
@@ -266,6 +265,56 @@ def run_overhead(steps: int, strategies: Sequence[str], training_shape: bool) ->
                              "--steps", str(steps), "--strategies", ",".join(strategies), *shape],
                             capture_output=True, text=True, timeout=900)
     return result.stdout
+
+
+def self_measured_checks(summary: dict[str, Any], strategy: str, bench_output: str) -> tuple[Check, ...]:
+    """The run's own ``watch_overhead`` (its newest segment's), beside ``bench/overhead.py``'s
+    tiny-model ratio for ``strategy`` as a percentage: held when the run measured itself."""
+    segments = summary.get("segments") or [{}]
+    cost = segments[-1].get("watch_overhead")
+    bench = next((c.ddpwatch for c in overhead_checks(bench_output) if c.name == f"overhead {strategy}" and c.ddpwatch is not None), None)
+    bench_pct = None if bench is None else 100.0 * (bench - 1.0)
+    name = f"self-measured overhead, {strategy}"
+    if not cost:
+        return (Check(name, None, bench_pct, "measured", False, "%", "the run measured nothing: no unwatched step was counted"),)
+    low, high = cost["interval_pct"]
+    return (Check(name, float(cost["pct"]), bench_pct, "measured", True, "%",
+                  f"90 % interval {low:.1f} to {high:.1f} %, from {cost['unwatched_steps']} unwatched steps; reference: "
+                  "bench/overhead.py's tiny-model ratio, which also counts the hooks an unwatched step still runs"),)
+
+
+@contextmanager
+def recording(out: Path) -> Iterator[str]:
+    """``ddpwatch record`` into ``out`` while the block runs; yields the address it listens at and
+    waits, after the block, for it to end (every rank said goodbye)."""
+    from ddpwatch.demo import free_loopback_address
+
+    address = free_loopback_address()
+    recorder = subprocess.Popen([sys.executable, "-m", "ddpwatch.cli", "record", "--listen", address, "--out", str(out),
+                                 "--idle-exit", "30"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        yield address
+        recorder.wait(120)
+    finally:
+        if recorder.poll() is None:
+            recorder.kill()
+            recorder.wait()
+
+
+def self_measured_run(workdir: Path, strategy: str) -> dict[str, Any]:
+    """A recorded one-rank ``train.py --model tiny`` on the GPU that leaves steps unwatched: its
+    summary.json."""
+    out = workdir / "session"
+    with recording(out) as address:
+        training = subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1",
+             "-m", TRAIN_MODULE, "--device", "cuda", "--model", "tiny", "--strategy", strategy,
+             "--steps", str(SELF_MEASURED_STEPS), "--unwatched", f"{SELF_MEASURED_EVERY}:{SELF_MEASURED_LENGTH}",
+             "--eval-examples", "0", "--log-every", "1000", "--watch", address],
+            capture_output=True, text=True, timeout=900)
+        if training.returncode != 0:
+            raise RuntimeError(f"train.py failed: {(training.stderr.strip().splitlines() or ['no output'])[-1]}")
+    return dict(json.loads((out / "summary.json").read_text()))
 
 
 def overhead_notes(bench_output: str) -> tuple[str, ...]:
@@ -320,5 +369,13 @@ def doctor(strategies: Sequence[str] = ("bucket", "ddp"), overhead_steps: int = 
         sections.append(Section(f"overhead, 1 GPU, {BATCH_PER_RANK}x{SEQUENCE_LENGTH} small model",
                                 overhead_checks(run_overhead(overhead_steps, strategies, training_shape=True)),
                                 overhead_notes(tiny)))
+        print("ddpwatch doctor: self-measured overhead ...", flush=True)
+        label = f"1 GPU, tiny model, {SELF_MEASURED_LENGTH} steps in {SELF_MEASURED_EVERY} unwatched"
+        with tempfile.TemporaryDirectory(prefix="ddpwatch-doctor-self-") as scratch:
+            try:
+                checks = self_measured_checks(self_measured_run(keep or Path(scratch), "bucket"), "bucket", tiny)
+            except (RuntimeError, OSError, ValueError, subprocess.TimeoutExpired) as error:
+                checks = (Check("self-measured overhead, bucket", None, None, "measured", False, "%", str(error)),)
+        sections.append(Section(label, checks))
     print(render(sections))
     return 0 if all(section.passed for section in sections) else 1

@@ -176,6 +176,7 @@ def test_doctor_runs_both_timing_modes_on_two_ranks_and_exits_by_the_verdict(
     monkeypatch.setattr(doctor_module, "unwatched_syncs", fake_unwatched)
     monkeypatch.setattr(doctor_module, "profiled_run", fake_run)
     monkeypatch.setattr(doctor_module, "run_overhead", fake_overhead)
+    monkeypatch.setattr(doctor_module, "self_measured_run", lambda workdir, strategy: SELF_MEASURED_SUMMARY)
     assert doctor_module.doctor(["bucket"], ranks=ranks) == status
     expected_runs = ([(2, "bucket", None), (2, "bucket", True), (2, "bucket", False)] if world == 2
                      else [(1, "bucket", None), (1, "bucket", True)])
@@ -184,6 +185,20 @@ def test_doctor_runs_both_timing_modes_on_two_ranks_and_exits_by_the_verdict(
     assert "NVIDIA H100 80GB HBM3" in out and ("verdict: PASS" in out) == (status == 0)
     assert "tiny model, every kernel a launch" in out and "hook 1.044" in out
     assert ("2 ranks sharing 1 GPU(s) bucket, NCCL timing off, rank 1" in out) == (ranks == 2)
+    assert "1 GPU, tiny model, 4 steps in 20 unwatched" in out and "self-measured overhead, bucket" in out
+
+
+SELF_MEASURED_SUMMARY = {"segments": [{"watch_overhead": {"pct": 0.42, "interval_pct": [0.1, 0.9], "unwatched_steps": 48}}]}
+
+
+def test_the_run_s_own_measurement_is_shown_beside_the_bench_s_ratio() -> None:
+    (check,) = doctor_module.self_measured_checks(SELF_MEASURED_SUMMARY, "bucket", BENCH_OUTPUT)
+    assert check.passed and check.ddpwatch == pytest.approx(0.42) and check.profiler == pytest.approx(0.5)  # bench 1.005
+    assert check.detail.startswith("90 % interval 0.1 to 0.9 %, from 48 unwatched steps")
+    (unmeasured,) = doctor_module.self_measured_checks({"segments": [{"watch_overhead": None}]}, "bucket", BENCH_OUTPUT)
+    assert not unmeasured.passed and "no unwatched step" in unmeasured.detail
+    (empty,) = doctor_module.self_measured_checks({"segments": []}, "bucket", "")
+    assert not empty.passed and empty.profiler is None
 
 
 def test_doctor_without_overhead_steps_runs_no_overhead(monkeypatch: pytest.MonkeyPatch,

@@ -10,6 +10,7 @@ from textual.geometry import Region
 
 from ddpwatch.dashboard.app import DashboardApp
 from ddpwatch.dashboard.feeds import StaticFeed
+from ddpwatch.dashboard.widgets.timeline_view import TimelineView
 from ddpwatch.export import exporters
 from ddpwatch.ingest.receiver import ingest
 from ddpwatch.ingest.session import Session
@@ -78,6 +79,9 @@ async def test_the_dashboard_header_says_what_watching_costs_the_run() -> None:
         assert first.rstrip().endswith("ddpwatch costs 5.0 % (5.0 to 5.0, 4 unwatched steps)"), first
         # the samples/s beside it counts the unwatched steps' samples: as the all-watched run's
         rate = app.snapshot.header.samples_per_s
+        await pilot.press("left", "left", "left", "left")  # 19, 18, 17, then over 16 and 15 to 14
+        await pilot.pause(0.2)
+        assert app.query_one(TimelineView).data.step == 14
     plain = DashboardApp(StaticFeed(messages(measured=False)), export_on_exit=False)
     async with plain.run_test(size=(200, 50)) as pilot:
         await draw_every_message(plain, pilot)

@@ -20,6 +20,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.samples import Sample
 
 from ddpwatch.figures.metrics import Figures, SegmentFigures
+from ddpwatch.ingest.segments import Segment
 from ddpwatch.ingest.session import Session
 
 RANK_LABELS = ("session", "rank", "node", "host", "strategy")
@@ -85,6 +86,7 @@ def metric_families(session: Session, now: float, final: bool = False) -> list[M
     families += _figure_gauges(per_rank, labels)
     families += _rank_readings(session, labels, now)
     families += _session_families(session, figures, strategy, now)
+    families += _watch_overhead(session, segment, strategy)
     return families
 
 
@@ -153,6 +155,24 @@ def _rank_readings(session: Session, labels: dict[int, dict[str, str]], now: flo
         for name in RANK_STATUSES:
             _add(status, {**named, "status": name}, 1.0 if name == now_in else 0.0)
     yield from (memory, *devices.values(), dropped, last_step, silent, status)
+
+
+def _watch_overhead(session: Session, segment: Segment | None, strategy: str) -> Iterable[Metric]:
+    """What watching costs the newest segment (``Session.watch_overhead``): its median and the
+    90 % interval's ends (``estimate``), and the unwatched steps it is made of; absent before the
+    segment's first unwatched block."""
+    cost = session.watch_overhead(segment) if segment is not None else None
+    ratio = GaugeMetricFamily("ddpwatch_watch_overhead_ratio", "what watching costs the run's steps, over an "
+                              "unwatched step's wall: the median over its unwatched steps (estimate=median) and its "
+                              "90 % interval (low, high)", labels=["session", "strategy", "estimate"])
+    steps = GaugeMetricFamily("ddpwatch_unwatched_steps", "the unwatched steps ddpwatch_watch_overhead_ratio is "
+                              "made of", labels=["session", "strategy"])
+    if cost is not None:
+        sid = session.session_id
+        for estimate, pct in zip(("median", "low", "high"), (cost.pct, *cost.interval_pct), strict=True):
+            ratio.add_metric([sid, strategy, estimate], pct / 100.0)
+        steps.add_metric([sid, strategy], float(cost.unwatched_steps))
+    yield from (ratio, steps)
 
 
 def _session_families(session: Session, figures: SegmentFigures | None, strategy: str, now: float) -> Iterable[Metric]:

@@ -37,6 +37,8 @@ SEGMENT_TAGS = {
     "segment/samples_per_s": "samples_per_s", "segment/tokens_per_s": "tokens_per_s", "segment/busbw_gbps": "busbw_gbps",
     "segment/steps": "steps",
 }
+#: The segment's ``watch_overhead`` (``Session.watch_overhead``), where its steps measured one.
+WATCH_OVERHEAD_TAG = "segment/watch_overhead_pct"
 
 
 def step_row(session: Session, step: int) -> dict[str, float]:
@@ -64,6 +66,8 @@ def segment_row(session: Session, segment: Segment, final: bool) -> dict[str, fl
     figures = session.segment_figures(segment, include_pending=final, per_rank=False)
     row = {tag: float(value) for tag, name in SEGMENT_TAGS.items() if (value := getattr(figures, name)) is not None}
     row["segment/index"] = float(segment.index)
+    if (cost := session.watch_overhead(segment)) is not None:
+        row[WATCH_OVERHEAD_TAG] = cost.pct
     return row
 
 

@@ -15,7 +15,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 import wandb_offline
 from ddpwatch.export.exporters import summary
-from ddpwatch.export.step_scalars import SEGMENT_TAGS, STEP_TAGS, ScalarRows
+from ddpwatch.export.step_scalars import SEGMENT_TAGS, STEP_TAGS, WATCH_OVERHEAD_TAG, ScalarRows
 from ddpwatch.export.tensorboard_scalars import TensorBoardScalars
 from ddpwatch.export.wandb_scalars import WandbScalars
 from ddpwatch.ingest.receiver import ingest
@@ -102,4 +102,4 @@ def test_the_docs_tables_name_every_tag_written_and_no_other() -> None:
     page = (REPO_ROOT / "docs" / "guide" / "tensorboard-wandb.md").read_text()
     documented = {tag for cell in re.findall(r"^\| (`[^|]+`) \|", page, re.MULTILINE)
                   for tag in re.findall(r"`((?:step|segment)/\w+)`", cell)}
-    assert documented == set(STEP_TAGS) | set(SEGMENT_TAGS) | {"segment/index"}
+    assert documented == set(STEP_TAGS) | set(SEGMENT_TAGS) | {"segment/index", WATCH_OVERHEAD_TAG}

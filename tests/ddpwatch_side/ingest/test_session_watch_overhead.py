@@ -12,6 +12,8 @@ from ddpwatch.dashboard.app import DashboardApp
 from ddpwatch.dashboard.feeds import StaticFeed
 from ddpwatch.dashboard.widgets.timeline_view import TimelineView
 from ddpwatch.export import exporters
+from ddpwatch.export.prometheus_metrics import metric_families
+from ddpwatch.export.step_scalars import WATCH_OVERHEAD_TAG, segment_row
 from ddpwatch.ingest.receiver import ingest
 from ddpwatch.ingest.session import Session
 from instrumented_ddp.wire.codec import encode
@@ -66,6 +68,21 @@ def test_unwatched_steps_are_in_no_figure_and_their_cost_reads_five_percent() ->
     assert all_watched["watch_overhead"] is None
     markdown = exporters.summary_markdown(exporters.summary(session))
     assert "- segment 0: ddpwatch costs this run 5.0 % (90 % interval 5.0 to 5.0 %), from 4 unwatched steps" in markdown
+
+
+def test_prometheus_and_the_segment_scalars_carry_it() -> None:
+    session = Session()
+    ingest(session, messages())
+    families = {family.name: family for family in metric_families(session, now=0.0, final=True)}
+    ratios = {sample.labels["estimate"]: sample.value for sample in families["ddpwatch_watch_overhead_ratio"].samples}
+    assert ratios == pytest.approx({"median": 0.05, "low": 0.05, "high": 0.05}, abs=1e-4)
+    assert [sample.value for sample in families["ddpwatch_unwatched_steps"].samples] == [4.0]
+    assert segment_row(session, session.segments[0], final=True)[WATCH_OVERHEAD_TAG] == pytest.approx(5.0, abs=0.01)
+    plain = Session()
+    ingest(plain, messages(measured=False))
+    families = {family.name: family for family in metric_families(plain, now=0.0, final=True)}
+    assert families["ddpwatch_watch_overhead_ratio"].samples == [] and families["ddpwatch_unwatched_steps"].samples == []
+    assert WATCH_OVERHEAD_TAG not in segment_row(plain, plain.segments[0], final=True)
 
 
 async def test_the_dashboard_header_says_what_watching_costs_the_run() -> None:

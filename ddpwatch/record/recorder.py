@@ -175,6 +175,9 @@ def record(
         log(f"{command}: {line}")
     for line in detached_ranks_lines(session.detached_ranks):  # ddpwatch stopped watching; the training went on
         log(f"{command}: {line}")
+    for segment in session.segments:  # what watching cost, where the run measured it
+        if (cost := session.watch_overhead(segment)) is not None:
+            log(f"{command}: {segment.label}, steps {segment.first_step}-{segment.last_step}: {cost.sentence()}")
     return session
 
 

@@ -25,6 +25,7 @@ def test_an_injected_5_ms_a_watched_step_reads_about_5_percent(tmp_path: Path, m
         assert all(rank.returncode == 0 for rank in ranks), describe_failure(ranks)
         log = recorder.wait()
     assert "every rank said goodbye" in log, log
+    assert "steps 1-60: ddpwatch costs this run" in log and "from 24 unwatched steps" in log, log
     [segment] = json.loads((tmp_path / "out" / "summary.json").read_text())["segments"]
     cost = segment["watch_overhead"]
     assert cost["unwatched_steps"] == 24
@@ -32,6 +33,7 @@ def test_an_injected_5_ms_a_watched_step_reads_about_5_percent(tmp_path: Path, m
     # loop adds 0.3-0.6 (five runs read 4.9-5.8)
     assert 4.0 <= cost["pct"] <= 7.0, cost
     low, high = cost["interval_pct"]
-    assert 3.0 <= low <= cost["pct"] <= high <= 9.0, cost
+    # the interval holds the median, tells the cost from none, and is narrow enough to say something
+    assert 0.0 < low <= cost["pct"] <= high and high - low < 5.0, cost
     md = (tmp_path / "out" / "summary.md").read_text()
     assert "ddpwatch costs this run" in md and "from 24 unwatched steps" in md

@@ -261,3 +261,44 @@ def test_timed_ddp_hook_averages_as_the_backend_allows(one_rank_group: None, mon
     finally:
         instrumented_ddp.unwrap(wrapped)
 
+
+
+@pytest.mark.parametrize("strategy", instrumented_ddp.STRATEGY_NAMES)
+def test_every_strategy_runs_unwatched_steps_and_times_the_steps_after_them_in_full(one_rank_group: None, strategy: str) -> None:
+    """Steps 2 and 3 unwatched (``UnwatchedBlocks(4, 2)``): their reports hold their window alone,
+    and steps 4 and 5, watched, hold every collective of their kind again, resolved; the optimizer
+    steps throughout, so the model trains on."""
+    from instrumented_ddp.timing.unwatched_blocks import UnwatchedBlocks
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    timeline = StepTimeline(0, unwatched=UnwatchedBlocks(4, 2))
+    wrapped = instrumented_ddp.wrap(model, strategy, bucket_mb=0.0001, timeline=timeline)
+    optimizer = wrapped.make_optimizer(torch.optim.SGD, lr=0.1)
+    reports: dict[int, StepReport] = {}
+    try:
+        for step in range(1, 6):
+            timeline.begin_step(step, wrapped.name, wrapped.settings)
+            loss = wrapped(torch.randn(5, 4)).pow(2).mean()
+            with timeline.phase("backward"):
+                loss.backward()
+            wrapped.finish_gradient_sync()
+            with timeline.phase("optimizer"):
+                optimizer.step()
+                optimizer.zero_grad()
+            timeline.end_step(samples=5, tokens=0, loss=loss.detach())
+            deadline = time.monotonic() + 10.0
+            while step not in reports and time.monotonic() < deadline:  # gloo's callbacks fire on its own threads
+                reports.update((r.step, r) for r in timeline.completed_reports())
+                time.sleep(0.001)
+    finally:
+        instrumented_ddp.unwrap(wrapped)
+    assert sorted(reports) == [1, 2, 3, 4, 5]
+    assert [reports[s].unwatched for s in range(1, 6)] == [False, True, True, False, False]
+    assert reports[2].spans == [] == reports[3].spans and reports[2].end > reports[2].start
+    comm = {s: sorted((span.kind, span.tag) for span in reports[s].spans if span.kind in COMM_KINDS and span.kind != "broadcast")
+            for s in (1, 4, 5)}
+    assert comm[4] == comm[5] == comm[1], comm  # the same collectives as a step before the block: none lost to it
+    assert comm[4] or strategy == "fsdp"  # fsdp on one rank gathers and scatters nothing
+    assert {span.kind for span in reports[4].spans} >= {"forward", "backward", "optimizer"}
+    assert not any(reports[s].unresolved for s in (4, 5))

@@ -40,6 +40,7 @@ class PendingStep:
         self.untimed_in_data = 0
         self.nograd_forwards = 0
         self.unwatched = False  # timed as its window alone (``StepTimeline``'s unwatched steps)
+        self.trained = False  # an unwatched step's model compute began (its spans, which would say, are not kept)
         #: ``spans`` as ``timed_collectives`` last counted it: the list, its length, its collectives.
         self.collectives_counted: tuple[list[Any] | None, int, int] = (None, 0, 0)
         self.memory: dict[str, int] = {}

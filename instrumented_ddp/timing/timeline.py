@@ -80,8 +80,14 @@ class StepTimeline:
         """The block is the step's ``kind`` phase; in an unwatched step, only ``current_phase``
         says so (the heartbeat's, for a rank that hangs in it)."""
         if not self.watching:
+            self._note_training(kind)
             return _PhaseNamed(self, kind)
         return self._timed_phase(kind, blocking)
+
+    def _note_training(self, kind: str) -> None:
+        """An unwatched step keeps no spans: whether its training began (``paused_until``) is kept instead."""
+        if kind in MODEL_COMPUTE_KINDS and self._current is not None:
+            self._current.trained = True
 
     @contextmanager
     def _timed_phase(self, kind: str, blocking: bool) -> Iterator[None]:
@@ -112,6 +118,7 @@ class StepTimeline:
     def add_span(self, kind: str, start: Stamp, end: Stamp, blocking: bool, tag: str = "") -> PendingSpan:
         """A span whose ends were stamped elsewhere (e.g. in a gradient hook)."""
         if not self.watching:
+            self._note_training(kind)
             return PendingSpan(kind, UNWATCHED, blocking, tag=tag)
         span = PendingSpan(kind, start, blocking, tag=tag)
         span.complete(end)
@@ -151,14 +158,14 @@ class StepTimeline:
         evaluation's gathers); a second such pause runs on from the first. A pause after it
         (between micro-steps) stays in the step's window, and the step is excluded (``paused_for``
         named, ``paused_s`` 0): it holds time that is not training. Between steps (no step begun)
-        there is nothing to keep apart. An unwatched step knows no spans to tell the two apart
-        by: it is excluded either way. Returns whether the step's start moved to ``end``."""
+        there is nothing to keep apart. An unwatched step, which keeps no spans, tells the two
+        apart by whether a compute phase began in it. Returns whether the step's start moved to ``end``."""
         step = self._current
         if step is None:
             return False
         if what not in step.paused_for:
             step.paused_for.append(what)
-        if step.paused_inside or step.unwatched or any(span.kind in MODEL_COMPUTE_KINDS for span in step.spans):
+        if step.paused_inside or step.trained or any(span.kind in MODEL_COMPUTE_KINDS for span in step.spans):
             step.paused_inside = True
             return False
         if step.paused_from is None:  # else a second pause runs on from the first: one, however many parts

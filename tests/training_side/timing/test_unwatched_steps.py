@@ -115,15 +115,29 @@ def test_a_step_that_begins_with_spans_made_before_it_is_watched_whatever_the_sc
     assert not report.unwatched and [s.kind for s in report.spans] == ["broadcast"] and report.excluded
 
 
-def test_a_pause_in_an_unwatched_step_excludes_it(host_time: FakeHostTime) -> None:
-    timeline = StepTimeline(rank=0, clock=HostClock(), unwatched=UnwatchedBlocks(every=2, length=1))
+def test_a_pause_in_an_unwatched_step_is_told_before_from_inside_its_training_as_in_a_watched_one(
+        host_time: FakeHostTime) -> None:
+    timeline = StepTimeline(rank=0, clock=HostClock(), unwatched=UnwatchedBlocks(every=2, length=1))  # steps 1, 3
     host_time.now = 1.0
     timeline.begin_step(1, "simple", {})
-    assert not timeline.paused_until("evaluate", timeline.stamp())  # no spans to tell before from inside
-    host_time.now = 2.0
+    host_time.now = 4.0
+    assert timeline.paused_until("evaluate", timeline.stamp())  # before training: the step starts at its end
+    with timeline.phase("forward"):
+        host_time.now = 5.0
+    host_time.now = 6.0
     timeline.end_step(samples=1, tokens=1)
-    [report] = timeline.completed_reports()
-    assert report.unwatched and report.excluded and report.paused_for == "evaluate"
+    timeline.begin_step(2, "simple", {})  # watched
+    timeline.end_step(samples=1, tokens=1)
+    host_time.now = 10.0
+    timeline.begin_step(3, "simple", {})
+    with timeline.phase("forward"):
+        host_time.now = 11.0
+    assert not timeline.paused_until("save", timeline.stamp())  # inside training: the step is excluded
+    host_time.now = 12.0
+    timeline.end_step(samples=1, tokens=1)
+    before, _, inside = timeline.completed_reports()
+    assert before.unwatched and not before.excluded and (before.start, before.paused_s, before.paused_for) == (4.0, 3.0, "evaluate")
+    assert inside.unwatched and inside.excluded and inside.paused_for == "save" and inside.start == 10.0
 
 
 def test_an_unwatched_report_goes_out_whole_and_is_not_held_for_a_pin(host_time: FakeHostTime) -> None:

@@ -85,7 +85,8 @@ def summary(session: Session) -> dict[str, Any]:
     measured, a step each (``evaluations.Evaluations``). ``refused_switches``: each switch the run
     refused, where it would have landed and why (an applied one begins a segment). ``model_parameters`` and ``global_batch``
     (samples of every rank a step; None where unknown), as the lowest rank's hello said: what
-    ``ddpwatch compare`` holds two runs' figures against."""
+    ``ddpwatch compare`` holds two runs' figures against. ``unwatched_blocks``: the steps the ranks
+    left unwatched to measure what watching costs (``every``, ``steps``), None where they left none."""
     ranks = []
     for rank, state in sorted(session.ranks.items()):
         h = state.hello
@@ -129,7 +130,10 @@ def summary(session: Session) -> dict[str, Any]:
     said = next((state.hello for _, state in states if state.hello is not None), None)  # the lowest rank's hello
     return _jsonable({"session": session.session_id, "world_size": session.world_size,
                       "model_parameters": said.model_parameters if said else None,
-                      "global_batch": (said.global_batch or None) if said else None, "ranks": ranks,
+                      "global_batch": (said.global_batch or None) if said else None,
+                      "unwatched_blocks": ({"every": said.unwatched_every, "steps": said.unwatched_steps}
+                                           if said and said.unwatched_every else None),
+                      "ranks": ranks,
                       "first_failed_rank": session.first_failed_rank,
                       "all_reduce_groups": [list(group) for group in groups] if groups is not None else None,
                       "all_reduce_groups_problem": session.all_reduce_groups_problem,

@@ -327,9 +327,5 @@ class Session:
         None where it has none."""
         return self.overhead_pairing.overhead(segment.first_step, segment.last_step)
 
-    def measures_watch_overhead(self) -> bool:
-        """Whether the ranks leave steps unwatched to measure it (their hellos say)."""
-        return any(rank.hello is not None and rank.hello.unwatched_every > 0 for rank in self.ranks.values())
-
     def segment_data_wait_by_rank(self, segment: Segment) -> dict[int, float]:
         return self.folding.segment_data_wait_by_rank(segment)

@@ -1,5 +1,5 @@
 """What watching costs, from the unwatched steps against the watched ones around them: figures
-worked by hand."""
+worked out in the comments."""
 
 from __future__ import annotations
 

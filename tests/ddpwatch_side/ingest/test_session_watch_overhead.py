@@ -54,7 +54,8 @@ def test_unwatched_steps_are_in_no_figure_and_their_cost_reads_five_percent() ->
     session, plain = Session(), Session()
     ingest(session, messages())
     ingest(plain, messages(measured=False))
-    assert session.measures_watch_overhead() and not plain.measures_watch_overhead()
+    assert exporters.summary(session)["unwatched_blocks"] == {"every": 10, "steps": 2}
+    assert exporters.summary(plain)["unwatched_blocks"] is None
     [segment] = exporters.summary(session)["segments"]
     [all_watched] = exporters.summary(plain)["segments"]
     assert (segment["first_step"], segment["last_step"]) == (1, 20)  # one segment, its unwatched steps inside it

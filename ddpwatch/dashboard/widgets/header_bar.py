@@ -20,7 +20,7 @@ def format_eta(seconds: float | None) -> str:
 
 class HeaderBar(Horizontal):
     """Two lines: the first says which run and where it comes from (fixed), the second what it is
-    doing now (strategy, step, ETA, throughput, then the strategy's settings), so that each is cut
+    doing now (strategy, step, ETA, throughput, what watching costs it, then the strategy's settings), so that each is cut
     at its end on a narrow terminal and the live figures are never the part cut. A run that
     cannot switch gets a third line saying why, alone on it so that nothing before it pushes it
     out of view."""
@@ -49,12 +49,13 @@ class HeaderBar(Horizontal):
         # A stalled run has no rate and no ETA to give: how long no step has come, instead.
         progress = (f"[b red]stalled {data.stalled_s:.0f} s[/b red]" if data.stalled_s is not None and data.following
                     else f"{format_eta(eta)} · {'—' if data.samples_per_s is None else f'{data.samples_per_s:.1f}'} samples/s")
-        # Last on the first line: a narrow terminal cuts it before the run's name and mode.
+        # After the rate, before the settings: the first line's source (a recording's path) is
+        # long enough to push it out of view there.
         cost = f" · {data.watch_overhead.short()}" if data.watch_overhead is not None else ""
         text = (
             f"[b]ddpwatch[/b] {data.session} · {data.world_size} rank{'' if data.world_size == 1 else 's'} · "
-            f"[i]{mode}[/i] · [dim]{source}[/dim]{cost}\n"
-            f"[b]{data.strategy}[/b] · step {data.step}/{data.total_steps or '?'} · {progress}{settings}{cannot_switch}"
+            f"[i]{mode}[/i] · [dim]{source}[/dim]\n"
+            f"[b]{data.strategy}[/b] · step {data.step}/{data.total_steps or '?'} · {progress}{cost}{settings}{cannot_switch}"
         )
         self.set_class(not data.switchable, "-not-switchable")
         if text != getattr(self, "_shown", None):  # fixed size (see dashboard.tcss): no layout pass

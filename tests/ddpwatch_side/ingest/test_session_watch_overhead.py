@@ -93,8 +93,8 @@ async def test_the_dashboard_header_says_what_watching_costs_the_run() -> None:
         cost = app.snapshot.header.watch_overhead
         assert cost is not None and cost.pct == pytest.approx(5.0, abs=0.01)
         text = app.header_bar.query_one("#header-text")
-        first = text.render_lines(Region(0, 0, text.size.width, 1))[0].text
-        assert first.rstrip().endswith("ddpwatch costs 5.0 % (5.0 to 5.0, 4 unwatched steps)"), first
+        second = text.render_lines(Region(0, 0, text.size.width, 2))[1].text
+        assert "samples/s · ddpwatch costs 5.0 % (5.0 to 5.0, 4 unwatched steps) · bucket_mb=1.0" in second, second
         # the samples/s beside it counts the unwatched steps' samples: as the all-watched run's
         rate = app.snapshot.header.samples_per_s
         await pilot.press("left", "left", "left", "left")  # 19, 18, 17, then over 16 and 15 to 14

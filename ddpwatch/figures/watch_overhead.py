@@ -62,12 +62,13 @@ def watch_overhead_from(saved: dict[str, Any]) -> WatchOverhead:
     return WatchOverhead(float(saved["pct"]), (float(low), float(high)), int(saved["unwatched_steps"]))
 
 
-SegmentKey = tuple[str, tuple[tuple[str, str], ...]]
+SegmentKey = tuple[str, dict[str, Any]]
 
 
 def segment_key(strategy: str, settings: dict[str, Any]) -> SegmentKey:
-    """What a step must share with its neighbours to be held against them: its strategy and settings."""
-    return strategy, tuple(sorted((name, repr(value)) for name, value in settings.items()))
+    """What a step must share with its neighbours to be held against them: its strategy and
+    settings, compared with ``==`` (never hashed), so made for every report at no cost."""
+    return strategy, settings
 
 
 @dataclass

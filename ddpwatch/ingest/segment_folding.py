@@ -47,22 +47,24 @@ class SegmentFolding:
         index = bisect.bisect_left(self._unfolded, report.step)
         if index == len(self._unfolded) or self._unfolded[index] != report.step:  # the step's first report
             self._unfolded.insert(index, report.step)
-        if not any(segment.holds(report.step) and segment.runs(report) for segment in self.segments):
-            self._place_in_segment(report)
+        self._place_unless_placed(report)
         self._fold_finished_steps(report.step)
 
     def add_unwatched(self, report: StepReport) -> None:
         """An unwatched step's report, in no figure: its step is placed in its segment all the
         same, so that the segment spans the steps its strategy ran, and a counted one's samples
         are the segment's (``SegmentAccumulator.add_unwatched``)."""
-        if not any(segment.holds(report.step) and segment.runs(report) for segment in self.segments):
-            self._place_in_segment(report)
+        self._place_unless_placed(report)
         segment = self.segment_of(report.step)
         if segment is None or not counted(report):
             return
         if segment.folded is None:
             segment.folded = SegmentAccumulator(self._liveness.world_size, self._groups.groups())
         segment.folded.add_unwatched(report.rank, report.samples, report.tokens)
+
+    def _place_unless_placed(self, report: StepReport) -> None:
+        if not any(segment.holds(report.step) and segment.runs(report) for segment in self.segments):
+            self._place_in_segment(report)
 
     def _place_in_segment(self, report: StepReport) -> None:
         """Extend the neighbouring segment with the same settings, or start a new one. The one
